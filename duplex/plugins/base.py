@@ -1,0 +1,279 @@
+"""The plugin contract: what a model must implement to be served by duplex.
+
+Theory of operation
+-------------------
+A plugin is one model. The engine owns sessions; the plugin owns *slots*: fixed
+indices ``0 .. capabilities.max_sessions - 1`` into its preallocated per-session
+model state. The engine maps each session to one slot for the session's whole
+life and calls the plugin only from its scheduler (never from a session's code),
+so a plugin needs no locks of its own: every method below is called from one
+thread at a time, in the order given by its docstring.
+
+The plugin's ``kind`` decides how the engine drives it:
+
+``frame``  ``step(batch)`` once per frame period (80 ms) with every slot that has
+           one frame ready, batched across sessions (PersonaPlex, Nemotron).
+``unit``   the same with one longer unit (1 s); each output carries a
+           speak/listen decision (MiniCPM-o).
+``turn``   ``respond(slot, request)`` once per committed user turn; a generator
+           that streams output chunks (the embedded default: ASR -> reply -> TTS).
+``batch``  ``respond(slot, request)`` for a request with no microphone (TTS,
+           diffusion); one request in, media chunks out.
+
+Epochs
+------
+Every cancel, barge-in or clear advances a session's epoch. The engine tags each
+input with the session's current epoch, and ``cancel_slot(slot, epoch)`` tells
+the plugin that everything before ``epoch`` is void: drop any pending output
+and restart the reply state. A plugin copies the input's epoch into each output
+it produces, so the engine can drop output of an older epoch (it does so
+whatever the plugin does; the epoch is the fence, not the plugin's goodwill).
+
+Errors
+------
+A plugin signals a bad request from one session by raising ``PluginError`` with
+a code from the wire error table (``invalid_session_config``, ``voice_not_found``
+...). Any other exception from ``step`` fails the sessions of that batch with
+``server_error``; the engine then calls ``close_slot`` for them, and the other
+sessions continue (DESIGN §2.7).
+
+Layering: this module imports only numpy, msgspec and the standard library; it
+never imports the engine (DESIGN §3).
+"""
+
+from __future__ import annotations
+
+import enum
+from abc import ABC, abstractmethod
+from collections.abc import Iterator, Sequence
+from typing import ClassVar
+
+import msgspec
+import numpy as np
+
+__all__ = [
+    "Capabilities",
+    "Plugin",
+    "PluginError",
+    "PluginKind",
+    "SlotInput",
+    "SlotOptions",
+    "SlotOutput",
+    "ToolCall",
+    "TurnRequest",
+]
+
+
+class PluginKind(enum.StrEnum):
+    """How the engine drives a plugin (see the module docstring)."""
+
+    FRAME = "frame"
+    UNIT = "unit"
+    TURN = "turn"
+    BATCH = "batch"
+
+
+class Capabilities(msgspec.Struct, frozen=True, kw_only=True):
+    """What a plugin can do. The engine, the server, the clients and the benchmarks
+    branch on these fields, never on a plugin's name (DESIGN §2.4).
+
+    Rates are in Hz. ``chunk_period_ms`` is the frame (``frame``) or unit (``unit``)
+    length; ``turn`` and ``batch`` plugins report 0. ``input_sample_rate`` is the
+    rate of ``SlotInput.pcm``; the engine resamples client audio to it.
+    """
+
+    kind: PluginKind
+    chunk_period_ms: int = 0
+    input_sample_rate: int = 24000
+    output_sample_rate: int = 24000
+    max_sessions: int = 1
+    # Turn-taking lanes (DESIGN §6).
+    model_native_turns: bool = False  # the model decides when to speak (lane 1)
+    supports_server_vad: bool = False  # lane 2
+    supports_client_commit: bool = False  # lane 3: commit / response.create
+    supports_barge_in: bool = False
+    # Session layer features.
+    supports_resume: bool = True
+    supports_truncate: bool = True
+    supports_playback_ack: bool = True
+    # Inputs and outputs.
+    supports_video_input: bool = False
+    supports_text_input: bool = False
+    supports_tools: bool = False
+    output_modalities: tuple[str, ...] = ("audio", "text")
+    voices: tuple[str, ...] = ()
+    default_voice: str | None = None
+
+    @property
+    def chunk_samples(self) -> int:
+        """Input samples per frame or unit at ``input_sample_rate`` (0 for turn/batch)."""
+        return self.input_sample_rate * self.chunk_period_ms // 1000
+
+
+class SlotOptions(msgspec.Struct, frozen=True, kw_only=True):
+    """What a session fixes when its slot opens: persona and voice, from the session object."""
+
+    instructions: str = ""
+    voice: str | None = None
+    temperature: float | None = None
+    seed: int | None = None
+    extra: dict[str, object] = {}
+
+
+class SlotInput(msgspec.Struct, kw_only=True):
+    """One frame or unit of one session, for ``Plugin.step``.
+
+    ``pcm`` is mono float32 in [-1, 1] at ``Capabilities.input_sample_rate`` with
+    exactly ``Capabilities.chunk_samples`` samples. ``padded`` is True when the
+    client was late and the engine filled the frame (wholly or partly) with
+    silence to keep the model clocked. ``video_frames`` are encoded images (JPEG
+    or PNG bytes) that arrived with this chunk, for plugins with video input.
+    """
+
+    slot: int
+    epoch: int
+    pcm: np.ndarray
+    padded: bool = False
+    video_frames: tuple[bytes, ...] = ()
+
+
+class ToolCall(msgspec.Struct, frozen=True, kw_only=True):
+    """A function call the model decided to make; ``arguments`` is a JSON string."""
+
+    call_id: str
+    name: str
+    arguments: str
+
+
+class SlotOutput(msgspec.Struct, kw_only=True):
+    """What a plugin produced for one slot in one step (or one chunk of a turn).
+
+    Every field is optional; an output with nothing set is valid (the model
+    listened). ``pcm`` is mono float32 at ``sample_rate``. ``text`` is a delta of
+    the assistant transcript that belongs to this chunk's audio (so truncation can
+    cut the transcript at what was heard). ``decision`` is ``"speak"`` or
+    ``"listen"`` for model-native plugins. ``end_of_turn`` ends the current
+    response. ``user_transcript`` is the text the model heard in the user's last
+    turn (ASR), reported once per turn.
+    """
+
+    slot: int
+    epoch: int
+    pcm: np.ndarray | None = None
+    sample_rate: int = 24000
+    text: str = ""
+    decision: str | None = None
+    end_of_turn: bool = False
+    tool_call: ToolCall | None = None
+    user_transcript: str | None = None
+
+
+class TurnRequest(msgspec.Struct, kw_only=True):
+    """One committed user turn (``turn`` kind) or one request (``batch`` kind).
+
+    ``pcm`` is the user's audio of the turn (float32 at ``input_sample_rate``),
+    ``text`` a text input (a user text item, or a batch prompt), ``history`` the
+    conversation as far as the listener heard it: ``(role, text)`` pairs, oldest
+    first, ending before this turn.
+    """
+
+    slot: int
+    epoch: int
+    pcm: np.ndarray | None = None
+    text: str | None = None
+    history: tuple[tuple[str, str], ...] = ()
+    instructions: str = ""
+    options: dict[str, object] = {}
+
+
+class PluginError(Exception):
+    """A request the plugin refuses, with a code from the wire error table.
+
+    The engine sends ``error{code, message}`` to the one session concerned and
+    leaves the session open unless the error happened while opening its slot.
+    """
+
+    def __init__(self, code: str, message: str) -> None:
+        super().__init__(message)
+        self.code = code
+        self.message = message
+
+
+class Plugin(ABC):
+    """A model served by duplex. Subclasses set ``name`` and implement the kind's methods.
+
+    Lifetime: the server builds the plugin once with ``from_options``, calls
+    ``load()`` before accepting sessions and ``close()`` at shutdown (``with
+    plugin:`` does both). Slots are opened and closed between steps, never during
+    one. All methods are synchronous and may block (they run on the engine's
+    model thread, never on the event loop).
+    """
+
+    name: ClassVar[str]
+
+    @classmethod
+    def from_options(cls, model_path: str | None = None, **options: object) -> Plugin:
+        """Build the plugin from serve-time options (``--model-path``, config file keys).
+
+        Raises ``PluginError("invalid_plugin_config", ...)`` for options it does not know.
+        """
+        if options:
+            raise PluginError("invalid_plugin_config", f"{cls.name}: unknown options {sorted(options)}")
+        if model_path is not None:
+            raise PluginError("invalid_plugin_config", f"{cls.name} takes no model path")
+        return cls()
+
+    @abstractmethod
+    def capabilities(self) -> Capabilities:
+        """The plugin's capabilities; constant after ``load()``."""
+
+    def load(self) -> None:  # noqa: B027 - optional hook
+        """Load weights and allocate per-slot state. Called once, before any slot opens."""
+
+    def close(self) -> None:  # noqa: B027 - optional hook
+        """Release everything ``load`` acquired. Called once; the plugin is unusable afterwards."""
+
+    def __enter__(self) -> Plugin:
+        self.load()
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
+
+    @abstractmethod
+    def open_slot(self, slot: int, options: SlotOptions) -> None:
+        """Reset ``slot``'s state for a new session (prompt phases start here).
+
+        Raises ``PluginError`` when the options are refused (unknown voice ...);
+        the session is then not opened.
+        """
+
+    @abstractmethod
+    def cancel_slot(self, slot: int, epoch: int) -> None:
+        """Void everything of ``slot`` before ``epoch`` (cancel, barge-in, clear).
+
+        After this call the plugin produces no output tagged with an older epoch.
+        """
+
+    @abstractmethod
+    def close_slot(self, slot: int) -> None:
+        """Free ``slot``; it may be reopened for another session later."""
+
+    def step(self, batch: Sequence[SlotInput]) -> Sequence[SlotOutput]:
+        """``frame``/``unit`` kinds: advance every slot of ``batch`` by one chunk, together.
+
+        ``batch`` holds at most one input per slot, in no particular order; slots
+        not in it are frozen this tick (their state must not change). Returns at
+        most one output per input slot. Must not depend on which other slots are
+        in the batch: a slot's outputs are the same batched or alone.
+        """
+        raise PluginError("not_supported", f"{self.name} is not a frame or unit plugin")
+
+    def respond(self, request: TurnRequest) -> Iterator[SlotOutput]:
+        """``turn``/``batch`` kinds: answer one request, streaming output chunks.
+
+        The engine pulls chunks one at a time and stops pulling (and closes the
+        generator) when the response is cancelled, so a plugin should yield
+        often (a sentence of audio at most). The last chunk sets ``end_of_turn``.
+        """
+        raise PluginError("not_supported", f"{self.name} is not a turn or batch plugin")
