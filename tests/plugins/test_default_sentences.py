@@ -48,13 +48,21 @@ def test_long_piece_without_clause_mark_is_not_cut_inside_words() -> None:
     assert split_sentences(text, max_chars=10) == ["a" * 30 + " " + "b" * 30 + ". ", "Next"]
 
 
+def test_first_clause_ends_the_first_piece_only() -> None:
+    text = "Sure, here it is: one, two. Then, three."
+    assert split_sentences(text, first_clause=True) == ["Sure, ", "here it is: one, two. ", "Then, three."]
+    assert split_sentences("Ok, fine.", first_clause=True) == ["Ok, fine."]  # too short to cut
+
+
 _TEXT = st.text(alphabet=st.sampled_from(list("ab .,!?;:\n\"')3Mr")), max_size=120)
 
 
-@given(text=_TEXT, cuts=st.lists(st.integers(min_value=0, max_value=120), max_size=8))
-def test_pieces_join_back_to_the_fed_text_for_any_delta_split(text: str, cuts: list[int]) -> None:
+@given(text=_TEXT, cuts=st.lists(st.integers(min_value=0, max_value=120), max_size=8), first=st.booleans())
+def test_pieces_join_back_to_the_fed_text_for_any_delta_split(
+    text: str, cuts: list[int], first: bool
+) -> None:
     bounds = sorted({0, len(text), *(c for c in cuts if c <= len(text))})
-    splitter = SentenceSplitter(max_chars=20)
+    splitter = SentenceSplitter(max_chars=20, first_clause=first)
     pieces: list[str] = []
     for start, end in itertools.pairwise(bounds):
         pieces += splitter.feed(text[start:end])

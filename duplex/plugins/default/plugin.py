@@ -16,7 +16,8 @@ generator that streams the answer:
    streams text deltas. Its system prompt is the session's instructions and its
    history is ``TurnRequest.history``: what the listener actually heard.
 3. Speak: the deltas are cut into sentences (long ones at clause marks) and
-   each is synthesised with Piper as soon as it is complete. Every audio chunk
+   each is synthesised with Piper as soon as it is complete (the first piece
+   ends at the reply's first clause mark, so the first audio comes sooner). Every audio chunk
    carries exactly the text it speaks, so a truncated response leaves exactly
    the heard sentences in the transcript. A last chunk with no audio sets
    ``end_of_turn``.
@@ -67,7 +68,8 @@ class DefaultPluginConfig(msgspec.Struct, frozen=True, kw_only=True):
     ``openai``. ``reply_model``: the model name for ``openai`` (None: the server's
     first) or the model directory for ``vllm``. ``reply_api_key_env``: the name of
     an environment variable holding a bearer token. ``max_sentence_chars``: a
-    spoken piece longer than this is cut at a clause mark. ``asr_threads``: CPU
+    spoken piece longer than this is cut at a clause mark. ``first_clause``: the
+    first piece of a reply ends at its first clause mark (earlier first audio). ``asr_threads``: CPU
     threads for Whisper (0: CTranslate2 decides). ``warm_up``: run each model once
     in ``load()`` so the first turn is as fast as later ones.
     """
@@ -80,6 +82,7 @@ class DefaultPluginConfig(msgspec.Struct, frozen=True, kw_only=True):
     reply_max_tokens: int = 256
     max_sessions: int = 4
     max_sentence_chars: int = 80
+    first_clause: bool = True
     asr_threads: int = 0
     warm_up: bool = True
 
@@ -273,7 +276,9 @@ class DefaultPlugin(Plugin):
 
     def _pieces(self, deltas: Iterator[str]) -> Iterator[str]:
         """Speakable pieces of a delta stream, each yielded as soon as it is complete."""
-        splitter = SentenceSplitter(max_chars=self.config.max_sentence_chars)
+        splitter = SentenceSplitter(
+            max_chars=self.config.max_sentence_chars, first_clause=self.config.first_clause
+        )
         for delta in deltas:
             yield from splitter.feed(delta)
         yield from splitter.flush()

@@ -15,11 +15,13 @@ whitespace after it. A terminator at the very end of the buffer is not a
 boundary yet: the next delta may turn ``3.`` into ``3.5`` or ``Mr.`` into
 ``Mr. Smith``; ``flush()`` releases the rest at the end of the reply.
 
-Two refinements keep latency and granularity low without hurting prosody much:
-a piece that has grown past ``max_chars`` is cut at the last clause mark
-(``,``, ``;``, ``:``, a dash) followed by whitespace; and a few common
-abbreviations (``Mr.``, ``e.g.`` ...) and single initials are never sentence
-ends.
+Three refinements keep latency and granularity low without hurting prosody
+much: a piece that has grown past ``max_chars`` is cut at the last clause mark
+(``,``, ``;``, ``:``, a dash) followed by whitespace; with ``first_clause`` the
+*first* piece of a reply already ends at its first clause mark ("Sure, " is
+spoken while the rest is synthesised, which shortens the wait for the first
+audio); and a few common abbreviations (``Mr.``, ``e.g.`` ...) and single
+initials are never sentence ends.
 """
 
 from __future__ import annotations
@@ -54,13 +56,16 @@ class SentenceSplitter:
     Call ``feed(delta)`` for each delta and speak what it returns, then
     ``flush()`` once at the end. ``max_chars`` (characters) bounds how long a
     piece grows before it is cut at a clause mark; a piece with no clause mark
-    is never cut inside a word.
+    is never cut inside a word. ``first_clause`` ends the first piece at its
+    first clause mark when at least ``min_first_chars`` precede it.
     """
 
-    def __init__(self, *, max_chars: int = 160) -> None:
+    def __init__(self, *, max_chars: int = 160, first_clause: bool = False, min_first_chars: int = 4) -> None:
         if max_chars < 1:
             raise ValueError(f"max_chars must be positive, got {max_chars}")
         self._max_chars = max_chars
+        self._first_clause = first_clause
+        self._min_first_chars = min_first_chars
         self._buffer = ""
 
     def feed(self, delta: str) -> list[str]:
@@ -73,6 +78,7 @@ class SentenceSplitter:
                 break
             pieces.append(self._buffer[:end])
             self._buffer = self._buffer[end:]
+            self._first_clause = False
         return pieces
 
     def flush(self) -> list[str]:
@@ -102,6 +108,18 @@ class SentenceSplitter:
                     return j
                 i = j
                 continue
+            if (
+                self._first_clause
+                and ch in _CLAUSE_MARKS
+                and i >= self._min_first_chars
+                and i + 1 < n
+                and text[i + 1].isspace()
+            ):
+                j = i + 1
+                while j < n and text[j].isspace():
+                    j += 1
+                if j < n:
+                    return j
             if i == self._max_chars:
                 cut = self._clause_cut(text, i)
                 if cut is not None:
@@ -120,7 +138,7 @@ class SentenceSplitter:
         return None
 
 
-def split_sentences(text: str, *, max_chars: int = 160) -> list[str]:
+def split_sentences(text: str, *, max_chars: int = 160, first_clause: bool = False) -> list[str]:
     """Split a whole text at once; ``"".join(split_sentences(t)) == t``."""
-    splitter = SentenceSplitter(max_chars=max_chars)
+    splitter = SentenceSplitter(max_chars=max_chars, first_clause=first_clause)
     return splitter.feed(text) + splitter.flush()

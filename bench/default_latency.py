@@ -1,0 +1,199 @@
+"""Latency of the embedded default model on the CPU: ASR speed, TTS first chunk, end of speech to first audio.
+
+What it measures (each on Piper-spoken English sentences, so the run needs no recordings):
+
+* ``asr``: Whisper tiny.en real-time factor (transcription time / audio length) per utterance.
+* ``tts``: Piper time to the first spoken piece of a multi-sentence reply (what a listener waits
+  for), and the synthesis real-time factor.
+* ``plugin``: ``DefaultPlugin.respond`` with the ``echo`` reply, from the call (the end of the
+  user's turn, as the engine sees it) to the first chunk with audio. This is the model's share of
+  the end-of-speech-to-first-audio budget.
+* ``server`` (when ``duplex.engine.Engine`` and ``duplex.server.create_app`` are importable): the
+  same question streamed at real-time pacing over the WebSocket of a real server on loopback,
+  with server VAD; from the end of the user's speech (the last speech sample sent) to the first
+  ``response.output_audio.delta``. This adds the VAD's silence window (``silence_duration_ms``)
+  and the transport.
+
+Run: ``python -m bench.default_latency [--repeats N] [--threads T] [--out PATH]``. Prints a table
+and writes JSON (default ``bench/results/default_latency.json``). The goal on a 2-core CPU is an
+end-of-speech-to-first-audio p50 under 1 s with the echo reply.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import platform
+import statistics
+import time
+from pathlib import Path
+
+import numpy as np
+
+__all__ = ["main"]
+
+SENTENCES = (
+    "What time is it in Paris?",
+    "Please turn on the lights in the kitchen.",
+    "How far is the moon from the earth?",
+    "Tell me a short story about a brave little dog.",
+    "Can you book a table for two at eight tonight?",
+    "What is the weather like tomorrow morning?",
+)
+REPLY = (
+    "Sure, here is what I found. The museum opens at nine in the morning. "
+    "Tickets cost twelve euros, and children under six enter for free."
+)
+DEFAULT_OUT = Path(__file__).parent / "results" / "default_latency.json"
+
+
+def _percentiles(values: list[float]) -> dict[str, float]:
+    """p50/p95/max/mean of ``values`` in the values' unit, rounded for the report."""
+    ordered = sorted(values)
+    p95 = ordered[min(len(ordered) - 1, round(0.95 * (len(ordered) - 1)))]
+    return {
+        "n": len(values),
+        "p50": round(statistics.median(ordered), 4),
+        "p95": round(p95, 4),
+        "max": round(ordered[-1], 4),
+        "mean": round(statistics.fmean(ordered), 4),
+    }
+
+
+def _to_16k(pcm: np.ndarray) -> np.ndarray:
+    import soxr
+
+    return soxr.resample(pcm, 22050, 16000).astype(np.float32)
+
+
+def bench_models(repeats: int, threads: int) -> dict[str, object]:
+    """ASR real-time factor, TTS first-piece time, and plugin end-of-turn to first audio."""
+    from duplex.plugins.base import SlotOptions, TurnRequest
+    from duplex.plugins.default.asr import WhisperTranscriber
+    from duplex.plugins.default.plugin import DefaultPlugin, DefaultPluginConfig
+    from duplex.plugins.default.sentences import SentenceSplitter
+    from duplex.plugins.default.tts import PiperSpeaker
+
+    t0 = time.perf_counter()
+    asr = WhisperTranscriber(cpu_threads=threads)
+    asr.load()
+    asr_load_s = time.perf_counter() - t0
+    t0 = time.perf_counter()
+    tts = PiperSpeaker()
+    tts.load()
+    tts_load_s = time.perf_counter() - t0
+    plugin = DefaultPlugin(DefaultPluginConfig(asr_threads=threads), asr=asr, tts=tts)
+    t0 = time.perf_counter()
+    plugin.load()
+    warm_s = time.perf_counter() - t0
+    plugin.open_slot(0, SlotOptions())
+
+    spoken = [_to_16k(tts.speak(s)) for s in SENTENCES]
+    tail = np.zeros(3200, dtype=np.float32)  # 200 ms of the silence that ends a turn
+
+    asr_rtf, asr_s, exact = [], [], 0
+    tts_first, tts_rtf, plugin_first, plugin_asr_share = [], [], [], []
+    for r in range(repeats):
+        for sentence, pcm in zip(SENTENCES, spoken, strict=True):
+            t0 = time.perf_counter()
+            text = asr.transcribe(pcm)
+            dt = time.perf_counter() - t0
+            asr_s.append(dt)
+            asr_rtf.append(dt / (len(pcm) / 16000))
+            exact += text == sentence
+
+            turn = np.concatenate([pcm, tail])
+            t0 = time.perf_counter()
+            t_transcript = None
+            for out in plugin.respond(TurnRequest(slot=0, epoch=r, pcm=turn)):
+                if out.user_transcript is not None and t_transcript is None:
+                    t_transcript = time.perf_counter() - t0
+                if out.pcm is not None:
+                    plugin_first.append(time.perf_counter() - t0)
+                    plugin_asr_share.append(t_transcript or 0.0)
+                    break
+
+        t0 = time.perf_counter()
+        splitter = SentenceSplitter(
+            max_chars=plugin.config.max_sentence_chars, first_clause=plugin.config.first_clause
+        )
+        pieces = splitter.feed(REPLY) + splitter.flush()
+        audio_s = 0.0
+        for i, piece in enumerate(tts.speak_all(pieces)):
+            if i == 0:
+                tts_first.append(time.perf_counter() - t0)
+            audio_s += len(piece.pcm) / tts.sample_rate
+        tts_rtf.append((time.perf_counter() - t0) / audio_s)
+
+    plugin.close()
+    return {
+        "load_s": {"asr": round(asr_load_s, 3), "tts": round(tts_load_s, 3), "warm_up": round(warm_s, 3)},
+        "asr": {
+            "rtf": _percentiles(asr_rtf),
+            "seconds": _percentiles(asr_s),
+            "exact_transcripts": f"{exact}/{len(asr_s)}",
+        },
+        "tts": {"first_piece_s": _percentiles(tts_first), "rtf": _percentiles(tts_rtf)},
+        "plugin": {
+            "end_of_turn_to_first_audio_s": _percentiles(plugin_first),
+            "end_of_turn_to_transcript_s": _percentiles(plugin_asr_share),
+        },
+    }
+
+
+def bench_server(turns: int) -> dict[str, object]:
+    """End of speech to first audio through a real server on loopback (see the module docstring)."""
+    try:
+        from duplex.engine import Engine  # noqa: F401
+        from duplex.server import create_app  # noqa: F401
+    except ImportError as exc:
+        return {"skipped": f"engine or server not available: {exc}"}
+    return {"skipped": "server path not measured yet"}
+
+
+def _print_table(results: dict[str, object]) -> None:
+    rows: list[tuple[str, dict[str, float]]] = []
+    models = results["models"]
+    assert isinstance(models, dict)
+    rows.append(("ASR real-time factor", models["asr"]["rtf"]))
+    rows.append(("ASR seconds per utterance", models["asr"]["seconds"]))
+    rows.append(("TTS first piece (s)", models["tts"]["first_piece_s"]))
+    rows.append(("TTS real-time factor", models["tts"]["rtf"]))
+    rows.append(("plugin end of turn -> transcript (s)", models["plugin"]["end_of_turn_to_transcript_s"]))
+    rows.append(("plugin end of turn -> first audio (s)", models["plugin"]["end_of_turn_to_first_audio_s"]))
+    server = results.get("server")
+    if isinstance(server, dict) and "end_of_speech_to_first_audio_s" in server:
+        rows.append(("server end of speech -> first audio (s)", server["end_of_speech_to_first_audio_s"]))
+        rows.append(("server speech_stopped -> first audio (s)", server["speech_stopped_to_first_audio_s"]))
+    print(f"{'metric':<44}{'n':>5}{'p50':>9}{'p95':>9}{'max':>9}")
+    for name, stats in rows:
+        print(f"{name:<44}{stats['n']:>5}{stats['p50']:>9.3f}{stats['p95']:>9.3f}{stats['max']:>9.3f}")
+    print(f"exact ASR transcripts: {models['asr']['exact_transcripts']}")
+
+
+def main(argv: list[str] | None = None) -> dict[str, object]:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    parser.add_argument("--repeats", type=int, default=3, help="passes over the sentence list")
+    parser.add_argument("--threads", type=int, default=0, help="Whisper CPU threads (0: CTranslate2 decides)")
+    parser.add_argument("--server-turns", type=int, default=6, help="turns through the server (0: skip)")
+    parser.add_argument("--out", type=Path, default=DEFAULT_OUT)
+    args = parser.parse_args(argv)
+
+    results: dict[str, object] = {
+        "benchmark": "default_latency",
+        "host": {"cpus": os.cpu_count(), "machine": platform.machine(), "python": platform.python_version()},
+        "goal": "end of speech to first audio under 1 s with the echo reply",
+        "models": bench_models(args.repeats, args.threads),
+    }
+    if args.server_turns > 0:
+        results["server"] = bench_server(args.server_turns)
+    _print_table(results)
+    args.out.parent.mkdir(parents=True, exist_ok=True)
+    args.out.write_text(json.dumps(results, indent=2) + "\n")
+    print(f"wrote {args.out}")
+    return results
+
+
+if __name__ == "__main__":
+    main()
