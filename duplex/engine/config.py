@@ -1,0 +1,90 @@
+"""Every limit and timeout of the engine, in one struct (STYLE rule 7).
+
+Units are in the names: ``_s`` seconds, ``_ms`` milliseconds, ``_bytes`` bytes;
+a bare ``max_*`` is a count. The server reads these from its config file;
+clients cannot change them. Defaults follow DESIGN §5 and the wire reference
+(``wire_protocol.md`` §10.1).
+"""
+
+from __future__ import annotations
+
+import msgspec
+
+__all__ = ["EngineConfig"]
+
+
+class EngineConfig(msgspec.Struct, frozen=True, kw_only=True):
+    """Engine-wide limits. All per-session budgets apply to each session separately.
+
+    Admission and leases
+        ``max_sessions``: open sessions (closing ones included) before ``resource_exhausted``;
+        the plugin's ``capabilities.max_sessions`` caps it further.
+        ``idle_ttl_s``: a session with no activity for this long is expired (``None``: never).
+        ``disconnect_grace_s``: how long a detached session waits for a resume.
+        ``reaper_interval_s``: how often the reaper looks for expired leases.
+        ``close_timeout_s``: how long a close waits for the runner to finish its cleanup.
+
+    Input budgets (checked in ``Attachment.submit``, before the mailbox)
+        ``max_pending_input_bytes``: encoded audio bytes accepted but not yet processed.
+        ``max_pending_turns``: commits / response requests accepted but not yet processed.
+        ``mailbox_max``: client commands queued for the runner.
+        ``max_command_audio_bytes``: one append's decoded size limit.
+
+    Output
+        ``outbox_max_events``: events queued for one attachment; on overflow the attachment is
+        detached (slow reader) and the client resumes from the journal.
+        ``journal_max_age_s`` / ``journal_max_bytes``: replay journal bounds (oldest dropped first).
+
+    Frame scheduler
+        ``tick_ms``: scheduler tick; ``None`` ticks once per plugin frame period. A shorter
+        tick steps each session closer to the moment its frame completes, at the price of
+        smaller batches; a session is still stepped once per frame it received.
+        ``late_tolerance_ms``: how long past its due time a frame may stay incomplete before
+        the scheduler pads it with silence.
+        ``max_padding_frames``: consecutive padded frames before a silent session is frozen
+        (no more steps until input arrives again).
+        ``max_pending_outputs``: model outputs waiting in one session's mailbox; a slot above
+        it is not stepped (frozen) until its runner catches up.
+
+    Off-loop work
+        ``offload_min_bytes``: appends larger than this are decoded on the worker pool
+        instead of the event loop (small ones cost less inline than a thread hop).
+        ``worker_threads``: size of that pool (decode, resample, VAD).
+    """
+
+    max_sessions: int = 64
+    idle_ttl_s: float | None = 300.0
+    disconnect_grace_s: float = 30.0
+    reaper_interval_s: float = 5.0
+    close_timeout_s: float = 5.0
+
+    max_pending_input_bytes: int = 16 * 1024 * 1024
+    max_pending_turns: int = 4
+    mailbox_max: int = 256
+    max_command_audio_bytes: int = 15 * 1024 * 1024
+
+    outbox_max_events: int = 4096
+    journal_max_age_s: float = 60.0
+    journal_max_bytes: int = 8 * 1024 * 1024
+
+    tick_ms: float | None = None
+    late_tolerance_ms: float = 40.0
+    max_padding_frames: int = 25
+    max_pending_outputs: int = 8
+
+    offload_min_bytes: int = 64 * 1024
+    worker_threads: int = 2
+
+    def __post_init__(self) -> None:
+        if self.max_sessions < 1:
+            raise ValueError("max_sessions must be >= 1")
+        if self.idle_ttl_s is not None and self.idle_ttl_s <= 0:
+            raise ValueError("idle_ttl_s must be positive or None")
+        for name in ("disconnect_grace_s", "reaper_interval_s", "journal_max_age_s", "close_timeout_s"):
+            if getattr(self, name) <= 0:
+                raise ValueError(f"{name} must be positive")
+        for name in ("max_pending_turns", "mailbox_max", "outbox_max_events", "max_pending_outputs"):
+            if getattr(self, name) < 1:
+                raise ValueError(f"{name} must be >= 1")
+        if self.tick_ms is not None and self.tick_ms <= 0:
+            raise ValueError("tick_ms must be positive or None")

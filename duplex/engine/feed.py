@@ -1,0 +1,168 @@
+"""The input feed of one slot: samples received vs. consumed, and the frame clock.
+
+Theory of operation (STYLE rule 13: one rule, no modes)
+-------------------------------------------------------
+The runner feeds decoded audio (float32 at the plugin's input rate) into the
+slot's feed; the frame scheduler asks every feed at every tick whether it has a
+frame to step, with ``take(now)``:
+
+* a **complete** frame (``received - consumed >= chunk``) is stepped, at most once
+  per frame period (``not_before``), so a client that sends a burst is consumed at
+  the model's pace;
+* an **overdue** frame (its due time plus ``late_tolerance_s`` has passed) is padded
+  with silence after whatever samples arrived, flagged ``padded``, so the model
+  stays clocked while a client is late; after ``max_padding_frames`` padded frames
+  in a row the feed goes idle (no steps) until input arrives again;
+* otherwise the slot is left out of this tick (frozen).
+
+The frame clock: after a step at ``t``, the next frame is due at ``t + period``
+(a padded step advances from the previous due time instead, so padding keeps real
+time). Lateness is ``step time - due time`` (0 when early).
+
+Bounds: the feed holds at most ``max_buffered_samples``; ``feed`` refuses (returns
+False) an append that would exceed it, so the session can tell the client.
+Video frames wait for the next stepped chunk, at most ``MAX_VIDEO_FRAMES`` (older ones
+are dropped and counted in ``video_dropped``).
+
+Sans-IO: ``now`` and ``submitted_at`` are passed in.
+"""
+
+from __future__ import annotations
+
+from collections import deque
+
+import numpy as np
+
+__all__ = ["FeedFrame", "SlotFeed"]
+
+MAX_VIDEO_FRAMES = 2
+
+
+class FeedFrame:
+    """One chunk taken from a feed for a step."""
+
+    __slots__ = ("due_at", "padded", "pcm", "submitted_at", "video_frames")
+
+    def __init__(
+        self,
+        pcm: np.ndarray,
+        padded: bool,
+        submitted_at: float | None,
+        due_at: float | None,
+        video_frames: tuple[bytes, ...],
+    ) -> None:
+        self.pcm = pcm
+        self.padded = padded
+        self.submitted_at = submitted_at  # submit time of the append that completed the frame
+        self.due_at = due_at
+        self.video_frames = video_frames
+
+
+class SlotFeed:
+    """Input buffer and frame clock of one slot (see the module docstring)."""
+
+    def __init__(
+        self,
+        chunk: int,
+        period_s: float,
+        *,
+        late_tolerance_s: float,
+        max_padding_frames: int,
+        max_buffered_samples: int,
+        tick_s: float,
+    ) -> None:
+        self.chunk = chunk
+        self.period_s = period_s
+        self.late_tolerance_s = late_tolerance_s
+        self.max_padding_frames = max_padding_frames
+        self.tick_s = tick_s
+        self._buf = np.zeros(max(max_buffered_samples, chunk), dtype=np.float32)
+        self._start = 0  # first unread sample in _buf
+        self._end = 0
+        self.received = 0
+        self.consumed = 0
+        self._submits: deque[tuple[int, float]] = deque()  # (received after that append, submitted_at)
+        self.due_at: float | None = None
+        self.not_before = float("-inf")
+        self.pads = 0
+        self.video: deque[bytes] = deque(maxlen=MAX_VIDEO_FRAMES)
+        self.video_dropped = 0
+
+    @property
+    def buffered(self) -> int:
+        return self._end - self._start
+
+    def feed(
+        self, pcm: np.ndarray, now: float, submitted_at: float, video_frames: tuple[bytes, ...] = ()
+    ) -> bool:
+        """Queue decoded samples. Returns False (nothing queued) when the buffer would overflow."""
+        n = len(pcm)
+        if self.buffered + n > len(self._buf):
+            return False
+        if self._end + n > len(self._buf):  # compact
+            live = self.buffered
+            self._buf[:live] = self._buf[self._start : self._end]
+            self._start, self._end = 0, live
+        self._buf[self._end : self._end + n] = pcm
+        self._end += n
+        self.received += n
+        if n:
+            self._submits.append((self.received, submitted_at))
+            self.pads = 0
+            if self.due_at is None:
+                self.due_at = now + self.period_s * max(0.0, 1.0 - self.buffered / self.chunk)
+        for frame in video_frames:
+            if len(self.video) == self.video.maxlen:
+                self.video_dropped += 1
+            self.video.append(frame)
+        return True
+
+    def clear(self) -> None:
+        """Drop buffered input (``input_audio_buffer.clear`` on a frame session)."""
+        self.consumed += self.buffered
+        self._start = self._end = 0
+        self._submits.clear()
+
+    def take(self, now: float) -> FeedFrame | None:
+        """The frame to step at ``now``, or None (see the module docstring)."""
+        if now < self.not_before:
+            return None
+        due = self.due_at
+        if self.buffered >= self.chunk:
+            pcm = self._buf[self._start : self._start + self.chunk].copy()
+            self._start += self.chunk
+            self.consumed += self.chunk
+            padded = False
+        elif due is not None and now >= due + self.late_tolerance_s and self.pads < self.max_padding_frames:
+            pcm = np.zeros(self.chunk, dtype=np.float32)
+            have = self.buffered
+            pcm[:have] = self._buf[self._start : self._end]
+            self._start = self._end
+            self.consumed += have
+            padded = True
+        else:
+            if due is not None and self.pads >= self.max_padding_frames:
+                self.due_at = None  # idle until input arrives
+            return None
+        # The append that completed this frame: the first whose end reaches ``consumed``.
+        submits = self._submits
+        while submits and submits[0][0] < self.consumed:
+            submits.popleft()
+        submitted_at = None
+        if submits and not padded:
+            submitted_at = submits[0][1]
+            if submits[0][0] == self.consumed:
+                submits.popleft()
+        if padded:
+            self.pads += 1
+            self.due_at = (due if due is not None else now) + self.period_s
+        else:
+            self.pads = 0
+            self.due_at = max(now, due if due is not None else now) + self.period_s
+        # At most one step per period (one tick of slack so sub-ticks can align).
+        self.not_before = now + self.period_s - self.tick_s / 2
+        video = tuple(self.video)
+        self.video.clear()
+        if self._start == self._end:
+            self._start = self._end = 0
+        return FeedFrame(pcm, padded, submitted_at, due, video)

@@ -1,0 +1,107 @@
+"""The replay journal of one session (DESIGN §5, ``wire_protocol.md`` §10.5).
+
+Every server event after ``session.created`` gets the next ``server_event_seq``
+(1, 2, 3 ...) and is kept here until the client acks it, it grows older than
+``max_age_s``, or the journal holds more than ``max_bytes`` (the oldest entries go
+first: drop-oldest, counted in ``evicted``). A resume replays every entry after
+the client's last seq, in order, as the very same event objects (same
+``event_id``). A cursor below what is retained is a gap (``resync_required``);
+a cursor beyond the head is a conflict.
+
+Sans-IO: ``now`` is passed in; the journal stores whatever event objects the
+session gives it and only needs their sizes.
+"""
+
+from __future__ import annotations
+
+from collections import deque
+from typing import Generic, TypeVar
+
+__all__ = ["Journal", "JournalCursorError", "JournalGap"]
+
+E = TypeVar("E")
+
+
+class JournalGap(Exception):
+    """Some events after the client's cursor are gone: the client must resync."""
+
+    reason = "journal_gap"
+
+
+class JournalCursorError(Exception):
+    """A seq beyond the head (an ack or resume cursor the server never sent)."""
+
+    def __init__(self, code: str, message: str) -> None:
+        super().__init__(message)
+        self.code = code
+
+
+class Journal(Generic[E]):
+    """Bounded, ordered store of journaled events (see the module docstring)."""
+
+    def __init__(self, *, max_age_s: float, max_bytes: int) -> None:
+        self.max_age_s = max_age_s
+        self.max_bytes = max_bytes
+        self._entries: deque[tuple[int, E, int, float]] = deque()
+        self._bytes = 0
+        self.head = 0  # the last seq handed out
+        self.floor = 0  # every seq <= floor has left the journal
+        self.evicted = 0  # entries dropped by age or bytes before an ack
+
+    @property
+    def next_seq(self) -> int:
+        return self.head + 1
+
+    @property
+    def size_bytes(self) -> int:
+        return self._bytes
+
+    def __len__(self) -> int:
+        return len(self._entries)
+
+    def append(self, seq: int, event: E, size: int, now: float) -> None:
+        """Keep ``event`` (already stamped with ``seq == next_seq``), then enforce the bounds."""
+        if seq != self.head + 1:
+            raise ValueError(f"journal seq {seq} out of order (head {self.head})")
+        self.head = seq
+        self._entries.append((seq, event, size, now))
+        self._bytes += size
+        self.prune(now)
+
+    def prune(self, now: float) -> None:
+        """Drop entries older than ``max_age_s`` and, oldest first, bytes over ``max_bytes``."""
+        entries = self._entries
+        while entries and (entries[0][3] < now - self.max_age_s or self._bytes > self.max_bytes):
+            self._drop_first()
+            self.evicted += 1
+
+    def _drop_first(self) -> None:
+        seq, _, size, _ = self._entries.popleft()
+        self._bytes -= size
+        self.floor = seq
+
+    def ack(self, seq: int) -> None:
+        """The client holds every event up to ``seq``: forget them.
+
+        Raises ``JournalCursorError("invalid_event_ack")`` for a negative seq or one
+        beyond the head. Acking an already trimmed seq is a no-op.
+        """
+        if seq < 0 or seq > self.head:
+            raise JournalCursorError("invalid_event_ack", f"server_event_seq {seq} is outside 0..{self.head}")
+        while self._entries and self._entries[0][0] <= seq:
+            self._drop_first()
+        self.floor = max(self.floor, seq)
+
+    def replay_after(self, seq: int) -> list[E]:
+        """Every retained event with a seq above ``seq``, oldest first.
+
+        Raises ``JournalGap`` when events after ``seq`` were dropped, and
+        ``JournalCursorError("session_resume_conflict")`` when ``seq`` is beyond the head.
+        """
+        if seq > self.head:
+            raise JournalCursorError(
+                "session_resume_conflict", f"last_event_seq {seq} is beyond the last sent seq {self.head}"
+            )
+        if seq < self.floor:
+            raise JournalGap(f"events {seq + 1}..{self.floor} are no longer in the journal")
+        return [event for s, event, _, _ in self._entries if s > seq]

@@ -1,0 +1,219 @@
+"""The frame scheduler: one per ``frame``/``unit`` plugin (DESIGN §7).
+
+Theory of operation
+-------------------
+Every tick the scheduler runs the same three steps (STYLE rule 13):
+
+1. **plan** (``plan(now)``, sans-IO): ask each joined slot's ``SlotFeed`` for a
+   frame; slots whose session is behind on model outputs (``SlotBinding.paused``)
+   are left out (frozen) this tick;
+2. **step**: one ``plugin.step(batch)`` call on the model thread for every planned
+   slot, together;
+3. **apply** (``apply(...)``): route each output back through its session's mailbox
+   (``SlotBinding.deliver``); record tick duration, batch size, lateness and
+   append-to-step latency.
+
+A tick is every ``EngineConfig.tick_ms`` (default: the plugin's frame period).
+Sessions join (``join``) and leave (``leave``) between ticks: slot open, cancel and
+close run on the same single model thread as ``step``, so they are serialized
+with it and never happen during one (the plugin contract).
+
+A plugin exception fails every session of that batch (``SlotBinding.fail``) and
+the scheduler keeps ticking for the others (DESIGN §2.7). An output for a slot
+that was not in the batch is dropped and counted (a plugin bug, never silent).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import concurrent.futures
+import logging
+import time
+from collections.abc import Callable, Sequence
+from typing import Any
+
+from duplex.engine.config import EngineConfig
+from duplex.engine.feed import FeedFrame, SlotFeed
+from duplex.engine.metrics import EngineMetrics
+from duplex.plugins.base import Capabilities, Plugin, SlotInput, SlotOutput
+
+__all__ = ["FrameScheduler", "SlotBinding"]
+
+log = logging.getLogger(__name__)
+
+#: Input a feed may buffer, in frame periods (a client may run this far ahead).
+MAX_BUFFERED_PERIODS = 64
+
+
+class SlotBinding:
+    """What the scheduler knows of the session in a slot.
+
+    ``epoch()`` gives the session's current epoch (inputs are tagged with it),
+    ``deliver(output)`` puts an output into the session's mailbox, ``fail(exc)``
+    puts a step failure there, ``paused()`` says the session is behind.
+    """
+
+    __slots__ = ("deliver", "epoch", "fail", "paused")
+
+    def __init__(
+        self,
+        *,
+        epoch: Callable[[], int],
+        deliver: Callable[[SlotOutput], None],
+        fail: Callable[[BaseException], None],
+        paused: Callable[[], bool],
+    ) -> None:
+        self.epoch = epoch
+        self.deliver = deliver
+        self.fail = fail
+        self.paused = paused
+
+
+class Planned:
+    __slots__ = ("binding", "frame", "input")
+
+    def __init__(self, input: SlotInput, binding: SlotBinding, frame: FeedFrame) -> None:
+        self.input = input
+        self.binding = binding
+        self.frame = frame
+
+
+class FrameScheduler:
+    """Batches every ready slot of one plugin per tick (see the module docstring)."""
+
+    def __init__(
+        self,
+        plugin: Plugin,
+        capabilities: Capabilities,
+        config: EngineConfig,
+        metrics: EngineMetrics,
+        model_thread: concurrent.futures.Executor,
+    ) -> None:
+        self.plugin = plugin
+        self.capabilities = capabilities
+        self.config = config
+        self.metrics = metrics
+        self.model_thread = model_thread
+        self.period_s = capabilities.chunk_period_ms / 1000
+        self.tick_s = (config.tick_ms / 1000) if config.tick_ms else self.period_s
+        self.chunk = capabilities.chunk_samples
+        self._slots: dict[int, tuple[SlotFeed, SlotBinding]] = {}
+
+    # ------------------------------------------------------------------ membership
+
+    def join(self, slot: int, binding: SlotBinding) -> SlotFeed:
+        """Add a slot (its plugin slot must already be open); returns its feed."""
+        if slot in self._slots:
+            raise ValueError(f"slot {slot} already joined")
+        feed = SlotFeed(
+            self.chunk,
+            self.period_s,
+            late_tolerance_s=self.config.late_tolerance_ms / 1000,
+            max_padding_frames=self.config.max_padding_frames,
+            max_buffered_samples=self.chunk * MAX_BUFFERED_PERIODS,
+            tick_s=self.tick_s,
+        )
+        self._slots[slot] = (feed, binding)
+        return feed
+
+    def leave(self, slot: int) -> None:
+        """Remove a slot; its outputs of a step in flight are still delivered (and dropped by epoch)."""
+        self._slots.pop(slot, None)
+
+    @property
+    def joined(self) -> int:
+        return len(self._slots)
+
+    async def on_model_thread(self, fn: Callable[..., Any], *args: Any) -> Any:
+        """Run a plugin call on the model thread, in order with steps."""
+        return await asyncio.get_running_loop().run_in_executor(self.model_thread, fn, *args)
+
+    # ------------------------------------------------------------------ one tick
+
+    def plan(self, now: float) -> list[Planned]:
+        """The batch for a tick at ``now`` (sans-IO)."""
+        planned = []
+        for slot, (feed, binding) in self._slots.items():
+            if binding.paused():
+                continue
+            frame = feed.take(now)
+            if frame is None:
+                continue
+            planned.append(
+                Planned(
+                    SlotInput(
+                        slot=slot,
+                        epoch=binding.epoch(),
+                        pcm=frame.pcm,
+                        padded=frame.padded,
+                        video_frames=frame.video_frames,
+                    ),
+                    binding,
+                    frame,
+                )
+            )
+        return planned
+
+    def step(self, planned: Sequence[Planned]) -> Sequence[SlotOutput]:
+        """Call the plugin (on the model thread) and check its shape contract."""
+        outputs = self.plugin.step([p.input for p in planned])
+        if len(outputs) > len(planned):
+            raise RuntimeError(f"{self.plugin.name}: step returned {len(outputs)} outputs for {len(planned)}")
+        return outputs
+
+    def apply(self, planned: Sequence[Planned], outputs: Sequence[SlotOutput], started: float) -> None:
+        """Route outputs and record metrics; ``started`` is the tick time on the loop clock."""
+        by_slot = {p.input.slot: p.binding for p in planned}
+        for output in outputs:
+            binding = by_slot.get(output.slot)
+            if binding is None:
+                self.metrics.stale_outputs_dropped.inc()
+                log.error("%s: output for slot %s, which was not in the batch", self.plugin.name, output.slot)
+                continue
+            binding.deliver(output)
+        metrics = self.metrics
+        metrics.ticks.inc()
+        metrics.frames_stepped.inc(len(planned))
+        metrics.batch_size.observe(len(planned))
+        for p in planned:
+            frame = p.frame
+            if frame.padded:
+                metrics.frames_padded.inc()
+            if frame.due_at is not None:
+                metrics.lateness_s.observe(max(0.0, started - frame.due_at))
+            if frame.submitted_at is not None:
+                metrics.append_to_step_s.observe(max(0.0, started - frame.submitted_at))
+
+    def fail(self, planned: Sequence[Planned], exc: BaseException) -> None:
+        """A step raised: fail every session of the batch; the others continue."""
+        log.error("%s: step failed for %d slots", self.plugin.name, len(planned), exc_info=exc)
+        for p in planned:
+            p.binding.fail(exc)
+
+    async def tick(self, now: float) -> int:
+        """Plan, step and apply one tick at loop time ``now``; returns the batch size."""
+        planned = self.plan(now)
+        if not planned:
+            return 0
+        t0 = time.perf_counter()
+        try:
+            outputs = await self.on_model_thread(self.step, planned)
+        except Exception as exc:  # the plugin's failure ends those sessions, not the scheduler
+            self.fail(planned, exc)
+            return len(planned)
+        self.metrics.tick_duration_s.observe(time.perf_counter() - t0)
+        self.apply(planned, outputs, now)
+        return len(planned)
+
+    async def run(self) -> None:
+        """Tick forever (until cancelled). Missed ticks are skipped, never bunched."""
+        loop = asyncio.get_running_loop()
+        next_tick = loop.time()
+        while True:
+            await self.tick(loop.time())
+            next_tick += self.tick_s
+            delay = next_tick - loop.time()
+            if delay < 0:
+                next_tick = loop.time()
+                delay = 0
+            await asyncio.sleep(delay)

@@ -1,0 +1,164 @@
+"""``echo``: a real frame plugin that repeats what it hears, one frame late.
+
+Each 80 ms input frame comes back as output ``delay_frames`` frames later (24 kHz
+in, 24 kHz out). Voiced frames (RMS at or above ``silence_rms``) are echoed and
+say ``speak``; when the echoed audio falls silent after speech, the output sets
+``end_of_turn``; silent frames produce an empty output (the model listened). For
+every ``word_ms`` of echoed speech the transcript gets one token ``w<n> `` (a text
+token per word-length of audio), so truncation can be checked against text marks.
+
+Per-slot state is preallocated at ``load()`` as one ``(max_sessions, delay_frames,
+chunk)`` array (STYLE rule 12); a step touches only the slots in its batch.
+The plugin is used by tests, the benchmarks and the server smoke runs; it needs no
+weights.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+
+import numpy as np
+
+from duplex.plugins.base import (
+    Capabilities,
+    Plugin,
+    PluginError,
+    PluginKind,
+    SlotInput,
+    SlotOptions,
+    SlotOutput,
+)
+
+__all__ = ["EchoPlugin"]
+
+RATE = 24000
+FRAME_MS = 80
+CHUNK = RATE * FRAME_MS // 1000
+
+
+class EchoPlugin(Plugin):
+    """See the module docstring. Options: ``max_sessions``, ``delay_frames``, ``word_ms``, ``silence_rms``."""
+
+    name = "echo"
+
+    def __init__(
+        self,
+        max_sessions: int = 1024,
+        delay_frames: int = 1,
+        word_ms: int = 400,
+        silence_rms: float = 0.003,
+    ) -> None:
+        if max_sessions < 1 or delay_frames < 1 or word_ms < FRAME_MS:
+            raise PluginError("invalid_plugin_config", "echo: max_sessions, delay_frames >= 1; word_ms >= 80")
+        self.max_sessions = max_sessions
+        self.delay_frames = delay_frames
+        self.word_ms = word_ms
+        self.silence_rms = silence_rms
+        self._loaded = False
+
+    @classmethod
+    def from_options(cls, model_path: str | None = None, **options: object) -> EchoPlugin:
+        if model_path is not None:
+            raise PluginError("invalid_plugin_config", "echo takes no model path")
+        known = {"max_sessions", "delay_frames", "word_ms", "silence_rms"}
+        unknown = sorted(set(options) - known)
+        if unknown:
+            raise PluginError("invalid_plugin_config", f"echo: unknown options {unknown}")
+        return cls(**options)  # type: ignore[arg-type]
+
+    def capabilities(self) -> Capabilities:
+        return Capabilities(
+            kind=PluginKind.FRAME,
+            chunk_period_ms=FRAME_MS,
+            input_sample_rate=RATE,
+            output_sample_rate=RATE,
+            max_sessions=self.max_sessions,
+            model_native_turns=True,
+            supports_server_vad=True,
+            supports_client_commit=True,
+            supports_barge_in=True,
+            output_modalities=("audio", "text"),
+        )
+
+    def load(self) -> None:
+        n = self.max_sessions
+        self._delay = np.zeros((n, self.delay_frames, CHUNK), dtype=np.float32)
+        self._voiced = np.zeros((n, self.delay_frames), dtype=bool)
+        self._head = np.zeros(n, dtype=np.int64)  # ring position per slot
+        self._speaking = np.zeros(n, dtype=bool)
+        self._spoken_ms = np.zeros(n, dtype=np.int64)  # echoed speech in the current turn
+        self._words = np.zeros(n, dtype=np.int64)
+        self._epoch = np.zeros(n, dtype=np.int64)
+        self._open = np.zeros(n, dtype=bool)
+        self._loaded = True
+
+    def close(self) -> None:
+        self._loaded = False
+
+    def _check_slot(self, slot: int) -> None:
+        if not self._loaded:
+            raise PluginError("plugin_not_loaded", "echo: load() was not called")
+        if not 0 <= slot < self.max_sessions:
+            raise PluginError("invalid_slot", f"echo: slot {slot} outside 0..{self.max_sessions - 1}")
+
+    def _reset(self, slot: int) -> None:
+        self._delay[slot] = 0.0
+        self._voiced[slot] = False
+        self._head[slot] = 0
+        self._speaking[slot] = False
+        self._spoken_ms[slot] = 0
+        self._words[slot] = 0
+
+    def open_slot(self, slot: int, options: SlotOptions) -> None:
+        self._check_slot(slot)
+        self._reset(slot)
+        self._epoch[slot] = 0
+        self._open[slot] = True
+
+    def cancel_slot(self, slot: int, epoch: int) -> None:
+        self._check_slot(slot)
+        self._reset(slot)  # drop the delayed frames: nothing of the old epoch comes out
+        self._epoch[slot] = epoch
+
+    def close_slot(self, slot: int) -> None:
+        self._check_slot(slot)
+        self._reset(slot)
+        self._open[slot] = False
+
+    def step(self, batch: Sequence[SlotInput]) -> Sequence[SlotOutput]:
+        outputs: list[SlotOutput] = []
+        for item in batch:
+            slot = item.slot
+            self._check_slot(slot)
+            pcm = item.pcm
+            assert pcm.shape == (CHUNK,), f"echo: slot {slot} frame shape {pcm.shape}, expected ({CHUNK},)"
+            if not self._open[slot]:
+                raise PluginError("invalid_slot", f"echo: slot {slot} is not open")
+            if item.epoch > self._epoch[slot]:  # an input of a newer epoch also fences the old output
+                self._reset(slot)
+                self._epoch[slot] = item.epoch
+            head = int(self._head[slot])
+            out = self._delay[slot, head].copy()
+            out_voiced = bool(self._voiced[slot, head])
+            self._delay[slot, head] = pcm
+            self._voiced[slot, head] = float(np.sqrt(np.mean(pcm * pcm))) >= self.silence_rms
+            self._head[slot] = (head + 1) % self.delay_frames
+            outputs.append(self._emit(slot, item.epoch, out, out_voiced))
+        return outputs
+
+    def _emit(self, slot: int, epoch: int, out: np.ndarray, voiced: bool) -> SlotOutput:
+        if voiced:
+            self._speaking[slot] = True
+            before = int(self._spoken_ms[slot])
+            self._spoken_ms[slot] = before + FRAME_MS
+            text = ""
+            if before // self.word_ms != (before + FRAME_MS) // self.word_ms:
+                self._words[slot] += 1
+                text = f"w{int(self._words[slot])} "
+            return SlotOutput(slot=slot, epoch=epoch, pcm=out, sample_rate=RATE, text=text, decision="speak")
+        if self._speaking[slot]:
+            self._speaking[slot] = False
+            self._spoken_ms[slot] = 0
+            self._words[slot] = 0
+            return SlotOutput(slot=slot, epoch=epoch, end_of_turn=True, decision="listen")
+        return SlotOutput(slot=slot, epoch=epoch)

@@ -1,0 +1,235 @@
+"""Scripted ``unit`` and ``turn`` plugins: real plugins whose replies come from a script.
+
+They exercise every engine path that a real model reaches (speak/listen decisions,
+end of turn, streamed turn replies, tool calls, cancellation) with fully
+predictable output, so tests can assert exact event sequences.
+
+``ScriptedUnitPlugin`` (kind ``unit``, 1 s units, 16 kHz in, 24 kHz out) walks its
+script one step per unit and per slot, cycling at the end:
+
+* ``"listen"``: the unit's output says ``listen`` and has no audio;
+* ``"speak:<text>"``: one unit of tone audio with transcript ``<text>``, ``speak``;
+* ``"end:<text>"``: the same, and the output ends the turn.
+
+A cancel skips the rest of the reply in progress (up to the next ``listen`` step).
+
+``ScriptedTurnPlugin`` (kind ``turn``) answers the n-th request of a slot with the
+n-th script entry (cycling). A reply text is streamed one word per chunk, each
+chunk ``ms_per_char`` ms of tone per character; the last chunk sets
+``end_of_turn``. ``{text}`` in a reply is replaced by the request's text, and an
+entry ``"tool:<name>:<json arguments>"`` answers with one tool call instead.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterator, Sequence
+
+import numpy as np
+
+from duplex.plugins.base import (
+    Capabilities,
+    Plugin,
+    PluginError,
+    PluginKind,
+    SlotInput,
+    SlotOptions,
+    SlotOutput,
+    ToolCall,
+    TurnRequest,
+)
+
+__all__ = ["ScriptedTurnPlugin", "ScriptedUnitPlugin", "tone"]
+
+OUTPUT_RATE = 24000
+
+
+def tone(
+    duration_ms: float, rate: int = OUTPUT_RATE, freq_hz: float = 220.0, level: float = 0.1
+) -> np.ndarray:
+    """A float32 sine of ``duration_ms`` at ``rate``: audible, deterministic model audio."""
+    n = int(rate * duration_ms / 1000)
+    t = np.arange(n, dtype=np.float32) / rate
+    return (level * np.sin(2 * np.pi * freq_hz * t)).astype(np.float32)
+
+
+def _options(cls_name: str, model_path: str | None, options: dict[str, object], known: set[str]) -> None:
+    if model_path is not None:
+        raise PluginError("invalid_plugin_config", f"{cls_name} takes no model path")
+    unknown = sorted(set(options) - known)
+    if unknown:
+        raise PluginError("invalid_plugin_config", f"{cls_name}: unknown options {unknown}")
+
+
+class ScriptedUnitPlugin(Plugin):
+    """See the module docstring."""
+
+    name = "scripted-unit"
+    UNIT_MS = 1000
+    INPUT_RATE = 16000
+
+    DEFAULT_SCRIPT: tuple[str, ...] = ("listen", "speak:Hello there, ", "end:how can I help?", "listen")
+
+    def __init__(self, script: Sequence[str] = DEFAULT_SCRIPT, max_sessions: int = 64) -> None:
+        steps = []
+        for step in script:
+            kind, _, text = step.partition(":")
+            if kind not in ("listen", "speak", "end"):
+                raise PluginError("invalid_plugin_config", f"scripted-unit: bad step {step!r}")
+            steps.append((kind, text))
+        if not steps:
+            raise PluginError("invalid_plugin_config", "scripted-unit: empty script")
+        self.steps = tuple(steps)
+        self.max_sessions = max_sessions
+        self._unit_audio = tone(self.UNIT_MS)
+
+    @classmethod
+    def from_options(cls, model_path: str | None = None, **options: object) -> ScriptedUnitPlugin:
+        _options(cls.name, model_path, options, {"script", "max_sessions"})
+        return cls(**options)  # type: ignore[arg-type]
+
+    def capabilities(self) -> Capabilities:
+        return Capabilities(
+            kind=PluginKind.UNIT,
+            chunk_period_ms=self.UNIT_MS,
+            input_sample_rate=self.INPUT_RATE,
+            output_sample_rate=OUTPUT_RATE,
+            max_sessions=self.max_sessions,
+            model_native_turns=True,
+            supports_client_commit=True,
+            supports_barge_in=True,
+            supports_video_input=True,
+        )
+
+    def load(self) -> None:
+        self._pos = [0] * self.max_sessions
+        self._epoch = [0] * self.max_sessions
+        self._open = [False] * self.max_sessions
+
+    def _check(self, slot: int) -> None:
+        if not 0 <= slot < self.max_sessions:
+            raise PluginError(
+                "invalid_slot", f"scripted-unit: slot {slot} outside 0..{self.max_sessions - 1}"
+            )
+
+    def open_slot(self, slot: int, options: SlotOptions) -> None:
+        self._check(slot)
+        self._pos[slot] = 0
+        self._epoch[slot] = 0
+        self._open[slot] = True
+
+    def cancel_slot(self, slot: int, epoch: int) -> None:
+        self._check(slot)
+        self._epoch[slot] = epoch
+        # Skip the rest of the reply in progress.
+        for _ in range(len(self.steps)):
+            if self.steps[self._pos[slot] % len(self.steps)][0] == "listen":
+                break
+            self._pos[slot] += 1
+
+    def close_slot(self, slot: int) -> None:
+        self._check(slot)
+        self._open[slot] = False
+
+    def step(self, batch: Sequence[SlotInput]) -> Sequence[SlotOutput]:
+        outputs = []
+        for item in batch:
+            self._check(item.slot)
+            assert item.pcm.shape == (self.INPUT_RATE * self.UNIT_MS // 1000,), (
+                f"scripted-unit: slot {item.slot} unit shape {item.pcm.shape}"
+            )
+            kind, text = self.steps[self._pos[item.slot] % len(self.steps)]
+            self._pos[item.slot] += 1
+            if kind == "listen":
+                outputs.append(SlotOutput(slot=item.slot, epoch=item.epoch, decision="listen"))
+            else:
+                outputs.append(
+                    SlotOutput(
+                        slot=item.slot,
+                        epoch=item.epoch,
+                        pcm=self._unit_audio,
+                        sample_rate=OUTPUT_RATE,
+                        text=text,
+                        decision="speak",
+                        end_of_turn=kind == "end",
+                    )
+                )
+        return outputs
+
+
+class ScriptedTurnPlugin(Plugin):
+    """See the module docstring."""
+
+    name = "scripted-turn"
+    INPUT_RATE = 16000
+
+    DEFAULT_SCRIPT: tuple[str, ...] = ("Sure, I can help with that.", "You said: {text}")
+
+    def __init__(self, script: Sequence[str] = DEFAULT_SCRIPT, max_sessions: int = 64, ms_per_char: int = 60):
+        if not script:
+            raise PluginError("invalid_plugin_config", "scripted-turn: empty script")
+        self.script = tuple(script)
+        self.max_sessions = max_sessions
+        self.ms_per_char = ms_per_char
+
+    @classmethod
+    def from_options(cls, model_path: str | None = None, **options: object) -> ScriptedTurnPlugin:
+        _options(cls.name, model_path, options, {"script", "max_sessions", "ms_per_char"})
+        return cls(**options)  # type: ignore[arg-type]
+
+    def capabilities(self) -> Capabilities:
+        return Capabilities(
+            kind=PluginKind.TURN,
+            input_sample_rate=self.INPUT_RATE,
+            output_sample_rate=OUTPUT_RATE,
+            max_sessions=self.max_sessions,
+            supports_server_vad=True,
+            supports_client_commit=True,
+            supports_barge_in=True,
+            supports_text_input=True,
+            supports_tools=True,
+        )
+
+    def load(self) -> None:
+        self._turns = [0] * self.max_sessions
+        self._epoch = [0] * self.max_sessions
+
+    def _check(self, slot: int) -> None:
+        if not 0 <= slot < self.max_sessions:
+            raise PluginError(
+                "invalid_slot", f"scripted-turn: slot {slot} outside 0..{self.max_sessions - 1}"
+            )
+
+    def open_slot(self, slot: int, options: SlotOptions) -> None:
+        self._check(slot)
+        self._turns[slot] = 0
+        self._epoch[slot] = 0
+
+    def cancel_slot(self, slot: int, epoch: int) -> None:
+        self._check(slot)
+        self._epoch[slot] = epoch
+
+    def close_slot(self, slot: int) -> None:
+        self._check(slot)
+
+    def respond(self, request: TurnRequest) -> Iterator[SlotOutput]:
+        self._check(request.slot)
+        n = self._turns[request.slot]
+        self._turns[request.slot] = n + 1
+        entry = self.script[n % len(self.script)]
+        slot, epoch = request.slot, request.epoch
+        if entry.startswith("tool:"):
+            _, name, arguments = entry.split(":", 2)
+            call = ToolCall(call_id=f"call_{slot}_{n}", name=name, arguments=arguments)
+            yield SlotOutput(slot=slot, epoch=epoch, tool_call=call, end_of_turn=True)
+            return
+        words = entry.replace("{text}", request.text or "").split() or ["..."]
+        for i, word in enumerate(words):
+            text = word if i == len(words) - 1 else word + " "
+            yield SlotOutput(
+                slot=slot,
+                epoch=epoch,
+                pcm=tone(self.ms_per_char * len(text)),
+                sample_rate=OUTPUT_RATE,
+                text=text,
+                end_of_turn=i == len(words) - 1,
+            )

@@ -1,0 +1,171 @@
+"""Slot feeds and the frame scheduler, driven with an injected clock and real plugins."""
+
+from __future__ import annotations
+
+import concurrent.futures
+from collections.abc import Sequence
+
+import numpy as np
+import pytest
+
+from duplex.engine.config import EngineConfig
+from duplex.engine.feed import SlotFeed
+from duplex.engine.metrics import EngineMetrics
+from duplex.engine.scheduler import FrameScheduler, SlotBinding
+from duplex.plugins.base import Capabilities, Plugin, PluginKind, SlotInput, SlotOptions, SlotOutput
+from duplex.plugins.builtin.echo import EchoPlugin
+
+CHUNK = 1920
+P = 0.08
+
+
+def _feed(**kw: float) -> SlotFeed:
+    return SlotFeed(
+        CHUNK,
+        P,
+        late_tolerance_s=kw.get("late", 0.04),
+        max_padding_frames=int(kw.get("pads", 2)),
+        max_buffered_samples=CHUNK * 4,
+        tick_s=kw.get("tick", 0.01),
+    )
+
+
+def test_feed_steps_a_complete_frame_once_per_period() -> None:
+    f = _feed()
+    assert f.feed(np.ones(CHUNK * 2, np.float32), now=0.0, submitted_at=0.0)
+    first = f.take(0.0)
+    assert first is not None and not first.padded and first.submitted_at == 0.0
+    assert f.take(0.01) is None  # a second frame is there, but not before one period
+    second = f.take(0.08)
+    assert second is not None and f.buffered == 0
+
+
+def test_feed_pads_a_late_frame_then_goes_idle() -> None:
+    f = _feed(pads=2)
+    f.feed(np.ones(CHUNK, np.float32), now=0.0, submitted_at=0.0)
+    assert f.take(0.0) is not None  # next due at 0.08
+    f.feed(np.full(100, 0.5, np.float32), now=0.01, submitted_at=0.01)
+    assert f.take(0.10) is None  # within the tolerance
+    padded = f.take(0.12)
+    assert padded is not None and padded.padded
+    assert np.all(padded.pcm[:100] == 0.5) and np.all(padded.pcm[100:] == 0)
+    assert f.take(0.20) is not None  # second pad (due 0.16 + 0.04)
+    assert f.take(0.40) is None and f.due_at is None  # idle after max_padding_frames
+    assert f.received - f.consumed == f.buffered == 0
+
+
+def test_feed_refuses_input_beyond_its_bound_without_queuing_any() -> None:
+    f = _feed()
+    assert f.feed(np.zeros(CHUNK * 4, np.float32), now=0.0, submitted_at=0.0)
+    assert not f.feed(np.zeros(1, np.float32), now=0.0, submitted_at=0.0)
+    assert f.buffered == CHUNK * 4
+
+
+def test_feed_keeps_at_most_two_video_frames_per_chunk() -> None:
+    f = _feed()
+    f.feed(np.zeros(CHUNK, np.float32), 0.0, 0.0, video_frames=(b"a", b"b", b"c"))
+    frame = f.take(0.0)
+    assert frame is not None and frame.video_frames == (b"b", b"c") and f.video_dropped == 1
+
+
+class NullPlugin(Plugin):
+    """A frame plugin that answers every input with an empty output (the model listened)."""
+
+    name = "null"
+
+    def __init__(self, fail_on_slot: int | None = None) -> None:
+        self.fail_on_slot = fail_on_slot
+        self.steps: list[list[int]] = []
+
+    def capabilities(self) -> Capabilities:
+        return Capabilities(
+            kind=PluginKind.FRAME, chunk_period_ms=80, input_sample_rate=24000, max_sessions=8
+        )
+
+    def open_slot(self, slot: int, options: SlotOptions) -> None:
+        pass
+
+    def cancel_slot(self, slot: int, epoch: int) -> None:
+        pass
+
+    def close_slot(self, slot: int) -> None:
+        pass
+
+    def step(self, batch: Sequence[SlotInput]) -> Sequence[SlotOutput]:
+        self.steps.append(sorted(i.slot for i in batch))
+        if self.fail_on_slot in self.steps[-1]:
+            raise RuntimeError("boom")
+        return [SlotOutput(slot=i.slot, epoch=i.epoch) for i in batch]
+
+
+class Sink:
+    def __init__(self, epoch: int = 0) -> None:
+        self.outputs: list[SlotOutput] = []
+        self.failures: list[BaseException] = []
+        self.paused = False
+        self.epoch = epoch
+
+    def binding(self) -> SlotBinding:
+        return SlotBinding(
+            epoch=lambda: self.epoch,
+            deliver=self.outputs.append,
+            fail=self.failures.append,
+            paused=lambda: self.paused,
+        )
+
+
+@pytest.fixture
+def model_thread():
+    with concurrent.futures.ThreadPoolExecutor(1) as pool:
+        yield pool
+
+
+def _scheduler(plugin: Plugin, pool: concurrent.futures.Executor) -> tuple[FrameScheduler, EngineMetrics]:
+    metrics = EngineMetrics()
+    return FrameScheduler(plugin, plugin.capabilities(), EngineConfig(), metrics, pool), metrics
+
+
+async def test_scheduler_batches_ready_slots_and_skips_paused_and_empty_ones(model_thread) -> None:
+    plugin = NullPlugin()
+    sched, metrics = _scheduler(plugin, model_thread)
+    sinks = [Sink(epoch=3), Sink(), Sink()]
+    feeds = [sched.join(slot, s.binding()) for slot, s in enumerate(sinks)]
+    feeds[0].feed(np.zeros(CHUNK, np.float32), 0.0, 0.0)
+    feeds[1].feed(np.zeros(CHUNK, np.float32), 0.0, 0.0)
+    sinks[1].paused = True
+    assert await sched.tick(0.01) == 1
+    assert plugin.steps == [[0]]
+    assert [o.epoch for o in sinks[0].outputs] == [3] and not sinks[1].outputs and not sinks[2].outputs
+    assert metrics.batch_size.count == 1 and metrics.append_to_step_s.recent[0] == pytest.approx(0.01)
+    sinks[1].paused = False
+    assert await sched.tick(0.02) == 1 and plugin.steps[-1] == [1]
+
+
+async def test_scheduler_step_failure_fails_only_that_batch(model_thread) -> None:
+    plugin = NullPlugin(fail_on_slot=1)
+    sched, _ = _scheduler(plugin, model_thread)
+    a, b = Sink(), Sink()
+    fa, fb = sched.join(0, a.binding()), sched.join(1, b.binding())
+    fa.feed(np.zeros(CHUNK, np.float32), 0.0, 0.0)
+    fb.feed(np.zeros(CHUNK, np.float32), 0.0, 0.0)
+    await sched.tick(0.0)
+    assert len(a.failures) == 1 and len(b.failures) == 1  # one batch: both failed
+    sched.leave(1)
+    fa.feed(np.zeros(CHUNK, np.float32), 0.1, 0.1)
+    await sched.tick(0.1)
+    assert len(a.outputs) == 1 and plugin.steps[-1] == [0]
+
+
+async def test_scheduler_drives_the_echo_plugin(model_thread) -> None:
+    plugin = EchoPlugin(max_sessions=4)
+    plugin.load()
+    plugin.open_slot(2, SlotOptions())
+    sched, _ = _scheduler(plugin, model_thread)
+    sink = Sink()
+    feed = sched.join(2, sink.binding())
+    voiced = np.full(CHUNK, 0.2, np.float32)
+    for k in range(3):
+        feed.feed(voiced, k * P, k * P)
+        await sched.tick(k * P)
+    assert [o.pcm is not None for o in sink.outputs] == [False, True, True]
+    np.testing.assert_array_equal(sink.outputs[1].pcm, voiced)

@@ -1,0 +1,158 @@
+"""Sans-IO pieces of the engine: journal, resume credentials, lease, playback ledger."""
+
+from __future__ import annotations
+
+import pytest
+
+from duplex.engine.credentials import ResumeCredential
+from duplex.engine.journal import Journal, JournalCursorError, JournalGap
+from duplex.engine.lease import Lease, LeaseConflict
+from duplex.engine.ledger import PlaybackCursor
+from duplex.engine.transitions import TRANSITIONS, SessionState, TransitionError
+
+
+def _journal(**kw: float) -> Journal[str]:
+    return Journal(max_age_s=kw.get("age", 60.0), max_bytes=int(kw.get("bytes", 1000)))
+
+
+def test_journal_replays_everything_after_the_cursor_in_order() -> None:
+    j = _journal()
+    for seq in range(1, 6):
+        j.append(seq, f"e{seq}", 10, now=0.0)
+    assert j.replay_after(2) == ["e3", "e4", "e5"]
+    assert j.replay_after(5) == []
+    assert j.replay_after(0) == ["e1", "e2", "e3", "e4", "e5"]
+
+
+def test_journal_ack_trims_and_a_cursor_below_the_trim_is_a_gap() -> None:
+    j = _journal()
+    for seq in range(1, 6):
+        j.append(seq, f"e{seq}", 10, now=0.0)
+    j.ack(3)
+    assert len(j) == 2 and j.size_bytes == 20
+    assert j.replay_after(3) == ["e4", "e5"]
+    with pytest.raises(JournalGap):
+        j.replay_after(2)
+
+
+def test_journal_refuses_acks_and_cursors_beyond_the_head() -> None:
+    j = _journal()
+    j.append(1, "e1", 10, now=0.0)
+    with pytest.raises(JournalCursorError) as ack:
+        j.ack(2)
+    assert ack.value.code == "invalid_event_ack"
+    with pytest.raises(JournalCursorError) as cur:
+        j.replay_after(7)
+    assert cur.value.code == "session_resume_conflict"
+    with pytest.raises(JournalCursorError):
+        j.ack(-1)
+
+
+def test_journal_drops_oldest_by_bytes_and_by_age_and_counts_it() -> None:
+    j = _journal(bytes=30, age=10.0)
+    for seq in range(1, 5):
+        j.append(seq, f"e{seq}", 10, now=float(seq))
+    assert j.evicted == 1 and j.floor == 1 and j.size_bytes == 30
+    j.prune(now=13.5)  # e2 (t=2) and e3 (t=3) are older than 10 s
+    assert j.evicted == 3 and j.replay_after(3) == ["e4"]
+    with pytest.raises(JournalGap):
+        j.replay_after(1)
+
+
+def test_journal_refuses_out_of_order_seq() -> None:
+    j = _journal()
+    with pytest.raises(ValueError):
+        j.append(2, "e2", 1, now=0.0)
+
+
+def test_resume_token_is_verified_in_constant_time_and_rotates() -> None:
+    cred = ResumeCredential()
+    assert not cred.verify("anything")
+    first = cred.issue()
+    assert len(first) >= 43 and cred.verify(first)
+    second = cred.issue()
+    assert cred.verify(second) and not cred.verify(first)
+    assert first.encode() not in repr(vars(cred)).encode()
+
+
+def test_lease_attach_detach_resume_is_compare_and_swap() -> None:
+    lease = Lease("s", 0.0, idle_ttl_s=300.0, disconnect_grace_s=30.0)
+    g1 = lease.attach(0.0)
+    g2 = lease.resume(1.0, expected_generation=g1)  # takeover while attached
+    assert (g1, g2, lease.state) == (1, 2, SessionState.ATTACHED)
+    assert not lease.detach(2.0, expected_generation=g1)  # the stale transport cannot detach
+    assert lease.state is SessionState.ATTACHED
+    assert lease.detach(2.0, expected_generation=g2)
+    with pytest.raises(LeaseConflict):
+        lease.resume(3.0, expected_generation=g1)
+    assert lease.resume(3.0, expected_generation=g2) == 3
+
+
+def test_lease_expiry_reasons() -> None:
+    lease = Lease("s", 0.0, idle_ttl_s=300.0, disconnect_grace_s=30.0)
+    lease.attach(0.0)
+    assert lease.expiry(299.0) is None
+    lease.touch(100.0)
+    assert lease.expiry(399.0) is None and lease.expiry(400.0) == "idle_ttl_expired"
+    assert lease.detach(410.0, expected_generation=1)
+    assert lease.expiry(439.0) is None or lease.expiry(439.0) == "idle_ttl_expired"
+    assert lease.expiry(440.0) == "disconnect_grace_expired"
+
+
+def test_lease_close_is_irreversible_and_illegal_inputs_name_the_state() -> None:
+    lease = Lease("s1", 0.0, idle_ttl_s=None, disconnect_grace_s=30.0)
+    lease.attach(0.0)
+    lease.begin_close("client_close")
+    assert not lease.live and lease.expiry(1e9) is None
+    with pytest.raises(TransitionError) as err:
+        lease.begin_close("again")
+    assert "s1" in str(err.value) and "closing" in str(err.value)
+    assert lease.finish() is SessionState.CLOSED
+    lease2 = Lease("s2", 0.0, idle_ttl_s=None, disconnect_grace_s=30.0)
+    lease2.attach(0.0)
+    lease2.begin_close("idle_ttl_expired", expired=True)
+    assert lease2.finish() is SessionState.EXPIRED
+
+
+def test_transition_table_has_no_exit_from_terminal_states() -> None:
+    assert not [pair for pair in TRANSITIONS if pair[0] in (SessionState.CLOSED, SessionState.EXPIRED)]
+
+
+def test_ledger_cuts_text_at_marks() -> None:
+    cur = PlaybackCursor()
+    cur.add_audio(400, "w1 ")
+    cur.add_audio(400, "w2 ")
+    cur.add_audio(400, "w3 ")
+    assert cur.text_at(0) == ""
+    assert cur.text_at(399) == ""
+    assert cur.text_at(400) == "w1 "
+    assert cur.text_at(1000) == "w1 w2 "
+    assert cur.text_at(1200) == "w1 w2 w3 "
+
+
+def test_ledger_proportional_cut_without_marks_and_text_only_response() -> None:
+    cur = PlaybackCursor()
+    cur.add_text("abcdefghij")
+    cur.finished = True
+    assert cur.committed_text == "abcdefghij"  # text-only: nothing to play, whole text
+    cur2 = PlaybackCursor()
+    cur2.generated_ms = cur2.sent_ms = 1000
+    cur2.text = "abcdefghij"
+    assert cur2.text_at(500) == "abcde"
+
+
+def test_ledger_acks_are_monotone_clamped_and_truncate_caps_later_acks() -> None:
+    cur = PlaybackCursor()
+    cur.add_audio(1000, "hello ")
+    cur.ack(300)
+    cur.ack(200)
+    assert (cur.played_ms, cur.committed_ms) == (300, 300)
+    cur.ack(5000)
+    assert cur.committed_ms == 1000  # clamped to sent
+    cur.ack(250, truncate=True)
+    assert cur.committed_ms == 250 and cur.committed_text == ""
+    cur.ack(1000)
+    assert cur.committed_ms == 250  # a later full ack cannot undo the truncation
+    cur.commit_all()
+    assert cur.committed_ms == 250
+    assert cur.snapshot() == {"generated_ms": 1000, "sent_ms": 1000, "played_ms": 250, "committed_ms": 250}
