@@ -78,9 +78,11 @@ class WhisperTranscriber:
     """Turns one user turn (mono float32, 16 kHz) into text.
 
     Build it, call ``load()`` once (about a second), then ``transcribe`` as often
-    as needed from one thread at a time. ``cpu_threads`` 0 lets CTranslate2
-    choose. Decoding is greedy (``beam_size`` 1) without timestamps: the
-    fastest setting, and exact on clear speech.
+    as needed from one thread at a time. ``cpu_threads`` 0 means one per CPU,
+    at most 4 (measured on 2 cores: 2 threads transcribe a short question in
+    0.32 s, 1 thread in 0.45 s, 4 threads no faster than 2). Decoding is
+    greedy (``beam_size`` 1) without timestamps: the fastest setting, and exact
+    on clear speech.
     """
 
     def __init__(
@@ -94,7 +96,7 @@ class WhisperTranscriber:
         gate: bool = True,
     ) -> None:
         self._model_dir = Path(model_dir) if model_dir is not None else None
-        self._cpu_threads = cpu_threads
+        self._cpu_threads = cpu_threads or min(4, os.cpu_count() or 1)
         self._compute_type = compute_type
         self._beam_size = beam_size
         self._language = language
