@@ -11,8 +11,11 @@ import http.server
 import importlib.util
 import json
 import re
+import sys
 import threading
 from collections.abc import Iterator
+from pathlib import Path
+from types import ModuleType
 
 import numpy as np
 import pytest
@@ -21,7 +24,7 @@ import soxr
 from duplex.plugins.base import PluginError, PluginKind, SlotOptions, SlotOutput, TurnRequest
 from duplex.plugins.default.asr import WhisperTranscriber
 from duplex.plugins.default.plugin import DefaultPlugin, DefaultPluginConfig
-from duplex.plugins.default.reply import OpenAIChatReply, ReplyPrompt, echo_text
+from duplex.plugins.default.reply import OpenAIChatReply, ReplyPrompt, VLLMReply, echo_text
 from duplex.plugins.default.tts import PiperSpeaker
 
 QUESTION = "What time is it in Paris?"
@@ -354,3 +357,121 @@ def test_openai_unreachable_endpoint_becomes_response_error(chat: ChatStub) -> N
     with pytest.raises(PluginError) as exc:
         list(strategy.reply(ReplyPrompt(user_text="hi")))
     assert exc.value.code == "response_error"
+
+
+# --- the vllm strategy, against a stand-in for the vllm package (not installed here) ---
+
+_FAKE_VLLM = '''
+"""A stand-in for the parts of vllm that VLLMReply uses: a scripted engine."""
+REPLY = "First sentence here. Second one follows. Third is last."
+EVENTS = []
+
+
+class EngineArgs:
+    def __init__(self, model, gpu_memory_utilization):
+        self.model = model
+
+
+class SamplingParams:
+    def __init__(self, max_tokens, temperature):
+        self.max_tokens, self.temperature = max_tokens, temperature
+
+
+class _Tokenizer:
+    def apply_chat_template(self, messages, tokenize, add_generation_prompt):
+        return "|".join(m["role"] + ":" + m["content"] for m in messages)
+
+
+class _Completion:
+    def __init__(self, text):
+        self.text = text
+
+
+class _Output:
+    def __init__(self, request_id, text, finished):
+        self.request_id, self.outputs, self.finished = request_id, [_Completion(text)], finished
+
+
+class LLMEngine:
+    def __init__(self):
+        self.requests = {}
+
+    @classmethod
+    def from_engine_args(cls, args):
+        EVENTS.append(("load", args.model))
+        return cls()
+
+    def get_tokenizer(self):
+        return _Tokenizer()
+
+    def add_request(self, request_id, prompt, params):
+        EVENTS.append(("add", request_id, prompt))
+        self.requests[request_id] = 0
+
+    def has_unfinished_requests(self):
+        return bool(self.requests)
+
+    def step(self):
+        outputs = []
+        for request_id in list(self.requests):
+            self.requests[request_id] += 7
+            n = self.requests[request_id]
+            finished = n >= len(REPLY)
+            outputs.append(_Output(request_id, REPLY[:n], finished))
+            if finished:
+                del self.requests[request_id]
+        return outputs
+
+    def abort_request(self, request_ids):
+        EVENTS.append(("abort", *request_ids))
+        for request_id in request_ids:
+            self.requests.pop(request_id, None)
+'''
+
+
+@pytest.fixture
+def fake_vllm(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Iterator[ModuleType]:
+    package = tmp_path / "vllm"
+    package.mkdir()
+    (package / "__init__.py").write_text(_FAKE_VLLM)
+    monkeypatch.syspath_prepend(str(tmp_path))
+    monkeypatch.delitem(sys.modules, "vllm", raising=False)
+    importlib.invalidate_caches()
+    import vllm
+
+    yield vllm
+    sys.modules.pop("vllm", None)
+
+
+def test_vllm_strategy_streams_engine_steps_as_deltas(fake_vllm: ModuleType, tmp_path: Path) -> None:
+    strategy = VLLMReply(str(tmp_path))
+    strategy.load()
+    prompt = ReplyPrompt(user_text="hello", instructions="Be kind.", history=(("user", "hi"),))
+    deltas = list(strategy.reply(prompt))
+    assert "".join(deltas) == fake_vllm.REPLY and len(deltas) > 1
+    assert fake_vllm.EVENTS[0] == ("load", str(tmp_path))
+    assert fake_vllm.EVENTS[1][2] == "system:Be kind.|user:hi|user:hello"
+    assert not any(event[0] == "abort" for event in fake_vllm.EVENTS)
+
+
+def test_closing_a_vllm_reply_aborts_its_request(fake_vllm: ModuleType, tmp_path: Path) -> None:
+    strategy = VLLMReply(str(tmp_path))
+    strategy.load()
+    stream = strategy.reply(ReplyPrompt(user_text="hello"))
+    next(stream)
+    stream.close()
+    request_id = fake_vllm.EVENTS[1][1]
+    assert fake_vllm.EVENTS[-1] == ("abort", request_id)
+
+
+def test_vllm_plugin_speaks_the_generated_sentences(
+    fake_vllm: ModuleType, tmp_path: Path, models: tuple[WhisperTranscriber, PiperSpeaker]
+) -> None:
+    asr, tts = models
+    plugin = DefaultPlugin.from_options(str(tmp_path), reply="vllm", warm_up=False)
+    plugin.asr, plugin.tts = asr, tts
+    with plugin:
+        plugin.open_slot(0, SlotOptions())
+        outputs = list(plugin.respond(TurnRequest(slot=0, epoch=0, text="hello")))
+    texts = [o.text for o in outputs if o.pcm is not None]
+    assert texts == ["First sentence here. ", "Second one follows. ", "Third is last."]
