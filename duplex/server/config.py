@@ -1,0 +1,110 @@
+"""Server settings: every limit of the transport, named with its unit, in one struct.
+
+``ServerConfig`` holds what the WebSocket and HTTP layer enforce (sizes, timeouts, queues,
+authentication). ``ServeConfig`` is the whole ``duplex serve`` configuration file: the plugin to
+load, its options, the ``server`` section (a ``ServerConfig``) and the ``engine`` section, which is
+handed unchanged to ``EngineConfig`` (session limits, leases, journal, budgets; the engine owns
+their meaning and their validation).
+
+A configuration file is YAML::
+
+    plugin: echo
+    model_name: my-duplex        # name reported in session.model (default: the plugin name)
+    server:
+      port: 8000
+      api_keys: [sk-local]
+      max_message_bytes: 15728640
+    engine:
+      max_sessions: 64
+      disconnect_grace_s: 30
+
+Unknown keys are refused (``ConfigError``) so a misspelled limit never silently keeps its default.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import msgspec
+import yaml
+
+__all__ = ["ConfigError", "ServeConfig", "ServerConfig", "load_serve_config"]
+
+MIB = 1024 * 1024
+
+
+class ConfigError(Exception):
+    """A configuration file or option that cannot be used; the message names the key."""
+
+
+class ServerConfig(msgspec.Struct, frozen=True, kw_only=True, forbid_unknown_fields=True):
+    """Limits and settings of the transport layer (``duplex.server``).
+
+    Sizes are in bytes, durations in seconds, counts are plain integers. ``0`` or ``None`` where
+    noted disables a feature.
+    """
+
+    host: str = "127.0.0.1"
+    port: int = 8000
+    # Authentication: an empty tuple accepts every client. A key is read from
+    # ``Authorization: Bearer <key>`` or, for browsers that cannot set headers, ``?api_key=``.
+    api_keys: tuple[str, ...] = ()
+    # Browser origin allow-list. Empty: any origin. A request without an Origin header (a
+    # non-browser client) is always allowed; the API key is what protects it.
+    allowed_origins: tuple[str, ...] = ()
+    # Transport hard limit on one WebSocket message (uvicorn closes with 1009 above it).
+    max_frame_bytes: int = 32 * MIB
+    # Soft limit on one client event: above it the event is refused with ``event_too_large`` and
+    # the session keeps working. Must be below ``max_frame_bytes``.
+    max_message_bytes: int = 15 * MIB
+    # Bound of the per-socket send queue, in events. When a client reads too slowly and the
+    # queue fills, the socket is detached (closed with 1013) and the client resumes from the journal.
+    send_queue_max_events: int = 512
+    # A single socket write that takes longer than this means the peer stopped reading.
+    send_timeout_s: float = 10.0
+    # How long a connection may stay silent before its first event (session.update/resume)
+    # when it was opened without ``model`` in the query.
+    first_message_timeout_s: float = 10.0
+    # WebSocket-level pings (uvicorn); ``None`` disables them.
+    ws_ping_interval_s: float | None = 20.0
+    ws_ping_timeout_s: float | None = 20.0
+    # permessage-deflate costs CPU per frame; off by default (base64 audio barely compresses).
+    ws_per_message_deflate: bool = False
+    # Graceful shutdown: how long to wait for sockets to flush ``session.closed``.
+    shutdown_timeout_s: float = 5.0
+
+    def __post_init__(self) -> None:
+        if self.max_message_bytes > self.max_frame_bytes:
+            raise ValueError("max_message_bytes must not exceed max_frame_bytes")
+        if self.send_queue_max_events < 1:
+            raise ValueError("send_queue_max_events must be at least 1")
+
+
+class ServeConfig(msgspec.Struct, frozen=True, kw_only=True, forbid_unknown_fields=True):
+    """The whole ``duplex serve`` configuration (file plus command-line overrides)."""
+
+    plugin: str | None = None
+    model_path: str | None = None
+    model_name: str | None = None
+    plugin_options: dict[str, object] = {}
+    server: ServerConfig = ServerConfig()
+    engine: dict[str, object] = {}
+
+
+def load_serve_config(path: str | Path | None) -> ServeConfig:
+    """Read a YAML configuration file (``None``: the defaults).
+
+    Raises ``ConfigError`` naming the file and the offending key on any problem.
+    """
+    if path is None:
+        return ServeConfig()
+    try:
+        raw = yaml.safe_load(Path(path).read_text(encoding="utf-8"))
+    except (OSError, yaml.YAMLError) as exc:
+        raise ConfigError(f"{path}: {exc}") from exc
+    if raw is None:
+        raw = {}
+    try:
+        return msgspec.convert(raw, ServeConfig, strict=False)
+    except (msgspec.ValidationError, ValueError) as exc:
+        raise ConfigError(f"{path}: {exc}") from exc
