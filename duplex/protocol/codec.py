@@ -1,0 +1,256 @@
+"""The wire codec: bytes or text in, typed commands out; typed events in, bytes or text out.
+
+Theory of operation
+-------------------
+Three renderings of the same structs (``Mode``):
+
+* ``GA``: OpenAI Realtime GA JSON, audio as base64 (the default, text frames);
+* ``BETA``: the beta names and shapes for clients that sent ``OpenAI-Beta: realtime=v1``;
+* ``MSGPACK``: msgpack binary frames with raw audio bytes (subprotocol ``duplex.msgpack.v1``).
+
+``decode`` takes the fast path first: one typed msgspec decode into the ``ClientCommand`` union. Only
+when that fails does it read the frame as plain data, fold the accepted alternative spellings
+(``input.commit``, ``close``, a flat ``session.update`` without its ``session`` wrapper, ``delta`` for
+``audio``, a frames-only append) into the canonical ones and try again. If that fails too, the
+validation error becomes a ``ProtocolError`` with a precise code, the field at fault as ``param``
+(a dotted path such as ``session.audio.input.format``) and the client's ``event_id``. Unknown fields
+are ignored; a wrong type is ``bad_event`` naming the field.
+
+``decode`` accepts GA and beta client spellings in every mode (their client event names are the same;
+the session and response shapes carry both spellings). ``encode`` never fails for a valid struct.
+The codec does no I/O, keeps no state and reads no clock.
+"""
+
+from __future__ import annotations
+
+import enum
+import re
+from typing import Any, Final
+
+import msgspec
+
+from duplex.protocol._beta import from_beta_event, to_beta_event
+from duplex.protocol.errors import ERROR_TYPES, ProtocolError
+from duplex.protocol.realtime._base import Command, Event
+from duplex.protocol.types import ClientCommand, ServerEvent
+
+__all__ = [
+    "MAX_EVENT_BYTES",
+    "MSGPACK_SUBPROTOCOL",
+    "TYPE_ALIASES",
+    "Mode",
+    "decode",
+    "decode_event",
+    "encode",
+]
+
+MSGPACK_SUBPROTOCOL: Final = "duplex.msgpack.v1"
+MAX_EVENT_BYTES: Final = 15 * 1024 * 1024
+"""Largest inbound frame (UTF-8 bytes for text frames) before ``event_too_large``."""
+
+TYPE_ALIASES: Final[dict[str, str]] = {
+    "input.commit": "input_audio_buffer.commit",
+    "close": "session.close",
+    "close_session": "session.close",
+    "audio.playback_ack": "playback.ack",
+}
+"""Alternative client spellings of a command type (vLLM-Omni's), folded at decode."""
+
+# Commands whose every shape error has its own code (wire_protocol.md §4.2, §10.5).
+_SHAPE_CODES: Final = {"session.resume": "invalid_session_resume", "session.event_ack": "invalid_event_ack"}
+_FORMAT_FIELDS: Final = frozenset({"format", "input_audio_format", "output_audio_format", "response_format"})
+_ERROR_RE: Final = re.compile(r"^(?P<msg>.*?)(?: - at `\$(?P<path>[^`]*)`)?$", re.DOTALL)
+_CODED_RE: Final = re.compile(r"^(?P<code>[a-z_]+)(?:@(?P<field>[\w.\[\]]+))?: (?P<msg>.*)$", re.DOTALL)
+
+
+class Mode(enum.Enum):
+    """How a connection renders events: GA JSON, beta JSON, or msgpack."""
+
+    GA = "ga"
+    BETA = "beta"
+    MSGPACK = "msgpack"
+
+
+_JSON_COMMANDS = msgspec.json.Decoder(ClientCommand)
+_MSGPACK_COMMANDS = msgspec.msgpack.Decoder(ClientCommand)
+_JSON_EVENTS = msgspec.json.Decoder(ServerEvent)
+_MSGPACK_EVENTS = msgspec.msgpack.Decoder(ServerEvent)
+_JSON_ANY = msgspec.json.Decoder()
+_MSGPACK_ANY = msgspec.msgpack.Decoder()
+_JSON_ENCODER = msgspec.json.Encoder()
+_MSGPACK_ENCODER = msgspec.msgpack.Encoder()
+
+
+# -- decoding --------------------------------------------------------------------------------------
+
+
+def decode(data: str | bytes, mode: Mode = Mode.GA, *, max_bytes: int = MAX_EVENT_BYTES) -> ClientCommand:
+    """Decode one client frame into a command.
+
+    ``data`` is a text frame (``str``) or its bytes for the JSON modes, a binary frame for ``MSGPACK``.
+    Raises ``ProtocolError`` (and nothing else) with code ``event_too_large`` (over ``max_bytes``),
+    ``invalid_json`` (not JSON / msgpack), ``bad_event`` (not an object, no string ``type``, wrong
+    field type or value), ``unknown_event``, ``bad_audio`` (bad base64), ``unsupported_audio_format``,
+    ``unsupported_turn_detection``, ``invalid_video_frames``, ``invalid_session_resume`` or
+    ``invalid_event_ack``. A rejected frame changes nothing; the session stays usable.
+    """
+    _check_size(data, max_bytes)
+    binary = mode is Mode.MSGPACK
+    typed, raw = (_MSGPACK_COMMANDS, _MSGPACK_ANY) if binary else (_JSON_COMMANDS, _JSON_ANY)
+    if binary and isinstance(data, str):
+        raise ProtocolError("bad_event", "msgpack frames must be binary")
+    try:
+        return typed.decode(data)
+    except msgspec.ValidationError as exc:
+        first = exc
+    except msgspec.DecodeError:
+        kind = "msgpack" if binary else "JSON"
+        raise ProtocolError("invalid_json", f"The frame is not valid {kind}") from None
+    except RecursionError:
+        raise ProtocolError("bad_event", "The event is nested too deeply") from None
+    return _decode_slow(raw, data, first, binary=binary)
+
+
+def _check_size(data: str | bytes, max_bytes: int) -> None:
+    size = len(data)
+    if isinstance(data, str) and size * 4 > max_bytes:  # only then can the UTF-8 length exceed it
+        size = len(data.encode("utf-8", "surrogatepass"))
+    if size > max_bytes:
+        raise ProtocolError(
+            "event_too_large", f"Event of {size} bytes exceeds the limit of {max_bytes} bytes"
+        )
+
+
+def _decode_slow(
+    raw: Any, data: str | bytes, first: msgspec.ValidationError, *, binary: bool
+) -> ClientCommand:
+    try:
+        obj = raw.decode(data)
+    except RecursionError:
+        raise ProtocolError("bad_event", "The event is nested too deeply") from None
+    if not isinstance(obj, dict):
+        raise ProtocolError("bad_event", "An event must be an object with a string `type`")
+    event_id = obj.get("event_id") if isinstance(obj.get("event_id"), str) else None
+    kind = obj.get("type")
+    if not isinstance(kind, str):
+        raise ProtocolError(
+            "bad_event", "An event must have a string `type`", param="type", event_id=event_id
+        )
+    folded = _fold_aliases(obj, binary=binary)
+    if folded is None:
+        raise _to_protocol_error(first, kind, event_id)
+    try:
+        return msgspec.convert(folded, ClientCommand)
+    except msgspec.ValidationError as exc:
+        raise _to_protocol_error(exc, folded["type"], event_id) from None
+
+
+def _fold_aliases(obj: dict[str, Any], *, binary: bool) -> dict[str, Any] | None:
+    """Rewrite alternative spellings into canonical ones; ``None`` when there was nothing to fold."""
+    out = dict(obj)
+    kind = TYPE_ALIASES.get(obj["type"], obj["type"])
+    out["type"] = kind
+    if obj["type"] == "input.commit" and "create_response" not in obj and "response_create" not in obj:
+        out["create_response"] = True  # input.commit asks for a response unless told otherwise
+    if kind == "session.update" and "session" not in obj:
+        out = {"type": kind, "session": {k: v for k, v in obj.items() if k not in ("type", "event_id")}}
+        if "event_id" in obj:
+            out["event_id"] = obj["event_id"]
+    if kind == "input_audio_buffer.append" and "audio" not in obj:
+        if "delta" in obj:
+            out["audio"] = obj["delta"]
+        elif obj.get("video_frames"):
+            out["audio"] = b"" if binary else ""  # a frames-only append
+    return None if out == obj else out
+
+
+def _to_protocol_error(exc: msgspec.ValidationError, kind: str, event_id: str | None) -> ProtocolError:
+    match = _ERROR_RE.match(str(exc))
+    assert match is not None  # the pattern matches any string
+    message, path = match["msg"], match["path"]
+    param = path.lstrip(".") if path else None
+    coded = _CODED_RE.match(message)
+    if coded and coded["code"] in ERROR_TYPES:
+        if coded["field"]:
+            param = f"{param}.{coded['field']}" if param else coded["field"]
+        return ProtocolError(coded["code"], coded["msg"], param=param, event_id=event_id)
+    if param == "type":
+        return ProtocolError(
+            "unknown_event", f"Unknown event type: {kind!r}", param="type", event_id=event_id
+        )
+    if kind in _SHAPE_CODES:
+        return ProtocolError(_SHAPE_CODES[kind], f"Invalid {kind}: {message}", param=param, event_id=event_id)
+    leaf = re.sub(r"\[\d+\]$", "", param.rsplit(".", 1)[-1]) if param else ""
+    if message.startswith("Invalid base64"):
+        if "video_frames" in (param or ""):
+            return ProtocolError(
+                "invalid_video_frames", f"{param} is not valid base64", param=param, event_id=event_id
+            )
+        return ProtocolError("bad_audio", f"{param} is not valid base64", param=param, event_id=event_id)
+    if param and "turn_detection" in param and (leaf == "type" or leaf == "turn_detection"):
+        return ProtocolError(
+            "unsupported_turn_detection",
+            f"turn_detection must be null, server_vad or semantic_vad ({message})",
+            param=param,
+            event_id=event_id,
+        )
+    if leaf in _FORMAT_FIELDS:
+        return ProtocolError(
+            "unsupported_audio_format", f"{param}: {message}", param=param, event_id=event_id
+        )
+    where = f" at {param}" if param else ""
+    return ProtocolError("bad_event", f"Invalid {kind}{where}: {message}", param=param, event_id=event_id)
+
+
+def decode_event(data: str | bytes, mode: Mode = Mode.GA, *, max_bytes: int = MAX_EVENT_BYTES) -> ServerEvent:
+    """Decode one server frame into an event (for clients). Beta names are read back as GA ones.
+
+    Raises ``ProtocolError`` like ``decode``. Clients should skip ``unknown_event`` (servers may send
+    types this version does not know) rather than treat it as fatal.
+    """
+    _check_size(data, max_bytes)
+    binary = mode is Mode.MSGPACK
+    typed, raw = (_MSGPACK_EVENTS, _MSGPACK_ANY) if binary else (_JSON_EVENTS, _JSON_ANY)
+    try:
+        if mode is not Mode.BETA:
+            return typed.decode(data)
+        obj = raw.decode(data)
+        if not isinstance(obj, dict):
+            raise ProtocolError("bad_event", "An event must be an object with a string `type`")
+        return msgspec.convert(from_beta_event(obj), ServerEvent)
+    except msgspec.ValidationError as exc:
+        obj = _safe_raw(raw, data)
+        kind = obj.get("type") if isinstance(obj, dict) else None
+        if not isinstance(kind, str):
+            raise ProtocolError("bad_event", "An event must be an object with a string `type`") from None
+        raise _to_protocol_error(exc, kind, None) from None
+    except msgspec.DecodeError:
+        raise ProtocolError("invalid_json", "The frame is not valid JSON or msgpack") from None
+    except RecursionError:
+        raise ProtocolError("bad_event", "The event is nested too deeply") from None
+
+
+def _safe_raw(raw: Any, data: str | bytes) -> Any:
+    try:
+        return raw.decode(data)
+    except (msgspec.DecodeError, RecursionError):
+        return None
+
+
+# -- encoding --------------------------------------------------------------------------------------
+
+
+def encode(event: Event | Command, mode: Mode = Mode.GA) -> str | bytes:
+    """Render a server event (or a client command, for clients) for the wire.
+
+    ``GA`` and ``BETA`` return ``str`` (a text frame), ``MSGPACK`` returns ``bytes`` (a binary frame).
+    ``BETA`` renames server events to their beta names and reshapes session, response and item
+    objects; commands are the same in both JSON renderings.
+    """
+    if mode is Mode.GA:
+        return _JSON_ENCODER.encode(event).decode()
+    if mode is Mode.MSGPACK:
+        return _MSGPACK_ENCODER.encode(event)
+    if isinstance(event, Event):
+        return _JSON_ENCODER.encode(to_beta_event(msgspec.to_builtins(event))).decode()
+    return _JSON_ENCODER.encode(event).decode()

@@ -1,0 +1,150 @@
+"""Protocol errors and the code -> OpenAI ``error.type`` table.
+
+Exception tree::
+
+    Exception
+     +-- ProtocolError        a client frame or command broke the wire contract
+
+Every error our code sends toward a client carries a *code* from ``ERROR_TYPES`` (the table of
+``reference/wire_protocol.md`` §12, with OpenAI's own spellings where the two differ) and is rendered
+exactly once, as the OpenAI envelope ``{"type": "error", "error": {"type", "code", "message",
+"event_id", "param"}}`` (see ``ProtocolError.to_event``). ``error.type`` is one of OpenAI's three
+classes and is derived from the code; a code missing from the table is an ``invalid_request_error``.
+"""
+
+from __future__ import annotations
+
+from typing import TYPE_CHECKING, Final, Literal
+
+if TYPE_CHECKING:
+    from duplex.protocol.realtime.events import ErrorDetail, ErrorEvent
+
+__all__ = ["ERROR_TYPES", "ErrorType", "ProtocolError", "error_type"]
+
+ErrorType = Literal["invalid_request_error", "server_error", "rate_limit_error"]
+
+_INVALID_REQUEST: Final = (
+    # envelope and decoding (this package)
+    "invalid_json",
+    "bad_event",
+    "unknown_event",
+    "event_too_large",
+    "bad_audio",
+    "unsupported_audio_format",
+    "unsupported_turn_detection",
+    "invalid_video_frames",
+    "config_timeout",
+    # OpenAI's own codes that stock clients treat as non-fatal
+    "response_cancel_not_active",
+    "conversation_already_has_active_response",
+    # session and admission
+    "invalid_session_config",
+    "session_exists",
+    "session_closed",
+    "unknown_session",
+    "invalid_duplex_runtime_config",
+    # resume and journal
+    "invalid_session_resume",
+    "session_resume_expired",
+    "unsupported_session_resume",
+    "invalid_resume_token",
+    "session_resume_conflict",
+    "invalid_event_ack",
+    # immutables
+    "instructions_update_unsupported",
+    "persona_update_unsupported",
+    "voice_update_unsupported",
+    "model_update_unsupported",
+    "voice_update_after_audio_unsupported",
+    "ref_audio_update_unsupported",
+    # model and mode
+    "unsupported_native_response_options",
+    "native_text_append_unsupported",
+    "text_only_turn_unsupported",
+    "barge_in_unsupported",
+    "invalid_voice",
+    "voice_not_found",
+    "unsupported_response_modality",
+    # response and input
+    "response_create_without_input",
+    "input_audio_buffer_empty",
+    "missing_item_id",
+    "item_not_found",
+    "invalid_item",
+    # playback
+    "playback_item_mismatch",
+    "playback_item_not_found",
+    "playback_ack_too_late",
+    # formats and config
+    "unsupported_ref_audio_path",
+    "ref_audio_required",
+    "invalid_input_modality",
+    "invalid_function_call_output",
+)
+_SERVER: Final = (
+    "server_error",
+    "internal_error",
+    "engine_error",
+    "plugin_error",
+    "worker_died",
+    "commit_aborted",
+    "server_vad_unavailable",
+    "runtime_resume_failed",
+)
+_RATE_LIMIT: Final = (
+    "resource_exhausted",
+    "input_backpressure",
+)
+
+ERROR_TYPES: Final[dict[str, ErrorType]] = {
+    **dict.fromkeys(_INVALID_REQUEST, "invalid_request_error"),
+    **dict.fromkeys(_SERVER, "server_error"),
+    **dict.fromkeys(_RATE_LIMIT, "rate_limit_error"),
+}
+
+
+def error_type(code: str) -> ErrorType:
+    """OpenAI's ``error.type`` class for ``code``; unmapped codes are ``invalid_request_error``."""
+    return ERROR_TYPES.get(code, "invalid_request_error")
+
+
+class ProtocolError(Exception):
+    """A client frame or command that breaks the wire contract.
+
+    ``code`` comes from ``ERROR_TYPES``; ``message`` is human-readable and safe to send; ``param``
+    names the field at fault (dotted path, e.g. ``session.audio.input.format``) and ``event_id``
+    echoes the client's ``event_id`` of the rejected command, when it had one. Raising it never
+    changes any session state: the codec raises it before a command exists.
+    """
+
+    def __init__(
+        self, code: str, message: str, *, param: str | None = None, event_id: str | None = None
+    ) -> None:
+        super().__init__(message)
+        self.code = code
+        self.message = message
+        self.param = param
+        self.event_id = event_id
+
+    @property
+    def type(self) -> ErrorType:
+        """OpenAI's error class for this code."""
+        return error_type(self.code)
+
+    def to_detail(self) -> ErrorDetail:
+        """The ``error`` payload of the OpenAI envelope."""
+        from duplex.protocol.realtime.events import ErrorDetail  # events import formats, which import us
+
+        return ErrorDetail(
+            type=self.type, code=self.code, message=self.message, param=self.param, event_id=self.event_id
+        )
+
+    def to_event(self, event_id: str) -> ErrorEvent:
+        """The ``error`` server event; ``event_id`` is the new server event's id (``ids.new_event_id``)."""
+        from duplex.protocol.realtime.events import ErrorEvent
+
+        return ErrorEvent(event_id=event_id, error=self.to_detail())
+
+    def __repr__(self) -> str:
+        where = f", param={self.param!r}, event_id={self.event_id!r}"
+        return f"ProtocolError({self.code!r}, {self.message!r}{where})"

@@ -1,0 +1,274 @@
+"""Client -> server events of our extensions: Tier 2 twins and Tier 3 commands (DESIGN §4).
+
+Tier 2 twins subclass their GA struct and add fields an OpenAI client never sends:
+
+* ``DuplexSessionUpdate`` / ``DuplexSessionConfig``: vLLM-Omni's session keys (``sample_rate_hz``,
+  ``extra_body``, ``ref_audio``, ``overlap_policy``, ``playback_commit_policy`` ...);
+* ``DuplexInputAudioBufferAppend``: per-append ``format`` / ``sample_rate_hz``, speech hints and
+  ``video_frames`` (bare JPEG/PNG bytes, at most ``MAX_VIDEO_FRAMES``; checked at decode);
+* ``DuplexInputAudioBufferCommit``: ``final``, ``create_response`` (alias ``response_create``),
+  ``is_speech``.
+
+Tier 3 commands exist only here: ``session.resume`` (``last_event_seq``, alias
+``last_received_server_event_seq``), ``session.event_ack``, ``session.heartbeat``, ``session.close``,
+``barge_in``, ``playback.ack``. Alias spellings are folded into the canonical field when decoded and
+never rendered.
+"""
+
+from __future__ import annotations
+
+from typing import Any, Final
+
+import msgspec
+
+from duplex.protocol.errors import ProtocolError
+from duplex.protocol.formats import AudioFormat, check_rate, parse_format
+from duplex.protocol.realtime._base import Command
+from duplex.protocol.realtime.commands import InputAudioBufferAppend, InputAudioBufferCommit, SessionUpdate
+from duplex.protocol.realtime.session import FormatValue, SessionConfig
+
+__all__ = [
+    "MAX_VIDEO_FRAMES",
+    "MAX_VIDEO_FRAME_BYTES",
+    "BargeIn",
+    "DuplexInputAudioBufferAppend",
+    "DuplexInputAudioBufferCommit",
+    "DuplexSessionConfig",
+    "DuplexSessionUpdate",
+    "PlaybackAck",
+    "SessionClose",
+    "SessionEventAck",
+    "SessionHeartbeat",
+    "SessionResume",
+]
+
+MAX_VIDEO_FRAMES: Final = 2
+"""Frames per append: the unit's base frame and an optional stacked composite (§8.4)."""
+MAX_VIDEO_FRAME_BYTES: Final = 3_000_000
+"""Decoded bytes per frame (4,000,000 base64 characters)."""
+
+_JPEG: Final = b"\xff\xd8\xff"
+_PNG: Final = b"\x89PNG\r\n\x1a\n"
+
+
+def _fail(code: str, message: str, field: str | None = None) -> ValueError:
+    # "code@field: message": the codec turns it into ProtocolError(code, message, param=<path>.field)
+    return ValueError(f"{code}@{field}: {message}" if field else f"{code}: {message}")
+
+
+class DuplexSessionConfig(SessionConfig, kw_only=True):
+    """``SessionConfig`` plus the vLLM-Omni session keys (its clients switch to us unmodified)."""
+
+    sample_rate_hz: int | None = None
+    sample_rate: int | None = None
+    extra_body: dict[str, Any] | None = None
+    ref_audio: str | None = None
+    overlap_policy: str | None = None
+    playback_commit_policy: str | None = None
+    idle_timeout_s: float | None = None
+    initial_user_text: str | None = None
+    max_tokens: int | str | None = None
+    response_format: FormatValue | None = None
+    metadata: dict[str, Any] | None = None
+
+    def __post_init__(self) -> None:
+        super().__post_init__()
+        rate = self.sample_rate_hz if self.sample_rate_hz is not None else self.sample_rate
+        if rate is not None:
+            try:
+                check_rate(rate, field="sample_rate_hz")
+            except ProtocolError as exc:
+                raise _fail("unsupported_audio_format", exc.message, "sample_rate_hz") from None
+        msgspec.structs.force_setattr(self, "sample_rate_hz", rate)
+        msgspec.structs.force_setattr(self, "sample_rate", None)
+        if isinstance(self.response_format, str):
+            try:
+                parse_format(self.response_format)
+            except ProtocolError as exc:
+                raise _fail("unsupported_audio_format", exc.message, "response_format") from None
+
+    def resolved_input_format(self, rate: int | None = None) -> AudioFormat | None:
+        """As ``SessionConfig.resolved_input_format``; the top-level ``sample_rate_hz`` is the rate."""
+        return super().resolved_input_format(rate if rate is not None else self.sample_rate_hz)
+
+    def resolved_output_format(self) -> AudioFormat | None:
+        """As ``SessionConfig.resolved_output_format``, with ``response_format`` as a last spelling."""
+        found = super().resolved_output_format()
+        if found is None and self.response_format is not None:
+            return parse_format(self.response_format, param="response_format")
+        return found
+
+    def resolved_max_output_tokens(self) -> int | str | None:
+        """As ``SessionConfig.resolved_max_output_tokens``, with ``max_tokens`` as a last spelling."""
+        found = super().resolved_max_output_tokens()
+        return found if found is not None else self.max_tokens
+
+
+class DuplexSessionUpdate(SessionUpdate, tag="session.update", kw_only=True):
+    """``session.update`` whose session may carry the vLLM-Omni keys."""
+
+    session: DuplexSessionConfig
+
+
+class DuplexInputAudioBufferAppend(InputAudioBufferAppend, tag="input_audio_buffer.append", kw_only=True):
+    """``input_audio_buffer.append`` with per-append format, speech hints and camera frames.
+
+    ``format`` / ``sample_rate_hz`` override the session's input format for this append only.
+    ``is_speech`` is the client's VAD verdict (``speech`` is accepted as its alias). ``video_frames``
+    are encoded JPEG or PNG images bound to this append's audio.
+    """
+
+    format: FormatValue | None = None
+    sample_rate_hz: int | None = None
+    is_speech: bool | None = None
+    speech_probability: float | None = None
+    audio_start_ms: int | None = None
+    audio_end_ms: int | None = None
+    video_frames: list[bytes] | None = None
+    max_slice_nums: int | None = None
+    speech_alias: bool | None = msgspec.field(default=None, name="speech")
+    sample_rate_alias: int | None = msgspec.field(default=None, name="sample_rate")
+
+    def __post_init__(self) -> None:
+        set_ = msgspec.structs.force_setattr
+        if self.is_speech is None and self.speech_alias is not None:
+            set_(self, "is_speech", self.speech_alias)
+        if self.sample_rate_hz is None and self.sample_rate_alias is not None:
+            set_(self, "sample_rate_hz", self.sample_rate_alias)
+        set_(self, "speech_alias", None)
+        set_(self, "sample_rate_alias", None)
+        if self.format is not None or self.sample_rate_hz is not None:
+            try:
+                parse_format(self.format if self.format is not None else "pcm16", self.sample_rate_hz)
+            except ProtocolError as exc:
+                field = (
+                    "format" if self.format is not None and "rate" not in exc.message else "sample_rate_hz"
+                )
+                raise _fail("unsupported_audio_format", exc.message, field) from None
+        if self.max_slice_nums not in (None, 1):
+            raise _fail(
+                "invalid_video_frames",
+                "max_slice_nums must be null or 1 (slicing is server-owned)",
+                "max_slice_nums",
+            )
+        frames = self.video_frames
+        if frames is None:
+            return
+        if len(frames) > MAX_VIDEO_FRAMES:
+            raise _fail(
+                "invalid_video_frames",
+                f"at most {MAX_VIDEO_FRAMES} video frames per append, got {len(frames)}",
+                "video_frames",
+            )
+        for i, frame in enumerate(frames):
+            if not frame:
+                raise _fail("invalid_video_frames", f"video_frames[{i}] is empty", f"video_frames[{i}]")
+            if len(frame) > MAX_VIDEO_FRAME_BYTES:
+                raise _fail(
+                    "invalid_video_frames",
+                    f"video_frames[{i}] exceeds {MAX_VIDEO_FRAME_BYTES} bytes",
+                    f"video_frames[{i}]",
+                )
+            if not (frame.startswith(_JPEG) or frame.startswith(_PNG)):
+                raise _fail(
+                    "invalid_video_frames",
+                    f"video_frames[{i}] is neither a JPEG nor a PNG image",
+                    f"video_frames[{i}]",
+                )
+
+    def resolved_format(self, session_format: AudioFormat) -> AudioFormat:
+        """This append's format: its own ``format``/``sample_rate_hz`` over the session's format."""
+        if self.format is None and self.sample_rate_hz is None:
+            return session_format
+        spec = self.format if self.format is not None else session_format.encoding
+        return parse_format(spec, self.sample_rate_hz if self.sample_rate_hz is not None else None)
+
+
+class DuplexInputAudioBufferCommit(InputAudioBufferCommit, tag="input_audio_buffer.commit", kw_only=True):
+    """``input_audio_buffer.commit`` with vLLM-Omni's flags.
+
+    ``final`` (default true) ends the user turn; ``create_response`` asks for a response (``None`` =
+    the session's policy decides); ``is_speech: false`` declares the buffer silence or noise.
+    """
+
+    final: bool = True
+    create_response: bool | None = None
+    is_speech: bool | None = None
+    response_create_alias: bool | None = msgspec.field(default=None, name="response_create")
+
+    def __post_init__(self) -> None:
+        if self.create_response is None and self.response_create_alias is not None:
+            msgspec.structs.force_setattr(self, "create_response", self.response_create_alias)
+        msgspec.structs.force_setattr(self, "response_create_alias", None)
+
+
+class SessionResume(Command, tag="session.resume", kw_only=True):
+    """Re-attach to a detached session; must be the first frame of a new connection.
+
+    ``last_event_seq`` is the highest ``server_event_seq`` the client processed (0 = none); the server
+    replays every journaled event after it. ``last_received_server_event_seq`` is accepted as an alias.
+    """
+
+    session_id: str
+    resume_token: str
+    last_event_seq: int = 0
+    last_received_alias: int | None = msgspec.field(default=None, name="last_received_server_event_seq")
+
+    def __post_init__(self) -> None:
+        if self.last_received_alias is not None and self.last_event_seq == 0:
+            msgspec.structs.force_setattr(self, "last_event_seq", self.last_received_alias)
+        msgspec.structs.force_setattr(self, "last_received_alias", None)
+        if self.last_event_seq < 0:
+            raise _fail(
+                "invalid_session_resume",
+                f"last_event_seq must not be negative, got {self.last_event_seq}",
+                "last_event_seq",
+            )
+
+
+class SessionEventAck(Command, tag="session.event_ack", kw_only=True):
+    """The client processed every server event up to ``server_event_seq``; trims the journal."""
+
+    server_event_seq: int
+
+    def __post_init__(self) -> None:
+        if self.server_event_seq < 0:
+            raise _fail(
+                "invalid_event_ack",
+                f"server_event_seq must not be negative, got {self.server_event_seq}",
+                "server_event_seq",
+            )
+
+
+class SessionHeartbeat(Command, tag="session.heartbeat", kw_only=True):
+    """Keep the session's lease alive; answered by ``session.heartbeat_ack``."""
+
+
+class SessionClose(Command, tag="session.close", kw_only=True):
+    """Close the session after every earlier command; the last event is ``session.closed``."""
+
+    reason: str | None = None
+
+
+class BargeIn(Command, tag="barge_in", kw_only=True):
+    """Hard interrupt: cancel the active response (or ``response_id``) and keep the user's audio."""
+
+    response_id: str | None = None
+
+
+class PlaybackAck(Command, tag="playback.ack", kw_only=True):
+    """What the listener actually heard of a response, in ms of its audio.
+
+    ``committed_ms`` (default ``played_ms``) is where the conversation history is cut; ``truncate``
+    lets it move backwards (the rest was not heard and never will be).
+    """
+
+    played_ms: float
+    committed_ms: float | None = None
+    response_id: str | None = None
+    item_id: str | None = None
+    truncate: bool = False
+
+    def __post_init__(self) -> None:
+        if self.played_ms < 0 or (self.committed_ms is not None and self.committed_ms < 0):
+            raise _fail("bad_event", "played_ms and committed_ms must not be negative", "played_ms")

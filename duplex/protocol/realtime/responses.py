@@ -1,0 +1,119 @@
+"""The response object, its status details and usage, and the ``response.create`` parameters.
+
+``Response`` is what ``response.created`` / ``response.done`` carry (GA shape; ``object`` always
+rendered). ``ResponseCreateParams`` is the optional ``response`` of a ``response.create``: GA fields plus
+the beta spellings (``modalities``, ``voice``, ``output_audio_format``, ``temperature``,
+``max_response_output_tokens``); ``metadata`` is echoed in ``response.created`` (DESIGN §4).
+"""
+
+from __future__ import annotations
+
+from typing import Any, Literal
+
+import msgspec
+
+from duplex.protocol.realtime._base import Wire
+from duplex.protocol.realtime.items import ConversationItem, ItemReference
+from duplex.protocol.realtime.session import (
+    FormatValue,
+    Prompt,
+    Reasoning,
+    Tool,
+    ToolChoiceFunction,
+    ToolChoiceMcp,
+)
+
+__all__ = [
+    "Response",
+    "ResponseAudio",
+    "ResponseAudioOutput",
+    "ResponseCreateParams",
+    "ResponseError",
+    "ResponseStatus",
+    "StatusDetails",
+    "Usage",
+]
+
+ResponseStatus = Literal["completed", "cancelled", "failed", "incomplete", "in_progress"]
+
+
+def _response_object() -> str:
+    return "realtime.response"
+
+
+class ResponseError(Wire, kw_only=True):
+    """``status_details.error`` of a failed response."""
+
+    type: str | None = None
+    code: str | None = None
+    message: str | None = None
+
+
+class StatusDetails(Wire, kw_only=True):
+    """Why a response ended: ``type`` is its status, ``reason`` e.g. ``turn_detected``."""
+
+    type: Literal["completed", "cancelled", "incomplete", "failed"] | None = None
+    reason: str | None = None
+    error: ResponseError | None = None
+
+
+class Usage(Wire, kw_only=True):
+    """Token usage of a response (our models report what they can; zeros are allowed)."""
+
+    total_tokens: int | None = None
+    input_tokens: int | None = None
+    output_tokens: int | None = None
+    input_token_details: dict[str, Any] | None = None
+    output_token_details: dict[str, Any] | None = None
+
+
+class ResponseAudioOutput(Wire, kw_only=True):
+    """``audio.output`` of a response: its format and voice."""
+
+    format: FormatValue | None = None
+    voice: str | dict[str, Any] | None = None
+
+
+class ResponseAudio(Wire, kw_only=True):
+    """``audio`` of a response."""
+
+    output: ResponseAudioOutput | None = None
+
+
+class Response(Wire, kw_only=True):
+    """A response as ``response.created`` / ``response.done`` report it."""
+
+    id: str
+    object: str = msgspec.field(default_factory=_response_object)
+    status: ResponseStatus
+    status_details: StatusDetails | None = None
+    output: list[ConversationItem] = msgspec.field(default_factory=list)
+    output_modalities: list[str] | None = None
+    audio: ResponseAudio | None = None
+    conversation_id: str | None = None
+    max_output_tokens: int | str | None = None
+    metadata: dict[str, Any] | None = None
+    usage: Usage | None = None
+
+
+class ResponseCreateParams(Wire, kw_only=True):
+    """The optional ``response`` of ``response.create``: per-response overrides."""
+
+    conversation: str | None = None
+    input: list[ConversationItem | ItemReference] | None = None
+    instructions: str | None = None
+    output_modalities: list[Literal["text", "audio"]] | None = None
+    audio: ResponseAudio | None = None
+    max_output_tokens: int | str | None = None
+    metadata: dict[str, Any] | None = None
+    prompt: Prompt | None = None
+    tools: list[Tool] | None = None
+    tool_choice: str | ToolChoiceFunction | ToolChoiceMcp | None = None
+    parallel_tool_calls: bool | None = None
+    reasoning: Reasoning | None = None
+    # beta spellings
+    modalities: list[Literal["text", "audio"]] | None = None
+    voice: str | None = None
+    output_audio_format: FormatValue | None = None
+    temperature: float | None = None
+    max_response_output_tokens: int | str | None = None
