@@ -1,0 +1,287 @@
+"""PersonaPlex on its plugin contract: determinism, batch equivalence, join/leave, forcing, errors.
+
+One tiny random-weight checkpoint and one loaded plugin (4 slots) serve the
+module: every test opens the slots it uses and closes them again, which also
+checks that reopening a slot leaves nothing of its previous session behind.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+
+pytest.importorskip("moshi")
+pytest.importorskip("sentencepiece")
+
+import torch
+
+from duplex.plugins.base import Capabilities, PluginError, PluginKind, SlotInput, SlotOptions
+from duplex.plugins.personaplex.config import FRAME_SAMPLES, TEXT_EPAD, TEXT_PAD
+from duplex.plugins.personaplex.generation import frames_to_columns
+from duplex.plugins.personaplex.plugin import PersonaPlexPlugin
+from duplex.plugins.personaplex.prompt import build_prompt
+from duplex.plugins.personaplex.sampling import gumbel_noise, sample_top_k
+from duplex.plugins.personaplex.testing import make_tiny_checkpoint
+
+SLOTS = 4
+FRAMES = 12
+
+SESSIONS = {
+    "a": SlotOptions(instructions="you are a helpful assistant", voice="NATF2", seed=1),
+    "b": SlotOptions(instructions="talk about cooking", voice="VARM0", seed=2),
+    "c": SlotOptions(instructions="book a table", seed=3, temperature=0.0),
+}
+
+
+@pytest.fixture(scope="module")
+def ckpt(tmp_path_factory):
+    return make_tiny_checkpoint(tmp_path_factory.mktemp("pp"), seed=5)
+
+
+@pytest.fixture(scope="module")
+def plugin(ckpt):
+    p = PersonaPlexPlugin.from_options(str(ckpt), max_sessions=SLOTS)
+    with p:
+        yield p
+
+
+@pytest.fixture(autouse=True)
+def _close_all(plugin):
+    yield
+    for slot in range(SLOTS):
+        plugin.close_slot(slot)
+
+
+def audio(name: str, n: int = FRAMES) -> list[np.ndarray]:
+    rng = np.random.default_rng(sum(map(ord, name)))
+    return [(rng.standard_normal(FRAME_SAMPLES) * 0.1).astype(np.float32) for _ in range(n)]
+
+
+Trace = list[tuple[int, tuple[int, ...], bytes, str]]
+
+
+def record(plugin: PersonaPlexPlugin, outputs, trace: dict[str, Trace], where: dict[int, str]) -> None:
+    """Append (text token, agent codes, audio bytes, transcript delta) of each output to its session."""
+    step = plugin.last_step
+    assert step is not None
+    for out in outputs:
+        name = where[out.slot]
+        trace[name].append(
+            (
+                int(step.text[out.slot]),
+                tuple(int(c) for c in step.agent[out.slot]),
+                out.pcm.tobytes(),
+                out.text,
+            )
+        )
+
+
+def run_alone(plugin: PersonaPlexPlugin, name: str, slot: int = 0, n: int = FRAMES) -> Trace:
+    trace: dict[str, Trace] = {name: []}
+    plugin.open_slot(slot, SESSIONS[name])
+    for pcm in audio(name, n):
+        record(plugin, plugin.step([SlotInput(slot=slot, epoch=0, pcm=pcm)]), trace, {slot: name})
+    plugin.close_slot(slot)
+    return trace[name]
+
+
+def test_capabilities_match_the_model():
+    caps = PersonaPlexPlugin(random_weights=True, config="tiny", max_sessions=3).capabilities()
+    assert caps == Capabilities(
+        kind=PluginKind.FRAME,
+        chunk_period_ms=80,
+        input_sample_rate=24000,
+        output_sample_rate=24000,
+        max_sessions=3,
+        model_native_turns=True,
+        supports_server_vad=False,
+        supports_client_commit=False,
+        supports_barge_in=False,
+        supports_resume=True,
+        output_modalities=("audio", "text"),
+    )
+    assert caps.chunk_samples == FRAME_SAMPLES
+
+
+def test_same_seed_gives_the_same_output(plugin, ckpt):
+    first = run_alone(plugin, "a")
+    with PersonaPlexPlugin.from_options(str(ckpt), max_sessions=SLOTS) as other:
+        second = run_alone(other, "a")
+    assert first == second
+    assert len(first) == FRAMES and all(len(pcm) == FRAME_SAMPLES * 4 for _, _, pcm, _ in first)
+    assert run_alone(plugin, "b") != first
+
+
+def test_batched_sessions_produce_exactly_what_each_produces_alone(plugin):
+    alone = {name: run_alone(plugin, name) for name in SESSIONS}
+    where = {2: "a", 0: "b", 3: "c"}
+    for slot, name in where.items():
+        plugin.open_slot(slot, SESSIONS[name])
+    inputs = {name: audio(name) for name in SESSIONS}
+    trace: dict[str, Trace] = {name: [] for name in SESSIONS}
+    for t in range(FRAMES):
+        batch = [SlotInput(slot=s, epoch=0, pcm=inputs[n][t]) for s, n in reversed(where.items())]
+        record(plugin, plugin.step(batch), trace, where)
+    assert trace == alone
+
+
+def test_join_leave_and_skipped_ticks_leave_other_sessions_unchanged(plugin):
+    alone = {name: run_alone(plugin, name) for name in SESSIONS}
+    inputs = {name: audio(name) for name in SESSIONS}
+    trace: dict[str, Trace] = {name: [] for name in SESSIONS}
+    where = {1: "a", 3: "b"}
+    pos = {"a": 0, "b": 0, "c": 0}
+    plugin.open_slot(1, SESSIONS["a"])
+    for tick in range(FRAMES + 6):
+        if tick == 4:  # "b" joins mid-stream
+            plugin.open_slot(3, SESSIONS["b"])
+        if tick == 6:  # "c" joins
+            where[0] = "c"
+            plugin.open_slot(0, SESSIONS["c"])
+        if tick == 4 + FRAMES:  # "b" leaves
+            plugin.close_slot(3)
+        batch = []
+        for slot, name in where.items():
+            active = pos[name] < FRAMES and (name != "b" or 4 <= tick < 4 + FRAMES)
+            active = active and (name != "c" or tick >= 6)
+            if name == "a" and tick in (7, 8):  # "a" has no frame ready: frozen
+                active = False
+            if active:
+                batch.append(SlotInput(slot=slot, epoch=0, pcm=inputs[name][pos[name]]))
+                pos[name] += 1
+        if batch:
+            record(plugin, plugin.step(batch), trace, where)
+    assert pos == {"a": FRAMES, "b": FRAMES, "c": FRAMES}
+    assert trace == alone
+
+
+def test_prefill_matches_stepping_the_prompt_frame_by_frame(plugin):
+    """The one-pass prefill gives the same state as forcing the prompt one step at a time."""
+    gen = plugin.generator
+    cfg = plugin.config
+    text = [5, 17, 42, 9]
+    script = build_prompt(cfg, None, text)
+    P = script.tokens.shape[0]
+    first = build_prompt(cfg, None, [])
+    first.tokens = script.tokens[:1]
+    gen.start_slot(0, script, seed=7, temp_text=0.0, temp_audio=0.0)
+    gen.start_slot(1, first, seed=7, temp_text=0.0, temp_audio=0.0)
+    silent = np.zeros((SLOTS, FRAME_SAMPLES), np.float32)
+    only1 = np.array([False, True, False, False])
+    for f in range(1, P):
+        forced = np.zeros((SLOTS, 17), np.int64)
+        mask = np.zeros((SLOTS, 17), bool)
+        forced[1] = script.tokens[f].numpy()
+        mask[1] = True
+        gen.step(only1, silent, forced, mask)
+    assert gen.offset[0] == gen.offset[1] == P
+    assert torch.equal(gen.pending[0], gen.pending[1])
+    both = np.array([True, True, False, False])
+    pcm = np.stack([audio("p", 1)[0]] * SLOTS)
+    for _ in range(6):
+        res = gen.step(both, pcm)
+        assert res.text[0] == res.text[1]
+        assert np.array_equal(res.agent[0], res.agent[1])
+
+
+def test_forced_tokens_are_emitted_and_teacher_force_the_depformer(plugin):
+    gen = plugin.generator
+    plugin.open_slot(0, SESSIONS["a"])
+    forced = np.zeros((SLOTS, 17), np.int64)
+    mask = np.zeros((SLOTS, 17), bool)
+    forced[0, :9] = [123, 1, 2, 3, 4, 5, 6, 7, 8]
+    mask[0, :9] = True
+    res = gen.step(
+        np.array([True, False, False, False]), np.zeros((SLOTS, FRAME_SAMPLES), np.float32), forced, mask
+    )
+    assert res.text[0] == 123
+    assert res.agent[0].tolist() == [1, 2, 3, 4, 5, 6, 7, 8]
+    # The next column carries the forced delayed codebooks of this frame.
+    assert gen.pending[0, 2:9].tolist() == [2, 3, 4, 5, 6, 7, 8]
+
+
+def test_columns_apply_the_delays_and_initial_tokens():
+    frames = torch.arange(3 * 4).view(3, 4)
+    delays = torch.tensor([0, 0, 1, 1])
+    initial = torch.tensor([100, 200, 200, 200])
+    cols = frames_to_columns(frames, delays, initial)
+    assert cols.tolist() == [[100, 200, 200, 200], [4, 5, 200, 200], [8, 9, 6, 7]]
+
+
+def test_transcript_deltas_skip_pad_and_epad(plugin):
+    trace = run_alone(plugin, "b", n=20)
+    pieces = plugin._pieces
+    for token, _, _, text in trace:
+        expected = "" if token in (TEXT_PAD, TEXT_EPAD) or token >= len(pieces) else pieces[token]
+        assert text == expected
+    assert pieces[TEXT_PAD] == "" and pieces[TEXT_EPAD] == ""
+    assert any(text for *_, text in trace)
+
+
+def test_outputs_carry_the_input_epoch_and_cancel_restarts_the_conversation(plugin):
+    fresh = run_alone(plugin, "a", n=4)
+    plugin.open_slot(0, SESSIONS["a"])
+    for pcm in audio("x", 3):
+        plugin.step([SlotInput(slot=0, epoch=0, pcm=pcm)])
+    plugin.cancel_slot(0, epoch=1)
+    trace: dict[str, Trace] = {"a": []}
+    for pcm in audio("a", 4):
+        outs = plugin.step([SlotInput(slot=0, epoch=1, pcm=pcm)])
+        assert [o.epoch for o in outs] == [1]
+        record(plugin, outs, trace, {0: "a"})
+    assert trace["a"] == fresh
+
+
+def test_refusals_carry_codes(plugin, ckpt):
+    with pytest.raises(PluginError) as err:
+        plugin.open_slot(0, SlotOptions(voice="nobody"))
+    assert err.value.code == "voice_not_found"
+    with pytest.raises(PluginError) as err:
+        plugin.step([SlotInput(slot=1, epoch=0, pcm=np.zeros(FRAME_SAMPLES, np.float32))])
+    assert err.value.code == "invalid_slot"
+    plugin.open_slot(1, SlotOptions())
+    with pytest.raises(PluginError) as err:
+        plugin.step([SlotInput(slot=1, epoch=0, pcm=np.zeros(100, np.float32))])
+    assert err.value.code == "bad_audio"
+    with pytest.raises(PluginError) as err:
+        plugin.open_slot(SLOTS, SlotOptions())
+    assert err.value.code == "invalid_slot"
+    with pytest.raises(PluginError) as err:
+        plugin.open_slot(0, SlotOptions(instructions="word " * 400))
+    assert err.value.code == "invalid_session_config"
+    with pytest.raises(PluginError) as err:
+        PersonaPlexPlugin.from_options(str(ckpt), beam_width=4)
+    assert err.value.code == "invalid_plugin_config"
+    with pytest.raises(PluginError) as err:
+        PersonaPlexPlugin.from_options(str(ckpt), max_sessions="4")
+    assert err.value.code == "invalid_plugin_config"
+
+
+def test_a_closed_plugin_refuses_use(ckpt):
+    p = PersonaPlexPlugin.from_options(str(ckpt), max_sessions=1)
+    with p:
+        p.open_slot(0, SlotOptions())
+    with pytest.raises(PluginError) as err:
+        p.open_slot(0, SlotOptions())
+    assert err.value.code == "plugin_not_loaded"
+    with pytest.raises(PluginError) as err:
+        p.load()
+    assert err.value.code == "plugin_closed"
+
+
+def test_counter_based_sampling_is_a_pure_function():
+    seed = torch.tensor([1, 1, 2])
+    counter = torch.tensor([0, 1, 0])
+    g = gumbel_noise(seed, counter, stream=0, k=8)
+    assert torch.equal(g, gumbel_noise(seed, counter, stream=0, k=8))
+    assert not torch.equal(g[0], g[1]) and not torch.equal(g[0], g[2])
+    assert not torch.equal(g, gumbel_noise(seed, counter, stream=1, k=8))
+    logits = torch.tensor([[0.0, 5.0, 1.0], [3.0, 0.0, 1.0], [0.0, 0.0, 9.0]])
+    greedy = sample_top_k(logits, torch.zeros(3), 2, seed, counter, 0)
+    assert greedy.tolist() == [1, 0, 2]
+    # Sampling follows the distribution: a 2:1 odds pair over many counters.
+    n = 4000
+    two = torch.log(torch.tensor([[2.0, 1.0]])).expand(n, 2)
+    draws = sample_top_k(two, torch.ones(n), 2, torch.full((n,), 9), torch.arange(n), 3)
+    share = (draws == 0).float().mean().item()
+    assert 0.62 < share < 0.71

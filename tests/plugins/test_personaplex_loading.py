@@ -1,0 +1,160 @@
+"""PersonaPlex: checkpoint directories, strict loading, voices and the system-prompt phases."""
+
+from __future__ import annotations
+
+import json
+
+import numpy as np
+import pytest
+
+pytest.importorskip("moshi")
+pytest.importorskip("sentencepiece")
+
+import sentencepiece
+import soundfile
+import torch
+from safetensors.torch import load_file, save_file
+
+from duplex.plugins.base import PluginError, SlotOptions
+from duplex.plugins.personaplex.config import (
+    SILENCE_TOKENS,
+    SINE_TOKENS,
+    TEXT_PAD,
+    tiny_config,
+)
+from duplex.plugins.personaplex.loading import (
+    LM_FILE,
+    MIMI_FILE,
+    TOKENIZER_FILE,
+    build_lm,
+    build_mimi,
+    export_checkpoint,
+    find_checkpoint,
+    load_voices,
+)
+from duplex.plugins.personaplex.plugin import PersonaPlexPlugin
+from duplex.plugins.personaplex.prompt import build_prompt, persona_text
+from duplex.plugins.personaplex.testing import TINY_VOICES, make_tiny_checkpoint, train_tokenizer
+
+CPU = torch.device("cpu")
+
+
+@pytest.fixture(scope="module")
+def ckpt(tmp_path_factory):
+    return make_tiny_checkpoint(tmp_path_factory.mktemp("pp_ckpt"), seed=3)
+
+
+def test_exported_checkpoint_uses_the_public_key_layout_and_loads_strictly(tmp_path):
+    cfg = tiny_config()
+    torch.manual_seed(11)
+    lm = build_lm(cfg, None, CPU, torch.float32)
+    mimi = build_mimi(cfg, None, CPU)
+    root = export_checkpoint(tmp_path, cfg, lm, mimi, train_tokenizer(tmp_path / "t.model"))
+    keys = set(load_file(str(root / LM_FILE)))
+    assert "transformer.layers.0.self_attn.in_proj_weight" in keys
+    assert "depformer.layers.0.self_attn.in_proj_weight" in keys
+    assert not any(".in_projs." in k or ".out_projs." in k for k in keys)
+
+    files = find_checkpoint(root)
+    loaded = build_lm(files.config, files.lm, CPU, torch.float32)
+    want = lm.state_dict()
+    got = loaded.state_dict()
+    assert set(got) == set(want)
+    assert all(torch.equal(got[k], want[k]) for k in want)
+    loaded_mimi = build_mimi(files.config, files.mimi, CPU)
+    want_m = mimi.state_dict()
+    assert all(torch.equal(v, want_m[k]) for k, v in loaded_mimi.state_dict().items())
+
+
+def test_a_wrapper_prefix_is_stripped(tmp_path, ckpt):
+    state = load_file(str(ckpt / LM_FILE))
+    save_file({"model." + k: v for k, v in state.items()}, str(tmp_path / LM_FILE))
+    for name in (MIMI_FILE, TOKENIZER_FILE, "config.json"):
+        (tmp_path / name).write_bytes((ckpt / name).read_bytes())
+    files = find_checkpoint(tmp_path)
+    build_lm(files.config, files.lm, CPU, torch.float32)
+
+
+@pytest.mark.parametrize("change", ["missing", "unexpected"])
+def test_a_checkpoint_with_wrong_keys_is_refused(tmp_path, ckpt, change):
+    state = load_file(str(ckpt / LM_FILE))
+    if change == "missing":
+        state.pop("text_linear.weight")
+    else:
+        state["extra_head.weight"] = torch.zeros(2, 2)
+    save_file(state, str(tmp_path / LM_FILE))
+    for name in (MIMI_FILE, TOKENIZER_FILE, "config.json"):
+        (tmp_path / name).write_bytes((ckpt / name).read_bytes())
+    files = find_checkpoint(tmp_path)
+    with pytest.raises(PluginError) as err:
+        build_lm(files.config, files.lm, CPU, torch.float32)
+    assert err.value.code == "model_load_failed"
+
+
+def test_a_directory_without_weights_is_refused(tmp_path):
+    with pytest.raises(PluginError) as err:
+        find_checkpoint(tmp_path)
+    assert err.value.code == "model_path_unavailable"
+    plugin = PersonaPlexPlugin.from_options(str(tmp_path))
+    with pytest.raises(PluginError) as err:
+        plugin.load()
+    assert err.value.code == "model_path_unavailable"
+
+
+def test_config_json_sets_the_architecture(ckpt):
+    data = json.loads((ckpt / "config.json").read_text())
+    assert data["lm"]["dim"] == 64
+    cfg = find_checkpoint(ckpt).config
+    assert cfg.lm["dim"] == 64 and cfg.lm["dep_q"] == 16 and cfg.num_streams == 17
+
+
+def test_pt_voices_load_with_embeddings_and_last_frame(ckpt):
+    cfg = tiny_config()
+    voices = load_voices(ckpt, cfg, build_mimi(cfg, None, CPU))
+    assert sorted(voices) == sorted(TINY_VOICES)
+    raw = torch.load(str(ckpt / "voices" / "NATF2.pt"), weights_only=True)
+    v = voices["NATF2"]
+    assert v.embeddings is not None and v.embeddings.shape == (4, 64)
+    assert torch.equal(v.embeddings, raw["embeddings"].reshape(4, 64))
+    # The cache column of position V=4 in a ring of 3 is column 1.
+    assert v.last_frame is not None and torch.equal(v.last_frame, raw["cache"][0, :, 4 % 3])
+
+
+def test_prompt_phases_follow_the_documented_sequence(ckpt):
+    cfg = tiny_config()
+    voice = load_voices(ckpt, cfg, build_mimi(cfg, None, CPU))["NATF2"]
+    sp = sentencepiece.SentencePieceProcessor(model_file=str(ckpt / TOKENIZER_FILE))
+    text = sp.encode(persona_text("you are a helpful assistant"))
+    assert persona_text("x") == "<system> x <system>"
+    script = build_prompt(cfg, voice, text)
+    n = len(text)
+    assert script.phases == ("voice",) * 4 + ("silence",) * 6 + ("text",) * n + ("silence",) * 6
+    frames = script.tokens
+    assert frames.shape == (4 + 6 + n + 6, 17)
+    filler = [*SILENCE_TOKENS, *SINE_TOKENS]
+    for f in list(range(4, 10)) + list(range(10 + n, 16 + n)):
+        assert frames[f].tolist() == [TEXT_PAD, *filler]
+    assert frames[10 : 10 + n, 0].tolist() == text
+    assert frames[10 : 10 + n, 1:].tolist() == [filler] * n
+    assert torch.equal(frames[3], voice.last_frame)
+    assert script.embeddings is voice.embeddings
+
+
+def test_wav_voice_prompt_is_mimi_codes_with_pad_text_and_sine_user(tmp_path, ckpt):
+    for name in (LM_FILE, MIMI_FILE, TOKENIZER_FILE, "config.json"):
+        (tmp_path / name).write_bytes((ckpt / name).read_bytes())
+    (tmp_path / "voices").mkdir()
+    rng = np.random.default_rng(0)
+    soundfile.write(str(tmp_path / "voices" / "rec.wav"), rng.standard_normal(16000 * 3) * 0.05, 16000)
+    plugin = PersonaPlexPlugin.from_options(str(tmp_path))
+    with plugin:
+        script = plugin.prompt_for(SlotOptions(voice="rec", instructions="hi"))
+        voice_frames = [i for i, p in enumerate(script.phases) if p == "voice"]
+        assert len(voice_frames) == 37  # 3 s at 24 kHz in whole 80 ms frames
+        assert script.embeddings is None
+        head = script.tokens[voice_frames]
+        assert (head[:, 0] == TEXT_PAD).all()
+        assert head[:, 9:].tolist() == [list(SINE_TOKENS)] * 37
+        assert ((head[:, 1:9] >= 0) & (head[:, 1:9] < 2048)).all()
+        assert plugin.capabilities().voices == ("rec",)
+        assert plugin.capabilities().default_voice == "rec"
