@@ -243,9 +243,12 @@ def decode_wav(data: bytes) -> tuple[np.ndarray, int]:
         raise
     except (RuntimeError, ValueError, TypeError) as exc:  # libsndfile reports malformed files so
         raise ProtocolError("bad_audio", f"malformed WAV audio: {exc}") from exc
-    if frames.shape[1] == 1:
-        return np.ascontiguousarray(frames[:, 0]), rate
-    return frames.mean(axis=1, dtype=np.float32), rate
+    pcm = (
+        np.ascontiguousarray(frames[:, 0]) if frames.shape[1] == 1 else frames.mean(axis=1, dtype=np.float32)
+    )
+    if not np.isfinite(pcm).all():
+        raise ProtocolError("bad_audio", "WAV audio contains NaN or infinite samples")
+    return pcm, rate
 
 
 def encode_wav(pcm: np.ndarray, rate: int, *, subtype: str = "PCM_16") -> bytes:
@@ -343,10 +346,10 @@ def resampled_length(n_in: int, in_rate: int, out_rate: int) -> int:
     return (2 * n_in * out_rate + in_rate) // (2 * in_rate)
 
 
-def resample(pcm: np.ndarray, in_rate: int, out_rate: int) -> np.ndarray:
+def resample(pcm: np.ndarray, in_rate: int, out_rate: int, *, quality: str = "HQ") -> np.ndarray:
     """One-shot resampling of a whole signal; the same samples ``StreamResampler`` gives
     for that signal in any chunking, and ``resampled_length`` of them."""
-    stream = StreamResampler(in_rate, out_rate)
+    stream = StreamResampler(in_rate, out_rate, quality=quality)
     head = stream.process(pcm)
     tail = stream.flush()
     return np.concatenate((head, tail)) if len(tail) else head
@@ -365,6 +368,14 @@ class StreamResampler:
     ``quality`` is a soxr quality name (``"HQ"`` by default; ``"VHQ"``, ``"MQ"``, ``"LQ"``,
     ``"QQ"``). Equal rates pass samples through unchanged. Not thread-safe: one stream,
     one caller at a time.
+
+    Latency: soxr releases output in blocks, so what it holds back varies from chunk to
+    chunk. Fed 80 ms chunks into 16 or 24 kHz, ``HQ`` holds back 5-45 ms from 16, 22.05, 24,
+    44.1 or 48 kHz, up to 85 ms from 11.025 kHz and up to 115 ms from 8 kHz. ``LQ`` holds
+    back at most about 20 ms (60 ms from 8 kHz), keeps the band up to 75 % of the lower
+    Nyquist frequency flat within 0.3 dB and still rejects aliases by more than 100 dB:
+    enough for speech where latency matters more than the top of the band. ``delay``
+    reports the current amount.
     """
 
     __slots__ = ("_done", "_in_rate", "_n_in", "_n_out", "_out_rate", "_quality", "_stream")
@@ -395,6 +406,11 @@ class StreamResampler:
     def samples_out(self) -> int:
         """Output samples returned since the stream started."""
         return self._n_out
+
+    @property
+    def delay(self) -> float:
+        """Output samples the resampler currently holds back (0 for equal rates)."""
+        return 0.0 if self._stream is None else float(self._stream.delay())
 
     def reset(self) -> None:
         """Forget the current stream (pending samples are dropped) and start a new one."""

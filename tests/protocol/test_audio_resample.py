@@ -30,14 +30,15 @@ def _chunked(resampler: StreamResampler, pcm: np.ndarray, sizes: list[int]) -> l
     n=st.integers(0, 6000),
     sizes=st.lists(st.integers(0, 1500), max_size=25),
     seed=st.integers(0, 2**32 - 1),
+    quality=st.sampled_from(["HQ", "LQ"]),
 )
 @settings(max_examples=70, deadline=None)
-def test_chunked_output_has_the_exact_length_and_equals_one_shot(in_rate, out_rate, n, sizes, seed):
+def test_chunked_output_has_the_exact_length_and_equals_one_shot(in_rate, out_rate, n, sizes, seed, quality):
     pcm = (np.random.default_rng(seed).standard_normal(n) * 0.2).astype(np.float32)
-    resampler = StreamResampler(in_rate, out_rate)
+    resampler = StreamResampler(in_rate, out_rate, quality=quality)
     outs = _chunked(resampler, pcm, sizes)
     chunked = np.concatenate(outs)
-    one_shot = resample(pcm, in_rate, out_rate)
+    one_shot = resample(pcm, in_rate, out_rate, quality=quality)
 
     assert len(chunked) == resampled_length(n, in_rate, out_rate)
     assert len(one_shot) == len(chunked)
@@ -117,3 +118,11 @@ def test_float64_input_is_converted_to_float32():
 def test_non_positive_rates_are_rejected(rates):
     with pytest.raises(ValueError, match="positive"):
         StreamResampler(*rates)
+
+
+def test_delay_reports_the_samples_held_back():
+    resampler = StreamResampler(24000, 16000)
+    out = resampler.process(np.zeros(1920, np.float32))
+    assert resampler.delay > 0
+    assert len(out) + resampler.delay == pytest.approx(1280, abs=1)
+    assert StreamResampler(16000, 16000).delay == 0.0

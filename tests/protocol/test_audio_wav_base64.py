@@ -180,3 +180,23 @@ def test_malformed_base64_is_bad_audio(text):
 
 def test_empty_base64_is_empty_bytes():
     assert b64decode_strict("") == b""
+
+
+def test_wav_with_non_finite_float_samples_is_bad_audio():
+    buf = io.BytesIO()
+    soundfile.write(buf, np.array([0.0, np.nan, 0.5], np.float32), 16000, subtype="FLOAT", format="WAV")
+    with pytest.raises(ProtocolError) as info:
+        decode_audio(buf.getvalue(), Fmt("wav", 16000))
+    assert info.value.code == "bad_audio"
+
+
+def test_a_wav_header_claiming_more_data_than_sent_decodes_what_is_there():
+    valid = bytearray(encode_wav(_tone(100, 16000), 16000))
+    data_at = valid.index(b"data")
+    valid[data_at + 4 : data_at + 8] = (0x7FFFFFF0).to_bytes(4, "little")
+    try:
+        pcm = decode_audio(bytes(valid), Fmt("wav", 16000))
+    except ProtocolError as exc:
+        assert exc.code == "bad_audio"
+    else:
+        assert len(pcm) <= 100
