@@ -30,6 +30,7 @@ from typing import Any, Final, Literal
 import msgspec
 
 from duplex.protocol.errors import ProtocolError
+from duplex.protocol.realtime.session import SemanticVad, ServerVad
 
 __all__ = ["EAGERNESS_SILENCE_MS", "VadConfig"]
 
@@ -126,6 +127,27 @@ class VadConfig(msgspec.Struct, frozen=True, kw_only=True):
             return cls(**fields)
         except (TypeError, msgspec.ValidationError) as exc:
             raise ProtocolError("unsupported_turn_detection", str(exc), param="turn_detection") from exc
+
+    def to_turn_detection(self) -> ServerVad | SemanticVad:
+        """The effective settings in the session object's shape, to echo to the client.
+
+        ``server_vad`` states every OpenAI field; ``semantic_vad`` states its eagerness and the
+        two response flags (its silence duration is ours, not part of OpenAI's object).
+        """
+        if self.type == "semantic_vad":
+            return SemanticVad(
+                eagerness=self.eagerness or "auto",
+                create_response=self.create_response,
+                interrupt_response=self.interrupt_response,
+            )
+        return ServerVad(
+            threshold=self.threshold,
+            prefix_padding_ms=self.prefix_padding_ms,
+            silence_duration_ms=self.silence_duration_ms,
+            create_response=self.create_response,
+            interrupt_response=self.interrupt_response,
+            idle_timeout_ms=self.idle_timeout_ms,
+        )
 
 
 def _kind_of(td: Any) -> str:

@@ -132,3 +132,16 @@ def test_direct_construction_validates_too():
         VadConfig(min_speech_duration_ms=-1)
     with pytest.raises(ProtocolError):
         VadConfig(hysteresis=1.0)
+
+
+def test_the_effective_config_round_trips_through_the_session_object():
+    session = pytest.importorskip("duplex.protocol.realtime.session")
+    cfg = VadConfig(threshold=0.6, silence_duration_ms=350, interrupt_response=False, idle_timeout_ms=5000)
+    echoed = cfg.to_turn_detection()
+    assert isinstance(echoed, session.ServerVad)
+    assert VadConfig.from_turn_detection(echoed) == cfg
+
+    semantic = VadConfig.from_turn_detection(session.SemanticVad(eagerness="low", create_response=False))
+    echoed = semantic.to_turn_detection()
+    assert echoed == session.SemanticVad(eagerness="low", create_response=False, interrupt_response=True)
+    assert VadConfig.from_turn_detection(echoed) == semantic
