@@ -181,16 +181,14 @@ def _to_protocol_error(exc: msgspec.ValidationError, kind: str, event_id: str | 
     if kind in _SHAPE_CODES:
         return ProtocolError(_SHAPE_CODES[kind], f"Invalid {kind}: {message}", param=param, event_id=event_id)
     leaf = re.sub(r"\[\d+\]$", "", param.rsplit(".", 1)[-1]) if param else ""
+    if param and "video_frames" in param:
+        return ProtocolError("invalid_video_frames", f"{param}: {message}", param=param, event_id=event_id)
     if message.startswith("Invalid base64"):
-        if "video_frames" in (param or ""):
-            return ProtocolError(
-                "invalid_video_frames", f"{param} is not valid base64", param=param, event_id=event_id
-            )
         return ProtocolError("bad_audio", f"{param} is not valid base64", param=param, event_id=event_id)
-    if param and "turn_detection" in param and (leaf == "type" or leaf == "turn_detection"):
+    if param and "turn_detection" in param:
         return ProtocolError(
             "unsupported_turn_detection",
-            f"turn_detection must be null, server_vad or semantic_vad ({message})",
+            f"turn_detection must be null, server_vad or semantic_vad ({message} at {param})",
             param=param,
             event_id=event_id,
         )

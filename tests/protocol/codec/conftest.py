@@ -85,7 +85,7 @@ def command_samples() -> list[object]:
                 output_modalities=["audio"],
                 audio=p.AudioConfig(
                     input=p.AudioInputConfig(
-                        format=p.AudioFormatSpec(type="audio/pcm", rate=16000),
+                        format=p.AudioFormatSpec(type="audio/pcm", rate=24000),
                         turn_detection=p.SemanticVad(eagerness="medium", create_response=True),
                     ),
                     output=p.AudioOutputConfig(voice="marin", speed=1.0),
@@ -94,6 +94,7 @@ def command_samples() -> list[object]:
                 tracing=None,
                 tool_choice="auto",
                 extra_body={"auto_response": True},
+                sample_rate_hz=16000,
                 overlap_policy="listen_only",
             ),
         ),
