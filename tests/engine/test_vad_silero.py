@@ -195,3 +195,33 @@ def test_a_missing_model_file_is_reported_as_vad_unavailable(tmp_path):
     with pytest.raises(VadUnavailableError) as info:
         SileroModel(tmp_path / "missing.onnx")
     assert info.value.code == "server_vad_unavailable"
+
+
+@pytest.mark.parametrize(("encoding", "rate"), [("pcm16", 24000), ("pcmu", 8000), ("f32", 48000)])
+def test_wire_frames_resampled_per_stream_give_the_same_turn_as_the_one_shot_signal(speech, encoding, rate):
+    from typing import NamedTuple
+
+    from duplex.protocol.audio import StreamResampler, b64decode_strict, b64encode, decode_audio, encode_audio
+
+    class Fmt(NamedTuple):
+        encoding: str
+        rate: int
+
+    fmt = Fmt(encoding, rate)
+    signal = np.concatenate([silence(0.8), speech, silence(1.2)])
+    client = StreamResampler(RATE, rate)  # what the client would have recorded
+    client_pcm = np.concatenate([client.process(signal), client.flush()])
+    frame = rate * 80 // 1000
+
+    to_vad = StreamResampler(rate, RATE)
+    det = TurnDetector(VadConfig())
+    events = []
+    for i in range(0, len(client_pcm), frame):
+        wire = b64encode(encode_audio(client_pcm[i : i + frame], fmt))
+        events += det.feed(to_vad.process(decode_audio(b64decode_strict(wire), fmt)))
+    events += det.feed(to_vad.flush())
+
+    direct = TurnDetector(VadConfig()).feed(signal)
+    assert [type(e) for e in events] == [SpeechStarted, SpeechStopped]
+    assert abs(events[0].audio_start_ms - direct[0].audio_start_ms) <= 64
+    assert abs(events[1].audio_end_ms - direct[1].audio_end_ms) <= 64
