@@ -9,7 +9,8 @@ What it measures, one thread, on this machine:
   rate, ``encode_audio`` and base64.
 * ``vad``: loading the Silero network, the cost of one 32 ms window, and ``TurnDetector.feed``
   per second of audio fed in 80 ms frames (speech from Piper when it is installed, otherwise
-  noise), with the number of real-time streams one core can carry.
+  noise), with the number of real-time streams one core can carry, alone and with 32 streams
+  scored together by ``feed_many``.
 
 Run: ``python -m bench.audio [--seconds S] [--out PATH]``. Prints a table and writes JSON
 (default ``bench/results/audio.json``). ``--seconds`` is the time spent on each measurement.
@@ -37,6 +38,7 @@ DEFAULT_OUT = Path(__file__).parent / "results" / "audio.json"
 FRAME_MS = 80
 VAD_RATE = 16000
 MODEL_RATE = 24000
+BATCH = 32  # streams fed together through feed_many
 
 
 class Fmt(NamedTuple):
@@ -142,7 +144,7 @@ def _vad_audio(seconds: float) -> tuple[np.ndarray, str]:
 
 
 def bench_vad(seconds: float) -> dict[str, object]:
-    from duplex.engine.vad import SileroModel, TurnDetector, VadConfig
+    from duplex.engine.vad import SileroModel, TurnDetector, VadConfig, feed_many
 
     t0 = time.perf_counter()
     model = SileroModel()
@@ -168,6 +170,21 @@ def bench_vad(seconds: float) -> dict[str, object]:
         passes += 1
     audio_s = passes * len(audio) / VAD_RATE
     ms_per_audio_s = busy * 1e3 / audio_s
+
+    # The same audio for BATCH streams at once through feed_many (one network call per round).
+    detectors = [TurnDetector(VadConfig(), model=model) for _ in range(BATCH)]
+    batch_busy = 0.0
+    batch_passes = 0
+    deadline = time.perf_counter() + max(seconds, 0.5)
+    while time.perf_counter() < deadline or batch_passes == 0:
+        for det in detectors:
+            det.reset()
+        t0 = time.perf_counter()
+        for i in range(0, len(audio), frame):
+            feed_many(detectors, [audio[i : i + frame]] * BATCH)
+        batch_busy += time.perf_counter() - t0
+        batch_passes += 1
+    batch_ms_per_audio_s = batch_busy * 1e3 / (batch_passes * BATCH * len(audio) / VAD_RATE)
     return {
         "model_load_ms": round(load_ms, 1),
         "window_samples": 512,
@@ -178,6 +195,9 @@ def bench_vad(seconds: float) -> dict[str, object]:
         "turns_seen": events // 2,
         "cpu_ms_per_audio_s": round(ms_per_audio_s, 3),
         "realtime_streams_per_core": int(1000 / ms_per_audio_s),
+        "feed_many_streams": BATCH,
+        "feed_many_cpu_ms_per_audio_s": round(batch_ms_per_audio_s, 3),
+        "feed_many_realtime_streams_per_core": int(1000 / batch_ms_per_audio_s),
     }
 
 
@@ -206,6 +226,11 @@ def _print_tables(result: dict[str, object]) -> None:
         print(f"  one 32 ms window        {w['p50_us']} µs p50, {w['p99_us']} µs p99")
         print(f"  feed ({vad['feed_audio']}, 80 ms frames) {vad['cpu_ms_per_audio_s']} ms CPU per s of audio")
         print(f"  real-time streams/core  {vad['realtime_streams_per_core']}")
+        print(
+            f"  feed_many, {vad['feed_many_streams']} streams  "
+            f"{vad['feed_many_cpu_ms_per_audio_s']} ms CPU per s of audio per stream "
+            f"({vad['feed_many_realtime_streams_per_core']} real-time streams/core)"
+        )
     elif vad is not None:
         print(f"\nServer VAD: {vad}")
 

@@ -225,3 +225,53 @@ def test_wire_frames_resampled_per_stream_give_the_same_turn_as_the_one_shot_sig
     assert [type(e) for e in events] == [SpeechStarted, SpeechStopped]
     assert abs(events[0].audio_start_ms - direct[0].audio_start_ms) <= 64
     assert abs(events[1].audio_end_ms - direct[1].audio_end_ms) <= 64
+
+
+def test_feed_many_gives_each_detector_the_events_of_feeding_it_alone(speech):
+    from duplex.engine.vad import feed_many
+    from tests.engine._vad_scripted import ProbabilityEcho, probability_audio
+
+    streams = [
+        np.concatenate([silence(0.3), speech, silence(1.0)]),
+        NOISES["pink noise -35 dBFS"][: 2 * RATE],
+        np.concatenate([silence(1.1), speech[:RATE], silence(0.9), speech, silence(0.7)]),
+        np.concatenate([speech, silence(0.6)]),
+    ]
+    frames = [1280, 777, 1280, 4096]
+    alone = []
+    for pcm, frame in zip(streams, frames, strict=True):
+        alone.append(_feed_in_frames(TurnDetector(VadConfig()), pcm, frame))
+
+    dets = [TurnDetector(VadConfig()) for _ in streams]
+    scripted = TurnDetector(VadConfig(), model=ProbabilityEcho())  # not a Silero model: fed alone
+    script = probability_audio((0.0, 20), (0.9, 30), (0.0, 40))
+    together: list[list] = [[] for _ in streams]
+    scripted_events = []
+    offsets = [0] * len(streams)
+    for step in range(max(len(s) // f + 1 for s, f in zip(streams, frames, strict=True))):
+        chunks = []
+        for k, (pcm, frame) in enumerate(zip(streams, frames, strict=True)):
+            chunks.append(pcm[offsets[k] : offsets[k] + frame])
+            offsets[k] += frame
+        result = feed_many([*dets, scripted], [*chunks, script[step * 1280 : (step + 1) * 1280]])
+        for k in range(len(streams)):
+            together[k] += result[k]
+        scripted_events += result[-1]
+
+    assert together == alone
+    assert [type(e) for e in alone[0]] == [SpeechStarted, SpeechStopped]
+    assert alone[1] == []
+    assert scripted_events == TurnDetector(VadConfig(), model=ProbabilityEcho()).feed(script)
+
+
+def test_feed_many_refuses_bad_input_before_consuming_anything(speech):
+    from duplex.engine.vad import feed_many
+
+    a, b = TurnDetector(VadConfig()), TurnDetector(VadConfig())
+    with pytest.raises(ValueError, match="1-D"):
+        feed_many([a, b], [speech[:1000], np.zeros((2, 512), np.float32)])
+    assert a.samples_fed == 0
+    with pytest.raises(ValueError, match="distinct"):
+        feed_many([a, a], [speech[:512], speech[:512]])
+    with pytest.raises(ValueError, match="chunks"):
+        feed_many([a, b], [speech[:512]])

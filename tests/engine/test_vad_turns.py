@@ -1,8 +1,7 @@
 """TurnDetector's state machine, driven window by window with exact expected events.
 
-The Silero network is replaced by ``ProbabilityEcho``, which reports the first sample of each
-window as its speech probability, so a test writes the probabilities it wants straight into
-the audio. Everything else (buffering, hysteresis, padding, timing) is the real detector.
+The Silero network is replaced by ``ProbabilityEcho`` (see ``_vad_scripted``), so each test
+states the speech probability of every window; everything else is the real detector.
 """
 
 from __future__ import annotations
@@ -14,23 +13,8 @@ from hypothesis import strategies as st
 
 from duplex.engine.vad import SpeechStarted, SpeechStopped, TurnDetector
 from duplex.engine.vad_config import VadConfig
-
-W = 512  # samples per window at 16 kHz (32 ms)
-
-
-class ProbabilityEcho:
-    """Stands in for the speech-probability network: p(window) = window[0]."""
-
-    def new_state(self, sample_rate: int) -> None:
-        return None
-
-    def score(self, state: None, window: np.ndarray, sample_rate: int) -> float:
-        return float(window[0])
-
-
-def audio(*runs: tuple[float, int], window: int = W) -> np.ndarray:
-    """Audio whose windows have the given probabilities: ``(p, n_windows)`` runs."""
-    return np.concatenate([np.full(n * window, p, dtype=np.float32) for p, n in runs])
+from tests.engine._vad_scripted import ProbabilityEcho, W
+from tests.engine._vad_scripted import probability_audio as audio
 
 
 def detector(sample_rate: int = 16000, **cfg) -> TurnDetector:
@@ -181,7 +165,7 @@ def test_multichannel_input_is_refused():
 )
 @settings(max_examples=120, deadline=None)
 def test_events_do_not_depend_on_how_the_stream_is_chunked(runs, cuts):
-    pcm = audio(*runs) if runs else np.zeros(0, np.float32)
+    pcm = audio(*runs)
     whole = detector().feed(pcm)
     det = detector()
     chunked = []
