@@ -1,0 +1,117 @@
+"""``Attachment``: one transport's view of a session (the engine's public handle).
+
+A transport (the WebSocket handler, ``InlineDuplexClient``) gets an attachment
+from ``Engine.open`` or ``Engine.resume`` and then
+
+* ``submit(command)``: synchronous, never blocks; budgets are checked **before** the
+  mailbox and a refusal raises ``SessionError`` with nothing applied
+  (``input_backpressure``, ``session_closed``). Errors about a command's content
+  come back later as ``error`` events, in order;
+* ``await next_event()``: the next server event; raises ``Detached(reason)`` once the
+  stream has ended (after ``session.closed`` / ``session.expired`` /
+  ``session.replaced``, or at once for a slow reader). Cancel-safe;
+* ``ack(seq)``: ``session.event_ack`` (trims the journal, in mailbox order);
+* ``await detach()``: the transport is gone; the session waits ``disconnect_grace_s``
+  for a resume (or closes when it cannot resume).
+
+Outbox: at most ``outbox_max_events`` events wait for the reader. One more
+detaches the attachment as a slow reader (drop the queue, ``Detached("slow_reader")``);
+the session keeps running and journaling, so the client resumes from its last seq.
+"""
+
+from __future__ import annotations
+
+import asyncio
+from collections import deque
+from collections.abc import Callable, Iterable
+from typing import TYPE_CHECKING, Any
+
+from duplex.engine.errors import Detached
+
+if TYPE_CHECKING:
+    from duplex.engine.manager import SessionRecord
+
+__all__ = ["Attachment"]
+
+
+class Attachment:
+    """See the module docstring. Built by the engine, never by a transport."""
+
+    def __init__(
+        self,
+        record: SessionRecord,
+        generation: int,
+        resume_token: str | None,
+        *,
+        outbox_max_events: int,
+        on_slow_reader: Callable[[Attachment], None],
+    ) -> None:
+        self._record = record
+        self.session_id = record.session_id
+        self.generation = generation
+        self.resume_token = resume_token
+        self._outbox: deque[Any] = deque()
+        self._max = outbox_max_events
+        self._ready = asyncio.Event()
+        self._ended: str | None = None
+        self._on_slow_reader = on_slow_reader
+
+    def __repr__(self) -> str:
+        return f"<Attachment {self.session_id} gen={self.generation} ended={self._ended}>"
+
+    @property
+    def ended(self) -> str | None:
+        """Why the stream ended (``None`` while it runs)."""
+        return self._ended
+
+    # ------------------------------------------------------------------ engine side
+
+    def push(self, events: Iterable[Any], *, preload: bool = False) -> None:
+        """Queue events for the reader; past the bound the reader is detached as slow.
+
+        ``preload`` (session.created, a resume's replay) ignores the bound: those events
+        are already limited by the journal.
+        """
+        if self._ended is not None:
+            return
+        outbox = self._outbox
+        outbox.extend(events)
+        if not preload and len(outbox) > self._max:
+            outbox.clear()
+            self.end("slow_reader")
+            self._on_slow_reader(self)
+            return
+        self._ready.set()
+
+    def end(self, reason: str) -> None:
+        """No more events after those queued; ``next_event`` then raises ``Detached(reason)``."""
+        if self._ended is None:
+            self._ended = reason
+            self._ready.set()
+
+    # ------------------------------------------------------------------ transport side
+
+    def submit(self, command: Any) -> None:
+        """Queue a client command (see the module docstring); raises ``SessionError``."""
+        self._record.submit(self, command)
+
+    async def next_event(self) -> Any:
+        """The next event; raises ``Detached`` when the stream has ended. Cancel-safe."""
+        while not self._outbox:
+            if self._ended is not None:
+                raise Detached(self._ended)
+            self._ready.clear()
+            await self._ready.wait()
+        return self._outbox.popleft()
+
+    def pending(self) -> int:
+        """Events queued for the reader."""
+        return len(self._outbox)
+
+    def ack(self, seq: int) -> None:
+        """The client processed every event up to ``seq`` (``session.event_ack``)."""
+        self._record.ack(self, seq)
+
+    async def detach(self) -> None:
+        """The transport is gone. Idempotent; a stale attachment's detach changes nothing."""
+        self._record.detach(self)

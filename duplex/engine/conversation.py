@@ -1,0 +1,152 @@
+"""The conversation of one session: ordered items, as the client and the model see them.
+
+Sans-IO and bounded: at most ``max_items`` items (the oldest leave first, counted
+in ``evicted``). Audio bytes are never kept here: user audio items keep their
+transcript, assistant items their transcript as far as it was heard (the playback
+ledger rewrites them). A client-supplied item id is kept (DESIGN §4);
+``previous_item_id="root"`` inserts at the front.
+
+Errors are ``ProtocolError``s with the wire codes: ``item_not_found``,
+``invalid_item`` (duplicate id), ``invalid_function_call_output``.
+"""
+
+from __future__ import annotations
+
+import msgspec
+
+from duplex.protocol.errors import ProtocolError
+from duplex.protocol.ids import new_item_id
+from duplex.protocol.realtime.items import (
+    ConversationItem,
+    FunctionCallItem,
+    FunctionCallOutputItem,
+    InputAudioPart,
+    InputTextPart,
+    MessageItem,
+    OutputAudioPart,
+    OutputTextPart,
+)
+
+__all__ = ["Conversation"]
+
+
+class Conversation:
+    """Ordered, bounded item store (see the module docstring)."""
+
+    def __init__(self, max_items: int = 1024) -> None:
+        self.max_items = max_items
+        self._items: dict[str, ConversationItem] = {}
+        self._order: list[str] = []
+        self.evicted = 0
+
+    def __len__(self) -> int:
+        return len(self._order)
+
+    def __contains__(self, item_id: object) -> bool:
+        return item_id in self._items
+
+    @property
+    def last_id(self) -> str | None:
+        return self._order[-1] if self._order else None
+
+    def ids(self) -> list[str]:
+        return list(self._order)
+
+    def get(self, item_id: str, *, param: str = "item_id") -> ConversationItem:
+        try:
+            return self._items[item_id]
+        except KeyError:
+            raise ProtocolError("item_not_found", f"no item with id {item_id!r}", param=param) from None
+
+    def add(
+        self, item: ConversationItem, previous_item_id: str | None = None
+    ) -> tuple[ConversationItem, str | None]:
+        """Insert ``item`` (an id is assigned when it has none); returns it and its predecessor id."""
+        if getattr(item, "id", None) is None:
+            item = msgspec.structs.replace(item, id=new_item_id())
+        item_id = item.id  # type: ignore[union-attr]
+        if item_id in self._items:
+            raise ProtocolError(
+                "invalid_item", f"an item with id {item_id!r} already exists", param="item.id"
+            )
+        if previous_item_id is None:
+            index = len(self._order)
+        elif previous_item_id == "root":
+            index = 0
+        elif previous_item_id in self._items:
+            index = self._order.index(previous_item_id) + 1
+        else:
+            raise ProtocolError(
+                "item_not_found", f"previous_item_id {previous_item_id!r} not found", param="previous_item_id"
+            )
+        if isinstance(item, FunctionCallOutputItem):
+            self._check_call_output(item)
+        self._order.insert(index, item_id)
+        self._items[item_id] = item
+        while len(self._order) > self.max_items:
+            oldest = self._order.pop(0)
+            del self._items[oldest]
+            self.evicted += 1
+        previous = self._order[index - 1] if index > 0 and item_id in self._items else None
+        return item, previous
+
+    def _check_call_output(self, item: FunctionCallOutputItem) -> None:
+        calls = [
+            i for i in self._items.values() if isinstance(i, FunctionCallItem) and i.call_id == item.call_id
+        ]
+        if not calls:
+            raise ProtocolError(
+                "invalid_function_call_output",
+                f"no function_call item with call_id {item.call_id!r}",
+                param="item.call_id",
+            )
+        if any(
+            isinstance(i, FunctionCallOutputItem) and i.call_id == item.call_id for i in self._items.values()
+        ):
+            raise ProtocolError(
+                "invalid_function_call_output",
+                f"call_id {item.call_id!r} already has an output",
+                param="item.call_id",
+            )
+
+    def replace(self, item: ConversationItem) -> None:
+        """Store a new version of an existing item (same id); a no-op if it was deleted."""
+        item_id = item.id  # type: ignore[union-attr]
+        if item_id in self._items:
+            self._items[item_id] = item
+
+    def delete(self, item_id: str) -> None:
+        self.get(item_id)
+        del self._items[item_id]
+        self._order.remove(item_id)
+
+    def history(self) -> tuple[tuple[str, str], ...]:
+        """``(role, text)`` pairs, oldest first, for ``TurnRequest.history``."""
+        out: list[tuple[str, str]] = []
+        for item_id in self._order:
+            item = self._items[item_id]
+            if isinstance(item, MessageItem):
+                text = "".join(_part_text(p) for p in item.content)
+                out.append((item.role, text))
+            elif isinstance(item, FunctionCallItem):
+                out.append(("assistant", f"[call {item.name}({item.arguments})]"))
+            elif isinstance(item, FunctionCallOutputItem):
+                out.append(("tool", item.output))
+        return tuple(out)
+
+    def last_user_text(self) -> str | None:
+        """Text of the newest user message, if it has text."""
+        for item_id in reversed(self._order):
+            item = self._items[item_id]
+            if isinstance(item, MessageItem) and item.role == "user":
+                text = "".join(_part_text(p) for p in item.content)
+                return text or None
+        return None
+
+
+def _part_text(part: object) -> str:
+    if isinstance(part, InputTextPart | OutputTextPart):
+        return part.text
+    if isinstance(part, InputAudioPart | OutputAudioPart):
+        return part.transcript or ""
+    return ""

@@ -1,0 +1,182 @@
+"""``Engine``: the engine's public entry point (``docs/internals.md``, "engine").
+
+::
+
+    engine = Engine(plugin, EngineConfig(...))      # the plugin is loaded by its owner
+    async with engine:                               # starts the scheduler and the reaper
+        att = await engine.open(model="m", update=session_update_or_None)
+        att = await engine.resume(session_id, resume_token, last_event_seq)
+
+``async with engine`` owns every background task (scheduler, reaper, one runner
+per session) in one ``asyncio.TaskGroup``; leaving it drains: every session gets
+``session.closed{reason: "shutdown"}`` and is cleaned up, then the tasks stop.
+The plugin is called only on the engine's single model thread; decoding,
+resampling and VAD run on a small worker pool (``EngineConfig.worker_threads``).
+
+``clock`` (default: the event loop's monotonic clock) is injectable for tests;
+``reap(now)`` runs one reaper pass at a given time.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import concurrent.futures
+import contextlib
+import logging
+from collections.abc import Callable
+from typing import Any
+
+from duplex.engine.attachment import Attachment
+from duplex.engine.config import EngineConfig
+from duplex.engine.errors import SessionError
+from duplex.engine.manager import SessionManager, SessionRecord
+from duplex.engine.metrics import EngineMetrics
+from duplex.engine.scheduler import FrameScheduler
+from duplex.plugins.base import Capabilities, Plugin, PluginKind
+from duplex.protocol.realtime.commands import SessionUpdate
+
+__all__ = ["Engine"]
+
+log = logging.getLogger(__name__)
+
+
+class Engine:
+    """One plugin served to many sessions (see the module docstring)."""
+
+    def __init__(
+        self,
+        plugin: Plugin,
+        config: EngineConfig | None = None,
+        *,
+        model_name: str | None = None,
+        clock: Callable[[], float] | None = None,
+    ) -> None:
+        self.plugin = plugin
+        self.config = config or EngineConfig()
+        self.capabilities: Capabilities = plugin.capabilities()
+        self.plugin_name = plugin.name
+        self.model_name = model_name or plugin.name
+        self.metrics = EngineMetrics()
+        self._clock = clock
+        self._manager: SessionManager | None = None
+        self._scheduler: FrameScheduler | None = None
+        self._tg: asyncio.TaskGroup | None = None
+        self._background: list[asyncio.Task[None]] = []
+        self._model_thread: concurrent.futures.ThreadPoolExecutor | None = None
+        self._workers: concurrent.futures.ThreadPoolExecutor | None = None
+
+    # ------------------------------------------------------------------ lifetime
+
+    async def __aenter__(self) -> Engine:
+        if self._tg is not None:
+            raise RuntimeError("engine already running")
+        loop = asyncio.get_running_loop()
+        clock = self._clock or loop.time
+        self._model_thread = concurrent.futures.ThreadPoolExecutor(1, thread_name_prefix="duplex-model")
+        self._workers = concurrent.futures.ThreadPoolExecutor(
+            self.config.worker_threads, thread_name_prefix="duplex-worker"
+        )
+        if self.capabilities.kind in (PluginKind.FRAME, PluginKind.UNIT):
+            self._scheduler = FrameScheduler(
+                self.plugin, self.capabilities, self.config, self.metrics, self._model_thread
+            )
+        self._manager = SessionManager(
+            self.plugin,
+            self.capabilities,
+            self.config,
+            self.metrics,
+            model_name=self.model_name,
+            clock=clock,
+            model_thread=self._model_thread,
+            workers=self._workers,
+            scheduler=self._scheduler,
+        )
+        tg = asyncio.TaskGroup()
+        await tg.__aenter__()
+        self._tg = tg
+        self._manager.bind_spawner(self._spawn)
+        if self._scheduler is not None:
+            self._background.append(tg.create_task(self._scheduler.run(), name="duplex-scheduler"))
+        self._background.append(tg.create_task(self._reaper(), name="duplex-reaper"))
+        return self
+
+    async def __aexit__(self, *exc: object) -> None:
+        tg, self._tg = self._tg, None
+        if tg is None:
+            return
+        try:
+            if self._manager is not None:
+                await self._manager.shutdown()
+        finally:
+            for task in self._background:
+                task.cancel()
+            self._background.clear()
+            with contextlib.suppress(asyncio.CancelledError):
+                await tg.__aexit__(None, None, None)
+            assert self._model_thread is not None and self._workers is not None
+            self._model_thread.shutdown(wait=True)
+            self._workers.shutdown(wait=True)
+
+    def _spawn(self, record: SessionRecord) -> asyncio.Task[None]:
+        assert self._tg is not None
+        return self._tg.create_task(record.runner.run(), name=f"session-{record.session_id}")
+
+    async def _reaper(self) -> None:
+        assert self._manager is not None
+        while True:
+            await asyncio.sleep(self.config.reaper_interval_s)
+            self._manager.reap(self._manager.now())
+
+    @property
+    def manager(self) -> SessionManager:
+        if self._manager is None:
+            raise SessionError("engine_error", "the engine is not running (use `async with engine`)")
+        return self._manager
+
+    # ------------------------------------------------------------------ public API
+
+    async def open(self, model: str | None = None, update: SessionUpdate | None = None) -> Attachment:
+        """Open a session; its attachment starts with ``session.created`` (and ``session.updated``
+        when ``update`` opened it). ``session.model`` is the served model name whatever ``model`` says.
+
+        Raises ``SessionError``: ``resource_exhausted`` (retryable), a settings code for a refused
+        ``update``, the plugin's code when it refuses the slot. Not cancel-safe while the plugin
+        opens the slot (the slot is released if it fails).
+        """
+        return await self.manager.open(update)
+
+    async def resume(self, session_id: str, resume_token: str, last_event_seq: int) -> Attachment:
+        """Attach to a live session: ``session.resumed`` (rotated token), then the journal after
+        ``last_event_seq`` with the original event ids; the previous attachment gets
+        ``session.replaced``. A journal gap gives an attachment that only carries
+        ``session.resync_required``. Raises ``SessionError``: ``session_resume_expired``,
+        ``unsupported_session_resume``, ``invalid_resume_token``, ``session_resume_conflict``.
+        """
+        return await self.manager.resume(session_id, resume_token, last_event_seq)
+
+    def reap(self, now: float | None = None) -> list[str]:
+        """One reaper pass at ``now`` (default: the engine clock); returns the expired ids."""
+        manager = self.manager
+        return manager.reap(manager.now() if now is None else now)
+
+    def stats(self) -> dict[str, Any]:
+        """Numbers for ``/metrics`` and benchmarks."""
+        m = self.metrics
+        out: dict[str, Any] = {"plugin": self.plugin_name, "model": self.model_name}
+        if self._manager is not None:
+            out.update(self._manager.stats())
+        out.update(
+            ticks=m.ticks.value,
+            frames_stepped=m.frames_stepped.value,
+            frames_padded=m.frames_padded.value,
+            sessions_opened=m.sessions_opened.value,
+            sessions_closed=m.sessions_closed.value,
+            sessions_expired=m.sessions_expired.value,
+            admission_refused=m.admission_refused.value,
+            backpressure_refused=m.backpressure_refused.value,
+            tick_p50_s=m.tick_duration_s.percentile(0.5),
+            tick_p99_s=m.tick_duration_s.percentile(0.99),
+            append_to_step_p50_s=m.append_to_step_s.percentile(0.5),
+            append_to_step_p99_s=m.append_to_step_s.percentile(0.99),
+        )
+        return out

@@ -1,0 +1,85 @@
+"""The input pipeline of one session: decode, resample, score speech (the CPU-heavy part).
+
+``InputPipeline.process`` turns one ``input_audio_buffer.append`` into a
+``DecodedAppend``: float32 audio at the plugin's input rate, its duration, its RMS
+and, under server VAD, the ``SpeechStarted``/``SpeechStopped`` events of the
+session's ``TurnDetector`` (run on a 16 kHz copy of the stream). It is pure
+computation (no clock, no I/O), owned by the session's runner, which calls it in
+mailbox order, on the worker pool when the audio is large or VAD runs (DESIGN
+§2.1), so resampler and detector state always see the stream in order.
+
+Raises ``ProtocolError`` (``bad_audio``, ``unsupported_audio_format``) for input
+it cannot decode; the session then answers with an ``error`` and nothing else
+changes.
+"""
+
+from __future__ import annotations
+
+import msgspec
+import numpy as np
+
+from duplex.engine.vad import SpeechStarted, SpeechStopped, TurnDetector, VadEvent
+from duplex.engine.vad_config import VadConfig
+from duplex.protocol.audio import StreamResampler, decode_audio
+from duplex.protocol.formats import AudioFormat
+
+__all__ = ["DecodedAppend", "InputPipeline"]
+
+VAD_RATE = 16000
+
+
+class DecodedAppend(msgspec.Struct, frozen=True):
+    """One append, decoded. ``duration_ms`` is of the client's audio."""
+
+    pcm: np.ndarray  # float32 at the plugin's input rate
+    duration_ms: float
+    rms: float
+    vad_events: tuple[VadEvent, ...] = ()
+    vad_in_speech: bool = False
+    video_frames: tuple[bytes, ...] = ()
+
+
+class InputPipeline:
+    """Per-session decode/resample/VAD state (see the module docstring)."""
+
+    def __init__(self, model_rate: int) -> None:
+        self.model_rate = model_rate
+        self._to_model: StreamResampler | None = None
+        self._to_vad: StreamResampler | None = None
+        self._in_rate = 0
+        self.detector: TurnDetector | None = None
+
+    def configure_vad(self, config: VadConfig | None) -> None:
+        """Turn server VAD on (a fresh detector), change it, or off. May raise ``VadUnavailableError``."""
+        self.detector = None if config is None else TurnDetector(config, VAD_RATE)
+
+    def _resamplers(self, rate: int) -> tuple[StreamResampler, StreamResampler]:
+        if rate != self._in_rate or self._to_model is None or self._to_vad is None:
+            self._in_rate = rate
+            self._to_model = StreamResampler(rate, self.model_rate)
+            self._to_vad = StreamResampler(rate, VAD_RATE)
+        return self._to_model, self._to_vad
+
+    def process(self, audio: bytes, fmt: AudioFormat, video_frames: tuple[bytes, ...] = ()) -> DecodedAppend:
+        """Decode one append in ``fmt`` (raises ``ProtocolError`` for bad bytes)."""
+        pcm = decode_audio(audio, fmt)
+        to_model, to_vad = self._resamplers(fmt.rate)
+        model_pcm = to_model.process(pcm)
+        rms = float(np.sqrt(np.mean(pcm * pcm))) if len(pcm) else 0.0
+        events: tuple[VadEvent, ...] = ()
+        in_speech = False
+        if self.detector is not None:
+            vad_pcm = pcm if fmt.rate == VAD_RATE else to_vad.process(pcm)
+            events = tuple(self.detector.feed(vad_pcm))
+            in_speech = self.detector.in_speech
+        return DecodedAppend(
+            pcm=model_pcm,
+            duration_ms=len(pcm) * 1000.0 / fmt.rate,
+            rms=rms,
+            vad_events=events,
+            vad_in_speech=in_speech,
+            video_frames=video_frames,
+        )
+
+
+__all__ += ["SpeechStarted", "SpeechStopped"]

@@ -1,0 +1,449 @@
+"""``SessionManager``: admission, budgets, leases, the reaper, resume and the close pipeline.
+
+Theory of operation
+-------------------
+The manager holds one ``SessionRecord`` per session that still holds an admission
+slot (open, attached, detached or closing). It
+
+* **admits** (``open``): refuses past ``min(max_sessions, capabilities.max_sessions)``
+  with ``resource_exhausted`` (retryable); a closing session keeps its slot until
+  its cleanup finished (``release_slot`` then ``SessionRecord.finish``);
+* **checks budgets before the mailbox** (``SessionRecord.submit``): encoded input
+  bytes and pending turns not yet processed; over budget the command is refused
+  with ``input_backpressure`` and nothing is applied;
+* **reaps** (``reap(now)``, every ``reaper_interval_s``): expired leases are closed
+  with ``session.expired`` (``idle_ttl_expired``, ``disconnect_grace_expired``);
+* **resumes** (``resume``): token, journal continuity, then compare-and-swap on the
+  lease generation; the old attachment gets ``session.replaced``;
+* **closes** (``close``): the lease enters CLOSING at once (commands are refused from
+  then on), the runner processes everything queued before the close item, emits the
+  last event and cleans up; ``shutdown`` does this for every session.
+
+All of it runs on the engine's event loop; the clock is injected (``clock``).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import concurrent.futures
+import logging
+from collections.abc import Callable
+from typing import Any
+
+from duplex.engine.attachment import Attachment
+from duplex.engine.config import EngineConfig
+from duplex.engine.credentials import ResumeCredential
+from duplex.engine.errors import SessionError
+from duplex.engine.feed import SlotFeed
+from duplex.engine.input import InputPipeline
+from duplex.engine.journal import JournalCursorError, JournalGap
+from duplex.engine.lease import Lease
+from duplex.engine.mailbox import Mailbox, MailboxFull
+from duplex.engine.metrics import EngineMetrics
+from duplex.engine.runner import AckItem, CloseItem, CommandItem, FailItem, OutputItem, SessionRunner
+from duplex.engine.scheduler import FrameScheduler, SlotBinding
+from duplex.engine.session import Session
+from duplex.engine.settings import SessionSettings
+from duplex.engine.vad import VadUnavailableError
+from duplex.plugins.base import Capabilities, Plugin, PluginError
+from duplex.protocol.errors import ProtocolError
+from duplex.protocol.ext.commands import SessionEventAck, SessionResume
+from duplex.protocol.ext.events import SessionReplaced, SessionResumed, SessionResyncRequired
+from duplex.protocol.ids import new_event_id, new_session_id
+from duplex.protocol.realtime.commands import (
+    InputAudioBufferAppend,
+    InputAudioBufferCommit,
+    ResponseCreate,
+    SessionUpdate,
+)
+
+__all__ = ["SessionManager", "SessionRecord"]
+
+log = logging.getLogger(__name__)
+
+
+class SessionRecord:
+    """Everything the manager keeps for one session; the session itself is the runner's."""
+
+    def __init__(
+        self,
+        manager: SessionManager,
+        session: Session,
+        lease: Lease,
+        credential: ResumeCredential | None,
+        slot: int,
+    ) -> None:
+        self.manager = manager
+        self.session_id = session.session_id
+        self.session = session
+        self.lease = lease
+        self.credential = credential
+        self.slot = slot
+        self.mailbox = Mailbox(manager.config.mailbox_max)
+        self.pipeline = InputPipeline(manager.capabilities.input_sample_rate)
+        self.feed: SlotFeed | None = None
+        self.attachment: Attachment | None = None
+        self.runner = SessionRunner(self, manager)
+        self.task: asyncio.Task[None] | None = None
+        self.pending_bytes = 0
+        self.pending_turns = 0
+        self._ack_seq: int | None = None
+        self.finished = asyncio.Event()
+
+    # ------------------------------------------------------------------ transport side
+
+    def submit(self, att: Attachment, command: Any) -> None:
+        """Budgets before the mailbox; raises ``SessionError`` with nothing applied."""
+        if att is not self.attachment or att.ended is not None or not self.lease.live:
+            raise SessionError(
+                "session_closed", f"session {self.session_id} is not attached to this transport"
+            )
+        if isinstance(command, SessionResume):
+            raise SessionError(
+                "unsupported_session_resume", "session.resume must be the first message of a new connection"
+            )
+        if isinstance(command, SessionEventAck):
+            self.ack(att, command.server_event_seq)
+            return
+        config = self.manager.config
+        n_bytes = len(command.audio) if isinstance(command, InputAudioBufferAppend) else 0
+        turns = 1 if isinstance(command, InputAudioBufferCommit | ResponseCreate) else 0
+        if n_bytes > config.max_command_audio_bytes:
+            raise SessionError(
+                "input_backpressure", f"one append may carry at most {config.max_command_audio_bytes} bytes"
+            )
+        if self.pending_bytes + n_bytes > config.max_pending_input_bytes or (
+            turns and self.pending_turns + turns > config.max_pending_turns
+        ):
+            self.manager.metrics.backpressure_refused.inc()
+            raise SessionError(
+                "input_backpressure",
+                f"session {self.session_id} has {self.pending_bytes} input bytes and "
+                f"{self.pending_turns} turns pending (limits {config.max_pending_input_bytes}, "
+                f"{config.max_pending_turns})",
+            )
+        now = self.manager.now()
+        try:
+            self.mailbox.put_command(CommandItem(command, now, n_bytes, turns))
+        except MailboxFull as exc:
+            self.manager.metrics.backpressure_refused.inc()
+            raise SessionError("input_backpressure", str(exc)) from None
+        self.pending_bytes += n_bytes
+        self.pending_turns += turns
+        self.lease.touch(now)
+
+    def release(self, n_bytes: int, turns: int) -> None:
+        """The runner processed a command: give its budget back."""
+        self.pending_bytes -= n_bytes
+        self.pending_turns -= turns
+
+    def ack(self, att: Attachment, seq: int) -> None:
+        """Coalesced: at most one ack item waits in the mailbox, carrying the highest seq."""
+        if att is not self.attachment or not self.lease.live:
+            return
+        queued = self._ack_seq is not None
+        self._ack_seq = seq if self._ack_seq is None else max(self._ack_seq, seq)
+        if not queued:
+            self.mailbox.put_internal(AckItem())
+
+    def take_ack(self) -> SessionEventAck:
+        seq, self._ack_seq = self._ack_seq, None
+        return SessionEventAck(server_event_seq=seq if seq is not None else 0)
+
+    def detach(self, att: Attachment) -> None:
+        self.manager.detach(self, att)
+
+    # ------------------------------------------------------------------ runner side
+
+    def emit(self, events: list[Any]) -> None:
+        att = self.attachment
+        if att is not None:
+            att.push(events)
+
+    def begin_close(self, reason: str, *, expired: bool) -> None:
+        if self.lease.live:
+            self.lease.begin_close(reason, expired=expired)
+
+    def finish(self) -> None:
+        """Cleanup done: end the attachment and free the admission slot."""
+        state = self.lease.finish()
+        att, self.attachment = self.attachment, None
+        if att is not None:
+            att.end(state.value)
+        self.manager.forget(self)
+        self.finished.set()
+
+
+class SessionManager:
+    """See the module docstring."""
+
+    def __init__(
+        self,
+        plugin: Plugin,
+        capabilities: Capabilities,
+        config: EngineConfig,
+        metrics: EngineMetrics,
+        *,
+        model_name: str,
+        clock: Callable[[], float],
+        model_thread: concurrent.futures.Executor,
+        workers: concurrent.futures.Executor,
+        scheduler: FrameScheduler | None,
+    ) -> None:
+        self.plugin = plugin
+        self.capabilities = capabilities
+        self.config = config
+        self.metrics = metrics
+        self.model_name = model_name
+        self.now = clock
+        self.model_thread = model_thread
+        self.workers = workers
+        self.scheduler = scheduler
+        self.limit = min(config.max_sessions, capabilities.max_sessions)
+        self.records: dict[str, SessionRecord] = {}
+        self._free_slots = list(range(capabilities.max_sessions - 1, -1, -1))
+        self._admitting = 0
+        self._spawn: Callable[[SessionRecord], asyncio.Task[None]] | None = None
+
+    def bind_spawner(self, spawn: Callable[[SessionRecord], asyncio.Task[None]]) -> None:
+        """How runner tasks are started (the engine's task group owns them)."""
+        self._spawn = spawn
+
+    async def on_model_thread(self, fn: Any, *args: Any) -> Any:
+        return await asyncio.get_running_loop().run_in_executor(self.model_thread, fn, *args)
+
+    async def offload(self, fn: Any, *args: Any) -> Any:
+        return await asyncio.get_running_loop().run_in_executor(self.workers, fn, *args)
+
+    @property
+    def open_count(self) -> int:
+        return len(self.records) + self._admitting
+
+    # ------------------------------------------------------------------ open
+
+    async def open(self, update: SessionUpdate | None) -> Attachment:
+        """Admit, open the plugin slot, start the runner; returns the first attachment."""
+        if self.open_count >= self.limit or not self._free_slots:
+            self.metrics.admission_refused.inc()
+            raise SessionError("resource_exhausted", f"duplex_session_capacity_exhausted: limit={self.limit}")
+        slot = self._free_slots.pop()
+        self._admitting += 1
+        try:
+            return await self._open(slot, update)
+        except BaseException:
+            self._free_slots.append(slot)
+            raise
+        finally:
+            self._admitting -= 1
+
+    async def _open(self, slot: int, update: SessionUpdate | None) -> Attachment:
+        caps, config = self.capabilities, self.config
+        settings = SessionSettings.defaults(self.model_name, caps)
+        if update is not None:
+            try:
+                settings = settings.apply(update.session, caps, audio_started=False)
+            except ProtocolError as exc:
+                raise SessionError(exc.code, exc.message, param=exc.param) from None
+        session_id = new_session_id()
+        session = Session(
+            session_id,
+            slot,
+            caps,
+            settings,
+            journal_max_age_s=config.journal_max_age_s,
+            journal_max_bytes=config.journal_max_bytes,
+            max_pending_turns=config.max_pending_turns,
+        )
+        now = self.now()
+        lease = Lease(
+            session_id, now, idle_ttl_s=config.idle_ttl_s, disconnect_grace_s=config.disconnect_grace_s
+        )
+        credential = ResumeCredential() if caps.supports_resume else None
+        record = SessionRecord(self, session, lease, credential, slot)
+        if settings.vad is not None:
+            try:
+                await self.offload(record.pipeline.configure_vad, settings.vad)
+            except VadUnavailableError as exc:
+                raise SessionError(exc.code, str(exc), param="turn_detection") from None
+        try:
+            await self.on_model_thread(self.plugin.open_slot, slot, session.slot_options())
+        except PluginError as exc:
+            raise SessionError(exc.code, exc.message) from None
+        generation = lease.attach(now)
+        token = credential.issue() if credential is not None else None
+        att = self._attachment(record, generation, token)
+        att.push([session.created_event(token, generation)], preload=True)
+        if update is not None:
+            att.push(session.updated_events(now), preload=True)
+        record.attachment = att
+        if self.scheduler is not None:
+            record.feed = self.scheduler.join(slot, self._binding(record))
+        self.records[session_id] = record
+        self.metrics.sessions_opened.inc()
+        self.metrics.sessions_open.set(len(self.records))
+        assert self._spawn is not None, "the engine is not running (use `async with engine`)"
+        record.task = self._spawn(record)
+        return att
+
+    def _attachment(self, record: SessionRecord, generation: int, token: str | None) -> Attachment:
+        return Attachment(
+            record,
+            generation,
+            token,
+            outbox_max_events=self.config.outbox_max_events,
+            on_slow_reader=lambda att: self._slow_reader(record, att),
+        )
+
+    def _binding(self, record: SessionRecord) -> SlotBinding:
+        mailbox = record.mailbox
+        limit = self.config.max_pending_outputs
+        session = record.session
+        metrics = self.metrics
+
+        def deliver(output: Any) -> None:
+            try:
+                mailbox.put_internal(OutputItem(output), is_output=True)
+            except MailboxFull:
+                metrics.stale_outputs_dropped.inc()
+                log.error("session %s: mailbox full, model output dropped", record.session_id)
+
+        def fail(exc: BaseException) -> None:
+            try:
+                mailbox.put_internal(FailItem(exc))
+            except MailboxFull:
+                log.error("session %s: mailbox full, step failure not delivered", record.session_id)
+
+        return SlotBinding(
+            epoch=lambda: session.epoch,
+            deliver=deliver,
+            fail=fail,
+            paused=lambda: mailbox.pending_outputs >= limit,
+        )
+
+    async def release_slot(self, record: SessionRecord) -> None:
+        """Cleanup of a closing session: leave the scheduler, close the plugin slot."""
+        if self.scheduler is not None:
+            self.scheduler.leave(record.slot)
+        try:
+            await self.on_model_thread(self.plugin.close_slot, record.slot)
+        except Exception:
+            log.exception("session %s: close_slot(%d) failed", record.session_id, record.slot)
+
+    def forget(self, record: SessionRecord) -> None:
+        """The session finished its cleanup: free its admission slot and plugin slot."""
+        if self.records.pop(record.session_id, None) is not None:
+            self._free_slots.append(record.slot)
+            if record.lease.state.value == "expired":
+                self.metrics.sessions_expired.inc()
+            self.metrics.sessions_closed.inc()
+            self.metrics.sessions_open.set(len(self.records))
+
+    # ------------------------------------------------------------------ detach and resume
+
+    def detach(self, record: SessionRecord, att: Attachment) -> None:
+        if record.attachment is not att:
+            return  # a replaced or already detached transport: nothing to do (CAS below agrees)
+        record.attachment = None
+        att.end("detached")
+        if record.lease.detach(self.now(), att.generation) and record.credential is None:
+            self.close(record, "disconnect")
+
+    def _slow_reader(self, record: SessionRecord, att: Attachment) -> None:
+        self.metrics.slow_reader_detaches.inc()
+        if record.attachment is att:
+            record.attachment = None
+            if record.lease.detach(self.now(), att.generation) and record.credential is None:
+                self.close(record, "slow_reader")
+
+    async def resume(self, session_id: str, resume_token: str, last_event_seq: int) -> Attachment:
+        """Attach a new transport to a live session (see the module docstring)."""
+        record = self.records.get(session_id)
+        if record is None or not record.lease.live:
+            raise SessionError("session_resume_expired", f"Unknown or expired duplex session: {session_id}")
+        if record.credential is None:
+            raise SessionError("unsupported_session_resume", "this model does not support session resume")
+        if not record.credential.verify(resume_token):
+            raise SessionError("invalid_resume_token", "the resume token is not valid for this session")
+        session = record.session
+        try:
+            replay = session.journal.replay_after(last_event_seq)
+        except JournalGap:
+            self.metrics.resync_required.inc()
+            att = self._attachment(record, record.lease.generation, None)
+            att.push(
+                [SessionResyncRequired(event_id=new_event_id(), session_id=session_id, reason="journal_gap")],
+                preload=True,
+            )
+            att.end("resync_required")
+            return att
+        except JournalCursorError as exc:
+            raise SessionError(exc.code, str(exc)) from None
+        now = self.now()
+        generation = record.lease.resume(now, record.lease.generation)
+        old = record.attachment
+        if old is not None:
+            old.push(
+                [
+                    SessionReplaced(
+                        event_id=new_event_id(), session_id=session_id, attachment_generation=old.generation
+                    )
+                ],
+                preload=True,
+            )
+            old.end("replaced")
+        token = record.credential.issue()
+        att = self._attachment(record, generation, token)
+        resumed = SessionResumed(
+            event_id=new_event_id(),
+            session_id=session_id,
+            session=session.settings.render(session_id, self.capabilities, epoch=session.epoch),
+            resume_token=token,
+            attachment_generation=generation,
+        )
+        att.push([resumed, *replay], preload=True)
+        record.attachment = att
+        self.metrics.resumes.inc()
+        return att
+
+    # ------------------------------------------------------------------ close, reap, shutdown
+
+    def close(self, record: SessionRecord, reason: str, *, expired: bool = False) -> None:
+        """Start the close pipeline (ordered after queued commands). Idempotent."""
+        if not record.lease.live:
+            return
+        record.begin_close(reason, expired=expired)
+        record.mailbox.put_internal(CloseItem(reason, expired))
+
+    def reap(self, now: float) -> list[str]:
+        """Close every expired lease; returns the session ids it expired."""
+        expired = []
+        for record in list(self.records.values()):
+            reason = record.lease.expiry(now)
+            if reason is not None:
+                self.close(record, reason, expired=True)
+                expired.append(record.session_id)
+        return expired
+
+    async def shutdown(self) -> None:
+        """Close every session with ``shutdown`` and wait for their cleanup (bounded)."""
+        records = list(self.records.values())
+        for record in records:
+            self.close(record, "shutdown")
+        for record in records:
+            try:
+                async with asyncio.timeout(self.config.close_timeout_s):
+                    await record.finished.wait()
+            except TimeoutError:
+                log.error("session %s: cleanup did not finish in time", record.session_id)
+                if record.task is not None:
+                    record.task.cancel()
+
+    def stats(self) -> dict[str, Any]:
+        live = sum(1 for r in self.records.values() if r.lease.live)
+        return {
+            "sessions_open": len(self.records),
+            "sessions_live": live,
+            "sessions_closing": len(self.records) - live,
+            "max_sessions": self.limit,
+            "kind": str(self.capabilities.kind),
+        }

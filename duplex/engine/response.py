@@ -1,0 +1,266 @@
+"""One assistant response and the exact GA event sequence it produces (``wire_protocol.md`` §6).
+
+``ActiveResponse`` turns model output into events in this order::
+
+    response.created
+    conversation.item.added            (assistant message, in_progress)   -- on first output
+    response.output_item.added
+    response.content_part.added        (audio part, or text part for text-only sessions)
+    [response.speak]                   (once, on the first "speak" decision)
+    (response.output_audio.delta [response.output_audio_transcript.delta])*   or
+    (response.output_text.delta)*
+    ... function call items: conversation.item.added, response.output_item.added,
+        response.function_call_arguments.delta / .done, response.output_item.done,
+        conversation.item.done
+    response.output_audio.done
+    [response.output_audio_transcript.done]   (only with a non-empty transcript)
+    response.content_part.done
+    response.output_item.done
+    conversation.item.done
+    response.done
+    rate_limits.updated
+
+A transcript delta is sent only when the chunk carries text. ``finish`` closes
+whatever is open, so a cancelled or failed response ends with the same tail and
+exactly one ``response.done``; after it the response accepts nothing (``closed``).
+The playback ledger (``cursor``) records every audio chunk with its text mark.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from duplex.engine.ledger import PlaybackCursor
+from duplex.plugins.base import ToolCall
+from duplex.protocol.ext.events import DuplexResponseOutputAudioDelta, ResponseSpeak
+from duplex.protocol.formats import AudioFormat
+from duplex.protocol.ids import new_event_id, new_item_id
+from duplex.protocol.realtime._base import Event
+from duplex.protocol.realtime.events import (
+    ConversationItemAdded,
+    ConversationItemDone,
+    RateLimitsUpdated,
+    ResponseContentPartAdded,
+    ResponseContentPartDone,
+    ResponseCreated,
+    ResponseDone,
+    ResponseFunctionCallArgumentsDelta,
+    ResponseFunctionCallArgumentsDone,
+    ResponseOutputAudioDone,
+    ResponseOutputAudioTranscriptDelta,
+    ResponseOutputAudioTranscriptDone,
+    ResponseOutputItemAdded,
+    ResponseOutputItemDone,
+    ResponseOutputTextDelta,
+    ResponseOutputTextDone,
+)
+from duplex.protocol.realtime.items import (
+    AudioPart,
+    ConversationItem,
+    FunctionCallItem,
+    MessageItem,
+    OutputAudioPart,
+    OutputTextPart,
+    TextPart,
+)
+from duplex.protocol.realtime.responses import Response, StatusDetails
+
+__all__ = ["ActiveResponse"]
+
+
+class ActiveResponse:
+    """State and event builder of one response (see the module docstring)."""
+
+    def __init__(
+        self,
+        response_id: str,
+        *,
+        epoch: int,
+        audio: bool,
+        output_format: AudioFormat,
+        metadata: dict[str, Any] | None = None,
+        user_turn: int = 0,
+        item_id: str | None = None,
+    ) -> None:
+        self.response_id = response_id
+        self.item_id = item_id or new_item_id()
+        self.epoch = epoch
+        self.audio = audio
+        self.output_format = output_format
+        self.metadata = metadata
+        self.user_turn = user_turn  # user commits seen when the response began
+        self.cursor = PlaybackCursor()
+        self.message_open = False
+        self.message_index: int | None = None
+        self.speak_sent = False
+        self.closed = False
+        self.status = "in_progress"
+        self.outputs: list[ConversationItem] = []  # finished output items, by output_index
+        self.new_items: list[tuple[ConversationItem, str | None]] = []  # items the session must store
+
+    @property
+    def modalities(self) -> list[str]:
+        return ["audio"] if self.audio else ["text"]
+
+    def _response(self, status: str, details: StatusDetails | None = None) -> Response:
+        return Response(
+            id=self.response_id,
+            status=status,  # type: ignore[arg-type]
+            status_details=details,
+            output=list(self.outputs),
+            output_modalities=self.modalities,
+            metadata=self.metadata,
+        )
+
+    def created(self) -> list[Event]:
+        return [ResponseCreated(event_id=new_event_id(), response=self._response("in_progress"))]
+
+    def message_item(self, status: str, transcript: str | None = None) -> MessageItem:
+        text = self.cursor.text if transcript is None else transcript
+        part: Any = OutputAudioPart(transcript=text) if self.audio else OutputTextPart(text=text)
+        return MessageItem(id=self.item_id, role="assistant", content=[part], status=status)  # type: ignore[arg-type]
+
+    def _ids(self) -> dict[str, Any]:
+        return {
+            "response_id": self.response_id,
+            "item_id": self.item_id,
+            "output_index": self.message_index,
+            "content_index": 0,
+        }
+
+    def _open_message(self, previous_item_id: str | None) -> list[Event]:
+        self.message_open = True
+        self.message_index = len(self.outputs)
+        self.outputs.append(self.message_item("in_progress", ""))
+        item = MessageItem(id=self.item_id, role="assistant", content=[], status="in_progress")
+        self.new_items.append((item, previous_item_id))
+        part: Any = AudioPart(transcript="") if self.audio else TextPart(text="")
+        return [
+            ConversationItemAdded(event_id=new_event_id(), item=item, previous_item_id=previous_item_id),
+            ResponseOutputItemAdded(
+                event_id=new_event_id(),
+                response_id=self.response_id,
+                output_index=self.message_index,
+                item=item,
+            ),
+            ResponseContentPartAdded(event_id=new_event_id(), part=part, **self._ids()),
+        ]
+
+    def add_chunk(
+        self,
+        *,
+        audio_bytes: bytes | None,
+        duration_ms: float,
+        text: str,
+        speak: bool,
+        previous_item_id: str | None,
+    ) -> list[Event]:
+        """Events for one model output chunk (audio and/or text)."""
+        assert not self.closed, f"response {self.response_id} already done"
+        events: list[Event] = []
+        if not self.message_open:
+            events += self._open_message(previous_item_id)
+        ids = self._ids()
+        if speak and not self.speak_sent:
+            self.speak_sent = True
+            events.append(ResponseSpeak(event_id=new_event_id(), **ids))
+        if self.audio:
+            if audio_bytes:
+                fmt = self.output_format
+                events.append(
+                    DuplexResponseOutputAudioDelta(
+                        event_id=new_event_id(),
+                        delta=audio_bytes,
+                        format=fmt.to_beta(),
+                        sample_rate_hz=fmt.rate,
+                        **ids,
+                    )
+                )
+                self.cursor.add_audio(duration_ms, text)
+            else:
+                self.cursor.add_text(text)
+            if text:
+                events.append(ResponseOutputAudioTranscriptDelta(event_id=new_event_id(), delta=text, **ids))
+        elif text:
+            self.cursor.add_text(text)
+            events.append(ResponseOutputTextDelta(event_id=new_event_id(), delta=text, **ids))
+        return events
+
+    def add_tool_call(self, call: ToolCall, previous_item_id: str | None) -> list[Event]:
+        """A complete function call as its own output item."""
+        assert not self.closed
+        events = self._close_message("completed") if self.message_open else []
+        index = len(self.outputs)
+        item_id = new_item_id()
+        item = FunctionCallItem(
+            id=item_id, name=call.name, arguments=call.arguments, call_id=call.call_id, status="completed"
+        )
+        self.outputs.append(item)
+        self.new_items.append((item, previous_item_id))
+        added = FunctionCallItem(
+            id=item_id, name=call.name, arguments="", call_id=call.call_id, status="in_progress"
+        )
+        ids = {
+            "response_id": self.response_id,
+            "item_id": item_id,
+            "output_index": index,
+            "call_id": call.call_id,
+        }
+        events += [
+            ConversationItemAdded(event_id=new_event_id(), item=added, previous_item_id=previous_item_id),
+            ResponseOutputItemAdded(
+                event_id=new_event_id(), response_id=self.response_id, output_index=index, item=added
+            ),
+            ResponseFunctionCallArgumentsDelta(event_id=new_event_id(), delta=call.arguments, **ids),
+            ResponseFunctionCallArgumentsDone(
+                event_id=new_event_id(), name=call.name, arguments=call.arguments, **ids
+            ),
+            ResponseOutputItemDone(
+                event_id=new_event_id(), response_id=self.response_id, output_index=index, item=item
+            ),
+            ConversationItemDone(event_id=new_event_id(), item=item),
+        ]
+        return events
+
+    def _close_message(self, item_status: str) -> list[Event]:
+        self.message_open = False
+        ids = self._ids()
+        text = self.cursor.text
+        item = self.message_item(item_status)
+        assert self.message_index is not None
+        self.outputs[self.message_index] = item
+        events: list[Event] = []
+        if self.audio:
+            events.append(ResponseOutputAudioDone(event_id=new_event_id(), **ids))
+            if text:
+                events.append(
+                    ResponseOutputAudioTranscriptDone(event_id=new_event_id(), transcript=text, **ids)
+                )
+            part: Any = AudioPart(transcript=text)
+        else:
+            events.append(ResponseOutputTextDone(event_id=new_event_id(), text=text, **ids))
+            part = TextPart(text=text)
+        events += [
+            ResponseContentPartDone(event_id=new_event_id(), part=part, **ids),
+            ResponseOutputItemDone(
+                event_id=new_event_id(),
+                response_id=self.response_id,
+                output_index=self.message_index,
+                item=item,
+            ),
+            ConversationItemDone(event_id=new_event_id(), item=item),
+        ]
+        return events
+
+    def finish(self, status: str, reason: str | None = None, error: Any = None) -> list[Event]:
+        """Close everything open and end the response (``completed``, ``cancelled``, ``failed``)."""
+        assert not self.closed, f"response {self.response_id} already done"
+        item_status = "completed" if status == "completed" else "incomplete"
+        events = self._close_message(item_status) if self.message_open else []
+        self.closed = True
+        self.status = status
+        self.cursor.finished = True
+        details = StatusDetails(type=status, reason=reason, error=error)  # type: ignore[arg-type]
+        events.append(ResponseDone(event_id=new_event_id(), response=self._response(status, details)))
+        events.append(RateLimitsUpdated(event_id=new_event_id(), rate_limits=[]))
+        return events

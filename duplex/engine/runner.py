@@ -1,0 +1,273 @@
+"""``SessionRunner``: the one task that owns a session (DESIGN §2.2, STYLE rules 4 and 5).
+
+Theory of operation
+-------------------
+The runner drains its session's ordered mailbox and, for each item, calls the
+sans-IO ``Session``, pushes the returned events to the attachment, and carries
+out the session's actions:
+
+* client command -> (decode append audio on the worker pool when large or under
+  VAD) -> ``session.handle`` -> release the command's input budget;
+* model output -> ``session.on_output`` (a stale epoch is dropped there);
+* step failure -> ``session.fail`` (a ``PluginError`` keeps the session; any other
+  exception ends it with ``server_error``, DESIGN §2.7);
+* close -> ``session.close`` (``session.closed`` / ``session.expired`` last), then
+  cleanup: stop the turn task, leave the scheduler, ``plugin.close_slot`` on the
+  model thread; only then does the manager free the admission slot.
+
+For ``turn`` plugins the runner also owns at most one turn task, which pulls
+``plugin.respond(request)`` chunk by chunk on the model thread and puts each
+chunk into the mailbox; it waits while ``max_pending_outputs`` chunks are
+unprocessed (pause, STYLE rule 6) and is cancelled (and its generator closed)
+when the epoch advances.
+
+An unexpected exception inside the runner is a bug: it is logged once with the
+session id, the session gets ``server_error`` and is closed; the others go on.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+import time
+from typing import TYPE_CHECKING, Any
+
+from duplex.engine.actions import CancelSlot, ClearFeed, CloseSession, ConfigureVad, FeedAudio, StartTurn
+from duplex.engine.vad import VadUnavailableError
+from duplex.plugins.base import PluginError, SlotOutput, TurnRequest
+from duplex.protocol.errors import ProtocolError
+from duplex.protocol.realtime.commands import InputAudioBufferAppend
+
+if TYPE_CHECKING:
+    from duplex.engine.manager import SessionManager, SessionRecord
+
+__all__ = ["AckItem", "CloseItem", "CommandItem", "FailItem", "OutputItem", "SessionRunner"]
+
+log = logging.getLogger(__name__)
+
+
+class CommandItem:
+    __slots__ = ("command", "n_bytes", "submitted_at", "turns")
+
+    def __init__(self, command: Any, submitted_at: float, n_bytes: int, turns: int) -> None:
+        self.command = command
+        self.submitted_at = submitted_at
+        self.n_bytes = n_bytes
+        self.turns = turns
+
+
+class OutputItem:
+    __slots__ = ("output",)
+
+    def __init__(self, output: SlotOutput) -> None:
+        self.output = output
+
+
+class FailItem:
+    __slots__ = ("exc",)
+
+    def __init__(self, exc: BaseException) -> None:
+        self.exc = exc
+
+
+class AckItem:
+    __slots__ = ()
+
+
+class CloseItem:
+    __slots__ = ("expired", "reason")
+
+    def __init__(self, reason: str, expired: bool) -> None:
+        self.reason = reason
+        self.expired = expired
+
+
+class SessionRunner:
+    """Drains one session's mailbox (see the module docstring)."""
+
+    def __init__(self, record: SessionRecord, manager: SessionManager) -> None:
+        self.record = record
+        self.manager = manager
+        self.session = record.session
+        self.mailbox = record.mailbox
+        self.done = False
+        self._turn_task: asyncio.Task[None] | None = None
+        self._drained = asyncio.Event()
+
+    # ------------------------------------------------------------------ the loop
+
+    async def run(self) -> None:
+        """Run until the session is closed. Never raises (except cancellation)."""
+        try:
+            while not self.done:
+                batch = await self.mailbox.get_batch()
+                for item in batch:
+                    if self.done:
+                        break
+                    await self._apply(item)
+                self._drained.set()
+        except asyncio.CancelledError:
+            await self._stop_turn()
+            raise
+        except Exception:
+            log.exception("session %s: runner failed", self.session.session_id)
+            self.manager.metrics.session_failures.inc()
+            self._emit(self.session.fail("server_error", "internal server error", self.manager.now()))
+            await self._close("server_error", expired=False)
+
+    def _emit(self, events: list[Any]) -> None:
+        if events:
+            self.record.emit(events)
+
+    async def _apply(self, item: Any) -> None:
+        now = self.manager.now()
+        if isinstance(item, OutputItem):
+            self.mailbox.output_done()
+            self.record.lease.touch(now)
+            self._emit(self.session.on_output(item.output, now))
+        elif isinstance(item, CommandItem):
+            await self._command(item, now)
+        elif isinstance(item, AckItem):
+            self._emit(self.session.handle(self.record.take_ack(), now))
+            return
+        elif isinstance(item, FailItem):
+            await self._fail(item.exc, now)
+            return
+        elif isinstance(item, CloseItem):
+            await self._close(item.reason, expired=item.expired)
+            return
+        await self._run_actions()
+
+    async def _command(self, item: CommandItem, now: float) -> None:
+        cmd = item.command
+        session = self.session
+        try:
+            if isinstance(cmd, InputAudioBufferAppend):
+                try:
+                    events = session.handle(cmd, now, await self._decode(cmd))
+                except ProtocolError as exc:
+                    events = session.reject(exc, cmd, now)
+            else:
+                events = session.handle(cmd, now)
+        finally:
+            self.record.release(item.n_bytes, item.turns)
+        self._emit(events)
+
+    async def _decode(self, cmd: Any) -> Any:
+        settings = self.session.settings
+        resolve = getattr(cmd, "resolved_format", None)
+        fmt = resolve(settings.input_format) if resolve is not None else settings.input_format
+        frames = tuple(getattr(cmd, "video_frames", None) or ())
+        pipeline = self.record.pipeline
+        if len(cmd.audio) > self.manager.config.offload_min_bytes or pipeline.detector is not None:
+            return await self.manager.offload(pipeline.process, cmd.audio, fmt, frames)
+        return pipeline.process(cmd.audio, fmt, frames)
+
+    async def _run_actions(self) -> None:
+        for action in self.session.take_actions():
+            if isinstance(action, FeedAudio):
+                feed = self.record.feed
+                now = self.manager.now()
+                if feed is not None and not feed.feed(
+                    action.pcm, now, action.submitted_at, action.video_frames
+                ):
+                    error = ProtocolError(
+                        "input_backpressure",
+                        "audio arrives faster than the model consumes it; append dropped",
+                    )
+                    self._emit(self.session.reject(error, None, now))
+            elif isinstance(action, ClearFeed):
+                if self.record.feed is not None:
+                    self.record.feed.clear()
+            elif isinstance(action, CancelSlot):
+                await self._stop_turn()
+                await self._model(self.manager.plugin.cancel_slot, self.record.slot, action.epoch)
+            elif isinstance(action, StartTurn):
+                await self._stop_turn()
+                self._turn_task = asyncio.create_task(
+                    self._drive_turn(action.request), name=f"turn-{self.session.session_id}"
+                )
+            elif isinstance(action, ConfigureVad):
+                try:
+                    await self.manager.offload(self.record.pipeline.configure_vad, action.config)
+                except VadUnavailableError as exc:
+                    err = ProtocolError(exc.code, str(exc), param="turn_detection")
+                    self._emit(self.session.reject(err, None, self.manager.now()))
+            elif isinstance(action, CloseSession):
+                await self._close(action.reason, expired=False)
+                return
+
+    async def _model(self, fn: Any, *args: Any) -> Any:
+        return await self.manager.on_model_thread(fn, *args)
+
+    # ------------------------------------------------------------------ turns
+
+    async def _drive_turn(self, request: TurnRequest) -> None:
+        """Pull one reply from a turn plugin into the mailbox (owned and awaited by the runner)."""
+        plugin = self.manager.plugin
+        mailbox = self.mailbox
+        limit = self.manager.config.max_pending_outputs
+        gen = None
+        try:
+            gen = await self._model(plugin.respond, request)
+            while True:
+                out = await self._model(next, gen, None)
+                if out is None:  # ended without end_of_turn: end the response anyway
+                    out = SlotOutput(slot=request.slot, epoch=request.epoch, end_of_turn=True)
+                mailbox.put_internal(OutputItem(out), is_output=True)
+                if out.end_of_turn:
+                    return
+                while mailbox.pending_outputs >= limit:
+                    self._drained.clear()
+                    await self._drained.wait()
+        except asyncio.CancelledError:
+            raise
+        except Exception as exc:
+            mailbox.put_internal(FailItem(exc))
+        finally:
+            if gen is not None:
+                close = getattr(gen, "close", None)
+                if close is not None:
+                    await asyncio.shield(self._model(close))
+
+    async def _stop_turn(self) -> None:
+        task, self._turn_task = self._turn_task, None
+        if task is not None and not task.done():
+            task.cancel()
+            with contextlib.suppress(asyncio.CancelledError):
+                await task
+
+    # ------------------------------------------------------------------ failure and close
+
+    async def _fail(self, exc: BaseException, now: float) -> None:
+        if isinstance(exc, PluginError):
+            self._emit(self.session.fail(exc.code, exc.message, now))
+            await self._run_actions()
+            return
+        log.error("session %s: model failed", self.session.session_id, exc_info=exc)
+        self.manager.metrics.session_failures.inc()
+        self._emit(self.session.fail("server_error", "the model failed", now))
+        await self._close("server_error", expired=False)
+
+    async def _close(self, reason: str, *, expired: bool) -> None:
+        """The close pipeline; ``session.closed``/``expired`` is the last event, then cleanup."""
+        if self.done:
+            return
+        self.done = True
+        record = self.record
+        record.begin_close(reason, expired=expired)
+        self.session.take_actions()
+        self._emit(self.session.close(reason, self.manager.now(), expired=expired))
+        t0 = time.perf_counter()
+        try:
+            await self._stop_turn()
+            await self.manager.release_slot(record)
+        finally:
+            record.finish()
+            log.debug(
+                "session %s closed (%s) in %.1f ms",
+                record.session_id,
+                reason,
+                (time.perf_counter() - t0) * 1e3,
+            )

@@ -1,0 +1,275 @@
+"""The effective settings of one session, built from ``session.update`` patches.
+
+``SessionSettings.apply(patch, capabilities)`` validates a patch against the
+current settings and the plugin's capabilities and returns new settings (two-phase:
+a refused patch raises ``ProtocolError`` and changes nothing). ``render`` gives the
+session object the client sees.
+
+Decisions (DESIGN §4-§6):
+
+* the served model name is reported whatever the client asked (``model`` is ignored);
+* turn detection picks the lane: ``null`` on a model-native plugin is lane 1,
+  ``server_vad`` / ``semantic_vad`` lane 2 (``semantic_vad`` is mapped onto the
+  acoustic detector by ``VadConfig``), ``null`` otherwise lane 3 (client-driven);
+  server VAD on a plugin without ``supports_server_vad`` is ``unsupported_turn_detection``;
+* ``overlap_policy`` follows the lane (``barge_in_on_speech`` under server VAD,
+  ``listen_only`` otherwise) unless the client names one; unknown names fall back to
+  that default (liberal in);
+* ``playback_commit_policy`` defaults to ``commit_all_on_done`` (stock clients never
+  ack); ``ack_only`` is opt-in;
+* the voice may not change once the session produced audio.
+"""
+
+from __future__ import annotations
+
+import enum
+from typing import Any
+
+import msgspec
+from msgspec import UNSET
+
+from duplex.engine.vad_config import VadConfig
+from duplex.plugins.base import Capabilities, PluginKind
+from duplex.protocol.errors import ProtocolError
+from duplex.protocol.ext.capabilities import SessionCapabilities
+from duplex.protocol.ext.events import DuplexSession
+from duplex.protocol.formats import AudioFormat
+from duplex.protocol.realtime.session import (
+    AudioConfig,
+    AudioInputConfig,
+    AudioOutputConfig,
+    InputAudioTranscription,
+    NoiseReduction,
+    ServerVad,
+    SessionConfig,
+    Tool,
+    TracingConfig,
+)
+
+__all__ = ["Lane", "SessionSettings", "wire_capabilities"]
+
+
+class Lane(enum.StrEnum):
+    """The turn-taking lane of a session (DESIGN §6)."""
+
+    MODEL_NATIVE = "model_native"
+    SERVER_VAD = "server_vad"
+    CLIENT = "client"
+
+
+OVERLAP_POLICIES = ("listen_only", "barge_in_on_speech")
+COMMIT_POLICIES = ("ack_only", "commit_all_on_done")
+
+
+class SessionSettings(msgspec.Struct, frozen=True, kw_only=True):
+    """Effective settings; immutable, replaced as a whole by ``apply``."""
+
+    model: str
+    instructions: str = ""
+    voice: str | None = None
+    temperature: float | None = None
+    output_modalities: tuple[str, ...] = ("audio",)
+    input_format: AudioFormat = AudioFormat("pcm16", 24000)
+    output_format: AudioFormat = AudioFormat("pcm16", 24000)
+    vad: VadConfig | None = None
+    overlap_policy: str = "listen_only"
+    overlap_policy_explicit: bool = False
+    overlap_short_ack_ms: float = 700.0
+    overlap_barge_in_ms: float = 1200.0
+    overlap_silence_rms: float = 0.003
+    playback_commit_policy: str = "commit_all_on_done"
+    tools: tuple[Tool, ...] = ()
+    tool_choice: str = "auto"
+    max_output_tokens: int | str = "inf"
+    tracing: str | TracingConfig | None = None
+    transcription: InputAudioTranscription | None = None
+    noise_reduction: NoiseReduction | None = None
+    extra_body: dict[str, Any] = {}
+
+    @classmethod
+    def defaults(cls, model: str, caps: Capabilities) -> SessionSettings:
+        """Settings of a new session before any patch."""
+        vad = None
+        if not caps.model_native_turns and caps.supports_server_vad:
+            vad = VadConfig()
+        audio = "audio" in caps.output_modalities
+        return cls(
+            model=model,
+            voice=caps.default_voice,
+            output_modalities=("audio",) if audio else ("text",),
+            input_format=AudioFormat("pcm16", 24000),
+            output_format=AudioFormat("pcm16", caps.output_sample_rate),
+            vad=vad,
+            overlap_policy="barge_in_on_speech" if vad is not None else "listen_only",
+        )
+
+    def lane(self, caps: Capabilities) -> Lane:
+        if self.vad is not None:
+            return Lane.SERVER_VAD
+        return Lane.MODEL_NATIVE if caps.model_native_turns else Lane.CLIENT
+
+    def apply(self, patch: SessionConfig, caps: Capabilities, *, audio_started: bool) -> SessionSettings:
+        """New settings with ``patch`` applied; raises ``ProtocolError`` (nothing changes)."""
+        changes: dict[str, Any] = {}
+        if patch.instructions is not None:
+            changes["instructions"] = patch.instructions
+        voice = patch.resolved_voice()
+        if voice is not None and voice != self.voice:
+            if caps.voices and voice not in caps.voices:
+                raise ProtocolError(
+                    "voice_not_found",
+                    f"unknown voice {voice!r}; available: {', '.join(caps.voices)}",
+                    param="session.voice",
+                )
+            if audio_started:
+                raise ProtocolError(
+                    "voice_update_after_audio_unsupported",
+                    "the voice cannot change after the session produced audio",
+                    param="session.voice",
+                )
+            changes["voice"] = voice
+        temperature = getattr(patch, "temperature", None)
+        if temperature is not None:
+            changes["temperature"] = temperature
+        modalities = patch.resolved_output_modalities()
+        if modalities is not None:
+            bad = [m for m in modalities if m not in caps.output_modalities]
+            if bad or not modalities:
+                raise ProtocolError(
+                    "unsupported_response_modality",
+                    f"output modalities {modalities} are not all in {list(caps.output_modalities)}",
+                    param="session.output_modalities",
+                )
+            changes["output_modalities"] = tuple(modalities)
+        input_format = patch.resolved_input_format()
+        if input_format is not None:
+            if input_format.encoding == "wav":
+                raise ProtocolError(
+                    "unsupported_audio_format",
+                    "wav is not a streaming input format",
+                    param="audio.input.format",
+                )
+            changes["input_format"] = input_format
+        output_format = patch.resolved_output_format()
+        if output_format is not None:
+            changes["output_format"] = output_format
+        extra = dict(getattr(patch, "extra_body", None) or {})
+        td = patch.resolved_turn_detection()
+        vad = self.vad
+        if td is not UNSET:
+            vad = VadConfig.from_turn_detection(td)
+            if vad is not None and not caps.supports_server_vad:
+                raise ProtocolError(
+                    "unsupported_turn_detection",
+                    "this model does not support server VAD; use turn_detection: null",
+                    param="turn_detection",
+                )
+            changes["vad"] = vad
+        policy = getattr(patch, "overlap_policy", None) or extra.get("overlap_policy")
+        explicit = self.overlap_policy_explicit
+        if isinstance(policy, str) and policy in OVERLAP_POLICIES:
+            changes["overlap_policy"] = policy
+            explicit = True
+        elif not explicit:
+            changes["overlap_policy"] = "barge_in_on_speech" if vad is not None else "listen_only"
+        changes["overlap_policy_explicit"] = explicit
+        commit = getattr(patch, "playback_commit_policy", None) or extra.get("playback_commit_policy")
+        if isinstance(commit, str) and commit in COMMIT_POLICIES:
+            changes["playback_commit_policy"] = commit
+        for key in ("overlap_short_ack_ms", "overlap_barge_in_ms", "overlap_silence_rms"):
+            value = extra.get(key, getattr(patch, key, None))
+            if isinstance(value, int | float) and not isinstance(value, bool) and value >= 0:
+                changes[key] = float(value)
+        if patch.tools is not None:
+            if patch.tools and not caps.supports_tools:
+                raise ProtocolError(
+                    "invalid_session_config", "this model cannot call tools", param="session.tools"
+                )
+            changes["tools"] = tuple(patch.tools)
+        if patch.tool_choice is not None:
+            choice = patch.tool_choice
+            changes["tool_choice"] = choice if isinstance(choice, str) else "required"
+        max_tokens = patch.resolved_max_output_tokens()
+        if max_tokens is not None:
+            changes["max_output_tokens"] = max_tokens
+        if patch.tracing is not UNSET:
+            changes["tracing"] = patch.tracing
+        transcription = patch.resolved_transcription()
+        if transcription is not UNSET:
+            changes["transcription"] = transcription
+        noise = patch.resolved_noise_reduction()
+        if noise is not UNSET:
+            changes["noise_reduction"] = noise
+        if extra:
+            changes["extra_body"] = {**self.extra_body, **extra}
+        return msgspec.structs.replace(self, **changes)
+
+    def render(self, session_id: str, caps: Capabilities, *, epoch: int) -> DuplexSession:
+        """The session object of ``session.created`` / ``session.updated`` / ``session.resumed``."""
+        td: Any = None
+        if self.vad is not None:
+            td = ServerVad(
+                threshold=self.vad.threshold,
+                prefix_padding_ms=self.vad.prefix_padding_ms,
+                silence_duration_ms=self.vad.silence_duration_ms,
+                create_response=self.vad.create_response,
+                interrupt_response=self.vad.interrupt_response,
+            )
+        return DuplexSession(
+            id=session_id,
+            model=self.model,
+            instructions=self.instructions,
+            output_modalities=list(self.output_modalities),
+            audio=AudioConfig(
+                input=AudioInputConfig(
+                    format=self.input_format.to_ga(),
+                    turn_detection=td,
+                    transcription=self.transcription,
+                    noise_reduction=self.noise_reduction,
+                ),
+                output=AudioOutputConfig(format=self.output_format.to_ga(), voice=self.voice),
+            ),
+            tools=list(self.tools),
+            tool_choice=self.tool_choice,
+            max_output_tokens=self.max_output_tokens,
+            tracing=self.tracing,
+            temperature=self.temperature,
+            capabilities=wire_capabilities(caps),
+            overlap_policy=self.overlap_policy,
+            playback_commit_policy=self.playback_commit_policy,
+            epoch=epoch,
+        )
+
+
+def wire_capabilities(caps: Capabilities) -> SessionCapabilities:
+    """The plugin's capabilities as the session object reports them."""
+    native = caps.model_native_turns
+    sources = ["client_event"]
+    if native:
+        sources.insert(0, "model_native")
+    if caps.supports_server_vad:
+        sources.append("server_policy")
+    return SessionCapabilities(
+        kind=str(caps.kind),
+        implementation_level="model_native_duplex" if native else "turn_based_duplex",
+        chunk_period_ms=caps.chunk_period_ms,
+        input_sample_rate=caps.input_sample_rate,
+        output_sample_rate=caps.output_sample_rate,
+        max_sessions=caps.max_sessions,
+        supports_model_native_turn_policy=native,
+        supports_server_vad=caps.supports_server_vad,
+        supports_client_commit=caps.supports_client_commit,
+        supports_barge_in=caps.supports_barge_in,
+        supports_session_resume=caps.supports_resume,
+        supports_audio_truncate=caps.supports_truncate,
+        supports_playback_ack=caps.supports_playback_ack,
+        supports_image_input=caps.supports_video_input,
+        supports_text_only_turn=caps.supports_text_input,
+        supports_tools=caps.supports_tools,
+        supports_input_append=caps.kind is not PluginKind.BATCH,
+        optional_input_modalities=["video"] if caps.supports_video_input else [],
+        output_modalities=list(caps.output_modalities),
+        signal_sources=sources,
+        voices=list(caps.voices),
+        default_voice=caps.default_voice,
+    )

@@ -1,0 +1,59 @@
+"""Factories for engine tests: sans-IO sessions on the built-in plugins' capabilities."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+
+from duplex.engine.input import DecodedAppend
+from duplex.engine.session import Session
+from duplex.engine.settings import SessionSettings
+from duplex.plugins.base import Capabilities
+from duplex.plugins.builtin.echo import EchoPlugin
+from duplex.plugins.builtin.scripted import ScriptedTurnPlugin, ScriptedUnitPlugin
+from duplex.protocol.realtime.commands import InputAudioBufferAppend
+
+CAPS: dict[str, Capabilities] = {
+    "echo": EchoPlugin(max_sessions=8).capabilities(),
+    "unit": ScriptedUnitPlugin().capabilities(),
+    "turn": ScriptedTurnPlugin().capabilities(),
+}
+
+
+def make_session(kind: str = "echo", **settings: object) -> Session:
+    caps = CAPS[kind]
+    base = SessionSettings.defaults("test-model", caps)
+    import msgspec
+
+    return Session(
+        "sess_test",
+        0,
+        caps,
+        msgspec.structs.replace(base, **settings) if settings else base,
+        journal_max_age_s=60.0,
+        journal_max_bytes=1 << 24,
+    )
+
+
+def decoded(ms: float = 80, *, rate: int = 24000, level: float = 0.2, vad=(), in_speech=False) -> DecodedAppend:
+    n = int(rate * ms / 1000)
+    return DecodedAppend(
+        pcm=np.full(n, level, np.float32),
+        duration_ms=ms,
+        rms=abs(level),
+        vad_events=tuple(vad),
+        vad_in_speech=in_speech,
+    )
+
+
+def append() -> InputAudioBufferAppend:
+    return InputAudioBufferAppend(audio=b"")
+
+
+def types(events) -> list[str]:
+    return [type(e).__struct_config__.tag for e in events]
+
+
+@pytest.fixture
+def echo_session() -> Session:
+    return make_session("echo")
