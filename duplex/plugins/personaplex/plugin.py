@@ -31,7 +31,8 @@ n-th open), ``cuda_graphs`` (True), ``random_weights`` (False: build the
 architecture with random weights, for benchmarks; ``model_path`` then only
 supplies the tokenizer, voices and config, and may be omitted), ``config``
 ("full" or "tiny", for random weights without a ``config.json``),
-``default_voice``.
+``default_voice``, ``torch_compile`` (moshi's lazily compiled layers; default:
+on for CUDA, off on a CPU).
 """
 
 from __future__ import annotations
@@ -78,6 +79,7 @@ _OPTION_TYPES: dict[str, tuple[type, ...]] = {
     "random_weights": (bool,),
     "config": (str,),
     "default_voice": (str,),
+    "torch_compile": (bool,),
 }
 _DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
 
@@ -111,6 +113,7 @@ class PersonaPlexPlugin(Plugin):
         random_weights: bool = False,
         config: str | None = None,
         default_voice: str | None = None,
+        torch_compile: bool | None = None,
     ) -> None:
         if max_sessions < 1:
             raise PluginError("invalid_plugin_config", "max_sessions must be at least 1")
@@ -135,6 +138,7 @@ class PersonaPlexPlugin(Plugin):
         self._random = random_weights
         self._config_name = config
         self._default_voice_opt = default_voice
+        self._torch_compile = torch_compile
         self._cfg: PersonaPlexConfig | None = None
         self._gen: BatchedGenerator | None = None
         self._tokenizer = None
@@ -209,7 +213,15 @@ class PersonaPlexPlugin(Plugin):
             self._voices = load_voices(self._model_path, cfg, enc_mimi)
         self._default_voice = self._pick_default_voice()
         self._cfg = cfg
-        gen = BatchedGenerator(lm, enc_mimi, dec_mimi, cfg, self._max_sessions, cuda_graphs=self._cuda_graphs)
+        gen = BatchedGenerator(
+            lm,
+            enc_mimi,
+            dec_mimi,
+            cfg,
+            self._max_sessions,
+            cuda_graphs=self._cuda_graphs,
+            torch_compile=self._torch_compile,
+        )
         gen.__enter__()
         self._gen = gen
         log.info(

@@ -92,7 +92,12 @@ def build_prompt(
         filler = [-1] * cfg.num_streams
         frames.extend([list(filler) for _ in range(V)])
         if voice.last_frame is not None and V > 0:
-            frames[-1] = [int(t) for t in voice.last_frame.tolist()]
+            # Only the delayed streams of the voice's last frame reach the first
+            # column after the embeddings; a negative id (never generated) is "no token".
+            frames[-1] = [
+                max(int(t), -1) if d == 1 else -1
+                for t, d in zip(voice.last_frame.tolist(), cfg.delays, strict=True)
+            ]
         phases.extend(["voice"] * V)
         embeddings = voice.embeddings
     elif voice is not None and voice.codes is not None:

@@ -1,0 +1,316 @@
+"""PersonaPlex capacity: how many real-time sessions one accelerator carries.
+
+Modes (the model is the full PersonaPlex architecture with random bf16 weights,
+or the tiny one with ``--tiny``; nothing is downloaded):
+
+* ``--mode step``: the raw batched plugin step. For each N of ``--sessions``, a
+  plugin with ``max_sessions=N`` opens N sessions (each runs its system prompt:
+  a 60-frame voice, silence, a persona, silence) and is stepped with all N
+  every tick: ``--warmup`` ticks, then ``--ticks`` timed ticks back to back.
+  ``first_audio_ms`` is the median ``open_slot`` time (the prompt prefill) plus
+  the median tick: the earliest a session's first audio can leave the model.
+* ``--mode server``: the whole server. The plugin behind ``duplex.engine.Engine``
+  and ``duplex.server.create_app`` on loopback, N WebSocket clients streaming
+  80 ms frames of audio at real-time pacing for ``--seconds``. Tick times come
+  from the engine's frame scheduler; ``first_audio_ms`` is, per client, from
+  its first append to its first ``response.output_audio.delta`` (median over
+  clients).
+* ``--baseline``: moshi's own generation loop at batch 1 (``LMGen`` + Mimi,
+  CUDA-graphed), the per-connection loop of ``python -m moshi.server``, which
+  serves one conversation per process.
+
+Every row has ``sessions, tick_p50_ms, tick_p99_ms, missed_deadlines`` (ticks
+over the 80 ms frame period), ``first_audio_ms`` and ``gpu_mem_gib`` (peak
+allocated). Prints a table, writes JSON (``--out``) and a plot beside it.
+
+Run: ``python -m bench.personaplex_capacity --mode step [--tiny] [--sessions 1,8,32,64]``.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import platform
+import statistics
+import tempfile
+import time
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+__all__ = ["main"]
+
+DEFAULT_OUT = Path(__file__).parent / "results" / "personaplex_capacity_h200.json"
+FRAME_MS = 80.0
+FRAME_SAMPLES = 1920
+PERSONA = "You enjoy having a good conversation. You are friendly and you answer questions about the weather."
+VOICE_FRAMES = 60
+
+
+def _percentile(values: list[float], q: float) -> float:
+    return float(np.percentile(np.asarray(values), q)) if values else float("nan")
+
+
+def _sync(device: str) -> None:
+    import torch
+
+    if device.startswith("cuda"):
+        torch.cuda.synchronize()
+
+
+def _assets(root: Path, tiny: bool) -> Path:
+    """A model directory holding only a tokenizer, a voice and config: the weights are random."""
+    import torch
+
+    from duplex.plugins.personaplex.config import full_config, tiny_config
+    from duplex.plugins.personaplex.testing import train_tokenizer
+
+    cfg = tiny_config() if tiny else full_config()
+    train_tokenizer(root / "tokenizer_spm_32k_3.model")
+    (root / "voices").mkdir(exist_ok=True)
+    gen = torch.Generator().manual_seed(0)
+    emb = torch.randn(VOICE_FRAMES, int(cfg.lm["dim"]), generator=gen) * 0.02
+    cache = torch.randint(0, 2048, (1, cfg.num_streams, 3), generator=gen)
+    torch.save({"embeddings": emb, "cache": cache}, str(root / "voices" / "BENCH.pt"))
+    (root / "config.json").write_text(json.dumps({"name": cfg.name, "lm": cfg.lm, "mimi": cfg.mimi}))
+    return root
+
+
+def _plugin(assets: Path, n: int, args: argparse.Namespace):
+    from duplex.plugins.personaplex.plugin import PersonaPlexPlugin
+
+    return PersonaPlexPlugin(
+        assets,
+        random_weights=True,
+        max_sessions=n,
+        device=args.device,
+        dtype="float32" if args.device == "cpu" else "bfloat16",
+        cuda_graphs=not args.no_cuda_graphs,
+        default_voice="BENCH",
+        torch_compile=args.compile,
+    )
+
+
+def _gpu_reset(device: str) -> None:
+    import torch
+
+    if device.startswith("cuda"):
+        torch.cuda.empty_cache()
+        torch.cuda.reset_peak_memory_stats()
+
+
+def _gpu_mem_gib(device: str) -> float:
+    import torch
+
+    return torch.cuda.max_memory_allocated() / 2**30 if device.startswith("cuda") else 0.0
+
+
+def run_step(assets: Path, n: int, args: argparse.Namespace) -> dict[str, Any]:
+    """The raw batched step with N sessions (see the module docstring)."""
+    from duplex.plugins.base import SlotInput, SlotOptions
+
+    _gpu_reset(args.device)
+    plugin = _plugin(assets, n, args)
+    t0 = time.perf_counter()
+    plugin.load()
+    build_s = time.perf_counter() - t0
+    try:
+        opens = []
+        for s in range(n):
+            t0 = time.perf_counter()
+            plugin.open_slot(s, SlotOptions(instructions=PERSONA, seed=s))
+            _sync(args.device)
+            opens.append((time.perf_counter() - t0) * 1e3)
+        rng = np.random.default_rng(0)
+        frames = [(rng.standard_normal((n, FRAME_SAMPLES)) * 0.05).astype(np.float32) for _ in range(8)]
+        ticks = []
+        for t in range(args.warmup + args.ticks):
+            pcm = frames[t % len(frames)]
+            batch = [SlotInput(slot=s, epoch=0, pcm=pcm[s]) for s in range(n)]
+            t0 = time.perf_counter()
+            outs = plugin.step(batch)  # ends with the host copy of the outputs: synchronous
+            dt = (time.perf_counter() - t0) * 1e3
+            assert len(outs) == n
+            if t >= args.warmup:
+                ticks.append(dt)
+        mem = _gpu_mem_gib(args.device)
+    finally:
+        plugin.close()
+        del plugin
+    p50 = _percentile(ticks, 50)
+    return {
+        "sessions": n,
+        "tick_p50_ms": round(p50, 2),
+        "tick_p99_ms": round(_percentile(ticks, 99), 2),
+        "tick_max_ms": round(max(ticks), 2),
+        "missed_deadlines": int(sum(t > FRAME_MS for t in ticks)),
+        "ticks": len(ticks),
+        "first_audio_ms": round(statistics.median(opens) + p50, 2),
+        "open_slot_p50_ms": round(statistics.median(opens), 2),
+        "gpu_mem_gib": round(mem, 2),
+        "build_s": round(build_s, 1),
+    }
+
+
+def run_baseline(args: argparse.Namespace) -> dict[str, Any]:
+    """moshi's ``LMGen`` + Mimi at batch 1: the per-connection loop of ``moshi.server``."""
+    import torch
+    from moshi.models.lm import LMGen
+
+    from duplex.plugins.personaplex.config import full_config, tiny_config
+    from duplex.plugins.personaplex.loading import build_lm, build_mimi
+
+    _gpu_reset(args.device)
+    cfg = tiny_config() if args.tiny else full_config()
+    dev = torch.device(args.device)
+    lm = build_lm(cfg, None, dev, torch.float32 if args.device == "cpu" else torch.bfloat16)
+    mimi = build_mimi(cfg, None, dev)
+    gen = LMGen(lm, temp=0.8, temp_text=0.7)
+    from contextlib import nullcontext
+
+    from moshi.utils.compile import no_compile
+
+    rng = np.random.default_rng(0)
+    pcm = torch.from_numpy((rng.standard_normal((1, 1, FRAME_SAMPLES)) * 0.05).astype(np.float32)).to(dev)
+    ticks = []
+    with (
+        torch.no_grad(),
+        mimi.streaming(1),
+        gen.streaming(1),
+        nullcontext() if args.compile else no_compile(),
+    ):
+        for t in range(args.warmup + args.ticks):
+            t0 = time.perf_counter()
+            codes = mimi.encode(pcm)
+            tokens = gen.step(codes)
+            if tokens is not None:
+                mimi.decode(tokens[:, 1:9].clamp(0, 2047)).cpu()
+            else:
+                _sync(args.device)
+            if t >= args.warmup:
+                ticks.append((time.perf_counter() - t0) * 1e3)
+    mem = _gpu_mem_gib(args.device)
+    del gen, lm, mimi
+    return {
+        "what": "moshi LMGen + Mimi at batch 1 (the per-connection loop of python -m moshi.server), "
+        "PersonaPlex shape (dep_q=16), CUDA graphs",
+        "sessions": 1,
+        "sessions_per_process": 1,
+        "tick_p50_ms": round(_percentile(ticks, 50), 2),
+        "tick_p99_ms": round(_percentile(ticks, 99), 2),
+        "missed_deadlines": int(sum(t > FRAME_MS for t in ticks)),
+        "ticks": len(ticks),
+        "gpu_mem_gib": round(mem, 2),
+    }
+
+
+def plot(result: dict[str, Any], path: Path) -> None:
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    fig, ax = plt.subplots(figsize=(7, 4.2))
+    for mode, rows in result.get("modes", {}).items():
+        n = [r["sessions"] for r in rows]
+        ax.plot(n, [r["tick_p50_ms"] for r in rows], "o-", label=f"{mode}: tick p50")
+        ax.plot(n, [r["tick_p99_ms"] for r in rows], "s--", label=f"{mode}: tick p99")
+    base = result.get("baseline")
+    if base and "tick_p50_ms" in base:
+        ax.axhline(
+            base["tick_p50_ms"], color="grey", ls=":", label="moshi LMGen batch 1 p50 (1 session/process)"
+        )
+    ax.axhline(FRAME_MS, color="red", lw=1, label="80 ms frame deadline")
+    ax.set_xlabel("concurrent sessions")
+    ax.set_ylabel("tick time (ms)")
+    ax.set_title(f"PersonaPlex {result.get('model', '')} on {result.get('device_name', '')}")
+    ax.set_xscale("log", base=2)
+    ax.legend(fontsize=8)
+    ax.grid(alpha=0.3)
+    fig.tight_layout()
+    fig.savefig(path, dpi=120)
+
+
+def _device_name(device: str) -> str:
+    if device.startswith("cuda"):
+        import torch
+
+        return torch.cuda.get_device_name(0)
+    return platform.processor() or platform.machine()
+
+
+def _table(rows: list[dict[str, Any]]) -> str:
+    cols = ["sessions", "tick_p50_ms", "tick_p99_ms", "missed_deadlines", "first_audio_ms", "gpu_mem_gib"]
+    lines = ["  ".join(f"{c:>16}" for c in cols)]
+    lines += ["  ".join(f"{r.get(c, ''):>16}" for c in cols) for r in rows]
+    return "\n".join(lines)
+
+
+def main(argv: list[str] | None = None) -> dict[str, Any]:
+    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    ap.add_argument("--mode", choices=["step", "server", "both"], default="step")
+    ap.add_argument("--sessions", default="1,8,32,64", help="comma-separated session counts")
+    ap.add_argument("--tiny", action="store_true", help="the tiny architecture (CPU smoke run)")
+    ap.add_argument("--device", default=None, help="cpu or cuda (default: cuda when available)")
+    ap.add_argument("--warmup", type=int, default=20)
+    ap.add_argument("--ticks", type=int, default=100)
+    ap.add_argument("--seconds", type=float, default=10.0, help="server mode: streaming time per N")
+    ap.add_argument("--no-cuda-graphs", action="store_true")
+    ap.add_argument(
+        "--compile", action="store_true", help="let moshi torch.compile its norms, rope and gating"
+    )
+    ap.add_argument("--baseline", action="store_true", help="also measure moshi's LMGen at batch 1")
+    ap.add_argument("--out", type=Path, default=DEFAULT_OUT)
+    ap.add_argument("--merge", action="store_true", help="keep the other modes already in --out")
+    args = ap.parse_args(argv)
+    import torch
+
+    if args.device is None:
+        args.device = "cuda" if torch.cuda.is_available() else "cpu"
+    sessions = [int(s) for s in args.sessions.split(",") if s]
+    result: dict[str, Any] = {}
+    if args.merge and args.out.is_file():
+        result = json.loads(args.out.read_text())
+    result.update(
+        model="tiny (random weights)" if args.tiny else "full size, random bf16 weights",
+        device=args.device,
+        device_name=_device_name(args.device),
+        torch=torch.__version__,
+        cuda_graphs=not args.no_cuda_graphs and args.device != "cpu",
+        torch_compile=bool(args.compile),
+        frame_ms=FRAME_MS,
+    )
+    modes = result.setdefault("modes", {})
+    with tempfile.TemporaryDirectory() as tmp:
+        assets = _assets(Path(tmp), args.tiny)
+        if args.mode in ("step", "both"):
+            rows = []
+            for n in sessions:
+                row = run_step(assets, n, args)
+                print(_table([row]).splitlines()[-1], flush=True)
+                rows.append(row)
+            modes["step"] = rows
+        if args.mode in ("server", "both"):
+            from bench.personaplex_server import run_server
+
+            modes["server"] = [run_server(assets, n, args) for n in sessions]
+        if args.baseline:
+            result["baseline"] = run_baseline(args)
+    primary = modes.get("server") or modes.get("step") or []
+    result["rows"] = primary
+    result["rows_mode"] = "server" if modes.get("server") else "step"
+    for mode, rows in modes.items():
+        print(f"\n[{mode}]")
+        print(_table(rows))
+    if "baseline" in result:
+        print("\n[baseline]", json.dumps(result["baseline"]))
+    args.out.parent.mkdir(parents=True, exist_ok=True)
+    args.out.write_text(json.dumps(result, indent=2) + "\n")
+    plot(result, args.out.with_suffix(".png"))
+    print(f"\nwrote {args.out} and {args.out.with_suffix('.png')}")
+    return result
+
+
+if __name__ == "__main__":
+    main()
