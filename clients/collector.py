@@ -41,8 +41,13 @@ def _get(event: Any, name: str, default: Any = None) -> Any:
 
 
 def event_type(event: Any) -> str:
-    """The wire ``type`` of a struct or dict event."""
-    return str(_get(event, "type", ""))
+    """The wire ``type`` of a struct event (its msgspec tag) or of a dict event."""
+    if isinstance(event, dict):
+        return str(event.get("type", ""))
+    config = getattr(type(event), "__struct_config__", None)
+    if config is not None and isinstance(config.tag, str):
+        return config.tag
+    return str(getattr(event, "type", ""))
 
 
 @dataclass(frozen=True, slots=True)

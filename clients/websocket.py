@@ -1,0 +1,237 @@
+"""DuplexClient: the client over a WebSocket (``websockets``), with automatic resume.
+
+Opening: with a session config the client connects with ``?model=...&autostart=0`` and sends
+``session.update`` first (the server waits for it); without one it connects with ``?model=...`` and
+the server opens a default session at once. Either way the first event must be ``session.created``;
+an ``error`` instead raises ``ClientError`` with its code.
+
+Resume: when the socket drops (any close other than after ``session.closed``/``expired``), the
+client reconnects with jittered exponential backoff (``reconnect_attempts`` tries, from
+``backoff_initial_s`` up to ``backoff_max_s``, each delay drawn from [d/2, d]), sends
+``session.resume{session_id, resume_token, last_event_seq}`` and continues: the server replays every
+journaled event after ``last_event_seq`` with its original seq, and the base class drops any seq it
+has already processed. Sends made while the socket is down wait for the reconnection (up to
+``send_wait_s``). Resume failures that cannot succeed later (``invalid_resume_token``,
+``session_resume_expired``, ``unsupported_session_resume``, ``invalid_session_resume``,
+``session_resume_conflict``, or ``session.resync_required``) end the session.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import random
+from typing import Any
+from urllib.parse import urlencode, urlsplit, urlunsplit
+
+import websockets
+from websockets.asyncio.client import ClientConnection
+from websockets.exceptions import ConnectionClosed, InvalidStatus
+
+from clients.base import ClientError, DuplexClientBase
+from clients.collector import event_type
+from duplex.protocol import (
+    MSGPACK_SUBPROTOCOL,
+    DuplexSessionUpdate,
+    Mode,
+    ProtocolError,
+    SessionResume,
+    decode_event,
+    encode,
+)
+
+__all__ = ["DuplexClient"]
+
+_FATAL_RESUME = frozenset({
+    "invalid_resume_token",
+    "session_resume_expired",
+    "unsupported_session_resume",
+    "invalid_session_resume",
+    "session_resume_conflict",
+    "unknown_session",
+})
+
+
+class DuplexClient(DuplexClientBase):
+    """See the module docstring. ``url`` is the ``ws://host:port/v1/realtime`` endpoint."""
+
+    def __init__(
+        self,
+        url: str,
+        *,
+        api_key: str | None = None,
+        msgpack: bool = False,
+        beta: bool = False,
+        resume: bool = True,
+        reconnect_attempts: int = 5,
+        backoff_initial_s: float = 0.25,
+        backoff_max_s: float = 4.0,
+        send_wait_s: float = 10.0,
+        open_timeout_s: float = 10.0,
+        max_frame_bytes: int = 64 * 1024 * 1024,
+        **kwargs: Any,
+    ) -> None:
+        super().__init__(**kwargs)
+        self.url = url
+        self.api_key = api_key
+        self.mode = Mode.MSGPACK if msgpack else (Mode.BETA if beta else Mode.GA)
+        self.resume_enabled = resume
+        self.reconnect_attempts = reconnect_attempts
+        self.backoff_initial_s = backoff_initial_s
+        self.backoff_max_s = backoff_max_s
+        self.send_wait_s = send_wait_s
+        self.open_timeout_s = open_timeout_s
+        self.max_frame_bytes = max_frame_bytes
+        self.reconnects = 0
+        self._ws: ClientConnection | None = None
+        self._connected = asyncio.Event()
+
+    # -- connecting ------------------------------------------------------------------------
+
+    def _url(self, **params: str) -> str:
+        parts = urlsplit(self.url)
+        query = "&".join(q for q in (parts.query, urlencode(params)) if q)
+        return urlunsplit((parts.scheme, parts.netloc, parts.path, query, parts.fragment))
+
+    async def _connect(self, **params: str) -> ClientConnection:
+        headers = {}
+        if self.api_key:
+            headers["Authorization"] = f"Bearer {self.api_key}"
+        if self.mode is Mode.BETA:
+            headers["OpenAI-Beta"] = "realtime=v1"
+        try:
+            return await websockets.connect(
+                self._url(**params),
+                additional_headers=headers,
+                subprotocols=[MSGPACK_SUBPROTOCOL] if self.mode is Mode.MSGPACK else None,
+                compression=None,
+                max_size=self.max_frame_bytes,
+                open_timeout=self.open_timeout_s,
+                proxy=None,
+            )
+        except InvalidStatus as exc:
+            status = exc.response.status_code
+            code = {401: "invalid_api_key", 403: "origin_not_allowed", 503: "server_unavailable"}.get(
+                status, "handshake_failed"
+            )
+            raise ClientError(code, f"server refused the connection with HTTP {status}") from exc
+        except (OSError, TimeoutError) as exc:
+            raise ClientError("connection_failed", f"cannot connect to {self.url}: {exc}") from exc
+
+    async def _first_event(self, ws: ClientConnection) -> Any:
+        async with asyncio.timeout(self.open_timeout_s):
+            while True:
+                try:
+                    return decode_event(await ws.recv(), self.mode, max_bytes=self.max_frame_bytes)
+                except ProtocolError as err:
+                    if err.code != "unknown_event":
+                        raise ClientError(err.code, err.message) from err
+
+    async def _expect_opened(self, ws: ClientConnection, want: str) -> Any:
+        try:
+            event = await self._first_event(ws)
+        except ConnectionClosed as exc:
+            raise ClientError("connection_closed", f"closed during the handshake ({exc})") from exc
+        kind = event_type(event)
+        if kind == "error":
+            with contextlib.suppress(Exception):
+                await ws.close()
+            raise ClientError(event.error.code or "error", event.error.message)
+        if kind != want:
+            with contextlib.suppress(Exception):
+                await ws.close()
+            raise ClientError("unexpected_event", f"expected {want}, got {kind}")
+        return event
+
+    async def _open_transport(self) -> None:
+        model = self.model or "duplex"
+        if self.session_config is not None:
+            ws = await self._connect(model=model, autostart="0")
+            await ws.send(encode(DuplexSessionUpdate(session=self.session_config), self.mode))
+        else:
+            ws = await self._connect(model=model)
+        first = await self._expect_opened(ws, "session.created")
+        self._ws = ws
+        self._connected.set()
+        await self._dispatch(first)
+
+    async def _reconnect(self) -> bool:
+        self._connected.clear()
+        self._ws = None
+        if not (self.resume_enabled and self.session_id and self.resume_token):
+            return False
+        delay = self.backoff_initial_s
+        for _attempt in range(self.reconnect_attempts):
+            await asyncio.sleep(random.uniform(delay / 2, delay))
+            delay = min(self.backoff_max_s, delay * 2)
+            try:
+                ws = await self._connect(resume="1")
+                await ws.send(encode(SessionResume(session_id=self.session_id, resume_token=self.resume_token,
+                                                   last_event_seq=self.last_seq), self.mode))
+                first = await self._expect_opened(ws, "session.resumed")
+            except ClientError as err:
+                if err.code in _FATAL_RESUME:
+                    return False
+                continue
+            except (ConnectionClosed, OSError, TimeoutError):
+                continue
+            self._ws = ws
+            self.reconnects += 1
+            self._connected.set()
+            await self._dispatch(first)
+            return True
+        return False
+
+    # -- transport -------------------------------------------------------------------------
+
+    async def _send_command(self, cmd: Any) -> None:
+        data = encode(cmd, self.mode)
+        for _ in range(2):
+            if not self._connected.is_set():
+                if self.ended:
+                    raise ConnectionError("the session has ended")
+                try:
+                    async with asyncio.timeout(self.send_wait_s):
+                        await self._connected.wait()
+                except TimeoutError:
+                    raise ConnectionError("not connected") from None
+            ws = self._ws
+            assert ws is not None
+            try:
+                await ws.send(data)
+                return
+            except ConnectionClosed:
+                # The socket died under this send; the pump reconnects. A command that may have
+                # been lost is sent once more on the new socket.
+                if self._ws is ws:
+                    self._connected.clear()
+        raise ConnectionError("connection lost while sending")
+
+    async def _recv_event(self) -> Any | None:
+        while True:
+            ws = self._ws
+            if ws is None:
+                return None
+            try:
+                data = await ws.recv()
+            except ConnectionClosed:
+                return None
+            try:
+                return decode_event(data, self.mode, max_bytes=self.max_frame_bytes)
+            except ProtocolError as err:
+                if err.code == "unknown_event":
+                    continue  # a newer server's event type: skip it
+                raise ClientError(err.code, err.message) from err
+
+    async def _close_transport(self) -> None:
+        ws, self._ws = self._ws, None
+        self._connected.clear()
+        if ws is not None:
+            with contextlib.suppress(Exception):
+                await ws.close()
+
+    async def kill_transport(self) -> None:
+        """Drop the socket abruptly, as a network failure would (for tests): the client resumes."""
+        ws = self._ws
+        if ws is not None:
+            ws.transport.abort()

@@ -1,0 +1,137 @@
+"""What a ``GET /v1/realtime`` handshake asks for, decided from its headers and query alone.
+
+Pure: no socket, no engine. ``plan_handshake`` turns the request into a ``HandshakePlan`` that
+the socket handler carries out, or a ``HandshakeRefusal`` (an HTTP status for the upgrade
+response, or a wire error sent after accepting, for clients that only read errors as events).
+
+Rules (DESIGN §4, wire reference §1.2):
+
+* bare ``/v1/realtime`` is a duplex session; ``duplex=1|true|on`` is accepted; ``duplex=0|false|off``
+  asks for the turn-based Realtime API, which this server does not serve: refused with a clear error;
+* ``session_id`` + ``resume_token`` (+ ``last_event_seq``, alias ``last_received_server_event_seq``
+  and ``last_seq``) in the query resume that session at once (the route of the ``openai`` SDK's
+  ``on_reconnecting`` hook, which can only rewrite the query);
+* otherwise ``model`` in the query opens a session at once and ``session.created`` is sent before
+  anything is read (Pipecat waits for it); ``autostart=0`` or ``resume=1`` make the server wait for
+  the first message (``session.update`` or ``session.resume``) instead;
+* no ``model`` either: wait for the first message;
+* the subprotocol ``duplex.msgpack.v1``, when offered, selects binary msgpack frames; otherwise
+  ``OpenAI-Beta: realtime=v1`` selects the beta event names; otherwise GA names.
+"""
+
+from __future__ import annotations
+
+import enum
+from collections.abc import Mapping, Sequence
+
+import msgspec
+
+from duplex.protocol import MSGPACK_SUBPROTOCOL, Mode
+
+__all__ = ["HandshakePlan", "HandshakeRefusal", "OpenHow", "parse_bool", "plan_handshake"]
+
+_TRUE = frozenset({"1", "true", "on", "yes"})
+_FALSE = frozenset({"0", "false", "off", "no"})
+
+
+class OpenHow(enum.Enum):
+    """How the session of a new connection comes to exist."""
+
+    AUTOSTART = "autostart"  # open now with the query's model; session.created goes first
+    RESUME_QUERY = "resume_query"  # resume now from the query parameters
+    FIRST_MESSAGE = "first_message"  # wait for session.update / session.resume
+
+
+class HandshakePlan(msgspec.Struct, frozen=True, kw_only=True):
+    """An accepted handshake: the wire mode, the subprotocol to answer with, and how to open."""
+
+    mode: Mode
+    subprotocol: str | None
+    how: OpenHow
+    model: str | None = None
+    session_id: str | None = None
+    resume_token: str | None = None
+    last_event_seq: int = 0
+
+
+class HandshakeRefusal(msgspec.Struct, frozen=True, kw_only=True):
+    """A refused handshake. ``status`` set: answer the upgrade with that HTTP status.
+    ``status`` None: accept, send ``error{code, message}`` and close with ``close_code``."""
+
+    code: str
+    message: str
+    status: int | None = None
+    close_code: int = 1008
+    mode: Mode = Mode.GA
+    subprotocol: str | None = None
+
+
+def parse_bool(value: str | None) -> bool | None:
+    """``1/true/on/yes`` -> True, ``0/false/off/no`` -> False, absent -> None; others raise ValueError."""
+    if value is None:
+        return None
+    v = value.strip().lower()
+    if v in _TRUE:
+        return True
+    if v in _FALSE:
+        return False
+    raise ValueError(value)
+
+
+def _select_mode(headers: Mapping[str, str], subprotocols: Sequence[str]) -> tuple[Mode, str | None]:
+    if MSGPACK_SUBPROTOCOL in subprotocols:
+        return Mode.MSGPACK, MSGPACK_SUBPROTOCOL
+    beta = headers.get("openai-beta", "")
+    if any(part.strip().lower() == "realtime=v1" for part in beta.split(",")):
+        return Mode.BETA, None
+    return Mode.GA, None
+
+
+def plan_handshake(
+    query: Mapping[str, str], headers: Mapping[str, str], subprotocols: Sequence[str]
+) -> HandshakePlan | HandshakeRefusal:
+    """Decide what a handshake asks for (see the module docstring). ``headers`` keys are lower case."""
+    mode, subprotocol = _select_mode(headers, subprotocols)
+
+    def refuse(code: str, message: str) -> HandshakeRefusal:
+        return HandshakeRefusal(code=code, message=message, mode=mode, subprotocol=subprotocol)
+
+    try:
+        duplex = parse_bool(query.get("duplex"))
+        autostart = parse_bool(query.get("autostart"))
+        resume = parse_bool(query.get("resume"))
+    except ValueError as exc:
+        return refuse("invalid_request", f"query parameter has an invalid boolean value: {exc}")
+    if duplex is False:
+        return refuse(
+            "duplex_required",
+            "this server serves only duplex sessions: the turn-based Realtime API (?duplex=0) is not "
+            "available; connect to /v1/realtime without duplex=0",
+        )
+
+    session_id = query.get("session_id")
+    resume_token = query.get("resume_token")
+    raw_seq = query.get("last_event_seq", query.get("last_received_server_event_seq", query.get("last_seq")))
+    if session_id is not None or resume_token is not None:
+        if not session_id or not resume_token:
+            return refuse("invalid_session_resume", "resume needs both session_id and resume_token")
+        try:
+            seq = int(raw_seq) if raw_seq is not None else 0
+        except ValueError:
+            seq = -1
+        if seq < 0:
+            return refuse("invalid_session_resume", "last_event_seq must be a non-negative integer")
+        return HandshakePlan(
+            mode=mode,
+            subprotocol=subprotocol,
+            how=OpenHow.RESUME_QUERY,
+            model=query.get("model"),
+            session_id=session_id,
+            resume_token=resume_token,
+            last_event_seq=seq,
+        )
+
+    model = query.get("model") or None
+    if model is not None and autostart is not False and resume is not True:
+        return HandshakePlan(mode=mode, subprotocol=subprotocol, how=OpenHow.AUTOSTART, model=model)
+    return HandshakePlan(mode=mode, subprotocol=subprotocol, how=OpenHow.FIRST_MESSAGE, model=model)
