@@ -225,8 +225,9 @@ class TurnDetector:
 
     ``feed(pcm)`` with consecutive chunks of any size returns the events those samples
     complete, in order. ``reset()`` starts a new stream (times count from 0 again, model
-    state cleared). Not thread-safe: one caller at a time (see the module docstring).
-    ``model`` defaults to ``SileroModel.shared()`` (loading it on first use, which may raise
+    state cleared); ``clear()`` drops the turn in progress but keeps counting. Not
+    thread-safe: one caller at a time (see the module docstring). ``model`` defaults to
+    ``SileroModel.shared()`` (loading it on first use, which may raise
     ``VadUnavailableError``); any ``VadModel`` can stand in for it.
     """
 
@@ -245,12 +246,27 @@ class TurnDetector:
         """Forget the stream: the next sample fed is sample 0 of a new stream."""
         self._state = self._model.new_state(self.sample_rate)
         self._n_pending = 0
-        self._position = 0  # samples scored so far (a multiple of the window)
+        self._position = 0  # samples consumed so far: scored, or dropped by clear()
         self._phase = _Phase.SILENCE
         self._onset = 0  # first sample of the current (pending or confirmed) speech
         self._silence_start: int | None = None  # first sample of the current silence in SPEECH
         self._last_end = 0  # audio_end of the previous turn, in samples
         self._probability = 0.0
+
+    def clear(self) -> None:
+        """Drop the turn in progress and any partial window, but keep the stream's clock.
+
+        For ``input_audio_buffer.clear``: no ``SpeechStopped`` follows for a turn that was
+        open, the network starts from a fresh state, and later times still count from the
+        stream start (OpenAI counts every sample written during the session). A later
+        ``audio_start_ms`` never reaches back before the clear.
+        """
+        self._state = self._model.new_state(self.sample_rate)
+        self._position += self._n_pending
+        self._n_pending = 0
+        self._phase = _Phase.SILENCE
+        self._silence_start = None
+        self._last_end = self._position
 
     @property
     def in_speech(self) -> bool:

@@ -178,3 +178,20 @@ def test_events_do_not_depend_on_how_the_stream_is_chunked(runs, cuts):
     )
     times = [e.audio_start_ms if isinstance(e, SpeechStarted) else e.audio_end_ms for e in whole]
     assert times == sorted(times)
+
+
+def test_clear_drops_the_open_turn_but_keeps_the_clock():
+    det = detector()
+    assert det.feed(audio((0.0, 10), (0.9, 10))) == [SpeechStarted(audio_start_ms=(10 * W - 4800) // 16)]
+    det.feed(np.full(100, 0.9, np.float32))  # a partial window, dropped by clear()
+    det.clear()
+    assert not det.in_speech
+    assert det.samples_fed == 20 * W + 100
+    # Silence after the clear ends nothing (the turn is gone); the next turn's padding stops
+    # at the clear, and its times continue from the stream start.
+    got = det.feed(audio((0.0, 3), (0.9, 10), (0.0, 20)))
+    cleared_at = 20 * W + 100
+    assert got == [
+        SpeechStarted(audio_start_ms=cleared_at // 16),
+        SpeechStopped(audio_end_ms=(cleared_at + 13 * W + 8000) // 16),
+    ]
