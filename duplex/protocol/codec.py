@@ -126,6 +126,9 @@ def _decode_slow(
 ) -> ClientCommand:
     try:
         obj = raw.decode(data)
+    except msgspec.DecodeError:  # the typed pass stopped at a type error before reaching the damage
+        kind = "msgpack" if binary else "JSON"
+        raise ProtocolError("invalid_json", f"The frame is not valid {kind}") from None
     except RecursionError:
         raise ProtocolError("bad_event", "The event is nested too deeply") from None
     if not isinstance(obj, dict):
