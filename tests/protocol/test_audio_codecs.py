@@ -251,7 +251,8 @@ def test_g711_silence_encodes_to_the_idle_codes():
 
 
 @pytest.mark.parametrize(
-    "spelling", ["pcm16", "audio/pcm", "pcm_f32le", "g711_ulaw", "audio/pcmu", "g711_alaw", "audio/pcma", "wav"]
+    "spelling",
+    ["pcm16", "audio/pcm", "pcm_f32le", "g711_ulaw", "audio/pcmu", "g711_alaw", "audio/pcma", "wav"],
 )
 def test_every_normalised_format_round_trips_through_the_codec(spelling):
     formats = pytest.importorskip("duplex.protocol.formats")
