@@ -35,7 +35,9 @@ def make_session(kind: str = "echo", **settings: object) -> Session:
     )
 
 
-def decoded(ms: float = 80, *, rate: int = 24000, level: float = 0.2, vad=(), in_speech=False) -> DecodedAppend:
+def decoded(
+    ms: float = 80, *, rate: int = 24000, level: float = 0.2, vad=(), in_speech=False
+) -> DecodedAppend:
     n = int(rate * ms / 1000)
     return DecodedAppend(
         pcm=np.full(n, level, np.float32),
