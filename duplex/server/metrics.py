@@ -66,7 +66,9 @@ class ServerMetrics:
         self.detached = Counter("duplex_ws_detached", "sockets detached, by reason", ["reason"], registry=r)
         self.refused = Counter("duplex_ws_refused", "handshakes refused, by status", ["status"], registry=r)
         self.submit_latency = Histogram(
-            "duplex_submit_seconds", "frame received to command submitted", buckets=_LATENCY_BUCKETS_S,
+            "duplex_submit_seconds",
+            "frame received to command submitted",
+            buckets=_LATENCY_BUCKETS_S,
             registry=r,
         )
         self.send_latency = Histogram(

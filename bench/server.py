@@ -1,0 +1,433 @@
+"""Server capacity over WebSocket: N real-time clients against the echo frame plugin, vs a bare baseline.
+
+For each N (default 50, 200, 500) and each variant, a server runs in its own process on loopback and
+N clients (in this process) each send one 80 ms PCM16 append every 80 ms on an absolute schedule
+(start times spread over one period) and read every event. Measured after a warm-up:
+
+* append-to-delta latency: from sending append ``i`` to receiving the audio delta that stepping its
+  frame produced (p50 / p99 / max, ms);
+* sessions held: clients still connected and answered at the end of the run;
+* server CPU: the server process's CPU time over the measurement window, in % of one core.
+
+Variants: ``duplex-json`` (our server, GA JSON + base64), ``duplex-msgpack`` (our server, the
+``duplex.msgpack.v1`` subprotocol, raw audio bytes) and ``bare-json``: a minimal ``websockets``
+server that only decodes each append (JSON + base64) and answers with a same-size delta. The bare
+server is the ceiling for a Python WebSocket JSON service on this machine; our figures are reported
+as ratios to it. "Capacity" is the largest N whose p99 stays under ``--p99-ms`` (20) with every
+session held.
+
+Run: ``python -m bench.server --sessions 50 200 500 --seconds 10`` (writes
+``bench/results/server.json``). Clients and servers share the machine's cores, as they would on a
+small box; the load generator's own CPU is reported too.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import base64
+import json
+import os
+import random
+import re
+import socket
+import subprocess
+import sys
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import msgspec
+import numpy as np
+
+__all__ = ["main"]
+
+RATE = 24000
+FRAME_MS = 80
+FRAME_BYTES = RATE * FRAME_MS // 1000 * 2
+DELTA_PREFIX_JSON = '{"type":"response.output_audio.delta"'
+_SEQ_RE = re.compile(r'"server_event_seq":(\d+)')
+ACK_EVERY = 25
+
+
+# -- the bare baseline server --------------------------------------------------------------------
+
+
+class _BareDelta(msgspec.Struct, kw_only=True):
+    type: str
+    event_id: str
+    response_id: str
+    item_id: str
+    output_index: int
+    content_index: int
+    delta: str
+
+
+async def _bare_server(port: int) -> None:
+    """Decode each append (JSON + base64) and answer with a same-size GA audio delta."""
+    import websockets
+
+    decoder = msgspec.json.Decoder()
+    encoder = msgspec.json.Encoder()
+    n = 0
+
+    async def handler(ws: Any) -> None:
+        nonlocal n
+        async for message in ws:
+            obj = decoder.decode(message)
+            if obj.get("type") != "input_audio_buffer.append":
+                continue
+            pcm = base64.b64decode(obj["audio"], validate=True)
+            n += 1
+            out = _BareDelta(
+                type="response.output_audio.delta",
+                event_id=f"event_{n:022x}",
+                response_id="resp_1",
+                item_id="item_1",
+                output_index=0,
+                content_index=0,
+                delta=base64.b64encode(pcm).decode(),
+            )
+            await ws.send(encoder.encode(out).decode())
+
+    async with websockets.serve(handler, "127.0.0.1", port, compression=None, max_size=2**24):
+        await asyncio.Future()
+
+
+def _duplex_server(port: int, tick_ms: float) -> None:
+    """Our server on the echo plugin (one frame of delay)."""
+
+    from duplex.engine import Engine, EngineConfig
+    from duplex.plugins.builtin.echo import EchoPlugin
+    from duplex.server.app import create_app
+    from duplex.server.config import ServeConfig, ServerConfig
+    from duplex.server.serve import DrainingServer, uvicorn_config
+
+    plugin = EchoPlugin(max_sessions=2048)
+    plugin.load()
+    engine = Engine(
+        plugin, EngineConfig(max_sessions=2048, tick_ms=tick_ms, journal_max_age_s=10.0), model_name="echo"
+    )
+    cfg = ServeConfig(server=ServerConfig(port=port, ws_ping_interval_s=None))
+    app = create_app(engine, cfg.server, model_name="echo")
+    DrainingServer(uvicorn_config(app, cfg, log_level="warning")).run()
+
+
+# -- the load generator ----------------------------------------------------------------------------
+
+
+@dataclass
+class _Client:
+    sends: list[float] = field(default_factory=list)
+    deltas: int = 0
+    latencies_ms: list[float] = field(default_factory=list)
+    ok: bool = True
+    error: str | None = None
+
+
+def _speech_like(seconds: float) -> np.ndarray:
+    rng = np.random.default_rng(1)
+    return (0.1 * rng.standard_normal(int(RATE * seconds))).astype(np.float32)
+
+
+def _append_messages(variant: str) -> tuple[list[Any], int]:
+    """Pre-encoded append frames (cycled) and the delta offset (frames of model delay)."""
+    from duplex.protocol import DuplexInputAudioBufferAppend, Mode, encode
+
+    pcm = (_speech_like(FRAME_MS / 1000 * 8) * 32767).astype("<i2").tobytes()
+    frames = [pcm[i : i + FRAME_BYTES] for i in range(0, len(pcm), FRAME_BYTES)]
+    mode = Mode.MSGPACK if variant == "duplex-msgpack" else Mode.GA
+    msgs = [encode(DuplexInputAudioBufferAppend(audio=f), mode) for f in frames]
+    return msgs, (0 if variant == "bare-json" else 1)
+
+
+class _Head(msgspec.Struct):
+    type: str
+    server_event_seq: int | None = None
+
+
+async def _run_client(
+    variant: str,
+    port: int,
+    msgs: list[Any],
+    offset: int,
+    start_at: float,
+    stop_at: float,
+    measure_from: float,
+    stats: _Client,
+) -> None:
+    import websockets
+
+    from duplex.protocol import (
+        MSGPACK_SUBPROTOCOL,
+        AudioConfig,
+        AudioInputConfig,
+        DuplexSessionConfig,
+        DuplexSessionUpdate,
+        Mode,
+        SessionEventAck,
+        encode,
+    )
+
+    msgpack = variant == "duplex-msgpack"
+    mode = Mode.MSGPACK if msgpack else Mode.GA
+    path = "/" if variant == "bare-json" else "/v1/realtime?model=echo&autostart=0"
+    head = msgspec.msgpack.Decoder(_Head)
+    loop = asyncio.get_running_loop()
+    try:
+        async with websockets.connect(
+            f"ws://127.0.0.1:{port}{path}",
+            compression=None,
+            max_size=2**24,
+            subprotocols=[MSGPACK_SUBPROTOCOL] if msgpack else None,
+            open_timeout=60,
+            ping_interval=None,
+            proxy=None,
+        ) as ws:
+            if variant != "bare-json":
+                update = DuplexSessionUpdate(
+                    session=DuplexSessionConfig(
+                        audio=AudioConfig(input=AudioInputConfig(turn_detection=None))
+                    )
+                )
+                await ws.send(encode(update, mode))
+
+            async def reader() -> None:
+                since_ack = 0
+                async for message in ws:
+                    t = loop.time()
+                    if msgpack:
+                        h = head.decode(message)
+                        is_delta, seq = h.type == "response.output_audio.delta", h.server_event_seq
+                    else:
+                        is_delta = message.startswith(DELTA_PREFIX_JSON)
+                        m = _SEQ_RE.search(message, 0, 200) if variant != "bare-json" else None
+                        seq = int(m.group(1)) if m else None
+                    if seq is not None:
+                        since_ack += 1
+                        if since_ack >= ACK_EVERY:
+                            since_ack = 0
+                            await ws.send(encode(SessionEventAck(server_event_seq=seq), mode))
+                    if is_delta:
+                        k = stats.deltas + offset
+                        stats.deltas += 1
+                        if k < len(stats.sends) and stats.sends[k] >= measure_from:
+                            stats.latencies_ms.append((t - stats.sends[k]) * 1000.0)
+
+            rtask = asyncio.create_task(reader())
+            i = 0
+            while True:
+                due = start_at + i * FRAME_MS / 1000.0
+                if due >= stop_at:
+                    break
+                delay = due - loop.time()
+                if delay > 0:
+                    await asyncio.sleep(delay)
+                stats.sends.append(loop.time())
+                await ws.send(msgs[i % len(msgs)])
+                i += 1
+            await asyncio.sleep(0.3)  # let the last deltas arrive before closing
+            rtask.cancel()
+    except Exception as exc:  # a refused or dropped session counts as not held
+        stats.ok = False
+        stats.error = f"{type(exc).__name__}: {exc}"
+    if stats.deltas < max(1, len(stats.sends) - offset - 3):
+        stats.ok = False
+
+
+def _free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def _wait_port(port: int, timeout: float = 60.0) -> None:
+    deadline = time.time() + timeout
+    while time.time() < deadline:
+        with socket.socket() as s:
+            if s.connect_ex(("127.0.0.1", port)) == 0:
+                return
+        time.sleep(0.1)
+    raise RuntimeError(f"server on port {port} did not start")
+
+
+def _pct(xs: list[float], q: float) -> float | None:
+    if not xs:
+        return None
+    xs = sorted(xs)
+    return xs[min(len(xs) - 1, max(0, int(np.ceil(q / 100 * len(xs))) - 1))]
+
+
+def run_one(variant: str, n: int, seconds: float, warmup: float, tick_ms: float) -> dict[str, Any]:
+    import psutil
+
+    port = _free_port()
+    role = "--serve-bare" if variant == "bare-json" else "--serve-duplex"
+    proc = subprocess.Popen(
+        [sys.executable, "-m", "bench.server", role, "--port", str(port), "--tick-ms", str(tick_ms)],
+        env={**os.environ, "PYTHONUNBUFFERED": "1"},
+    )
+    try:
+        _wait_port(port)
+        server = psutil.Process(proc.pid)
+        me = psutil.Process()
+        msgs, offset = _append_messages(variant)
+
+        async def drive() -> tuple[list[_Client], float, float, float]:
+            loop = asyncio.get_running_loop()
+            t0 = loop.time() + 1.0 + n * 0.004  # time to connect everyone
+            measure_from = t0 + warmup
+            stop_at = measure_from + seconds
+            clients = [_Client() for _ in range(n)]
+            tasks = [
+                asyncio.create_task(
+                    _run_client(
+                        variant,
+                        port,
+                        msgs,
+                        offset,
+                        t0 + random.random() * FRAME_MS / 1000,
+                        stop_at,
+                        measure_from,
+                        c,
+                    )
+                )
+                for c in clients
+            ]
+            await asyncio.sleep(max(0.0, measure_from - loop.time()))
+            cpu0, mine0, w0 = _cpu(server), _cpu(me), time.perf_counter()
+            await asyncio.sleep(max(0.0, stop_at - loop.time()))
+            cpu1, mine1, w1 = _cpu(server), _cpu(me), time.perf_counter()
+            await asyncio.gather(*tasks)
+            wall = w1 - w0
+            return clients, (cpu1 - cpu0) / wall * 100, (mine1 - mine0) / wall * 100, wall
+
+        clients, cpu, mine, _ = asyncio.run(drive())
+    finally:
+        proc.terminate()
+        try:
+            proc.wait(timeout=10)
+        except subprocess.TimeoutExpired:
+            proc.kill()
+    lat = [x for c in clients for x in c.latencies_ms]
+    errors = sorted({c.error for c in clients if c.error})
+    return {
+        "variant": variant,
+        "sessions": n,
+        "held": sum(c.ok for c in clients),
+        "p50_ms": _pct(lat, 50),
+        "p99_ms": _pct(lat, 99),
+        "max_ms": max(lat) if lat else None,
+        "samples": len(lat),
+        "server_cpu_pct": cpu,
+        "driver_cpu_pct": mine,
+        "errors": errors[:3],
+    }
+
+
+def _cpu(p: Any) -> float:
+    t = p.cpu_times()
+    return t.user + t.system
+
+
+def _fmt(v: Any) -> str:
+    if v is None:
+        return "-"
+    if isinstance(v, float):
+        return f"{v:.1f}"
+    return str(v)
+
+
+def _table(rows: list[dict[str, Any]], columns: list[str]) -> str:
+    cells = [[_fmt(r.get(c)) for c in columns] for r in rows]
+    widths = [max(len(c), *(len(x[i]) for x in cells)) for i, c in enumerate(columns)]
+    lines = ["  ".join(c.ljust(w) for c, w in zip(columns, widths, strict=True))]
+    lines += ["  ".join(x.ljust(w) for x, w in zip(row, widths, strict=True)) for row in cells]
+    return "\n".join(lines)
+
+
+def main(argv: list[str] | None = None) -> int:
+    ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    ap.add_argument("--sessions", type=int, nargs="+", default=[50, 200, 500])
+    ap.add_argument("--variants", nargs="+", default=["bare-json", "duplex-json", "duplex-msgpack"])
+    ap.add_argument("--seconds", type=float, default=10.0, help="measurement window per run")
+    ap.add_argument("--warmup", type=float, default=3.0)
+    ap.add_argument("--tick-ms", type=float, default=5.0, help="engine scheduler tick")
+    ap.add_argument("--p99-ms", type=float, default=20.0)
+    ap.add_argument("--json", default="bench/results/server.json")
+    ap.add_argument("--serve-bare", action="store_true", help=argparse.SUPPRESS)
+    ap.add_argument("--serve-duplex", action="store_true", help=argparse.SUPPRESS)
+    ap.add_argument("--port", type=int, default=0, help=argparse.SUPPRESS)
+    args = ap.parse_args(argv)
+    if args.serve_bare:
+        asyncio.run(_bare_server(args.port))
+        return 0
+    if args.serve_duplex:
+        _duplex_server(args.port, args.tick_ms)
+        return 0
+
+    rows = []
+    for n in args.sessions:
+        for variant in args.variants:
+            row = run_one(variant, n, args.seconds, args.warmup, args.tick_ms)
+            rows.append(row)
+            print(_table([row], list(row)[:-1]), flush=True)
+    capacity: dict[str, int] = {}
+    for variant in args.variants:
+        ok = [
+            r["sessions"]
+            for r in rows
+            if r["variant"] == variant
+            and r["held"] == r["sessions"]
+            and r["p99_ms"] is not None
+            and r["p99_ms"] < args.p99_ms
+        ]
+        capacity[variant] = max(ok, default=0)
+    base = capacity.get("bare-json") or 0
+    ratios = {v: (c / base if base else None) for v, c in capacity.items()}
+    for r in rows:
+        bare = next((b for b in rows if b["variant"] == "bare-json" and b["sessions"] == r["sessions"]), None)
+        r["p99_vs_bare"] = (r["p99_ms"] / bare["p99_ms"]) if bare and bare["p99_ms"] and r["p99_ms"] else None
+        r["cpu_vs_bare"] = (
+            (r["server_cpu_pct"] / bare["server_cpu_pct"]) if bare and bare["server_cpu_pct"] else None
+        )
+    cols = [
+        "variant",
+        "sessions",
+        "held",
+        "p50_ms",
+        "p99_ms",
+        "max_ms",
+        "server_cpu_pct",
+        "driver_cpu_pct",
+        "p99_vs_bare",
+        "cpu_vs_bare",
+    ]
+    print()
+    print(_table(rows, cols))
+    print()
+    print(f"capacity at p99 < {args.p99_ms:g} ms (largest N tried with every session held):")
+    for v, c in capacity.items():
+        ratio = ratios[v]
+        print(f"  {v:15s} {c:5d}" + (f"   {ratio:.2f} x bare-json" if ratio is not None else ""))
+    payload = {
+        "benchmark": "server",
+        "frame_ms": FRAME_MS,
+        "tick_ms": args.tick_ms,
+        "seconds": args.seconds,
+        "warmup_s": args.warmup,
+        "p99_threshold_ms": args.p99_ms,
+        "cpu_count": os.cpu_count(),
+        "rows": rows,
+        "capacity": capacity,
+        "capacity_vs_bare": ratios,
+    }
+    Path(args.json).parent.mkdir(parents=True, exist_ok=True)
+    Path(args.json).write_text(json.dumps(payload, indent=2) + "\n")
+    print(f"wrote {args.json}")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

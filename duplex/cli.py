@@ -1,0 +1,130 @@
+"""The ``duplex`` command: ``serve``, ``talk``, ``plugins``.
+
+``duplex serve``    load a plugin and serve it on ``/v1/realtime`` (see ``duplex.server.serve``);
+``duplex talk``     stream a WAV file (or the microphone) to a server in real time, print the
+                    transcripts, save or play the reply (see ``clients.talk``);
+``duplex plugins``  list the installed plugins and their capabilities.
+
+Exit status: 0 on success, 2 for a usage or configuration error, 1 for a failure at run time.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import logging
+import sys
+from collections.abc import Sequence
+
+__all__ = ["build_parser", "main"]
+
+
+def build_parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(prog="duplex", description="Real-time full-duplex model serving.")
+    sub = parser.add_subparsers(dest="command", required=True)
+
+    serve = sub.add_parser("serve", help="serve a plugin over the OpenAI Realtime WebSocket API")
+    serve.add_argument("--plugin", help="plugin name (default: 'default' when it loads, else 'echo')")
+    serve.add_argument("--model-path", help="directory with the model's weights")
+    serve.add_argument("--model-name", help="model name reported to clients (default: the plugin name)")
+    serve.add_argument("--host", help="address to bind (default 127.0.0.1)")
+    serve.add_argument("--port", type=int, help="port to bind (default 8000)")
+    serve.add_argument("--max-sessions", type=int, help="concurrent sessions before resource_exhausted")
+    serve.add_argument("--api-key", action="append", dest="api_keys", help="accepted API key (repeatable)")
+    serve.add_argument("--config", help="YAML file with server, engine and plugin settings")
+    serve.add_argument("--log-level", default="info", choices=["debug", "info", "warning", "error"])
+
+    talk = sub.add_parser("talk", help="talk to a server: send a WAV file or the microphone, get the reply")
+    talk.add_argument("--url", default="ws://127.0.0.1:8000/v1/realtime", help="server WebSocket URL")
+    src = talk.add_mutually_exclusive_group()
+    src.add_argument("--wav", help="WAV file to send (any rate; mono or the first channel)")
+    src.add_argument("--mic", action="store_true", help="send the microphone (needs 'sounddevice')")
+    talk.add_argument("--seconds", type=float, default=10.0, help="with --mic: how long to record")
+    talk.add_argument("--model", help="model name to ask for (any name is accepted by duplex servers)")
+    talk.add_argument("--api-key", help="API key (Authorization: Bearer)")
+    talk.add_argument("--out", help="save the reply audio to this WAV file")
+    talk.add_argument("--play", action="store_true", help="play the reply (needs 'sounddevice')")
+    talk.add_argument("--chunk-ms", type=int, default=0, help="append size (default: the model's frame)")
+    talk.add_argument("--fast", action="store_true", help="send as fast as possible, not in real time")
+    talk.add_argument("--tail-ms", type=int, default=1500, help="silence sent after the input")
+    talk.add_argument("--timeout", type=float, default=30.0, help="seconds to wait for the reply to end")
+    talk.add_argument("--quiet", action="store_true", help="no progress line")
+
+    sub.add_parser("plugins", help="list installed plugins and their capabilities")
+    return parser
+
+
+def _cmd_serve(args: argparse.Namespace) -> int:
+    import msgspec
+
+    from duplex.plugins.base import PluginError
+    from duplex.server.config import ConfigError, load_serve_config
+    from duplex.server.serve import serve
+
+    logging.basicConfig(
+        level=args.log_level.upper(), format="%(asctime)s %(levelname)s %(name)s: %(message)s"
+    )
+    try:
+        cfg = load_serve_config(args.config)
+        server = cfg.server
+        overrides = {k: v for k, v in (("host", args.host), ("port", args.port)) if v is not None}
+        if args.api_keys:
+            overrides["api_keys"] = tuple(args.api_keys)
+        if overrides:
+            server = msgspec.structs.replace(server, **overrides)
+        engine = dict(cfg.engine)
+        if args.max_sessions is not None:
+            engine["max_sessions"] = args.max_sessions
+        cfg = msgspec.structs.replace(
+            cfg,
+            plugin=args.plugin or cfg.plugin,
+            model_path=args.model_path or cfg.model_path,
+            model_name=args.model_name or cfg.model_name,
+            server=server,
+            engine=engine,
+        )
+        serve(cfg, log_level=args.log_level)
+    except (ConfigError, PluginError) as exc:
+        print(f"duplex serve: {exc}", file=sys.stderr)
+        return 2
+    return 0
+
+
+def _cmd_plugins(args: argparse.Namespace) -> int:
+    import msgspec
+
+    from duplex.plugins import registry
+
+    for name in registry.available():
+        try:
+            cls = registry.load_class(name)
+            caps = cls.from_options().capabilities()
+            line = json.dumps(msgspec.to_builtins(caps), sort_keys=True)
+        except Exception as exc:  # a plugin that cannot even be built: report it, list the others
+            line = f"(unavailable: {type(exc).__name__}: {exc})"
+        print(f"{name}\t{line}")
+    return 0
+
+
+def _cmd_talk(args: argparse.Namespace) -> int:
+    from clients.talk import TalkError, talk
+
+    try:
+        return talk(args)
+    except TalkError as exc:
+        print(f"duplex talk: {exc}", file=sys.stderr)
+        return exc.status
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    """Entry point of the ``duplex`` command; returns the exit status."""
+    args = build_parser().parse_args(argv)
+    handler = {"serve": _cmd_serve, "talk": _cmd_talk, "plugins": _cmd_plugins}[args.command]
+    try:
+        return handler(args)
+    except KeyboardInterrupt:
+        return 130
+
+
+if __name__ == "__main__":
+    sys.exit(main())

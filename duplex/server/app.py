@@ -1,0 +1,166 @@
+"""The ASGI application: ``/v1/realtime`` (WebSocket), ``/health``, ``/v1/models``, ``/metrics``.
+
+``create_app(engine, config, model_name=...)`` builds a Starlette app around one engine. The app's
+lifespan enters the engine (``async with engine``) on startup and leaves it on shutdown; leaving
+drains: every session gets ``session.closed{reason:"shutdown"}``. ``AppState.drain()`` does the same
+earlier, on demand (``DrainingServer`` calls it before uvicorn closes the sockets), and then waits
+up to ``shutdown_timeout_s`` for every socket to flush and close. It is idempotent.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+from collections.abc import AsyncIterator
+from typing import Any
+
+import msgspec
+from starlette.applications import Starlette
+from starlette.requests import Request
+from starlette.responses import JSONResponse, Response
+from starlette.routing import Route, WebSocketRoute
+
+from duplex.server.auth import api_key_ok, presented_api_key
+from duplex.server.config import ServerConfig
+from duplex.server.metrics import CONTENT_TYPE, ServerMetrics
+
+__all__ = ["AppState", "ModelCard", "ModelList", "create_app"]
+
+log = logging.getLogger("duplex.server")
+
+
+class ModelCard(msgspec.Struct, frozen=True, kw_only=True):
+    """One entry of ``GET /v1/models`` (OpenAI's model object, plus our capabilities)."""
+
+    id: str
+    object: str = "model"
+    created: int = 0
+    owned_by: str = "duplex"
+    capabilities: dict[str, Any] | None = None
+
+
+class ModelList(msgspec.Struct, frozen=True, kw_only=True):
+    object: str = "list"
+    data: list[ModelCard]
+
+
+class HealthStatus(msgspec.Struct, frozen=True, kw_only=True):
+    status: str
+    model: str
+    sessions: int | None = None
+
+
+class AppState:
+    """What the routes share: the engine, the limits, the metrics, the live connections."""
+
+    def __init__(self, engine: Any, config: ServerConfig, model_name: str) -> None:
+        self.engine = engine
+        self.config = config
+        self.model_name = model_name
+        self.metrics = ServerMetrics(getattr(engine, "metrics", None))
+        self.ready = False
+        self.draining = False
+        self.connections: set[asyncio.Task[Any]] = set()
+        self._engine_stack: contextlib.AsyncExitStack | None = None
+        self._drained = asyncio.Event()
+
+    async def start(self) -> None:
+        """Enter the engine; afterwards ``/health`` answers 200."""
+        stack = contextlib.AsyncExitStack()
+        await stack.enter_async_context(self.engine)
+        self._engine_stack = stack
+        self.ready = True
+
+    async def drain(self) -> None:
+        """Refuse new connections, close every session with reason ``shutdown``, wait for sockets.
+
+        Idempotent and safe to call concurrently: later callers wait for the first one.
+        """
+        if self.draining:
+            await self._drained.wait()
+            return
+        self.draining = True
+        self.ready = False
+        try:
+            if self._engine_stack is not None:
+                stack, self._engine_stack = self._engine_stack, None
+                await stack.aclose()
+            pending = [t for t in self.connections if not t.done()]
+            if pending:
+                _, still = await asyncio.wait(pending, timeout=self.config.shutdown_timeout_s)
+                if still:
+                    log.warning(
+                        "%d connections did not close within %.1fs",
+                        len(still),
+                        self.config.shutdown_timeout_s,
+                    )
+        finally:
+            self._drained.set()
+
+
+def _capabilities(engine: Any) -> dict[str, Any] | None:
+    caps = getattr(engine, "capabilities", None)
+    return msgspec.to_builtins(caps) if caps is not None else None
+
+
+def create_app(
+    engine: Any, config: ServerConfig | None = None, *, model_name: str | None = None
+) -> Starlette:
+    """The Starlette app serving ``engine``. ``model_name``: the name clients see (default: plugin name)."""
+    from duplex.server.realtime import realtime_endpoint
+
+    config = config or ServerConfig()
+    name = model_name or getattr(engine, "plugin_name", None) or "duplex"
+    state = AppState(engine, config, name)
+
+    async def health(request: Request) -> Response:
+        status = HealthStatus(
+            status="ok" if state.ready else ("draining" if state.draining else "starting"),
+            model=name,
+            sessions=len(state.connections),
+        )
+        return Response(
+            msgspec.json.encode(status),
+            status_code=200 if state.ready else 503,
+            media_type="application/json",
+        )
+
+    async def models(request: Request) -> Response:
+        if not api_key_ok(presented_api_key(request.headers, request.query_params), config.api_keys):
+            return JSONResponse(
+                {
+                    "error": {
+                        "type": "invalid_request_error",
+                        "code": "invalid_api_key",
+                        "message": "missing or unknown API key",
+                    }
+                },
+                status_code=401,
+            )
+        body = ModelList(data=[ModelCard(id=name, capabilities=_capabilities(engine))])
+        return Response(msgspec.json.encode(body), media_type="application/json")
+
+    async def metrics(request: Request) -> Response:
+        return Response(state.metrics.render(), media_type=CONTENT_TYPE)
+
+    @contextlib.asynccontextmanager
+    async def lifespan(app: Starlette) -> AsyncIterator[None]:
+        await state.start()
+        try:
+            yield
+        finally:
+            await state.drain()
+
+    app = Starlette(
+        routes=[
+            Route("/health", health),
+            Route("/v1/models", models),
+            Route("/metrics", metrics),
+            WebSocketRoute("/v1/realtime", realtime_endpoint),
+            WebSocketRoute("/v1/duplex", realtime_endpoint),
+        ],
+        lifespan=lifespan,
+    )
+    app.state.duplex = state
+    return app

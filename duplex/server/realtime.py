@@ -1,0 +1,317 @@
+"""``GET /v1/realtime``: one WebSocket carrying one duplex session.
+
+Theory of operation
+-------------------
+1. *Admission* (before accepting): draining -> 503, API key -> 401, browser origin -> 403. Then
+   ``plan_handshake`` reads the query and headers (wire mode, how the session opens).
+2. *Open*: at once from the query (``?model=`` autostart, or resume parameters), or from the first
+   message (``session.update`` opens, ``session.resume`` resumes, anything else opens a default
+   session and is then handled as the first command). A failure here sends one ``error`` and closes
+   (``resource_exhausted`` with 1013 so clients retry later, others with 1008).
+3. *Run*: this handler's task reads frames, decodes them and submits commands to the engine's
+   ``Attachment`` (``session.event_ack`` is handled here: it acks the journal). A writer task drains
+   ``Attachment.next_event()`` into the socket. The socket has one bounded send queue: the
+   attachment's outbox. When the client reads too slowly the writer blocks on the socket, the outbox
+   fills, and the engine detaches the attachment (``Detached``); a single write that stalls for
+   ``send_timeout_s`` detaches it as well. Either way the socket closes with 1013 and the client
+   resumes from the journal: a slow reader never grows the server's memory.
+4. *End*: a client that goes away detaches its attachment (the session waits for a resume, or closes
+   when it cannot resume). When the writer sees ``Detached`` the socket closes with a code that tells
+   the client what to do: 1000 after ``session.closed`` / ``session.expired`` / ``session.replaced``,
+   1012 after a shutdown (the ``openai`` SDK reconnects on it), 1013 for a slow reader.
+
+Bad input never ends a session: an oversized frame, a frame that does not decode or a command the
+engine refuses gets one ``error`` with the precise code and the client's ``event_id``.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+import time
+from typing import Any
+
+from starlette.responses import Response
+from starlette.websockets import WebSocket
+
+from duplex.protocol import Mode, ProtocolError, decode, encode, new_event_id
+from duplex.protocol.ext.commands import SessionEventAck, SessionResume
+from duplex.protocol.ext.events import SessionClosed, SessionExpired, SessionReplaced
+from duplex.protocol.realtime.commands import SessionUpdate
+from duplex.server.app import AppState
+from duplex.server.auth import api_key_ok, origin_ok, presented_api_key
+from duplex.server.handshake import HandshakePlan, HandshakeRefusal, OpenHow, plan_handshake
+
+__all__ = ["CloseCode", "realtime_endpoint"]
+
+log = logging.getLogger("duplex.server.realtime")
+
+
+class CloseCode:
+    """WebSocket close codes we send (RFC 6455 §7.4.1)."""
+
+    NORMAL = 1000
+    POLICY = 1008  # handshake refused after accept (bad resume, bad first message)
+    SERVICE_RESTART = 1012  # draining for shutdown: retry later (the openai SDK reconnects)
+    TRY_AGAIN_LATER = 1013  # over capacity or detached as a slow reader: retry / resume
+
+
+_RETRYABLE_OPEN_CODES = frozenset({"resource_exhausted", "input_backpressure"})
+
+
+def _session_error_parts(exc: BaseException) -> tuple[str, str, str | None]:
+    """(code, message, param) of an engine or plugin error; unknown exceptions are ``server_error``."""
+    code = getattr(exc, "code", None)
+    if isinstance(code, str) and code:
+        return code, str(getattr(exc, "message", None) or exc), getattr(exc, "param", None)
+    return "server_error", "internal server error", None
+
+
+async def realtime_endpoint(websocket: WebSocket) -> None:
+    """The WebSocket route. Cancel-safe: cancellation detaches the session and re-raises."""
+    state: AppState = websocket.app.state.duplex
+    refusal = _admission(websocket, state)
+    if refusal is not None:
+        state.metrics.refused.labels(str(refusal.status_code)).inc()
+        await websocket.send_denial_response(refusal)
+        return
+    plan = plan_handshake(
+        websocket.query_params, websocket.headers, websocket.scope.get("subprotocols") or ()
+    )
+    task = asyncio.current_task()
+    assert task is not None
+    state.connections.add(task)
+    state.metrics.connections.inc()
+    try:
+        await websocket.accept(subprotocol=plan.subprotocol)
+        if isinstance(plan, HandshakeRefusal):
+            conn = _Connection(websocket, state, plan.mode)
+            await conn.fail(ProtocolError(plan.code, plan.message), plan.close_code)
+            return
+        await _Connection(websocket, state, plan.mode).run(plan)
+    finally:
+        state.metrics.connections.dec()
+        state.connections.discard(task)
+
+
+def _admission(websocket: WebSocket, state: AppState) -> Response | None:
+    cfg = state.config
+    if state.draining or not state.ready:
+        return Response("server is not accepting sessions", status_code=503)
+    if not api_key_ok(presented_api_key(websocket.headers, websocket.query_params), cfg.api_keys):
+        return Response("missing or unknown API key", status_code=401)
+    if not origin_ok(websocket.headers.get("origin"), cfg.allowed_origins):
+        return Response("origin not allowed", status_code=403)
+    return None
+
+
+class _Connection:
+    """One accepted socket: open the session, then pump frames both ways (see the module docstring)."""
+
+    def __init__(self, websocket: WebSocket, state: AppState, mode: Mode) -> None:
+        self.ws = websocket
+        self.state = state
+        self.mode = mode
+        self.cfg = state.config
+        self.metrics = state.metrics
+        self._binary = mode is Mode.MSGPACK
+        self._close_code = CloseCode.NORMAL
+        self._close_reason = ""
+        self._writer_ended = False
+
+    # -- sending ---------------------------------------------------------------------------
+
+    async def _send(self, event: Any) -> None:
+        data = encode(event, self.mode)
+        t0 = time.perf_counter()
+        async with asyncio.timeout(self.cfg.send_timeout_s):
+            if self._binary:
+                await self.ws.send({"type": "websocket.send", "bytes": data})
+            else:
+                await self.ws.send({"type": "websocket.send", "text": data})
+        self.metrics.send_latency.observe(time.perf_counter() - t0)
+        self.metrics.server_events.inc()
+
+    async def _send_error(self, err: ProtocolError) -> None:
+        self.metrics.errors.labels(err.code).inc()
+        await self._send(err.to_event(new_event_id()))
+
+    async def _close(self, code: int, reason: str = "") -> None:
+        with contextlib.suppress(Exception):  # the peer may be gone already; closing is best effort
+            await self.ws.close(code, reason)
+
+    async def fail(self, err: ProtocolError, close_code: int) -> None:
+        """Send one error and close: the handshake or open failed."""
+        with contextlib.suppress(Exception):
+            await self._send_error(err)
+        await self._close(close_code, err.code)
+
+    # -- receiving -------------------------------------------------------------------------
+
+    async def _receive(self) -> str | bytes | None:
+        """The next frame's payload, or None when the client went away."""
+        message = await self.ws.receive()
+        if message["type"] == "websocket.disconnect":
+            return None
+        text = message.get("text")
+        return text if text is not None else message.get("bytes", b"")
+
+    def _decode(self, data: str | bytes) -> Any:
+        # A text frame on a msgpack socket (or a binary one on a JSON socket) is read as JSON:
+        # liberal in what we accept.
+        mode = Mode.GA if (self._binary and isinstance(data, str)) else self.mode
+        if mode is Mode.MSGPACK or isinstance(data, str):
+            return decode(data, mode, max_bytes=self.cfg.max_message_bytes)
+        return decode(data, Mode.GA, max_bytes=self.cfg.max_message_bytes)
+
+    # -- opening ---------------------------------------------------------------------------
+
+    async def run(self, plan: HandshakePlan) -> None:
+        engine = self.state.engine
+        first: Any = None
+        try:
+            if plan.how is OpenHow.AUTOSTART:
+                att = await engine.open(model=plan.model)
+                how = "autostart"
+            elif plan.how is OpenHow.RESUME_QUERY:
+                att = await engine.resume(plan.session_id, plan.resume_token, plan.last_event_seq)
+                how = "resume"
+            else:
+                att, how, first = await self._open_from_first_message(plan)
+                if att is None:
+                    return
+        except ProtocolError as err:
+            await self.fail(err, CloseCode.POLICY)
+            return
+        except Exception as exc:
+            code, message, param = _session_error_parts(exc)
+            if code == "server_error":
+                log.exception("opening a session failed")
+            close = CloseCode.TRY_AGAIN_LATER if code in _RETRYABLE_OPEN_CODES else CloseCode.POLICY
+            await self.fail(ProtocolError(code, message, param=param), close)
+            return
+        self.metrics.sessions_opened.labels(how).inc()
+        await self._serve(att, first)
+
+    async def _open_from_first_message(self, plan: HandshakePlan) -> tuple[Any, str, Any]:
+        try:
+            async with asyncio.timeout(self.cfg.first_message_timeout_s):
+                data = await self._receive()
+        except TimeoutError:
+            await self.fail(
+                ProtocolError("config_timeout", "Timeout waiting for session.update"), CloseCode.POLICY
+            )
+            return None, "", None
+        if data is None:
+            return None, "", None
+        cmd = self._decode(data)  # ProtocolError: handled by the caller (error, then close)
+        engine = self.state.engine
+        if isinstance(cmd, SessionResume):
+            seq = cmd.last_received_alias if cmd.last_received_alias is not None else cmd.last_event_seq
+            return await engine.resume(cmd.session_id, cmd.resume_token, seq), "resume", None
+        if isinstance(cmd, SessionUpdate):
+            return await engine.open(model=plan.model, update=cmd), "session.update", None
+        # Any other first command: open a default session, then handle the command as the first one.
+        return await engine.open(model=plan.model), "autostart", cmd
+
+    # -- running ---------------------------------------------------------------------------
+
+    async def _serve(self, att: Any, first: Any) -> None:
+        writer = asyncio.create_task(self._write_loop(att), name=f"writer-{att.session_id}")
+        try:
+            if first is not None:
+                await self._handle_command(att, first)
+            await self._read_loop(att)
+        finally:
+            if not writer.done():
+                writer.cancel()
+            with contextlib.suppress(asyncio.CancelledError):
+                await writer
+            if not self._writer_ended:
+                # The client left (or we are cancelled): the session waits for a resume.
+                await asyncio.shield(att.detach())
+                self.metrics.detached.labels("client_gone").inc()
+
+    async def _read_loop(self, att: Any) -> None:
+        while True:
+            data = await self._receive()
+            if data is None:
+                return
+            t0 = time.perf_counter()
+            try:
+                cmd = self._decode(data)
+            except ProtocolError as err:
+                await self._send_error(err)
+                continue
+            self.metrics.client_events.inc()
+            await self._handle_command(att, cmd)
+            self.metrics.submit_latency.observe(time.perf_counter() - t0)
+
+    async def _handle_command(self, att: Any, cmd: Any) -> None:
+        event_id = getattr(cmd, "event_id", None)
+        try:
+            if isinstance(cmd, SessionEventAck):
+                att.ack(cmd.server_event_seq)
+            elif isinstance(cmd, SessionResume):
+                raise ProtocolError(
+                    "unsupported_session_resume",
+                    "session.resume must be the first message of a new connection",
+                    event_id=event_id,
+                )
+            else:
+                att.submit(cmd)
+        except ProtocolError as err:
+            await self._send_error(err)
+        except Exception as exc:
+            code, message, param = _session_error_parts(exc)
+            if code == "server_error":
+                log.exception("session %s: command %s failed", att.session_id, type(cmd).__name__)
+            await self._send_error(ProtocolError(code, message, param=param, event_id=event_id))
+
+    async def _write_loop(self, att: Any) -> None:
+        """Drain the attachment into the socket until it is detached; then close the socket."""
+        from duplex.engine import Detached
+
+        last: Any = None
+        code, reason = CloseCode.NORMAL, ""
+        try:
+            while True:
+                try:
+                    event = await att.next_event()
+                except Detached as d:
+                    code, reason = self._close_for(last, str(getattr(d, "reason", "") or ""))
+                    self.metrics.detached.labels(reason or "detached").inc()
+                    break
+                last = event
+                await self._send(event)
+        except TimeoutError:
+            # One write stalled for send_timeout_s: the peer stopped reading. Detach so the session
+            # keeps its journal for a resume, and tell the client to come back later.
+            code, reason = CloseCode.TRY_AGAIN_LATER, "slow_reader"
+            self.metrics.detached.labels(reason).inc()
+            await asyncio.shield(att.detach())
+        except Exception:
+            # The socket failed under us (peer gone mid-write): the reader sees the disconnect and
+            # detaches; nothing else to do here.
+            return
+        self._writer_ended = True
+        await self._close(code, reason)
+
+    @staticmethod
+    def _close_for(last: Any, reason: str) -> tuple[int, str]:
+        if isinstance(last, SessionClosed):
+            if last.reason == "shutdown":
+                return CloseCode.SERVICE_RESTART, "shutdown"
+            return CloseCode.NORMAL, last.reason
+        if isinstance(last, SessionExpired):
+            return CloseCode.NORMAL, "session_expired"
+        if isinstance(last, SessionReplaced):
+            return CloseCode.NORMAL, "session_replaced"
+        if reason in ("shutdown", "draining"):
+            return CloseCode.SERVICE_RESTART, reason
+        if reason in ("replaced", "session_replaced"):
+            return CloseCode.NORMAL, "session_replaced"
+        if reason in ("closed", "expired", "session_closed", "session_expired", "resync_required"):
+            return CloseCode.NORMAL, reason
+        return CloseCode.TRY_AGAIN_LATER, reason or "slow_reader"

@@ -1,0 +1,141 @@
+"""Run the server: pick and load a plugin, build the engine and the app, serve with uvicorn.
+
+``serve(config)`` is what ``duplex serve`` calls. Shutdown (SIGINT/SIGTERM) drains first: every
+session gets ``session.closed{reason:"shutdown"}`` and its socket is closed with 1012 (service
+restart, which the ``openai`` SDK retries) before uvicorn tears the connections down.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+from typing import Any
+
+import uvicorn
+
+from duplex.plugins import registry
+from duplex.plugins.base import Plugin, PluginError
+from duplex.server.config import ConfigError, ServeConfig
+
+__all__ = ["DEFAULT_PLUGIN", "FALLBACK_PLUGIN", "DrainingServer", "build_plugin", "serve", "uvicorn_config"]
+
+log = logging.getLogger("duplex.server")
+
+DEFAULT_PLUGIN = "default"
+FALLBACK_PLUGIN = "echo"
+
+
+def build_plugin(name: str | None, model_path: str | None, options: dict[str, Any]) -> tuple[Plugin, str]:
+    """Build and load the plugin to serve; returns it (loaded) and its name.
+
+    With no ``name``: ``default`` when it is installed and loads, else ``echo``. A named plugin that
+    fails to build or load raises (``PluginError`` or the plugin's own exception): asking for a
+    model and silently getting another would be worse than not starting.
+    """
+    if name is not None:
+        plugin = registry.load_class(name).from_options(model_path, **options)
+        plugin.load()
+        return plugin, name
+    if DEFAULT_PLUGIN in registry.available():
+        try:
+            plugin = registry.load_class(DEFAULT_PLUGIN).from_options(model_path, **options)
+            plugin.load()
+            return plugin, DEFAULT_PLUGIN
+        except Exception as exc:  # any failure of an optional model: fall back, loudly
+            log.warning(
+                "plugin %r did not load (%s: %s); serving %r",
+                DEFAULT_PLUGIN,
+                type(exc).__name__,
+                exc,
+                FALLBACK_PLUGIN,
+            )
+    plugin = registry.load_class(FALLBACK_PLUGIN).from_options(None)
+    plugin.load()
+    return plugin, FALLBACK_PLUGIN
+
+
+class DrainingServer(uvicorn.Server):
+    """uvicorn's server, with the app's drain run before uvicorn closes the sockets.
+
+    uvicorn closes every WebSocket (code 1012) before the lifespan shutdown runs, which would cut
+    sessions off before they could be told why; draining here first lets each session send
+    ``session.closed{reason:"shutdown"}``.
+    """
+
+    def __init__(self, config: uvicorn.Config) -> None:
+        super().__init__(config)
+        self.ready = asyncio.Event()
+
+    async def startup(self, sockets: Any = None) -> None:
+        await super().startup(sockets)
+        self.ready.set()
+
+    @property
+    def port(self) -> int:
+        """The bound port (useful with ``port=0``); valid once ``ready`` is set."""
+        return int(self.servers[0].sockets[0].getsockname()[1])
+
+    async def shutdown(self, sockets: Any = None) -> None:
+        app = self.config.loaded_app if self.config.loaded else None
+        state = _find_state(app)
+        if state is not None:
+            await state.drain()
+        await super().shutdown(sockets)
+
+
+def _find_state(app: Any) -> Any:
+    # uvicorn wraps the app in middleware proxies; walk down to our Starlette app.
+    for _ in range(8):
+        if app is None:
+            return None
+        state = getattr(getattr(app, "state", None), "duplex", None)
+        if state is not None:
+            return state
+        app = getattr(app, "app", None)
+    return None
+
+
+def uvicorn_config(app: Any, cfg: ServeConfig, *, log_level: str = "info") -> uvicorn.Config:
+    """The uvicorn settings for our app (limits from ``cfg.server``)."""
+    s = cfg.server
+    return uvicorn.Config(
+        app,
+        host=s.host,
+        port=s.port,
+        ws="websockets-sansio",
+        ws_max_size=s.max_frame_bytes,
+        ws_ping_interval=s.ws_ping_interval_s,
+        ws_ping_timeout=s.ws_ping_timeout_s,
+        ws_per_message_deflate=s.ws_per_message_deflate,
+        lifespan="on",
+        log_level=log_level,
+        timeout_graceful_shutdown=s.shutdown_timeout_s,
+    )
+
+
+def serve(cfg: ServeConfig, *, log_level: str = "info") -> None:
+    """Serve until interrupted. Raises ``ConfigError`` or ``PluginError`` before listening."""
+    from duplex.engine import Engine, EngineConfig
+    from duplex.server.app import create_app
+
+    try:
+        engine_config = EngineConfig(**cfg.engine)  # type: ignore[arg-type]
+    except (TypeError, ValueError) as exc:
+        raise ConfigError(f"engine: {exc}") from exc
+    plugin, name = build_plugin(cfg.plugin, cfg.model_path, dict(cfg.plugin_options))
+    try:
+        engine = Engine(plugin, engine_config, model_name=cfg.model_name or name)
+        app = create_app(engine, cfg.server, model_name=cfg.model_name or name)
+        log.info(
+            "serving plugin %r as model %r on %s:%d",
+            name,
+            cfg.model_name or name,
+            cfg.server.host,
+            cfg.server.port,
+        )
+        DrainingServer(uvicorn_config(app, cfg, log_level=log_level)).run()
+    finally:
+        plugin.close()
+
+
+__all__ += ["PluginError"]
