@@ -16,6 +16,8 @@ from __future__ import annotations
 
 from typing import Any, Literal
 
+import msgspec
+
 from duplex.protocol.ext.capabilities import SessionCapabilities
 from duplex.protocol.realtime._base import Event, Wire
 from duplex.protocol.realtime.events import ResponseOutputAudioDelta, SessionCreated, SessionUpdated
@@ -136,15 +138,15 @@ class PlaybackAcknowledged(Event, tag="playback.acknowledged", kw_only=True):
     item_id: str
     played_ms: float
     committed_ms: float
-    truncate: bool = False
-    history_committed: bool = False
+    truncate: bool = msgspec.field(default_factory=bool)
+    history_committed: bool = msgspec.field(default_factory=bool)
     playback: PlaybackLedger | None = None
 
 
 class ResponseListen(Event, tag="response.listen", kw_only=True):
     """The model decided to keep listening; ``response_id`` only when it ends a pre-created response."""
 
-    reason: str = "model_listen"
+    reason: str = msgspec.field(default_factory=lambda: "model_listen")
     response_id: str | None = None
     epoch: int | None = None
 

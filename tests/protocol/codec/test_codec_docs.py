@@ -1,0 +1,28 @@
+"""``docs/protocol.md`` names every wire type, every struct and every error code the codec knows."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+
+import duplex.protocol as p
+
+DOC = (Path(__file__).resolve().parents[3] / "docs" / "protocol.md").read_text()
+TYPES = [*p.CLIENT_COMMAND_TYPES, *p.SERVER_EVENT_TYPES]
+
+
+@pytest.mark.parametrize("cls", TYPES, ids=lambda c: c.__struct_config__.tag)
+def test_every_wire_type_is_documented(cls: type) -> None:
+    assert f"`{cls.__struct_config__.tag}`" in DOC
+    assert f"`{cls.__name__}`" in DOC
+
+
+@pytest.mark.parametrize("code", sorted(p.ERROR_TYPES))
+def test_every_error_code_is_documented(code: str) -> None:
+    assert f"`{code}`" in DOC
+
+
+@pytest.mark.parametrize("alias", sorted(p.TYPE_ALIASES))
+def test_every_type_alias_is_documented(alias: str) -> None:
+    assert f"`{alias}`" in DOC
