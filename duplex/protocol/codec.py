@@ -159,12 +159,34 @@ def _fold_aliases(obj: dict[str, Any], *, binary: bool) -> dict[str, Any] | None
         out = {"type": kind, "session": {k: v for k, v in obj.items() if k not in ("type", "event_id")}}
         if "event_id" in obj:
             out["event_id"] = obj["event_id"]
+    if kind == "session.update" and isinstance(out.get("session"), dict):
+        out["session"] = _fold_turn_detection(out["session"])
     if kind == "input_audio_buffer.append" and "audio" not in obj:
         if "delta" in obj:
             out["audio"] = obj["delta"]
         elif obj.get("video_frames"):
             out["audio"] = b"" if binary else ""  # a frames-only append
     return None if out == obj else out
+
+
+def _fold_turn_detection(session: dict[str, Any]) -> dict[str, Any]:
+    """Beta clients may leave out ``turn_detection.type``; OpenAI's beta default is ``server_vad``."""
+    out = dict(session)
+    td = out.get("turn_detection")
+    if isinstance(td, dict) and "type" not in td:
+        out["turn_detection"] = {**td, "type": "server_vad"}
+    audio = out.get("audio")
+    inp = audio.get("input") if isinstance(audio, dict) else None
+    if (
+        isinstance(inp, dict)
+        and isinstance(inp.get("turn_detection"), dict)
+        and "type" not in inp["turn_detection"]
+    ):
+        out["audio"] = {
+            **audio,
+            "input": {**inp, "turn_detection": {**inp["turn_detection"], "type": "server_vad"}},
+        }
+    return out
 
 
 def _to_protocol_error(exc: msgspec.ValidationError, kind: str, event_id: str | None) -> ProtocolError:

@@ -314,3 +314,11 @@ def test_ga_commands_are_read_as_their_tier2_twins() -> None:
 def test_tier1_command_encodes_to_what_the_twin_decodes() -> None:
     wire = p.encode(p.SessionUpdate(session=p.SessionConfig(instructions="hi")))
     assert p.decode(wire) == p.DuplexSessionUpdate(session=p.DuplexSessionConfig(instructions="hi"))
+
+
+def test_beta_turn_detection_without_type_is_server_vad() -> None:
+    s = _decode({"type": "session.update", "session": {"turn_detection": {"threshold": 0.6}}}).session
+    assert s.resolved_turn_detection() == p.ServerVad(threshold=0.6)
+    nested = {"audio": {"input": {"turn_detection": {"silence_duration_ms": 300}}}}
+    s2 = _decode({"type": "session.update", "session": nested}).session
+    assert s2.resolved_turn_detection() == p.ServerVad(silence_duration_ms=300)
