@@ -87,7 +87,8 @@ _MSGPACK_ENCODER = msgspec.msgpack.Encoder()
 def decode(data: str | bytes, mode: Mode = Mode.GA, *, max_bytes: int = MAX_EVENT_BYTES) -> ClientCommand:
     """Decode one client frame into a command.
 
-    ``data`` is a text frame (``str``) or its bytes for the JSON modes, a binary frame for ``MSGPACK``.
+    ``data`` is a text frame (``str``) or its bytes for the JSON modes, a binary frame for ``MSGPACK``
+    (where a ``str`` is still read as JSON: a text frame is JSON on any connection).
     Raises ``ProtocolError`` (and nothing else) with code ``event_too_large`` (over ``max_bytes``),
     ``invalid_json`` (not JSON / msgpack), ``bad_event`` (not an object, no string ``type``, wrong
     field type or value), ``unknown_event``, ``bad_audio`` (bad base64), ``unsupported_audio_format``,
@@ -95,10 +96,9 @@ def decode(data: str | bytes, mode: Mode = Mode.GA, *, max_bytes: int = MAX_EVEN
     ``invalid_event_ack``. A rejected frame changes nothing; the session stays usable.
     """
     _check_size(data, max_bytes)
-    binary = mode is Mode.MSGPACK
+    # A text frame is JSON whatever the connection's mode: a msgpack client may still send JSON text.
+    binary = mode is Mode.MSGPACK and not isinstance(data, str)
     typed, raw = (_MSGPACK_COMMANDS, _MSGPACK_ANY) if binary else (_JSON_COMMANDS, _JSON_ANY)
-    if binary and isinstance(data, str):
-        raise ProtocolError("bad_event", "msgpack frames must be binary")
     try:
         return typed.decode(data)
     except msgspec.ValidationError as exc:

@@ -33,8 +33,9 @@ def test_non_msgpack_is_invalid_json() -> None:
     assert _err(b"\xc1", p.Mode.MSGPACK).code == "invalid_json"
 
 
-def test_text_frame_on_msgpack_connection_is_bad_event() -> None:
-    assert _err('{"type": "session.heartbeat"}', p.Mode.MSGPACK).code == "bad_event"
+def test_text_frame_on_msgpack_connection_is_read_as_json() -> None:
+    assert p.decode('{"type": "session.heartbeat"}', p.Mode.MSGPACK) == p.SessionHeartbeat()
+    assert _err("{", p.Mode.MSGPACK).code == "invalid_json"
 
 
 @pytest.mark.parametrize("frame", ["[]", "3", '"s"', "null", '[{"type": "session.heartbeat"}]'])
