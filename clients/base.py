@@ -201,9 +201,11 @@ class DuplexClientBase(ABC):
                 if self._ended.is_set():
                     break
         finally:
-            self._end(ClientClosed(
-                "session_closed", f"session ended: {event_type(self.closed_event) or 'transport closed'}"
-            ))
+            self._end(
+                ClientClosed(
+                    "session_closed", f"session ended: {event_type(self.closed_event) or 'transport closed'}"
+                )
+            )
 
     def _end(self, exc: ClientError) -> None:
         if not self._ended.is_set():
@@ -330,8 +332,9 @@ class DuplexClientBase(ABC):
             except ClientClosed:
                 return
 
-    async def wait_for(self, *types: str, timeout: float | None = 10.0,
-                       predicate: Callable[[Any], bool] | None = None) -> Any:
+    async def wait_for(
+        self, *types: str, timeout: float | None = 10.0, predicate: Callable[[Any], bool] | None = None
+    ) -> Any:
         """Read events until one of ``types`` (matching ``predicate``) arrives; return it.
 
         Events read on the way are consumed (they are still in the collector and the handles).
@@ -366,9 +369,11 @@ class DuplexClientBase(ABC):
 
     async def append_audio(self, audio: bytes, *, video_frames: Sequence[bytes] | None = None) -> None:
         """Append raw audio in the session's input format (and camera frames, JPEG/PNG bytes)."""
-        await self.send(DuplexInputAudioBufferAppend(
-            audio=audio, video_frames=list(video_frames) if video_frames else None
-        ))
+        await self.send(
+            DuplexInputAudioBufferAppend(
+                audio=audio, video_frames=list(video_frames) if video_frames else None
+            )
+        )
 
     async def commit(self, *, create_response: bool | None = None) -> None:
         if self.collector is not None:
@@ -402,13 +407,28 @@ class DuplexClientBase(ABC):
         await self.send(OutputAudioBufferClear(response_id=response_id))
 
     async def truncate(self, item_id: str, audio_end_ms: int, content_index: int = 0) -> None:
-        await self.send(ConversationItemTruncate(item_id=item_id, audio_end_ms=audio_end_ms,
-                                                 content_index=content_index))
+        await self.send(
+            ConversationItemTruncate(item_id=item_id, audio_end_ms=audio_end_ms, content_index=content_index)
+        )
 
-    async def playback_ack(self, response_id: str, played_ms: float, *, item_id: str | None = None,
-                           committed_ms: float | None = None, truncate: bool = False) -> None:
-        await self.send(PlaybackAck(response_id=response_id, item_id=item_id, played_ms=played_ms,
-                                    committed_ms=committed_ms, truncate=truncate))
+    async def playback_ack(
+        self,
+        response_id: str,
+        played_ms: float,
+        *,
+        item_id: str | None = None,
+        committed_ms: float | None = None,
+        truncate: bool = False,
+    ) -> None:
+        await self.send(
+            PlaybackAck(
+                response_id=response_id,
+                item_id=item_id,
+                played_ms=played_ms,
+                committed_ms=committed_ms,
+                truncate=truncate,
+            )
+        )
 
     async def heartbeat(self) -> None:
         await self.send(SessionHeartbeat())

@@ -99,5 +99,7 @@ class ResponseHandle:
             return await asyncio.shield(self._done)
 
     def __repr__(self) -> str:
-        return (f"ResponseHandle({self.response_id!r}, status={self.status!r}, audio_ms={self.audio_ms:.0f}, "
-                f"transcript={self.transcript!r})")
+        return (
+            f"ResponseHandle({self.response_id!r}, status={self.status!r}, audio_ms={self.audio_ms:.0f}, "
+            f"transcript={self.transcript!r})"
+        )

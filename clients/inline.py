@@ -37,6 +37,8 @@ class InlineDuplexClient(DuplexClientBase):
             self._att = await self.engine.open(model=self.model, update=update)
         except SessionError as exc:
             raise ClientError(exc.code, exc.message) from exc
+        # As over the socket: open() returns once session.created has been processed.
+        await self._dispatch(await self._att.next_event())
 
     async def resume(self) -> None:
         """Re-attach to the session as a new transport would (the old attachment is replaced)."""
@@ -48,6 +50,7 @@ class InlineDuplexClient(DuplexClientBase):
             self._att = await self.engine.resume(self.session_id, self.resume_token, self.last_seq)
         except SessionError as exc:
             raise ClientError(exc.code, exc.message) from exc
+        await self._dispatch(await self._att.next_event())
 
     async def _send_command(self, cmd: Any) -> None:
         from duplex.engine import SessionError
@@ -61,8 +64,12 @@ class InlineDuplexClient(DuplexClientBase):
             else:
                 att.submit(cmd)
         except (SessionError, ProtocolError) as exc:
-            err = ProtocolError(exc.code, exc.message, param=getattr(exc, "param", None),
-                                event_id=getattr(cmd, "event_id", None))
+            err = ProtocolError(
+                exc.code,
+                exc.message,
+                param=getattr(exc, "param", None),
+                event_id=getattr(cmd, "event_id", None),
+            )
             await self._dispatch(err.to_event(new_event_id()))
 
     async def _recv_event(self) -> Any | None:

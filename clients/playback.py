@@ -114,8 +114,11 @@ class SimulatedPlayback:
         out = []
         for rid, track in self.tracks.items():
             self._advance(track, now)
-            out.append(PlaybackAck(response_id=rid, item_id=track.item_id, played_ms=round(track.played_ms),
-                                   truncate=True))
+            out.append(
+                PlaybackAck(
+                    response_id=rid, item_id=track.item_id, played_ms=round(track.played_ms), truncate=True
+                )
+            )
         self.tracks.clear()
         return out
 

@@ -42,14 +42,16 @@ from duplex.protocol import (
 
 __all__ = ["DuplexClient"]
 
-_FATAL_RESUME = frozenset({
-    "invalid_resume_token",
-    "session_resume_expired",
-    "unsupported_session_resume",
-    "invalid_session_resume",
-    "session_resume_conflict",
-    "unknown_session",
-})
+_FATAL_RESUME = frozenset(
+    {
+        "invalid_resume_token",
+        "session_resume_expired",
+        "unsupported_session_resume",
+        "invalid_session_resume",
+        "session_resume_conflict",
+        "unknown_session",
+    }
+)
 
 
 class DuplexClient(DuplexClientBase):
@@ -166,8 +168,16 @@ class DuplexClient(DuplexClientBase):
             delay = min(self.backoff_max_s, delay * 2)
             try:
                 ws = await self._connect(resume="1")
-                await ws.send(encode(SessionResume(session_id=self.session_id, resume_token=self.resume_token,
-                                                   last_event_seq=self.last_seq), self.mode))
+                await ws.send(
+                    encode(
+                        SessionResume(
+                            session_id=self.session_id,
+                            resume_token=self.resume_token,
+                            last_event_seq=self.last_seq,
+                        ),
+                        self.mode,
+                    )
+                )
                 first = await self._expect_opened(ws, "session.resumed")
             except ClientError as err:
                 if err.code in _FATAL_RESUME:

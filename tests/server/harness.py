@@ -1,4 +1,4 @@
-"""A real server on loopback (uvicorn, port 0) around a real engine on the echo frame plugin."""
+"""A real server on loopback (uvicorn, port 0) around a real engine (echo frame plugin by default)."""
 
 from __future__ import annotations
 
@@ -7,8 +7,6 @@ import contextlib
 from collections.abc import AsyncIterator
 from dataclasses import dataclass
 from typing import Any
-
-import pytest
 
 from duplex.engine import Engine, EngineConfig
 from duplex.plugins.builtin.echo import EchoPlugin
@@ -66,7 +64,3 @@ def _fields(s: ServerConfig) -> dict[str, Any]:
     return {f: getattr(s, f) for f in s.__struct_fields__}
 
 
-@pytest.fixture
-async def srv() -> AsyncIterator[Running]:
-    async with running_server() as r:
-        yield r

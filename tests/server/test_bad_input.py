@@ -10,7 +10,7 @@ import websockets
 
 from clients.collector import event_type
 from duplex.server.config import ServerConfig
-from tests.server.conftest import running_server
+from tests.server.harness import running_server
 from tests.server.wire import recv
 
 LIMIT = 64 * 1024

@@ -8,7 +8,7 @@ import websockets
 from websockets.exceptions import InvalidStatus
 
 from duplex.server.config import ServerConfig
-from tests.server.conftest import running_server
+from tests.server.harness import running_server
 
 
 async def test_health_models_and_metrics(srv):

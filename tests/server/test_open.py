@@ -16,7 +16,7 @@ from duplex.protocol import (
     SessionResume,
 )
 from duplex.server.config import ServerConfig
-from tests.server.conftest import running_server
+from tests.server.harness import running_server
 from tests.server.wire import recv, send, until
 
 
