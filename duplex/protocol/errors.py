@@ -80,6 +80,8 @@ _INVALID_REQUEST: Final = (
     "ref_audio_required",
     "invalid_input_modality",
     "invalid_function_call_output",
+    # transport
+    "duplex_required",
 )
 _SERVER: Final = (
     "server_error",
@@ -90,6 +92,17 @@ _SERVER: Final = (
     "commit_aborted",
     "server_vad_unavailable",
     "runtime_resume_failed",
+    "response_error",
+    # plugin and model loading: the server's configuration, not the client's request
+    "invalid_plugin_config",
+    "unknown_plugin",
+    "model_path_unavailable",
+    "model_load_failed",
+    "plugin_not_loaded",
+    "plugin_closed",
+    "invalid_slot",
+    "invalid_batch",
+    "not_supported",
 )
 _RATE_LIMIT: Final = (
     "resource_exhausted",
