@@ -41,6 +41,11 @@ def _response_object() -> str:
     return "realtime.response"
 
 
+def _no_output() -> list[ConversationItem]:
+    # A factory other than ``list`` itself: msgspec then renders the empty list (OpenAI sends "output": []).
+    return []
+
+
 class ResponseError(Wire, kw_only=True):
     """``status_details.error`` of a failed response."""
 
@@ -81,13 +86,14 @@ class ResponseAudio(Wire, kw_only=True):
 
 
 class Response(Wire, kw_only=True):
-    """A response as ``response.created`` / ``response.done`` report it."""
+    """A response as ``response.created`` / ``response.done`` report it; ``object`` and ``output`` are
+    always rendered (``output`` is ``[]`` until the response has items)."""
 
     id: str
     object: str = msgspec.field(default_factory=_response_object)
     status: ResponseStatus
     status_details: StatusDetails | None = None
-    output: list[ConversationItem] = msgspec.field(default_factory=list)
+    output: list[ConversationItem] = msgspec.field(default_factory=_no_output)
     output_modalities: list[str] | None = None
     audio: ResponseAudio | None = None
     conversation_id: str | None = None
