@@ -159,3 +159,35 @@ def test_audio_payloads_round_trip_exactly(pcm: bytes, seq: int, event_id: str) 
     for mode in (p.Mode.GA, p.Mode.BETA, p.Mode.MSGPACK):
         assert p.decode_event(p.encode(delta, mode), mode) == delta
         assert p.decode(p.encode(append, mode), mode) == append
+
+
+def _respell(frame: dict[str, Any]) -> dict[str, Any]:
+    """The same command in vLLM-Omni's alternative spellings, where it has one."""
+    out = dict(frame)
+    kind = frame["type"]
+    if kind == "session.update":
+        out = {"type": kind, **frame["session"]}  # the flat form, without the `session` wrapper
+        if "event_id" in frame:
+            out["event_id"] = frame["event_id"]
+    elif kind == "input_audio_buffer.commit" and "create_response" in frame:
+        out["response_create"] = out.pop("create_response")
+    elif kind == "input_audio_buffer.append" and "is_speech" in frame:
+        out["speech"] = out.pop("is_speech")
+    elif kind == "session.resume" and "last_event_seq" in frame:
+        out["last_received_server_event_seq"] = out.pop("last_event_seq")
+    elif kind == "session.close":
+        out["type"] = "close_session"
+    elif kind == "playback.ack":
+        out["type"] = "audio.playback_ack"
+    return out
+
+
+@SETTINGS
+@given(COMMANDS)
+def test_alternative_spellings_decode_to_the_same_command(command: Any) -> None:
+    frame = msgspec.json.decode(p.encode(command))
+    if command.__struct_config__.tag == "session.update" and (
+        "type" in frame["session"] or "event_id" in frame["session"]
+    ):
+        return  # the flat form cannot carry a session `type` or an `event_id` inside the session
+    assert p.decode(msgspec.json.encode(_respell(frame))) == command
