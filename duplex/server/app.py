@@ -62,6 +62,7 @@ class AppState:
         self.ready = False
         self.draining = False
         self.connections: set[asyncio.Task[Any]] = set()
+        self.attached: set[Any] = set()  # live sockets with a session (``_Connection``)
         self._engine_stack: contextlib.AsyncExitStack | None = None
         self._drained = asyncio.Event()
 
@@ -71,6 +72,15 @@ class AppState:
         await stack.enter_async_context(self.engine)
         self._engine_stack = stack
         self.ready = True
+
+    async def release_sockets(self, code: int = 1012, reason: str = "service_restart") -> int:
+        """Close every session's socket with ``code`` but keep the sessions: each enters its
+        disconnect grace and its client resumes (the ``openai`` SDK reconnects on 1012 and can
+        resume from its ``on_reconnecting`` hook). Returns how many sockets were released.
+        """
+        conns = list(self.attached)
+        await asyncio.gather(*(c.release(code, reason) for c in conns))
+        return len(conns)
 
     async def drain(self) -> None:
         """Refuse new connections, close every session with reason ``shutdown``, wait for sockets.

@@ -217,13 +217,19 @@ class _Connection:
 
     # -- running ---------------------------------------------------------------------------
 
+    async def release(self, code: int, reason: str) -> None:
+        """Close this socket with ``code``; the session is detached, not closed (see ``AppState``)."""
+        await self._close(code, reason)
+
     async def _serve(self, att: Any, first: Any) -> None:
         writer = asyncio.create_task(self._write_loop(att), name=f"writer-{att.session_id}")
+        self.state.attached.add(self)
         try:
             if first is not None:
                 await self._handle_command(att, first)
             await self._read_loop(att)
         finally:
+            self.state.attached.discard(self)
             if not writer.done():
                 writer.cancel()
             with contextlib.suppress(asyncio.CancelledError):

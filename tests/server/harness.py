@@ -62,5 +62,3 @@ async def running_server(
 
 def _fields(s: ServerConfig) -> dict[str, Any]:
     return {f: getattr(s, f) for f in s.__struct_fields__}
-
-
