@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import json
 from pathlib import Path
 
 import pytest
@@ -26,3 +27,18 @@ def test_every_error_code_is_documented(code: str) -> None:
 @pytest.mark.parametrize("alias", sorted(p.TYPE_ALIASES))
 def test_every_type_alias_is_documented(alias: str) -> None:
     assert f"`{alias}`" in DOC
+
+
+def _example_blocks() -> list[str]:
+    examples = DOC[DOC.index("## 8. Examples") :]
+    return [block.split("```", 1)[0].strip() for block in examples.split("```json\n")[1:]]
+
+
+@pytest.mark.parametrize("block", _example_blocks())
+def test_every_example_decodes(block: str) -> None:
+    mode = p.Mode.BETA if '"response.audio.' in block else p.Mode.GA
+    try:
+        decoded: object = p.decode(block, mode)
+    except p.ProtocolError:
+        decoded = p.decode_event(block, mode)
+    assert json.loads(p.encode(decoded, mode)) == json.loads(block)
