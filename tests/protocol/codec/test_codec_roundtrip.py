@@ -59,3 +59,28 @@ def test_server_event_seq_is_omitted_until_the_journal_sets_it() -> None:
         p.encode(journaled)
         == '{"type":"input_audio_buffer.cleared","event_id":"event_1","server_event_seq":3}'
     )
+
+
+@pytest.mark.parametrize(
+    ("twin", "ga"),
+    [
+        (p.DuplexSessionUpdate, p.SessionUpdate),
+        (p.DuplexSessionConfig, p.SessionConfig),
+        (p.DuplexInputAudioBufferAppend, p.InputAudioBufferAppend),
+        (p.DuplexInputAudioBufferCommit, p.InputAudioBufferCommit),
+        (p.DuplexSession, p.Session),
+        (p.DuplexSessionCreated, p.SessionCreated),
+        (p.DuplexSessionUpdated, p.SessionUpdated),
+        (p.DuplexResponseOutputAudioDelta, p.ResponseOutputAudioDelta),
+    ],
+)
+def test_tier2_twins_extend_their_ga_struct(twin: type, ga: type) -> None:
+    assert issubclass(twin, ga)
+    assert twin.__struct_config__.tag == ga.__struct_config__.tag
+    ga_fields = set(ga.__struct_fields__)
+    assert ga_fields < set(twin.__struct_fields__)  # only adds fields
+
+
+def test_every_struct_is_frozen() -> None:
+    for cls in (*p.CLIENT_COMMAND_TYPES, *p.SERVER_EVENT_TYPES):
+        assert cls.__struct_config__.frozen, cls
