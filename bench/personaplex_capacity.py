@@ -31,6 +31,7 @@ from __future__ import annotations
 import argparse
 import json
 import platform
+import re
 import statistics
 import tempfile
 import time
@@ -46,6 +47,8 @@ FRAME_MS = 80.0
 FRAME_SAMPLES = 1920
 PERSONA = "You enjoy having a good conversation. You are friendly and you answer questions about the weather."
 VOICE_FRAMES = 60
+ACK_EVERY = 25
+_SEQ_RE = re.compile(r'"server_event_seq":(\d+)')
 
 
 def _percentile(values: list[float], q: float) -> float:
@@ -205,6 +208,213 @@ def run_baseline(args: argparse.Namespace) -> dict[str, Any]:
     }
 
 
+# -- server mode ---------------------------------------------------------------------------------
+
+
+def serve(args: argparse.Namespace) -> None:
+    """Child process: the plugin behind the real engine and server, plus a stats route for the driver."""
+    import msgspec
+    import torch
+    from starlette.requests import Request
+    from starlette.responses import Response
+    from starlette.routing import Route
+
+    from duplex.engine import Engine, EngineConfig
+    from duplex.server.app import create_app
+    from duplex.server.config import ServeConfig, ServerConfig
+    from duplex.server.serve import DrainingServer, uvicorn_config
+
+    n = args.sessions_one
+    plugin = _plugin(Path(args.assets), n, args)
+    plugin.load()
+    engine = Engine(plugin, EngineConfig(max_sessions=n, idle_ttl_s=None), model_name="personaplex")
+    cfg = ServeConfig(server=ServerConfig(port=args.port, ws_ping_interval_s=None))
+    app = create_app(engine, cfg.server, model_name="personaplex")
+    metrics = engine.metrics
+
+    async def stats(request: Request) -> Response:
+        body = {
+            "tick_ms": [x * 1e3 for x in metrics.tick_duration_s.recent],
+            "lateness_ms": [x * 1e3 for x in metrics.lateness_s.recent],
+            "batch": list(metrics.batch_size.recent),
+            "gpu_mem_gib": _gpu_mem_gib(args.device),
+        }
+        if request.query_params.get("reset"):
+            for h in (metrics.tick_duration_s, metrics.lateness_s, metrics.batch_size):
+                h.reset_recent()
+            if args.device.startswith("cuda"):
+                torch.cuda.reset_peak_memory_stats()
+        return Response(msgspec.json.encode(body), media_type="application/json")
+
+    app.router.routes.append(Route("/bench/stats", stats))
+    DrainingServer(uvicorn_config(app, cfg, log_level="warning")).run()
+
+
+class _ClientStats:
+    def __init__(self) -> None:
+        self.first_send: float | None = None
+        self.first_audio: float | None = None
+        self.deltas = 0
+        self.sent = 0
+        self.error: str | None = None
+
+
+async def _client(port: int, start_at: float, stop_at: float, stats: _ClientStats, frames: list[Any]) -> None:
+    """One session: open with a persona, then one 80 ms append per frame period on an absolute schedule."""
+    import asyncio
+
+    import websockets
+
+    from duplex.protocol import (
+        AudioConfig,
+        AudioInputConfig,
+        DuplexSessionConfig,
+        DuplexSessionUpdate,
+        Mode,
+        SessionEventAck,
+        encode,
+    )
+
+    loop = asyncio.get_running_loop()
+    url = f"ws://127.0.0.1:{port}/v1/realtime?model=personaplex&autostart=0"
+    try:
+        async with websockets.connect(
+            url, compression=None, max_size=2**24, open_timeout=120, ping_interval=None, proxy=None
+        ) as ws:
+            session = DuplexSessionConfig(
+                instructions=PERSONA, audio=AudioConfig(input=AudioInputConfig(turn_detection=None))
+            )
+            await ws.send(encode(DuplexSessionUpdate(session=session), Mode.GA))
+            while '"session.created"' not in (await ws.recv())[:40]:
+                pass
+
+            async def reader() -> None:
+                async for message in ws:
+                    if '"response.output_audio.delta"' not in message[:60]:
+                        continue
+                    stats.deltas += 1
+                    if stats.first_audio is None:
+                        stats.first_audio = loop.time()
+                    if stats.deltas % ACK_EVERY == 0 and (m := _SEQ_RE.search(message, 0, 300)):
+                        await ws.send(encode(SessionEventAck(server_event_seq=int(m.group(1))), Mode.GA))
+
+            rtask = asyncio.create_task(reader())
+            i = 0
+            start_at += (
+                max(0.0, loop.time() - start_at) // (FRAME_MS / 1000) * FRAME_MS / 1000 + FRAME_MS / 1000
+            )
+            while (due := start_at + i * FRAME_MS / 1000) < stop_at:
+                await asyncio.sleep(max(0.0, due - loop.time()))
+                if stats.first_send is None:
+                    stats.first_send = loop.time()
+                await ws.send(frames[i % len(frames)])
+                stats.sent += 1
+                i += 1
+            await asyncio.sleep(0.3)
+            rtask.cancel()
+    except Exception as exc:  # a refused or dropped session is reported, not fatal to the run
+        stats.error = f"{type(exc).__name__}: {exc}"
+
+
+def run_server(assets: Path, n: int, args: argparse.Namespace) -> dict[str, Any]:
+    """N paced WebSocket clients against the whole server in a child process (see the module docstring)."""
+    import asyncio
+    import os
+    import socket
+    import subprocess
+    import sys
+    import urllib.request
+
+    from duplex.protocol import DuplexInputAudioBufferAppend, Mode, encode
+
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        port = sock.getsockname()[1]
+    cmd = [
+        sys.executable,
+        "-m",
+        "bench.personaplex_capacity",
+        "--serve",
+        "--port",
+        str(port),
+        "--sessions",
+        str(n),
+        "--assets",
+        str(assets),
+        "--device",
+        args.device,
+    ]
+    cmd += ["--tiny"] * args.tiny + ["--compile"] * args.compile + ["--no-cuda-graphs"] * args.no_cuda_graphs
+    proc = subprocess.Popen(cmd, env={**os.environ, "PYTHONUNBUFFERED": "1"})
+
+    def get(path: str) -> dict[str, Any]:
+        with urllib.request.urlopen(f"http://127.0.0.1:{port}{path}", timeout=30) as r:
+            return json.loads(r.read())
+
+    try:
+        deadline = time.time() + 300
+        while True:
+            try:
+                get("/health")
+                break
+            except Exception:
+                if proc.poll() is not None or time.time() > deadline:
+                    raise RuntimeError("the server did not start") from None
+                time.sleep(0.5)
+        rng = np.random.default_rng(0)
+        pcm = (rng.standard_normal(FRAME_SAMPLES * 8) * 0.05 * 32767).astype("<i2").tobytes()
+        frames = [
+            encode(DuplexInputAudioBufferAppend(audio=pcm[i : i + 3840]), Mode.GA)
+            for i in range(0, len(pcm), 3840)
+        ]
+
+        async def drive() -> tuple[list[_ClientStats], dict[str, Any]]:
+            loop = asyncio.get_running_loop()
+            t0 = loop.time() + 1.0
+            # Opening runs each session's prompt on the model thread, one after another.
+            ready = t0 + n * args.open_budget_s
+            measure_from = ready + args.warmup * FRAME_MS / 1000
+            stop_at = measure_from + args.seconds
+            clients = [_ClientStats() for _ in range(n)]
+            tasks = [
+                asyncio.create_task(_client(port, t0 + k * FRAME_MS / 1000 / n, stop_at, c, frames))
+                for k, c in enumerate(clients)
+            ]
+            await asyncio.sleep(max(0.0, measure_from - loop.time()))
+            await asyncio.to_thread(get, "/bench/stats?reset=1")
+            await asyncio.sleep(max(0.0, stop_at - loop.time()))
+            stats = await asyncio.to_thread(get, "/bench/stats")
+            await asyncio.gather(*tasks)
+            return clients, stats
+
+        clients, stats = asyncio.run(drive())
+    finally:
+        proc.terminate()
+        try:
+            proc.wait(timeout=30)
+        except subprocess.TimeoutExpired:
+            proc.kill()
+    ticks = stats["tick_ms"]
+    firsts = [(c.first_audio - c.first_send) * 1e3 for c in clients if c.first_audio and c.first_send]
+    errors = sorted({c.error for c in clients if c.error})
+    return {
+        "sessions": n,
+        "tick_p50_ms": round(_percentile(ticks, 50), 2),
+        "tick_p99_ms": round(_percentile(ticks, 99), 2),
+        "tick_max_ms": round(max(ticks), 2) if ticks else None,
+        "missed_deadlines": int(sum(t > FRAME_MS for t in ticks)),
+        "ticks": len(ticks),
+        "batch_p50": _percentile(stats["batch"], 50),
+        "lateness_p99_ms": round(_percentile(stats["lateness_ms"], 99), 2),
+        "first_audio_ms": round(statistics.median(firsts), 2) if firsts else None,
+        "first_audio_max_ms": round(max(firsts), 2) if firsts else None,
+        "gpu_mem_gib": round(stats["gpu_mem_gib"], 2),
+        "held": sum(c.error is None and c.deltas > 0 for c in clients),
+        "delivered": round(sum(c.deltas for c in clients) / max(1, sum(c.sent for c in clients)), 3),
+        "errors": errors[:3],
+    }
+
+
 def plot(result: dict[str, Any], path: Path) -> None:
     import matplotlib
 
@@ -263,7 +473,18 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
     ap.add_argument("--baseline", action="store_true", help="also measure moshi's LMGen at batch 1")
     ap.add_argument("--out", type=Path, default=DEFAULT_OUT)
     ap.add_argument("--merge", action="store_true", help="keep the other modes already in --out")
+    ap.add_argument(
+        "--open-budget-s", type=float, default=0.15, help="server mode: time allowed per session open"
+    )
+    ap.add_argument("--serve", action="store_true", help=argparse.SUPPRESS)
+    ap.add_argument("--port", type=int, default=0, help=argparse.SUPPRESS)
+    ap.add_argument("--assets", default=None, help=argparse.SUPPRESS)
     args = ap.parse_args(argv)
+    if args.serve:
+        args.device = args.device or "cpu"
+        args.sessions_one = int(args.sessions)
+        serve(args)
+        return {}
     import torch
 
     if args.device is None:
@@ -292,9 +513,12 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
                 rows.append(row)
             modes["step"] = rows
         if args.mode in ("server", "both"):
-            from bench.personaplex_server import run_server
-
-            modes["server"] = [run_server(assets, n, args) for n in sessions]
+            rows = []
+            for n in sessions:
+                row = run_server(assets, n, args)
+                print(_table([row]).splitlines()[-1], flush=True)
+                rows.append(row)
+            modes["server"] = rows
         if args.baseline:
             result["baseline"] = run_baseline(args)
     primary = modes.get("server") or modes.get("step") or []
