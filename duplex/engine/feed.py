@@ -7,8 +7,8 @@ slot's feed; the frame scheduler asks every feed at every tick whether it has a
 frame to step, with ``take(now)``:
 
 * a **complete** frame (``received - consumed >= chunk``) is stepped, at most once
-  per frame period (``not_before``), so a client that sends a burst is consumed at
-  the model's pace;
+  per half frame period (``not_before``), so a client that sends a burst is consumed
+  at no more than twice the model's pace, and a client on time is never held back;
 * an **overdue** frame (its due time plus ``late_tolerance_s`` has passed) is padded
   with silence after whatever samples arrived, flagged ``padded``, so the model
   stays clocked while a client is late; after ``max_padding_frames`` padded frames
@@ -36,6 +36,8 @@ import numpy as np
 __all__ = ["FeedFrame", "SlotFeed"]
 
 MAX_VIDEO_FRAMES = 2
+#: Minimum time between two steps of one slot, in frame periods (bursts run at most 2x real time).
+MIN_STEP_GAP = 0.5
 
 
 class FeedFrame:
@@ -159,8 +161,9 @@ class SlotFeed:
         else:
             self.pads = 0
             self.due_at = max(now, due if due is not None else now) + self.period_s
-        # At most one step per period (one tick of slack so sub-ticks can align).
-        self.not_before = now + self.period_s - self.tick_s / 2
+        # Pace a burst: at most one step per half period. A client on time is never held
+        # back (its frames complete a whole period apart), so no latency accumulates.
+        self.not_before = now + self.period_s * MIN_STEP_GAP
         video = tuple(self.video)
         self.video.clear()
         if self._start == self._end:

@@ -64,8 +64,10 @@ class InputPipeline:
         """Decode one append in ``fmt`` (raises ``ProtocolError`` for bad bytes)."""
         pcm = decode_audio(audio, fmt)
         to_model, to_vad = self._resamplers(fmt.rate)
-        model_pcm = to_model.process(pcm)
-        rms = float(np.sqrt(np.mean(pcm * pcm))) if len(pcm) else 0.0
+        # decode_audio returns a fresh array: at the model's rate it is used as is (no copy).
+        model_pcm = pcm if fmt.rate == self.model_rate else to_model.process(pcm)
+        n = len(pcm)
+        rms = float(np.sqrt(np.dot(pcm, pcm) / n)) if n else 0.0
         events: tuple[VadEvent, ...] = ()
         in_speech = False
         if self.detector is not None:

@@ -79,7 +79,7 @@ class PlaybackCursor:
             return self.text[: int(len(self.text) * min(1.0, ms / self.generated_ms))]
         index = bisect.bisect_right(self._mark_ms, ms + 1e-6) - 1
         chars = self._mark_chars[index] if index >= 0 else 0
-        if ms >= self.generated_ms:  # text after the last audio chunk belongs to its end
+        if ms >= self.generated_ms and self.finished:  # a finished reply's trailing text ends with it
             chars = len(self.text)
         return self.text[:chars]
 

@@ -30,13 +30,13 @@ def _feed(**kw: float) -> SlotFeed:
     )
 
 
-def test_feed_steps_a_complete_frame_once_per_period() -> None:
+def test_feed_paces_a_burst_at_two_frames_per_period() -> None:
     f = _feed()
     assert f.feed(np.ones(CHUNK * 2, np.float32), now=0.0, submitted_at=0.0)
     first = f.take(0.0)
     assert first is not None and not first.padded and first.submitted_at == 0.0
-    assert f.take(0.01) is None  # a second frame is there, but not before one period
-    second = f.take(0.08)
+    assert f.take(0.01) is None  # a second frame is there, but not before half a period
+    second = f.take(0.04)
     assert second is not None and f.buffered == 0
 
 

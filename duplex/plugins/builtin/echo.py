@@ -126,25 +126,30 @@ class EchoPlugin(Plugin):
         self._open[slot] = False
 
     def step(self, batch: Sequence[SlotInput]) -> Sequence[SlotOutput]:
-        outputs: list[SlotOutput] = []
-        for item in batch:
-            slot = item.slot
-            self._check_slot(slot)
-            pcm = item.pcm
-            assert pcm.shape == (CHUNK,), f"echo: slot {slot} frame shape {pcm.shape}, expected ({CHUNK},)"
-            if not self._open[slot]:
-                raise PluginError("invalid_slot", f"echo: slot {slot} is not open")
-            if item.epoch > self._epoch[slot]:  # an input of a newer epoch also fences the old output
-                self._reset(slot)
-                self._epoch[slot] = item.epoch
-            head = int(self._head[slot])
-            out = self._delay[slot, head].copy()
-            out_voiced = bool(self._voiced[slot, head])
-            self._delay[slot, head] = pcm
-            self._voiced[slot, head] = float(np.sqrt(np.mean(pcm * pcm))) >= self.silence_rms
-            self._head[slot] = (head + 1) % self.delay_frames
-            outputs.append(self._emit(slot, item.epoch, out, out_voiced))
-        return outputs
+        if not batch:
+            return []
+        if not self._loaded:
+            raise PluginError("plugin_not_loaded", "echo: load() was not called")
+        slots = np.fromiter((item.slot for item in batch), dtype=np.int64, count=len(batch))
+        if slots.min() < 0 or slots.max() >= self.max_sessions or not self._open[slots].all():
+            bad = [int(s) for s in slots if not (0 <= s < self.max_sessions and self._open[s])]
+            raise PluginError("invalid_slot", f"echo: slots {bad} are not open")
+        pcm = np.stack([item.pcm for item in batch])
+        assert pcm.shape == (len(batch), CHUNK), f"echo: batch shape {pcm.shape}, expected (B, {CHUNK})"
+        for item in batch:  # an input of a newer epoch also fences the old output
+            if item.epoch > self._epoch[item.slot]:
+                self._reset(item.slot)
+                self._epoch[item.slot] = item.epoch
+        # One gather and one scatter for the whole batch (state is changed only for these slots).
+        heads = self._head[slots]
+        out = self._delay[slots, heads]
+        out_voiced = self._voiced[slots, heads]
+        self._delay[slots, heads] = pcm
+        self._voiced[slots, heads] = np.sqrt(np.einsum("ij,ij->i", pcm, pcm) / CHUNK) >= self.silence_rms
+        self._head[slots] = (heads + 1) % self.delay_frames
+        return [
+            self._emit(item.slot, item.epoch, out[j], bool(out_voiced[j])) for j, item in enumerate(batch)
+        ]
 
     def _emit(self, slot: int, epoch: int, out: np.ndarray, voiced: bool) -> SlotOutput:
         if voiced:

@@ -1,0 +1,227 @@
+"""Session-layer capacity: N in-process sessions on the ``echo`` frame plugin at real time.
+
+What it measures, per session count N (default 100, 500, 1000):
+
+* every session is a client that appends one 80 ms PCM16 frame (24 kHz, a voiced tone,
+  so the echo answers with audio) every 80 ms of wall time, with client phases spread
+  evenly over the period, reads every event it is sent and acks the journal every
+  ``ack_every`` events;
+* ``tick``: the frame scheduler's batched step (plan, ``plugin.step`` on the model
+  thread, nothing else), p50/p99;
+* ``append_to_step``: from ``Attachment.submit`` of the append that completed a frame
+  to the start of the step that consumed it, p50/p99 (the engine's own histogram);
+* ``realtime``: frames stepped / frames sent (1.0 = kept up), padded frames, and how
+  late the clients' own 80 ms loop ran (the event loop's headroom);
+* CPU (process, % of one core) and RSS; for the soak run, RSS sampled every 5 s and
+  the slope of a least-squares line through the second half (MB per minute).
+
+Run: ``python -m bench.engine [--sessions 100 500 1000] [--seconds 20] [--tick-ms 5]
+[--soak-seconds 600] [--out bench/results/engine.json]``. ``--tick-ms`` sets
+``EngineConfig.tick_ms`` (default here: 5 ms, so a frame is stepped within a few ms of
+completing; ``80`` = one tick per frame period). Prints a table and writes JSON.
+The goal on a 2-core CPU: 1000 sessions at real time with p99 append-to-step < 10 ms.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import json
+import os
+import platform
+import time
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+__all__ = ["main", "run_once"]
+
+FRAME_S = 0.08
+RATE = 24000
+
+
+def _frame() -> bytes:
+    from duplex.protocol.audio import pcm16_encode
+
+    t = np.arange(int(RATE * FRAME_S), dtype=np.float32) / RATE
+    return pcm16_encode((0.2 * np.sin(2 * np.pi * 220 * t)).astype(np.float32))
+
+
+async def _client_group(
+    atts: list[Any], phase_s: float, stop_at: float, stats: dict[str, Any], ack_every: int
+) -> None:
+    from duplex.engine import Detached
+    from duplex.protocol.realtime.commands import InputAudioBufferAppend
+
+    loop = asyncio.get_running_loop()
+    frame = InputAudioBufferAppend(audio=_frame())
+    start = stats["t0"] + phase_s
+    k = 0
+    counts = [0] * len(atts)
+    while True:
+        due = start + k * FRAME_S
+        if due >= stop_at:
+            return
+        delay = due - loop.time()
+        if delay > 0:
+            await asyncio.sleep(delay)
+        else:
+            stats["client_late_s"].append(-delay)
+        for i, att in enumerate(atts):
+            att.submit(frame)
+            stats["sent"] += 1
+            try:
+                while att.pending():
+                    event = await att.next_event()
+                    counts[i] += 1
+                    if counts[i] % ack_every == 0 and event.server_event_seq is not None:
+                        att.ack(event.server_event_seq)
+            except Detached:
+                stats["detached"] += 1
+        k += 1
+
+
+def _percentile(values: list[float], q: float) -> float | None:
+    if not values:
+        return None
+    data = sorted(values)
+    return data[min(len(data) - 1, round(q * (len(data) - 1)))]
+
+
+async def run_once(
+    n: int,
+    seconds: float,
+    tick_ms: float | None,
+    *,
+    warmup_s: float = 2.0,
+    groups: int = 16,
+    ack_every: int = 32,
+    rss_every_s: float | None = None,
+) -> dict[str, Any]:
+    import psutil
+
+    from duplex.engine import Engine, EngineConfig
+    from duplex.plugins.builtin.echo import EchoPlugin
+
+    proc = psutil.Process()
+    plugin = EchoPlugin(max_sessions=n)
+    plugin.load()
+    config = EngineConfig(max_sessions=n, tick_ms=tick_ms, reaper_interval_s=5.0)
+    loop = asyncio.get_running_loop()
+    async with Engine(plugin, config) as engine:
+        atts = [await engine.open() for _ in range(n)]
+        for att in atts:
+            await att.next_event()
+        stats: dict[str, Any] = {"sent": 0, "detached": 0, "client_late_s": [], "t0": loop.time() + 0.05}
+        stop_at = stats["t0"] + warmup_s + seconds
+        size = (n + groups - 1) // groups
+        tasks = [
+            asyncio.create_task(
+                _client_group(
+                    atts[g * size : (g + 1) * size], g * FRAME_S / groups, stop_at, stats, ack_every
+                )
+            )
+            for g in range(groups)
+            if atts[g * size : (g + 1) * size]
+        ]
+        await asyncio.sleep(max(0.0, stats["t0"] + warmup_s - loop.time()))
+        m = engine.metrics
+        for h in (m.tick_duration_s, m.append_to_step_s, m.lateness_s, m.batch_size):
+            h.reset_recent()
+        stats["client_late_s"].clear()
+        sent0, stepped0, padded0 = stats["sent"], m.frames_stepped.value, m.frames_padded.value
+        cpu0, wall0 = proc.cpu_times(), time.perf_counter()
+        rss: list[tuple[float, float]] = []
+        if rss_every_s:
+            while loop.time() < stop_at - rss_every_s:
+                rss.append((loop.time() - stats["t0"], proc.memory_info().rss / 2**20))
+                await asyncio.sleep(rss_every_s)
+        await asyncio.gather(*tasks)
+        wall = time.perf_counter() - wall0
+        cpu1 = proc.cpu_times()
+        sent = stats["sent"] - sent0
+        stepped = m.frames_stepped.value - stepped0
+        result: dict[str, Any] = {
+            "sessions": n,
+            "seconds": round(wall, 2),
+            "tick_ms": tick_ms,
+            "tick_p50_ms": _ms(m.tick_duration_s.percentile(0.5)),
+            "tick_p99_ms": _ms(m.tick_duration_s.percentile(0.99)),
+            "batch_p50": m.batch_size.percentile(0.5),
+            "append_to_step_p50_ms": _ms(m.append_to_step_s.percentile(0.5)),
+            "append_to_step_p99_ms": _ms(m.append_to_step_s.percentile(0.99)),
+            "lateness_p99_ms": _ms(m.lateness_s.percentile(0.99)),
+            "frames_sent": sent,
+            "frames_stepped": stepped,
+            "realtime_ratio": round(stepped / sent, 4) if sent else None,
+            "frames_padded": m.frames_padded.value - padded0,
+            "client_loop_late_p99_ms": _ms(_percentile(stats["client_late_s"], 0.99)),
+            "slow_reader_detaches": m.slow_reader_detaches.value,
+            "cpu_percent": round(100 * ((cpu1.user - cpu0.user) + (cpu1.system - cpu0.system)) / wall, 1),
+            "rss_mb": round(proc.memory_info().rss / 2**20, 1),
+        }
+        if rss:
+            result["rss_samples_mb"] = [(round(t, 1), round(v, 1)) for t, v in rss]
+            half = rss[len(rss) // 2 :]
+            if len(half) >= 2:
+                xs = np.array([t for t, _ in half]) / 60
+                ys = np.array([v for _, v in half])
+                result["rss_slope_mb_per_min"] = round(float(np.polyfit(xs, ys, 1)[0]), 3)
+    plugin.close()
+    return result
+
+
+def _ms(value: float | None) -> float | None:
+    return None if value is None else round(value * 1000, 3)
+
+
+def main(argv: list[str] | None = None) -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--sessions", type=int, nargs="+", default=[100, 500, 1000])
+    parser.add_argument("--seconds", type=float, default=20.0)
+    parser.add_argument("--tick-ms", type=float, default=5.0, help="0 = one tick per frame period")
+    parser.add_argument("--soak-seconds", type=float, default=0.0, help="RSS soak at the largest N")
+    parser.add_argument("--out", default="bench/results/engine.json")
+    args = parser.parse_args(argv)
+    tick = args.tick_ms or None
+    runs = []
+    for n in args.sessions:
+        result = asyncio.run(run_once(n, args.seconds, tick))
+        runs.append(result)
+        _print(result)
+    soak = None
+    if args.soak_seconds:
+        soak = asyncio.run(run_once(max(args.sessions), args.soak_seconds, tick, rss_every_s=5.0))
+        _print(soak)
+        print(f"soak: RSS slope over the second half {soak.get('rss_slope_mb_per_min')} MB/min")
+    out = {
+        "benchmark": "engine",
+        "plugin": "echo",
+        "frame_ms": 80,
+        "machine": {
+            "cpus": os.cpu_count(),
+            "python": platform.python_version(),
+            "platform": platform.platform(),
+        },
+        "command": "python -m bench.engine " + " ".join(argv if argv is not None else os.sys.argv[1:]),
+        "runs": runs,
+        "soak": soak,
+    }
+    Path(args.out).parent.mkdir(parents=True, exist_ok=True)
+    Path(args.out).write_text(json.dumps(out, indent=2))
+    print(f"wrote {args.out}")
+
+
+def _print(r: dict[str, Any]) -> None:
+    print(
+        f"N={r['sessions']:5d} tick p50/p99 {r['tick_p50_ms']}/{r['tick_p99_ms']} ms  "
+        f"append->step p50/p99 {r['append_to_step_p50_ms']}/{r['append_to_step_p99_ms']} ms  "
+        f"realtime {r['realtime_ratio']} padded {r['frames_padded']}  "
+        f"client late p99 {r['client_loop_late_p99_ms']} ms  "
+        f"CPU {r['cpu_percent']}%  RSS {r['rss_mb']} MB"
+    )
+
+
+if __name__ == "__main__":
+    main()
