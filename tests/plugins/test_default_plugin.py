@@ -127,7 +127,7 @@ class ChatStub:
 
 @pytest.fixture(scope="module")
 def models() -> tuple[WhisperTranscriber, PiperSpeaker]:
-    asr, tts = WhisperTranscriber(), PiperSpeaker()
+    asr, tts = WhisperTranscriber(), PiperSpeaker(noise_scale=0.0, noise_w_scale=0.0)  # repeatable speech
     asr.load()
     tts.load()
     return asr, tts

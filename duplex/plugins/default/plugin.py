@@ -70,8 +70,11 @@ class DefaultPluginConfig(msgspec.Struct, frozen=True, kw_only=True):
     an environment variable holding a bearer token. ``max_sentence_chars``: a
     spoken piece longer than this is cut at a clause mark. ``first_clause``: the
     first piece of a reply ends at its first clause mark (earlier first audio). ``asr_threads``: CPU
-    threads for Whisper (0: CTranslate2 decides). ``warm_up``: run each model once
-    in ``load()`` so the first turn is as fast as later ones.
+    threads for Whisper (0: one per CPU, at most 4). ``tts_length_scale``: > 1
+    speaks slower. ``tts_noise_scale`` / ``tts_noise_w_scale``: the voice's
+    randomness (both 0: the same text always sounds the same). None keeps the
+    voice's defaults. ``warm_up``: run each model once in ``load()`` so the
+    first turn is as fast as later ones.
     """
 
     reply: str = "echo"
@@ -84,6 +87,9 @@ class DefaultPluginConfig(msgspec.Struct, frozen=True, kw_only=True):
     max_sentence_chars: int = 80
     first_clause: bool = True
     asr_threads: int = 0
+    tts_length_scale: float | None = None
+    tts_noise_scale: float | None = None
+    tts_noise_w_scale: float | None = None
     warm_up: bool = True
 
 
@@ -135,7 +141,11 @@ class DefaultPlugin(Plugin):
             reply_max_tokens=self.config.reply_max_tokens,
         )
         self.asr = asr or WhisperTranscriber(cpu_threads=self.config.asr_threads)
-        self.tts = tts or PiperSpeaker()
+        self.tts = tts or PiperSpeaker(
+            length_scale=self.config.tts_length_scale,
+            noise_scale=self.config.tts_noise_scale,
+            noise_w_scale=self.config.tts_noise_w_scale,
+        )
         self._slots: list[_Slot | None] = [None] * self.config.max_sessions
         self._loaded = False
         self._closed = False

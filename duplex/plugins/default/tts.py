@@ -55,8 +55,11 @@ class PiperSpeaker:
     """Piper text-to-speech for one voice.
 
     Build it, call ``load()`` once, then ``speak``/``speak_all`` from one thread
-    at a time. ``length_scale`` > 1 speaks slower (None: the voice's default).
-    Output is mono float32 in [-1, 1] at ``sample_rate``.
+    at a time. ``length_scale`` > 1 speaks slower. ``noise_scale`` and
+    ``noise_w_scale`` set the voice's randomness (intonation and phoneme
+    length); with both 0 the same text gives the same audio every time, which
+    tests rely on. None keeps the voice's own default. Output is mono float32
+    in [-1, 1] at ``sample_rate``.
     """
 
     def __init__(
@@ -64,10 +67,14 @@ class PiperSpeaker:
         voice_path: str | os.PathLike[str] | None = None,
         *,
         length_scale: float | None = None,
+        noise_scale: float | None = None,
+        noise_w_scale: float | None = None,
         volume: float = 0.9,
     ) -> None:
         self._voice_path = Path(voice_path) if voice_path is not None else None
         self._length_scale = length_scale
+        self._noise_scale = noise_scale
+        self._noise_w_scale = noise_w_scale
         self._volume = volume
         self._voice: object | None = None
         self._config: object | None = None
@@ -88,7 +95,12 @@ class PiperSpeaker:
             raise PluginError("model_path_unavailable", f"no Piper voice at {voice_path} (+ .json config)")
         voice = PiperVoice.load(voice_path, config_path)
         self._voice = voice
-        self._config = SynthesisConfig(length_scale=self._length_scale, volume=self._volume)
+        self._config = SynthesisConfig(
+            length_scale=self._length_scale,
+            noise_scale=self._noise_scale,
+            noise_w_scale=self._noise_w_scale,
+            volume=self._volume,
+        )
         self.sample_rate = int(voice.config.sample_rate)
 
     def speak(self, text: str) -> np.ndarray:
