@@ -1,0 +1,99 @@
+"""The load driver against a scripted server: admission, pacing, strict packet checks, failures."""
+
+from __future__ import annotations
+
+from bench.load import LoadConfig, redact_url, run_load
+from tests.bench.scripted_server import Script, scripted_server
+
+
+def _cfg(url: str, **kw: object) -> LoadConfig:
+    base = {"sessions": 2, "max_frames": 6, "drain_s": 0.3, "start_delay_s": 0.05, "synthetic_s": 1.0}
+    return LoadConfig(url=url, **{**base, **kw})  # type: ignore[arg-type]
+
+
+async def test_clean_run_passes_with_one_packet_per_frame() -> None:
+    async with scripted_server(Script()) as srv:
+        result = await run_load(_cfg(srv.url), progress=None)
+    assert result.ok
+    report = result.to_json()
+    assert report["requested_sessions"] == 2 and report["passed_sessions"] == 2
+    for row in report["sessions"]:
+        m = row["metrics"]
+        assert row["failure"] is None
+        assert m["input_frames"] == 6 and m["audio_packets"] == 6
+        assert m["output_frames"] == 6 and m["frame_deficit"] == 0
+        assert m["first_audio_after_stream_start_ms"] > 0
+        assert m["invalid_audio_packets"] == []
+        assert len(row["input_timeline"]) == 6 and len(row["audio_packet_timeline"]) == 6
+    assert report["pooled"]["audio_packet_interval_ms"]["count"] == 10
+    assert report["shared_response_ids"] == []
+
+
+async def test_the_scripted_delay_is_a_lower_bound_of_first_audio() -> None:
+    async with scripted_server(Script(delay_s=0.2)) as srv:
+        result = await run_load(_cfg(srv.url, sessions=1), progress=None)
+    assert result.sessions[0]["metrics"]["first_audio_after_stream_start_ms"] >= 200.0
+
+
+async def test_a_stall_shows_as_an_underrun_event() -> None:
+    async with scripted_server(Script(stall_s={2: 0.4})) as srv:
+        result = await run_load(_cfg(srv.url, sessions=1), progress=None)
+    m = result.sessions[0]["metrics"]
+    assert m["audio_underrun_count"] >= 1
+    assert m["audio_underrun_max_s"] >= 0.2
+    assert m["audio_continuity_ok"] is False
+    assert result.ok  # an underrun is a diagnostic, not a failure
+
+
+async def test_a_malformed_packet_is_reported_with_its_code_and_fails_the_session() -> None:
+    async with scripted_server(Script(malformed_at=frozenset({3}))) as srv:
+        result = await run_load(_cfg(srv.url, sessions=1), progress=None)
+    row = result.sessions[0]
+    assert not result.ok and row["failure"] == "invalid_audio_packet"
+    assert [p["code"] for p in row["metrics"]["invalid_audio_packets"]] == ["invalid_audio_base64"]
+    assert row["metrics"]["audio_packets"] == 5  # the stream after the bad packet is still measured
+
+
+async def test_an_unaligned_packet_is_invalid() -> None:
+    async with scripted_server(Script(unaligned_at=frozenset({1}))) as srv:
+        result = await run_load(_cfg(srv.url, sessions=1), progress=None)
+    codes = [p["code"] for p in result.sessions[0]["metrics"]["invalid_audio_packets"]]
+    assert codes == ["unaligned_pcm16_packet"]
+
+
+async def test_a_server_error_event_fails_the_run() -> None:
+    async with scripted_server(Script(error_at=frozenset({2}))) as srv:
+        result = await run_load(_cfg(srv.url, sessions=1), progress=None)
+    row = result.sessions[0]
+    assert not result.ok and row["failure"] == "protocol_error"
+    assert row["protocol_errors"] == [{"code": "scripted_error", "message": "scripted error at 2"}]
+
+
+async def test_rejected_sessions_stay_in_the_denominator() -> None:
+    async with scripted_server(Script(max_sessions=2)) as srv:
+        result = await run_load(_cfg(srv.url, sessions=3), progress=None)
+    report = result.to_json()
+    assert report["requested_sessions"] == 3 and report["passed_sessions"] == 2 and not report["ok"]
+    rejected = [r for r in report["sessions"] if not r["admitted"]]
+    assert len(rejected) == 1
+    assert rejected[0]["failure"] == "admission" and rejected[0]["reject_code"] == "resource_exhausted"
+
+
+async def test_a_response_id_shared_between_sessions_fails_both() -> None:
+    async with scripted_server(Script(shared_response_id="resp_same")) as srv:
+        result = await run_load(_cfg(srv.url), progress=None)
+    assert result.shared_response_ids == ["resp_same"]
+    assert [r["failure"] for r in result.sessions] == ["response_identity", "response_identity"]
+
+
+async def test_the_input_is_never_looped() -> None:
+    async with scripted_server(Script()) as srv:
+        result = await run_load(_cfg(srv.url, sessions=1, max_frames=1000, synthetic_s=0.4), progress=None)
+    assert result.sessions[0]["metrics"]["input_frames"] == 5
+    assert result.input_info["frames"] == 5
+
+
+def test_credentials_never_reach_the_report() -> None:
+    assert redact_url("ws://u:p@h:1/v1/realtime?api_key=s3cret&model=m") == (
+        "ws://h:1/v1/realtime?api_key=%2A%2A%2A&model=m"
+    )
