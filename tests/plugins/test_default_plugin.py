@@ -1,18 +1,13 @@
 """The default plugin against the plugin contract, with the real models (Whisper tiny.en, Piper joe).
 
 Models are loaded once for the module and shared by the echo and openai plugins.
-The openai strategy talks to a small OpenAI-compatible chat server started here
-on 127.0.0.1:0, which streams its scripted reply token by token.
+The openai plugin talks to ``ChatStub`` (``test_default_reply.py``), a small
+OpenAI-compatible chat server on 127.0.0.1:0 that streams its reply token by token.
 """
 
 from __future__ import annotations
 
-import http.server
-import importlib.util
-import json
 import re
-import sys
-import threading
 from collections.abc import Iterator
 from pathlib import Path
 from types import ModuleType
@@ -24,8 +19,9 @@ import soxr
 from duplex.plugins.base import PluginError, PluginKind, SlotOptions, SlotOutput, TurnRequest
 from duplex.plugins.default.asr import WhisperTranscriber
 from duplex.plugins.default.plugin import DefaultPlugin, DefaultPluginConfig
-from duplex.plugins.default.reply import OpenAIChatReply, ReplyPrompt, VLLMReply, echo_text
+from duplex.plugins.default.reply import echo_text
 from duplex.plugins.default.tts import PiperSpeaker
+from tests.plugins.test_default_reply import ChatStub, installed_fake_vllm
 
 QUESTION = "What time is it in Paris?"
 
@@ -37,89 +33,6 @@ def words(text: str) -> list[str]:
 
 def to_16k(pcm: np.ndarray) -> np.ndarray:
     return soxr.resample(pcm, 22050, 16000).astype(np.float32)
-
-
-# --- a tiny OpenAI-compatible chat server ---
-
-
-class ChatStub:
-    """Serves ``/v1/models`` and streaming ``/v1/chat/completions`` with a scripted reply.
-
-    ``reply`` is streamed one word (with its leading space) per server-sent event.
-    After ``hold_after`` events the stream waits for ``release`` before sending the
-    rest, so a test can cut the connection at a known point; ``aborted`` is set
-    when the client closed the stream before the end.
-    """
-
-    def __init__(self) -> None:
-        self.reply = "Paris is one hour ahead. It is noon there."
-        self.status = 200
-        self.hold_after: int | None = None
-        self.release = threading.Event()
-        self.aborted = threading.Event()
-        self.requests: list[dict] = []
-        stub = self
-
-        class Handler(http.server.BaseHTTPRequestHandler):
-            protocol_version = "HTTP/1.1"
-
-            def log_message(self, *args: object) -> None:
-                pass
-
-            def do_GET(self) -> None:
-                body = json.dumps({"object": "list", "data": [{"id": "stub-model", "object": "model"}]})
-                self._send(200, "application/json", body.encode())
-
-            def do_POST(self) -> None:
-                length = int(self.headers["Content-Length"])
-                request = json.loads(self.rfile.read(length))
-                request["_authorization"] = self.headers.get("Authorization")
-                stub.requests.append(request)
-                if stub.status != 200:
-                    self._send(stub.status, "application/json", b'{"error": {"message": "overloaded"}}')
-                    return
-                self.send_response(200)
-                self.send_header("Content-Type", "text/event-stream")
-                self.send_header("Connection", "close")
-                self.end_headers()
-                tokens = re.findall(r"\s*\S+", stub.reply)
-                try:
-                    for i, token in enumerate(tokens):
-                        if stub.hold_after is not None and i == stub.hold_after:
-                            stub.release.wait(10)
-                        chunk = {
-                            "choices": [{"index": 0, "delta": {"content": token}, "finish_reason": None}]
-                        }
-                        self.wfile.write(f"data: {json.dumps(chunk)}\n\n".encode())
-                        self.wfile.flush()
-                    for _ in range(50):  # keep writing until a closed peer shows as a broken pipe
-                        if stub.hold_after is None:
-                            break
-                        self.wfile.write(b": keep-alive\n\n")
-                        self.wfile.flush()
-                    self.wfile.write(b"data: [DONE]\n\n")
-                    self.wfile.flush()
-                except OSError:
-                    stub.aborted.set()
-
-            def _send(self, status: int, ctype: str, body: bytes) -> None:
-                self.send_response(status)
-                self.send_header("Content-Type", ctype)
-                self.send_header("Content-Length", str(len(body)))
-                self.end_headers()
-                self.wfile.write(body)
-
-        self.server = http.server.ThreadingHTTPServer(("127.0.0.1", 0), Handler)
-        self.server.daemon_threads = True
-        self.url = f"http://127.0.0.1:{self.server.server_address[1]}/v1"
-        self._thread = threading.Thread(target=self.server.serve_forever, args=(0.05,), daemon=True)
-        self._thread.start()
-
-    def close(self) -> None:
-        self.release.set()
-        self.server.shutdown()
-        self.server.server_close()
-        self._thread.join()
 
 
 # --- fixtures ---
@@ -208,25 +121,6 @@ def test_bad_options_are_refused_with_invalid_plugin_config(
         DefaultPlugin.from_options(model_path, **options)
     assert exc.value.code == "invalid_plugin_config"
     assert needle in exc.value.message
-
-
-def test_vllm_strategy_without_vllm_installed_says_so_clearly() -> None:
-    if importlib.util.find_spec("vllm") is not None:
-        pytest.skip("vllm is installed here")
-    with pytest.raises(PluginError) as exc:
-        DefaultPlugin.from_options("/models/llm", reply="vllm")
-    assert exc.value.code == "invalid_plugin_config"
-    assert "pip install vllm" in exc.value.message
-
-
-def test_openai_url_accepts_root_base_and_full_endpoint() -> None:
-    for url in (
-        "http://h:8000",
-        "http://h:8000/v1",
-        "http://h:8000/v1/",
-        "http://h:8000/v1/chat/completions",
-    ):
-        assert OpenAIChatReply(url).url == "http://h:8000/v1/chat/completions"
 
 
 # --- understanding and speaking ---
@@ -324,144 +218,10 @@ def test_openai_reply_is_spoken_sentence_by_sentence(
     ]
 
 
-def test_openai_strategy_sends_model_and_key_from_the_named_variable(
-    chat: ChatStub, monkeypatch: pytest.MonkeyPatch
-) -> None:
-    monkeypatch.setenv("DUPLEX_TEST_CHAT_KEY", "sk-test")
-    strategy = OpenAIChatReply(chat.url, model="m1", api_key_env="DUPLEX_TEST_CHAT_KEY")
-    strategy.load()
-    assert "".join(strategy.reply(ReplyPrompt(user_text="hi"))) == chat.reply
-    assert chat.requests[0]["model"] == "m1"
-    assert chat.requests[0]["_authorization"] == "Bearer sk-test"
-
-
-def test_openai_strategy_with_unset_key_variable_refuses_to_load(chat: ChatStub) -> None:
-    strategy = OpenAIChatReply(chat.url, api_key_env="DUPLEX_TEST_UNSET_VARIABLE")
-    with pytest.raises(PluginError) as exc:
-        strategy.load()
-    assert exc.value.code == "invalid_plugin_config"
-
-
-def test_openai_endpoint_error_becomes_response_error(chat: ChatStub) -> None:
-    chat.status = 503
-    strategy = OpenAIChatReply(chat.url, model="m1")
-    with pytest.raises(PluginError) as exc:
-        list(strategy.reply(ReplyPrompt(user_text="hi")))
-    assert exc.value.code == "response_error" and "503" in exc.value.message
-
-
-def test_openai_unreachable_endpoint_becomes_response_error(chat: ChatStub) -> None:
-    url = chat.url
-    chat.close()
-    strategy = OpenAIChatReply(url, model="m1", timeout_s=5)
-    with pytest.raises(PluginError) as exc:
-        list(strategy.reply(ReplyPrompt(user_text="hi")))
-    assert exc.value.code == "response_error"
-
-
-# --- the vllm strategy, against a stand-in for the vllm package (not installed here) ---
-
-_FAKE_VLLM = '''
-"""A stand-in for the parts of vllm that VLLMReply uses: a scripted engine."""
-REPLY = "First sentence here. Second one follows. Third is last."
-EVENTS = []
-
-
-class EngineArgs:
-    def __init__(self, model, gpu_memory_utilization):
-        self.model = model
-
-
-class SamplingParams:
-    def __init__(self, max_tokens, temperature):
-        self.max_tokens, self.temperature = max_tokens, temperature
-
-
-class _Tokenizer:
-    def apply_chat_template(self, messages, tokenize, add_generation_prompt):
-        return "|".join(m["role"] + ":" + m["content"] for m in messages)
-
-
-class _Completion:
-    def __init__(self, text):
-        self.text = text
-
-
-class _Output:
-    def __init__(self, request_id, text, finished):
-        self.request_id, self.outputs, self.finished = request_id, [_Completion(text)], finished
-
-
-class LLMEngine:
-    def __init__(self):
-        self.requests = {}
-
-    @classmethod
-    def from_engine_args(cls, args):
-        EVENTS.append(("load", args.model))
-        return cls()
-
-    def get_tokenizer(self):
-        return _Tokenizer()
-
-    def add_request(self, request_id, prompt, params):
-        EVENTS.append(("add", request_id, prompt))
-        self.requests[request_id] = 0
-
-    def has_unfinished_requests(self):
-        return bool(self.requests)
-
-    def step(self):
-        outputs = []
-        for request_id in list(self.requests):
-            self.requests[request_id] += 7
-            n = self.requests[request_id]
-            finished = n >= len(REPLY)
-            outputs.append(_Output(request_id, REPLY[:n], finished))
-            if finished:
-                del self.requests[request_id]
-        return outputs
-
-    def abort_request(self, request_ids):
-        EVENTS.append(("abort", *request_ids))
-        for request_id in request_ids:
-            self.requests.pop(request_id, None)
-'''
-
-
 @pytest.fixture
 def fake_vllm(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Iterator[ModuleType]:
-    package = tmp_path / "vllm"
-    package.mkdir()
-    (package / "__init__.py").write_text(_FAKE_VLLM)
-    monkeypatch.syspath_prepend(str(tmp_path))
-    monkeypatch.delitem(sys.modules, "vllm", raising=False)
-    importlib.invalidate_caches()
-    import vllm
-
-    yield vllm
-    sys.modules.pop("vllm", None)
-
-
-def test_vllm_strategy_streams_engine_steps_as_deltas(fake_vllm: ModuleType, tmp_path: Path) -> None:
-    strategy = VLLMReply(str(tmp_path))
-    strategy.load()
-    prompt = ReplyPrompt(user_text="hello", instructions="Be kind.", history=(("user", "hi"),))
-    deltas = list(strategy.reply(prompt))
-    assert "".join(deltas) == fake_vllm.REPLY and len(deltas) > 1
-    assert fake_vllm.EVENTS[0] == ("load", str(tmp_path))
-    assert fake_vllm.EVENTS[1][2] == "system:Be kind.|user:hi|user:hello"
-    assert not any(event[0] == "abort" for event in fake_vllm.EVENTS)
-
-
-def test_closing_a_vllm_reply_aborts_its_request(fake_vllm: ModuleType, tmp_path: Path) -> None:
-    strategy = VLLMReply(str(tmp_path))
-    strategy.load()
-    stream = strategy.reply(ReplyPrompt(user_text="hello"))
-    next(stream)
-    stream.close()
-    request_id = fake_vllm.EVENTS[1][1]
-    assert fake_vllm.EVENTS[-1] == ("abort", request_id)
+    with installed_fake_vllm(tmp_path, monkeypatch) as module:
+        yield module
 
 
 def test_vllm_plugin_speaks_the_generated_sentences(
