@@ -31,31 +31,29 @@ in ``ledger.py``; the exact rules as implemented are listed in ``docs/sessions.m
 
 from __future__ import annotations
 
-import enum
 from collections import deque
 from typing import Any
 
 import msgspec
 import numpy as np
 
+from duplex.engine import model_output, playback, turn_input
 from duplex.engine.actions import (
     Action,
     CancelSlot,
     ClearFeed,
     CloseSession,
     ConfigureVad,
-    FeedAudio,
     StartTurn,
 )
 from duplex.engine.conversation import Conversation
 from duplex.engine.input import DecodedAppend
 from duplex.engine.journal import Journal, JournalCursorError
-from duplex.engine.overlap import CommitAction, decide_commit, decide_overlap
 from duplex.engine.response import ActiveResponse
 from duplex.engine.settings import Lane, SessionSettings
-from duplex.engine.vad import SpeechStarted, SpeechStopped
+from duplex.engine.transitions import TurnState
 from duplex.plugins.base import Capabilities, PluginKind, SlotOptions, SlotOutput, TurnRequest
-from duplex.protocol.audio import StreamResampler, encode_audio
+from duplex.protocol.audio import StreamResampler
 from duplex.protocol.errors import ProtocolError
 from duplex.protocol.ext.commands import (
     BargeIn,
@@ -67,15 +65,11 @@ from duplex.protocol.ext.commands import (
 from duplex.protocol.ext.events import (
     DuplexSessionCreated,
     DuplexSessionUpdated,
-    OverlapDecision,
-    PlaybackAcknowledged,
-    PlaybackLedger,
-    ResponseListen,
     SessionClosed,
     SessionExpired,
     SessionHeartbeatAck,
 )
-from duplex.protocol.ids import new_event_id, new_item_id, new_response_id
+from duplex.protocol.ids import new_event_id, new_response_id
 from duplex.protocol.realtime._base import Event
 from duplex.protocol.realtime.commands import (
     ConversationItemCreate,
@@ -94,33 +88,16 @@ from duplex.protocol.realtime.events import (
     ConversationItemAdded,
     ConversationItemDeleted,
     ConversationItemDone,
-    ConversationItemInputAudioTranscriptionCompleted,
     ConversationItemRetrieved,
-    ConversationItemTruncated,
     InputAudioBufferCleared,
-    InputAudioBufferCommitted,
-    InputAudioBufferSpeechStarted,
-    InputAudioBufferSpeechStopped,
     OutputAudioBufferCleared,
 )
-from duplex.protocol.realtime.items import InputAudioPart, MessageItem, OutputAudioPart, OutputTextPart
 from duplex.protocol.realtime.responses import ResponseError
 
 __all__ = ["Session", "TurnState"]
 
 #: Finished responses kept for late playback acks and truncation.
 RECENT_RESPONSES = 16
-#: User audio a turn plugin may buffer for one turn, in seconds of model-rate audio.
-MAX_TURN_AUDIO_S = 300
-
-
-class TurnState(enum.StrEnum):
-    """Who holds the floor (reported in metrics and docs; DESIGN §6)."""
-
-    IDLE = "idle"
-    USER_SPEAKING = "user_speaking"
-    USER_COMMITTED = "user_committed"
-    ASSISTANT_GENERATING = "assistant_generating"
 
 
 def _event_size(event: Event) -> int:
@@ -246,9 +223,10 @@ class Session:
         if isinstance(cmd, InputAudioBufferAppend):
             if decoded is None:
                 raise ProtocolError("bad_event", "append without decoded audio")
-            return self._append(cmd, decoded, now)
+            return turn_input.append(self, cmd, decoded, now)
         if isinstance(cmd, InputAudioBufferCommit):
-            return self._commit(
+            return turn_input.commit(
+                self,
                 is_speech=getattr(cmd, "is_speech", None),
                 create_response=getattr(cmd, "create_response", None),
             )
@@ -268,7 +246,7 @@ class Session:
         if isinstance(cmd, BargeIn):
             return self._barge_in(cmd.response_id)
         if isinstance(cmd, PlaybackAck):
-            return self._playback_ack(cmd)
+            return playback.playback_ack(self, cmd)
         if isinstance(cmd, ConversationItemCreate):
             item, previous = self.conversation.add(cmd.item, cmd.previous_item_id)
             return [
@@ -283,7 +261,7 @@ class Session:
             self.conversation.delete(cmd.item_id)
             return [ConversationItemDeleted(event_id=new_event_id(), item_id=cmd.item_id)]
         if isinstance(cmd, ConversationItemTruncate):
-            return self._truncate(cmd)
+            return playback.truncate(self, cmd)
         if isinstance(cmd, SessionHeartbeat):
             return [SessionHeartbeatAck(event_id=new_event_id(), session_id=self.session_id)]
         if isinstance(cmd, SessionEventAck):
@@ -316,132 +294,6 @@ class Session:
         self._turn_samples = 0
         self._input_ms = 0.0
         self._speech_ms = 0.0
-
-    def _append(self, cmd: InputAudioBufferAppend, decoded: DecodedAppend, now: float) -> list[Event]:
-        events: list[Event] = []
-        settings = self.settings
-        vad_started = any(isinstance(e, SpeechStarted) for e in decoded.vad_events)
-        if settings.vad is not None:
-            is_speech = vad_started or decoded.vad_in_speech
-        else:
-            hint = getattr(cmd, "is_speech", None)
-            is_speech = hint if hint is not None else decoded.rms >= settings.overlap_silence_rms
-        action = "listen"
-        for vad_event in decoded.vad_events:
-            if isinstance(vad_event, SpeechStarted):
-                self._speech_item_id = new_item_id()
-                self.turn_state = TurnState.USER_SPEAKING
-                events.append(
-                    InputAudioBufferSpeechStarted(
-                        event_id=new_event_id(),
-                        audio_start_ms=vad_event.audio_start_ms,
-                        item_id=self._speech_item_id,
-                    )
-                )
-        if self.response is not None:
-            if is_speech:
-                self._overlap_speech_ms += decoded.duration_ms
-            vad = settings.vad
-            action, reason = decide_overlap(
-                policy=settings.overlap_policy,
-                is_speech=is_speech,
-                vad_speech_started=vad_started,
-                vad_in_speech=decoded.vad_in_speech,
-                overlap_speech_ms=self._overlap_speech_ms,
-                short_ack_ms=settings.overlap_short_ack_ms,
-                barge_in_ms=settings.overlap_barge_in_ms,
-                supports_barge_in=self.caps.supports_barge_in,
-                interrupt_response=vad.interrupt_response if vad is not None else True,
-            )
-            if (action, reason) != self._overlap_last:
-                self._overlap_last = (action, reason)
-                events.append(
-                    OverlapDecision(
-                        event_id=new_event_id(),
-                        action=action,  # type: ignore[arg-type]
-                        reason=reason,
-                        policy=settings.overlap_policy,
-                        response_id=self.response.response_id,
-                        overlap_ms=int(self._overlap_speech_ms),
-                        epoch=self.epoch,
-                    )
-                )
-            if action == "barge_in":
-                events += self._cancel("turn_detected" if vad_started else "barge_in")
-        self._input_ms += decoded.duration_ms
-        if is_speech:
-            self._speech_ms += decoded.duration_ms
-        if self.kind in (PluginKind.FRAME, PluginKind.UNIT):
-            self._actions.append(FeedAudio(decoded.pcm, decoded.video_frames, now))
-        elif action != "drop":
-            if self._turn_samples + len(decoded.pcm) > MAX_TURN_AUDIO_S * self.caps.input_sample_rate:
-                raise ProtocolError(
-                    "input_backpressure", f"a turn holds at most {MAX_TURN_AUDIO_S} s of audio"
-                )
-            self._turn_audio.append(decoded.pcm)
-            self._turn_samples += len(decoded.pcm)
-        for vad_event in decoded.vad_events:
-            if isinstance(vad_event, SpeechStopped):
-                events.append(
-                    InputAudioBufferSpeechStopped(
-                        event_id=new_event_id(),
-                        audio_end_ms=vad_event.audio_end_ms,
-                        item_id=self._speech_item_id or new_item_id(),
-                    )
-                )
-                vad = settings.vad
-                events += self._commit(is_speech=True, create_response=vad.create_response if vad else None)
-        return events
-
-    def _commit(self, *, is_speech: bool | None, create_response: bool | None) -> list[Event]:
-        if create_response is None:
-            create_response = {
-                Lane.MODEL_NATIVE: True,
-                Lane.SERVER_VAD: self.settings.vad.create_response if self.settings.vad else True,
-                Lane.CLIENT: False,
-            }[self.lane]
-        has_audio = self._input_ms > 0 or self._turn_samples > 0
-        action = decide_commit(
-            has_audio=has_audio,
-            is_speech=is_speech,
-            create_response=create_response,
-            response_active=self.response is not None,
-            overlap_speech_ms=self._overlap_speech_ms,
-            short_ack_ms=self.settings.overlap_short_ack_ms,
-        )
-        if action is CommitAction.REJECT_EMPTY:
-            raise ProtocolError(
-                "input_audio_buffer_empty",
-                "input_audio_buffer.commit requires a non-empty input audio buffer",
-            )
-        item_id = self._speech_item_id or new_item_id()
-        self._speech_item_id = None
-        item = MessageItem(
-            id=item_id, role="user", content=[InputAudioPart(transcript=None)], status="completed"
-        )
-        item, previous = self.conversation.add(item)
-        self.user_turns += 1
-        events: list[Event] = [
-            ConversationItemAdded(event_id=new_event_id(), item=item, previous_item_id=previous),
-            InputAudioBufferCommitted(event_id=new_event_id(), item_id=item_id, previous_item_id=previous),
-            ConversationItemDone(event_id=new_event_id(), item=item, previous_item_id=previous),
-        ]
-        pcm = np.concatenate(self._turn_audio) if self._turn_audio else None
-        self._reset_input()
-        if action is CommitAction.SILENT:
-            events.append(ResponseListen(event_id=new_event_id(), reason="silence", epoch=self.epoch))
-            self.turn_state = TurnState.IDLE if self.response is None else self.turn_state
-            return events
-        self.turn_state = TurnState.USER_COMMITTED if self.response is None else self.turn_state
-        if self.kind is not PluginKind.TURN:
-            return events  # frame/unit models hear the audio as it comes and decide themselves
-        if action is CommitAction.COMMIT_ONLY:
-            self._committed_audio = pcm
-        elif action is CommitAction.RESPOND:
-            events += self._start_turn(pcm, text=None, metadata=None)
-        elif action is CommitAction.DEFER:
-            self._deferred.append(self._turn_request(pcm, text=None))
-        return events
 
     # ------------------------------------------------------------------ responses
 
@@ -541,7 +393,7 @@ class Session:
         events = response.finish(status, reason, error)
         if self.settings.playback_commit_policy == "commit_all_on_done":
             response.cursor.commit_all()
-        self._commit_history(response)
+        playback.commit_history(self, response)
         self.recent.append(response)
         self._overlap_speech_ms = 0.0
         self._overlap_last = None
@@ -554,187 +406,11 @@ class Session:
             self._deferred.clear()
         return events
 
-    def _commit_history(self, response: ActiveResponse) -> bool:
-        """Rewrite the response's assistant item to what was heard; True if it changed."""
-        if response.item_id not in self.conversation:
-            return False
-        old = self.conversation.get(response.item_id)
-        text = response.cursor.committed_text
-        part: Any = OutputAudioPart(transcript=text) if response.audio else OutputTextPart(text=text)
-        status = "completed" if response.status == "completed" else "incomplete"
-        if not response.closed:
-            status = "in_progress"
-        new = MessageItem(id=response.item_id, role="assistant", content=[part], status=status)  # type: ignore[arg-type]
-        self.conversation.replace(new)
-        return new != old
-
-    # ------------------------------------------------------------------ model output
+    # ------------------------------------------------------------------ the end
 
     def on_output(self, output: SlotOutput, now: float) -> list[Event]:
         """Apply one model output; stale or unwanted output is dropped and counted."""
-        if self.closed or output.epoch != self.epoch:
-            self.stale_outputs += 1
-            return []
-        events: list[Event] = []
-        if output.user_transcript is not None:
-            events += self._user_transcript(output.user_transcript)
-        pcm = output.pcm if output.pcm is not None and len(output.pcm) else None
-        has_content = pcm is not None or bool(output.text) or output.tool_call is not None
-        response = self.response
-        if response is None:
-            if has_content and self.kind is not PluginKind.TURN:
-                metadata, self._pending_metadata = self._pending_metadata, None
-                events += self._open_response(metadata)
-                response = self.response
-            elif output.decision == "listen" and not output.end_of_turn:
-                events.append(ResponseListen(event_id=new_event_id(), epoch=self.epoch))
-                return self._journal(events, now)
-            elif has_content:
-                self.stale_outputs += 1  # a turn chunk after its response ended
-                return self._journal(events, now)
-        if response is not None:
-            if pcm is not None or output.text:
-                events += self._chunk(response, output, pcm)
-            if output.tool_call is not None:
-                events += response.add_tool_call(output.tool_call, self._previous_id())
-                self._store_new_items(response)
-            if output.end_of_turn:
-                events += self._finish("completed", "stop")
-            elif output.decision == "listen" and (pcm is None and not output.text):
-                events += self._finish("completed", "model_listen")
-                events.append(ResponseListen(event_id=new_event_id(), epoch=self.epoch))
-        return self._journal(events, now)
-
-    def _previous_id(self) -> str | None:
-        return self.conversation.last_id
-
-    def _store_new_items(self, response: ActiveResponse) -> None:
-        for item, previous in response.new_items:
-            if getattr(item, "id", None) not in self.conversation:
-                self.conversation.add(item, previous)
-        response.new_items.clear()
-
-    def _chunk(self, response: ActiveResponse, output: SlotOutput, pcm: np.ndarray | None) -> list[Event]:
-        audio_bytes = None
-        duration_ms = 0.0
-        if pcm is not None and response.audio:
-            fmt = self.settings.output_format
-            duration_ms = len(pcm) * 1000.0 / output.sample_rate
-            if output.sample_rate != fmt.rate:
-                rs = self._out_resampler
-                if rs is None or rs.in_rate != output.sample_rate or rs.out_rate != fmt.rate:
-                    rs = self._out_resampler = StreamResampler(output.sample_rate, fmt.rate)
-                pcm = rs.process(pcm)
-            audio_bytes = encode_audio(pcm, fmt)
-            self.audio_started = True
-        events = response.add_chunk(
-            audio_bytes=audio_bytes,
-            duration_ms=duration_ms,
-            text=output.text,
-            speak=output.decision == "speak",
-            previous_item_id=self._previous_id(),
-        )
-        if response.new_items:
-            self._store_new_items(response)
-        return events
-
-    def _user_transcript(self, transcript: str) -> list[Event]:
-        for item_id in reversed(self.conversation.ids()):
-            item = self.conversation.get(item_id)
-            if isinstance(item, MessageItem) and item.role == "user":
-                self.conversation.replace(
-                    msgspec.structs.replace(item, content=[InputAudioPart(transcript=transcript)])
-                )
-                return [
-                    ConversationItemInputAudioTranscriptionCompleted(
-                        event_id=new_event_id(), item_id=item_id, content_index=0, transcript=transcript
-                    )
-                ]
-        return []
-
-    # ------------------------------------------------------------------ playback
-
-    def _find_response(self, response_id: str | None, item_id: str | None) -> ActiveResponse:
-        candidates = [*self.recent, *([self.response] if self.response else [])]
-        if response_id is not None:
-            for r in candidates:
-                if r.response_id == response_id:
-                    if item_id is not None and item_id != r.item_id:
-                        raise ProtocolError(
-                            "playback_item_mismatch",
-                            f"item {item_id} is not the item of response {response_id}",
-                        )
-                    return r
-            raise ProtocolError("playback_item_not_found", f"no response {response_id} to acknowledge")
-        if item_id is not None:
-            for r in candidates:
-                if r.item_id == item_id:
-                    return r
-            raise ProtocolError("playback_item_not_found", f"no response item {item_id} to acknowledge")
-        if not candidates:
-            raise ProtocolError("playback_item_not_found", "there is no response to acknowledge")
-        return candidates[-1]
-
-    def _playback_ack(self, cmd: PlaybackAck) -> list[Event]:
-        response = self._find_response(cmd.response_id, cmd.item_id)
-        if response.closed and response.user_turn < self.user_turns:
-            raise ProtocolError(
-                "playback_ack_too_late",
-                f"response {response.response_id} is followed by a newer user turn; its history is fixed",
-            )
-        response.cursor.ack(cmd.played_ms, cmd.committed_ms, truncate=cmd.truncate)
-        changed = self._commit_history(response) if response.closed or cmd.truncate else False
-        if not response.closed and self.settings.playback_commit_policy == "ack_only":
-            changed = self._commit_history(response)
-        cur = response.cursor
-        return [
-            PlaybackAcknowledged(
-                event_id=new_event_id(),
-                response_id=response.response_id,
-                item_id=response.item_id,
-                played_ms=cur.played_ms,
-                committed_ms=cur.committed_ms,
-                truncate=cmd.truncate,
-                history_committed=changed,
-                playback=PlaybackLedger(
-                    generated_ms=cur.generated_ms,
-                    sent_ms=cur.sent_ms,
-                    played_ms=cur.played_ms,
-                    committed_ms=cur.committed_ms,
-                ),
-            )
-        ]
-
-    def _truncate(self, cmd: ConversationItemTruncate) -> list[Event]:
-        if not self.caps.supports_truncate:
-            raise ProtocolError("bad_event", "this model does not support truncation")
-        item = self.conversation.get(cmd.item_id)
-        if not (isinstance(item, MessageItem) and item.role == "assistant"):
-            raise ProtocolError(
-                "bad_event", f"item {cmd.item_id} is not an assistant message", param="item_id"
-            )
-        if cmd.content_index != 0:
-            raise ProtocolError("bad_event", f"item {cmd.item_id} has no content {cmd.content_index}")
-        response = next((r for r in self.recent if r.item_id == cmd.item_id), None)
-        if response is None and self.response is not None and self.response.item_id == cmd.item_id:
-            response = self.response
-        duration = response.cursor.sent_ms if response is not None else 0.0
-        if cmd.audio_end_ms < 0 or cmd.audio_end_ms > duration:
-            raise ProtocolError(
-                "bad_event",
-                f"audio_end_ms {cmd.audio_end_ms} is beyond the item's {int(duration)} ms of audio",
-                param="audio_end_ms",
-            )
-        if response is not None:
-            response.cursor.ack(cmd.audio_end_ms, cmd.audio_end_ms, truncate=True)
-            self._commit_history(response)
-        return [
-            ConversationItemTruncated(
-                event_id=new_event_id(), item_id=cmd.item_id, content_index=0, audio_end_ms=cmd.audio_end_ms
-            )
-        ]
-
-    # ------------------------------------------------------------------ the end
+        return model_output.on_output(self, output, now)
 
     def fail(self, code: str, message: str, now: float) -> list[Event]:
         """A model failure: ``error``, then the active response ends as failed."""

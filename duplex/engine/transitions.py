@@ -17,7 +17,7 @@ from __future__ import annotations
 
 import enum
 
-__all__ = ["TRANSITIONS", "LifecycleInput", "SessionState", "TransitionError", "next_state"]
+__all__ = ["TRANSITIONS", "LifecycleInput", "SessionState", "TransitionError", "TurnState", "next_state"]
 
 
 class SessionState(enum.StrEnum):
@@ -85,3 +85,13 @@ def next_state(state: SessionState, event: LifecycleInput, session_id: str) -> S
         return TRANSITIONS[(state, event)]
     except KeyError:
         raise TransitionError(state, event, session_id) from None
+
+
+class TurnState(enum.StrEnum):
+    """Who holds the floor within a live session (DESIGN §6). Informational: set by the
+    session as turns move, reported for diagnostics; no decision branches on it."""
+
+    IDLE = "idle"
+    USER_SPEAKING = "user_speaking"
+    USER_COMMITTED = "user_committed"
+    ASSISTANT_GENERATING = "assistant_generating"

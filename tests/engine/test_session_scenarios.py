@@ -485,3 +485,15 @@ def test_created_event_is_not_journaled_and_carries_capabilities(kind: str) -> N
     created = s.created_event("tok", 1)
     assert created.server_event_seq is None and created.session.capabilities.kind == str(CAPS[kind].kind)
     assert created.resume_token == "tok" and created.attachment_generation == 1
+
+
+def test_deferred_turns_are_bounded_and_the_next_one_is_refused_before_committing() -> None:
+    s = _turn_with_active_response(1000)
+    limit = s._deferred.maxlen
+    for i in range(limit):
+        s.handle(append(), 3.0 + i, decoded(1000, rate=16000))
+        s.handle(DuplexInputAudioBufferCommit(create_response=True), 3.5 + i)
+    items = len(s.conversation)
+    s.handle(append(), 9.0, decoded(1000, rate=16000))
+    events = s.handle(DuplexInputAudioBufferCommit(create_response=True), 9.5)
+    assert error_codes(events) == ["input_backpressure"] and len(s.conversation) == items

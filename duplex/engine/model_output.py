@@ -1,0 +1,118 @@
+"""Model output into a session: open, extend and end responses (``Session.on_output``).
+
+A ``frame``/``unit`` model opens a response with its first audio or text (the
+pending ``response.create`` metadata, if any, rides on it); a ``listen`` decision
+without a response is ``response.listen``; a ``listen`` without content during a
+response ends it (``model_listen``), ``end_of_turn`` ends it (``stop``). Output of
+an old epoch, or a turn chunk whose response already ended, is dropped and counted
+(``Session.stale_outputs``). Audio is resampled to the session's output rate and
+encoded to its output format here (``protocol.audio``).
+"""
+
+from __future__ import annotations
+
+from typing import TYPE_CHECKING
+
+import msgspec
+import numpy as np
+
+from duplex.engine.response import ActiveResponse
+from duplex.plugins.base import PluginKind, SlotOutput
+from duplex.protocol.audio import StreamResampler, encode_audio
+from duplex.protocol.ext.events import ResponseListen
+from duplex.protocol.ids import new_event_id
+from duplex.protocol.realtime._base import Event
+from duplex.protocol.realtime.events import ConversationItemInputAudioTranscriptionCompleted
+from duplex.protocol.realtime.items import InputAudioPart, MessageItem
+
+if TYPE_CHECKING:
+    from duplex.engine.session import Session
+
+__all__ = ["on_output"]
+
+
+def on_output(s: Session, output: SlotOutput, now: float) -> list[Event]:
+    """Apply one model output; stale or unwanted output is dropped and counted."""
+    if s.closed or output.epoch != s.epoch:
+        s.stale_outputs += 1
+        return []
+    events: list[Event] = []
+    if output.user_transcript is not None:
+        events += user_transcript(s, output.user_transcript)
+    pcm = output.pcm if output.pcm is not None and len(output.pcm) else None
+    has_content = pcm is not None or bool(output.text) or output.tool_call is not None
+    response = s.response
+    if response is None:
+        if has_content and s.kind is not PluginKind.TURN:
+            metadata, s._pending_metadata = s._pending_metadata, None
+            events += s._open_response(metadata)
+            response = s.response
+        elif output.decision == "listen" and not output.end_of_turn:
+            events.append(ResponseListen(event_id=new_event_id(), epoch=s.epoch))
+            return s._journal(events, now)
+        elif has_content:
+            s.stale_outputs += 1  # a turn chunk after its response ended
+            return s._journal(events, now)
+    if response is not None:
+        if pcm is not None or output.text:
+            events += chunk(s, response, output, pcm)
+        if output.tool_call is not None:
+            events += response.add_tool_call(output.tool_call, previous_id(s))
+            store_new_items(s, response)
+        if output.end_of_turn:
+            events += s._finish("completed", "stop")
+        elif output.decision == "listen" and (pcm is None and not output.text):
+            events += s._finish("completed", "model_listen")
+            events.append(ResponseListen(event_id=new_event_id(), epoch=s.epoch))
+    return s._journal(events, now)
+
+
+def previous_id(s: Session) -> str | None:
+    return s.conversation.last_id
+
+
+def store_new_items(s: Session, response: ActiveResponse) -> None:
+    for item, previous in response.new_items:
+        if getattr(item, "id", None) not in s.conversation:
+            s.conversation.add(item, previous)
+    response.new_items.clear()
+
+
+def chunk(s: Session, response: ActiveResponse, output: SlotOutput, pcm: np.ndarray | None) -> list[Event]:
+    audio_bytes = None
+    duration_ms = 0.0
+    if pcm is not None and response.audio:
+        fmt = s.settings.output_format
+        duration_ms = len(pcm) * 1000.0 / output.sample_rate
+        if output.sample_rate != fmt.rate:
+            rs = s._out_resampler
+            if rs is None or rs.in_rate != output.sample_rate or rs.out_rate != fmt.rate:
+                rs = s._out_resampler = StreamResampler(output.sample_rate, fmt.rate)
+            pcm = rs.process(pcm)
+        audio_bytes = encode_audio(pcm, fmt)
+        s.audio_started = True
+    events = response.add_chunk(
+        audio_bytes=audio_bytes,
+        duration_ms=duration_ms,
+        text=output.text,
+        speak=output.decision == "speak",
+        previous_item_id=previous_id(s),
+    )
+    if response.new_items:
+        store_new_items(s, response)
+    return events
+
+
+def user_transcript(s: Session, transcript: str) -> list[Event]:
+    for item_id in reversed(s.conversation.ids()):
+        item = s.conversation.get(item_id)
+        if isinstance(item, MessageItem) and item.role == "user":
+            s.conversation.replace(
+                msgspec.structs.replace(item, content=[InputAudioPart(transcript=transcript)])
+            )
+            return [
+                ConversationItemInputAudioTranscriptionCompleted(
+                    event_id=new_event_id(), item_id=item_id, content_index=0, transcript=transcript
+                )
+            ]
+    return []
