@@ -230,7 +230,7 @@ def test_silent_commit_is_committed_then_response_listen() -> None:
 
 
 def _turn_with_active_response(overlap_ms: float):
-    s = make_session("turn", vad=None)
+    s = make_session("turn", vad=None, overlap_policy="listen_only")
     s.handle(append(), 0.0, decoded(rate=16000))
     s.handle(DuplexInputAudioBufferCommit(create_response=True), 0.1)
     s.take_actions()
