@@ -26,7 +26,7 @@ from urllib.parse import urlencode, urlsplit, urlunsplit
 
 import websockets
 from websockets.asyncio.client import ClientConnection
-from websockets.exceptions import ConnectionClosed, InvalidStatus
+from websockets.exceptions import ConnectionClosed, InvalidHandshake, InvalidStatus
 
 from clients.base import ClientError, DuplexClientBase
 from clients.collector import event_type
@@ -85,6 +85,7 @@ class DuplexClient(DuplexClientBase):
         self.open_timeout_s = open_timeout_s
         self.max_frame_bytes = max_frame_bytes
         self.reconnects = 0
+        self.last_resume_error: ClientError | None = None
         self._ws: ClientConnection | None = None
         self._connected = asyncio.Event()
 
@@ -117,7 +118,8 @@ class DuplexClient(DuplexClientBase):
                 status, "handshake_failed"
             )
             raise ClientError(code, f"server refused the connection with HTTP {status}") from exc
-        except (OSError, TimeoutError) as exc:
+        except (OSError, TimeoutError, EOFError, InvalidHandshake) as exc:
+            # Refused, unreachable, or cut during the HTTP upgrade: retryable.
             raise ClientError("connection_failed", f"cannot connect to {self.url}: {exc}") from exc
 
     async def _first_event(self, ws: ClientConnection) -> Any:
@@ -180,6 +182,7 @@ class DuplexClient(DuplexClientBase):
                 )
                 first = await self._expect_opened(ws, "session.resumed")
             except ClientError as err:
+                self.last_resume_error = err
                 if err.code in _FATAL_RESUME:
                     return False
                 continue

@@ -119,6 +119,7 @@ class _Connection:
         self._close_code = CloseCode.NORMAL
         self._close_reason = ""
         self._writer_ended = False
+        self._unconfirmed: str | None = None  # session whose rotated token the client may lack
 
     # -- sending ---------------------------------------------------------------------------
 
@@ -175,7 +176,8 @@ class _Connection:
                 att = await engine.open(model=plan.model)
                 how = "autostart"
             elif plan.how is OpenHow.RESUME_QUERY:
-                att = await engine.resume(plan.session_id, plan.resume_token, plan.last_event_seq)
+                assert plan.session_id is not None and plan.resume_token is not None
+                att = await self._resume(plan.session_id, plan.resume_token, plan.last_event_seq)
                 how = "resume"
             else:
                 att, how, first = await self._open_from_first_message(plan)
@@ -209,11 +211,30 @@ class _Connection:
         engine = self.state.engine
         if isinstance(cmd, SessionResume):
             seq = cmd.last_received_alias if cmd.last_received_alias is not None else cmd.last_event_seq
-            return await engine.resume(cmd.session_id, cmd.resume_token, seq), "resume", None
+            return await self._resume(cmd.session_id, cmd.resume_token, seq), "resume", None
         if isinstance(cmd, SessionUpdate):
             return await engine.open(model=plan.model, update=cmd), "session.update", None
         # Any other first command: open a default session, then handle the command as the first one.
         return await engine.open(model=plan.model), "autostart", cmd
+
+    async def _resume(self, session_id: str, token: str, last_event_seq: int) -> Any:
+        """``engine.resume``, accepting the previous token while the rotated one is unconfirmed
+        (see ``duplex.server.resume_grace``)."""
+        engine, grace = self.state.engine, self.state.resume_grace
+        try:
+            att = await engine.resume(session_id, token, last_event_seq)
+        except Exception as exc:
+            issued = (
+                grace.substitute(session_id, token)
+                if getattr(exc, "code", None) == "invalid_resume_token"
+                else None
+            )
+            if issued is None:
+                raise
+            att = await engine.resume(session_id, issued, last_event_seq)
+        grace.issued(session_id, token, att.resume_token)
+        self._unconfirmed = session_id
+        return att
 
     # -- running ---------------------------------------------------------------------------
 
@@ -258,6 +279,9 @@ class _Connection:
         event_id = getattr(cmd, "event_id", None)
         try:
             if isinstance(cmd, SessionEventAck):
+                if self._unconfirmed is not None:
+                    self.state.resume_grace.confirmed(self._unconfirmed)
+                    self._unconfirmed = None
                 att.ack(cmd.server_event_seq)
             elif isinstance(cmd, SessionResume):
                 raise ProtocolError(
@@ -287,6 +311,8 @@ class _Connection:
                     event = await att.next_event()
                 except Detached as d:
                     code, reason = self._close_for(last, str(getattr(d, "reason", "") or ""))
+                    if isinstance(last, SessionClosed | SessionExpired):
+                        self.state.resume_grace.confirmed(att.session_id)
                     self.metrics.detached.labels(reason or "detached").inc()
                     break
                 last = event
