@@ -32,18 +32,25 @@ from duplex.plugins.default.reply import EchoReply, OpenAIChatReply, ReplyPrompt
 class ChatStub:
     """Serves ``/v1/models`` and streaming ``/v1/chat/completions`` with a scripted reply.
 
-    ``reply`` is streamed one word (with its leading space) per server-sent event.
-    After ``hold_after`` events the stream waits for ``release`` before sending the
-    rest, so a test can cut the connection at a known point; ``aborted`` is set
-    when the client closed the stream before the end.
+    ``reply`` is streamed one word (with its leading space) per server-sent event;
+    ``replies``, when set, gives request ``i`` its own reply (the last one repeats).
+    The first request may be shaped, like a model that is still talking: from
+    event ``slow_after`` on, events are ``token_interval_s`` apart, and before
+    event ``hold_after`` the stream waits for ``release``, so a test knows the
+    reply cannot end before it says so. ``aborted`` is set when the client
+    closed a stream before its end (the writes after it fail).
     """
 
     def __init__(self) -> None:
         self.reply = "Paris is one hour ahead. It is noon there."
+        self.replies: list[str] | None = None
         self.status = 200
         self.hold_after: int | None = None
+        self.slow_after: int | None = None
+        self.token_interval_s = 0.1
         self.release = threading.Event()
         self.aborted = threading.Event()
+        self._closing = threading.Event()
         self.requests: list[dict] = []
         stub = self
 
@@ -69,18 +76,25 @@ class ChatStub:
                 self.send_header("Content-Type", "text/event-stream")
                 self.send_header("Connection", "close")
                 self.end_headers()
-                tokens = re.findall(r"\s*\S+", stub.reply)
+                n = len(stub.requests)
+                reply = stub.replies[min(n, len(stub.replies)) - 1] if stub.replies else stub.reply
+                tokens = re.findall(r"\s*\S+", reply)
+                shaped = n == 1
+                hold_after = stub.hold_after if shaped else None
+                slow_after = stub.slow_after if shaped else None
                 try:
                     for i, token in enumerate(tokens):
-                        if stub.hold_after is not None and i == stub.hold_after:
-                            stub.release.wait(10)
+                        if hold_after is not None and i == hold_after:
+                            stub.release.wait(30)
+                        elif slow_after is not None and i >= slow_after:
+                            stub._closing.wait(stub.token_interval_s)  # the model's pace
                         chunk = {
                             "choices": [{"index": 0, "delta": {"content": token}, "finish_reason": None}]
                         }
                         self.wfile.write(f"data: {json.dumps(chunk)}\n\n".encode())
                         self.wfile.flush()
                     for _ in range(50):  # keep writing until a closed peer shows as a broken pipe
-                        if stub.hold_after is None:
+                        if hold_after is None and slow_after is None:
                             break
                         self.wfile.write(b": keep-alive\n\n")
                         self.wfile.flush()
@@ -103,6 +117,7 @@ class ChatStub:
         self._thread.start()
 
     def close(self) -> None:
+        self._closing.set()
         self.release.set()
         self.server.shutdown()
         self.server.server_close()

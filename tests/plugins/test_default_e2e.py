@@ -1,0 +1,252 @@
+"""The default plugin end to end: a real server on loopback, server VAD, spoken turns over a WebSocket.
+
+The user's voice is Piper with its randomness off (the same words always sound
+the same), streamed as 24 kHz PCM16 in 40 ms appends at real-time pacing, like a
+microphone. The server's VAD finds the turns, Whisper hears them, the reply is
+spoken by Piper and comes back as audio deltas, which the same Whisper
+transcribes once more to check what was said.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import re
+from collections.abc import AsyncIterator, Callable, Iterator
+from typing import Any
+
+import numpy as np
+import pytest
+import soxr
+import websockets
+
+from clients.collector import event_type
+from clients.pacing import Pacer
+from duplex.engine import EngineConfig
+from duplex.plugins.default.asr import WhisperTranscriber
+from duplex.plugins.default.plugin import DefaultPlugin, DefaultPluginConfig
+from duplex.plugins.default.reply import echo_text
+from duplex.plugins.default.tts import PiperSpeaker
+from duplex.protocol import ConversationItemTruncate, InputAudioBufferAppend, SessionHeartbeat
+from duplex.protocol.audio import decode_audio, encode_audio
+from duplex.protocol.formats import AudioFormat
+from tests.plugins.test_default_reply import ChatStub
+from tests.server.harness import running_server
+from tests.server.wire import recv, send
+
+PCM16 = AudioFormat("pcm16", 24000)
+APPEND_SAMPLES = 960  # 40 ms at 24 kHz
+QUESTION = "What time is it in Paris?"
+INTERRUPTION = "Stop, tell me about London instead."
+LONG_REPLY = (
+    "Sure, let me check. Paris is one hour ahead of London. It is noon there now. "
+    "The weather is mild and sunny. Many museums stay open late tonight. The metro runs until one. "
+    "Cafes are busy at lunch time. The river boats leave every half hour. That is all I know."
+)
+
+
+def words(text: str) -> list[str]:
+    return re.findall(r"[a-z0-9']+", text.lower())
+
+
+@pytest.fixture(scope="module")
+def models() -> tuple[WhisperTranscriber, PiperSpeaker]:
+    asr, tts = WhisperTranscriber(), PiperSpeaker(noise_scale=0.0, noise_w_scale=0.0)
+    asr.load()
+    tts.load()
+    return asr, tts
+
+
+@pytest.fixture(scope="module")
+def voice(models: tuple[WhisperTranscriber, PiperSpeaker]) -> Callable[[str], np.ndarray]:
+    """Text -> the user saying it, as 24 kHz float32 with 300 ms of silence before and 900 ms after."""
+    _, tts = models
+
+    def say(text: str) -> np.ndarray:
+        speech = soxr.resample(tts.speak(text), 22050, 24000).astype(np.float32)
+        return np.concatenate([np.zeros(7200, np.float32), speech, np.zeros(21600, np.float32)])
+
+    return say
+
+
+@pytest.fixture
+def chat() -> Iterator[ChatStub]:
+    stub = ChatStub()
+    yield stub
+    stub.close()
+
+
+class Transcript:
+    """Every event one socket received, in order, with waits on what arrives."""
+
+    def __init__(self, ws: Any) -> None:
+        self.ws = ws
+        self.events: list[Any] = []
+        self._changed = asyncio.Condition()
+
+    async def read_forever(self) -> None:
+        while True:
+            event = await recv(self.ws, timeout=60)
+            async with self._changed:
+                self.events.append(event)
+                self._changed.notify_all()
+
+    async def wait_for(self, predicate: Callable[[list[Any]], bool], timeout: float = 30) -> None:
+        async with asyncio.timeout(timeout), self._changed:
+            await self._changed.wait_for(lambda: predicate(self.events))
+
+    def types(self) -> list[str]:
+        return [event_type(e) for e in self.events]
+
+    def of(self, kind: str) -> list[Any]:
+        return [e for e in self.events if event_type(e) == kind]
+
+    def count(self, kind: str, n: int = 1) -> Callable[[list[Any]], bool]:
+        """A predicate: at least ``n`` events of ``kind`` arrived."""
+        return lambda events: sum(event_type(e) == kind for e in events) >= n
+
+    def index(self, kind: str, start: int = 0) -> int:
+        return next(i for i, t in enumerate(self.types()) if t == kind and i >= start)
+
+
+@contextlib.asynccontextmanager
+async def session(plugin: DefaultPlugin) -> AsyncIterator[Transcript]:
+    """A server around ``plugin`` and one connected session (server VAD, the default) reading events."""
+    config = EngineConfig(max_sessions=2)
+    async with (
+        running_server(plugin=plugin, engine_config=config, model_name="default") as srv,
+        websockets.connect(srv.url + "?model=default", proxy=None) as ws,
+    ):
+        log = Transcript(ws)
+        reader = asyncio.create_task(log.read_forever())
+        try:
+            await log.wait_for(lambda events: bool(events))
+            assert event_type(log.events[0]) == "session.created"
+            yield log
+        finally:
+            reader.cancel()
+            with contextlib.suppress(asyncio.CancelledError):
+                await reader
+
+
+async def speak(ws: Any, pcm: np.ndarray, *, realtime: bool = True) -> None:
+    """Stream ``pcm`` (24 kHz) as 40 ms appends, at real-time pacing unless told otherwise."""
+    pacer = Pacer(APPEND_SAMPLES / 24000, realtime=realtime)
+    for start in range(0, len(pcm), APPEND_SAMPLES):
+        await pacer.wait_next()
+        await send(ws, InputAudioBufferAppend(audio=encode_audio(pcm[start : start + APPEND_SAMPLES], PCM16)))
+
+
+def response_audio(events: list[Any]) -> tuple[list[bytes], list[str]]:
+    """Audio deltas and, for each, the transcript deltas that follow it (the text of that audio)."""
+    audio: list[bytes] = []
+    texts: list[str] = []
+    for event in events:
+        kind = event_type(event)
+        if kind == "response.output_audio.delta":
+            audio.append(event.delta)
+            texts.append("")
+        elif kind == "response.output_audio_transcript.delta" and texts:
+            texts[-1] += event.delta
+    return audio, texts
+
+
+def plugin_with(models: tuple[WhisperTranscriber, PiperSpeaker], **options: Any) -> DefaultPlugin:
+    asr, tts = models
+    return DefaultPlugin(DefaultPluginConfig(max_sessions=2, warm_up=False, **options), asr=asr, tts=tts)
+
+
+async def test_a_spoken_question_is_transcribed_and_the_echo_reply_says_it_back(
+    models: tuple[WhisperTranscriber, PiperSpeaker], voice: Callable[[str], np.ndarray]
+) -> None:
+    async with session(plugin_with(models)) as log:
+        await speak(log.ws, voice(QUESTION))
+        await log.wait_for(log.count("response.done"))
+
+    kinds = [k for k in log.types() if not k.startswith(("overlap.", "rate_limits"))]
+    assert kinds[:7] == [
+        "session.created",
+        "input_audio_buffer.speech_started",
+        "input_audio_buffer.speech_stopped",
+        "conversation.item.added",
+        "input_audio_buffer.committed",
+        "conversation.item.done",
+        "response.created",
+    ]
+    (heard,) = log.of("conversation.item.input_audio_transcription.completed")
+    assert heard.transcript == QUESTION
+    assert kinds.index("conversation.item.input_audio_transcription.completed") < kinds.index(
+        "response.output_audio.delta"
+    )
+    (done,) = log.of("response.done")
+    assert done.response.status == "completed"
+    audio, texts = response_audio(log.events)
+    assert "".join(texts) == echo_text(QUESTION)
+    pcm = decode_audio(b"".join(audio), PCM16)
+    asr, _ = models
+    said = asr.transcribe(soxr.resample(pcm, 24000, 16000).astype(np.float32))
+    assert words(said) == words(echo_text(QUESTION))
+
+
+async def test_speaking_while_it_answers_cancels_at_once_and_history_keeps_only_what_was_heard(
+    models: tuple[WhisperTranscriber, PiperSpeaker], voice: Callable[[str], np.ndarray], chat: ChatStub
+) -> None:
+    chat.replies = [LONG_REPLY, "London is calm."]
+    chat.slow_after = 5  # "Sure, let me check. Paris" at once, then a word every 100 ms ...
+    chat.hold_after = len(LONG_REPLY.split()) - 1  # ... and the reply cannot end before the test says so
+    plugin = plugin_with(models, reply="openai", reply_url=chat.url)
+    async with session(plugin) as log:
+        await speak(log.ws, voice(QUESTION))
+        await log.wait_for(lambda events: len(response_audio(events)[0]) >= 2)
+
+        # The user speaks again while the answer is still being generated and played.
+        interrupting = asyncio.create_task(speak(log.ws, voice(INTERRUPTION)))
+        await log.wait_for(log.count("input_audio_buffer.speech_started", 2))
+        first_response_end = log.index("response.output_audio.delta")
+        speech_started = log.index("input_audio_buffer.speech_started", first_response_end)
+        # What the listener heard when it stopped playback: all of the first audio chunk, half of the second.
+        audio, texts = response_audio(log.events)
+        chunk_ms = [len(a) / 2 / 24 for a in audio[:2]]
+        heard_ms = int(chunk_ms[0] + chunk_ms[1] / 2)
+        (item,) = (e.item for e in log.of("response.output_item.added"))
+        await send(log.ws, ConversationItemTruncate(item_id=item.id, audio_end_ms=heard_ms))
+        await interrupting
+        await log.wait_for(log.count("response.done", 2))
+
+    first_done = log.index("response.done")
+    assert log.events[first_done].response.status == "cancelled"
+    between = log.types()[speech_started:first_done]
+    assert "response.output_audio.delta" not in between  # no audio after the VAD decision
+    first_id = log.events[first_done].response.id
+    late = [e for e in log.events[first_done:] if getattr(e, "response_id", None) == first_id]
+    assert [event_type(e) for e in late if "delta" in event_type(e)] == []
+    assert chat.aborted.wait(10)  # the reply stream was closed: generation stopped
+    chat.release.set()
+
+    transcripts = [e.transcript for e in log.of("conversation.item.input_audio_transcription.completed")]
+    assert transcripts[0] == QUESTION and words(transcripts[1]) == words(INTERRUPTION)
+    second = chat.requests[1]["messages"]
+    assert second[-3:] == [
+        {"role": "user", "content": QUESTION},
+        {"role": "assistant", "content": texts[0]},  # heard: the first chunk only
+        {"role": "user", "content": transcripts[1]},
+    ]
+    assert log.events[log.index("response.done", first_done + 1)].response.status == "completed"
+
+
+async def test_silence_and_noise_never_start_a_turn(models: tuple[WhisperTranscriber, PiperSpeaker]) -> None:
+    rng = np.random.default_rng(11)
+    t = np.arange(48000) / 24000
+    sounds = np.concatenate(
+        [
+            np.zeros(48000),  # 2 s of silence
+            rng.normal(0.0, 0.05, 48000),  # white noise
+            0.3 * np.sin(2 * np.pi * 100 * t),  # mains hum
+            np.cumsum(rng.normal(0.0, 0.01, 48000)) * 0.05,  # rumble
+        ]
+    ).astype(np.float32)
+    async with session(plugin_with(models)) as log:
+        await speak(log.ws, sounds, realtime=False)  # VAD runs on audio time: no need to wait
+        await send(log.ws, SessionHeartbeat())
+        await log.wait_for(log.count("session.heartbeat_ack"))
+    assert log.types() == ["session.created", "session.heartbeat_ack"]
