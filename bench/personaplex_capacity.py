@@ -257,10 +257,14 @@ class _ClientStats:
         self.deltas = 0
         self.sent = 0
         self.error: str | None = None
+        self.created = False
 
 
-async def _client(port: int, start_at: float, stop_at: float, stats: _ClientStats, frames: list[Any]) -> None:
-    """One session: open with a persona, then one 80 ms append per frame period on an absolute schedule."""
+async def _client(
+    port: int, offset_s: float, go: Any, stop: Any, stats: _ClientStats, frames: list[Any]
+) -> None:
+    """One session: open with a persona, wait for ``go`` (the common start time), then send one 80 ms
+    append per frame period on an absolute schedule (shifted by ``offset_s``) until ``stop``."""
     import asyncio
 
     import websockets
@@ -287,6 +291,9 @@ async def _client(port: int, start_at: float, stop_at: float, stats: _ClientStat
             await ws.send(encode(DuplexSessionUpdate(session=session), Mode.GA))
             while '"session.created"' not in (await ws.recv())[:40]:
                 pass
+            stats.created = True
+            start_at = await go
+            stop_at = await stop
 
             async def reader() -> None:
                 async for message in ws:
@@ -370,19 +377,25 @@ def run_server(assets: Path, n: int, args: argparse.Namespace) -> dict[str, Any]
 
         async def drive() -> tuple[list[_ClientStats], dict[str, Any]]:
             loop = asyncio.get_running_loop()
-            t0 = loop.time() + 1.0
-            # Opening runs each session's prompt on the model thread, one after another.
-            ready = t0 + n * args.open_budget_s
-            measure_from = ready + args.warmup * FRAME_MS / 1000
-            stop_at = measure_from + args.seconds
+            go, stop = loop.create_future(), loop.create_future()
             clients = [_ClientStats() for _ in range(n)]
+            period = FRAME_MS / 1000
             tasks = [
-                asyncio.create_task(_client(port, t0 + k * FRAME_MS / 1000 / n, stop_at, c, frames))
+                asyncio.create_task(_client(port, k * period / n, go, stop, c, frames))
                 for k, c in enumerate(clients)
             ]
+            # Every session opens (its prompt runs on the model thread, one after another) before
+            # anyone streams, so the measured window holds N sessions at real time.
+            deadline = loop.time() + 60 + 2 * n
+            while not all(c.created or c.error for c in clients) and loop.time() < deadline:
+                await asyncio.sleep(0.1)
+            start = loop.time() + 0.5
+            measure_from = start + args.warmup * period
+            go.set_result(start)
+            stop.set_result(measure_from + args.seconds)
             await asyncio.sleep(max(0.0, measure_from - loop.time()))
             await asyncio.to_thread(get, "/bench/stats?reset=1")
-            await asyncio.sleep(max(0.0, stop_at - loop.time()))
+            await asyncio.sleep(max(0.0, measure_from + args.seconds - loop.time()))
             stats = await asyncio.to_thread(get, "/bench/stats")
             await asyncio.gather(*tasks)
             return clients, stats
@@ -409,6 +422,7 @@ def run_server(assets: Path, n: int, args: argparse.Namespace) -> dict[str, Any]
         "first_audio_ms": round(statistics.median(firsts), 2) if firsts else None,
         "first_audio_max_ms": round(max(firsts), 2) if firsts else None,
         "gpu_mem_gib": round(stats["gpu_mem_gib"], 2),
+        "opened": sum(c.created for c in clients),
         "held": sum(c.error is None and c.deltas > 0 for c in clients),
         "delivered": round(sum(c.deltas for c in clients) / max(1, sum(c.sent for c in clients)), 3),
         "errors": errors[:3],
@@ -423,6 +437,9 @@ def plot(result: dict[str, Any], path: Path) -> None:
 
     fig, ax = plt.subplots(figsize=(7, 4.2))
     for mode, rows in result.get("modes", {}).items():
+        rows = [r for r in rows if r.get("tick_p50_ms") == r.get("tick_p50_ms")]  # drop NaN rows
+        if not rows:
+            continue
         n = [r["sessions"] for r in rows]
         ax.plot(n, [r["tick_p50_ms"] for r in rows], "o-", label=f"{mode}: tick p50")
         ax.plot(n, [r["tick_p99_ms"] for r in rows], "s--", label=f"{mode}: tick p99")
@@ -453,7 +470,7 @@ def _device_name(device: str) -> str:
 def _table(rows: list[dict[str, Any]]) -> str:
     cols = ["sessions", "tick_p50_ms", "tick_p99_ms", "missed_deadlines", "first_audio_ms", "gpu_mem_gib"]
     lines = ["  ".join(f"{c:>16}" for c in cols)]
-    lines += ["  ".join(f"{r.get(c, ''):>16}" for c in cols) for r in rows]
+    lines += ["  ".join(f"{'-' if r.get(c) is None else r.get(c):>16}" for c in cols) for r in rows]
     return "\n".join(lines)
 
 
@@ -516,7 +533,7 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
             rows = []
             for n in sessions:
                 row = run_server(assets, n, args)
-                print(_table([row]).splitlines()[-1], flush=True)
+                print(_table([row]).splitlines()[-1], row["errors"], flush=True)
                 rows.append(row)
             modes["server"] = rows
         if args.baseline:

@@ -203,6 +203,24 @@ class BatchedGenerator:
         self.pending[slot] = column
         self.offset[slot] = P
 
+    @torch.no_grad()
+    def warm_up(self, scripts: list[PromptScript]) -> None:
+        """Compile and capture everything before serving, so no session waits for it.
+
+        Prefills each script into slot 0 (different prompt lengths make the
+        lazily compiled layers shape-generic), then steps three times with every
+        slot frozen, which captures the CUDA graphs without changing any slot's
+        state. Slot 0 is left dirty; ``start_slot`` resets it like any other.
+        """
+        for script in scripts:
+            self.start_slot(
+                0, script, seed=0, temp_text=self.cfg.temperature_text, temp_audio=self.cfg.temperature_audio
+            )
+        frozen = np.zeros(self.B, dtype=bool)
+        silence = np.zeros((self.B, FRAME_SAMPLES), dtype=np.float32)
+        for _ in range(3):
+            self.step(frozen, silence)
+
     def _prefill(self, slot: int, script: PromptScript) -> torch.Tensor:
         """Run the prompt through the batch-1 state; copy it into ``slot``; return the next column."""
         assert self._prefill_state is not None and self._main_state is not None

@@ -32,7 +32,8 @@ architecture with random weights, for benchmarks; ``model_path`` then only
 supplies the tokenizer, voices and config, and may be omitted), ``config``
 ("full" or "tiny", for random weights without a ``config.json``),
 ``default_voice``, ``torch_compile`` (moshi's lazily compiled layers; default:
-on for CUDA, off on a CPU).
+on for CUDA, off on a CPU), ``warm_up`` (compile and capture the CUDA graphs
+in ``load()`` so that no session waits for it; default: on for CUDA).
 """
 
 from __future__ import annotations
@@ -80,6 +81,7 @@ _OPTION_TYPES: dict[str, tuple[type, ...]] = {
     "config": (str,),
     "default_voice": (str,),
     "torch_compile": (bool,),
+    "warm_up": (bool,),
 }
 _DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
 
@@ -114,6 +116,7 @@ class PersonaPlexPlugin(Plugin):
         config: str | None = None,
         default_voice: str | None = None,
         torch_compile: bool | None = None,
+        warm_up: bool | None = None,
     ) -> None:
         if max_sessions < 1:
             raise PluginError("invalid_plugin_config", "max_sessions must be at least 1")
@@ -139,6 +142,7 @@ class PersonaPlexPlugin(Plugin):
         self._config_name = config
         self._default_voice_opt = default_voice
         self._torch_compile = torch_compile
+        self._warm_up = self._device.type == "cuda" if warm_up is None else warm_up
         self._cfg: PersonaPlexConfig | None = None
         self._gen: BatchedGenerator | None = None
         self._tokenizer = None
@@ -224,6 +228,10 @@ class PersonaPlexPlugin(Plugin):
         )
         gen.__enter__()
         self._gen = gen
+        if self._warm_up:
+            gen.warm_up(
+                [self.prompt_for(SlotOptions()), self.prompt_for(SlotOptions(instructions="warm up"))]
+            )
         log.info(
             "personaplex loaded: %s on %s, %d slots, %d voices",
             cfg.name,
