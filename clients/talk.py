@@ -131,8 +131,11 @@ async def _talk(args: argparse.Namespace, pcm: np.ndarray) -> tuple[list[Any], E
             fmt = client.output_format
             width = fmt.bytes_per_sample if fmt is not None and fmt.bytes_per_sample else 2
             progress.heard_ms += len(event.delta) / width / (fmt.rate if fmt else RATE) * 1000
-        elif kind == "response.output_audio_transcript.delta" and event.delta:
-            progress.say(f"assistant: {event.delta}")
+        elif kind == "response.done":
+            handle = client.responses.get(event.response.id)
+            text = (handle.transcript or handle.text).strip() if handle is not None else ""
+            status = event.response.status
+            progress.say(f"assistant: {text}" + ("" if status == "completed" else f"  [{status}]"))
         elif kind == "conversation.item.input_audio_transcription.completed":
             progress.say(f"you: {event.transcript}")
         elif kind == "error":

@@ -30,6 +30,13 @@ def build_parser() -> argparse.ArgumentParser:
     serve.add_argument("--host", help="address to bind (default 127.0.0.1)")
     serve.add_argument("--port", type=int, help="port to bind (default 8000)")
     serve.add_argument("--max-sessions", type=int, help="concurrent sessions before resource_exhausted")
+    serve.add_argument(
+        "--plugin-option",
+        action="append",
+        default=[],
+        metavar="KEY=VALUE",
+        help="plugin option (repeatable); overrides plugin_options of the config file",
+    )
     serve.add_argument("--api-key", action="append", dest="api_keys", help="accepted API key (repeatable)")
     serve.add_argument("--config", help="YAML file with server, engine and plugin settings")
     serve.add_argument("--log-level", default="info", choices=["debug", "info", "warning", "error"])
@@ -72,6 +79,12 @@ def _cmd_serve(args: argparse.Namespace) -> int:
             overrides["api_keys"] = tuple(args.api_keys)
         if overrides:
             server = msgspec.structs.replace(server, **overrides)
+        options = dict(cfg.plugin_options)
+        for item in args.plugin_option:
+            key, sep, value = item.partition("=")
+            if not sep or not key:
+                raise ConfigError(f"--plugin-option expects KEY=VALUE, got {item!r}")
+            options[key] = value
         engine = dict(cfg.engine)
         if args.max_sessions is not None:
             engine["max_sessions"] = args.max_sessions
@@ -80,6 +93,7 @@ def _cmd_serve(args: argparse.Namespace) -> int:
             plugin=args.plugin or cfg.plugin,
             model_path=args.model_path or cfg.model_path,
             model_name=args.model_name or cfg.model_name,
+            plugin_options=options,
             server=server,
             engine=engine,
         )
