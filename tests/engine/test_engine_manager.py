@@ -344,3 +344,24 @@ async def test_echo_frames_come_back_as_audio_and_barge_in_fences_them() -> None
         events = await until(att, "response.done")
         assert events[-1].response.status_details.reason == "barge_in"
         assert eng.metrics.append_to_step_s.count >= 1 and eng.stats()["frames_stepped"] >= 2
+
+
+async def test_unit_plugin_decides_per_unit_through_the_scheduler() -> None:
+    from duplex.plugins.builtin.scripted import ScriptedUnitPlugin
+
+    plugin = ScriptedUnitPlugin(script=("listen", "speak:Hello ", "end:there"))
+    plugin.load()
+    update = DuplexSessionUpdate(
+        session=DuplexSessionConfig(input_audio_format="pcm16", sample_rate_hz=16000)
+    )
+    async with engine(plugin, tick_ms=10) as eng:
+        att = await eng.open(update=update)
+        att.submit(InputAudioBufferAppend(audio=bytes(2 * 16000 * 3)))  # three 1 s units at once
+        events = await until(att, "rate_limits.updated")
+        tags = [t for t in types(events) if t not in ("session.created", "session.updated")]
+        assert tags[:2] == ["response.listen", "response.created"]
+        assert "response.speak" in tags and tags[-2:] == ["response.done", "rate_limits.updated"]
+        transcript = "".join(
+            e.delta for e in events if types([e]) == ["response.output_audio_transcript.delta"]
+        )
+        assert transcript == "Hello there"
