@@ -41,7 +41,7 @@ class Mailbox:
         self._items: deque[Any] = deque()
         self._commands = 0
         self.pending_outputs = 0  # model outputs queued (the scheduler reads it)
-        self._ready = asyncio.Event()
+        self._waiter: asyncio.Future[None] | None = None  # the consumer, while it waits
 
     def __len__(self) -> int:
         return len(self._items)
@@ -52,7 +52,7 @@ class Mailbox:
             raise MailboxFull(f"mailbox holds {self._commands} commands (limit {self.max_commands})")
         self._commands += 1
         self._items.append((True, item))
-        self._ready.set()
+        self._wake()
 
     def put_internal(self, item: Any, *, is_output: bool = False) -> None:
         """Queue an internal item; raises ``MailboxFull`` past the hard cap."""
@@ -61,13 +61,22 @@ class Mailbox:
         if is_output:
             self.pending_outputs += 1
         self._items.append((False, item))
-        self._ready.set()
+        self._wake()
+
+    def _wake(self) -> None:
+        waiter = self._waiter
+        if waiter is not None and not waiter.done():
+            waiter.set_result(None)
 
     async def get_batch(self) -> list[Any]:
         """Wait for items, then return all of them in arrival order. Cancel-safe."""
         while not self._items:
-            self._ready.clear()
-            await self._ready.wait()
+            # One bare future per wait: cheaper than an asyncio.Event on this hot path.
+            self._waiter = asyncio.get_running_loop().create_future()
+            try:
+                await self._waiter
+            finally:
+                self._waiter = None
         batch = [item for _, item in self._items]
         self._items.clear()
         self._commands = 0
