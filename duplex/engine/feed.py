@@ -30,6 +30,7 @@ Sans-IO: ``now`` and ``submitted_at`` are passed in.
 from __future__ import annotations
 
 from collections import deque
+from collections.abc import Callable
 
 import numpy as np
 
@@ -72,12 +73,14 @@ class SlotFeed:
         max_padding_frames: int,
         max_buffered_samples: int,
         tick_s: float,
+        on_ready: Callable[[], None] | None = None,
     ) -> None:
         self.chunk = chunk
         self.period_s = period_s
         self.late_tolerance_s = late_tolerance_s
         self.max_padding_frames = max_padding_frames
         self.tick_s = tick_s
+        self._on_ready = on_ready  # told when a complete frame is buffered
         self._buf = np.zeros(max(max_buffered_samples, chunk), dtype=np.float32)
         self._start = 0  # first unread sample in _buf
         self._end = 0
@@ -108,6 +111,8 @@ class SlotFeed:
         self._buf[self._end : self._end + n] = pcm
         self._end += n
         self.received += n
+        if self._on_ready is not None and self._end - self._start >= self.chunk:
+            self._on_ready()
         if n:
             self._submits.append((self.received, submitted_at))
             self.pads = 0

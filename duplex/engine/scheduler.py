@@ -98,6 +98,8 @@ class FrameScheduler:
         self.tick_s = (config.tick_ms / 1000) if config.tick_ms else self.period_s
         self.chunk = capabilities.chunk_samples
         self._slots: dict[int, tuple[SlotFeed, SlotBinding]] = {}
+        self._ready: set[int] = set()  # slots whose feed holds a complete frame
+        self._next_scan = float("-inf")
 
     # ------------------------------------------------------------------ membership
 
@@ -112,6 +114,7 @@ class FrameScheduler:
             max_padding_frames=self.config.max_padding_frames,
             max_buffered_samples=self.chunk * MAX_BUFFERED_PERIODS,
             tick_s=self.tick_s,
+            on_ready=lambda: self._ready.add(slot),
         )
         self._slots[slot] = (feed, binding)
         return feed
@@ -119,6 +122,7 @@ class FrameScheduler:
     def leave(self, slot: int) -> None:
         """Remove a slot; its outputs of a step in flight are still delivered (and dropped by epoch)."""
         self._slots.pop(slot, None)
+        self._ready.discard(slot)
 
     @property
     def joined(self) -> int:
@@ -131,17 +135,37 @@ class FrameScheduler:
     # ------------------------------------------------------------------ one tick
 
     def plan(self, now: float) -> list[Planned]:
-        """The batch for a tick at ``now`` (sans-IO)."""
+        """The batch for a tick at ``now`` (sans-IO).
+
+        Only slots with a complete frame (``ready``, marked by their feed) are looked at on
+        every tick; all slots are scanned for overdue frames every quarter period, so a
+        padded frame may come up to a quarter period after its tolerance ran out.
+        """
+        if now >= self._next_scan:
+            self._next_scan = now + self.period_s / 4
+            candidates: list[int] = list(self._slots)
+        elif self._ready:
+            candidates = list(self._ready)
+        else:
+            return []
         planned = []
         chunk = self.chunk
-        for slot, (feed, binding) in self._slots.items():
-            # Cheap test first: most slots have no complete frame and are not overdue.
+        ready = self._ready
+        for slot in candidates:
+            entry = self._slots.get(slot)
+            if entry is None:
+                ready.discard(slot)
+                continue
+            feed, binding = entry
             due = feed.due_at
-            if feed._end - feed._start < chunk and (due is None or now < due + feed.late_tolerance_s):
+            if feed.buffered < chunk and (due is None or now < due + feed.late_tolerance_s):
+                ready.discard(slot)
                 continue
             if binding.paused():
                 continue
             frame = feed.take(now)
+            if feed.buffered < chunk:
+                ready.discard(slot)
             if frame is None:
                 continue
             planned.append(
