@@ -11,6 +11,8 @@ and plays a ``Script`` instead of running a model, so the tests know exactly wha
 * **turn lane** (``reply="turn"``): appends are collected; ``input_audio_buffer.commit`` answers
   ``input_audio_buffer.committed``, then one response (created, transcript, ``reply_s`` of
   audio in ``reply_packets`` deltas, done), unless ``listen_only`` (then ``response.listen``).
+  With ``reply_after_appends`` the response comes after that many appends instead, mid-stream,
+  and the commit is answered with ``response.listen``.
 * admission: beyond ``max_sessions`` concurrent sessions the handshake answers
   ``error{code: resource_exhausted}`` and closes.
 * ``conversation.item.create`` / ``delete`` are answered with ``conversation.item.created`` /
@@ -84,6 +86,7 @@ class Script:
     reply_packets: int = 5
     reply_text: str = "four"
     listen_only: bool = False
+    reply_after_appends: int | None = None  # turn lane: answer after this many appends, not on commit
     optional_input_modalities: tuple[str, ...] = ()
     required_input_modalities: tuple[str, ...] = ("audio",)
     supports_image_input: bool = False
@@ -204,6 +207,8 @@ class ScriptedServer:
         k = conn.appends
         conn.appends += 1
         if s.reply != "echo":
+            if s.reply_after_appends is not None and conn.appends == s.reply_after_appends:
+                self._respond(conn, now)
             return
         if conn.response_id is None:
             conn.response_id = s.shared_response_id or new_response_id()
@@ -230,9 +235,13 @@ class ScriptedServer:
         self._put(conn, now, InputAudioBufferCommitted(event_id=new_event_id(), item_id=new_item_id()))
         if s.reply != "turn":
             return
-        if s.listen_only:
+        if s.listen_only or s.reply_after_appends is not None:
             self._put(conn, now, ResponseListen(event_id=new_event_id()))
             return
+        self._respond(conn, now)
+
+    def _respond(self, conn: _Conn, now: float) -> None:
+        s = self.script
         rid, conn.item_id = new_response_id(), new_item_id()
         self._put(conn, now + s.delay_s, ResponseCreated(event_id=new_event_id(),
                                                          response=Response(id=rid, status="in_progress")))

@@ -1,0 +1,95 @@
+"""Plots of a load report (matplotlib, Agg backend: no display needed).
+
+* ``latency_cdf(report, path)``: empirical CDFs of first audio after stream start (one sample per
+  session), audio packet intervals and send lateness (pooled over sessions), in milliseconds.
+* ``tick_timeline(report, path)``: per session, every audio packet's interval against its arrival
+  time on the stream clock (stalls stand out as spikes), and below it the send lateness of every
+  input frame against its planned slot.
+
+Both read the JSON report of ``bench.load`` (the dict, not the file), so a saved
+``load-result.json`` can be re-plotted later.
+"""
+
+from __future__ import annotations
+
+import itertools
+from pathlib import Path
+from typing import Any
+
+import matplotlib
+
+matplotlib.use("Agg")
+import matplotlib.pyplot as plt
+import numpy as np
+
+__all__ = ["latency_cdf", "tick_timeline"]
+
+MAX_TIMELINE_SESSIONS = 16
+
+
+def _cdf(ax: Any, values: list[float], label: str) -> None:
+    if not values:
+        return
+    xs = np.sort(np.asarray(values))
+    ys = np.arange(1, len(xs) + 1) / len(xs)
+    ax.step(xs, ys, where="post", label=f"{label} (n={len(xs)})")
+
+
+def latency_cdf(report: dict[str, Any], path: str | Path) -> Path:
+    """Draw the latency CDFs of ``report`` into ``path`` (PNG); returns the path."""
+    rows = [r for r in report["sessions"] if r.get("metrics")]
+    first = [r["metrics"]["first_audio_after_stream_start_ms"] for r in rows
+             if r["metrics"]["first_audio_after_stream_start_ms"] is not None]
+    intervals, lateness = [], []
+    for r in rows:
+        times = [t for t, _ in r["audio_packet_timeline"]]
+        intervals += [(b - a) * 1000.0 for a, b in itertools.pairwise(times)]
+        lateness += [max(0.0, st - pl) * 1000.0 for pl, st, _ in r["input_timeline"]]
+    fig, ax = plt.subplots(figsize=(7, 4.2))
+    _cdf(ax, first, "first audio after stream start")
+    _cdf(ax, intervals, "audio packet interval")
+    _cdf(ax, lateness, "send lateness")
+    ax.axvline(report["frame_period_s"] * 1000.0, color="grey", linestyle=":", label="frame period")
+    ax.set_xscale("symlog", linthresh=1.0)
+    ax.set_xlabel("milliseconds")
+    ax.set_ylabel("fraction")
+    ax.set_ylim(0, 1.02)
+    ok = report["passed_sessions"]
+    ax.set_title(f"Load: {report['requested_sessions']} sessions, {ok} passed")
+    ax.grid(True, alpha=0.3)
+    ax.legend(loc="lower right", fontsize=8)
+    fig.tight_layout()
+    out = Path(path)
+    out.parent.mkdir(parents=True, exist_ok=True)
+    fig.savefig(out, dpi=110)
+    plt.close(fig)
+    return out
+
+
+def tick_timeline(report: dict[str, Any], path: str | Path) -> Path:
+    """Draw the per-session packet timeline and send lateness of ``report`` into ``path`` (PNG)."""
+    rows = [r for r in report["sessions"] if r.get("metrics")][:MAX_TIMELINE_SESSIONS]
+    fig, (top, bottom) = plt.subplots(2, 1, figsize=(8, 5.5), sharex=True,
+                                      gridspec_kw={"height_ratios": [3, 1.3]})
+    for r in rows:
+        times = [t for t, _ in r["audio_packet_timeline"]]
+        gaps = [(b - a) * 1000.0 for a, b in itertools.pairwise(times)]
+        top.plot(times[1:], gaps, marker=".", markersize=3, linewidth=0.6, label=f"session {r['index']}")
+        planned = [pl for pl, _, _ in r["input_timeline"]]
+        late = [max(0.0, st - pl) * 1000.0 for pl, st, _ in r["input_timeline"]]
+        bottom.plot(planned, late, linewidth=0.6)
+    top.axhline(report["frame_period_s"] * 1000.0, color="grey", linestyle=":", label="frame period")
+    top.set_ylabel("packet interval (ms)")
+    top.set_title("Audio packet arrivals (stream clock)")
+    top.grid(True, alpha=0.3)
+    if len(rows) <= 8:
+        top.legend(fontsize=7, loc="upper right")
+    bottom.set_ylabel("send lateness (ms)")
+    bottom.set_xlabel("seconds since stream start")
+    bottom.grid(True, alpha=0.3)
+    fig.tight_layout()
+    out = Path(path)
+    out.parent.mkdir(parents=True, exist_ok=True)
+    fig.savefig(out, dpi=110)
+    plt.close(fig)
+    return out
