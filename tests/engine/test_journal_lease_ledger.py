@@ -156,3 +156,14 @@ def test_ledger_acks_are_monotone_clamped_and_truncate_caps_later_acks() -> None
     cur.commit_all()
     assert cur.committed_ms == 250
     assert cur.snapshot() == {"generated_ms": 1000, "sent_ms": 1000, "played_ms": 250, "committed_ms": 250}
+
+
+def test_conversation_is_bounded_drop_oldest_and_counts_it() -> None:
+    from duplex.engine.conversation import Conversation
+    from duplex.protocol.realtime.items import InputTextPart, MessageItem
+
+    conv = Conversation(max_items=2)
+    for i in range(3):
+        conv.add(MessageItem(id=f"item_{i}", role="user", content=[InputTextPart(text=str(i))]))
+    assert conv.ids() == ["item_1", "item_2"] and conv.evicted == 1
+    assert conv.history() == (("user", "1"), ("user", "2"))

@@ -1,0 +1,70 @@
+"""Session settings: lanes, defaults from capabilities, refused patches change nothing."""
+
+from __future__ import annotations
+
+import msgspec
+import pytest
+
+from duplex.engine.settings import Lane, SessionSettings
+from duplex.protocol.errors import ProtocolError
+from duplex.protocol.ext.commands import DuplexSessionConfig
+from duplex.protocol.realtime.session import AudioConfig, AudioInputConfig, SemanticVad, ServerVad
+
+from .conftest import CAPS
+
+
+def test_defaults_pick_the_lane_from_capabilities() -> None:
+    assert SessionSettings.defaults("m", CAPS["echo"]).lane(CAPS["echo"]) is Lane.MODEL_NATIVE
+    turn = SessionSettings.defaults("m", CAPS["turn"])
+    assert turn.lane(CAPS["turn"]) is Lane.SERVER_VAD and turn.overlap_policy == "barge_in_on_speech"
+    manual = turn.apply(DuplexSessionConfig(turn_detection=None), CAPS["turn"], audio_started=False)
+    assert manual.lane(CAPS["turn"]) is Lane.CLIENT and manual.overlap_policy == "listen_only"
+
+
+def test_semantic_vad_maps_onto_server_vad_and_is_echoed() -> None:
+    base = SessionSettings.defaults("m", CAPS["echo"])
+    nested = DuplexSessionConfig(
+        audio=AudioConfig(input=AudioInputConfig(turn_detection=SemanticVad(eagerness="high")))
+    )
+    s = base.apply(nested, CAPS["echo"], audio_started=False)
+    assert s.vad is not None and s.vad.silence_duration_ms == 400 and s.lane(CAPS["echo"]) is Lane.SERVER_VAD
+    rendered = s.render("sess_1", CAPS["echo"], epoch=0)
+    assert rendered.audio.input.turn_detection.silence_duration_ms == 400
+    assert rendered.audio.input.format.rate == 24000 and rendered.tool_choice == "auto"
+
+
+def test_server_vad_on_a_model_without_it_is_refused_and_nothing_changes() -> None:
+    caps = msgspec.structs.replace(CAPS["echo"], supports_server_vad=False)
+    base = SessionSettings.defaults("m", caps)
+    with pytest.raises(ProtocolError) as err:
+        base.apply(DuplexSessionConfig(turn_detection=ServerVad()), caps, audio_started=False)
+    assert err.value.code == "unsupported_turn_detection" and base.vad is None
+
+
+def test_duplex_keys_and_extra_body_set_policies_and_unknown_ones_fall_back() -> None:
+    base = SessionSettings.defaults("m", CAPS["echo"])
+    s = base.apply(
+        DuplexSessionConfig(
+            playback_commit_policy="ack_only",
+            overlap_policy="barge_in_on_speech",
+            extra_body={"overlap_short_ack_ms": 300},
+        ),
+        CAPS["echo"],
+        audio_started=False,
+    )
+    assert (s.playback_commit_policy, s.overlap_policy, s.overlap_short_ack_ms) == (
+        "ack_only",
+        "barge_in_on_speech",
+        300.0,
+    )
+    odd = base.apply(DuplexSessionConfig(overlap_policy="whatever"), CAPS["echo"], audio_started=False)
+    assert odd.overlap_policy == "listen_only"
+
+
+def test_input_format_and_rate_are_resolved() -> None:
+    base = SessionSettings.defaults("m", CAPS["turn"])
+    s = base.apply(DuplexSessionConfig(input_audio_format="g711_ulaw"), CAPS["turn"], audio_started=False)
+    assert (s.input_format.encoding, s.input_format.rate) == ("pcmu", 8000)
+    with pytest.raises(ProtocolError) as err:
+        base.apply(DuplexSessionConfig(input_audio_format="wav"), CAPS["turn"], audio_started=False)
+    assert err.value.code == "unsupported_audio_format"
