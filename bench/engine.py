@@ -2,10 +2,11 @@
 
 What it measures, per session count N (default 100, 500, 1000):
 
-* every session is a client that appends one 80 ms PCM16 frame (24 kHz, a voiced tone,
-  so the echo answers with audio) every 80 ms of wall time, with client phases spread
-  evenly over the period, reads every event it is sent and acks the journal every
-  ``ack_every`` events;
+* every session is a client that appends one 80 ms PCM16 frame (24 kHz) every 80 ms of
+  wall time, with client phases spread evenly over the period: 2.4 s of a voiced tone
+  (the echo answers it with audio, one frame late) then 0.8 s of silence (the echo's
+  response ends), again and again; it reads every event it is sent and acks the journal
+  every ``ack_every`` events;
 * ``tick``: the frame scheduler's batched step (plan, ``plugin.step`` on the model
   thread, nothing else), p50/p99;
 * ``append_to_step``: from ``Attachment.submit`` of the append that completed a frame
@@ -41,11 +42,17 @@ FRAME_S = 0.08
 RATE = 24000
 
 
-def _frame() -> bytes:
+#: A client talks in turns: this many frames of voiced tone, then this many of silence, so the echo's
+#: responses end and the per-response state is released (as in a conversation).
+TALK_FRAMES, PAUSE_FRAMES = 30, 10
+
+
+def _frames() -> tuple[bytes, bytes]:
     from duplex.protocol.audio import pcm16_encode
 
     t = np.arange(int(RATE * FRAME_S), dtype=np.float32) / RATE
-    return pcm16_encode((0.2 * np.sin(2 * np.pi * 220 * t)).astype(np.float32))
+    tone = pcm16_encode((0.2 * np.sin(2 * np.pi * 220 * t)).astype(np.float32))
+    return tone, bytes(len(tone))
 
 
 async def _client_group(
@@ -55,7 +62,7 @@ async def _client_group(
     from duplex.protocol.realtime.commands import InputAudioBufferAppend
 
     loop = asyncio.get_running_loop()
-    frame = InputAudioBufferAppend(audio=_frame())
+    tone, silence = (InputAudioBufferAppend(audio=a) for a in _frames())
     start = stats["t0"] + phase_s
     k = 0
     counts = [0] * len(atts)
@@ -68,6 +75,7 @@ async def _client_group(
             await asyncio.sleep(delay)
         else:
             stats["client_late_s"].append(-delay)
+        frame = tone if k % (TALK_FRAMES + PAUSE_FRAMES) < TALK_FRAMES else silence
         for i, att in enumerate(atts):
             att.submit(frame)
             stats["sent"] += 1
