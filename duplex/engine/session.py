@@ -25,8 +25,17 @@ uses VAD / client commands for commits and interruptions); a ``turn`` model gets
 a ``StartTurn`` action per committed turn or ``response.create``, and the
 response is created at once. Either way ``ActiveResponse`` produces the exact GA
 event order and every ``response.created`` gets exactly one ``response.done``.
-The commit table and the overlap policy are in ``overlap.py``; the playback rules
-in ``ledger.py``; the exact rules as implemented are listed in ``docs/sessions.md``.
+
+Where the rules live: this module dispatches commands and owns responses, epochs,
+cancellation and the end of the session; ``turn_input`` applies appends and
+commits (with the pure decisions of ``overlap``), ``model_output`` applies model
+output, ``playback`` acks, truncation and the history, ``response`` builds each
+response's events and ``ledger`` its playback cursor. The rules as implemented
+are listed in ``docs/sessions.md``.
+
+Errors: a command whose content is refused gets exactly one ``error`` event (with
+the client's ``event_id``) and changes nothing; ``handle`` never raises for it.
+After ``close`` the session answers nothing (a closed object refuses further use).
 """
 
 from __future__ import annotations
