@@ -69,11 +69,33 @@ class AppState:
         self._drained = asyncio.Event()
 
     async def start(self) -> None:
-        """Enter the engine; afterwards ``/health`` answers 200."""
+        """Enter the engine and start the send watchdog; afterwards ``/health`` answers 200."""
         stack = contextlib.AsyncExitStack()
         await stack.enter_async_context(self.engine)
+        watchdog = asyncio.create_task(self._send_watchdog(), name="duplex-send-watchdog")
+
+        async def stop_watchdog() -> None:
+            watchdog.cancel()
+            with contextlib.suppress(asyncio.CancelledError):
+                await watchdog
+
+        stack.push_async_callback(stop_watchdog)
         self._engine_stack = stack
         self.ready = True
+
+    async def _send_watchdog(self) -> None:
+        """Every quarter of ``send_timeout_s``, stall the sockets whose current write has been
+        blocked longer than ``send_timeout_s`` (their peers stopped reading)."""
+        limit = self.config.send_timeout_s
+        loop = asyncio.get_running_loop()
+        while True:
+            await asyncio.sleep(limit / 4)
+            now = loop.time()
+            stuck = [
+                c for c in self.attached if c.sending_since is not None and now - c.sending_since > limit
+            ]
+            for conn in stuck:
+                await conn.stall()
 
     async def release_sockets(self, code: int = 1012, reason: str = "service_restart") -> int:
         """Close every session's socket with ``code`` but keep the sessions: each enters its

@@ -1,27 +1,25 @@
 """Prometheus metrics of one server instance, exported at ``/metrics``.
 
 Each app owns its own ``CollectorRegistry`` (tests start several servers in one process, and a
-global registry would refuse the second set of names). Transport counters are updated by the
-socket handler; the engine's own metrics (``duplex.engine.metrics.EngineMetrics``: sessions,
-ticks, tick durations, batch sizes, lateness) are plain objects that the engine updates without
-knowing Prometheus, and they are translated at scrape time, so the scheduler's hot loop never
-touches a Prometheus object.
+global registry would refuse the second set of names). Nothing on the per-message path touches a
+Prometheus object: the socket handler bumps plain integers here, the engine updates its own plain
+metrics (``duplex.engine.metrics.EngineMetrics``: sessions, ticks, tick durations, batch sizes,
+lateness, append-to-step latency), and both are translated into metric families at scrape time.
 """
 
 from __future__ import annotations
 
+from collections import Counter as Tally
 from collections.abc import Iterator
 from typing import Any
 
-from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, generate_latest
+from prometheus_client import CollectorRegistry, generate_latest
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, HistogramMetricFamily, Metric
 from prometheus_client.registry import Collector
 
 __all__ = ["CONTENT_TYPE", "ServerMetrics"]
 
 CONTENT_TYPE = "text/plain; version=0.0.4; charset=utf-8"
-
-_LATENCY_BUCKETS_S = (0.0005, 0.001, 0.002, 0.005, 0.01, 0.02, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5)
 
 
 class _EngineCollector(Collector):
@@ -34,48 +32,60 @@ class _EngineCollector(Collector):
         for m in self._metrics.all():
             kind = type(m).__name__
             if kind == "Counter":
-                name = m.name.removesuffix("_total")
-                yield CounterMetricFamily(name, m.help, value=m.value)
+                yield CounterMetricFamily(m.name.removesuffix("_total"), m.help, value=m.value)
             elif kind == "Gauge":
                 yield GaugeMetricFamily(m.name, m.help, value=m.value)
             elif kind == "Histogram":
                 cumulative, buckets = 0, []
                 for bound, count in zip((*m.buckets, float("inf")), m.counts, strict=True):
                     cumulative += count
-                    buckets.append((_bound_label(bound), cumulative))
+                    buckets.append(("+Inf" if bound == float("inf") else repr(float(bound)), cumulative))
                 yield HistogramMetricFamily(m.name, m.help, buckets=buckets, sum_value=m.sum)
 
 
-def _bound_label(bound: float) -> str:
-    return "+Inf" if bound == float("inf") else repr(float(bound))
+class _TransportCollector(Collector):
+    def __init__(self, metrics: ServerMetrics) -> None:
+        self._m = metrics
+
+    def collect(self) -> Iterator[Metric]:
+        m = self._m
+        yield GaugeMetricFamily(
+            "duplex_websocket_connections", "open WebSocket connections", value=m.connections
+        )
+        yield CounterMetricFamily("duplex_ws_client_events", "client events decoded", value=m.client_events)
+        yield CounterMetricFamily("duplex_ws_server_events", "server events sent", value=m.server_events)
+        for name, help_, label, tally in (
+            (
+                "duplex_ws_sessions_opened",
+                "sessions opened or resumed over WebSocket",
+                "how",
+                m.sessions_opened,
+            ),
+            ("duplex_ws_errors", "transport errors sent, by code", "code", m.errors),
+            ("duplex_ws_detached", "sockets detached, by reason", "reason", m.detached),
+            ("duplex_ws_refused", "handshakes refused, by status", "status", m.refused),
+        ):
+            family = CounterMetricFamily(name, help_, labels=[label])
+            for key, value in sorted(tally.items()):
+                family.add_metric([key], value)
+            yield family
 
 
 class ServerMetrics:
-    """The transport's counters, gauges and histograms (names start with ``duplex_``)."""
+    """The transport's figures: plain numbers, bumped by the socket handler, read at scrape time."""
 
     def __init__(self, engine_metrics: Any = None) -> None:
+        self.connections = 0
+        self.client_events = 0
+        self.server_events = 0
+        self.sessions_opened: Tally[str] = Tally()
+        self.errors: Tally[str] = Tally()
+        self.detached: Tally[str] = Tally()
+        self.refused: Tally[str] = Tally()
         self.registry = CollectorRegistry()
-        r = self.registry
-        self.connections = Gauge("duplex_websocket_connections", "open WebSocket connections", registry=r)
-        self.sessions_opened = Counter(
-            "duplex_ws_sessions_opened", "sessions opened or resumed over WebSocket", ["how"], registry=r
-        )
-        self.client_events = Counter("duplex_ws_client_events", "client events decoded", registry=r)
-        self.server_events = Counter("duplex_ws_server_events", "server events sent", registry=r)
-        self.errors = Counter("duplex_ws_errors", "transport errors sent, by code", ["code"], registry=r)
-        self.detached = Counter("duplex_ws_detached", "sockets detached, by reason", ["reason"], registry=r)
-        self.refused = Counter("duplex_ws_refused", "handshakes refused, by status", ["status"], registry=r)
-        self.submit_latency = Histogram(
-            "duplex_submit_seconds",
-            "frame received to command submitted",
-            buckets=_LATENCY_BUCKETS_S,
-            registry=r,
-        )
-        self.send_latency = Histogram(
-            "duplex_send_seconds", "one socket write", buckets=_LATENCY_BUCKETS_S, registry=r
-        )
+        self.registry.register(_TransportCollector(self))
         if engine_metrics is not None:
-            r.register(_EngineCollector(engine_metrics))
+            self.registry.register(_EngineCollector(engine_metrics))
 
     def render(self) -> bytes:
         """The exposition text of every metric of this server."""

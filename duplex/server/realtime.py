@@ -29,11 +29,10 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import logging
-import time
 from typing import Any
 
 from starlette.responses import Response
-from starlette.websockets import WebSocket
+from starlette.websockets import WebSocket, WebSocketDisconnect
 
 from duplex.protocol import Mode, ProtocolError, decode, encode, new_event_id
 from duplex.protocol.ext.commands import SessionEventAck, SessionResume
@@ -73,7 +72,7 @@ async def realtime_endpoint(websocket: WebSocket) -> None:
     state: AppState = websocket.app.state.duplex
     refusal = _admission(websocket, state)
     if refusal is not None:
-        state.metrics.refused.labels(str(refusal.status_code)).inc()
+        state.metrics.refused[str(refusal.status_code)] += 1
         await websocket.send_denial_response(refusal)
         return
     plan = plan_handshake(
@@ -82,7 +81,7 @@ async def realtime_endpoint(websocket: WebSocket) -> None:
     task = asyncio.current_task()
     assert task is not None
     state.connections.add(task)
-    state.metrics.connections.inc()
+    state.metrics.connections += 1
     try:
         await websocket.accept(subprotocol=plan.subprotocol)
         if isinstance(plan, HandshakeRefusal):
@@ -91,7 +90,7 @@ async def realtime_endpoint(websocket: WebSocket) -> None:
             return
         await _Connection(websocket, state, plan.mode).run(plan)
     finally:
-        state.metrics.connections.dec()
+        state.metrics.connections -= 1
         state.connections.discard(task)
 
 
@@ -120,22 +119,29 @@ class _Connection:
         self._close_reason = ""
         self._writer_ended = False
         self._unconfirmed: str | None = None  # session whose rotated token the client may lack
+        self._loop_time = asyncio.get_running_loop().time
+        self.sending_since: float | None = None  # loop time a socket write started, while it runs
+        self._att: Any = None
+        self._writer: asyncio.Task[None] | None = None
+        self._stalled = False
 
     # -- sending ---------------------------------------------------------------------------
 
     async def _send(self, event: Any) -> None:
+        """Write one event. A write that stays blocked (the peer stopped reading) is found by the
+        app's send watchdog, which detaches the session and cancels the writer (``stall``): no
+        timer per write, which would cost more than the write itself."""
         data = encode(event, self.mode)
-        t0 = time.perf_counter()
-        async with asyncio.timeout(self.cfg.send_timeout_s):
-            if self._binary:
-                await self.ws.send({"type": "websocket.send", "bytes": data})
-            else:
-                await self.ws.send({"type": "websocket.send", "text": data})
-        self.metrics.send_latency.observe(time.perf_counter() - t0)
-        self.metrics.server_events.inc()
+        self.sending_since = self._loop_time()
+        if self._binary:
+            await self.ws.send({"type": "websocket.send", "bytes": data})
+        else:
+            await self.ws.send({"type": "websocket.send", "text": data})
+        self.sending_since = None
+        self.metrics.server_events += 1
 
     async def _send_error(self, err: ProtocolError) -> None:
-        self.metrics.errors.labels(err.code).inc()
+        self.metrics.errors[err.code] += 1
         await self._send(err.to_event(new_event_id()))
 
     async def _close(self, code: int, reason: str = "") -> None:
@@ -193,7 +199,7 @@ class _Connection:
             close = CloseCode.TRY_AGAIN_LATER if code in _RETRYABLE_OPEN_CODES else CloseCode.POLICY
             await self.fail(ProtocolError(code, message, param=param), close)
             return
-        self.metrics.sessions_opened.labels(how).inc()
+        self.metrics.sessions_opened[how] += 1
         await self._serve(att, first)
 
     async def _open_from_first_message(self, plan: HandshakePlan) -> tuple[Any, str, Any]:
@@ -242,38 +248,51 @@ class _Connection:
         """Close this socket with ``code``; the session is detached, not closed (see ``AppState``)."""
         await self._close(code, reason)
 
+    async def stall(self) -> None:
+        """A write has been blocked for ``send_timeout_s``: the peer stopped reading. Detach the
+        session (it keeps journaling; the client resumes) and stop writing. Called by the watchdog."""
+        if self._stalled or self._att is None or self._writer is None:
+            return
+        self._stalled = True
+        self.metrics.detached["slow_reader"] += 1
+        await asyncio.shield(self._att.detach())
+        self._writer.cancel()
+
     async def _serve(self, att: Any, first: Any) -> None:
-        writer = asyncio.create_task(self._write_loop(att), name=f"writer-{att.session_id}")
+        """Read and write until one side ends; then stop the other. Cancel-safe: the session is
+        detached (it waits for a resume) whenever the socket goes away without the session ending."""
+        self._att = att
+        writer = self._writer = asyncio.create_task(self._write_loop(att), name=f"writer-{att.session_id}")
+        reader = asyncio.create_task(self._read_loop(att, first), name=f"reader-{att.session_id}")
         self.state.attached.add(self)
         try:
-            if first is not None:
-                await self._handle_command(att, first)
-            await self._read_loop(att)
+            await asyncio.wait({reader, writer}, return_when=asyncio.FIRST_COMPLETED)
         finally:
             self.state.attached.discard(self)
-            if not writer.done():
-                writer.cancel()
-            with contextlib.suppress(asyncio.CancelledError):
-                await writer
-            if not self._writer_ended:
+            for task in (reader, writer):
+                task.cancel()
+            for task in (reader, writer):
+                with contextlib.suppress(asyncio.CancelledError):
+                    await task
+            if not self._writer_ended and not self._stalled:
                 # The client left (or we are cancelled): the session waits for a resume.
                 await asyncio.shield(att.detach())
-                self.metrics.detached.labels("client_gone").inc()
+                self.metrics.detached["client_gone"] += 1
 
-    async def _read_loop(self, att: Any) -> None:
+    async def _read_loop(self, att: Any, first: Any) -> None:
+        if first is not None:
+            await self._handle_command(att, first)
         while True:
             data = await self._receive()
             if data is None:
                 return
-            t0 = time.perf_counter()
             try:
                 cmd = self._decode(data)
             except ProtocolError as err:
                 await self._send_error(err)
                 continue
-            self.metrics.client_events.inc()
+            self.metrics.client_events += 1
             await self._handle_command(att, cmd)
-            self.metrics.submit_latency.observe(time.perf_counter() - t0)
 
     async def _handle_command(self, att: Any, cmd: Any) -> None:
         event_id = getattr(cmd, "event_id", None)
@@ -304,7 +323,6 @@ class _Connection:
         from duplex.engine import Detached
 
         last: Any = None
-        code, reason = CloseCode.NORMAL, ""
         try:
             while True:
                 try:
@@ -313,19 +331,13 @@ class _Connection:
                     code, reason = self._close_for(last, str(getattr(d, "reason", "") or ""))
                     if isinstance(last, SessionClosed | SessionExpired):
                         self.state.resume_grace.confirmed(att.session_id)
-                    self.metrics.detached.labels(reason or "detached").inc()
+                    self.metrics.detached[reason or "detached"] += 1
                     break
                 last = event
                 await self._send(event)
-        except TimeoutError:
-            # One write stalled for send_timeout_s: the peer stopped reading. Detach so the session
-            # keeps its journal for a resume, and tell the client to come back later.
-            code, reason = CloseCode.TRY_AGAIN_LATER, "slow_reader"
-            self.metrics.detached.labels(reason).inc()
-            await asyncio.shield(att.detach())
-        except Exception:
-            # The socket failed under us (peer gone mid-write): the reader sees the disconnect and
-            # detaches; nothing else to do here.
+        except (WebSocketDisconnect, ConnectionError, RuntimeError, OSError):
+            # The socket failed under us (the peer is gone mid-write): the reader sees the
+            # disconnect and the session is detached; nothing else to do here.
             return
         self._writer_ended = True
         await self._close(code, reason)
