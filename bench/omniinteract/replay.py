@@ -308,8 +308,9 @@ async def replay_case(media: Media, opts: ReplayOptions, *, clock: Callable[[], 
     except (ConnectionError, OSError) as exc:
         run.error = f"connection failed: {exc}"
     finally:
-        with contextlib.suppress(Exception):
-            await client.close(timeout=5.0)
+        if client.session_id is not None:  # a refused client holds no socket
+            with contextlib.suppress(Exception):
+                await client.close(timeout=5.0)
     run.finished = run.finished or clock()
     run.success = run.error is None
     if run.success and opts.require_response and not any(tr.audio_ms > 0 for tr in run.responses.values()):
