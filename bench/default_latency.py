@@ -22,6 +22,7 @@ end-of-speech-to-first-audio p50 under 1 s with the echo reply.
 from __future__ import annotations
 
 import argparse
+import asyncio
 import json
 import os
 import platform
@@ -146,10 +147,97 @@ def bench_server(turns: int) -> dict[str, object]:
     """End of speech to first audio through a real server on loopback (see the module docstring)."""
     try:
         from duplex.engine import Engine  # noqa: F401
-        from duplex.server import create_app  # noqa: F401
+        from duplex.server.app import create_app  # noqa: F401
     except ImportError as exc:
         return {"skipped": f"engine or server not available: {exc}"}
-    return {"skipped": "server path not measured yet"}
+    return asyncio.run(_bench_server(turns))
+
+
+async def _bench_server(turns: int) -> dict[str, object]:
+    import soxr
+
+    from clients.collector import event_type
+    from clients.pacing import Pacer
+    from clients.websocket import DuplexClient
+    from duplex.engine import Engine, EngineConfig
+    from duplex.plugins.default.plugin import DefaultPlugin, DefaultPluginConfig
+    from duplex.protocol.audio import encode_audio
+    from duplex.protocol.formats import AudioFormat
+    from duplex.server.app import create_app
+    from duplex.server.config import ServeConfig, ServerConfig
+    from duplex.server.serve import DrainingServer, uvicorn_config
+
+    plugin = DefaultPlugin(DefaultPluginConfig(max_sessions=1))
+    plugin.load()
+    rate, append = 24000, 960  # the client's format: PCM16 at 24 kHz, 40 ms appends
+    fmt = AudioFormat("pcm16", rate)
+    lead, tail = np.zeros(rate * 3 // 10, np.float32), np.zeros(rate * 12 // 10, np.float32)
+    clips = []
+    for sentence in SENTENCES:
+        speech = soxr.resample(plugin.tts.speak(sentence), 22050, rate).astype(np.float32)
+        clips.append((np.concatenate([lead, speech, tail]), len(lead) + len(speech)))
+
+    engine = Engine(plugin, EngineConfig(max_sessions=2), model_name="default")
+    cfg = ServeConfig(server=ServerConfig(port=0))
+    server = DrainingServer(uvicorn_config(create_app(engine, cfg.server), cfg, log_level="warning"))
+    serving = asyncio.create_task(server.serve())
+    ready = asyncio.create_task(server.ready.wait())
+    await asyncio.wait({serving, ready}, return_when=asyncio.FIRST_COMPLETED)
+    if serving.done():
+        ready.cancel()
+        serving.result()
+        raise RuntimeError("the server did not start")
+    silence_ms = None
+    eos_to_audio, stopped_to_audio, stopped_lag = [], [], []
+    try:
+        url = f"ws://127.0.0.1:{server.port}/v1/realtime"
+        async with DuplexClient(url, model="default") as client:
+            vad = client.session.audio.input.turn_detection
+            silence_ms = getattr(vad, "silence_duration_ms", None)
+            marks: dict[str, float] = {}
+
+            def on_event(event: object) -> None:
+                kind = event_type(event)
+                if kind not in marks and kind in (
+                    "input_audio_buffer.speech_stopped",
+                    "response.output_audio.delta",
+                ):
+                    marks[kind] = time.perf_counter()
+                if kind == "response.done":
+                    marks.setdefault("done", time.perf_counter())
+
+            client.add_listener(on_event)
+            for turn in range(turns):
+                pcm, speech_end = clips[turn % len(clips)]
+                marks.clear()
+                pacer = Pacer(append / rate)
+                end_of_speech = None
+                for start in range(0, len(pcm), append):
+                    await pacer.wait_next()
+                    await client.append_audio(encode_audio(pcm[start : start + append], fmt))
+                    if end_of_speech is None and start + append >= speech_end:
+                        # the append that carries the last speech sample: speech ended inside it
+                        end_of_speech = pacer.due(pacer.index - 1) + (speech_end - start) / rate
+                await client.wait_for("response.done", timeout=30)
+                first_audio = marks.get("response.output_audio.delta")
+                stopped = marks.get("input_audio_buffer.speech_stopped")
+                if first_audio is None or stopped is None or end_of_speech is None:
+                    continue
+                eos_to_audio.append(first_audio - end_of_speech)
+                stopped_to_audio.append(first_audio - stopped)
+                stopped_lag.append(stopped - end_of_speech)
+    finally:
+        server.should_exit = True
+        await serving
+        plugin.close()
+    return {
+        "turns": turns,
+        "answered": len(eos_to_audio),
+        "vad_silence_duration_ms": silence_ms,
+        "end_of_speech_to_first_audio_s": _percentiles(eos_to_audio),
+        "end_of_speech_to_speech_stopped_s": _percentiles(stopped_lag),
+        "speech_stopped_to_first_audio_s": _percentiles(stopped_to_audio),
+    }
 
 
 def _print_table(results: dict[str, object]) -> None:
@@ -165,6 +253,9 @@ def _print_table(results: dict[str, object]) -> None:
     server = results.get("server")
     if isinstance(server, dict) and "end_of_speech_to_first_audio_s" in server:
         rows.append(("server end of speech -> first audio (s)", server["end_of_speech_to_first_audio_s"]))
+        rows.append(
+            ("server end of speech -> speech_stopped (s)", server["end_of_speech_to_speech_stopped_s"])
+        )
         rows.append(("server speech_stopped -> first audio (s)", server["speech_stopped_to_first_audio_s"]))
     print(f"{'metric':<44}{'n':>5}{'p50':>9}{'p95':>9}{'max':>9}")
     for name, stats in rows:

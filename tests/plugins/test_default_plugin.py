@@ -133,6 +133,16 @@ def test_piper_spoken_question_transcribes_exactly(
     assert asr.transcribe(question) == QUESTION
 
 
+def test_short_and_long_turns_are_heard_whole(
+    models: tuple[WhisperTranscriber, PiperSpeaker], question: np.ndarray
+) -> None:
+    asr, _ = models
+    twice = np.concatenate([question, np.zeros(16000 * 2, np.float32), question])  # 6.3 s: short window
+    assert asr.transcribe(twice) == f"{QUESTION} {QUESTION}"
+    apart = np.concatenate([question, np.zeros(16000 * 10, np.float32), question])  # 14.3 s: the 30 s path
+    assert asr.transcribe(apart) == f"{QUESTION} {QUESTION}"
+
+
 def test_echo_turn_streams_transcript_then_audio_with_its_text_then_end_of_turn(
     plugin: DefaultPlugin, slot: int, question: np.ndarray, models: tuple[WhisperTranscriber, PiperSpeaker]
 ) -> None:
