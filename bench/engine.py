@@ -17,7 +17,7 @@ What it measures, per session count N (default 100, 500, 1000):
   the slope of a least-squares line through the second half (MB per minute).
 
 Run: ``python -m bench.engine [--sessions 100 500 1000] [--seconds 20] [--tick-ms 5]
-[--soak-seconds 600] [--out bench/results/engine.json]``. ``--tick-ms`` sets
+[--soak-seconds 600 --soak-sessions 500] [--out bench/results/engine.json]``. ``--tick-ms`` sets
 ``EngineConfig.tick_ms`` (default here: 5 ms, so a frame is stepped within a few ms of
 completing; ``80`` = one tick per frame period). Prints a table and writes JSON.
 The goal on a 2-core CPU: 1000 sessions at real time with p99 append-to-step < 10 ms.
@@ -189,7 +189,8 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--sessions", type=int, nargs="+", default=[100, 500, 1000])
     parser.add_argument("--seconds", type=float, default=20.0)
     parser.add_argument("--tick-ms", type=float, default=5.0, help="0 = one tick per frame period")
-    parser.add_argument("--soak-seconds", type=float, default=0.0, help="RSS soak at the largest N")
+    parser.add_argument("--soak-seconds", type=float, default=0.0, help="RSS soak length (0: none)")
+    parser.add_argument("--soak-sessions", type=int, default=0, help="soak sessions (default: largest N)")
     parser.add_argument("--out", default="bench/results/engine.json")
     args = parser.parse_args(argv)
     tick = args.tick_ms or None
@@ -200,7 +201,8 @@ def main(argv: list[str] | None = None) -> None:
         _print(result)
     soak = None
     if args.soak_seconds:
-        soak = asyncio.run(run_once(max(args.sessions), args.soak_seconds, tick, rss_every_s=5.0))
+        soak_n = args.soak_sessions or max(args.sessions)
+        soak = asyncio.run(run_once(soak_n, args.soak_seconds, tick, rss_every_s=5.0))
         _print(soak)
         print(f"soak: RSS slope over the second half {soak.get('rss_slope_mb_per_min')} MB/min")
     out = {
