@@ -185,12 +185,16 @@ def test_turn_without_speech_gives_empty_transcript_and_no_reply(
 # --- cancellation ---
 
 
-def test_cancelled_epoch_yields_nothing_more(plugin: DefaultPlugin, slot: int, question: np.ndarray) -> None:
+def test_cancelled_epoch_yields_nothing_more_and_the_next_epoch_is_answered(
+    plugin: DefaultPlugin, slot: int, question: np.ndarray
+) -> None:
     stream = plugin.respond(TurnRequest(slot=slot, epoch=5, pcm=question))
     assert next(stream).user_transcript == QUESTION
     plugin.cancel_slot(slot, 6)
     assert list(stream) == []
     assert list(plugin.respond(TurnRequest(slot=slot, epoch=5, pcm=question))) == []
+    answer = list(plugin.respond(TurnRequest(slot=slot, epoch=6, text="Hi")))
+    assert "".join(o.text for o in answer) == "You said: Hi." and {o.epoch for o in answer} == {6}
 
 
 def test_closing_the_response_mid_reply_closes_the_reply_stream(
