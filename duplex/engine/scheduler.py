@@ -228,10 +228,9 @@ class FrameScheduler:
             return 0
         try:
             outputs = await self.on_model_thread(self.step, planned)
-        except Exception as exc:  # the plugin's failure ends those sessions, not the scheduler
+            self.apply(planned, outputs, now)
+        except Exception as exc:  # the plugin's failure (or ours) ends those sessions, not the scheduler
             self.fail(planned, exc)
-            return len(planned)
-        self.apply(planned, outputs, now)
         return len(planned)
 
     async def run(self) -> None:
