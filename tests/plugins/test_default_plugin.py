@@ -212,6 +212,14 @@ def test_closing_the_response_mid_reply_closes_the_reply_stream(
 # --- the openai strategy ---
 
 
+def test_the_turn_being_answered_is_not_repeated_from_the_history(
+    openai_plugin: DefaultPlugin, chat: ChatStub
+) -> None:
+    history = (("user", "Hi."), ("assistant", "Hello."), ("user", "Time in Paris?"), ("assistant", ""))
+    list(openai_plugin.respond(TurnRequest(slot=0, epoch=0, text="Time in Paris?", history=history)))
+    assert [m["content"] for m in chat.requests[0]["messages"]][1:] == ["Hi.", "Hello.", "Time in Paris?"]
+
+
 def test_openai_reply_is_spoken_sentence_by_sentence(
     openai_plugin: DefaultPlugin, chat: ChatStub, question: np.ndarray
 ) -> None:

@@ -270,7 +270,7 @@ class DefaultPlugin(Plugin):
             return
         prompt = ReplyPrompt(
             user_text=user_text,
-            history=request.history,
+            history=_history_before(request.history, user_text),
             instructions=request.instructions or state.instructions,
             temperature=state.temperature,
         )
@@ -292,3 +292,18 @@ class DefaultPlugin(Plugin):
         for delta in deltas:
             yield from splitter.feed(delta)
         yield from splitter.flush()
+
+
+def _history_before(history: tuple[tuple[str, str], ...], user_text: str) -> tuple[tuple[str, str], ...]:
+    """``history`` without the current turn's own entries at its end.
+
+    The engine may list the turn being answered already: its user item (empty
+    until transcribed, or the typed text) and an empty assistant item of the new
+    response. The strategy adds the user's words itself, so they would appear twice.
+    """
+    end = len(history)
+    while end and history[end - 1][0] == "assistant" and not history[end - 1][1]:
+        end -= 1
+    if end and history[end - 1][0] == "user" and history[end - 1][1] in ("", user_text):
+        end -= 1
+    return history[:end]
