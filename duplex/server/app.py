@@ -18,9 +18,10 @@ from typing import Any
 import msgspec
 from starlette.applications import Starlette
 from starlette.requests import Request
-from starlette.responses import JSONResponse, Response
+from starlette.responses import Response
 from starlette.routing import Route, WebSocketRoute
 
+from duplex.protocol import ErrorDetail, ProtocolError
 from duplex.server.auth import api_key_ok, presented_api_key
 from duplex.server.config import ServerConfig
 from duplex.server.metrics import CONTENT_TYPE, ServerMetrics
@@ -44,6 +45,12 @@ class ModelCard(msgspec.Struct, frozen=True, kw_only=True):
 class ModelList(msgspec.Struct, frozen=True, kw_only=True):
     object: str = "list"
     data: list[ModelCard]
+
+
+class HttpError(msgspec.Struct, frozen=True, kw_only=True):
+    """OpenAI's HTTP error body: ``{"error": {"type", "code", "message"}}``."""
+
+    error: ErrorDetail
 
 
 class HealthStatus(msgspec.Struct, frozen=True, kw_only=True):
@@ -162,16 +169,8 @@ def create_app(
 
     async def models(request: Request) -> Response:
         if not api_key_ok(presented_api_key(request.headers, request.query_params), config.api_keys):
-            return JSONResponse(
-                {
-                    "error": {
-                        "type": "invalid_request_error",
-                        "code": "invalid_api_key",
-                        "message": "missing or unknown API key",
-                    }
-                },
-                status_code=401,
-            )
+            body = HttpError(error=ProtocolError("invalid_api_key", "missing or unknown API key").to_detail())
+            return Response(msgspec.json.encode(body), status_code=401, media_type="application/json")
         body = ModelList(data=[ModelCard(id=name, capabilities=_capabilities(engine))])
         return Response(msgspec.json.encode(body), media_type="application/json")
 

@@ -23,12 +23,13 @@ from __future__ import annotations
 
 import enum
 from collections.abc import Mapping, Sequence
+from urllib.parse import parse_qsl
 
 import msgspec
 
 from duplex.protocol import MSGPACK_SUBPROTOCOL, Mode
 
-__all__ = ["HandshakePlan", "HandshakeRefusal", "OpenHow", "parse_bool", "plan_handshake"]
+__all__ = ["HandshakePlan", "HandshakeRefusal", "OpenHow", "parse_bool", "plan_handshake", "repair_query"]
 
 _TRUE = frozenset({"1", "true", "on", "yes"})
 _FALSE = frozenset({"0", "false", "off", "no"})
@@ -87,11 +88,26 @@ def _select_mode(headers: Mapping[str, str], subprotocols: Sequence[str]) -> tup
     return Mode.GA, None
 
 
+def repair_query(query: Mapping[str, str]) -> dict[str, str]:
+    """Undo a second ``?`` inside a value: Pipecat appends ``?model=...`` to a base URL that may
+    already hold a query (``/v1/realtime?duplex=1?model=m`` reads as ``duplex="1?model=m"``).
+    The tail is parsed as more parameters; parameters given properly win."""
+    out = dict(query)
+    for key, value in query.items():
+        if "?" in value:
+            head, _, tail = value.partition("?")
+            out[key] = head
+            for extra_key, extra_value in parse_qsl(tail.replace("?", "&"), keep_blank_values=True):
+                out.setdefault(extra_key, extra_value)
+    return out
+
+
 def plan_handshake(
     query: Mapping[str, str], headers: Mapping[str, str], subprotocols: Sequence[str]
 ) -> HandshakePlan | HandshakeRefusal:
     """Decide what a handshake asks for (see the module docstring). ``headers`` keys are lower case."""
     mode, subprotocol = _select_mode(headers, subprotocols)
+    query = repair_query(query)
 
     def refuse(code: str, message: str) -> HandshakeRefusal:
         return HandshakeRefusal(code=code, message=message, mode=mode, subprotocol=subprotocol)

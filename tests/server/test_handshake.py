@@ -72,3 +72,9 @@ def test_msgpack_subprotocol_wins_over_beta_header():
 
 def test_beta_header_selects_beta_names():
     assert plan(headers={"openai-beta": "assistants=v2, realtime=v1"}).mode is Mode.BETA
+
+
+def test_pipecat_double_question_mark_is_repaired():
+    # Pipecat builds f"{base_url}?model=..." even when base_url already has ?duplex=1
+    p = plan({"duplex": "1?model=local-duplex"})
+    assert (p.how, p.model) == (OpenHow.AUTOSTART, "local-duplex")
