@@ -23,9 +23,15 @@ E = TypeVar("E")
 
 
 class JournalGap(Exception):
-    """Some events after the client's cursor are gone: the client must resync."""
+    """Some events after the client's cursor are gone: the client must resync.
 
-    reason = "journal_gap"
+    ``reason`` is ``journal_overflow`` when unacked events were dropped for the byte
+    bound, else ``journal_gap`` (dropped by age, or a cursor older than the client's own ack).
+    """
+
+    def __init__(self, message: str, reason: str = "journal_gap") -> None:
+        super().__init__(message)
+        self.reason = reason
 
 
 class JournalCursorError(Exception):
@@ -47,6 +53,7 @@ class Journal(Generic[E]):
         self.head = 0  # the last seq handed out
         self.floor = 0  # every seq <= floor has left the journal
         self.evicted = 0  # entries dropped by age or bytes before an ack
+        self.overflow_floor = 0  # every seq <= this was dropped for the byte bound
 
     @property
     def next_seq(self) -> int:
@@ -72,6 +79,8 @@ class Journal(Generic[E]):
         """Drop entries older than ``max_age_s`` and, oldest first, bytes over ``max_bytes``."""
         entries = self._entries
         while entries and (entries[0][3] < now - self.max_age_s or self._bytes > self.max_bytes):
+            if self._bytes > self.max_bytes:
+                self.overflow_floor = entries[0][0]
             self._drop_first()
             self.evicted += 1
 
@@ -103,5 +112,6 @@ class Journal(Generic[E]):
                 "session_resume_conflict", f"last_event_seq {seq} is beyond the last sent seq {self.head}"
             )
         if seq < self.floor:
-            raise JournalGap(f"events {seq + 1}..{self.floor} are no longer in the journal")
+            reason = "journal_overflow" if seq < self.overflow_floor else "journal_gap"
+            raise JournalGap(f"events {seq + 1}..{self.floor} are no longer in the journal", reason)
         return [event for s, event, _, _ in self._entries if s > seq]

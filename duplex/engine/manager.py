@@ -367,11 +367,11 @@ class SessionManager:
         session = record.session
         try:
             replay = session.journal.replay_after(last_event_seq)
-        except JournalGap:
+        except JournalGap as gap:
             self.metrics.resync_required.inc()
             att = self._attachment(record, record.lease.generation, None)
             att.push(
-                [SessionResyncRequired(event_id=new_event_id(), session_id=session_id, reason="journal_gap")],
+                [SessionResyncRequired(event_id=new_event_id(), session_id=session_id, reason=gap.reason)],
                 preload=True,
             )
             att.end("resync_required")

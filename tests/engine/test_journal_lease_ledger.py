@@ -53,10 +53,14 @@ def test_journal_drops_oldest_by_bytes_and_by_age_and_counts_it() -> None:
     for seq in range(1, 5):
         j.append(seq, f"e{seq}", 10, now=float(seq))
     assert j.evicted == 1 and j.floor == 1 and j.size_bytes == 30
+    with pytest.raises(JournalGap) as overflow:
+        j.replay_after(0)
+    assert overflow.value.reason == "journal_overflow"
     j.prune(now=13.5)  # e2 (t=2) and e3 (t=3) are older than 10 s
     assert j.evicted == 3 and j.replay_after(3) == ["e4"]
-    with pytest.raises(JournalGap):
+    with pytest.raises(JournalGap) as gap:
         j.replay_after(1)
+    assert gap.value.reason == "journal_gap"
 
 
 def test_journal_refuses_out_of_order_seq() -> None:
