@@ -160,6 +160,13 @@ def test_echo_turn_streams_transcript_then_audio_with_its_text_then_end_of_turn(
     assert words(asr.transcribe(to_16k(spoken))) == words(expected)
 
 
+def test_markdown_and_emoji_are_not_read_aloud(models: tuple[WhisperTranscriber, PiperSpeaker]) -> None:
+    _, tts = models
+    plain = tts.speak("Hello there.")
+    assert np.array_equal(tts.speak("**Hello** there 😀."), plain)
+    assert tts.speak("** 😀 #").size == 0
+
+
 def test_text_turn_is_answered_without_a_transcript_chunk(plugin: DefaultPlugin, slot: int) -> None:
     outputs = list(plugin.respond(TurnRequest(slot=slot, epoch=0, text="Good morning")))
     assert all(o.user_transcript is None for o in outputs)

@@ -24,7 +24,14 @@ import pytest
 
 from duplex.plugins.base import PluginError
 from duplex.plugins.default.plugin import DefaultPlugin
-from duplex.plugins.default.reply import EchoReply, OpenAIChatReply, ReplyPrompt, VLLMReply, chat_messages
+from duplex.plugins.default.reply import (
+    EchoReply,
+    OpenAIChatReply,
+    ReplyPrompt,
+    VLLMReply,
+    chat_messages,
+    without_thinking,
+)
 
 # --- a tiny OpenAI-compatible chat server ---
 
@@ -153,6 +160,28 @@ def test_chat_messages_put_instructions_first_and_skip_empty_or_unknown_roles() 
     ]
 
 
+# --- thoughts are not spoken ---
+
+
+@pytest.mark.parametrize(
+    ("deltas", "spoken"),
+    [
+        (["<think>hmm</think>\n\nHello."], ["Hello."]),
+        (["<th", "ink>let me", " see</th", "ink>", "  ", "It is noon."], ["It is noon."]),
+        (["Sure. <think>x</think>Done."], ["Sure. ", "Done."]),
+        (["a < b, and <thin", "g>"], ["a < b, and ", "<thin", "g>"]),
+        (["<think>never closed"], []),
+    ],
+)
+def test_thinking_spans_are_dropped_from_the_stream(deltas: list[str], spoken: list[str]) -> None:
+    assert "".join(without_thinking(deltas)) == "".join(spoken)
+
+
+def test_text_without_thinking_passes_through_as_it_comes() -> None:
+    stream = without_thinking(iter(["Hello", " there. ", "<", "b>"]))
+    assert next(stream) == "Hello" and next(stream) == " there. "
+
+
 # --- the openai strategy ---
 
 
@@ -220,7 +249,8 @@ class SamplingParams:
 
 
 class _Tokenizer:
-    def apply_chat_template(self, messages, tokenize, add_generation_prompt):
+    def apply_chat_template(self, messages, tokenize, add_generation_prompt, **template_kwargs):
+        EVENTS.append(("template", template_kwargs))
         return "|".join(m["role"] + ":" + m["content"] for m in messages)
 
 
@@ -299,7 +329,8 @@ def test_vllm_strategy_streams_engine_steps_as_deltas(fake_vllm: ModuleType, tmp
     deltas = list(strategy.reply(prompt))
     assert "".join(deltas) == fake_vllm.REPLY and len(deltas) > 1
     assert fake_vllm.EVENTS[0] == ("load", str(tmp_path))
-    assert fake_vllm.EVENTS[1][2] == "system:Be kind.|user:hi|user:hello"
+    assert fake_vllm.EVENTS[1] == ("template", {"enable_thinking": False})
+    assert fake_vllm.EVENTS[2][2] == "system:Be kind.|user:hi|user:hello"
     assert not any(event[0] == "abort" for event in fake_vllm.EVENTS)
 
 
@@ -309,7 +340,7 @@ def test_closing_a_vllm_reply_aborts_its_request(fake_vllm: ModuleType, tmp_path
     stream = strategy.reply(ReplyPrompt(user_text="hello"))
     next(stream)
     stream.close()
-    request_id = fake_vllm.EVENTS[1][1]
+    request_id = fake_vllm.EVENTS[2][1]
     assert fake_vllm.EVENTS[-1] == ("abort", request_id)
 
 

@@ -13,8 +13,9 @@ generator that streams the answer:
    A turn without speech (silence, noise) ends there: one chunk with an empty
    transcript and ``end_of_turn``, no reply.
 2. Answer: the reply strategy (``echo``, ``openai``, ``vllm``; see ``reply.py``)
-   streams text deltas. Its system prompt is the session's instructions and its
-   history is ``TurnRequest.history``: what the listener actually heard.
+   streams text deltas (a reasoning model's ``<think>`` spans are dropped).
+   Its system prompt is the session's instructions and its history is
+   ``TurnRequest.history``: what the listener actually heard.
 3. Speak: the deltas are cut into sentences (long ones at clause marks) and
    each is synthesised with Piper as soon as it is complete (the first piece
    ends at the reply's first clause mark, so the first audio comes sooner). Every audio chunk
@@ -51,7 +52,13 @@ from duplex.plugins.base import (
 )
 from duplex.plugins.default.asr import SAMPLE_RATE as INPUT_RATE
 from duplex.plugins.default.asr import WhisperTranscriber
-from duplex.plugins.default.reply import STRATEGIES, ReplyPrompt, ReplyStrategy, make_strategy
+from duplex.plugins.default.reply import (
+    STRATEGIES,
+    ReplyPrompt,
+    ReplyStrategy,
+    make_strategy,
+    without_thinking,
+)
 from duplex.plugins.default.sentences import SentenceSplitter
 from duplex.plugins.default.tts import VOICE_NAME, PiperSpeaker
 
@@ -286,6 +293,7 @@ class DefaultPlugin(Plugin):
 
     def _pieces(self, deltas: Iterator[str]) -> Iterator[str]:
         """Speakable pieces of a delta stream, each yielded as soon as it is complete."""
+        deltas = without_thinking(deltas)
         splitter = SentenceSplitter(
             max_chars=self.config.max_sentence_chars, first_clause=self.config.first_clause
         )

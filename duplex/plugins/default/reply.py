@@ -30,7 +30,7 @@ import urllib.error
 import urllib.parse
 import urllib.request
 from abc import ABC, abstractmethod
-from collections.abc import Iterator
+from collections.abc import Iterable, Iterator
 from typing import ClassVar
 
 import msgspec
@@ -47,6 +47,7 @@ __all__ = [
     "chat_messages",
     "echo_text",
     "make_strategy",
+    "without_thinking",
 ]
 
 
@@ -310,8 +311,9 @@ class VLLMReply(ReplyStrategy):
         from vllm import SamplingParams
 
         engine = self._engine
+        # enable_thinking=False: templates with a thinking switch (Qwen3) answer directly; others ignore it.
         text_prompt = self._tokenizer.apply_chat_template(  # type: ignore[attr-defined]
-            chat_messages(prompt), tokenize=False, add_generation_prompt=True
+            chat_messages(prompt), tokenize=False, add_generation_prompt=True, enable_thinking=False
         )
         temperature = prompt.temperature if prompt.temperature is not None else self._temperature
         params = SamplingParams(max_tokens=self._max_tokens, temperature=temperature)
@@ -342,6 +344,61 @@ def require_vllm() -> None:
             "reply='vllm' needs the optional vllm package (GPU only): pip install vllm; "
             "or use reply='openai' with reply_url pointing at a vLLM server",
         )
+
+
+_THINK_OPEN = "<think>"
+_THINK_CLOSE = "</think>"
+
+
+def _partial_tag(text: str, tag: str) -> int:
+    """Length of the longest end of ``text`` that begins ``tag`` (a tag split across deltas)."""
+    for k in range(min(len(tag) - 1, len(text)), 0, -1):
+        if text.endswith(tag[:k]):
+            return k
+    return 0
+
+
+def without_thinking(deltas: Iterable[str]) -> Iterator[str]:
+    """Drop ``<think>...</think>`` spans from a delta stream, tags split across deltas included.
+
+    Reasoning models (Qwen3 and others served by vLLM without a reasoning parser)
+    put their thoughts in the content; a voice must not read them aloud. The
+    whitespace right after a thought is dropped too. Text outside the spans passes
+    through unchanged and as early as possible (only a possible partial tag waits).
+    """
+    buffer = ""
+    thinking = False
+    skip_space = False
+    for delta in deltas:
+        buffer += delta
+        while buffer:
+            if thinking:
+                end = buffer.find(_THINK_CLOSE)
+                if end < 0:
+                    buffer = buffer[len(buffer) - _partial_tag(buffer, _THINK_CLOSE) :]
+                    break
+                buffer = buffer[end + len(_THINK_CLOSE) :]
+                thinking, skip_space = False, True
+                continue
+            if skip_space:
+                buffer = buffer.lstrip()
+                if not buffer:
+                    break
+                skip_space = False
+            start = buffer.find(_THINK_OPEN)
+            if start >= 0:
+                if start:
+                    yield buffer[:start]
+                buffer = buffer[start + len(_THINK_OPEN) :]
+                thinking = True
+                continue
+            keep = _partial_tag(buffer, _THINK_OPEN)
+            if len(buffer) > keep:
+                yield buffer[: len(buffer) - keep]
+            buffer = buffer[len(buffer) - keep :]
+            break
+    if buffer and not thinking:
+        yield buffer
 
 
 STRATEGIES = ("echo", "openai", "vllm")

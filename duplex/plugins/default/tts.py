@@ -8,11 +8,17 @@ package and is loaded from there; Piper's espeak-ng phonemiser is built into
 from ``sentences.SentenceSplitter``) into one array, so that the caller can
 send that audio together with exactly that text: a transcript cut at a chunk
 boundary is then the text that was heard.
+
+What is said is ``speakable(text)``: chat models write Markdown and emoji,
+which espeak-ng would read out ("asterisk asterisk", "grinning face"). The
+transcript keeps the text as written; only the voice skips the markup.
 """
 
 from __future__ import annotations
 
 import os
+import re
+import unicodedata
 from collections.abc import Iterable, Iterator
 from pathlib import Path
 
@@ -20,7 +26,16 @@ import numpy as np
 
 from duplex.plugins.base import PluginError
 
-__all__ = ["VOICE_NAME", "PiperSpeaker", "SpokenPiece", "packaged_voice_path"]
+__all__ = ["VOICE_NAME", "PiperSpeaker", "SpokenPiece", "packaged_voice_path", "speakable"]
+
+_MARKUP = re.compile(r"[*_`#~|>]+")
+
+
+def speakable(text: str) -> str:
+    """``text`` without Markdown marks (``* _ ` # ~ | >``) and pictographs (emoji), for the voice."""
+    text = _MARKUP.sub(" ", text)
+    return "".join(ch for ch in text if unicodedata.category(ch) not in ("So", "Cs", "Co"))
+
 
 VOICE_NAME = "joe"
 """The name the default plugin advertises for its one voice."""
@@ -104,12 +119,14 @@ class PiperSpeaker:
         self.sample_rate = int(voice.config.sample_rate)
 
     def speak(self, text: str) -> np.ndarray:
-        """The audio of ``text``: mono float32 at ``sample_rate``; empty when nothing is pronounceable."""
+        """The audio of ``speakable(text)`` (mono float32 at ``sample_rate``); empty if nothing is left."""
         if self._voice is None:
             raise PluginError("internal_error", "PiperSpeaker.speak called before load()")
+        text = speakable(text)
         if not text.strip():
             return np.zeros(0, dtype=np.float32)
-        parts = [chunk.audio_float_array for chunk in self._voice.synthesize(text, syn_config=self._config)]  # type: ignore[attr-defined]
+        synthesize = self._voice.synthesize  # type: ignore[attr-defined]
+        parts = [chunk.audio_float_array for chunk in synthesize(text, syn_config=self._config)]
         if not parts:
             return np.zeros(0, dtype=np.float32)
         return np.concatenate(parts).astype(np.float32, copy=False)
