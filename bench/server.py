@@ -9,12 +9,18 @@ N clients (in this process) each send one 80 ms PCM16 append every 80 ms on an a
 * sessions held: clients still connected and answered at the end of the run;
 * server CPU: the server process's CPU time over the measurement window, in % of one core.
 
-Variants: ``duplex-json`` (our server, GA JSON + base64), ``duplex-msgpack`` (our server, the
-``duplex.msgpack.v1`` subprotocol, raw audio bytes) and ``bare-json``: a minimal ``websockets``
-server that only decodes each append (JSON + base64) and answers with a same-size delta. The bare
-server is the ceiling for a Python WebSocket JSON service on this machine; our figures are reported
-as ratios to it. "Capacity" is the largest N whose p99 stays under ``--p99-ms`` (20) with every
-session held.
+Variants:
+
+* ``bare-json``: a minimal ``websockets`` server that only decodes each append (JSON + base64) and
+  answers with a same-size delta: the ceiling for a Python WebSocket JSON service on this machine;
+* ``duplex-json`` / ``duplex-msgpack``: our server and engine on the echo plugin, GA JSON + base64 or
+  the ``duplex.msgpack.v1`` subprotocol (raw audio bytes);
+* ``transport-json`` / ``transport-msgpack``: our server with a stand-in for the engine that answers
+  each append at once with a same-size delta (the bare server's work) through the real outbox and
+  writer: it isolates the server layer's own cost (uvicorn, Starlette, codec, tasks).
+
+Figures are reported as ratios to ``bare-json``. "Capacity" is the largest N tried whose p99 stays
+under ``--p99-ms`` (20) with every session held.
 
 Run: ``python -m bench.server --sessions 50 200 500 --seconds 10`` (writes
 ``bench/results/server.json``). Clients and servers share the machine's cores, as they would on a
@@ -49,6 +55,7 @@ FRAME_BYTES = RATE * FRAME_MS // 1000 * 2
 DELTA_PREFIX_JSON = '{"type":"response.output_audio.delta"'
 _SEQ_RE = re.compile(r'"server_event_seq":(\d+)')
 ACK_EVERY = 25
+VARIANTS = ("bare-json", "transport-json", "transport-msgpack", "duplex-json", "duplex-msgpack")
 
 
 # -- the bare baseline server --------------------------------------------------------------------
@@ -95,8 +102,71 @@ async def _bare_server(port: int) -> None:
         await asyncio.Future()
 
 
-def _duplex_server(port: int, tick_ms: float) -> None:
-    """Our server on the echo plugin (one frame of delay)."""
+class _AnswerEachAppend:
+    """The transport-only stand-in's attachment: each append is answered at once with a same-size
+    audio delta (the bare server's work), through the real outbox-and-writer path of the server."""
+
+    def __init__(self) -> None:
+        from duplex.protocol import DuplexSession, DuplexSessionCreated, new_event_id
+
+        self.session_id = "sess_transport_only"
+        self.resume_token = None
+        self.generation = 1
+        self._new_id = new_event_id
+        self._seq = 0
+        self._outbox: asyncio.Queue[Any] = asyncio.Queue(maxsize=4096)
+        created = DuplexSessionCreated(event_id=new_event_id(), session=DuplexSession(id=self.session_id))
+        self._outbox.put_nowait(created)
+
+    def submit(self, cmd: Any) -> None:
+        from duplex.protocol import DuplexInputAudioBufferAppend, DuplexResponseOutputAudioDelta
+
+        if isinstance(cmd, DuplexInputAudioBufferAppend):
+            self._seq += 1
+            delta = DuplexResponseOutputAudioDelta(
+                event_id=self._new_id(),
+                server_event_seq=self._seq,
+                response_id="resp_1",
+                item_id="item_1",
+                output_index=0,
+                content_index=0,
+                delta=cmd.audio,
+                format="pcm16",
+                sample_rate_hz=RATE,
+            )
+            self._outbox.put_nowait(delta)
+
+    def ack(self, seq: int) -> None:
+        pass
+
+    async def next_event(self) -> Any:
+        return await self._outbox.get()
+
+    async def detach(self) -> None:
+        pass
+
+
+class _TransportOnly:
+    """A stand-in for the engine that isolates the server layer's own cost (uvicorn, Starlette,
+    handshake, codec, reader and writer tasks): compare ``transport-*`` with ``bare-json`` for the
+    transport's overhead, and ``duplex-*`` with ``transport-*`` for the engine's."""
+
+    capabilities = None
+    plugin_name = "transport-only"
+    metrics = None
+
+    async def __aenter__(self) -> _TransportOnly:
+        return self
+
+    async def __aexit__(self, *exc: object) -> None:
+        pass
+
+    async def open(self, model: str | None = None, update: Any = None) -> _AnswerEachAppend:
+        return _AnswerEachAppend()
+
+
+def _duplex_server(port: int, tick_ms: float, transport_only: bool = False) -> None:
+    """Our server on the echo plugin (one frame of delay), or on the transport-only stand-in."""
 
     from duplex.engine import Engine, EngineConfig
     from duplex.plugins.builtin.echo import EchoPlugin
@@ -104,11 +174,14 @@ def _duplex_server(port: int, tick_ms: float) -> None:
     from duplex.server.config import ServeConfig, ServerConfig
     from duplex.server.serve import DrainingServer, uvicorn_config
 
-    plugin = EchoPlugin(max_sessions=2048)
-    plugin.load()
-    engine = Engine(
-        plugin, EngineConfig(max_sessions=2048, tick_ms=tick_ms, journal_max_age_s=10.0), model_name="echo"
-    )
+    engine: Any
+    if transport_only:
+        engine = _TransportOnly()
+    else:
+        plugin = EchoPlugin(max_sessions=2048)
+        plugin.load()
+        config = EngineConfig(max_sessions=2048, tick_ms=tick_ms, journal_max_age_s=10.0)
+        engine = Engine(plugin, config, model_name="echo")
     cfg = ServeConfig(server=ServerConfig(port=port, ws_ping_interval_s=None))
     app = create_app(engine, cfg.server, model_name="echo")
     DrainingServer(uvicorn_config(app, cfg, log_level="warning")).run()
@@ -137,9 +210,9 @@ def _append_messages(variant: str) -> tuple[list[Any], int]:
 
     pcm = (_speech_like(FRAME_MS / 1000 * 8) * 32767).astype("<i2").tobytes()
     frames = [pcm[i : i + FRAME_BYTES] for i in range(0, len(pcm), FRAME_BYTES)]
-    mode = Mode.MSGPACK if variant == "duplex-msgpack" else Mode.GA
+    mode = Mode.MSGPACK if variant.endswith("msgpack") else Mode.GA
     msgs = [encode(DuplexInputAudioBufferAppend(audio=f), mode) for f in frames]
-    return msgs, (0 if variant == "bare-json" else 1)
+    return msgs, (1 if variant.startswith("duplex") else 0)
 
 
 class _Head(msgspec.Struct):
@@ -170,7 +243,7 @@ async def _run_client(
         encode,
     )
 
-    msgpack = variant == "duplex-msgpack"
+    msgpack = variant.endswith("msgpack")
     mode = Mode.MSGPACK if msgpack else Mode.GA
     path = "/" if variant == "bare-json" else "/v1/realtime?model=echo&autostart=0"
     head = msgspec.msgpack.Decoder(_Head)
@@ -263,7 +336,9 @@ def run_one(variant: str, n: int, seconds: float, warmup: float, tick_ms: float)
     import psutil
 
     port = _free_port()
-    role = "--serve-bare" if variant == "bare-json" else "--serve-duplex"
+    role = {"bare": "--serve-bare", "transport": "--serve-transport"}.get(
+        variant.split("-")[0], "--serve-duplex"
+    )
     proc = subprocess.Popen(
         [sys.executable, "-m", "bench.server", role, "--port", str(port), "--tick-ms", str(tick_ms)],
         env={**os.environ, "PYTHONUNBUFFERED": "1"},
@@ -349,22 +424,23 @@ def _table(rows: list[dict[str, Any]], columns: list[str]) -> str:
 
 def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
-    ap.add_argument("--sessions", type=int, nargs="+", default=[50, 200, 500])
-    ap.add_argument("--variants", nargs="+", default=["bare-json", "duplex-json", "duplex-msgpack"])
+    ap.add_argument("--sessions", type=int, nargs="+", default=[50, 100, 200, 300, 500])
+    ap.add_argument("--variants", nargs="+", default=list(VARIANTS))
     ap.add_argument("--seconds", type=float, default=10.0, help="measurement window per run")
     ap.add_argument("--warmup", type=float, default=3.0)
-    ap.add_argument("--tick-ms", type=float, default=5.0, help="engine scheduler tick")
+    ap.add_argument("--tick-ms", type=float, default=10.0, help="engine scheduler tick")
     ap.add_argument("--p99-ms", type=float, default=20.0)
     ap.add_argument("--json", default="bench/results/server.json")
     ap.add_argument("--serve-bare", action="store_true", help=argparse.SUPPRESS)
     ap.add_argument("--serve-duplex", action="store_true", help=argparse.SUPPRESS)
+    ap.add_argument("--serve-transport", action="store_true", help=argparse.SUPPRESS)
     ap.add_argument("--port", type=int, default=0, help=argparse.SUPPRESS)
     args = ap.parse_args(argv)
     if args.serve_bare:
         asyncio.run(_bare_server(args.port))
         return 0
-    if args.serve_duplex:
-        _duplex_server(args.port, args.tick_ms)
+    if args.serve_duplex or args.serve_transport:
+        _duplex_server(args.port, args.tick_ms, transport_only=args.serve_transport)
         return 0
 
     rows = []
