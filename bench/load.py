@@ -28,7 +28,6 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import hashlib
-import itertools
 import sys
 import time
 from collections import Counter
@@ -40,7 +39,7 @@ from urllib.parse import parse_qsl, urlencode, urlsplit, urlunsplit
 
 import numpy as np
 
-from bench.load_metrics import DEFINITIONS, Send, pooled_metrics, session_metrics
+from bench.load_metrics import DEFINITIONS, Send, pooled_metrics, response_intervals_ms, session_metrics
 from bench.progress import Progress
 from bench.recording import FrameRecorder, RecordingClient
 from clients import ClientError
@@ -248,7 +247,7 @@ def _row(s: _Session, cfg: LoadConfig, period: float) -> dict[str, Any]:
             [round(x.planned - start, 6), round(x.started - start, 6), round(x.completed - start, 6)]
             for x in s.sends
         ],
-        audio_packet_timeline=[[round(p.t - start, 6), p.samples] for p in packets if p.code is None],
+        audio_packet_timeline=_timeline(packets, start),
         event_counts=dict(sorted(rec.types.items())),
     )
     row["failure"] = _failure(s, m, row, cfg)
@@ -323,6 +322,12 @@ async def run_load(
     return LoadResult(cfg, info, period, rows, pooled, shared, ok)
 
 
+def _timeline(packets: list[Any], start: float) -> list[list[Any]]:
+    """``[t from stream start, samples, response ordinal]`` per valid packet (no payload, no ids)."""
+    ordinal: dict[str | None, int] = {}
+    return [[round(p.t - start, 6), p.samples, ordinal.setdefault(p.response_id, len(ordinal))]
+            for p in packets if p.code is None]
+
+
 def _intervals(row: dict[str, Any]) -> list[float]:
-    times = [t for t, _ in row["audio_packet_timeline"]]
-    return [(b - a) * 1000.0 for a, b in itertools.pairwise(times)]
+    return response_intervals_ms([(t, r) for t, _, r in row["audio_packet_timeline"]])

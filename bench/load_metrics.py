@@ -12,23 +12,25 @@ does not need this source):
 * stream start: the start of the first input send of the session (after the shared start);
 * first audio / first text: first valid nonempty audio packet / first non-blank text delta, minus
   the stream start; a negative value (output before any input) is an acceptance failure;
-* packet interval: the gap between consecutive valid nonempty audio packets; interval ``i`` ends
-  at packet ``i + 1``. One packet may hold several model frames, so this is not the server tick;
+* packet interval: the gap between consecutive valid nonempty audio packets of the same response
+  (the silence between two responses is turn-taking, not jitter); interval ``i`` ends at packet
+  ``i + 1``. One packet may hold several model frames, so this is not the server tick;
 * client stream RTF: (last audio receipt - stream start) / received audio seconds. It includes
   the real-time input pacing, so 1.0 is the floor for a model that answers as it listens;
 * send lateness: ``max(0, send start - planned slot)`` for every input frame, planned on the
   original grid (a stall shows as lateness of every later frame, never as a catch-up burst);
 * frame deficit: input frames sent - whole output frames received, an output frame being the
   input frame period at the output rate;
-* underrun: a simulated listener starts playing at the first packet in real time; when its buffer
-  runs dry it stalls until the next packet arrives and continues from there. ``underrun_s`` is
-  the total stall time, ``underrun_count`` the stalls longer than the threshold (100 ms),
-  ``underrun_max_s`` the longest stall; ``continuity_ok`` is ``underrun_max_s <= threshold``.
+* underrun: a simulated listener starts playing each response at its first packet, in real time;
+  when its buffer runs dry it stalls until the response's next packet arrives and continues from
+  there. ``underrun_s`` is the total stall time, ``underrun_count`` the stalls longer than the
+  threshold (100 ms), ``underrun_max_s`` the longest stall; ``continuity_ok`` is
+  ``underrun_max_s <= threshold``. A model that speaks one endless response (a frame model
+  streaming silence) is judged over its whole stream.
 """
 
 from __future__ import annotations
 
-import itertools
 import math
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
@@ -43,6 +45,7 @@ __all__ = [
     "continuity",
     "distribution",
     "pooled_metrics",
+    "response_intervals_ms",
     "session_metrics",
 ]
 
@@ -54,8 +57,8 @@ DEFINITIONS = {
         "shared start; admission is excluded, streaming and the fixed drain window are included"
     ),
     "interval_definition": (
-        "gap between consecutive valid nonempty audio packets; interval i ends at packet i+1; a packet "
-        "may hold several model frames, so this is not the server tick"
+        "gap between consecutive valid nonempty audio packets of the same response; interval i ends at "
+        "packet i+1; a packet may hold several model frames, so this is not the server tick"
     ),
     "stream_timing_definition": (
         "client_stream_rtf = (last audio receipt - stream start) / received audio seconds; includes "
@@ -63,8 +66,9 @@ DEFINITIONS = {
     ),
     "lateness_definition": "max(0, send start - planned slot on the original fixed grid), per input frame",
     "underrun_definition": (
-        "a listener starts at the first packet and plays in real time, stalling when its buffer is empty "
-        "until the next packet; underrun_s = total stall, underrun_count = stalls longer than the threshold"
+        "a listener starts each response at its first packet and plays in real time, stalling when its "
+        "buffer is empty until that response's next packet; underrun_s = total stall, underrun_count = "
+        "stalls longer than the threshold"
     ),
     "frame_deficit_definition": (
         "input frames sent - whole output frames received (output frame = input frame period at the "
@@ -151,6 +155,17 @@ def continuity(
     }
 
 
+def response_intervals_ms(arrivals: Sequence[tuple[float, Any]]) -> list[float]:
+    """Gaps (ms) between consecutive ``(time, response id)`` arrivals of the same response, in order."""
+    last: dict[Any, float] = {}
+    out = []
+    for t, rid in arrivals:
+        if rid in last:
+            out.append((t - last[rid]) * 1000.0)
+        last[rid] = t
+    return out
+
+
 def session_metrics(
     sends: Sequence[Send],
     packets: Sequence[Packet],
@@ -168,7 +183,10 @@ def session_metrics(
     start = sends[0].started if sends else None
     valid = [p for p in packets if p.code is None and p.samples > 0]
     lateness = [max(0.0, s.started - s.planned) * 1000.0 for s in sends]
-    intervals = [(b.t - a.t) * 1000.0 for a, b in itertools.pairwise(valid)]
+    by_response: dict[str | None, list[Packet]] = {}
+    for p in valid:
+        by_response.setdefault(p.response_id, []).append(p)
+    intervals = response_intervals_ms([(p.t, p.response_id) for p in valid])
     audio_s = sum(p.samples for p in valid) / output_rate
     first_audio = (valid[0].t - start) * 1000.0 if valid and start is not None else None
     texts = sorted(text_times)
@@ -176,7 +194,15 @@ def session_metrics(
     rtf = (valid[-1].t - start) / audio_s if valid and start is not None and audio_s > 0 else None
     frame_samples = round(output_rate * frame_period_s)
     whole_frames = int(sum(p.samples for p in valid) // frame_samples) if frame_samples > 0 else None
-    cont = continuity([(p.t, p.samples / output_rate) for p in valid], threshold_s)
+    stalls = [s for group in by_response.values()
+              for s in continuity([(p.t, p.samples / output_rate) for p in group], threshold_s)["stalls"]]
+    worst = max(stalls, default=0.0)
+    cont = {
+        "underrun_s": float(sum(stalls)) if valid else None,
+        "underrun_count": sum(1 for s in stalls if s > threshold_s) if valid else None,
+        "underrun_max_s": float(worst) if valid else None,
+        "continuity_ok": worst <= threshold_s if valid else None,
+    }
     late = distribution(lateness)
     return {
         "input_frames": len(sends),

@@ -2,9 +2,9 @@
 
 * ``latency_cdf(report, path)``: empirical CDFs of first audio after stream start (one sample per
   session), audio packet intervals and send lateness (pooled over sessions), in milliseconds.
-* ``tick_timeline(report, path)``: per session, every audio packet's interval against its arrival
-  time on the stream clock (stalls stand out as spikes), and below it the send lateness of every
-  input frame against its planned slot.
+* ``tick_timeline(report, path)``: per session, every audio packet's interval (to the previous
+  packet of the same response) against its arrival time on the stream clock (stalls stand out as
+  spikes), and below it the send lateness of every input frame against its planned slot.
 
 Both read the JSON report of ``bench.load`` (the dict, not the file), so a saved
 ``load-result.json`` can be re-plotted later.
@@ -12,7 +12,6 @@ Both read the JSON report of ``bench.load`` (the dict, not the file), so a saved
 
 from __future__ import annotations
 
-import itertools
 from pathlib import Path
 from typing import Any
 
@@ -21,6 +20,8 @@ import matplotlib
 matplotlib.use("Agg")
 import matplotlib.pyplot as plt
 import numpy as np
+
+from bench.load_metrics import response_intervals_ms
 
 __all__ = ["latency_cdf", "tick_timeline"]
 
@@ -42,8 +43,7 @@ def latency_cdf(report: dict[str, Any], path: str | Path) -> Path:
              if r["metrics"]["first_audio_after_stream_start_ms"] is not None]
     intervals, lateness = [], []
     for r in rows:
-        times = [t for t, _ in r["audio_packet_timeline"]]
-        intervals += [(b - a) * 1000.0 for a, b in itertools.pairwise(times)]
+        intervals += response_intervals_ms([(t, k) for t, _, k in r["audio_packet_timeline"]])
         lateness += [max(0.0, st - pl) * 1000.0 for pl, st, _ in r["input_timeline"]]
     fig, ax = plt.subplots(figsize=(7, 4.2))
     _cdf(ax, first, "first audio after stream start")
@@ -72,9 +72,14 @@ def tick_timeline(report: dict[str, Any], path: str | Path) -> Path:
     fig, (top, bottom) = plt.subplots(2, 1, figsize=(8, 5.5), sharex=True,
                                       gridspec_kw={"height_ratios": [3, 1.3]})
     for r in rows:
-        times = [t for t, _ in r["audio_packet_timeline"]]
-        gaps = [(b - a) * 1000.0 for a, b in itertools.pairwise(times)]
-        top.plot(times[1:], gaps, marker=".", markersize=3, linewidth=0.6, label=f"session {r['index']}")
+        last: dict[int, float] = {}
+        times, gaps = [], []
+        for t, _, k in r["audio_packet_timeline"]:
+            if k in last:
+                times.append(t)
+                gaps.append((t - last[k]) * 1000.0)
+            last[k] = t
+        top.plot(times, gaps, marker=".", markersize=3, linewidth=0.6, label=f"session {r['index']}")
         planned = [pl for pl, _, _ in r["input_timeline"]]
         late = [max(0.0, st - pl) * 1000.0 for pl, st, _ in r["input_timeline"]]
         bottom.plot(planned, late, linewidth=0.6)

@@ -96,3 +96,14 @@ def test_pooled_metrics_keep_rejected_sessions_in_the_denominator() -> None:
     assert p["requested_sessions"] == 2 and p["admitted_sessions"] == 1 and p["passed_sessions"] == 1
     assert p["first_audio_after_stream_start_ms"]["count"] == 1
     assert p["audio_packet_interval_ms"]["median"] == 100.0
+
+
+def test_the_pause_between_two_responses_is_neither_a_stall_nor_an_interval() -> None:
+    packets = [Packet(0.1, "a", FRAME), Packet(0.18, "a", FRAME),
+               Packet(1.5, "b", FRAME), Packet(1.58, "b", FRAME)]
+    m = session_metrics(_sends(20), packets, output_rate=RATE, frame_period_s=0.08)
+    assert m["audio_packet_interval_ms"]["count"] == 2
+    assert m["audio_packet_interval_ms"]["max"] == pytest.approx(80.0)
+    assert m["audio_underrun_s"] == 0.0 and m["audio_underrun_count"] == 0
+    assert m["audio_continuity_ok"] is True
+    assert m["response_ids"] == ["a", "b"]
