@@ -429,6 +429,177 @@ def run_server(assets: Path, n: int, args: argparse.Namespace) -> dict[str, Any]
     }
 
 
+# -- the moshi.server baseline --------------------------------------------------------------------
+
+
+def run_moshi_server(args: argparse.Namespace) -> dict[str, Any]:
+    """``python -m moshi.server`` with random PersonaPlex-shaped weights, one paced client (opus).
+
+    Writes the weights where moshi's server reads them (``--moshi-dir``, default a temporary
+    folder in ``/dev/shm``), starts the server, and streams ``--seconds`` of audio in 80 ms opus
+    frames at real-time pacing. Tick times are the server's own "frame handled in" log lines. A
+    second client connects one second later to show that the server serves one session at a time.
+    """
+    import asyncio
+    import os
+    import socket
+    import subprocess
+    import sys
+
+    import sphn
+    import torch
+    import websockets
+    from safetensors.torch import save_file
+
+    from duplex.plugins.personaplex.config import full_config
+    from duplex.plugins.personaplex.loading import build_lm, build_mimi
+    from duplex.plugins.personaplex.testing import train_tokenizer
+
+    cfg = full_config()
+    import shutil
+
+    shm = Path("/dev/shm")
+    roomy = shm.is_dir() and shutil.disk_usage(shm).free > 24 * 2**30
+    root = Path(args.moshi_dir or tempfile.mkdtemp(dir=shm if roomy else None))
+    root.mkdir(parents=True, exist_ok=True)
+    t0 = time.perf_counter()
+    lm = build_lm(cfg, None, torch.device(args.device), torch.bfloat16)
+    save_file({k: v.contiguous().cpu() for k, v in lm.state_dict().items()}, str(root / "model.safetensors"))
+    del lm
+    _gpu_reset(args.device)
+    mimi = build_mimi(cfg, None, torch.device("cpu"))
+    save_file({k: v.contiguous() for k, v in mimi.state_dict().items()}, str(root / "mimi.safetensors"))
+    # moshi.server decodes every sampled text id: the tokenizer must know all of them.
+    train_tokenizer(root / "tokenizer.model", min_pieces=int(cfg.lm["text_card"]))
+    (root / "config.json").write_text(json.dumps(cfg.lm))
+    write_s = time.perf_counter() - t0
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        port = sock.getsockname()[1]
+    logf = open(root / "server.log", "w")  # noqa: SIM115 - closed below, after the child ends
+    cmd = [
+        sys.executable,
+        "-m",
+        "moshi.server",
+        "--host",
+        "127.0.0.1",
+        "--port",
+        str(port),
+        "--static",
+        "none",
+        "--moshi-weight",
+        str(root / "model.safetensors"),
+        "--mimi-weight",
+        str(root / "mimi.safetensors"),
+        "--tokenizer",
+        str(root / "tokenizer.model"),
+        "--config-path",
+        str(root / "config.json"),
+        "--device",
+        args.device,
+    ]
+    proc = subprocess.Popen(
+        cmd,
+        stdout=logf,
+        stderr=subprocess.STDOUT,
+        env={**os.environ, "HF_HUB_OFFLINE": "1", "PYTHONUNBUFFERED": "1"},
+    )
+    url = f"ws://127.0.0.1:{port}/api/chat"
+    rng = np.random.default_rng(0)
+    pcm = (rng.standard_normal(FRAME_SAMPLES * 8) * 0.05).astype(np.float32)
+
+    async def first(result: dict[str, Any]) -> None:
+        loop = asyncio.get_running_loop()
+        async with websockets.connect(url, max_size=2**24, open_timeout=60, proxy=None) as ws:
+            assert await ws.recv() == b"\x00", "no handshake"
+            writer = sphn.OpusStreamWriter(24000)
+            received = 0
+
+            async def reader() -> None:
+                nonlocal received
+                async for message in ws:
+                    if message[:1] == b"\x01":
+                        received += 1
+                        result.setdefault("first_audio", loop.time())
+
+            task = asyncio.create_task(reader())
+            start = loop.time()
+            frames = int((args.seconds + args.warmup * FRAME_MS / 1000) * 1000 / FRAME_MS)
+            for i in range(frames):
+                await asyncio.sleep(max(0.0, start + i * FRAME_MS / 1000 - loop.time()))
+                k = i % 8
+                chunk = writer.append_pcm(pcm[k * FRAME_SAMPLES : (k + 1) * FRAME_SAMPLES])
+                if chunk:
+                    await ws.send(b"\x01" + chunk)
+                result.setdefault("first_send", loop.time())
+            await asyncio.sleep(0.5)
+            task.cancel()
+            result["audio_messages"] = received
+            result["ended"] = loop.time()
+
+    async def second(result: dict[str, Any]) -> None:
+        await asyncio.sleep(1.0)
+        loop = asyncio.get_running_loop()
+        t = loop.time()
+        try:
+            async with websockets.connect(url, open_timeout=60, proxy=None) as ws:
+                async with asyncio.timeout(args.seconds + 5):
+                    await ws.recv()
+                result["second_handshake_after_s"] = round(loop.time() - t, 2)
+        except (TimeoutError, OSError, websockets.WebSocketException):
+            result["second_handshake_after_s"] = None
+
+    async def drive() -> dict[str, Any]:
+        result: dict[str, Any] = {}
+        await asyncio.gather(first(result), second(result))
+        return result
+
+    try:
+        deadline = time.time() + 600
+        while True:
+            with socket.socket() as sock:
+                if sock.connect_ex(("127.0.0.1", port)) == 0:
+                    break
+            if proc.poll() is not None or time.time() > deadline:
+                raise RuntimeError("moshi.server did not start: " + (root / "server.log").read_text()[-2000:])
+            time.sleep(1.0)
+        try:
+            result = asyncio.run(drive())
+        except Exception as exc:
+            tail = (root / "server.log").read_text()[-2500:]
+            raise RuntimeError(f"{type(exc).__name__}: {exc}; moshi.server log ends with: {tail}") from exc
+    finally:
+        proc.terminate()
+        try:
+            proc.wait(timeout=30)
+        except subprocess.TimeoutExpired:
+            proc.kill()
+        logf.close()
+    handled = [
+        float(x) for x in re.findall(r"frame handled in ([0-9.]+)ms", (root / "server.log").read_text())
+    ]
+    ticks = handled[args.warmup :]
+    if not args.moshi_dir:
+        for f in root.iterdir():
+            f.unlink()
+        root.rmdir()
+    return {
+        "what": "python -m moshi.server (moshi 0.2.13), PersonaPlex-shaped random bf16 weights, "
+        "one opus client at real time; ticks from its 'frame handled in' log",
+        "sessions": 1,
+        "tick_p50_ms": round(_percentile(ticks, 50), 2),
+        "tick_p99_ms": round(_percentile(ticks, 99), 2),
+        "missed_deadlines": int(sum(t > FRAME_MS for t in ticks)),
+        "ticks": len(ticks),
+        "first_audio_ms": round((result["first_audio"] - result["first_send"]) * 1e3, 2)
+        if "first_audio" in result and "first_send" in result
+        else None,
+        "audio_messages": result.get("audio_messages"),
+        "second_client_handshake_after_s": result.get("second_handshake_after_s"),
+        "weights_written_s": round(write_s, 1),
+    }
+
+
 def plot(result: dict[str, Any], path: Path) -> None:
     import matplotlib
 
@@ -437,6 +608,8 @@ def plot(result: dict[str, Any], path: Path) -> None:
 
     fig, ax = plt.subplots(figsize=(7, 4.2))
     for mode, rows in result.get("modes", {}).items():
+        if mode == "step_warm_up":
+            continue  # the same step figures again (a rerun); kept in the JSON only
         rows = [r for r in rows if r.get("tick_p50_ms") == r.get("tick_p50_ms")]  # drop NaN rows
         if not rows:
             continue
@@ -447,6 +620,11 @@ def plot(result: dict[str, Any], path: Path) -> None:
     if base and "tick_p50_ms" in base:
         ax.axhline(
             base["tick_p50_ms"], color="grey", ls=":", label="moshi LMGen batch 1 p50 (1 session/process)"
+        )
+    served = result.get("baseline_moshi_server")
+    if served and "tick_p99_ms" in served:
+        ax.plot(
+            [1], [served["tick_p99_ms"]], "kx", ms=9, label="python -m moshi.server p99 (1 session/process)"
         )
     ax.axhline(FRAME_MS, color="red", lw=1, label="80 ms frame deadline")
     ax.set_xlabel("concurrent sessions")
@@ -476,7 +654,7 @@ def _table(rows: list[dict[str, Any]]) -> str:
 
 def main(argv: list[str] | None = None) -> dict[str, Any]:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    ap.add_argument("--mode", choices=["step", "server", "both"], default="step")
+    ap.add_argument("--mode", choices=["step", "server", "both", "none"], default="step")
     ap.add_argument("--sessions", default="1,8,32,64", help="comma-separated session counts")
     ap.add_argument("--tiny", action="store_true", help="the tiny architecture (CPU smoke run)")
     ap.add_argument("--device", default=None, help="cpu or cuda (default: cuda when available)")
@@ -490,6 +668,8 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
     ap.add_argument("--baseline", action="store_true", help="also measure moshi's LMGen at batch 1")
     ap.add_argument("--out", type=Path, default=DEFAULT_OUT)
     ap.add_argument("--merge", action="store_true", help="keep the other modes already in --out")
+    ap.add_argument("--moshi-server", action="store_true", help="also run python -m moshi.server (GPU only)")
+    ap.add_argument("--moshi-dir", default=None, help="where --moshi-server writes its weights")
     ap.add_argument(
         "--open-budget-s", type=float, default=0.15, help="server mode: time allowed per session open"
     )
@@ -538,6 +718,12 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
             modes["server"] = rows
         if args.baseline:
             result["baseline"] = run_baseline(args)
+        if args.moshi_server:
+            try:
+                result["baseline_moshi_server"] = run_moshi_server(args)
+            except Exception as exc:  # recorded in the result: the baseline is optional
+                result["baseline_moshi_server"] = {"error": f"{type(exc).__name__}: {exc}"[-3000:]}
+            print("\n[moshi.server]", json.dumps(result["baseline_moshi_server"]))
     primary = modes.get("server") or modes.get("step") or []
     result["rows"] = primary
     result["rows_mode"] = "server" if modes.get("server") else "step"

@@ -36,17 +36,23 @@ we are open from nine in the morning until six in the evening
 """.splitlines()
 
 
-def train_tokenizer(path: str | Path, vocab_size: int = 200) -> Path:
-    """Train a small sentencepiece model on a built-in text and write it to ``path``."""
+def train_tokenizer(path: str | Path, vocab_size: int = 200, min_pieces: int = 0) -> Path:
+    """Train a small sentencepiece model on a built-in text and write it to ``path``.
+
+    ``min_pieces`` pads the vocabulary with filler symbols (``<x0>``, ...) so that
+    every id below it is a piece: for code that decodes any id a model samples.
+    """
     import sentencepiece
 
     buf = io.BytesIO()
+    fillers = [f"<x{i}>" for i in range(min_pieces)]
     sentencepiece.SentencePieceTrainer.train(
         sentence_iterator=iter(_CORPUS * 4),
         model_writer=buf,
-        vocab_size=vocab_size,
+        vocab_size=vocab_size + len(fillers),
         model_type="bpe",
-        user_defined_symbols=["<system>"],
+        user_defined_symbols=["<system>", *fillers],
+        hard_vocab_limit=not fillers,
         minloglevel=2,
     )
     path = Path(path)
