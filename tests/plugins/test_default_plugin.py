@@ -204,13 +204,34 @@ def test_cancelled_epoch_yields_nothing_more_and_the_next_epoch_is_answered(
     assert "".join(o.text for o in answer) == "You said: Hi." and {o.epoch for o in answer} == {6}
 
 
+def next_spoken(stream: Iterator[SlotOutput]) -> SlotOutput:
+    """The next chunk with audio, skipping the empty ones a waiting reply yields."""
+    out = next(stream)
+    while out.pcm is None:
+        out = next(stream)
+    return out
+
+
+def test_a_waiting_reply_hands_the_model_thread_back_with_empty_chunks(
+    openai_plugin: DefaultPlugin, chat: ChatStub
+) -> None:
+    chat.hold_after = 6  # "Paris is one hour ahead. It" then nothing until released
+    stream = openai_plugin.respond(TurnRequest(slot=0, epoch=1, text="Time in Paris?"))
+    assert next_spoken(stream).text == "Paris is one hour ahead. "
+    waiting = next(stream)  # returns although the backend sends nothing
+    assert (waiting.pcm, waiting.text, waiting.end_of_turn, waiting.epoch) == (None, "", False, 1)
+    chat.release.set()
+    rest = [o for o in stream if o.pcm is not None or o.end_of_turn]
+    assert [o.text for o in rest] == ["It is noon there.", ""] and rest[-1].end_of_turn
+
+
 def test_closing_the_response_mid_reply_closes_the_reply_stream(
     openai_plugin: DefaultPlugin, chat: ChatStub
 ) -> None:
-    chat.hold_after = 6  # "Paris is one hour ahead. It" then wait
+    chat.hold_after = 6  # "Paris is one hour ahead. It" then wait ...
+    chat.slow_after = 7  # ... and then go on slowly, so the closed stream shows on the next writes
     stream = openai_plugin.respond(TurnRequest(slot=0, epoch=1, text="Time in Paris?"))
-    first = next(stream)
-    assert first.text == "Paris is one hour ahead. " and first.pcm is not None
+    assert next_spoken(stream).text == "Paris is one hour ahead. "
     stream.close()
     chat.release.set()
     assert chat.aborted.wait(10)

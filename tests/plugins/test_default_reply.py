@@ -103,6 +103,8 @@ class ChatStub:
                     for _ in range(50):  # keep writing until a closed peer shows as a broken pipe
                         if hold_after is None and slow_after is None:
                             break
+                        if slow_after is not None:
+                            stub._closing.wait(stub.token_interval_s)
                         self.wfile.write(b": keep-alive\n\n")
                         self.wfile.flush()
                     self.wfile.write(b"data: [DONE]\n\n")

@@ -23,10 +23,17 @@ generator that streams the answer:
    the heard sentences in the transcript. A last chunk with no audio sets
    ``end_of_turn``.
 
-Interruption: the engine closes the generator on cancel or barge-in, which
-closes the reply stream (the HTTP request or the vLLM request) in ``finally``
-blocks; ``cancel_slot`` additionally fences off any older epoch, so a response
-of a cancelled epoch yields nothing more even if it were pulled again.
+Interruption: the engine closes the generator on cancel or barge-in. The echo
+reply simply stops; a remote or in-process LLM reply is read by a
+``DeltaPump`` thread, which closes the HTTP request (or aborts the vLLM
+request) when its next token arrives. ``cancel_slot`` additionally fences off
+any older epoch, so a response of a cancelled epoch yields nothing more even
+if it were pulled again.
+
+Waiting: a reply from an LLM mostly waits for tokens. That wait happens on the
+pump's thread; while nothing new has arrived the response yields an empty
+chunk every ``reply_poll_ms``, so the engine's shared model thread is never
+held by one session's network wait.
 
 Per-slot state is tiny (the instructions, the temperature and the epoch
 fence); the models are loaded once in ``load()`` and shared by all slots,
@@ -35,6 +42,8 @@ which the engine calls from one thread at a time.
 
 from __future__ import annotations
 
+import queue
+import threading
 from collections.abc import Iterator
 from contextlib import closing
 
@@ -60,9 +69,9 @@ from duplex.plugins.default.reply import (
     without_thinking,
 )
 from duplex.plugins.default.sentences import SentenceSplitter
-from duplex.plugins.default.tts import VOICE_NAME, PiperSpeaker
+from duplex.plugins.default.tts import VOICE_NAME, PiperSpeaker, SpokenPiece
 
-__all__ = ["OUTPUT_RATE", "DefaultPlugin", "DefaultPluginConfig"]
+__all__ = ["OUTPUT_RATE", "DefaultPlugin", "DefaultPluginConfig", "DeltaPump"]
 
 OUTPUT_RATE = 22050
 """The joe voice's rate, in Hz: the plugin's output rate."""
@@ -74,7 +83,9 @@ class DefaultPluginConfig(msgspec.Struct, frozen=True, kw_only=True):
     ``reply``: ``echo`` | ``openai`` | ``vllm``. ``reply_url``: the chat endpoint for
     ``openai``. ``reply_model``: the model name for ``openai`` (None: the server's
     first) or the model directory for ``vllm``. ``reply_api_key_env``: the name of
-    an environment variable holding a bearer token. ``max_sentence_chars``: a
+    an environment variable holding a bearer token. ``reply_poll_ms``: while a
+    remote reply has nothing new, the plugin hands the model thread back this
+    often (see ``DeltaPump``). ``max_sentence_chars``: a
     spoken piece longer than this is cut at a clause mark. ``first_clause``: the
     first piece of a reply ends at its first clause mark (earlier first audio). ``asr_threads``: CPU
     threads for Whisper (0: one per CPU, at most 4). ``tts_length_scale``: > 1
@@ -91,6 +102,7 @@ class DefaultPluginConfig(msgspec.Struct, frozen=True, kw_only=True):
     reply_timeout_s: float = 30.0
     reply_max_tokens: int = 256
     max_sessions: int = 4
+    reply_poll_ms: int = 50
     max_sentence_chars: int = 80
     first_clause: bool = True
     asr_threads: int = 0
@@ -281,25 +293,124 @@ class DefaultPlugin(Plugin):
             instructions=request.instructions or state.instructions,
             temperature=state.temperature,
         )
-        with closing(self.reply_strategy.reply(prompt)) as deltas:
-            for piece in self.tts.speak_all(self._pieces(deltas)):
+        with closing(self._deltas(prompt)) as deltas:
+            for piece in self._spoken(deltas):
                 if epoch < state.min_epoch:
                     return
+                if piece is None:  # the reply backend is still thinking: give the model thread back
+                    yield SlotOutput(slot=slot, epoch=epoch, sample_rate=OUTPUT_RATE)
+                    continue
                 pcm_out = piece.pcm if piece.pcm.size else None
                 yield SlotOutput(
                     slot=slot, epoch=epoch, pcm=pcm_out, sample_rate=OUTPUT_RATE, text=piece.text
                 )
         yield SlotOutput(slot=slot, epoch=epoch, sample_rate=OUTPUT_RATE, end_of_turn=True)
 
-    def _pieces(self, deltas: Iterator[str]) -> Iterator[str]:
-        """Speakable pieces of a delta stream, each yielded as soon as it is complete."""
-        deltas = without_thinking(deltas)
+    def _deltas(self, prompt: ReplyPrompt) -> Iterator[str | None]:
+        """The reply's text deltas, thoughts removed; ``None`` where a blocking backend had nothing yet."""
+        deltas = without_thinking(self.reply_strategy.reply(prompt))
+        if not self.reply_strategy.blocking:
+            return deltas
+        return DeltaPump(deltas, poll_s=self.config.reply_poll_ms / 1000).deltas()
+
+    def _spoken(self, deltas: Iterator[str | None]) -> Iterator[SpokenPiece | None]:
+        """Speak each complete piece of the stream; ``None`` passes through (nothing new yet).
+
+        A piece with no audio (only punctuation) is carried into the next spoken
+        piece, or into a last silent piece, so the texts always join to the reply.
+        """
         splitter = SentenceSplitter(
             max_chars=self.config.max_sentence_chars, first_clause=self.config.first_clause
         )
+        carry = ""
         for delta in deltas:
-            yield from splitter.feed(delta)
-        yield from splitter.flush()
+            if delta is None:
+                yield None
+                continue
+            for piece in splitter.feed(delta):
+                pcm = self.tts.speak(piece)
+                if pcm.size == 0:
+                    carry += piece
+                    continue
+                yield SpokenPiece(carry + piece, pcm)
+                carry = ""
+        for piece in splitter.flush():
+            pcm = self.tts.speak(piece)
+            if pcm.size:
+                yield SpokenPiece(carry + piece, pcm)
+                carry = ""
+            else:
+                carry += piece
+        if carry:
+            yield SpokenPiece(carry, np.zeros(0, dtype=np.float32))
+
+
+class DeltaPump:
+    """Reads a blocking delta stream on its own thread, so waiting never holds the model thread.
+
+    The engine calls every plugin method on one shared model thread, and pulls a
+    response's chunks one at a time there. A reply from a remote LLM spends most
+    of its time waiting for tokens; if that wait happened inside ``next()`` it
+    would stall every other session's turn. The pump's thread does the waiting;
+    ``deltas()`` yields what has arrived, or ``None`` after ``poll_s`` without
+    news, and the plugin turns ``None`` into an empty chunk (valid, and ignored by
+    the session) so the engine can serve other sessions in between.
+
+    The queue holds at most ``max_queued`` deltas; when it is full the thread
+    waits, which pauses reading the stream (backpressure, nothing dropped).
+    Closing the ``deltas()`` generator stops the thread at its next delta; the
+    thread then closes the source stream itself (the HTTP response, the vLLM
+    request). An exception in the source is raised from ``deltas()``.
+    """
+
+    _END = object()
+
+    def __init__(self, source: Iterator[str], *, poll_s: float = 0.05, max_queued: int = 256) -> None:
+        self._source = source
+        self._poll_s = poll_s
+        self._queue: queue.Queue[object] = queue.Queue(maxsize=max_queued)
+        self._stop = threading.Event()
+        self._thread = threading.Thread(target=self._run, name="duplex-default-reply", daemon=True)
+        self._thread.start()
+
+    def _run(self) -> None:
+        try:
+            for delta in self._source:
+                if self._stop.is_set():
+                    break
+                self._put(delta)
+        except BaseException as exc:  # handed to the consumer, which raises it
+            self._put(exc)
+        finally:
+            close = getattr(self._source, "close", None)
+            if close is not None:
+                close()
+            self._put(self._END)
+
+    def _put(self, item: object) -> None:
+        while not self._stop.is_set():
+            try:
+                self._queue.put(item, timeout=self._poll_s)
+                return
+            except queue.Full:
+                continue
+
+    def deltas(self) -> Iterator[str | None]:
+        """What arrived since the last call, delta by delta; ``None`` after ``poll_s`` of silence."""
+        try:
+            while True:
+                try:
+                    item = self._queue.get(timeout=self._poll_s)
+                except queue.Empty:
+                    yield None
+                    continue
+                if item is self._END:
+                    return
+                if isinstance(item, BaseException):
+                    raise item
+                yield item  # type: ignore[misc]
+        finally:
+            self._stop.set()
 
 
 def _history_before(history: tuple[tuple[str, str], ...], user_text: str) -> tuple[tuple[str, str], ...]:

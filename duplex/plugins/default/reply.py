@@ -88,6 +88,8 @@ class ReplyStrategy(ABC):
     """
 
     name: ClassVar[str]
+    blocking: ClassVar[bool] = True
+    """True when ``reply`` waits on I/O or another process (read on a thread of its own)."""
 
     def load(self) -> None:  # noqa: B027 - optional hook
         """Acquire what the strategy needs (model, connection checks)."""
@@ -112,6 +114,7 @@ class EchoReply(ReplyStrategy):
     """Repeats what it heard: ``"You said: <words>"``, in one delta."""
 
     name = "echo"
+    blocking = False
 
     def reply(self, prompt: ReplyPrompt) -> Iterator[str]:
         yield echo_text(prompt.user_text)
@@ -365,7 +368,17 @@ def without_thinking(deltas: Iterable[str]) -> Iterator[str]:
     put their thoughts in the content; a voice must not read them aloud. The
     whitespace right after a thought is dropped too. Text outside the spans passes
     through unchanged and as early as possible (only a possible partial tag waits).
+    Closing this generator closes ``deltas`` (so a cancelled reply stops at once).
     """
+    try:
+        yield from _filter_thinking(deltas)
+    finally:
+        close = getattr(deltas, "close", None)
+        if close is not None:
+            close()
+
+
+def _filter_thinking(deltas: Iterable[str]) -> Iterator[str]:
     buffer = ""
     thinking = False
     skip_space = False
