@@ -14,6 +14,7 @@ import pytest
 pytest.importorskip("moshi")
 pytest.importorskip("sentencepiece")
 
+import torch
 import websockets
 
 from clients.collector import event_type
@@ -40,6 +41,15 @@ FRAMES = 8
 FRAME_BYTES = 1920 * 2
 PCM16 = AudioFormat("pcm16", 24000)
 PERSONA = "you are a helpful assistant"
+
+
+@pytest.fixture(scope="module", autouse=True)
+def _one_torch_thread():
+    """One intra-op thread: the tiny model is faster so on a shared 2-core machine (restored after)."""
+    before = torch.get_num_threads()
+    torch.set_num_threads(1)
+    yield
+    torch.set_num_threads(before)
 
 
 @pytest.fixture(scope="module")

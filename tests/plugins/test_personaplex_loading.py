@@ -39,6 +39,15 @@ from duplex.plugins.personaplex.testing import TINY_VOICES, make_tiny_checkpoint
 CPU = torch.device("cpu")
 
 
+@pytest.fixture(scope="module", autouse=True)
+def _one_torch_thread():
+    """One intra-op thread: the tiny model is faster so on a shared 2-core machine (restored after)."""
+    before = torch.get_num_threads()
+    torch.set_num_threads(1)
+    yield
+    torch.set_num_threads(before)
+
+
 @pytest.fixture(scope="module")
 def ckpt(tmp_path_factory):
     return make_tiny_checkpoint(tmp_path_factory.mktemp("pp_ckpt"), seed=3)
