@@ -73,6 +73,7 @@ class DuplexClient(DuplexClientBase):
         max_frame_bytes: int = 64 * 1024 * 1024,
         **kwargs: Any,
     ) -> None:
+        kwargs.setdefault("heartbeat_s", 30.0)  # keeps the lease fresh through quiet stretches
         super().__init__(**kwargs)
         self.url = url
         self.api_key = api_key
