@@ -336,6 +336,23 @@ def test_vllm_strategy_streams_engine_steps_as_deltas(fake_vllm: ModuleType, tmp
     assert not any(event[0] == "abort" for event in fake_vllm.EVENTS)
 
 
+def test_interleaved_vllm_replies_each_get_their_whole_text(fake_vllm: ModuleType, tmp_path: Path) -> None:
+    strategy = VLLMReply(str(tmp_path))
+    strategy.load()
+    first = strategy.reply(ReplyPrompt(user_text="one"))
+    second = strategy.reply(ReplyPrompt(user_text="two"))
+    texts = ["", ""]
+    streams = [first, second]
+    while streams:
+        for stream in list(streams):
+            delta = next(stream, None)
+            if delta is None:
+                streams.remove(stream)
+            else:
+                texts[0 if stream is first else 1] += delta
+    assert texts == [fake_vllm.REPLY, fake_vllm.REPLY]
+
+
 def test_closing_a_vllm_reply_aborts_its_request(fake_vllm: ModuleType, tmp_path: Path) -> None:
     strategy = VLLMReply(str(tmp_path))
     strategy.load()

@@ -26,12 +26,13 @@ from __future__ import annotations
 import importlib.util
 import itertools
 import os
+import threading
 import urllib.error
 import urllib.parse
 import urllib.request
 from abc import ABC, abstractmethod
 from collections.abc import Iterable, Iterator
-from typing import ClassVar
+from typing import Any, ClassVar
 
 import msgspec
 
@@ -268,10 +269,14 @@ class OpenAIChatReply(ReplyStrategy):
 class VLLMReply(ReplyStrategy):
     """Generates the reply with vLLM in-process, from a local model directory (GPU).
 
-    The engine is built in ``load()`` (``vllm.LLMEngine``) and stepped
-    synchronously inside ``reply``; each step's new text is yielded at once.
-    Closing the generator aborts the request. ``gpu_memory_utilization`` is the
-    share of the GPU vLLM may take (the speech models run on the CPU).
+    The engine is built in ``load()`` (``vllm.LLMEngine``) and stepped inside
+    ``reply``; each step's new text is yielded at once. Several replies (one per
+    session) may be read at the same time from different threads: one lock
+    serialises ``step()``, and each step's outputs are kept per request until
+    their reply reads them, since one step advances every request. Outputs are
+    cumulative, so a reply that reads late loses nothing. Closing the generator
+    aborts its request. ``gpu_memory_utilization`` is the share of the GPU vLLM
+    may take (the speech models run on the CPU).
     """
 
     name = "vllm"
@@ -290,8 +295,10 @@ class VLLMReply(ReplyStrategy):
         self._max_tokens = max_tokens
         self._temperature = temperature
         self._gpu_memory_utilization = gpu_memory_utilization
-        self._engine: object | None = None
-        self._tokenizer: object | None = None
+        self._engine: Any = None
+        self._tokenizer: Any = None
+        self._lock = threading.Lock()
+        self._latest: dict[str, tuple[str, bool]] = {}  # request id -> (text so far, finished)
 
     def load(self) -> None:
         require_vllm()
@@ -315,28 +322,37 @@ class VLLMReply(ReplyStrategy):
 
         engine = self._engine
         # enable_thinking=False: templates with a thinking switch (Qwen3) answer directly; others ignore it.
-        text_prompt = self._tokenizer.apply_chat_template(  # type: ignore[attr-defined]
+        text_prompt = self._tokenizer.apply_chat_template(
             chat_messages(prompt), tokenize=False, add_generation_prompt=True, enable_thinking=False
         )
         temperature = prompt.temperature if prompt.temperature is not None else self._temperature
         params = SamplingParams(max_tokens=self._max_tokens, temperature=temperature)
         request_id = f"duplex-default-{next(self._ids)}"
-        engine.add_request(request_id, text_prompt, params)  # type: ignore[attr-defined]
+        with self._lock:
+            engine.add_request(request_id, text_prompt, params)
         finished = False
         sent = 0
         try:
-            while not finished and engine.has_unfinished_requests():  # type: ignore[attr-defined]
-                for output in engine.step():  # type: ignore[attr-defined]
-                    if output.request_id != request_id:
-                        continue
-                    text = output.outputs[0].text  # cumulative
-                    if len(text) > sent:
-                        yield text[sent:]
-                        sent = len(text)
-                    finished = bool(output.finished)
+            while not finished:
+                with self._lock:
+                    latest = self._latest.pop(request_id, None)
+                    if latest is None:
+                        if not engine.has_unfinished_requests():
+                            return  # aborted by someone else: nothing more will come
+                        for output in engine.step():
+                            self._latest[output.request_id] = (output.outputs[0].text, bool(output.finished))
+                        latest = self._latest.pop(request_id, None)
+                if latest is None:
+                    continue
+                text, finished = latest
+                if len(text) > sent:
+                    yield text[sent:]
+                    sent = len(text)
         finally:
-            if not finished:
-                engine.abort_request([request_id])  # type: ignore[attr-defined]
+            with self._lock:
+                self._latest.pop(request_id, None)
+                if not finished:
+                    engine.abort_request([request_id])
 
 
 def require_vllm() -> None:
