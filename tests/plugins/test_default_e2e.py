@@ -27,7 +27,15 @@ from duplex.plugins.default.asr import WhisperTranscriber
 from duplex.plugins.default.plugin import DefaultPlugin, DefaultPluginConfig
 from duplex.plugins.default.reply import echo_text
 from duplex.plugins.default.tts import PiperSpeaker
-from duplex.protocol import ConversationItemTruncate, InputAudioBufferAppend, SessionHeartbeat
+from duplex.protocol import (
+    ConversationItemCreate,
+    ConversationItemTruncate,
+    InputAudioBufferAppend,
+    InputTextPart,
+    MessageItem,
+    ResponseCreate,
+    SessionHeartbeat,
+)
 from duplex.protocol.audio import decode_audio, encode_audio
 from duplex.protocol.formats import AudioFormat
 from tests.plugins.test_default_reply import ChatStub
@@ -250,3 +258,18 @@ async def test_silence_and_noise_never_start_a_turn(models: tuple[WhisperTranscr
         await send(log.ws, SessionHeartbeat())
         await log.wait_for(log.count("session.heartbeat_ack"))
     assert log.types() == ["session.created", "session.heartbeat_ack"]
+
+
+async def test_a_typed_message_is_answered_aloud_with_its_transcript(
+    models: tuple[WhisperTranscriber, PiperSpeaker],
+) -> None:
+    message = MessageItem(role="user", content=[InputTextPart(text="Good morning")])
+    async with session(plugin_with(models)) as log:
+        await send(log.ws, ConversationItemCreate(item=message))
+        await send(log.ws, ResponseCreate())
+        await log.wait_for(log.count("response.done"))
+    assert log.of("conversation.item.input_audio_transcription.completed") == []
+    (done,) = log.of("response.done")
+    assert done.response.status == "completed"
+    audio, texts = response_audio(log.events)
+    assert "".join(texts) == "You said: Good morning." and all(audio)
