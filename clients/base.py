@@ -11,7 +11,8 @@ receive pump task that, for every server event:
    resume may repeat events: dedup by seq), else advances ``last_seq`` and acks the journal with
    ``session.event_ack`` every ``ack_every`` events;
 2. tracks the session (``session_id``, ``resume_token``, the session object, ``closed``);
-3. feeds it to its ``ResponseHandle`` (a ``response.created`` makes one) and to the listeners
+3. feeds it to its ``ResponseHandle`` (a ``response.created`` makes one; the newest
+   ``max_responses`` handles are kept, finished ones are forgotten first) and to the listeners
    (playback reporters, collectors), which must not block;
 4. puts it on the event queue read by ``recv()`` / ``async for``. The queue is bounded
    (``max_queued_events``): when the application does not read, the pump waits, the transport
@@ -99,6 +100,7 @@ class DuplexClientBase(ABC):
         model: str | None = None,
         collector: EventCollector | None = None,
         max_queued_events: int = 4096,
+        max_responses: int = 64,
         ack_every: int = 8,
         heartbeat_s: float | None = None,
         clock: Callable[[], float] = time.perf_counter,
@@ -116,6 +118,7 @@ class DuplexClientBase(ABC):
         self.last_seq = 0
         self.duplicates_dropped = 0
         self.closed_event: Any = None
+        self.max_responses = max_responses
         self.responses: dict[str, ResponseHandle] = {}
         self._events: asyncio.Queue[Any] = asyncio.Queue(maxsize=max_queued_events)
         self._listeners: list[Callable[[Any], None]] = []
@@ -256,6 +259,7 @@ class DuplexClientBase(ABC):
         if kind == "response.created":
             handle = ResponseHandle(event.response.id, self.output_format)
             self.responses[handle.response_id] = handle
+            self._forget_old_responses()
             handle.feed(event)
             for fut in self._response_waiters:
                 if not fut.done():
@@ -268,6 +272,12 @@ class DuplexClientBase(ABC):
         handle = self.responses.get(rid) if rid is not None else None
         if handle is not None:
             handle.feed(event)
+
+    def _forget_old_responses(self) -> None:
+        # Handles hold their audio: keep the newest ``max_responses`` (finished ones go first).
+        excess = len(self.responses) - self.max_responses
+        for rid in [r for r, h in self.responses.items() if h.finished][: max(excess, 0)]:
+            del self.responses[rid]
 
     # -- session facts ---------------------------------------------------------------------
 

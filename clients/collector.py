@@ -119,7 +119,7 @@ class _Pending:
 class EventCollector:
     """Records received events with timestamps and measures TTFA, turn and stop latency."""
 
-    max_events: int = 100_000
+    max_events: int = 10_000
     clock: Any = time.perf_counter
     events: deque[Received] = field(init=False)
     dropped: int = field(init=False, default=0)

@@ -145,3 +145,15 @@ async def test_close_ends_with_session_closed_last(make_client):
             await c.recv(timeout=5)
     with pytest.raises(ConnectionError):
         await c.heartbeat()
+
+
+async def test_old_finished_response_handles_are_forgotten(make_client):
+    c = await make_client(max_responses=1)
+    for _ in range(2):
+        fut = c.next_response()
+        await c.stream_pcm(np.concatenate([voiced(2), silent(3)]), realtime=False)
+        await (await fut).done(timeout=10)
+    fut = c.next_response()
+    await c.stream_pcm(voiced(2), realtime=False)
+    latest = await fut
+    assert list(c.responses) == [latest.response_id]
