@@ -270,9 +270,13 @@ def test_refusals_carry_codes(plugin, ckpt):
     with pytest.raises(PluginError) as err:
         PersonaPlexPlugin.from_options(str(ckpt), beam_width=4)
     assert err.value.code == "invalid_plugin_config"
-    with pytest.raises(PluginError) as err:
-        PersonaPlexPlugin.from_options(str(ckpt), max_sessions="4")
-    assert err.value.code == "invalid_plugin_config"
+    for bad in ({"max_sessions": "four"}, {"max_sessions": True}, {"cuda_graphs": "maybe"}, {"device": 3}):
+        with pytest.raises(PluginError) as err:
+            PersonaPlexPlugin.from_options(str(ckpt), **bad)
+        assert err.value.code == "invalid_plugin_config"
+    # Command-line options arrive as strings.
+    caps = PersonaPlexPlugin.from_options(str(ckpt), max_sessions="3", cuda_graphs="false").capabilities()
+    assert caps.max_sessions == 3
 
 
 def test_a_closed_plugin_refuses_use(ckpt):

@@ -71,7 +71,7 @@ __all__ = ["PersonaPlexPlugin"]
 log = logging.getLogger(__name__)
 
 _PREFERRED_DEFAULT_VOICE = "NATF2"
-_OPTION_TYPES: dict[str, tuple[type, ...]] = {
+_OPTION_TYPES: dict[str, tuple[type]] = {
     "max_sessions": (int,),
     "device": (str,),
     "dtype": (str,),
@@ -158,14 +158,15 @@ class PersonaPlexPlugin(Plugin):
 
     @classmethod
     def from_options(cls, model_path: str | None = None, **options: object) -> PersonaPlexPlugin:
+        """Build from serve-time options; strings (``--plugin-option max_sessions=64``) are parsed.
+
+        Raises ``PluginError("invalid_plugin_config")`` for an unknown option or a bad value.
+        """
         unknown = sorted(set(options) - set(_OPTION_TYPES))
         if unknown:
             raise PluginError("invalid_plugin_config", f"personaplex: unknown options {unknown}")
-        for key, value in options.items():
-            types = _OPTION_TYPES[key]
-            if not isinstance(value, types) or (types == (int,) and isinstance(value, bool)):
-                raise PluginError("invalid_plugin_config", f"personaplex: option {key!r} has the wrong type")
-        return cls(model_path, **options)  # type: ignore[arg-type]
+        parsed = {key: _parse_option(key, value) for key, value in options.items()}
+        return cls(model_path, **parsed)  # type: ignore[arg-type]
 
     # -- lifetime ---------------------------------------------------------
 
@@ -377,6 +378,21 @@ class PersonaPlexPlugin(Plugin):
         if 0 <= token < len(self._pieces):
             return self._pieces[token]
         return ""
+
+
+def _parse_option(key: str, value: object) -> object:
+    (kind,) = _OPTION_TYPES[key]
+    if isinstance(value, str) and kind is not str:
+        text = value.strip().lower()
+        if kind is bool and text in ("1", "true", "yes", "on", "0", "false", "no", "off"):
+            return text in ("1", "true", "yes", "on")
+        if kind is int and text.lstrip("-").isdigit():
+            return int(text)
+    if isinstance(value, kind) and not (kind is int and isinstance(value, bool)):
+        return value
+    raise PluginError(
+        "invalid_plugin_config", f"personaplex: option {key!r} expects {kind.__name__}, got {value!r}"
+    )
 
 
 def _piece_table(sp: object, cfg: PersonaPlexConfig) -> list[str]:
