@@ -8,17 +8,19 @@ Theory of operation
    message (``session.update`` opens, ``session.resume`` resumes, anything else opens a default
    session and is then handled as the first command). A failure here sends one ``error`` and closes
    (``resource_exhausted`` with 1013 so clients retry later, others with 1008).
-3. *Run*: this handler's task reads frames, decodes them and submits commands to the engine's
-   ``Attachment`` (``session.event_ack`` is handled here: it acks the journal). A writer task drains
-   ``Attachment.next_event()`` into the socket. The socket has one bounded send queue: the
+3. *Run*: two sibling tasks per socket. The reader decodes frames and submits commands to the
+   engine's ``Attachment`` (``session.event_ack`` is handled here: it acks the journal). The writer
+   drains ``Attachment.next_event()`` into the socket. The socket has one bounded send queue: the
    attachment's outbox. When the client reads too slowly the writer blocks on the socket, the outbox
-   fills, and the engine detaches the attachment (``Detached``); a single write that stalls for
-   ``send_timeout_s`` detaches it as well. Either way the socket closes with 1013 and the client
-   resumes from the journal: a slow reader never grows the server's memory.
+   fills, and the engine detaches the attachment (``Detached("slow_reader")``: the socket is closed
+   with 1013); a write blocked for ``send_timeout_s`` is found by the app's send watchdog, which
+   detaches the session and abandons the socket (a close frame could not get through either).
+   Either way the client resumes from the journal: a slow reader never grows the server's memory.
 4. *End*: a client that goes away detaches its attachment (the session waits for a resume, or closes
    when it cannot resume). When the writer sees ``Detached`` the socket closes with a code that tells
    the client what to do: 1000 after ``session.closed`` / ``session.expired`` / ``session.replaced``,
    1012 after a shutdown (the ``openai`` SDK reconnects on it), 1013 for a slow reader.
+   ``AppState.release_sockets`` closes sockets with 1012 and keeps their sessions for a resume.
 
 Bad input never ends a session: an oversized frame, a frame that does not decode or a command the
 engine refuses gets one ``error`` with the precise code and the client's ``event_id``.
@@ -115,8 +117,6 @@ class _Connection:
         self.cfg = state.config
         self.metrics = state.metrics
         self._binary = mode is Mode.MSGPACK
-        self._close_code = CloseCode.NORMAL
-        self._close_reason = ""
         self._writer_ended = False
         self._unconfirmed: str | None = None  # session whose rotated token the client may lack
         self._loop_time = asyncio.get_running_loop().time
@@ -165,12 +165,10 @@ class _Connection:
         return text if text is not None else message.get("bytes", b"")
 
     def _decode(self, data: str | bytes) -> Any:
-        # A text frame on a msgpack socket (or a binary one on a JSON socket) is read as JSON:
+        # A text frame on a msgpack socket, or a binary frame on a JSON socket, is read as JSON:
         # liberal in what we accept.
-        mode = Mode.GA if (self._binary and isinstance(data, str)) else self.mode
-        if mode is Mode.MSGPACK or isinstance(data, str):
-            return decode(data, mode, max_bytes=self.cfg.max_message_bytes)
-        return decode(data, Mode.GA, max_bytes=self.cfg.max_message_bytes)
+        mode = self.mode if isinstance(data, bytes) == self._binary else Mode.GA
+        return decode(data, mode, max_bytes=self.cfg.max_message_bytes)
 
     # -- opening ---------------------------------------------------------------------------
 
