@@ -110,6 +110,14 @@ def test_a_directory_without_weights_is_refused(tmp_path):
     assert err.value.code == "model_path_unavailable"
 
 
+def test_config_json_keeps_every_lm_argument_and_ignores_the_rest():
+    from duplex.plugins.personaplex.config import config_from_json
+
+    cfg = config_from_json({"dim": 128, "kv_repeat": 2, "depformer_kv_repeat": 1, "client_url": "x"})
+    assert (cfg.lm["dim"], cfg.lm["kv_repeat"], cfg.lm["depformer_kv_repeat"]) == (128, 2, 1)
+    assert "client_url" not in cfg.lm
+
+
 def test_config_json_sets_the_architecture(ckpt):
     data = json.loads((ckpt / "config.json").read_text())
     assert data["lm"]["dim"] == 64

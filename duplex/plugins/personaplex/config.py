@@ -220,8 +220,9 @@ def config_from_json(data: dict[str, Any]) -> PersonaPlexConfig:
     """
     cfg = full_config()
     lm_src = data.get("lm", data)
+    known = _lm_argument_names()
     for key, value in lm_src.items():
-        if key in cfg.lm:
+        if key in cfg.lm or key in known:
             cfg.lm[key] = value
     mimi = data.get("mimi")
     if isinstance(mimi, dict):
@@ -232,3 +233,21 @@ def config_from_json(data: dict[str, Any]) -> PersonaPlexConfig:
         cfg.name = data["name"]
     cfg.validate()
     return cfg
+
+
+def _lm_argument_names() -> set[str]:
+    """Keyword arguments ``LMModel`` accepts: its own, its transformers', and their ``depformer_`` twins."""
+    import inspect
+
+    from moshi.models.lm import LMModel
+    from moshi.modules.transformer import StreamingTransformer, StreamingTransformerLayer
+
+    def names(fn: object) -> set[str]:
+        return {
+            p.name
+            for p in inspect.signature(fn).parameters.values()  # type: ignore[arg-type]
+            if p.kind is p.KEYWORD_ONLY or p.kind is p.POSITIONAL_OR_KEYWORD
+        } - {"self", "device", "dtype"}
+
+    tr = names(StreamingTransformer.__init__) | names(StreamingTransformerLayer.__init__)
+    return names(LMModel.__init__) | tr | {"depformer_" + n for n in tr}
