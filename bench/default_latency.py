@@ -3,8 +3,8 @@
 What it measures (each on Piper-spoken English sentences, so the run needs no recordings):
 
 * ``asr``: Whisper tiny.en real-time factor (transcription time / audio length) per utterance.
-* ``tts``: Piper time to the first spoken piece of a multi-sentence reply (what a listener waits
-  for), and the synthesis real-time factor.
+* ``tts``: Piper time to the first spoken piece of a reply (a multi-sentence answer and the echo
+  replies: what a listener waits for), and the synthesis real-time factor.
 * ``plugin``: ``DefaultPlugin.respond`` with the ``echo`` reply, from the call (the end of the
   user's turn, as the engine sees it) to the first chunk with audio. This is the model's share of
   the end-of-speech-to-first-audio budget.
@@ -16,7 +16,8 @@ What it measures (each on Piper-spoken English sentences, so the run needs no re
 
 Run: ``python -m bench.default_latency [--repeats N] [--threads T] [--out PATH]``. Prints a table
 and writes JSON (default ``bench/results/default_latency.json``). The goal on a 2-core CPU is an
-end-of-speech-to-first-audio p50 under 1 s with the echo reply.
+end-of-speech-to-first-audio p50 under 1 s with the echo reply. The machine's load average is
+recorded: on a shared machine other work slows every figure.
 """
 
 from __future__ import annotations
@@ -78,6 +79,7 @@ def bench_models(repeats: int, threads: int) -> dict[str, object]:
     from duplex.plugins.base import SlotOptions, TurnRequest
     from duplex.plugins.default.asr import WhisperTranscriber
     from duplex.plugins.default.plugin import DefaultPlugin, DefaultPluginConfig
+    from duplex.plugins.default.reply import echo_text
     from duplex.plugins.default.sentences import SentenceSplitter
     from duplex.plugins.default.tts import PiperSpeaker
 
@@ -120,17 +122,18 @@ def bench_models(repeats: int, threads: int) -> dict[str, object]:
                     plugin_asr_share.append(t_transcript or 0.0)
                     break
 
-        t0 = time.perf_counter()
-        splitter = SentenceSplitter(
-            max_chars=plugin.config.max_sentence_chars, first_clause=plugin.config.first_clause
-        )
-        pieces = splitter.feed(REPLY) + splitter.flush()
-        audio_s = 0.0
-        for i, piece in enumerate(tts.speak_all(pieces)):
-            if i == 0:
-                tts_first.append(time.perf_counter() - t0)
-            audio_s += len(piece.pcm) / tts.sample_rate
-        tts_rtf.append((time.perf_counter() - t0) / audio_s)
+        for reply in (REPLY, *(echo_text(s) for s in SENTENCES)):
+            t0 = time.perf_counter()
+            splitter = SentenceSplitter(
+                max_chars=plugin.config.max_sentence_chars, first_clause=plugin.config.first_clause
+            )
+            pieces = splitter.feed(reply) + splitter.flush()
+            audio_s = 0.0
+            for i, piece in enumerate(tts.speak_all(pieces)):
+                if i == 0:
+                    tts_first.append(time.perf_counter() - t0)
+                audio_s += len(piece.pcm) / tts.sample_rate
+            tts_rtf.append((time.perf_counter() - t0) / audio_s)
 
     plugin.close()
     return {
@@ -278,12 +281,18 @@ def main(argv: list[str] | None = None) -> dict[str, object]:
 
     results: dict[str, object] = {
         "benchmark": "default_latency",
-        "host": {"cpus": os.cpu_count(), "machine": platform.machine(), "python": platform.python_version()},
+        "host": {
+            "cpus": os.cpu_count(),
+            "machine": platform.machine(),
+            "python": platform.python_version(),
+            "load_average_1m_at_start": round(os.getloadavg()[0], 2),
+        },
         "goal": "end of speech to first audio under 1 s with the echo reply",
         "models": bench_models(args.repeats, args.threads),
     }
     if args.server_turns > 0:
         results["server"] = bench_server(args.server_turns)
+    results["host"]["load_average_1m_at_end"] = round(os.getloadavg()[0], 2)  # type: ignore[index]
     _print_table(results)
     args.out.parent.mkdir(parents=True, exist_ok=True)
     args.out.write_text(json.dumps(results, indent=2) + "\n")
