@@ -112,6 +112,8 @@ def test_from_options_converts_strings_and_refuses_unknown_options() -> None:
         ({"reply": "openai", "reply_url": "ftp://x"}, None, "http(s) URL"),
         ({}, "/models/llm", "model path only with reply='vllm'"),
         ({"max_sessions": "many"}, None, "max_sessions"),
+        ({"max_sessions": 0}, None, "max_sessions must be positive"),
+        ({"reply_poll_ms": -5}, None, "reply_poll_ms"),
     ],
 )
 def test_bad_options_are_refused_with_invalid_plugin_config(

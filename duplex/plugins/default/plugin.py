@@ -80,19 +80,26 @@ OUTPUT_RATE = 22050
 class DefaultPluginConfig(msgspec.Struct, frozen=True, kw_only=True):
     """Serve-time options of the default plugin (``duplex serve --plugin-option key=value``).
 
-    ``reply``: ``echo`` | ``openai`` | ``vllm``. ``reply_url``: the chat endpoint for
-    ``openai``. ``reply_model``: the model name for ``openai`` (None: the server's
-    first) or the model directory for ``vllm``. ``reply_api_key_env``: the name of
-    an environment variable holding a bearer token. ``reply_poll_ms``: while a
-    remote reply has nothing new, the plugin hands the model thread back this
-    often (see ``DeltaPump``). ``max_sentence_chars``: a
-    spoken piece longer than this is cut at a clause mark. ``first_clause``: the
-    first piece of a reply ends at its first clause mark (earlier first audio). ``asr_threads``: CPU
-    threads for Whisper (0: one per CPU, at most 4). ``tts_length_scale``: > 1
-    speaks slower. ``tts_noise_scale`` / ``tts_noise_w_scale``: the voice's
-    randomness (both 0: the same text always sounds the same). None keeps the
-    voice's defaults. ``warm_up``: run each model once in ``load()`` so the
-    first turn is as fast as later ones.
+    Answering
+        ``reply``: ``echo`` | ``openai`` | ``vllm``. ``reply_url``: the chat endpoint
+        for ``openai``. ``reply_model``: the model name for ``openai`` (None: the
+        server's first) or the model directory for ``vllm``. ``reply_api_key_env``:
+        the name of an environment variable holding a bearer token.
+        ``reply_timeout_s``: connection and read timeout. ``reply_max_tokens``: reply
+        length limit. ``reply_poll_ms``: while a remote reply has nothing new, the
+        plugin hands the model thread back this often (see ``DeltaPump``).
+    Speaking
+        ``max_sentence_chars``: a spoken piece longer than this is cut at a clause
+        mark. ``first_clause``: the first piece of a reply ends at its first clause
+        mark (earlier first audio). ``tts_length_scale``: > 1 speaks slower.
+        ``tts_noise_scale`` / ``tts_noise_w_scale``: the voice's randomness (both 0:
+        the same text always sounds the same). None keeps the voice's defaults.
+    Resources
+        ``max_sessions``: slots. ``asr_threads``: CPU threads for Whisper (0: one per
+        CPU, at most 4). ``warm_up``: run each model once in ``load()`` so the first
+        turn is as fast as later ones.
+
+    An out-of-range value raises ``PluginError("invalid_plugin_config")``.
     """
 
     reply: str = "echo"
@@ -101,15 +108,39 @@ class DefaultPluginConfig(msgspec.Struct, frozen=True, kw_only=True):
     reply_api_key_env: str | None = None
     reply_timeout_s: float = 30.0
     reply_max_tokens: int = 256
-    max_sessions: int = 4
     reply_poll_ms: int = 50
     max_sentence_chars: int = 80
     first_clause: bool = True
-    asr_threads: int = 0
     tts_length_scale: float | None = None
     tts_noise_scale: float | None = None
     tts_noise_w_scale: float | None = None
+    max_sessions: int = 4
+    asr_threads: int = 0
     warm_up: bool = True
+
+    def __post_init__(self) -> None:
+        if self.reply not in STRATEGIES:
+            raise PluginError(
+                "invalid_plugin_config",
+                f"unknown reply strategy {self.reply!r}; choose one of {', '.join(STRATEGIES)}",
+            )
+        for name in (
+            "reply_timeout_s",
+            "reply_max_tokens",
+            "reply_poll_ms",
+            "max_sentence_chars",
+            "max_sessions",
+        ):
+            if getattr(self, name) <= 0:
+                raise PluginError(
+                    "invalid_plugin_config", f"{name} must be positive, got {getattr(self, name)}"
+                )
+        if self.asr_threads < 0:
+            raise PluginError(
+                "invalid_plugin_config", f"asr_threads must not be negative, got {self.asr_threads}"
+            )
+        if self.tts_length_scale is not None and self.tts_length_scale <= 0:
+            raise PluginError("invalid_plugin_config", "tts_length_scale must be positive")
 
 
 class _Slot:
@@ -138,13 +169,6 @@ class DefaultPlugin(Plugin):
     ) -> None:
         """``asr`` and ``tts`` may be shared with another instance (they load once)."""
         self.config = config or DefaultPluginConfig()
-        if self.config.max_sessions < 1:
-            raise PluginError("invalid_plugin_config", "max_sessions must be at least 1")
-        if self.config.reply not in STRATEGIES:
-            raise PluginError(
-                "invalid_plugin_config",
-                f"unknown reply strategy {self.config.reply!r}; choose one of {', '.join(STRATEGIES)}",
-            )
         if model_path is not None and self.config.reply != "vllm":
             raise PluginError(
                 "invalid_plugin_config",
