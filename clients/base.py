@@ -127,6 +127,7 @@ class DuplexClientBase(ABC):
         self._pump: asyncio.Task[None] | None = None
         self._heartbeat: asyncio.Task[None] | None = None
         self._ended = asyncio.Event()
+        self._wakeup = asyncio.Event()  # set on every queued event and at the end
         self._end_exc: ClientError | None = None
 
     # -- transport hooks -------------------------------------------------------------------
@@ -214,6 +215,7 @@ class DuplexClientBase(ABC):
         if not self._ended.is_set():
             self._end_exc = exc
             self._ended.set()
+            self._wakeup.set()
         for handle in self.responses.values():
             handle.abort(exc)
         for fut in self._response_waiters:
@@ -241,6 +243,7 @@ class DuplexClientBase(ABC):
         for listener in list(self._listeners):
             listener(event)
         await self._events.put(event)
+        self._wakeup.set()
         if kind in _TERMINAL:
             self.closed_event = event
             self._end(ClientClosed(kind, getattr(event, "reason", kind)))
@@ -312,7 +315,8 @@ class DuplexClientBase(ABC):
     async def recv(self, timeout: float | None = None) -> Any:
         """The next server event. Raises ``ClientClosed`` once the session ended and all were read.
 
-        Cancel-safe: a cancelled ``recv`` loses no event.
+        Cancel-safe: nothing is taken from the queue until an event is returned, so a cancelled
+        (or timed-out) ``recv`` loses no event.
         """
         async with asyncio.timeout(timeout):
             while True:
@@ -321,16 +325,8 @@ class DuplexClientBase(ABC):
                 if self._ended.is_set():
                     assert self._end_exc is not None
                     raise self._end_exc
-                getter = asyncio.ensure_future(self._events.get())
-                ended = asyncio.ensure_future(self._ended.wait())
-                try:
-                    await asyncio.wait({getter, ended}, return_when=asyncio.FIRST_COMPLETED)
-                finally:
-                    ended.cancel()
-                    if not getter.done():
-                        getter.cancel()
-                if getter.done() and not getter.cancelled():
-                    return getter.result()
+                self._wakeup.clear()
+                await self._wakeup.wait()
 
     def __aiter__(self) -> AsyncIterator[Any]:
         return self._iterate()

@@ -7,6 +7,8 @@ response order (wire reference §6).
 
 from __future__ import annotations
 
+import asyncio
+
 import numpy as np
 import pytest
 
@@ -157,3 +159,15 @@ async def test_old_finished_response_handles_are_forgotten(make_client):
     await c.stream_pcm(voiced(2), realtime=False)
     latest = await fut
     assert list(c.responses) == [latest.response_id]
+
+
+async def test_cancelled_recv_loses_no_event(make_client):
+    c = await make_client()
+    waiting = asyncio.create_task(c.recv())
+    await asyncio.sleep(0)  # let it start waiting
+    waiting.cancel()
+    with pytest.raises(asyncio.CancelledError):
+        await waiting
+    await c.heartbeat()
+    ack = await c.recv(timeout=10)
+    assert event_type(ack) == "session.heartbeat_ack"
