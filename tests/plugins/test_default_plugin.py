@@ -176,6 +176,13 @@ def test_text_turn_is_answered_without_a_transcript_chunk(plugin: DefaultPlugin,
     assert outputs[-1].end_of_turn
 
 
+def test_a_request_with_nothing_to_answer_ends_at_once_without_a_transcript(
+    plugin: DefaultPlugin, slot: int
+) -> None:
+    outputs = list(plugin.respond(TurnRequest(slot=slot, epoch=2)))
+    assert outputs == [SlotOutput(slot=slot, epoch=2, end_of_turn=True)]
+
+
 @pytest.mark.parametrize("kind", ["silence", "white noise", "hum"])
 def test_turn_without_speech_gives_empty_transcript_and_no_reply(
     plugin: DefaultPlugin, slot: int, kind: str

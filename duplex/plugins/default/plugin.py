@@ -289,7 +289,8 @@ class DefaultPlugin(Plugin):
         """Answer one committed user turn (see the module docstring for the chunk sequence).
 
         ``request.pcm`` (16 kHz float32) is transcribed; a request with ``text`` and
-        no ``pcm`` (a typed user message) is answered as is, without a transcript chunk.
+        no ``pcm`` (a typed user message) is answered as is, without a transcript
+        chunk; a request with neither ends at once (one ``end_of_turn`` chunk).
         """
         if not self._loaded:
             raise PluginError("internal_error", "the default plugin is not loaded")
@@ -297,11 +298,10 @@ class DefaultPlugin(Plugin):
         slot, epoch = request.slot, request.epoch
         if epoch < state.min_epoch:
             return
-        if request.pcm is None and request.text is not None:
-            user_text = request.text.strip()
+        if request.pcm is None:
+            user_text = (request.text or "").strip()  # a typed message, or nothing new to answer
         else:
-            pcm = request.pcm if request.pcm is not None else np.zeros(0, dtype=np.float32)
-            user_text = self.asr.transcribe(pcm)
+            user_text = self.asr.transcribe(request.pcm)
             if not user_text:
                 yield SlotOutput(slot=slot, epoch=epoch, user_transcript="", end_of_turn=True)
                 return
