@@ -45,7 +45,9 @@ class ChatStub:
     event ``slow_after`` on, events are ``token_interval_s`` apart, and before
     event ``hold_after`` the stream waits for ``release``, so a test knows the
     reply cannot end before it says so. ``aborted`` is set when the client
-    closed a stream before its end (the writes after it fail).
+    closed a stream before its end (the writes after it fail). With ``error_after``
+    the stream ends with an error event after that many tokens (as vLLM reports a
+    failure mid-stream).
     """
 
     def __init__(self) -> None:
@@ -53,6 +55,7 @@ class ChatStub:
         self.replies: list[str] | None = None
         self.status = 200
         self.hold_after: int | None = None
+        self.error_after: int | None = None
         self.slow_after: int | None = None
         self.token_interval_s = 0.1
         self.release = threading.Event()
@@ -91,6 +94,11 @@ class ChatStub:
                 slow_after = stub.slow_after if shaped else None
                 try:
                     for i, token in enumerate(tokens):
+                        if stub.error_after is not None and i == stub.error_after:
+                            error = {"error": {"message": "engine died", "code": 500}}
+                            self.wfile.write(f"data: {json.dumps(error)}\n\n".encode())
+                            self.wfile.flush()
+                            return
                         if hold_after is not None and i == hold_after:
                             stub.release.wait(30)
                         elif slow_after is not None and i >= slow_after:
@@ -221,6 +229,15 @@ def test_openai_endpoint_error_becomes_response_error(chat: ChatStub) -> None:
     with pytest.raises(PluginError) as exc:
         list(strategy.reply(ReplyPrompt(user_text="hi")))
     assert exc.value.code == "response_error" and "503" in exc.value.message
+
+
+def test_an_error_event_in_the_stream_becomes_response_error(chat: ChatStub) -> None:
+    chat.error_after = 2
+    stream = OpenAIChatReply(chat.url, model="m1").reply(ReplyPrompt(user_text="hi"))
+    assert next(stream) + next(stream) == "Paris is"
+    with pytest.raises(PluginError) as exc:
+        next(stream)
+    assert exc.value.code == "response_error" and "engine died" in exc.value.message
 
 
 def test_openai_unreachable_endpoint_becomes_response_error(chat: ChatStub) -> None:

@@ -132,6 +132,7 @@ class _ChatChoice(msgspec.Struct):
 
 class _ChatChunk(msgspec.Struct):
     choices: list[_ChatChoice] = []
+    error: dict[str, Any] | None = None  # vLLM reports a failure mid-stream this way
 
 
 class _ModelEntry(msgspec.Struct):
@@ -257,6 +258,9 @@ class OpenAIChatReply(ReplyStrategy):
                 if data == b"[DONE]":
                     return
                 chunk = self._chunk_decoder.decode(data)
+                if chunk.error is not None:
+                    message = chunk.error.get("message", chunk.error)
+                    raise PluginError("response_error", f"reply endpoint failed mid-stream: {message}")
                 for choice in chunk.choices[:1]:
                     if choice.delta.content:
                         yield choice.delta.content
