@@ -163,6 +163,7 @@ async def test_old_finished_response_handles_are_forgotten(make_client):
 
 async def test_cancelled_recv_loses_no_event(make_client):
     c = await make_client()
+    assert event_type(await c.recv(timeout=10)) == "session.created"
     waiting = asyncio.create_task(c.recv())
     await asyncio.sleep(0)  # let it start waiting
     waiting.cancel()
