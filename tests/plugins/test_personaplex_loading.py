@@ -137,6 +137,19 @@ def test_pt_voices_load_with_embeddings_and_last_frame(ckpt):
     assert v.last_frame is not None and torch.equal(v.last_frame, raw["cache"][0, :, 4 % 3])
 
 
+def test_voices_load_from_voices_tgz_in_place(tmp_path, ckpt):
+    import tarfile
+
+    with tarfile.open(tmp_path / "voices.tgz", "w:gz") as tar:
+        tar.add(ckpt / "voices", arcname="voices")
+    cfg = tiny_config()
+    mimi = build_mimi(cfg, None, CPU)
+    from_tgz = load_voices(tmp_path, cfg, mimi)
+    from_dir = load_voices(ckpt, cfg, mimi)
+    assert sorted(from_tgz) == sorted(from_dir) == sorted(TINY_VOICES)
+    assert all(torch.equal(from_tgz[n].embeddings, from_dir[n].embeddings) for n in TINY_VOICES)
+
+
 def test_prompt_phases_follow_the_documented_sequence(ckpt):
     cfg = tiny_config()
     voice = load_voices(ckpt, cfg, build_mimi(cfg, None, CPU))["NATF2"]
