@@ -234,6 +234,15 @@ def test_a_waiting_reply_hands_the_model_thread_back_with_empty_chunks(
     assert [o.text for o in rest] == ["It is noon there.", ""] and rest[-1].end_of_turn
 
 
+def test_a_failing_reply_backend_raises_response_error_from_the_response(
+    openai_plugin: DefaultPlugin, chat: ChatStub
+) -> None:
+    chat.status = 503
+    with pytest.raises(PluginError) as exc:
+        list(openai_plugin.respond(TurnRequest(slot=0, epoch=1, text="Time in Paris?")))
+    assert exc.value.code == "response_error"
+
+
 def test_closing_the_response_mid_reply_closes_the_reply_stream(
     openai_plugin: DefaultPlugin, chat: ChatStub
 ) -> None:
