@@ -406,6 +406,21 @@ def _cpu(p: Any) -> float:
     return t.user + t.system
 
 
+def _cpu_below(rows: list[dict[str, Any]], variant: str, than: str) -> bool | None:
+    """Server CPU of ``variant`` below ``than``'s at every N where both held all sessions."""
+    pairs = [
+        (r["server_cpu_pct"], b["server_cpu_pct"])
+        for r in rows
+        for b in rows
+        if r["variant"] == variant
+        and b["variant"] == than
+        and r["sessions"] == b["sessions"]
+        and r["held"] == r["sessions"]
+        and b["held"] == b["sessions"]
+    ]
+    return all(a < b for a, b in pairs) if pairs else None
+
+
 def _fmt(v: Any) -> str:
     if v is None:
         return "-"
@@ -443,6 +458,7 @@ def main(argv: list[str] | None = None) -> int:
         _duplex_server(args.port, args.tick_ms, transport_only=args.serve_transport)
         return 0
 
+    load_at_start = os.getloadavg()
     rows = []
     for n in args.sessions:
         for variant in args.variants:
@@ -451,15 +467,11 @@ def main(argv: list[str] | None = None) -> int:
             print(_table([row], list(row)[:-1]), flush=True)
     capacity: dict[str, int] = {}
     for variant in args.variants:
-        ok = [
-            r["sessions"]
-            for r in rows
-            if r["variant"] == variant
-            and r["held"] == r["sessions"]
-            and r["p99_ms"] is not None
-            and r["p99_ms"] < args.p99_ms
-        ]
-        capacity[variant] = max(ok, default=0)
+        capacity[variant] = 0
+        for r in sorted((r for r in rows if r["variant"] == variant), key=lambda r: r["sessions"]):
+            if r["held"] != r["sessions"] or r["p99_ms"] is None or r["p99_ms"] >= args.p99_ms:
+                break  # capacity: every N up to this one passed
+            capacity[variant] = r["sessions"]
     base = capacity.get("bare-json") or 0
     ratios = {v: (c / base if base else None) for v, c in capacity.items()}
     for r in rows:
@@ -487,8 +499,17 @@ def main(argv: list[str] | None = None) -> int:
     for v, c in capacity.items():
         ratio = ratios[v]
         print(f"  {v:15s} {c:5d}" + (f"   {ratio:.2f} x bare-json" if ratio is not None else ""))
+    goals = {
+        "duplex_json_capacity_at_least_70pct_of_bare": (ratios.get("duplex-json") or 0) >= 0.7,
+        "duplex_msgpack_capacity_above_bare_json": capacity.get("duplex-msgpack", 0) > base,
+        "transport_json_capacity_at_least_70pct_of_bare": (ratios.get("transport-json") or 0) >= 0.7,
+        "transport_msgpack_cpu_below_bare_json": _cpu_below(rows, "transport-msgpack", "bare-json"),
+        "duplex_msgpack_cpu_below_bare_json": _cpu_below(rows, "duplex-msgpack", "bare-json"),
+    }
+    print("goals:", json.dumps(goals, indent=2))
     payload = {
         "benchmark": "server",
+        "load_average_at_start": load_at_start,
         "frame_ms": FRAME_MS,
         "tick_ms": args.tick_ms,
         "seconds": args.seconds,
@@ -498,6 +519,7 @@ def main(argv: list[str] | None = None) -> int:
         "rows": rows,
         "capacity": capacity,
         "capacity_vs_bare": ratios,
+        "goals": goals,
     }
     Path(args.json).parent.mkdir(parents=True, exist_ok=True)
     Path(args.json).write_text(json.dumps(payload, indent=2) + "\n")
