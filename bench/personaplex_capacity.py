@@ -18,12 +18,18 @@ or the tiny one with ``--tiny``; nothing is downloaded):
 * ``--baseline``: moshi's own generation loop at batch 1 (``LMGen`` + Mimi,
   CUDA-graphed), the per-connection loop of ``python -m moshi.server``, which
   serves one conversation per process.
+* ``--moshi-server`` (GPU): ``python -m moshi.server`` itself, with random
+  PersonaPlex-shaped weights written to ``/dev/shm``, one opus client at real
+  time, and a second client that shows it waits for the first to leave.
 
 Every row has ``sessions, tick_p50_ms, tick_p99_ms, missed_deadlines`` (ticks
 over the 80 ms frame period), ``first_audio_ms`` and ``gpu_mem_gib`` (peak
 allocated). Prints a table, writes JSON (``--out``) and a plot beside it.
 
-Run: ``python -m bench.personaplex_capacity --mode step [--tiny] [--sessions 1,8,32,64]``.
+Run: ``python -m bench.personaplex_capacity --mode step|server|both|none [--tiny]
+[--sessions 1,8,32,64] [--compile] [--baseline] [--moshi-server]``. The H200 figures in
+``bench/results`` came from ``--mode step --baseline``, ``--mode step --compile --sessions 64``,
+``--mode server --compile --seconds 8`` and ``--mode none --moshi-server --seconds 8``.
 """
 
 from __future__ import annotations
