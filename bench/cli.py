@@ -219,6 +219,10 @@ def _cmd_latency(args: argparse.Namespace) -> int:
     print_table(rows, ["figure", "count", "missed", ("p50", "p50 ms"), ("p95", "p95 ms"), ("p99", "p99 ms"),
                        ("max", "max ms")], title=f"Latency (input: {report['input']['source']}, "
                                               f"lanes: {', '.join(report['lanes']) or '-'})")
+    eos = report["figures"].get("eos_to_first_audio_ms")
+    if eos and eos.get("overlapped"):
+        print(f"note: {eos['overlapped']} of {eos['count']} answers began before the user stopped speaking "
+              "(full duplex); those samples count as 0 ms, the raw values are in the JSON")
     for name, why in report["skipped"].items():
         print(f"skipped {name}: {why}")
     print(f"wrote {args.out}")

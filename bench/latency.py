@@ -126,7 +126,8 @@ def _lane(client: DuplexClient) -> str:
     caps = client.capabilities
     audio = getattr(client.session, "audio", None)
     td = getattr(getattr(audio, "input", None), "turn_detection", None)
-    if td is not None and getattr(td, "type", None) in ("server_vad", "semantic_vad"):
+    kind = getattr(getattr(type(td), "__struct_config__", None), "tag", None) or getattr(td, "type", None)
+    if kind in ("server_vad", "semantic_vad"):
         return "server_vad"
     if getattr(caps, "supports_model_native_turn_policy", False):
         return "native"

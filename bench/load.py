@@ -46,7 +46,7 @@ from clients import ClientError
 from duplex.protocol import AudioFormat, DuplexInputAudioBufferAppend
 from duplex.protocol.audio import encode_audio, read_wav, resample
 
-__all__ = ["LoadConfig", "LoadResult", "redact_url", "run_load", "synthetic_input"]
+__all__ = ["LoadConfig", "LoadResult", "PacingGrid", "redact_url", "run_load", "synthetic_input"]
 
 SCHEMA_VERSION = 1
 _SECRET_PARAMS = frozenset({"api_key", "key", "token", "resume_token", "authorization"})
@@ -182,13 +182,37 @@ async def _admit(cfg: LoadConfig, s: _Session, clock: Callable[[], float]) -> No
     s.client, s.admitted = client, True
 
 
+@dataclass
+class PacingGrid:
+    """The fixed send grid of one session (module docstring, step 3). Sans-IO: times are given.
+
+    ``slot(i)`` is when frame ``i`` is due now; ``planned(i)`` its slot on the original grid (for
+    lateness); ``sent(i, completed)`` restarts the grid one period after ``completed`` when that
+    send ended more than one frame past the next slot, so a stall is never followed by a burst.
+    """
+
+    t0: float
+    period: float
+    epoch: float | None = None
+
+    def slot(self, i: int) -> float:
+        return (self.t0 if self.epoch is None else self.epoch) + i * self.period
+
+    def planned(self, i: int) -> float:
+        return self.t0 + i * self.period
+
+    def sent(self, i: int, completed: float) -> None:
+        if completed > self.slot(i + 2):  # more than one frame past the next slot
+            self.epoch = completed + self.period - (i + 1) * self.period
+
+
 async def _stream(s: _Session, frames: list[bytes], t0: float, period: float,
                   drain_s: float, clock: Callable[[], float]) -> None:
     client = s.client
     assert client is not None
-    epoch = t0
+    grid = PacingGrid(t0, period)
     for i, chunk in enumerate(frames):
-        delay = epoch + i * period - clock()
+        delay = grid.slot(i) - clock()
         if delay > 0:
             await asyncio.sleep(delay)
         if client.ended:
@@ -201,9 +225,8 @@ async def _stream(s: _Session, frames: list[bytes], t0: float, period: float,
             s.ended_early = True
             break
         completed = clock()
-        s.sends.append(Send(t0 + i * period, started, completed))
-        if completed > epoch + (i + 2) * period:  # more than one frame past the next slot
-            epoch = completed + period - (i + 1) * period
+        s.sends.append(Send(grid.planned(i), started, completed))
+        grid.sent(i, completed)
     last = s.sends[-1].completed if s.sends else clock()
     s.drain_end = last + drain_s
     await asyncio.sleep(max(0.0, s.drain_end - clock()))

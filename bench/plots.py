@@ -51,6 +51,7 @@ def latency_cdf(report: dict[str, Any], path: str | Path) -> Path:
     _cdf(ax, lateness, "send lateness")
     ax.axvline(report["frame_period_s"] * 1000.0, color="grey", linestyle=":", label="frame period")
     ax.set_xscale("symlog", linthresh=1.0)
+    ax.set_xlim(left=0)
     ax.set_xlabel("milliseconds")
     ax.set_ylabel("fraction")
     ax.set_ylim(0, 1.02)
@@ -73,8 +74,14 @@ def tick_timeline(report: dict[str, Any], path: str | Path) -> Path:
                                       gridspec_kw={"height_ratios": [3, 1.3]})
     for r in rows:
         last: dict[int, float] = {}
-        times, gaps = [], []
+        times: list[float] = []
+        gaps: list[float] = []
+        current = None
         for t, _, k in r["audio_packet_timeline"]:
+            if k != current and times:  # a new response: break the line (the pause is not jitter)
+                times.append(float("nan"))
+                gaps.append(float("nan"))
+            current = k
             if k in last:
                 times.append(t)
                 gaps.append((t - last[k]) * 1000.0)

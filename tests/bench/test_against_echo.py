@@ -53,3 +53,11 @@ async def test_omniinteract_case_on_echo(echo_server: str, dataset_root: Path, t
     assert result["input_audio_chunks"] == 10 and result["frame_transport"] == "none"
     assert result["duplex_session_metrics"]["audio_turn_count"] >= 1  # the echo repeats the tone
     assert (Path(result["output_dir"]) / ".done").is_file()
+
+
+async def test_load_over_msgpack_validates_binary_packets(echo_server: str) -> None:
+    cfg = LoadConfig(url=echo_server, sessions=1, max_frames=8, drain_s=0.3, start_delay_s=0.05,
+                     synthetic_s=0.64, msgpack=True)
+    result = await run_load(cfg, progress=None)
+    assert result.ok, result.sessions[0]["failure"]
+    assert result.sessions[0]["metrics"]["audio_packets"] > 0

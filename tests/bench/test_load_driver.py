@@ -2,7 +2,9 @@
 
 from __future__ import annotations
 
-from bench.load import LoadConfig, redact_url, run_load
+import pytest
+
+from bench.load import LoadConfig, PacingGrid, redact_url, run_load
 from tests.bench.scripted_server import Script, scripted_server
 
 
@@ -97,3 +99,14 @@ def test_credentials_never_reach_the_report() -> None:
     assert redact_url("ws://u:p@h:1/v1/realtime?api_key=s3cret&model=m") == (
         "ws://h:1/v1/realtime?api_key=%2A%2A%2A&model=m"
     )
+
+
+def test_the_grid_restarts_after_a_stall_without_a_catch_up_burst() -> None:
+    grid = PacingGrid(t0=0.0, period=0.08)
+    grid.sent(0, 0.01)
+    assert grid.slot(1) == pytest.approx(0.08)
+    grid.sent(1, 0.15)  # late, but not a whole frame past the next slot: keep the grid
+    assert grid.slot(2) == pytest.approx(0.16)
+    grid.sent(2, 0.60)  # a stall: the next frame goes one period after it, not at once
+    assert grid.slot(3) == pytest.approx(0.68) and grid.slot(4) == pytest.approx(0.76)
+    assert grid.planned(3) == pytest.approx(0.24)  # lateness stays measured on the original grid

@@ -6,6 +6,7 @@ import json
 import tarfile
 from pathlib import Path
 
+import numpy as np
 import pytest
 
 from bench.omniinteract.dataset import (
@@ -152,3 +153,12 @@ def test_media_decodes_whole_seconds_of_16k_audio_and_mid_second_frames(dataset_
     assert all(jpeg[:2] == b"\xff\xd8" for _, jpeg in media.frames)
     with pytest.raises(MediaError, match="duration"):
         load_media(case.video_path, max_duration_s=1.0)
+
+
+def test_a_synthetic_video_can_speak_its_question(tmp_path: Path) -> None:
+    from tests.bench.synthetic import make_video
+
+    video = make_video(tmp_path / "q.mp4", 2, speech=[(0.8, "What colour is it?")])
+    pcm = np.frombuffer(load_media(video).pcm16, np.int16).astype(np.float32)
+    before, during = pcm[: int(0.7 * 16000)], pcm[int(0.8 * 16000) : int(1.6 * 16000)]
+    assert np.abs(before).max() < 50 < np.abs(during).max()
