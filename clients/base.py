@@ -137,8 +137,10 @@ class DuplexClientBase(ABC):
         """Connect and open (or resume) the session. Raises ``ClientError`` when refused."""
 
     @abstractmethod
-    async def _send_command(self, cmd: Any) -> None:
-        """Send one command. Raises ``ConnectionError`` when the transport is down."""
+    async def _send_command(self, cmd: Any, *, wait: bool = True) -> None:
+        """Send one command. While the transport is being restored, ``wait`` waits for it (a
+        bounded time); ``wait=False`` (journal acks from the receive pump, which is the one
+        restoring it) gives up at once. Raises ``ConnectionError`` when it cannot send."""
 
     @abstractmethod
     async def _recv_event(self) -> Any | None:
@@ -234,8 +236,9 @@ class DuplexClientBase(ABC):
             self._unacked += 1
             if self._unacked >= self.ack_every:
                 self._unacked = 0
+                # Best effort: a lost ack only delays journal trimming until the next one.
                 with contextlib.suppress(ConnectionError):
-                    await self._send_command(SessionEventAck(server_event_seq=seq))
+                    await self._send_command(SessionEventAck(server_event_seq=seq), wait=False)
         kind = event_type(event)
         self._track(kind, event)
         if self.collector is not None:

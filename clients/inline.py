@@ -52,7 +52,7 @@ class InlineDuplexClient(DuplexClientBase):
             raise ClientError(exc.code, exc.message) from exc
         await self._dispatch(await self._att.next_event())
 
-    async def _send_command(self, cmd: Any) -> None:
+    async def _send_command(self, cmd: Any, *, wait: bool = True) -> None:
         from duplex.engine import SessionError
 
         att = self._att

@@ -198,12 +198,12 @@ class DuplexClient(DuplexClientBase):
 
     # -- transport -------------------------------------------------------------------------
 
-    async def _send_command(self, cmd: Any) -> None:
+    async def _send_command(self, cmd: Any, *, wait: bool = True) -> None:
         data = encode(cmd, self.mode)
         for _ in range(2):
             if not self._connected.is_set():
-                if self.ended:
-                    raise ConnectionError("the session has ended")
+                if self.ended or not wait:
+                    raise ConnectionError("not connected")
                 try:
                     async with asyncio.timeout(self.send_wait_s):
                         await self._connected.wait()
