@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import contextlib
 import sys
 from typing import Any
 
@@ -114,6 +115,7 @@ async def _talk(args: argparse.Namespace, pcm: np.ndarray) -> tuple[list[Any], E
     collector = EventCollector()
     client = DuplexClient(
         args.url,
+        max_responses=100_000,  # the whole reply is saved
         api_key=args.api_key,
         model=args.model,
         session=session,
@@ -154,13 +156,15 @@ async def _talk(args: argparse.Namespace, pcm: np.ndarray) -> tuple[list[Any], E
     chunk_ms = min(chunk_ms, 200)
     try:
         async with PlaybackReporter(client, SimulatedPlayback(output_format=client.output_format)):
-            for part in (pcm, tail):
-                step = RATE * 1  # report progress once per second of audio
-                for start in range(0, len(part), step):
-                    piece = part[start : start + step]
-                    await client.stream_pcm(piece, chunk_ms=chunk_ms, realtime=not args.fast, mark_end=False)
-                    progress.sent_s += len(piece) / RATE
-                    progress.show()
+            # While streaming, keep the event queue empty (handles and listeners keep what matters),
+            # so a long input never fills it and pauses the receive side.
+            drain = asyncio.create_task(_drain(client))
+            try:
+                await _stream(client, pcm, tail, chunk_ms, args.fast, progress)
+            finally:
+                drain.cancel()
+                with contextlib.suppress(asyncio.CancelledError, ClientClosed):
+                    await drain
             collector.mark_input_end()
             if not client.responses and getattr(caps, "supports_client_commit", False):
                 await client.commit(create_response=False)
@@ -173,6 +177,23 @@ async def _talk(args: argparse.Namespace, pcm: np.ndarray) -> tuple[list[Any], E
     if progress.line_open:
         sys.stderr.write("\n")
     return list(client.responses.values()), collector
+
+
+async def _drain(client: DuplexClient) -> None:
+    while True:
+        await client.recv()
+
+
+async def _stream(
+    client: DuplexClient, pcm: np.ndarray, tail: np.ndarray, chunk_ms: int, fast: bool, progress: _Progress
+) -> None:
+    for part in (pcm, tail):
+        step = RATE  # report progress once per second of audio
+        for start in range(0, len(part), step):
+            piece = part[start : start + step]
+            await client.stream_pcm(piece, chunk_ms=chunk_ms, realtime=not fast, mark_end=False)
+            progress.sent_s += len(piece) / RATE
+            progress.show()
 
 
 async def _wait_for_replies(client: DuplexClient, timeout: float) -> None:
