@@ -9,6 +9,7 @@ fetched at run time. Modules:
 ``tts``        ``PiperSpeaker``: one piece of text in, its audio out
 ``reply``      the ``echo``, ``openai`` and ``vllm`` reply strategies
 ``sentences``  ``SentenceSplitter``: streamed text cut into speakable pieces that join back exactly
+``pump``       ``DeltaPump``: an LLM reply read on its own thread, so waiting never holds the model thread
 
 Importing this package loads no model (the model libraries are imported in ``load()``).
 """

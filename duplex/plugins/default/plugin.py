@@ -42,8 +42,6 @@ which the engine calls from one thread at a time.
 
 from __future__ import annotations
 
-import queue
-import threading
 from collections.abc import Iterator
 from contextlib import closing
 
@@ -61,6 +59,7 @@ from duplex.plugins.base import (
 )
 from duplex.plugins.default.asr import SAMPLE_RATE as INPUT_RATE
 from duplex.plugins.default.asr import WhisperTranscriber
+from duplex.plugins.default.pump import DeltaPump
 from duplex.plugins.default.reply import (
     STRATEGIES,
     ReplyPrompt,
@@ -71,7 +70,7 @@ from duplex.plugins.default.reply import (
 from duplex.plugins.default.sentences import SentenceSplitter
 from duplex.plugins.default.tts import VOICE_NAME, PiperSpeaker, SpokenPiece
 
-__all__ = ["OUTPUT_RATE", "DefaultPlugin", "DefaultPluginConfig", "DeltaPump"]
+__all__ = ["OUTPUT_RATE", "DefaultPlugin", "DefaultPluginConfig"]
 
 OUTPUT_RATE = 22050
 """The joe voice's rate, in Hz: the plugin's output rate."""
@@ -367,74 +366,6 @@ class DefaultPlugin(Plugin):
                 carry += piece
         if carry:
             yield SpokenPiece(carry, np.zeros(0, dtype=np.float32))
-
-
-class DeltaPump:
-    """Reads a blocking delta stream on its own thread, so waiting never holds the model thread.
-
-    The engine calls every plugin method on one shared model thread, and pulls a
-    response's chunks one at a time there. A reply from a remote LLM spends most
-    of its time waiting for tokens; if that wait happened inside ``next()`` it
-    would stall every other session's turn. The pump's thread does the waiting;
-    ``deltas()`` yields what has arrived, or ``None`` after ``poll_s`` without
-    news, and the plugin turns ``None`` into an empty chunk (valid, and ignored by
-    the session) so the engine can serve other sessions in between.
-
-    The queue holds at most ``max_queued`` deltas; when it is full the thread
-    waits, which pauses reading the stream (backpressure, nothing dropped).
-    Closing the ``deltas()`` generator stops the thread at its next delta; the
-    thread then closes the source stream itself (the HTTP response, the vLLM
-    request). An exception in the source is raised from ``deltas()``.
-    """
-
-    _END = object()
-
-    def __init__(self, source: Iterator[str], *, poll_s: float = 0.05, max_queued: int = 256) -> None:
-        self._source = source
-        self._poll_s = poll_s
-        self._queue: queue.Queue[object] = queue.Queue(maxsize=max_queued)
-        self._stop = threading.Event()
-        self._thread = threading.Thread(target=self._run, name="duplex-default-reply", daemon=True)
-        self._thread.start()
-
-    def _run(self) -> None:
-        try:
-            for delta in self._source:
-                if self._stop.is_set():
-                    break
-                self._put(delta)
-        except BaseException as exc:  # handed to the consumer, which raises it
-            self._put(exc)
-        finally:
-            close = getattr(self._source, "close", None)
-            if close is not None:
-                close()
-            self._put(self._END)
-
-    def _put(self, item: object) -> None:
-        while not self._stop.is_set():
-            try:
-                self._queue.put(item, timeout=self._poll_s)
-                return
-            except queue.Full:
-                continue
-
-    def deltas(self) -> Iterator[str | None]:
-        """What arrived since the last call, delta by delta; ``None`` after ``poll_s`` of silence."""
-        try:
-            while True:
-                try:
-                    item = self._queue.get(timeout=self._poll_s)
-                except queue.Empty:
-                    yield None
-                    continue
-                if item is self._END:
-                    return
-                if isinstance(item, BaseException):
-                    raise item
-                yield item  # type: ignore[misc]
-        finally:
-            self._stop.set()
 
 
 def _history_before(history: tuple[tuple[str, str], ...], user_text: str) -> tuple[tuple[str, str], ...]:
