@@ -24,6 +24,7 @@ import pytest
 
 from duplex.plugins.base import PluginError
 from duplex.plugins.default.plugin import DefaultPlugin
+from duplex.plugins.default.pump import DeltaPump
 from duplex.plugins.default.reply import (
     EchoReply,
     OpenAIChatReply,
@@ -387,3 +388,50 @@ def test_vllm_strategy_without_vllm_installed_says_so_clearly() -> None:
         DefaultPlugin.from_options("/models/llm", reply="vllm")
     assert exc.value.code == "invalid_plugin_config"
     assert "pip install vllm" in exc.value.message
+
+
+# --- the pump that reads a blocking reply on its own thread ---
+
+
+def test_pump_yields_none_while_the_source_waits_then_its_deltas() -> None:
+    gate = threading.Event()
+
+    def source() -> Iterator[str]:
+        yield "a"
+        gate.wait(10)
+        yield "b"
+
+    stream = DeltaPump(source(), poll_s=0.01).deltas()
+    assert next(stream) == "a"
+    assert next(stream) is None  # nothing new: the consumer gets control back
+    gate.set()
+    assert [d for d in stream if d is not None] == ["b"]
+
+
+def test_pump_raises_the_source_error_from_the_consumer_side() -> None:
+    def source() -> Iterator[str]:
+        yield "a"
+        raise PluginError("response_error", "backend gone")
+
+    with pytest.raises(PluginError) as exc:
+        list(DeltaPump(source(), poll_s=0.01).deltas())
+    assert exc.value.code == "response_error"
+
+
+def test_closing_the_pump_closes_its_source_on_the_next_delta() -> None:
+    gate, closed = threading.Event(), threading.Event()
+
+    def source() -> Iterator[str]:
+        try:
+            yield "a"
+            gate.wait(10)
+            yield "b"
+            yield "never read"
+        finally:
+            closed.set()
+
+    stream = DeltaPump(source(), poll_s=0.01).deltas()
+    assert next(stream) == "a"
+    stream.close()
+    gate.set()
+    assert closed.wait(10)
