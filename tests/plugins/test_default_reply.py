@@ -3,7 +3,8 @@
 ``ChatStub`` is a small OpenAI-compatible chat server on 127.0.0.1:0 that streams
 a scripted reply token by token; the plugin and end-to-end tests use it too. The
 ``vllm`` strategy is tested against a scripted stand-in for the vllm package,
-which is not installed here (it needs a GPU).
+which is not installed here (it needs a GPU). ``DeltaPump`` is tested on plain
+generators.
 """
 
 from __future__ import annotations
