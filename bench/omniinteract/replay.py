@@ -89,6 +89,7 @@ class ReplayOptions:
     ack_step_ms: float = 200.0
     poll_s: float = 0.05
     require_response: bool = False
+    max_image_items: int = MAX_IMAGE_ITEMS
 
 
 @dataclass
@@ -356,7 +357,8 @@ async def _drive(client: DuplexClient, media: Media, opts: ReplayOptions, run: C
         drainer = tg.create_task(drain())
         acker = tg.create_task(acks())
         try:
-            await _stream(client, media, data, step, bps, transport, run, watcher, clock)
+            await _stream(client, media, data, step, bps, transport, run, watcher, clock,
+                          opts.max_image_items)
             if lane != "server_vad":
                 watcher.commit_t = clock()
                 await client.send(DuplexInputAudioBufferCommit())
@@ -384,7 +386,7 @@ async def _drive(client: DuplexClient, media: Media, opts: ReplayOptions, run: C
 
 
 async def _stream(client: DuplexClient, media: Media, data: bytes, step: int, bps: int, transport: str,
-                  run: CaseRun, watcher: _Watcher, clock: Callable[[], float]) -> None:
+                  run: CaseRun, watcher: _Watcher, clock: Callable[[], float], max_items: int) -> None:
     frames = list(media.frames)
     live: list[str] = []
     fi = 0
@@ -402,7 +404,7 @@ async def _stream(client: DuplexClient, media: Media, data: bytes, step: int, bp
         run.lags.append(max(0.0, clock() - start - offset / bps))
         if transport == "image_items":
             for jpeg in attach:
-                if len(live) >= MAX_IMAGE_ITEMS:
+                if len(live) >= max_items:
                     await client.send(ConversationItemDelete(item_id=live.pop(0)))
                 item_id = f"omniinteract_frame_{run.input_video_frames}"
                 url = "data:image/jpeg;base64," + base64.b64encode(jpeg).decode()

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import wave
 from pathlib import Path
@@ -158,3 +159,17 @@ async def test_judging_scores_the_eligible_cases(dataset_root: Path, tmp_path: P
     cache = tmp_path / "evaluation" / f"{ev['items'][0]['sample_id']}.unified_eval.json"
     cached = json.loads(cache.read_text())
     assert cached["status"] == "ok" and cached["inputs_fingerprint"]["judge_model"] == "judge-model"
+
+
+async def test_the_image_window_deletes_the_oldest_item_first(dataset_root: Path, tmp_path: Path) -> None:
+    script = Script(**MID_STREAM, supports_image_input=True)
+    async with scripted_server(script) as srv:
+        opts = _opts(srv.url, tmp_path, dataset_root)
+        opts = dataclasses.replace(opts, replay=dataclasses.replace(opts.replay, max_image_items=1))
+        await run_omniinteract(opts, progress=None)
+        received = next(iter(srv.received.values()))
+    items = [(type(c).__struct_config__.tag, getattr(c, "item_id", None) or c.item.id) for c in received
+             if type(c).__struct_config__.tag.startswith("conversation.item.")]
+    assert items == [("conversation.item.create", "omniinteract_frame_0"),
+                     ("conversation.item.delete", "omniinteract_frame_0"),
+                     ("conversation.item.create", "omniinteract_frame_1")]
