@@ -13,8 +13,12 @@ What it measures, per session count N (default 100, 500, 1000):
   to the start of the step that consumed it, p50/p99 (the engine's own histogram);
 * ``realtime``: frames stepped / frames sent (1.0 = kept up), padded frames, and how
   late the clients' own 80 ms loop ran (the event loop's headroom);
-* CPU (process, % of one core) and RSS; for the soak run, RSS sampled every 5 s and
-  the slope of a least-squares line through the second half (MB per minute).
+* CPU (process, % of one core) and RSS, each run in its own interpreter; for the soak
+  run, RSS sampled every 5 s and the slope of a least-squares line through the second
+  half (MB per minute). The soak caps each session's conversation at
+  ``--soak-conversation-items`` (default 64) items: a session's history is the one
+  thing that grows with its length, up to ``EngineConfig.max_conversation_items``
+  (1024; at this benchmark's one reply per 3.2 s that bound is reached after ~55 min).
 
 Run: ``python -m bench.engine [--sessions 100 500 1000] [--seconds 20] [--tick-ms 5]
 [--soak-seconds 600 --soak-sessions 500] [--out bench/results/engine.json]``. ``--tick-ms`` sets
@@ -30,6 +34,8 @@ import asyncio
 import json
 import os
 import platform
+import subprocess
+import sys
 import time
 from pathlib import Path
 from typing import Any
@@ -106,6 +112,7 @@ async def run_once(
     groups: int = 16,
     ack_every: int = 32,
     rss_every_s: float | None = None,
+    conversation_items: int | None = None,
 ) -> dict[str, Any]:
     import psutil
 
@@ -115,7 +122,12 @@ async def run_once(
     proc = psutil.Process()
     plugin = EchoPlugin(max_sessions=n)
     plugin.load()
-    config = EngineConfig(max_sessions=n, tick_ms=tick_ms, reaper_interval_s=5.0)
+    config = EngineConfig(
+        max_sessions=n,
+        tick_ms=tick_ms,
+        reaper_interval_s=5.0,
+        max_conversation_items=conversation_items or EngineConfig().max_conversation_items,
+    )
     loop = asyncio.get_running_loop()
     async with Engine(plugin, config) as engine:
         atts = [await engine.open() for _ in range(n)]
@@ -168,6 +180,7 @@ async def run_once(
             "slow_reader_detaches": m.slow_reader_detaches.value,
             "cpu_percent": round(100 * ((cpu1.user - cpu0.user) + (cpu1.system - cpu0.system)) / wall, 1),
             "rss_mb": round(proc.memory_info().rss / 2**20, 1),
+            "max_conversation_items": config.max_conversation_items,
         }
         if rss:
             result["rss_samples_mb"] = [(round(t, 1), round(v, 1)) for t, v in rss]
@@ -184,6 +197,15 @@ def _ms(value: float | None) -> float | None:
     return None if value is None else round(value * 1000, 3)
 
 
+def _run_in_child(n: int, seconds: float, tick: float | None, **kw: Any) -> dict[str, Any]:
+    """One run in a fresh interpreter, so its RSS and CPU are its own."""
+    spec = json.dumps({"n": n, "seconds": seconds, "tick": tick, **kw})
+    out = subprocess.run(
+        [sys.executable, "-m", "bench.engine", "--one", spec], check=True, capture_output=True, text=True
+    )
+    return json.loads(out.stdout.strip().splitlines()[-1])
+
+
 def main(argv: list[str] | None = None) -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--sessions", type=int, nargs="+", default=[100, 500, 1000])
@@ -191,18 +213,37 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--tick-ms", type=float, default=5.0, help="0 = one tick per frame period")
     parser.add_argument("--soak-seconds", type=float, default=0.0, help="RSS soak length (0: none)")
     parser.add_argument("--soak-sessions", type=int, default=0, help="soak sessions (default: largest N)")
+    parser.add_argument(
+        "--soak-conversation-items", type=int, default=64, help="conversation bound in the soak"
+    )
     parser.add_argument("--out", default="bench/results/engine.json")
+    parser.add_argument("--one", help=argparse.SUPPRESS)  # internal: one run, JSON on stdout
     args = parser.parse_args(argv)
+    if args.one:
+        spec = json.loads(args.one)
+        result = asyncio.run(
+            run_once(
+                spec["n"],
+                spec["seconds"],
+                spec["tick"],
+                rss_every_s=spec.get("rss_every_s"),
+                conversation_items=spec.get("conversation_items"),
+            )
+        )
+        print(json.dumps(result))
+        return
     tick = args.tick_ms or None
     runs = []
     for n in args.sessions:
-        result = asyncio.run(run_once(n, args.seconds, tick))
+        result = _run_in_child(n, args.seconds, tick)
         runs.append(result)
         _print(result)
     soak = None
     if args.soak_seconds:
         soak_n = args.soak_sessions or max(args.sessions)
-        soak = asyncio.run(run_once(soak_n, args.soak_seconds, tick, rss_every_s=5.0))
+        soak = _run_in_child(
+            soak_n, args.soak_seconds, tick, rss_every_s=5.0, conversation_items=args.soak_conversation_items
+        )
         _print(soak)
         print(f"soak: RSS slope over the second half {soak.get('rss_slope_mb_per_min')} MB/min")
     out = {
@@ -214,7 +255,7 @@ def main(argv: list[str] | None = None) -> None:
             "python": platform.python_version(),
             "platform": platform.platform(),
         },
-        "command": "python -m bench.engine " + " ".join(argv if argv is not None else os.sys.argv[1:]),
+        "command": "python -m bench.engine " + " ".join(argv if argv is not None else sys.argv[1:]),
         "runs": runs,
         "soak": soak,
     }

@@ -35,6 +35,10 @@ class EngineConfig(msgspec.Struct, frozen=True, kw_only=True):
         detached (slow reader) and the client resumes from the journal.
         ``journal_max_age_s`` / ``journal_max_bytes``: replay journal bounds (oldest dropped first).
 
+    Conversation
+        ``max_conversation_items``: items kept per session (oldest dropped first, counted);
+        a session's memory grows with its history until this bound, then stays flat.
+
     Frame scheduler
         ``tick_ms``: scheduler tick; ``None`` ticks once per plugin frame period. A shorter
         tick steps each session closer to the moment its frame completes, at the price of
@@ -66,6 +70,7 @@ class EngineConfig(msgspec.Struct, frozen=True, kw_only=True):
     outbox_max_events: int = 4096
     journal_max_age_s: float = 60.0
     journal_max_bytes: int = 8 * 1024 * 1024
+    max_conversation_items: int = 1024
 
     tick_ms: float | None = None
     late_tolerance_ms: float = 40.0
@@ -83,7 +88,13 @@ class EngineConfig(msgspec.Struct, frozen=True, kw_only=True):
         for name in ("disconnect_grace_s", "reaper_interval_s", "journal_max_age_s", "close_timeout_s"):
             if getattr(self, name) <= 0:
                 raise ValueError(f"{name} must be positive")
-        for name in ("max_pending_turns", "mailbox_max", "outbox_max_events", "max_pending_outputs"):
+        for name in (
+            "max_pending_turns",
+            "mailbox_max",
+            "outbox_max_events",
+            "max_pending_outputs",
+            "max_conversation_items",
+        ):
             if getattr(self, name) < 1:
                 raise ValueError(f"{name} must be >= 1")
         if self.tick_ms is not None and self.tick_ms <= 0:

@@ -253,6 +253,7 @@ class SessionManager:
             journal_max_age_s=config.journal_max_age_s,
             journal_max_bytes=config.journal_max_bytes,
             max_pending_turns=config.max_pending_turns,
+            max_conversation_items=config.max_conversation_items,
         )
         now = self.now()
         lease = Lease(

@@ -65,7 +65,7 @@ class Histogram:
     """
 
     def __init__(
-        self, name: str, help: str, buckets: Iterable[float] = LATENCY_BUCKETS_S, recent_max: int = 100_000
+        self, name: str, help: str, buckets: Iterable[float] = LATENCY_BUCKETS_S, recent_max: int = 20_000
     ) -> None:
         self.name = name
         self.help = help

@@ -132,6 +132,7 @@ class Session:
         journal_max_age_s: float,
         journal_max_bytes: int,
         max_pending_turns: int = 4,
+        max_conversation_items: int = 1024,
     ) -> None:
         self.session_id = session_id
         self.slot = slot
@@ -139,7 +140,7 @@ class Session:
         self.settings = settings
         self.epoch = 0
         self.journal: Journal[Event] = Journal(max_age_s=journal_max_age_s, max_bytes=journal_max_bytes)
-        self.conversation = Conversation()
+        self.conversation = Conversation(max_conversation_items)
         self.response: ActiveResponse | None = None
         self.recent: deque[ActiveResponse] = deque(maxlen=RECENT_RESPONSES)
         self.turn_state = TurnState.IDLE
