@@ -151,7 +151,8 @@ def _load_input(cfg: LoadConfig) -> tuple[np.ndarray, int, dict[str, Any]]:
     data = Path(cfg.input_wav).read_bytes()
     pcm, rate = read_wav(data)
     digest = hashlib.sha256(data).hexdigest()
-    info = {"path": str(cfg.input_wav), "sha256": digest, "seconds": len(pcm) / rate}
+    # The file name and digest identify the input without writing a local path into the report.
+    info = {"path": Path(cfg.input_wav).name, "sha256": digest, "seconds": len(pcm) / rate}
     return pcm, rate, info
 
 
@@ -267,7 +268,7 @@ def _row(s: _Session, cfg: LoadConfig, period: float) -> dict[str, Any]:
         invalid_frames=[{"event_index": f["event_index"], "code": f["code"]} for f in rec.invalid_frames],
         late_packets=sum(1 for p in rec.packets if p.t > cut),
         input_timeline=[
-            [round(x.planned - start, 6), round(x.started - start, 6), round(x.completed - start, 6)]
+            [round(x.planned - start, 5), round(x.started - start, 5), round(x.completed - start, 5)]
             for x in s.sends
         ],
         audio_packet_timeline=_timeline(packets, start),
@@ -348,7 +349,7 @@ async def run_load(
 def _timeline(packets: list[Any], start: float) -> list[list[Any]]:
     """``[t from stream start, samples, response ordinal]`` per valid packet (no payload, no ids)."""
     ordinal: dict[str | None, int] = {}
-    return [[round(p.t - start, 6), p.samples, ordinal.setdefault(p.response_id, len(ordinal))]
+    return [[round(p.t - start, 5), p.samples, ordinal.setdefault(p.response_id, len(ordinal))]
             for p in packets if p.code is None]
 
 

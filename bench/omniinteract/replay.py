@@ -302,12 +302,13 @@ async def replay_case(media: Media, opts: ReplayOptions, *, clock: Callable[[], 
     try:
         async with asyncio.timeout(opts.timeout_s):
             await _drive(client, media, opts, run, clock)
-    except TimeoutError:
-        run.error = f"timed out after {opts.timeout_s} s"
-    except ClientError as exc:
-        run.error = f"{exc.code}: {exc.message}"
-    except (ConnectionError, OSError) as exc:
-        run.error = f"connection failed: {exc}"
+    except (TimeoutError, ClientError, ConnectionError, OSError) as exc:
+        run.error = _describe(exc, opts.timeout_s)
+    except ExceptionGroup as group:  # from the task group of _drive: report the first failure
+        first = _leaf(group)
+        if not isinstance(first, TimeoutError | ClientError | ConnectionError | OSError):
+            raise
+        run.error = _describe(first, opts.timeout_s)
     finally:
         if client.session_id is not None:  # a refused client holds no socket
             with contextlib.suppress(Exception):
@@ -317,6 +318,20 @@ async def replay_case(media: Media, opts: ReplayOptions, *, clock: Callable[[], 
     if run.success and opts.require_response and not any(tr.audio_ms > 0 for tr in run.responses.values()):
         run.success, run.error = False, "no audio response (required)"
     return run
+
+
+def _leaf(exc: BaseException) -> BaseException:
+    while isinstance(exc, BaseExceptionGroup):
+        exc = exc.exceptions[0]
+    return exc
+
+
+def _describe(exc: BaseException, timeout_s: float) -> str:
+    if isinstance(exc, TimeoutError):
+        return f"timed out after {timeout_s} s"
+    if isinstance(exc, ClientError):
+        return f"{exc.code}: {exc.message}"
+    return f"connection failed: {exc}"
 
 
 async def _drive(client: DuplexClient, media: Media, opts: ReplayOptions, run: CaseRun,
@@ -348,41 +363,54 @@ async def _drive(client: DuplexClient, media: Media, opts: ReplayOptions, run: C
             pass
 
     async def acks() -> None:
-        while True:
-            for rid, item, played in run.playback.acks_due(clock()):
-                await client.playback_ack(rid, played, item_id=item)
-            await asyncio.sleep(opts.poll_s)
+        # The session may end under this loop (the server closed it): the watcher reports that.
+        with contextlib.suppress(ConnectionError, ClientError):
+            while not client.ended:
+                for rid, item, played in run.playback.acks_due(clock()):
+                    await client.playback_ack(rid, played, item_id=item)
+                await asyncio.sleep(opts.poll_s)
 
     async with asyncio.TaskGroup() as tg:
         drainer = tg.create_task(drain())
         acker = tg.create_task(acks())
         try:
-            await _stream(client, media, data, step, bps, transport, run, watcher, clock,
-                          opts.max_image_items)
-            if lane != "server_vad":
-                watcher.commit_t = clock()
-                await client.send(DuplexInputAudioBufferCommit())
-            run.input_end = clock()
-            while not watcher.complete(clock(), lane, opts.decision_timeout_s, opts.settle_s):
-                if watcher.failure is not None or client.ended:
-                    break
-                await asyncio.sleep(opts.poll_s)
-            if watcher.failure is None and client.ended:
-                watcher.failure = "the session ended before the case completed"
-            # Let the listener hear what was played before closing (final acks).
-            end = max([run.playback.clock_end, clock()])
-            while clock() < end and watcher.failure is None and not client.ended:
-                await asyncio.sleep(opts.poll_s)
-            for rid, item, played in run.playback.acks_due(clock()):
-                await client.playback_ack(rid, played, item_id=item)
-            run.finished = clock()
-            watcher.closing = True
-            await client.close(timeout=5.0)
+            await _finish(client, media, data, step, bps, transport, run, watcher, clock, opts, lane)
+        except (ConnectionError, ClientError):
+            if not client.ended:
+                raise
         finally:
+            if watcher.failure is None and client.ended and not watcher.closing:
+                watcher.failure = "the session ended before the case completed"
             acker.cancel()
             drainer.cancel()
     if watcher.failure is not None:
         run.error = watcher.failure
+
+
+async def _finish(client: DuplexClient, media: Media, data: bytes, step: int, bps: int, transport: str,
+                  run: CaseRun, watcher: _Watcher, clock: Callable[[], float], opts: ReplayOptions,
+                  lane: str) -> None:
+    """Stream, end the input, wait for completion, let playback finish, close (module docstring)."""
+    await _stream(client, media, data, step, bps, transport, run, watcher, clock, opts.max_image_items)
+    if client.ended or watcher.failure is not None:
+        return
+    if lane != "server_vad":
+        watcher.commit_t = clock()
+        await client.send(DuplexInputAudioBufferCommit())
+    run.input_end = clock()
+    while not watcher.complete(clock(), lane, opts.decision_timeout_s, opts.settle_s):
+        if watcher.failure is not None or client.ended:
+            return
+        await asyncio.sleep(opts.poll_s)
+    # Let the listener hear what was played before closing (final acks).
+    end = max(run.playback.clock_end, clock())
+    while clock() < end and watcher.failure is None and not client.ended:
+        await asyncio.sleep(opts.poll_s)
+    for rid, item, played in run.playback.acks_due(clock()):
+        await client.playback_ack(rid, played, item_id=item)
+    run.finished = clock()
+    watcher.closing = True
+    await client.close(timeout=5.0)
 
 
 async def _stream(client: DuplexClient, media: Media, data: bytes, step: int, bps: int, transport: str,

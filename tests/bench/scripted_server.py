@@ -13,6 +13,7 @@ and plays a ``Script`` instead of running a model, so the tests know exactly wha
   audio in ``reply_packets`` deltas, done), unless ``listen_only`` (then ``response.listen``).
   With ``reply_after_appends`` the response comes after that many appends instead, mid-stream,
   and the commit is answered with ``response.listen``.
+* ``drop_after_appends``: the socket is closed (1011, no ``session.closed``) after that many appends.
 * admission: beyond ``max_sessions`` concurrent sessions the handshake answers
   ``error{code: resource_exhausted}`` and closes.
 * ``conversation.item.create`` / ``delete`` are answered with ``conversation.item.created`` /
@@ -87,6 +88,7 @@ class Script:
     reply_text: str = "four"
     listen_only: bool = False
     reply_after_appends: int | None = None  # turn lane: answer after this many appends, not on commit
+    drop_after_appends: int | None = None  # close the socket (no session.closed) after this many appends
     optional_input_modalities: tuple[str, ...] = ()
     required_input_modalities: tuple[str, ...] = ("audio",)
     supports_image_input: bool = False
@@ -183,6 +185,9 @@ class ScriptedServer:
             now = loop.time()
             if kind == "input_audio_buffer.append":
                 self._on_append(conn, cmd, now)
+                if self.script.drop_after_appends == conn.appends:
+                    await conn.ws.close(1011, "scripted drop")
+                    return
             elif kind == "input_audio_buffer.commit":
                 self._on_commit(conn, now)
             elif kind == "conversation.item.create":

@@ -110,3 +110,11 @@ def test_the_grid_restarts_after_a_stall_without_a_catch_up_burst() -> None:
     grid.sent(2, 0.60)  # a stall: the next frame goes one period after it, not at once
     assert grid.slot(3) == pytest.approx(0.68) and grid.slot(4) == pytest.approx(0.76)
     assert grid.planned(3) == pytest.approx(0.24)  # lateness stays measured on the original grid
+
+
+async def test_a_dropped_connection_is_a_failed_session_not_a_crash() -> None:
+    async with scripted_server(Script(drop_after_appends=3)) as srv:
+        result = await run_load(_cfg(srv.url, sessions=1), progress=None)
+    row = result.sessions[0]
+    assert not result.ok and row["failure"] == "session_ended"
+    assert row["metrics"]["input_frames"] < 6  # the stream stopped when the socket closed

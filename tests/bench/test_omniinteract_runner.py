@@ -173,3 +173,13 @@ async def test_the_image_window_deletes_the_oldest_item_first(dataset_root: Path
     assert items == [("conversation.item.create", "omniinteract_frame_0"),
                      ("conversation.item.delete", "omniinteract_frame_0"),
                      ("conversation.item.create", "omniinteract_frame_1")]
+
+
+async def test_a_dropped_connection_fails_the_case_and_the_run_goes_on(
+    dataset_root: Path, tmp_path: Path
+) -> None:
+    async with scripted_server(Script(**MID_STREAM, drop_after_appends=4)) as srv:
+        batch = await run_omniinteract(_opts(srv.url, tmp_path, dataset_root), progress=None)
+    result = batch["results"][0]
+    assert batch["failed"] == 1 and not result["success"]
+    assert result["error"] == "the session ended before the case completed"
