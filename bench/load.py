@@ -263,6 +263,7 @@ def _row(s: _Session, cfg: LoadConfig, period: float) -> dict[str, Any]:
     start = s.sends[0].started if s.sends else 0.0
     row.update(
         session_id=client.session_id,
+        output_rate=rec.output_rate,
         metrics=m,
         protocol_errors=[{"code": e["code"], "message": e["message"]} for e in rec.errors],
         invalid_frames=[{"event_index": f["event_index"], "code": f["code"]} for f in rec.invalid_frames],

@@ -2,9 +2,10 @@
 
 * ``latency_cdf(report, path)``: empirical CDFs of first audio after stream start (one sample per
   session), audio packet intervals and send lateness (pooled over sessions), in milliseconds.
-* ``tick_timeline(report, path)``: per session, every audio packet's interval (to the previous
-  packet of the same response) against its arrival time on the stream clock (stalls stand out as
-  spikes), and below it the send lateness of every input frame against its planned slot.
+* ``tick_timeline(report, path)``: per session on the stream clock, every audio packet as a bar
+  from its arrival spanning its audio length (gaps in the bars are what a listener hears as
+  silence), every packet's interval to the previous packet of the same response (stalls stand out
+  as spikes), and the send lateness of every input frame against its planned slot.
 
 Both read the JSON report of ``bench.load`` (the dict, not the file), so a saved
 ``load-result.json`` can be re-plotted later.
@@ -70,8 +71,17 @@ def latency_cdf(report: dict[str, Any], path: str | Path) -> Path:
 def tick_timeline(report: dict[str, Any], path: str | Path) -> Path:
     """Draw the per-session packet timeline and send lateness of ``report`` into ``path`` (PNG)."""
     rows = [r for r in report["sessions"] if r.get("metrics")][:MAX_TIMELINE_SESSIONS]
-    fig, (top, bottom) = plt.subplots(2, 1, figsize=(8, 5.5), sharex=True,
-                                      gridspec_kw={"height_ratios": [3, 1.3]})
+    fig, (raster, top, bottom) = plt.subplots(3, 1, figsize=(8, 7.5), sharex=True,
+                                              gridspec_kw={"height_ratios": [1.6, 3, 1.3]})
+    for row, r in enumerate(rows):
+        rate = r.get("output_rate") or 24000
+        spans = [(t, n / rate) for t, n, _ in r["audio_packet_timeline"]]
+        raster.broken_barh(spans, (row - 0.4, 0.8), facecolors=f"C{row % 10}", edgecolors="white",
+                           linewidth=0.4)
+    raster.set_yticks(range(len(rows)), [str(r["index"]) for r in rows], fontsize=7)
+    raster.set_ylabel("session")
+    raster.set_title("Audio packets: arrival and audio length (bars), interval to the previous packet "
+                     "of the same response, send lateness", fontsize=9)
     for r in rows:
         last: dict[int, float] = {}
         times: list[float] = []
@@ -92,7 +102,6 @@ def tick_timeline(report: dict[str, Any], path: str | Path) -> Path:
         bottom.plot(planned, late, linewidth=0.6)
     top.axhline(report["frame_period_s"] * 1000.0, color="grey", linestyle=":", label="frame period")
     top.set_ylabel("packet interval (ms)")
-    top.set_title("Audio packet arrivals (stream clock)")
     top.grid(True, alpha=0.3)
     if len(rows) <= 8:
         top.legend(fontsize=7, loc="upper right")
