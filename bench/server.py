@@ -73,7 +73,12 @@ class _BareDelta(msgspec.Struct, kw_only=True):
 
 async def _bare_server(port: int) -> None:
     """Decode each append (JSON + base64) and answer with a same-size GA audio delta."""
+    import logging
+
     import websockets
+
+    # The readiness probe is a bare TCP connect: not a failed handshake worth a traceback.
+    logging.getLogger("websockets").setLevel(logging.CRITICAL)
 
     decoder = msgspec.json.Decoder()
     encoder = msgspec.json.Encoder()
@@ -439,7 +444,7 @@ def _table(rows: list[dict[str, Any]], columns: list[str]) -> str:
 
 def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
-    ap.add_argument("--sessions", type=int, nargs="+", default=[50, 100, 200, 300, 500])
+    ap.add_argument("--sessions", type=int, nargs="+", default=[50, 100, 150, 200, 250, 300, 400, 500])
     ap.add_argument("--variants", nargs="+", default=list(VARIANTS))
     ap.add_argument("--seconds", type=float, default=10.0, help="measurement window per run")
     ap.add_argument("--warmup", type=float, default=3.0)
