@@ -33,6 +33,11 @@ def _connection(p: argparse.ArgumentParser) -> None:
     p.add_argument("--msgpack", action="store_true", help="use the duplex.msgpack.v1 subprotocol")
 
 
+def _preset(p: argparse.ArgumentParser) -> None:
+    p.add_argument("--preset", help="open sessions with this client preset (default, minicpmo_4_5, "
+                                    "personaplex, nemotron_voicechat); default: the server's session")
+
+
 def add_bench_subcommands(subparsers: Any) -> argparse.ArgumentParser:
     """Add ``bench`` with ``load``, ``latency`` and ``omniinteract`` to an argparse subparsers object."""
     bench = subparsers.add_parser("bench", help="benchmarks: paced load, latency suite, OmniInteract")
@@ -40,6 +45,7 @@ def add_bench_subcommands(subparsers: Any) -> argparse.ArgumentParser:
 
     load = sub.add_parser("load", help="N real-time sessions from a WAV, paced, strictly validated")
     _connection(load)
+    _preset(load)
     load.add_argument("--sessions", type=int, default=1, help="concurrent sessions (default 1)")
     load.add_argument("--input-wav", help="input WAV (any rate; never looped). Default: 10 s of tone bursts")
     load.add_argument("--frame-ms", type=int,
@@ -59,6 +65,7 @@ def add_bench_subcommands(subparsers: Any) -> argparse.ArgumentParser:
 
     lat = sub.add_parser("latency", help="end of speech -> audio, barge-in -> cancelled, resume round trip")
     _connection(lat)
+    _preset(lat)
     lat.add_argument("--repeats", type=int, default=5)
     lat.add_argument("--input-wav", help="the user's utterance (default: spoken --text, or a tone burst)")
     lat.add_argument("--text", default="What time is it in Paris?")
@@ -138,7 +145,7 @@ def _cmd_load(args: argparse.Namespace) -> int:
         max_frames=args.max_frames, drain_s=args.drain_s, open_timeout_s=args.open_timeout_s,
         cleanup_timeout_s=args.cleanup_timeout_s, model=args.model, api_key=args.api_key,
         msgpack=args.msgpack,
-        max_frame_deficit=args.max_frame_deficit, require_audio=not args.allow_silent,
+        max_frame_deficit=args.max_frame_deficit, require_audio=not args.allow_silent, preset=args.preset,
     )
     result = asyncio.run(run_load(cfg, progress=_progress(args)))
     report = result.to_json()
@@ -209,7 +216,7 @@ def _cmd_latency(args: argparse.Namespace) -> int:
         url=args.url, model=args.model, api_key=args.api_key, msgpack=args.msgpack, repeats=args.repeats,
         input_wav=args.input_wav, text=args.text, chunk_ms=args.chunk_ms, silence_s=args.silence_s,
         answer_timeout_s=args.answer_timeout_s, barge_after_ms=args.barge_after_ms,
-        scenarios=tuple(args.scenarios),
+        scenarios=tuple(args.scenarios), preset=args.preset,
     )
     report = asyncio.run(run_latency(cfg, progress=_progress(args)))
     report["machine"] = machine()
@@ -291,7 +298,7 @@ def run_bench(args: argparse.Namespace) -> int:
     except UsageError as exc:
         print(f"duplex bench: {exc}", file=sys.stderr)
         return 2
-    except (ValueError, FileNotFoundError) as exc:
+    except (ValueError, FileNotFoundError, KeyError) as exc:
         print(f"duplex bench: {exc}", file=sys.stderr)
         return 2
 

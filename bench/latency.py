@@ -35,7 +35,7 @@ from typing import Any, TextIO
 import numpy as np
 
 from bench.speech import last_voiced_sample, utterance
-from clients import ClientError, DuplexClient, event_type
+from clients import ClientError, DuplexClient, create_duplex_session_config, event_type
 from duplex.protocol.audio import encode_audio, read_wav, resample
 
 __all__ = ["ORIGINS", "LatencyConfig", "figure", "run_latency"]
@@ -75,6 +75,7 @@ class LatencyConfig:
     answer_timeout_s: float = 15.0
     barge_after_ms: float = 300.0
     scenarios: tuple[str, ...] = ("eos", "barge_in", "resume")
+    preset: str | None = None  # a clients.presets name: open sessions with that config
 
 
 def figure(name: str, samples: list[float], missed: int = 0, *, clip: bool = False,
@@ -157,8 +158,9 @@ class _Streamer:
 
 
 async def _open(cfg: LatencyConfig, clock: Callable[[], float], **kw: Any) -> DuplexClient:
+    session = create_duplex_session_config(cfg.preset).session if cfg.preset else None
     client = DuplexClient(cfg.url, model=cfg.model, api_key=cfg.api_key, msgpack=cfg.msgpack, clock=clock,
-                          **kw)
+                          session=session, **kw)
     await client.open()
     return client
 

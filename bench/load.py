@@ -42,7 +42,7 @@ import numpy as np
 from bench.load_metrics import DEFINITIONS, Send, pooled_metrics, response_intervals_ms, session_metrics
 from bench.progress import Progress
 from bench.recording import FrameRecorder, RecordingClient
-from clients import ClientError
+from clients import ClientError, create_duplex_session_config
 from duplex.protocol import AudioFormat, DuplexInputAudioBufferAppend
 from duplex.protocol.audio import encode_audio, read_wav, resample
 
@@ -72,6 +72,7 @@ class LoadConfig:
     max_frame_deficit: int | None = None
     require_audio: bool = True
     synthetic_s: float = 10.0  # input length when no WAV is given
+    preset: str | None = None  # a clients.presets name: open sessions with that config
 
 
 @dataclass
@@ -166,9 +167,10 @@ def _frames(pcm: np.ndarray, fmt: AudioFormat, frame_s: float, max_frames: int) 
 
 
 async def _admit(cfg: LoadConfig, s: _Session, clock: Callable[[], float]) -> None:
+    session = create_duplex_session_config(cfg.preset).session if cfg.preset else None
     client = RecordingClient(
         cfg.url, model=cfg.model, api_key=cfg.api_key, msgpack=cfg.msgpack, resume=False,
-        open_timeout_s=cfg.open_timeout_s, clock=clock,
+        open_timeout_s=cfg.open_timeout_s, clock=clock, session=session,
     )
     try:
         async with asyncio.timeout(cfg.open_timeout_s):

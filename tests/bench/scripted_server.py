@@ -151,9 +151,7 @@ class ScriptedServer:
 
     async def _handle(self, ws: ServerConnection) -> None:
         path = ws.request.path if ws.request is not None else ""
-        if "autostart=0" in path:
-            first = decode(await ws.recv(), Mode.GA)
-            del first
+        first = decode(await ws.recv(), Mode.GA) if "autostart=0" in path else None
         if self.script.max_sessions is not None and self.active >= self.script.max_sessions:
             self.rejected += 1
             err = ErrorDetail(type="server_error", code="resource_exhausted", message="no free session")
@@ -162,6 +160,8 @@ class ScriptedServer:
             return
         self.active += 1
         conn = _Conn(new_session_id(), ws, self.script)
+        if first is not None:
+            conn.received.append(first)
         self.received[conn.session_id] = conn.received
         try:
             await ws.send(encode(DuplexSessionCreated(event_id=new_event_id(), session=self._session(

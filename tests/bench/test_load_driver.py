@@ -5,6 +5,7 @@ from __future__ import annotations
 import pytest
 
 from bench.load import LoadConfig, PacingGrid, redact_url, run_load
+from bench.progress import Progress
 from tests.bench.scripted_server import Script, scripted_server
 
 
@@ -118,3 +119,18 @@ async def test_a_dropped_connection_is_a_failed_session_not_a_crash() -> None:
     row = result.sessions[0]
     assert not result.ok and row["failure"] == "session_ended"
     assert row["metrics"]["input_frames"] < 6  # the stream stopped when the socket closed
+
+
+async def test_a_preset_opens_the_sessions_with_its_config() -> None:
+    async with scripted_server(Script()) as srv:
+        result = await run_load(_cfg(srv.url, sessions=1, preset="personaplex"), progress=None)
+        (received,) = srv.received.values()
+    assert result.ok
+    assert type(received[0]).__struct_config__.tag == "session.update"
+    assert received[0].session.audio.input.format.type == "audio/pcm_f32le"
+
+
+def test_the_progress_line() -> None:
+    bar = Progress("load", total=10.0, width=10)
+    assert bar.render(3.0, "3 sessions") == "load [###.......]    3.0/10.0 s  3 sessions"
+    assert bar.render(99.0) == "load [##########]   10.0/10.0 s"
