@@ -134,3 +134,11 @@ def test_the_progress_line() -> None:
     bar = Progress("load", total=10.0, width=10)
     assert bar.render(3.0, "3 sessions") == "load [###.......]    3.0/10.0 s  3 sessions"
     assert bar.render(99.0) == "load [##########]   10.0/10.0 s"
+
+
+async def test_the_frame_period_can_be_a_longer_unit() -> None:
+    async with scripted_server(Script()) as srv:
+        result = await run_load(_cfg(srv.url, sessions=1, frame_ms=200), progress=None)
+    m = result.sessions[0]["metrics"]
+    assert result.frame_period_s == 0.2
+    assert m["input_frames"] == 5 and m["output_frames"] == 5 and m["frame_deficit"] == 0
