@@ -61,7 +61,7 @@ from duplex.protocol import (
     ServerVad,
     parse_format,
 )
-from duplex.protocol.audio import encode_audio, pcm16_decode, resample
+from duplex.protocol.audio import decode_audio, encode_audio, pcm16_decode, resample
 
 __all__ = ["MAX_IMAGE_ITEMS", "CaseRun", "ReplayOptions", "replay_case", "select_frame_transport"]
 
@@ -238,7 +238,7 @@ class _Watcher:
                 fmt = parse_format(ev.format, getattr(ev, "sample_rate_hz", None))
         audio = bytes(ev.delta)
         if fmt.encoding != "pcm16":  # keep one sample format on the playback clock
-            audio = encode_audio(_decode(audio, fmt), AudioFormat("pcm16", fmt.rate))
+            audio = encode_audio(decode_audio(audio, fmt), AudioFormat("pcm16", fmt.rate))
         tr = self.run.responses.get(ev.response_id)
         if tr is None:  # audio without response.created: keep it, under its own id
             tr = self.run.responses[ev.response_id] = ResponseTrace(ev.response_id, t)
@@ -275,12 +275,6 @@ class _Watcher:
             self.decision = True
             self.run.warnings.append("no post-commit decision (response or listen) arrived")
         return True
-
-
-def _decode(data: bytes, fmt: AudioFormat) -> np.ndarray:
-    from duplex.protocol.audio import decode_audio
-
-    return decode_audio(data, fmt)
 
 
 def _input_bytes(media: Media, fmt: AudioFormat, tail_s: float) -> bytes:

@@ -22,7 +22,7 @@ import contextlib
 import fcntl
 import sys
 from collections.abc import Iterator
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, TextIO
 
@@ -54,7 +54,6 @@ class RunOptions:
     max_concurrency: int = 1
     max_video_duration_s: float = 3600.0
     judge: Any = None  # bench.omniinteract.judge.JudgeOptions
-    warnings: list[str] = field(default_factory=list)
 
 
 def select_cases(opts: RunOptions) -> tuple[list[Case], list[str]]:

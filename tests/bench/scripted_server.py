@@ -16,6 +16,7 @@ and plays a ``Script`` instead of running a model, so the tests know exactly wha
 * ``drop_after_appends``: the socket is closed (1011, no ``session.closed``) after that many appends.
 * admission: beyond ``max_sessions`` concurrent sessions the handshake answers
   ``error{code: resource_exhausted}`` and closes.
+* ``session.update`` is answered with ``session.updated`` (the session as created).
 * ``conversation.item.create`` / ``delete`` are answered with ``conversation.item.created`` /
   ``deleted``; ``playback.ack`` with ``playback.acknowledged``; ``session.close`` with
   ``session.closed{reason: client_close}``.
@@ -46,6 +47,7 @@ from duplex.protocol import (
     DuplexResponseOutputAudioDelta,
     DuplexSession,
     DuplexSessionCreated,
+    DuplexSessionUpdated,
     ErrorDetail,
     ErrorEvent,
     InputAudioBufferCommitted,
@@ -88,6 +90,7 @@ class Script:
     reply_text: str = "four"
     listen_only: bool = False
     reply_after_appends: int | None = None  # turn lane: answer after this many appends, not on commit
+    server_vad: bool = False  # advertise server VAD instead of model-native turns
     drop_after_appends: int | None = None  # close the socket (no session.closed) after this many appends
     optional_input_modalities: tuple[str, ...] = ()
     required_input_modalities: tuple[str, ...] = ("audio",)
@@ -139,7 +142,8 @@ class ScriptedServer:
         caps = SessionCapabilities(
             kind=s.kind, chunk_period_ms=s.chunk_period_ms, input_sample_rate=s.input_rate,
             output_sample_rate=s.output_rate, supports_image_input=s.supports_image_input,
-            supports_playback_ack=True, supports_client_commit=True,
+            supports_playback_ack=True, supports_client_commit=True, supports_server_vad=s.server_vad,
+            supports_model_native_turn_policy=not s.server_vad,
             required_input_modalities=list(s.required_input_modalities),
             optional_input_modalities=list(s.optional_input_modalities),
         )
@@ -188,6 +192,9 @@ class ScriptedServer:
                 if self.script.drop_after_appends == conn.appends:
                     await conn.ws.close(1011, "scripted drop")
                     return
+            elif kind == "session.update":
+                session = self._session(conn.session_id)
+                await conn.out.put((now, DuplexSessionUpdated(event_id=new_event_id(), session=session)))
             elif kind == "input_audio_buffer.commit":
                 self._on_commit(conn, now)
             elif kind == "conversation.item.create":

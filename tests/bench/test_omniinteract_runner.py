@@ -183,3 +183,18 @@ async def test_a_dropped_connection_fails_the_case_and_the_run_goes_on(
     result = batch["results"][0]
     assert batch["failed"] == 1 and not result["success"]
     assert result["error"] == "the session ended before the case completed"
+
+
+async def test_a_server_vad_model_gets_a_silent_tail_instead_of_a_commit(
+    dataset_root: Path, tmp_path: Path
+) -> None:
+    async with scripted_server(Script(**MID_STREAM, server_vad=True)) as srv:
+        batch = await run_omniinteract(_opts(srv.url, tmp_path, dataset_root), progress=None)
+        received = next(iter(srv.received.values()))
+    result = batch["results"][0]
+    assert result["success"] and result["turn_detection"] == "server_vad"
+    kinds = [type(c).__struct_config__.tag for c in received]
+    assert "input_audio_buffer.commit" not in kinds
+    update = [c for c in received if type(c).__struct_config__.tag == "session.update"][-1]
+    assert type(update.session.audio.input.turn_detection).__struct_config__.tag == "server_vad"
+    assert kinds.count("input_audio_buffer.append") == 10 + 8  # 2 s of video + 1.5 s of silence
