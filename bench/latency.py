@@ -106,13 +106,19 @@ class _Probe:
         self.events.append((self.clock(), event_type(ev), ev))
         self.changed.set()
 
-    async def until(self, pred: Callable[[], Any], timeout_s: float) -> Any:
-        """Wait (up to ``timeout_s``) until ``pred()`` is truthy; returns it, or None on timeout."""
+    async def until(self, pred: Callable[[], Any], timeout_s: float, poll_s: float = 0.01) -> Any:
+        """Wait (up to ``timeout_s``) until ``pred()`` is truthy; returns it, or None on timeout.
+
+        Re-checks on every event and at least every ``poll_s`` (a predicate may depend on the
+        sender's progress, not only on events).
+        """
         with contextlib.suppress(TimeoutError):
             async with asyncio.timeout(timeout_s):
                 while not (value := pred()):
                     self.changed.clear()
-                    await self.changed.wait()
+                    with contextlib.suppress(TimeoutError):
+                        async with asyncio.timeout(poll_s):
+                            await self.changed.wait()
                 return value
         return None
 

@@ -91,6 +91,7 @@ class Script:
     listen_only: bool = False
     reply_after_appends: int | None = None  # turn lane: answer after this many appends, not on commit
     server_vad: bool = False  # advertise server VAD instead of model-native turns
+    native: bool | None = None  # model-native turns (default: when not server_vad)
     drop_after_appends: int | None = None  # close the socket (no session.closed) after this many appends
     optional_input_modalities: tuple[str, ...] = ()
     required_input_modalities: tuple[str, ...] = ("audio",)
@@ -143,7 +144,7 @@ class ScriptedServer:
             kind=s.kind, chunk_period_ms=s.chunk_period_ms, input_sample_rate=s.input_rate,
             output_sample_rate=s.output_rate, supports_image_input=s.supports_image_input,
             supports_playback_ack=True, supports_client_commit=True, supports_server_vad=s.server_vad,
-            supports_model_native_turn_policy=not s.server_vad,
+            supports_model_native_turn_policy=(not s.server_vad) if s.native is None else s.native,
             required_input_modalities=list(s.required_input_modalities),
             optional_input_modalities=list(s.optional_input_modalities),
         )
