@@ -11,7 +11,8 @@ import httpx
 import pytest
 
 from bench.omniinteract.artifacts import TIMESTAMP_SEMANTICS
-from bench.omniinteract.judge import JudgeOptions
+from bench.omniinteract.dataset import discover
+from bench.omniinteract.judge import JudgeOptions, evaluate_run
 from bench.omniinteract.replay import ReplayOptions, select_frame_transport
 from bench.omniinteract.runner import RunnerError, RunOptions, run_omniinteract
 from duplex.protocol import SessionCapabilities
@@ -159,6 +160,15 @@ async def test_judging_scores_the_eligible_cases(dataset_root: Path, tmp_path: P
     cache = tmp_path / "evaluation" / f"{ev['items'][0]['sample_id']}.unified_eval.json"
     cached = json.loads(cache.read_text())
     assert cached["status"] == "ok" and cached["inputs_fingerprint"]["judge_model"] == "judge-model"
+    # a second evaluation with skip_existing reuses the cache (same fingerprint): no new judge call
+    again = await evaluate_run(tmp_path, discover(dataset_root, ["1q1a_math"]), batch["results"],
+                               dataclasses.replace(judge, skip_existing=True), progress=None)
+    assert again["skipped"] == 1 and again["evaluated"] == 1 and len(asked) == 1
+    assert again["summary"]["global"] == ev["summary"]["global"]
+    # a different judge model changes the fingerprint: the case is judged again
+    await evaluate_run(tmp_path, discover(dataset_root, ["1q1a_math"]), batch["results"],
+                       dataclasses.replace(judge, skip_existing=True, model="other"), progress=None)
+    assert len(asked) == 2
 
 
 async def test_the_image_window_deletes_the_oldest_item_first(dataset_root: Path, tmp_path: Path) -> None:
