@@ -208,3 +208,17 @@ async def test_a_server_vad_model_gets_a_silent_tail_instead_of_a_commit(
     update = [c for c in received if type(c).__struct_config__.tag == "session.update"][-1]
     assert type(update.session.audio.input.turn_detection).__struct_config__.tag == "server_vad"
     assert kinds.count("input_audio_buffer.append") == 10 + 8  # 2 s of video + 1.5 s of silence
+
+
+async def test_an_unparseable_judge_reply_fails_the_case_instead_of_scoring_zero(
+    dataset_root: Path, tmp_path: Path
+) -> None:
+    def answer(request: httpx.Request) -> httpx.Response:
+        return httpx.Response(200, json={"choices": [{"message": {"content": "I think it is fine."}}]})
+
+    judge = JudgeOptions(base_url="http://judge", model="m", transport=httpx.MockTransport(answer))
+    async with scripted_server(Script(**{**MID_STREAM, "reply_after_appends": 6})) as srv:
+        batch = await run_omniinteract(_opts(srv.url, tmp_path, dataset_root, judge=judge), progress=None)
+    ev = batch["evaluation"]
+    assert (ev["status"], ev["evaluated"], ev["failed"]) == ("failed", 0, 1)
+    assert ev["items"][0]["status"] == "parse_failed" and ev["items"][0]["parse_source"] == "llm_parse_failed"
