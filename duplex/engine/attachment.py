@@ -113,5 +113,8 @@ class Attachment:
         self._record.ack(self, seq)
 
     async def detach(self) -> None:
-        """The transport is gone. Idempotent; a stale attachment's detach changes nothing."""
+        """The transport is gone. Idempotent; a stale attachment's detach changes nothing.
+
+        Cancel-safe: it never suspends (async only so transports can await it uniformly).
+        """
         self._record.detach(self)

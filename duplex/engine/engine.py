@@ -151,6 +151,7 @@ class Engine:
         ``session.replaced``. A journal gap gives an attachment that only carries
         ``session.resync_required``. Raises ``SessionError``: ``session_resume_expired``,
         ``unsupported_session_resume``, ``invalid_resume_token``, ``session_resume_conflict``.
+        Cancel-safe: it never suspends, so it either happened entirely or not at all.
         """
         return await self.manager.resume(session_id, resume_token, last_event_seq)
 
