@@ -57,6 +57,10 @@ class ServerConfig(msgspec.Struct, frozen=True, kw_only=True, forbid_unknown_fie
     # Soft limit on one client event: above it the event is refused with ``event_too_large`` and
     # the session keeps working. Must be below ``max_frame_bytes``.
     max_message_bytes: int = 15 * MIB
+    # Client messages per second a socket may send (token bucket of ``max_message_burst``);
+    # beyond it each message is refused with ``input_backpressure``. 0 disables the limit.
+    max_messages_per_s: float = 500.0
+    max_message_burst: int = 1000
     # Bound of the per-socket send queue, in events. When a client reads too slowly and the
     # queue fills, the socket is detached (closed with 1013) and the client resumes from the journal.
     send_queue_max_events: int = 512

@@ -43,6 +43,7 @@ from duplex.protocol.realtime.commands import SessionUpdate
 from duplex.server.app import AppState
 from duplex.server.auth import api_key_ok, origin_ok, presented_api_key
 from duplex.server.handshake import HandshakePlan, HandshakeRefusal, OpenHow, plan_handshake
+from duplex.server.ratelimit import TokenBucket
 
 __all__ = ["CloseCode", "realtime_endpoint"]
 
@@ -124,6 +125,7 @@ class _Connection:
         self._att: Any = None
         self._writer: asyncio.Task[None] | None = None
         self._stalled = False
+        self._bucket = TokenBucket(self.cfg.max_messages_per_s, self.cfg.max_message_burst)
 
     # -- sending ---------------------------------------------------------------------------
 
@@ -284,6 +286,14 @@ class _Connection:
             data = await self._receive()
             if data is None:
                 return
+            if not self._bucket.allow(self._loop_time()):
+                await self._send_error(
+                    ProtocolError(
+                        "input_backpressure",
+                        f"more than {self.cfg.max_messages_per_s:g} messages per second; message dropped",
+                    )
+                )
+                continue
             try:
                 cmd = self._decode(data)
             except ProtocolError as err:
