@@ -49,3 +49,15 @@ async def test_browser_origin_outside_the_allow_list_is_refused():
         assert exc.value.response.status_code == 403
         async with websockets.connect(srv.url + "?model=m", origin="https://app.example", proxy=None) as ws:
             assert '"session.created"' in await ws.recv()
+
+
+async def test_duplex_client_presents_its_api_key():
+    from clients import ClientError, DuplexClient
+
+    async with running_server(ServerConfig(api_keys=("sk-1",))) as srv:
+        with pytest.raises(ClientError) as exc:
+            await DuplexClient(srv.url, model="m").open()
+        assert exc.value.code == "invalid_api_key"
+        client = DuplexClient(srv.url, model="m", api_key="sk-1")
+        async with client:
+            assert client.session.model == "echo"

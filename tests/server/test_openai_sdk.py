@@ -188,3 +188,17 @@ async def test_sdk_resumes_through_its_reconnect_hook_after_1012(srv):
         assert (ack.type, ack.model_extra["server_event_seq"]) == ("session.heartbeat_ack", seq_before + 1)
     assert [e.close_code for e in reconnects] == [1012]
     assert [s for _, s in seen if s is not None] == list(range(1, seq_before + 2))  # no loss, no repeat
+
+
+async def test_sync_sdk_client_works_too(srv):
+    from openai import OpenAI
+
+    def run() -> list[str]:
+        client = OpenAI(api_key="sk-local", websocket_base_url=f"ws://127.0.0.1:{srv.port}/v1")
+        with client.realtime.connect(model="gpt-realtime") as conn:
+            types = [conn.recv().type]
+            conn.send({"type": "session.heartbeat"})
+            types.append(json.loads(conn.recv_bytes())["type"])
+            return types
+
+    assert await asyncio.to_thread(run) == ["session.created", "session.heartbeat_ack"]
