@@ -240,6 +240,18 @@ class Plugin(ABC):
     def __exit__(self, *exc: object) -> None:
         self.close()
 
+    def _check_slot_index(self, slot: int, max_sessions: int, code: str = "invalid_slot") -> None:
+        """Raise ``PluginError(code)`` unless ``0 <= slot < max_sessions``.
+
+        For subclasses, at the top of every method that takes a slot index. The
+        engine only hands out slots below ``capabilities().max_sessions``, so an
+        index outside that range is a caller's bug; checking it first keeps the
+        per-slot arrays from being indexed out of range (or, for a negative
+        index, from the end) and gives every plugin the same error for it.
+        """
+        if not 0 <= slot < max_sessions:
+            raise PluginError(code, f"{self.name}: slot {slot} is outside 0..{max_sessions - 1}")
+
     @abstractmethod
     def open_slot(self, slot: int, options: SlotOptions) -> None:
         """Reset ``slot``'s state for a new session (prompt phases start here).

@@ -98,8 +98,7 @@ class EchoPlugin(Plugin):
     def _check_slot(self, slot: int) -> None:
         if not self._loaded:
             raise PluginError("plugin_not_loaded", "echo: load() was not called")
-        if not 0 <= slot < self.max_sessions:
-            raise PluginError("invalid_slot", f"echo: slot {slot} outside 0..{self.max_sessions - 1}")
+        self._check_slot_index(slot, self.max_sessions)
 
     def _reset(self, slot: int) -> None:
         self._delay[slot] = 0.0

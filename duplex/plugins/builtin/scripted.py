@@ -105,20 +105,14 @@ class ScriptedUnitPlugin(Plugin):
         self._epoch = [0] * self.max_sessions
         self._open = [False] * self.max_sessions
 
-    def _check(self, slot: int) -> None:
-        if not 0 <= slot < self.max_sessions:
-            raise PluginError(
-                "invalid_slot", f"scripted-unit: slot {slot} outside 0..{self.max_sessions - 1}"
-            )
-
     def open_slot(self, slot: int, options: SlotOptions) -> None:
-        self._check(slot)
+        self._check_slot_index(slot, self.max_sessions)
         self._pos[slot] = 0
         self._epoch[slot] = 0
         self._open[slot] = True
 
     def cancel_slot(self, slot: int, epoch: int) -> None:
-        self._check(slot)
+        self._check_slot_index(slot, self.max_sessions)
         self._epoch[slot] = epoch
         # Skip the rest of the reply in progress.
         for _ in range(len(self.steps)):
@@ -127,13 +121,13 @@ class ScriptedUnitPlugin(Plugin):
             self._pos[slot] += 1
 
     def close_slot(self, slot: int) -> None:
-        self._check(slot)
+        self._check_slot_index(slot, self.max_sessions)
         self._open[slot] = False
 
     def step(self, batch: Sequence[SlotInput]) -> Sequence[SlotOutput]:
         outputs = []
         for item in batch:
-            self._check(item.slot)
+            self._check_slot_index(item.slot, self.max_sessions)
             assert item.pcm.shape == (self.INPUT_RATE * self.UNIT_MS // 1000,), (
                 f"scripted-unit: slot {item.slot} unit shape {item.pcm.shape}"
             )
@@ -193,26 +187,20 @@ class ScriptedTurnPlugin(Plugin):
         self._turns = [0] * self.max_sessions
         self._epoch = [0] * self.max_sessions
 
-    def _check(self, slot: int) -> None:
-        if not 0 <= slot < self.max_sessions:
-            raise PluginError(
-                "invalid_slot", f"scripted-turn: slot {slot} outside 0..{self.max_sessions - 1}"
-            )
-
     def open_slot(self, slot: int, options: SlotOptions) -> None:
-        self._check(slot)
+        self._check_slot_index(slot, self.max_sessions)
         self._turns[slot] = 0
         self._epoch[slot] = 0
 
     def cancel_slot(self, slot: int, epoch: int) -> None:
-        self._check(slot)
+        self._check_slot_index(slot, self.max_sessions)
         self._epoch[slot] = epoch
 
     def close_slot(self, slot: int) -> None:
-        self._check(slot)
+        self._check_slot_index(slot, self.max_sessions)
 
     def respond(self, request: TurnRequest) -> Iterator[SlotOutput]:
-        self._check(request.slot)
+        self._check_slot_index(request.slot, self.max_sessions)
         n = self._turns[request.slot]
         self._turns[request.slot] = n + 1
         entry = self.script[n % len(self.script)]

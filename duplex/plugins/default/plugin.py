@@ -262,7 +262,7 @@ class DefaultPlugin(Plugin):
 
     def open_slot(self, slot: int, options: SlotOptions) -> None:
         """Start a session in ``slot``. Any voice name is accepted: the plugin has one voice."""
-        self._check_slot(slot)
+        self._check_slot_index(slot, len(self._slots), "internal_error")
         self._slots[slot] = _Slot(options)
 
     def cancel_slot(self, slot: int, epoch: int) -> None:
@@ -270,15 +270,11 @@ class DefaultPlugin(Plugin):
         state.min_epoch = max(state.min_epoch, epoch)
 
     def close_slot(self, slot: int) -> None:
-        self._check_slot(slot)
+        self._check_slot_index(slot, len(self._slots), "internal_error")
         self._slots[slot] = None
 
-    def _check_slot(self, slot: int) -> None:
-        if not 0 <= slot < len(self._slots):
-            raise PluginError("internal_error", f"slot {slot} out of range 0..{len(self._slots) - 1}")
-
     def _state(self, slot: int) -> _Slot:
-        self._check_slot(slot)
+        self._check_slot_index(slot, len(self._slots), "internal_error")
         state = self._slots[slot]
         if state is None:
             raise PluginError("internal_error", f"slot {slot} is not open")

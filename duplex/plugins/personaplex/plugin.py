@@ -278,10 +278,6 @@ class PersonaPlexPlugin(Plugin):
 
     # -- slots ------------------------------------------------------------
 
-    def _check_slot(self, slot: int) -> None:
-        if not 0 <= slot < self._max_sessions:
-            raise PluginError("invalid_slot", f"slot {slot} is outside 0..{self._max_sessions - 1}")
-
     def prompt_for(self, options: SlotOptions) -> PromptScript:
         """The system-prompt script a slot opened with ``options`` runs (raises ``PluginError``)."""
         cfg = self.config
@@ -307,7 +303,7 @@ class PersonaPlexPlugin(Plugin):
         return script
 
     def open_slot(self, slot: int, options: SlotOptions) -> None:
-        self._check_slot(slot)
+        self._check_slot_index(slot, self._max_sessions)
         gen = self.generator
         script = self.prompt_for(options)
         cfg = self.config
@@ -325,7 +321,7 @@ class PersonaPlexPlugin(Plugin):
         self._slots[slot] = state
 
     def cancel_slot(self, slot: int, epoch: int) -> None:
-        self._check_slot(slot)
+        self._check_slot_index(slot, self._max_sessions)
         state = self._slots.get(slot)
         if state is None:
             raise PluginError("invalid_slot", f"slot {slot} is not open")
@@ -335,7 +331,7 @@ class PersonaPlexPlugin(Plugin):
         state.frames = 0
 
     def close_slot(self, slot: int) -> None:
-        self._check_slot(slot)
+        self._check_slot_index(slot, self._max_sessions)
         self._slots.pop(slot, None)
 
     # -- the tick ---------------------------------------------------------
