@@ -21,7 +21,6 @@ from duplex.plugins.personaplex.generation import frames_to_columns
 from duplex.plugins.personaplex.plugin import PersonaPlexPlugin
 from duplex.plugins.personaplex.prompt import build_prompt
 from duplex.plugins.personaplex.sampling import gumbel_noise, sample_top_k
-from duplex.plugins.personaplex.testing import make_tiny_checkpoint
 
 SLOTS = 4
 FRAMES = 10
@@ -33,18 +32,7 @@ SESSIONS = {
 }
 
 
-@pytest.fixture(scope="module", autouse=True)
-def _one_torch_thread():
-    """One intra-op thread: the tiny model is faster so on a shared 2-core machine (restored after)."""
-    before = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(before)
-
-
-@pytest.fixture(scope="module")
-def ckpt(tmp_path_factory):
-    return make_tiny_checkpoint(tmp_path_factory.mktemp("pp"), seed=5)
+pytestmark = pytest.mark.usefixtures("one_torch_thread")
 
 
 @pytest.fixture(scope="module")

@@ -14,14 +14,12 @@ import pytest
 pytest.importorskip("moshi")
 pytest.importorskip("sentencepiece")
 
-import torch
 import websockets
 
 from clients.collector import event_type
 from duplex.engine import EngineConfig
 from duplex.plugins.base import SlotInput, SlotOptions
 from duplex.plugins.personaplex.plugin import PersonaPlexPlugin
-from duplex.plugins.personaplex.testing import make_tiny_checkpoint
 from duplex.protocol import (
     AudioConfig,
     AudioFormat,
@@ -43,18 +41,7 @@ PCM16 = AudioFormat("pcm16", 24000)
 PERSONA = "you are a helpful assistant"
 
 
-@pytest.fixture(scope="module", autouse=True)
-def _one_torch_thread():
-    """One intra-op thread: the tiny model is faster so on a shared 2-core machine (restored after)."""
-    before = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(before)
-
-
-@pytest.fixture(scope="module")
-def ckpt(tmp_path_factory):
-    return make_tiny_checkpoint(tmp_path_factory.mktemp("pp_e2e"), seed=9)
+pytestmark = pytest.mark.usefixtures("one_torch_thread")
 
 
 def _frames() -> list[bytes]:

@@ -15,7 +15,6 @@ import torch
 
 from duplex.plugins.base import SlotInput, SlotOptions
 from duplex.plugins.personaplex.plugin import PersonaPlexPlugin
-from duplex.plugins.personaplex.testing import make_tiny_checkpoint
 
 pytestmark = [
     pytest.mark.gpu,
@@ -29,11 +28,6 @@ OPTIONS = {
     "b": SlotOptions(instructions="talk about cooking", voice="VARM0", seed=2),
     "c": SlotOptions(instructions="book a table", seed=3),
 }
-
-
-@pytest.fixture(scope="module")
-def ckpt(tmp_path_factory):
-    return make_tiny_checkpoint(tmp_path_factory.mktemp("pp_gpu"), seed=5)
 
 
 def _audio(name: str) -> list[np.ndarray]:

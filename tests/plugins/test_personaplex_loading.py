@@ -34,23 +34,12 @@ from duplex.plugins.personaplex.loading import (
 )
 from duplex.plugins.personaplex.plugin import PersonaPlexPlugin
 from duplex.plugins.personaplex.prompt import build_prompt, persona_text
-from duplex.plugins.personaplex.testing import TINY_VOICES, make_tiny_checkpoint, train_tokenizer
+from duplex.plugins.personaplex.testing import TINY_VOICES, train_tokenizer
 
 CPU = torch.device("cpu")
 
 
-@pytest.fixture(scope="module", autouse=True)
-def _one_torch_thread():
-    """One intra-op thread: the tiny model is faster so on a shared 2-core machine (restored after)."""
-    before = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(before)
-
-
-@pytest.fixture(scope="module")
-def ckpt(tmp_path_factory):
-    return make_tiny_checkpoint(tmp_path_factory.mktemp("pp_ckpt"), seed=3)
+pytestmark = pytest.mark.usefixtures("one_torch_thread")
 
 
 def test_exported_checkpoint_uses_the_public_key_layout_and_loads_strictly(tmp_path):
