@@ -22,29 +22,15 @@ import pydantic
 from openai import AsyncOpenAI
 from openai.types.realtime import RealtimeServerEvent
 
+from tests.payloads import ga_session
+
 ADAPTER = pydantic.TypeAdapter(RealtimeServerEvent)
 SDK_TYPES = {
     typing.get_args(m.model_fields["type"].annotation)[0]
     for m in typing.get_args(typing.get_args(RealtimeServerEvent)[0])
 }
 
-GA_SESSION = {
-    "type": "realtime",
-    "model": "gpt-realtime",
-    "output_modalities": ["audio"],
-    "max_output_tokens": "inf",
-    "tool_choice": "auto",
-    "tracing": None,
-    "audio": {
-        "input": {
-            "format": {"type": "audio/pcm", "rate": 24000},
-            "noise_reduction": None,
-            "transcription": {"model": "gpt-4o-mini-transcribe"},
-            "turn_detection": None,
-        },
-        "output": {"format": {"type": "audio/pcm", "rate": 24000}, "voice": "marin", "speed": 1.0},
-    },
-}
+GA_SESSION = ga_session(model="gpt-realtime", turn_detection=None)
 
 
 def b64_frames(n: int, amp: float = 0.1) -> list[str]:

@@ -10,6 +10,7 @@ import pytest
 from msgspec import UNSET
 
 import duplex.protocol as p
+from tests.payloads import livekit_session_update
 
 PCM_B64 = base64.b64encode(bytes(480)).decode()
 
@@ -61,38 +62,7 @@ def test_openai_sdk_first_frames() -> None:
 
 def test_livekit_default_session() -> None:
     # anchors.md §5.3: semantic_vad, max_output_tokens "inf", tracing null, any transcription model.
-    update = _decode(
-        {
-            "type": "session.update",
-            "event_id": "session_update_1",
-            "session": {
-                "type": "realtime",
-                "model": "local-duplex",
-                "output_modalities": ["audio"],
-                "max_output_tokens": "inf",
-                "tool_choice": "auto",
-                "tracing": None,
-                "audio": {
-                    "input": {
-                        "format": {"type": "audio/pcm", "rate": 24000},
-                        "noise_reduction": None,
-                        "transcription": {"model": "gpt-4o-mini-transcribe"},
-                        "turn_detection": {
-                            "type": "semantic_vad",
-                            "eagerness": "medium",
-                            "create_response": True,
-                            "interrupt_response": True,
-                        },
-                    },
-                    "output": {
-                        "format": {"type": "audio/pcm", "rate": 24000},
-                        "voice": "marin",
-                        "speed": 1.0,
-                    },
-                },
-            },
-        }
-    )
+    update = _decode(livekit_session_update())
     s = update.session
     assert update.event_id == "session_update_1"
     assert s.resolved_max_output_tokens() == "inf"
