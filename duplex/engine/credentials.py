@@ -1,8 +1,22 @@
 """Resume tokens (DESIGN §5): 32 random bytes, kept only as SHA-256, compared in constant time.
 
-The plaintext token leaves the server once (in ``session.created`` or
-``session.resumed``) and is never stored; every successful resume rotates it, so
-a token works at most once.
+The plaintext token leaves the server once (in ``session.created`` or ``session.resumed``) and is
+never stored. Every successful resume rotates it.
+
+Why a rotated-out token stays usable for a while: the new token travels in ``session.resumed``, the
+first frame of the new transport. If that transport dies before the frame arrives, the client still
+holds the token it presented, and a credential that forgot it would lock the client out exactly when
+resume is needed most (a flaky network cuts several times in a row). So after a resume the token the
+client presented stays valid as the *previous* token until
+
+* the client speaks on the new attachment (``session.event_ack`` or any command: it is only sent
+  after ``session.resumed`` was read on an ordered stream; ``confirm``), or
+* the next resume, which keeps only the token *it* was presented as the previous one.
+
+Consequence: two resumes presenting one token both succeed while the rotation is unconfirmed; the
+later one takes the session over (the earlier transport gets ``session.replaced``), so the session
+still has exactly one attachment. Tokens issued but never presented stop working at the next
+rotation.
 """
 
 from __future__ import annotations
@@ -16,21 +30,50 @@ __all__ = ["ResumeCredential"]
 TOKEN_BYTES = 32
 
 
+def _digest(token: str) -> bytes:
+    return hashlib.sha256(token.encode("utf-8", "surrogatepass")).digest()
+
+
 class ResumeCredential:
-    """The digest of the current resume token of one session."""
+    """The digests of the current resume token of one session and of the previous one, while the
+    client has not yet shown that it holds the current one (see the module docstring)."""
 
     def __init__(self) -> None:
         self._digest = b""
+        self._previous = b""
+
+    @property
+    def unconfirmed(self) -> bool:
+        """True while the previous token is still accepted."""
+        return bool(self._previous)
 
     def issue(self) -> str:
-        """A fresh token; every earlier one stops working."""
+        """A fresh token for a new session; every earlier one stops working."""
         token = secrets.token_urlsafe(TOKEN_BYTES)
-        self._digest = hashlib.sha256(token.encode()).digest()
+        self._digest = _digest(token)
+        self._previous = b""
         return token
 
+    def rotate(self, presented: str) -> str:
+        """A resume presenting ``presented`` (already verified) succeeded: a fresh token, with
+        ``presented`` kept as the previous one until ``confirm`` or the next rotation."""
+        token = secrets.token_urlsafe(TOKEN_BYTES)
+        self._previous = _digest(presented)
+        self._digest = _digest(token)
+        return token
+
+    def confirm(self) -> None:
+        """The client spoke on the attachment that carried the current token: the previous one
+        stops working. Cheap and idempotent (called for every command)."""
+        if self._previous:
+            self._previous = b""
+
     def verify(self, token: str) -> bool:
-        """True when ``token`` is the current one (constant-time compare)."""
+        """True when ``token`` is the current one, or the unconfirmed previous one. Both digests
+        are always compared, in constant time."""
         if not self._digest:
             return False
-        candidate = hashlib.sha256(token.encode("utf-8", "surrogatepass")).digest()
-        return hmac.compare_digest(candidate, self._digest)
+        candidate = _digest(token)
+        current = hmac.compare_digest(candidate, self._digest)
+        previous = hmac.compare_digest(candidate, self._previous or self._digest)
+        return current | previous

@@ -14,7 +14,10 @@ slot (open, attached, detached or closing). It
 * **reaps** (``reap(now)``, every ``reaper_interval_s``): expired leases are closed
   with ``session.expired`` (``idle_ttl_expired``, ``disconnect_grace_expired``);
 * **resumes** (``resume``): token, journal continuity, then compare-and-swap on the
-  lease generation; the old attachment gets ``session.replaced``;
+  lease generation; the old attachment gets ``session.replaced``. The token rotates, and the
+  one presented stays valid until the client speaks on the new attachment (any command or
+  ack) or the next resume, so a ``session.resumed`` lost with its socket does not lock the
+  client out (``ResumeCredential``);
 * **closes** (``close``): the lease enters CLOSING at once (commands are refused from
   then on), the runner processes everything queued before the close item, emits the
   last event and cleans up; ``shutdown`` does this for every session.
@@ -98,6 +101,8 @@ class SessionRecord:
             raise SessionError(
                 "session_closed", f"session {self.session_id} is not attached to this transport"
             )
+        if self.credential is not None:
+            self.credential.confirm()  # the client read session.resumed: the old token retires
         if isinstance(command, SessionResume):
             raise SessionError(
                 "unsupported_session_resume", "session.resume must be the first message of a new connection"
@@ -141,6 +146,8 @@ class SessionRecord:
         """Coalesced: at most one ack item waits in the mailbox, carrying the highest seq."""
         if att is not self.attachment or not self.lease.live:
             return
+        if self.credential is not None:
+            self.credential.confirm()
         queued = self._ack_seq is not None
         self._ack_seq = seq if self._ack_seq is None else max(self._ack_seq, seq)
         if not queued:
@@ -392,7 +399,7 @@ class SessionManager:
                 preload=True,
             )
             old.end("replaced")
-        token = record.credential.issue()
+        token = record.credential.rotate(resume_token)
         att = self._attachment(record, generation, token)
         resumed = SessionResumed(
             event_id=new_event_id(),

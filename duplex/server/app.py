@@ -25,7 +25,6 @@ from duplex.protocol import ErrorDetail, ProtocolError
 from duplex.server.auth import api_key_ok, presented_api_key
 from duplex.server.config import ServerConfig
 from duplex.server.metrics import CONTENT_TYPE, ServerMetrics
-from duplex.server.resume_grace import ResumeGrace
 
 __all__ = ["AppState", "ModelCard", "ModelList", "create_app"]
 
@@ -71,7 +70,6 @@ class AppState:
         self.draining = False
         self.connections: set[asyncio.Task[Any]] = set()
         self.attached: set[Any] = set()  # live sockets with a session (``_Connection``)
-        self.resume_grace = ResumeGrace()
         self._engine_stack: contextlib.AsyncExitStack | None = None
         self._drained = asyncio.Event()
 

@@ -119,7 +119,6 @@ class _Connection:
         self.metrics = state.metrics
         self._binary = mode is Mode.MSGPACK
         self._writer_ended = False
-        self._unconfirmed: str | None = None  # session whose rotated token the client may lack
         self._loop_time = asyncio.get_running_loop().time
         self.sending_since: float | None = None  # loop time a socket write started, while it runs
         self._att: Any = None
@@ -224,23 +223,9 @@ class _Connection:
         return await engine.open(model=plan.model), "autostart", cmd
 
     async def _resume(self, session_id: str, token: str, last_event_seq: int) -> Any:
-        """``engine.resume``, accepting the previous token while the rotated one is unconfirmed
-        (see ``duplex.server.resume_grace``)."""
-        engine, grace = self.state.engine, self.state.resume_grace
-        try:
-            att = await engine.resume(session_id, token, last_event_seq)
-        except Exception as exc:
-            issued = (
-                grace.substitute(session_id, token)
-                if getattr(exc, "code", None) == "invalid_resume_token"
-                else None
-            )
-            if issued is None:
-                raise
-            att = await engine.resume(session_id, issued, last_event_seq)
-        grace.issued(session_id, token, att.resume_token)
-        self._unconfirmed = session_id
-        return att
+        """``engine.resume``. The engine keeps the presented token valid until the client speaks
+        on the new socket, so a ``session.resumed`` lost with its socket does not lock it out."""
+        return await self.state.engine.resume(session_id, token, last_event_seq)
 
     # -- running ---------------------------------------------------------------------------
 
@@ -306,9 +291,6 @@ class _Connection:
         event_id = getattr(cmd, "event_id", None)
         try:
             if isinstance(cmd, SessionEventAck):
-                if self._unconfirmed is not None:
-                    self.state.resume_grace.confirmed(self._unconfirmed)
-                    self._unconfirmed = None
                 att.ack(cmd.server_event_seq)
             elif isinstance(cmd, SessionResume):
                 raise ProtocolError(
@@ -337,8 +319,6 @@ class _Connection:
                     event = await att.next_event()
                 except Detached as d:
                     code, reason = self._close_for(last, str(getattr(d, "reason", "") or ""))
-                    if isinstance(last, SessionClosed | SessionExpired):
-                        self.state.resume_grace.confirmed(att.session_id)
                     self.metrics.detached[reason or "detached"] += 1
                     break
                 last = event
