@@ -24,9 +24,29 @@ import numpy as np
 
 from bench.load_metrics import response_intervals_ms
 
-__all__ = ["latency_cdf", "tick_timeline"]
+__all__ = ["latency_cdf", "save_figure", "tick_timeline"]
 
 MAX_TIMELINE_SESSIONS = 16
+
+
+def save_figure(fig: Any, path: str | Path, dpi: int = 110) -> Path:
+    """Lay out ``fig``, write it to ``path`` (creating its folder) and close it; returns the path."""
+    fig.tight_layout()
+    out = Path(path)
+    out.parent.mkdir(parents=True, exist_ok=True)
+    fig.savefig(out, dpi=dpi)
+    plt.close(fig)
+    return out
+
+
+def _measured(report: dict[str, Any]) -> list[dict[str, Any]]:
+    """The session rows of ``report`` that have metrics (sessions that ran)."""
+    return [r for r in report["sessions"] if r.get("metrics")]
+
+
+def _lateness_ms(row: dict[str, Any]) -> list[float]:
+    """Send lateness of each input frame of one session row against its planned slot, in ms."""
+    return [max(0.0, st - pl) * 1000.0 for pl, st, _ in row["input_timeline"]]
 
 
 def _cdf(ax: Any, values: list[float], label: str) -> None:
@@ -39,13 +59,13 @@ def _cdf(ax: Any, values: list[float], label: str) -> None:
 
 def latency_cdf(report: dict[str, Any], path: str | Path) -> Path:
     """Draw the latency CDFs of ``report`` into ``path`` (PNG); returns the path."""
-    rows = [r for r in report["sessions"] if r.get("metrics")]
+    rows = _measured(report)
     first = [r["metrics"]["first_audio_after_stream_start_ms"] for r in rows
              if r["metrics"]["first_audio_after_stream_start_ms"] is not None]
     intervals, lateness = [], []
     for r in rows:
         intervals += response_intervals_ms([(t, k) for t, _, k in r["audio_packet_timeline"]])
-        lateness += [max(0.0, st - pl) * 1000.0 for pl, st, _ in r["input_timeline"]]
+        lateness += _lateness_ms(r)
     fig, ax = plt.subplots(figsize=(7, 4.2))
     _cdf(ax, first, "first audio after stream start")
     _cdf(ax, intervals, "audio packet interval")
@@ -60,17 +80,12 @@ def latency_cdf(report: dict[str, Any], path: str | Path) -> Path:
     ax.set_title(f"Load: {report['requested_sessions']} sessions, {ok} passed")
     ax.grid(True, alpha=0.3)
     ax.legend(loc="lower right", fontsize=8)
-    fig.tight_layout()
-    out = Path(path)
-    out.parent.mkdir(parents=True, exist_ok=True)
-    fig.savefig(out, dpi=110)
-    plt.close(fig)
-    return out
+    return save_figure(fig, path)
 
 
 def tick_timeline(report: dict[str, Any], path: str | Path) -> Path:
     """Draw the per-session packet timeline and send lateness of ``report`` into ``path`` (PNG)."""
-    rows = [r for r in report["sessions"] if r.get("metrics")][:MAX_TIMELINE_SESSIONS]
+    rows = _measured(report)[:MAX_TIMELINE_SESSIONS]
     fig, (raster, top, bottom) = plt.subplots(3, 1, figsize=(8, 7.5), sharex=True,
                                               gridspec_kw={"height_ratios": [1.6, 3, 1.3]})
     for row, r in enumerate(rows):
@@ -98,8 +113,7 @@ def tick_timeline(report: dict[str, Any], path: str | Path) -> Path:
             last[k] = t
         top.plot(times, gaps, marker=".", markersize=3, linewidth=0.6, label=f"session {r['index']}")
         planned = [pl for pl, _, _ in r["input_timeline"]]
-        late = [max(0.0, st - pl) * 1000.0 for pl, st, _ in r["input_timeline"]]
-        bottom.plot(planned, late, linewidth=0.6)
+        bottom.plot(planned, _lateness_ms(r), linewidth=0.6)
     top.axhline(report["frame_period_s"] * 1000.0, color="grey", linestyle=":", label="frame period")
     top.set_ylabel("packet interval (ms)")
     top.grid(True, alpha=0.3)
@@ -108,9 +122,4 @@ def tick_timeline(report: dict[str, Any], path: str | Path) -> Path:
     bottom.set_ylabel("send lateness (ms)")
     bottom.set_xlabel("seconds since stream start")
     bottom.grid(True, alpha=0.3)
-    fig.tight_layout()
-    out = Path(path)
-    out.parent.mkdir(parents=True, exist_ok=True)
-    fig.savefig(out, dpi=110)
-    plt.close(fig)
-    return out
+    return save_figure(fig, path)
