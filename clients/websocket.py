@@ -11,7 +11,8 @@ client reconnects with jittered exponential backoff (``reconnect_attempts`` trie
 ``session.resume{session_id, resume_token, last_event_seq}`` and continues: the server replays every
 journaled event after ``last_event_seq`` with its original seq, and the base class drops any seq it
 has already processed. Sends made while the socket is down wait for the reconnection (up to
-``send_wait_s``). Resume failures that cannot succeed later (``invalid_resume_token``,
+``send_wait_s``); they raise ``ConnectionError`` at once when the client ends instead (resume off,
+resume gave up, or the session closed). Resume failures that cannot succeed later (``invalid_resume_token``,
 ``session_resume_expired``, ``unsupported_session_resume``, ``invalid_session_resume``,
 ``session_resume_conflict``, or ``session.resync_required``) end the session.
 """
@@ -89,6 +90,7 @@ class DuplexClient(DuplexClientBase):
         self.last_resume_error: ClientError | None = None
         self._ws: ClientConnection | None = None
         self._connected = asyncio.Event()
+        self._link_changed = asyncio.Event()  # the socket came back, or the client ended
 
     # -- connecting ------------------------------------------------------------------------
 
@@ -157,8 +159,17 @@ class DuplexClient(DuplexClientBase):
             ws = await self._connect(model=model)
         first = await self._expect_opened(ws, "session.created")
         self._ws = ws
-        self._connected.set()
+        self._set_connected()
         await self._dispatch(first)
+
+    def _set_connected(self) -> None:
+        self._connected.set()
+        self._link_changed.set()
+
+    def _end(self, exc: ClientError) -> None:
+        # Sends waiting for a reconnection must learn at once that none will come.
+        super()._end(exc)
+        self._link_changed.set()
 
     async def _reconnect(self) -> bool:
         self._connected.clear()
@@ -191,12 +202,26 @@ class DuplexClient(DuplexClientBase):
                 continue
             self._ws = ws
             self.reconnects += 1
-            self._connected.set()
+            self._set_connected()
             await self._dispatch(first)
             return True
         return False
 
     # -- transport -------------------------------------------------------------------------
+
+    async def _wait_connected(self) -> None:
+        """Until the socket is back. ``ConnectionError`` after ``send_wait_s``, and at once when
+        the client has ended (the session closed, resume is off, or resume gave up): no
+        reconnection will come then. Cancel-safe."""
+        try:
+            async with asyncio.timeout(self.send_wait_s):
+                while not self._connected.is_set():
+                    if self.ended:
+                        raise ConnectionError("not connected: the session has ended")
+                    self._link_changed.clear()
+                    await self._link_changed.wait()
+        except TimeoutError:
+            raise ConnectionError(f"not connected (waited {self.send_wait_s:g} s)") from None
 
     async def _send_command(self, cmd: Any, *, wait: bool = True) -> None:
         data = encode(cmd, self.mode)
@@ -204,11 +229,7 @@ class DuplexClient(DuplexClientBase):
             if not self._connected.is_set():
                 if self.ended or not wait:
                     raise ConnectionError("not connected")
-                try:
-                    async with asyncio.timeout(self.send_wait_s):
-                        await self._connected.wait()
-                except TimeoutError:
-                    raise ConnectionError("not connected") from None
+                await self._wait_connected()
             ws = self._ws
             assert ws is not None
             try:
