@@ -36,7 +36,6 @@ import json
 import os
 import random
 import re
-import socket
 import subprocess
 import sys
 import time
@@ -46,6 +45,8 @@ from typing import Any
 
 import msgspec
 import numpy as np
+
+from bench.loopback import free_port, serve_engine, streaming_session_update, wait_port
 
 __all__ = ["main"]
 
@@ -175,9 +176,6 @@ def _duplex_server(port: int, tick_ms: float, transport_only: bool = False) -> N
 
     from duplex.engine import Engine, EngineConfig
     from duplex.plugins.builtin.echo import EchoPlugin
-    from duplex.server.app import create_app
-    from duplex.server.config import ServeConfig, ServerConfig
-    from duplex.server.serve import DrainingServer, uvicorn_config
 
     engine: Any
     if transport_only:
@@ -187,9 +185,7 @@ def _duplex_server(port: int, tick_ms: float, transport_only: bool = False) -> N
         plugin.load()
         config = EngineConfig(max_sessions=2048, tick_ms=tick_ms, journal_max_age_s=10.0)
         engine = Engine(plugin, config, model_name="echo")
-    cfg = ServeConfig(server=ServerConfig(port=port, ws_ping_interval_s=None))
-    app = create_app(engine, cfg.server, model_name="echo")
-    DrainingServer(uvicorn_config(app, cfg, log_level="warning")).run()
+    serve_engine(engine, port, "echo")
 
 
 # -- the load generator ----------------------------------------------------------------------------
@@ -239,10 +235,6 @@ async def _run_client(
 
     from duplex.protocol import (
         MSGPACK_SUBPROTOCOL,
-        AudioConfig,
-        AudioInputConfig,
-        DuplexSessionConfig,
-        DuplexSessionUpdate,
         Mode,
         SessionEventAck,
         encode,
@@ -264,12 +256,7 @@ async def _run_client(
             proxy=None,
         ) as ws:
             if variant != "bare-json":
-                update = DuplexSessionUpdate(
-                    session=DuplexSessionConfig(
-                        audio=AudioConfig(input=AudioInputConfig(turn_detection=None))
-                    )
-                )
-                await ws.send(encode(update, mode))
+                await ws.send(encode(streaming_session_update(), mode))
 
             async def reader() -> None:
                 since_ack = 0
@@ -314,22 +301,6 @@ async def _run_client(
         stats.ok = False
 
 
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
-
-
-def _wait_port(port: int, timeout: float = 60.0) -> None:
-    deadline = time.time() + timeout
-    while time.time() < deadline:
-        with socket.socket() as s:
-            if s.connect_ex(("127.0.0.1", port)) == 0:
-                return
-        time.sleep(0.1)
-    raise RuntimeError(f"server on port {port} did not start")
-
-
 def _pct(xs: list[float], q: float) -> float | None:
     if not xs:
         return None
@@ -340,7 +311,7 @@ def _pct(xs: list[float], q: float) -> float | None:
 def run_one(variant: str, n: int, seconds: float, warmup: float, tick_ms: float) -> dict[str, Any]:
     import psutil
 
-    port = _free_port()
+    port = free_port()
     role = {"bare": "--serve-bare", "transport": "--serve-transport"}.get(
         variant.split("-")[0], "--serve-duplex"
     )
@@ -349,7 +320,7 @@ def run_one(variant: str, n: int, seconds: float, warmup: float, tick_ms: float)
         env={**os.environ, "PYTHONUNBUFFERED": "1"},
     )
     try:
-        _wait_port(port)
+        wait_port(port)
         server = psutil.Process(proc.pid)
         me = psutil.Process()
         msgs, offset = _append_messages(variant)
