@@ -1,0 +1,136 @@
+"""What every PersonaPlex capacity mode shares: constants, the model folder, the plugin, tick figures.
+
+The model is the PersonaPlex architecture with random weights (full size, or the
+tiny one for a CPU smoke run): nothing is downloaded. ``write_assets`` writes the
+folder the plugin reads besides the weights (tokenizer, one voice, config).
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import platform
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+__all__ = [
+    "FRAME_MS",
+    "FRAME_SAMPLES",
+    "PERSONA",
+    "VOICE_FRAMES",
+    "device_name",
+    "gpu_mem_gib",
+    "gpu_reset",
+    "make_plugin",
+    "noise",
+    "percentile",
+    "sync",
+    "tick_stats",
+    "write_assets",
+]
+
+FRAME_MS = 80.0
+FRAME_SAMPLES = 1920
+PERSONA = "You enjoy having a good conversation. You are friendly and you answer questions about the weather."
+VOICE_FRAMES = 60
+
+
+def percentile(values: list[float], q: float) -> float:
+    """The ``q``-th percentile of ``values``; NaN when there are none."""
+    return float(np.percentile(np.asarray(values), q)) if values else float("nan")
+
+
+def tick_stats(ticks_ms: list[float], *, with_max: bool = False) -> dict[str, Any]:
+    """The tick columns of a result row: p50, p99 (and max), ticks over the frame period, count.
+
+    ``missed_deadlines`` counts ticks longer than ``FRAME_MS``: each one is a frame
+    that left the model late for every session in it.
+    """
+    row: dict[str, Any] = {
+        "tick_p50_ms": round(percentile(ticks_ms, 50), 2),
+        "tick_p99_ms": round(percentile(ticks_ms, 99), 2),
+    }
+    if with_max:
+        row["tick_max_ms"] = round(max(ticks_ms), 2) if ticks_ms else None
+    row["missed_deadlines"] = int(sum(t > FRAME_MS for t in ticks_ms))
+    row["ticks"] = len(ticks_ms)
+    return row
+
+
+def noise(frames: int = 8) -> np.ndarray:
+    """``frames`` frames of quiet noise (float32, 24 kHz mono, seed 0): the audio the clients send."""
+    rng = np.random.default_rng(0)
+    return (rng.standard_normal(FRAME_SAMPLES * frames) * 0.05).astype(np.float32)
+
+
+def sync(device: str) -> None:
+    """Wait for the device's queued work (a no-op on the CPU), so a timer sees all of it."""
+    import torch
+
+    if device.startswith("cuda"):
+        torch.cuda.synchronize()
+
+
+def gpu_reset(device: str) -> None:
+    """Free cached device memory and restart the peak count (before each measured run)."""
+    import torch
+
+    if device.startswith("cuda"):
+        torch.cuda.empty_cache()
+        torch.cuda.reset_peak_memory_stats()
+
+
+def gpu_mem_gib(device: str) -> float:
+    """Peak device memory allocated since ``gpu_reset``, in GiB (0 on the CPU)."""
+    import torch
+
+    return torch.cuda.max_memory_allocated() / 2**30 if device.startswith("cuda") else 0.0
+
+
+def device_name(device: str) -> str:
+    """The accelerator's name, or the CPU's."""
+    if device.startswith("cuda"):
+        import torch
+
+        return torch.cuda.get_device_name(0)
+    return platform.processor() or platform.machine()
+
+
+def write_assets(root: Path, tiny: bool) -> Path:
+    """A model directory holding only a tokenizer, a voice and config: the weights are random."""
+    import torch
+
+    from duplex.plugins.personaplex.config import full_config, tiny_config
+    from duplex.plugins.personaplex.testing import train_tokenizer
+
+    cfg = tiny_config() if tiny else full_config()
+    train_tokenizer(root / "tokenizer_spm_32k_3.model")
+    (root / "voices").mkdir(exist_ok=True)
+    gen = torch.Generator().manual_seed(0)
+    emb = torch.randn(VOICE_FRAMES, int(cfg.lm["dim"]), generator=gen) * 0.02
+    cache = torch.randint(0, 2048, (1, cfg.num_streams, 3), generator=gen)
+    torch.save({"embeddings": emb, "cache": cache}, str(root / "voices" / "BENCH.pt"))
+    (root / "config.json").write_text(json.dumps({"name": cfg.name, "lm": cfg.lm, "mimi": cfg.mimi}))
+    return root
+
+
+def make_plugin(assets: Path, n: int, args: argparse.Namespace) -> Any:
+    """The PersonaPlex plugin with random weights and ``n`` slots, as the command line asks.
+
+    float32 on the CPU, bfloat16 on a GPU; ``--no-cuda-graphs`` and ``--compile``
+    pass through. Not loaded yet.
+    """
+    from duplex.plugins.personaplex.plugin import PersonaPlexPlugin
+
+    return PersonaPlexPlugin(
+        assets,
+        random_weights=True,
+        max_sessions=n,
+        device=args.device,
+        dtype="float32" if args.device == "cpu" else "bfloat16",
+        cuda_graphs=not args.no_cuda_graphs,
+        default_voice="BENCH",
+        torch_compile=args.compile,
+    )
