@@ -2,10 +2,11 @@
 
 The load driver must judge what the *wire* carried, including frames our decoder would refuse: a
 delta with broken base64 or no ``response_id`` never becomes an event, and the plain client ends
-the session on it. This subclass reads each frame itself (the ``_recv_event`` transport hook),
-records it in a ``FrameRecorder`` with its receipt time, and then decodes it as the plain client
-does, except that an undecodable frame is counted (``invalid_frames``) and skipped instead of
-ending the session, so one bad packet is reported and the rest of the stream is still measured.
+the session on it. This subclass records each raw frame in a ``FrameRecorder`` with its receipt
+time (the client's public ``received_frame`` hook, called before decoding), and the client then
+decodes it as usual, except that an undecodable frame is counted (``invalid_frames``) and skipped
+instead of ending the session (the ``undecodable_frame`` hook), so one bad packet is reported and
+the rest of the stream is still measured. No private attribute of the client is used.
 
 ``FrameRecorder`` is sans-IO: ``observe(frame, t)`` takes the raw frame (JSON text or msgpack
 bytes) and a time; it keeps the audio packets (``bench.load_metrics.Packet``), the text-delta
@@ -18,11 +19,10 @@ from dataclasses import dataclass, field
 from typing import Any
 
 import msgspec
-from websockets.exceptions import ConnectionClosed
 
 from bench.load_metrics import Packet
-from clients import DuplexClient
-from duplex.protocol import Mode, ProtocolError, decode_event
+from clients import ClientError, DuplexClient
+from duplex.protocol import Mode, ProtocolError
 from duplex.protocol.audio import b64decode_strict
 
 __all__ = ["AUDIO_DELTA_TYPES", "TEXT_DELTA_TYPES", "FrameRecorder", "RecordingClient"]
@@ -135,27 +135,22 @@ class FrameRecorder:
 
 
 class RecordingClient(DuplexClient):
-    """``DuplexClient`` whose every received frame first goes through ``recorder`` (module docstring)."""
+    """``DuplexClient`` whose every received frame first goes through ``recorder`` (module docstring).
+
+    Built on the client's public raw-frame hooks: ``received_frame`` records each frame,
+    ``undecodable_frame`` reports a frame the decoder refuses and skips it.
+    """
 
     def __init__(self, url: str, *, recorder: FrameRecorder | None = None, **kwargs: Any) -> None:
         super().__init__(url, **kwargs)
         self.recorder = recorder or FrameRecorder(binary=self.mode is Mode.MSGPACK)
+        self._flagged = False  # the recorder already reported the last frame as invalid
 
-    async def _recv_event(self) -> Any | None:
-        while True:
-            ws = self._ws
-            if ws is None:
-                return None
-            try:
-                data = await ws.recv()
-            except ConnectionClosed:
-                return None
-            t = self.clock()
-            flagged = self.recorder.observe(data, t)
-            try:
-                return decode_event(data, self.mode, max_bytes=self.max_frame_bytes)
-            except ProtocolError as err:
-                # Keep measuring the stream: the frame is reported, not fatal. A newer server's
-                # event type (unknown_event) is skipped, as the plain client does.
-                if not flagged and err.code != "unknown_event":
-                    self.recorder.undecodable(t, err.code)
+    def received_frame(self, frame: str | bytes, t: float) -> None:
+        self._flagged = self.recorder.observe(frame, t)
+        super().received_frame(frame, t)
+
+    def undecodable_frame(self, frame: str | bytes, t: float, error: ClientError) -> None:
+        # Keep measuring the stream: the frame is reported (once), not fatal.
+        if not self._flagged:
+            self.recorder.undecodable(t, error.code)

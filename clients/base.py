@@ -206,6 +206,10 @@ class DuplexClientBase(ABC):
                 await self._dispatch(event)
                 if self._ended.is_set():
                     break
+        except ClientError as err:
+            # A frame the transport refuses (``undecodable_frame``): the session ends, and
+            # ``recv`` raises the error with its code instead of a generic end.
+            self._end(ClientClosed(err.code, err.message))
         finally:
             self._end(
                 ClientClosed(

@@ -15,6 +15,10 @@ has already processed. Sends made while the socket is down wait for the reconnec
 resume gave up, or the session closed). Resume failures that cannot succeed later (``invalid_resume_token``,
 ``session_resume_expired``, ``unsupported_session_resume``, ``invalid_session_resume``,
 ``session_resume_conflict``, or ``session.resync_required``) end the session.
+
+Raw frames: ``on_raw_frame(frame, t)`` (or an override of ``received_frame``) sees every frame the
+server sends, undecoded, with its receive time, before the client decodes it; an override of
+``undecodable_frame`` decides what a frame that does not decode does (default: end the session).
 """
 
 from __future__ import annotations
@@ -22,6 +26,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import random
+from collections.abc import Callable
 from typing import Any
 from urllib.parse import urlencode, urlsplit, urlunsplit
 
@@ -72,6 +77,7 @@ class DuplexClient(DuplexClientBase):
         send_wait_s: float = 10.0,
         open_timeout_s: float = 10.0,
         max_frame_bytes: int = 64 * 1024 * 1024,
+        on_raw_frame: Callable[[str | bytes, float], None] | None = None,
         **kwargs: Any,
     ) -> None:
         kwargs.setdefault("heartbeat_s", 30.0)  # keeps the lease fresh through quiet stretches
@@ -86,6 +92,7 @@ class DuplexClient(DuplexClientBase):
         self.send_wait_s = send_wait_s
         self.open_timeout_s = open_timeout_s
         self.max_frame_bytes = max_frame_bytes
+        self.on_raw_frame = on_raw_frame
         self.reconnects = 0
         self.last_resume_error: ClientError | None = None
         self._ws: ClientConnection | None = None
@@ -128,8 +135,10 @@ class DuplexClient(DuplexClientBase):
     async def _first_event(self, ws: ClientConnection) -> Any:
         async with asyncio.timeout(self.open_timeout_s):
             while True:
+                data = await ws.recv()
+                self.received_frame(data, self.clock())
                 try:
-                    return decode_event(await ws.recv(), self.mode, max_bytes=self.max_frame_bytes)
+                    return decode_event(data, self.mode, max_bytes=self.max_frame_bytes)
                 except ProtocolError as err:
                     if err.code != "unknown_event":
                         raise ClientError(err.code, err.message) from err
@@ -251,12 +260,37 @@ class DuplexClient(DuplexClientBase):
                 data = await ws.recv()
             except ConnectionClosed:
                 return None
+            t = self.clock()
+            self.received_frame(data, t)
             try:
                 return decode_event(data, self.mode, max_bytes=self.max_frame_bytes)
             except ProtocolError as err:
                 if err.code == "unknown_event":
                     continue  # a newer server's event type: skip it
-                raise ClientError(err.code, err.message) from err
+                self.undecodable_frame(data, t, ClientError(err.code, err.message))
+
+    # -- raw-frame hooks -------------------------------------------------------------------
+
+    def received_frame(self, frame: str | bytes, t: float) -> None:
+        """Hook: called with every frame the server sends, before it is decoded.
+
+        ``frame`` is the raw payload (JSON text, or msgpack bytes on a msgpack socket), ``t`` its
+        receive time on ``clock``. Every frame of every socket comes through here in order,
+        including the handshake's ``session.created`` / ``session.resumed`` and frames the
+        decoder will refuse or skip, and replayed duplicates a resume drops later. Called from
+        the receive pump: it must not block. The default calls ``on_raw_frame`` when one was
+        given, else does nothing.
+        """
+        if self.on_raw_frame is not None:
+            self.on_raw_frame(frame, t)
+
+    def undecodable_frame(self, frame: str | bytes, t: float, error: ClientError) -> None:
+        """Hook: a frame after the handshake that does not decode as a server event (``error``
+        carries the codec's code, e.g. ``bad_audio``). Frames of an unknown event type never get
+        here: they are skipped. The default raises ``error``, which ends the session; an override
+        that returns skips the frame and keeps reading (a benchmark that reports bad frames and
+        measures the rest of the stream)."""
+        raise error
 
     async def _close_transport(self) -> None:
         ws, self._ws = self._ws, None
