@@ -1,9 +1,15 @@
-"""The ``duplex`` command: ``serve``, ``talk``, ``plugins``.
+"""The ``duplex`` command: ``serve``, ``talk``, ``plugins``, ``bench``.
 
 ``duplex serve``    load a plugin and serve it on ``/v1/realtime`` (see ``duplex.server.serve``);
 ``duplex talk``     stream a WAV file (or the microphone) to a server in real time, print the
                     transcripts, save or play the reply (see ``clients.talk``);
-``duplex plugins``  list the installed plugins and their capabilities.
+``duplex plugins``  list the installed plugins and their capabilities;
+``duplex bench``    ``load``, ``latency`` and ``omniinteract`` benchmarks against a server (see
+                    ``bench.cli``).
+
+Importing this module loads nothing of ``bench`` (the dependency rule: ``duplex`` never imports
+``bench``); ``build_parser`` imports ``bench.cli`` (standard library only) to add its subcommands,
+and its handlers import the rest of ``bench`` when they run.
 
 Exit status: 0 on success, 2 for a usage or configuration error, 1 for a failure at run time.
 """
@@ -58,7 +64,18 @@ def build_parser() -> argparse.ArgumentParser:
     talk.add_argument("--quiet", action="store_true", help="no progress line")
 
     sub.add_parser("plugins", help="list installed plugins and their capabilities")
+    _add_bench(sub)
     return parser
+
+
+def _add_bench(sub: argparse._SubParsersAction) -> None:
+    try:
+        from bench.cli import add_bench_subcommands
+    except ImportError as exc:  # an install without the benchmarks: say so when asked for them
+        missing = sub.add_parser("bench", help="benchmarks (not installed)")
+        missing.set_defaults(bench_missing=str(exc))
+        return
+    add_bench_subcommands(sub)
 
 
 def _cmd_serve(args: argparse.Namespace) -> int:
@@ -130,10 +147,21 @@ def _cmd_talk(args: argparse.Namespace) -> int:
         return exc.status
 
 
+def _cmd_bench(args: argparse.Namespace) -> int:
+    missing = getattr(args, "bench_missing", None)
+    if missing is not None:
+        print(f"duplex bench: the benchmarks are not installed ({missing})", file=sys.stderr)
+        return 2
+    from bench.cli import run_bench
+
+    return run_bench(args)
+
+
 def main(argv: Sequence[str] | None = None) -> int:
     """Entry point of the ``duplex`` command; returns the exit status."""
     args = build_parser().parse_args(argv)
-    handler = {"serve": _cmd_serve, "talk": _cmd_talk, "plugins": _cmd_plugins}[args.command]
+    handlers = {"serve": _cmd_serve, "talk": _cmd_talk, "plugins": _cmd_plugins, "bench": _cmd_bench}
+    handler = handlers[args.command]
     try:
         return handler(args)
     except KeyboardInterrupt:
