@@ -26,6 +26,7 @@ import logging
 from collections.abc import Callable
 from typing import Any
 
+from duplex.engine import collector
 from duplex.engine.attachment import Attachment
 from duplex.engine.config import EngineConfig
 from duplex.engine.errors import SessionError
@@ -64,6 +65,7 @@ class Engine:
         self._background: list[asyncio.Task[None]] = []
         self._model_thread: concurrent.futures.ThreadPoolExecutor | None = None
         self._workers: concurrent.futures.ThreadPoolExecutor | None = None
+        self._gc_token: tuple[int, int] | None = None
 
     # ------------------------------------------------------------------ lifetime
 
@@ -91,6 +93,7 @@ class Engine:
             workers=self._workers,
             scheduler=self._scheduler,
         )
+        self._gc_token = collector.raise_young_threshold(self.config.gc_young_threshold)
         tg = asyncio.TaskGroup()
         await tg.__aenter__()
         self._tg = tg
@@ -116,6 +119,8 @@ class Engine:
             assert self._model_thread is not None and self._workers is not None
             self._model_thread.shutdown(wait=True)
             self._workers.shutdown(wait=True)
+            collector.restore(self._gc_token)
+            self._gc_token = None
 
     def _spawn(self, record: SessionRecord) -> asyncio.Task[None]:
         assert self._tg is not None

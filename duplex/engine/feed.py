@@ -20,7 +20,9 @@ The frame clock: after a step at ``t``, the next frame is due at ``t + period``
 time). Lateness is ``step time - due time`` (0 when early).
 
 Bounds: the feed holds at most ``max_buffered_samples``; ``feed`` refuses (returns
-False) an append that would exceed it, so the session can tell the client.
+False) an append that would exceed it, so the session can tell the client. The
+buffer starts at a few frames and doubles up to that bound only when a client runs
+ahead, so a thousand sessions on time keep a small, cache-warm buffer each.
 Video frames wait for the next stepped chunk, at most ``MAX_VIDEO_FRAMES`` (older ones
 are dropped and counted in ``video_dropped``).
 
@@ -37,6 +39,8 @@ import numpy as np
 __all__ = ["FeedFrame", "SlotFeed"]
 
 MAX_VIDEO_FRAMES = 2
+#: Initial buffer size, in frames (it grows up to ``max_buffered_samples`` when needed).
+INITIAL_FRAMES = 4
 #: Minimum time between two steps of one slot, in frame periods (bursts run at most 2x real time).
 MIN_STEP_GAP = 0.5
 
@@ -81,7 +85,8 @@ class SlotFeed:
         self.max_padding_frames = max_padding_frames
         self.tick_s = tick_s
         self._on_ready = on_ready  # told when a complete frame is buffered
-        self._buf = np.zeros(max(max_buffered_samples, chunk), dtype=np.float32)
+        self.max_buffered = max(max_buffered_samples, chunk)
+        self._buf = np.zeros(min(self.max_buffered, INITIAL_FRAMES * chunk), dtype=np.float32)
         self._start = 0  # first unread sample in _buf
         self._end = 0
         self.received = 0
@@ -102,11 +107,18 @@ class SlotFeed:
     ) -> bool:
         """Queue decoded samples. Returns False (nothing queued) when the buffer would overflow."""
         n = len(pcm)
-        if self.buffered + n > len(self._buf):
+        live = self._end - self._start
+        if live + n > self.max_buffered:
             return False
-        if self._end + n > len(self._buf):  # compact
-            live = self.buffered
-            self._buf[:live] = self._buf[self._start : self._end]
+        if self._end + n > len(self._buf):  # compact, growing when needed
+            buf = self._buf
+            if live + n > len(buf):
+                size = len(buf)
+                while size < live + n:
+                    size *= 2
+                buf = np.zeros(min(size, self.max_buffered), dtype=np.float32)
+            buf[:live] = self._buf[self._start : self._end]
+            self._buf = buf
             self._start, self._end = 0, live
         self._buf[self._end : self._end + n] = pcm
         self._end += n

@@ -21,6 +21,14 @@ chunk into the mailbox; it waits while ``max_pending_outputs`` chunks are
 unprocessed (pause, STYLE rule 6) and is cancelled (and its generator closed)
 when the epoch advances.
 
+The per-frame fast path: the runner registers ``_inline`` as its mailbox's inline
+handler (``Mailbox`` docstring). While the runner is parked on an empty mailbox, an
+append that decodes in place (small, no VAD) and every model output are handled on
+the producer's stack, exactly as the runner would handle them next; the actions they
+produce run there too when they are synchronous (``FeedAudio``, ``ClearFeed``), and
+the rest are queued as one ``ActionsItem`` the runner carries out next, before
+anything that arrives later. This saves a task wake-up per frame in each direction.
+
 An unexpected exception inside the runner is a bug: it is logged once with the
 session id, the session gets ``server_error`` and is closed; the others go on.
 """
@@ -42,7 +50,7 @@ from duplex.protocol.realtime.commands import InputAudioBufferAppend
 if TYPE_CHECKING:
     from duplex.engine.manager import SessionManager, SessionRecord
 
-__all__ = ["AckItem", "CloseItem", "CommandItem", "FailItem", "OutputItem", "SessionRunner"]
+__all__ = ["AckItem", "ActionsItem", "CloseItem", "CommandItem", "FailItem", "OutputItem", "SessionRunner"]
 
 log = logging.getLogger(__name__)
 
@@ -75,6 +83,24 @@ class AckItem:
     __slots__ = ()
 
 
+class ActionsItem:
+    """Actions of an item handled inline that need the runner (they may await)."""
+
+    __slots__ = ("actions",)
+
+    def __init__(self, actions: list[Any]) -> None:
+        self.actions = actions
+
+
+class CrashItem:
+    """An unexpected exception of an inline handling: the runner fails as if it had raised there."""
+
+    __slots__ = ("exc",)
+
+    def __init__(self, exc: BaseException) -> None:
+        self.exc = exc
+
+
 class CloseItem:
     __slots__ = ("expired", "reason")
 
@@ -94,6 +120,7 @@ class SessionRunner:
         self.done = False
         self._turn_task: asyncio.Task[None] | None = None
         self._drained = asyncio.Event()
+        self.mailbox.inline = self._inline
 
     # ------------------------------------------------------------------ the loop
 
@@ -137,7 +164,58 @@ class SessionRunner:
         elif isinstance(item, CloseItem):
             await self._close(item.reason, expired=item.expired)
             return
+        elif isinstance(item, ActionsItem):
+            await self._run_actions(item.actions)
+            return
+        elif isinstance(item, CrashItem):
+            raise item.exc
         await self._run_actions()
+
+    # ------------------------------------------------------------------ the inline fast path
+
+    def _inline(self, item: Any) -> bool:
+        """Handle ``item`` now if that needs no await (see the module docstring)."""
+        if self.done:
+            return False
+        if isinstance(item, OutputItem):
+            now = self.manager.now()
+            try:
+                self.mailbox.output_done()
+                self.record.lease.touch(now)
+                self._emit(self.session.on_output(item.output, now))
+                self._actions_inline()
+            except Exception as exc:
+                self.mailbox.put_internal(CrashItem(exc))
+            self._drained.set()
+            return True
+        if isinstance(item, CommandItem) and isinstance(item.command, InputAudioBufferAppend):
+            cmd = item.command
+            pipeline = self.record.pipeline
+            if len(cmd.audio) > self.manager.config.offload_min_bytes or pipeline.detector is not None:
+                return False
+            now = self.manager.now()
+            try:
+                try:
+                    try:
+                        events = self.session.handle(cmd, now, pipeline.process(*self._decode_args(cmd)))
+                    except ProtocolError as exc:
+                        events = self.session.reject(exc, cmd, now)
+                finally:
+                    self.record.release(item.n_bytes, item.turns)
+                self._emit(events)
+                self._actions_inline()
+            except Exception as exc:
+                self.mailbox.put_internal(CrashItem(exc))
+            return True
+        return False
+
+    def _actions_inline(self) -> None:
+        """Run the synchronous actions now; queue the first one that may await and the rest."""
+        actions = self.session.take_actions()
+        for i, action in enumerate(actions):
+            if not self._sync_action(action):
+                self.mailbox.put_internal(ActionsItem(actions[i:]))
+                return
 
     async def _command(self, item: CommandItem, now: float) -> None:
         cmd = item.command
@@ -154,33 +232,41 @@ class SessionRunner:
             self.record.release(item.n_bytes, item.turns)
         self._emit(events)
 
-    async def _decode(self, cmd: Any) -> Any:
+    def _decode_args(self, cmd: Any) -> tuple[bytes, Any, tuple[bytes, ...]]:
         settings = self.session.settings
         resolve = getattr(cmd, "resolved_format", None)
         fmt = resolve(settings.input_format) if resolve is not None else settings.input_format
-        frames = tuple(getattr(cmd, "video_frames", None) or ())
+        return cmd.audio, fmt, tuple(getattr(cmd, "video_frames", None) or ())
+
+    async def _decode(self, cmd: Any) -> Any:
         pipeline = self.record.pipeline
         if len(cmd.audio) > self.manager.config.offload_min_bytes or pipeline.detector is not None:
-            return await self.manager.offload(pipeline.process, cmd.audio, fmt, frames)
-        return pipeline.process(cmd.audio, fmt, frames)
+            return await self.manager.offload(pipeline.process, *self._decode_args(cmd))
+        return pipeline.process(*self._decode_args(cmd))
 
-    async def _run_actions(self) -> None:
-        for action in self.session.take_actions():
-            if isinstance(action, FeedAudio):
-                feed = self.record.feed
-                now = self.manager.now()
-                if feed is not None and not feed.feed(
-                    action.pcm, now, action.submitted_at, action.video_frames
-                ):
-                    error = ProtocolError(
-                        "input_backpressure",
-                        "audio arrives faster than the model consumes it; append dropped",
-                    )
-                    self._emit(self.session.reject(error, None, now))
-            elif isinstance(action, ClearFeed):
-                if self.record.feed is not None:
-                    self.record.feed.clear()
-            elif isinstance(action, CancelSlot):
+    def _sync_action(self, action: Any) -> bool:
+        """Carry out a ``FeedAudio``/``ClearFeed``; False for any other action (not run)."""
+        if isinstance(action, FeedAudio):
+            feed = self.record.feed
+            now = self.manager.now()
+            if feed is not None and not feed.feed(action.pcm, now, action.submitted_at, action.video_frames):
+                error = ProtocolError(
+                    "input_backpressure",
+                    "audio arrives faster than the model consumes it; append dropped",
+                )
+                self._emit(self.session.reject(error, None, now))
+            return True
+        if isinstance(action, ClearFeed):
+            if self.record.feed is not None:
+                self.record.feed.clear()
+            return True
+        return False
+
+    async def _run_actions(self, actions: list[Any] | None = None) -> None:
+        for action in self.session.take_actions() if actions is None else actions:
+            if self._sync_action(action):
+                continue
+            if isinstance(action, CancelSlot):
                 await self._stop_turn()
                 await self._model(self.manager.plugin.cancel_slot, self.record.slot, action.epoch)
             elif isinstance(action, StartTurn):

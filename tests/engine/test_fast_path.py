@@ -1,0 +1,94 @@
+"""The per-frame fast path: inline mailbox hand-off, growing feed buffers, collector setting."""
+
+from __future__ import annotations
+
+import asyncio
+import gc
+
+import numpy as np
+import pytest
+
+from duplex.engine import collector
+from duplex.engine.feed import INITIAL_FRAMES, SlotFeed
+from duplex.engine.mailbox import Mailbox
+
+CHUNK = 1920
+
+
+async def test_mailbox_hands_items_to_a_parked_consumer_and_queues_what_arrives_meanwhile() -> None:
+    box = Mailbox(max_commands=4)
+    seen: list[str] = []
+
+    def inline(item: str) -> bool:
+        seen.append(item)
+        if item == "a":
+            box.put_internal("during-a")  # arrives while "a" is handled: queued behind it
+        return item != "decline"
+
+    box.inline = inline
+    box.put_command("before")  # nobody parked: queued, not offered
+    assert seen == [] and await box.get_batch() == ["before"]
+
+    getter = asyncio.create_task(box.get_batch())
+    await asyncio.sleep(0)  # the consumer parks
+    box.put_command("a")
+    assert await getter == ["during-a"]
+    assert seen == ["a"]  # the re-entrant item was never offered
+
+    getter = asyncio.create_task(box.get_batch())
+    await asyncio.sleep(0)
+    box.put_internal("decline", is_output=True)  # declined: queued, counted, consumer woken
+    box.put_command("after")  # something is queued: not offered, queued behind
+    assert await getter == ["decline", "after"]
+    assert seen == ["a", "decline"] and box.pending_outputs == 1
+
+
+def test_feed_buffer_grows_for_a_client_ahead_and_keeps_its_bound() -> None:
+    feed = SlotFeed(
+        CHUNK,
+        0.08,
+        late_tolerance_s=0.04,
+        max_padding_frames=2,
+        max_buffered_samples=CHUNK * 8,
+        tick_s=0.005,
+    )
+    frames = [np.full(CHUNK, k, np.float32) for k in range(8)]
+    for k, frame in enumerate(frames):
+        assert feed.feed(frame, now=0.0, submitted_at=float(k)), k  # past INITIAL_FRAMES: grows
+    assert INITIAL_FRAMES < 8 and feed.buffered == 8 * CHUNK
+    assert not feed.feed(np.ones(1, np.float32), now=0.0, submitted_at=9.0)  # the bound holds
+    taken = [feed.take(k * 0.05) for k in range(8)]
+    assert [(f.pcm[0], f.pcm[-1], f.submitted_at) for f in taken if f is not None] == [
+        (float(k), float(k), float(k)) for k in range(8)
+    ]
+    assert feed.buffered == 0 and feed.consumed == 8 * CHUNK
+
+
+def test_collector_raises_only_the_young_threshold_and_restores_it() -> None:
+    before = gc.get_threshold()
+    try:
+        gc.set_threshold(700, before[1], before[2])
+        token = collector.raise_young_threshold(10_000)
+        assert gc.get_threshold() == (10_000, before[1], before[2])
+        assert collector.raise_young_threshold(5_000) is None  # never lowered
+        collector.restore(token)
+        assert gc.get_threshold() == (700, before[1], before[2])
+
+        token = collector.raise_young_threshold(10_000)
+        gc.set_threshold(20_000, before[1], before[2])  # changed by someone else since
+        collector.restore(token)
+        assert gc.get_threshold()[0] == 20_000
+        assert collector.raise_young_threshold(None) is None
+    finally:
+        gc.set_threshold(*before)
+
+
+@pytest.mark.parametrize("bad", [np.nan, np.inf, -np.inf])
+def test_float_to_int16_repairs_non_finite_samples_in_a_long_frame(bad: float) -> None:
+    from duplex.protocol.audio import float_to_int16
+
+    pcm = np.full(CHUNK, 0.25, np.float32)
+    pcm[7] = bad
+    out = float_to_int16(pcm)
+    assert out[7] == (0 if np.isnan(bad) else 32767 if bad > 0 else -32768)
+    assert (np.delete(out, 7) == 8192).all()
