@@ -1,17 +1,29 @@
-"""Fixtures shared by the plugin tests: the tiny PersonaPlex checkpoint and one torch thread.
+"""Fixtures shared by the plugin tests.
 
-The checkpoint is written once per test run and only read by the tests (those
-that need a changed copy copy its files first), so every PersonaPlex test
-module shares it. Building it needs moshi and sentencepiece; the imports are
-inside the fixture so that the other plugin tests run without them.
+PersonaPlex: the tiny checkpoint and one torch thread. The checkpoint is written
+once per test run and only read by the tests (those that need a changed copy
+copy its files first), so every PersonaPlex test module shares it.
+
+Default plugin: the real models (Whisper tiny.en, Piper joe with its randomness
+off, loaded once per module) and ``chat``, the OpenAI-compatible chat stub of
+``test_default_reply.py``.
+
+Each fixture imports what it needs when it runs, so a module that needs none of
+a fixture's packages (moshi, faster-whisper, piper) runs without them.
 """
 
 from __future__ import annotations
 
 from collections.abc import Iterator
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 import pytest
+
+if TYPE_CHECKING:
+    from duplex.plugins.default.asr import WhisperTranscriber
+    from duplex.plugins.default.tts import PiperSpeaker
+    from tests.plugins.test_default_reply import ChatStub
 
 
 @pytest.fixture(scope="module")
@@ -34,3 +46,25 @@ def ckpt(tmp_path_factory: pytest.TempPathFactory) -> Path:
     from duplex.plugins.personaplex.testing import make_tiny_checkpoint
 
     return make_tiny_checkpoint(tmp_path_factory.mktemp("pp"), seed=5)
+
+
+@pytest.fixture(scope="module")
+def models() -> tuple[WhisperTranscriber, PiperSpeaker]:
+    """The default plugin's models, loaded; Piper's noise is off, so the same text sounds the same."""
+    from duplex.plugins.default.asr import WhisperTranscriber
+    from duplex.plugins.default.tts import PiperSpeaker
+
+    asr, tts = WhisperTranscriber(), PiperSpeaker(noise_scale=0.0, noise_w_scale=0.0)
+    asr.load()
+    tts.load()
+    return asr, tts
+
+
+@pytest.fixture
+def chat() -> Iterator[ChatStub]:
+    """A running OpenAI-compatible chat stub on 127.0.0.1:0, closed after the test."""
+    from tests.plugins.test_default_reply import ChatStub
+
+    stub = ChatStub()
+    yield stub
+    stub.close()

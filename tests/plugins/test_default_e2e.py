@@ -12,7 +12,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import re
-from collections.abc import AsyncIterator, Callable, Iterator
+from collections.abc import AsyncIterator, Callable
 from typing import Any
 
 import numpy as np
@@ -58,14 +58,6 @@ def words(text: str) -> list[str]:
 
 
 @pytest.fixture(scope="module")
-def models() -> tuple[WhisperTranscriber, PiperSpeaker]:
-    asr, tts = WhisperTranscriber(), PiperSpeaker(noise_scale=0.0, noise_w_scale=0.0)
-    asr.load()
-    tts.load()
-    return asr, tts
-
-
-@pytest.fixture(scope="module")
 def voice(models: tuple[WhisperTranscriber, PiperSpeaker]) -> Callable[[str], np.ndarray]:
     """Text -> the user saying it, as 24 kHz float32 with 300 ms of silence before and 900 ms after."""
     _, tts = models
@@ -75,13 +67,6 @@ def voice(models: tuple[WhisperTranscriber, PiperSpeaker]) -> Callable[[str], np
         return np.concatenate([np.zeros(7200, np.float32), speech, np.zeros(21600, np.float32)])
 
     return say
-
-
-@pytest.fixture
-def chat() -> Iterator[ChatStub]:
-    stub = ChatStub()
-    yield stub
-    stub.close()
 
 
 class Transcript:

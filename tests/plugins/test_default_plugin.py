@@ -39,25 +39,10 @@ def to_16k(pcm: np.ndarray) -> np.ndarray:
 
 
 @pytest.fixture(scope="module")
-def models() -> tuple[WhisperTranscriber, PiperSpeaker]:
-    asr, tts = WhisperTranscriber(), PiperSpeaker(noise_scale=0.0, noise_w_scale=0.0)  # repeatable speech
-    asr.load()
-    tts.load()
-    return asr, tts
-
-
-@pytest.fixture(scope="module")
 def plugin(models: tuple[WhisperTranscriber, PiperSpeaker]) -> Iterator[DefaultPlugin]:
     asr, tts = models
     with DefaultPlugin(DefaultPluginConfig(max_sessions=2), asr=asr, tts=tts) as p:
         yield p
-
-
-@pytest.fixture
-def chat() -> Iterator[ChatStub]:
-    stub = ChatStub()
-    yield stub
-    stub.close()
 
 
 @pytest.fixture

@@ -143,17 +143,7 @@ class ChatStub:
         self._thread.join()
 
 
-# --- fixtures ---
-
-
-@pytest.fixture
-def chat() -> Iterator[ChatStub]:
-    stub = ChatStub()
-    yield stub
-    stub.close()
-
-
-# --- echo and messages ---
+# --- echo and messages (the ``chat`` fixture is in conftest.py) ---
 
 
 def test_echo_repeats_the_words_in_one_sentence() -> None:
