@@ -336,32 +336,22 @@ class DefaultPlugin(Plugin):
         """Speak each complete piece of the stream; ``None`` passes through (nothing new yet).
 
         A piece with no audio (only punctuation) is carried into the next spoken
-        piece, or into a last silent piece, so the texts always join to the reply.
+        piece, or into a last silent piece, so the texts always join to the reply
+        (``PiperSpeaker.speak_all``).
         """
+        return self.tts.speak_all(self._pieces(deltas))
+
+    def _pieces(self, deltas: Iterator[str | None]) -> Iterator[str | None]:
+        """The stream cut into sentences (or a first clause) as they complete; ``None`` passes through."""
         splitter = SentenceSplitter(
             max_chars=self.config.max_sentence_chars, first_clause=self.config.first_clause
         )
-        carry = ""
         for delta in deltas:
             if delta is None:
                 yield None
                 continue
-            for piece in splitter.feed(delta):
-                pcm = self.tts.speak(piece)
-                if pcm.size == 0:
-                    carry += piece
-                    continue
-                yield SpokenPiece(carry + piece, pcm)
-                carry = ""
-        for piece in splitter.flush():
-            pcm = self.tts.speak(piece)
-            if pcm.size:
-                yield SpokenPiece(carry + piece, pcm)
-                carry = ""
-            else:
-                carry += piece
-        if carry:
-            yield SpokenPiece(carry, np.zeros(0, dtype=np.float32))
+            yield from splitter.feed(delta)
+        yield from splitter.flush()
 
 
 def _history_before(history: tuple[tuple[str, str], ...], user_text: str) -> tuple[tuple[str, str], ...]:

@@ -131,15 +131,20 @@ class PiperSpeaker:
             return np.zeros(0, dtype=np.float32)
         return np.concatenate(parts).astype(np.float32, copy=False)
 
-    def speak_all(self, pieces: Iterable[str]) -> Iterator[SpokenPiece]:
+    def speak_all(self, pieces: Iterable[str | None]) -> Iterator[SpokenPiece | None]:
         """Speak each piece as it arrives; yields one ``SpokenPiece`` per piece that has audio.
 
         A piece with no audio (only punctuation or spaces) is not lost: its text is
         carried into the next spoken piece, or into a final silent piece, so the
-        texts yielded always join back to the input.
+        texts yielded always join back to the input. A ``None`` among the pieces
+        (a live stream with nothing new yet) is yielded at once, in its place; a
+        carried text waits across it. Pieces that are all strings give no ``None``.
         """
         carry = ""
         for piece in pieces:
+            if piece is None:
+                yield None
+                continue
             pcm = self.speak(piece)
             if pcm.size == 0:
                 carry += piece
