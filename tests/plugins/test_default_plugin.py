@@ -120,6 +120,21 @@ def test_piper_spoken_question_transcribes_exactly(
     assert asr.transcribe(question) == QUESTION
 
 
+def test_speak_all_passes_none_through_and_carries_silent_pieces(
+    models: tuple[WhisperTranscriber, PiperSpeaker],
+) -> None:
+    _, tts = models
+    out = list(tts.speak_all(["Hello there.", None, " ...", None, " Goodbye.", " ..."]))
+    assert [None if o is None else o.text for o in out] == [
+        "Hello there.",
+        None,
+        None,
+        " ... Goodbye.",  # the silent piece rides on the next spoken one, after the Nones
+        " ...",  # the last silent piece comes out alone, with no audio
+    ]
+    assert [0 if o is None else o.pcm.size > 0 for o in out] == [True, 0, 0, True, False]
+
+
 def test_short_and_long_turns_are_heard_whole(
     models: tuple[WhisperTranscriber, PiperSpeaker], question: np.ndarray
 ) -> None:
