@@ -131,3 +131,20 @@ def test_scripted_turn_streams_words_and_ends_the_turn() -> None:
     assert (
         call.tool_call.name == "get_time" and call.tool_call.arguments == '{"tz":"UTC"}' and call.end_of_turn
     )
+
+
+@pytest.mark.parametrize("cls", [EchoPlugin, ScriptedUnitPlugin, ScriptedTurnPlugin])
+@pytest.mark.parametrize("slot", [-1, 2])
+def test_a_slot_outside_max_sessions_is_refused_by_every_slot_method(cls: type, slot: int) -> None:
+    plugin = cls(max_sessions=2)
+    plugin.load()
+    calls = [
+        lambda: plugin.open_slot(slot, SlotOptions()),
+        lambda: plugin.cancel_slot(slot, 1),
+        lambda: plugin.close_slot(slot),
+    ]
+    for call in calls:
+        with pytest.raises(PluginError) as err:
+            call()
+        assert err.value.code == "invalid_slot"
+        assert f"{cls.name}: slot {slot} is outside 0..1" in err.value.message

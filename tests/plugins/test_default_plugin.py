@@ -110,6 +110,17 @@ def test_bad_options_are_refused_with_invalid_plugin_config(
     assert needle in exc.value.message
 
 
+def test_a_slot_outside_max_sessions_is_an_internal_error(plugin: DefaultPlugin) -> None:
+    for call in (
+        lambda: plugin.open_slot(2, SlotOptions()),
+        lambda: plugin.cancel_slot(-1, 1),
+        lambda: plugin.close_slot(2),
+    ):
+        with pytest.raises(PluginError) as err:
+            call()
+        assert err.value.code == "internal_error"
+
+
 # --- understanding and speaking ---
 
 
