@@ -17,7 +17,8 @@
     response.content_part.done
     response.output_item.done
     conversation.item.done
-    response.done
+    response.done                      (``usage`` always, zeros when the model reports none;
+                                        ``status_details.reason`` from ``WIRE_REASONS``)
     rate_limits.updated
 
 A transcript delta is sent only when the chunk carries text. ``finish`` closes
@@ -63,9 +64,49 @@ from duplex.protocol.realtime.items import (
     OutputTextPart,
     TextPart,
 )
-from duplex.protocol.realtime.responses import Response, StatusDetails
+from duplex.protocol.realtime.responses import Response, StatusDetails, Usage
 
-__all__ = ["ActiveResponse"]
+__all__ = ["WIRE_REASONS", "ActiveResponse", "wire_reason", "zero_usage"]
+
+# Why a response ended, as the engine says it -> ``status_details.reason`` on the wire. OpenAI's
+# models accept only ``turn_detected`` / ``client_cancelled`` (cancelled) and ``max_output_tokens`` /
+# ``content_filter`` (incomplete), and strict clients validate against them. A barge-in is the user
+# taking the turn over the response; a cleared output buffer is the client cancelling; a normal end,
+# a model that chose to listen (``response.listen`` follows), a closing session and a failure
+# (``status_details.error`` carries it) have no reason on the wire.
+WIRE_REASONS: dict[str, str | None] = {
+    "turn_detected": "turn_detected",
+    "barge_in": "turn_detected",
+    "client_cancelled": "client_cancelled",
+    "output_audio_buffer_clear": "client_cancelled",
+    "max_output_tokens": "max_output_tokens",
+    "content_filter": "content_filter",
+    "stop": None,
+    "model_listen": None,
+    "session_closed": None,
+    "error": None,
+}
+
+
+def wire_reason(reason: str | None) -> str | None:
+    """The ``status_details.reason`` of a response that ended for ``reason`` (``WIRE_REASONS``;
+    a reason missing from the table is not sent)."""
+    return WIRE_REASONS.get(reason) if reason is not None else None
+
+
+def zero_usage() -> Usage:
+    """The usage of a ``response.done`` when the model reports no token counts: every count 0.
+
+    Strict clients read ``response.done.response.usage`` (and its token details) without a None
+    check, so every ``response.done`` carries one; ``response.created`` carries none, as OpenAI's.
+    """
+    return Usage(
+        total_tokens=0,
+        input_tokens=0,
+        output_tokens=0,
+        input_token_details={"cached_tokens": 0, "text_tokens": 0, "audio_tokens": 0, "image_tokens": 0},
+        output_token_details={"text_tokens": 0, "audio_tokens": 0},
+    )
 
 
 class ActiveResponse:
@@ -95,6 +136,7 @@ class ActiveResponse:
         self.speak_sent = False
         self.closed = False
         self.status = "in_progress"
+        self.reason: str | None = None  # why it ended, in the engine's words (``WIRE_REASONS``)
         self.outputs: list[ConversationItem] = []  # finished output items, by output_index
         self.new_items: list[tuple[ConversationItem, str | None]] = []  # items the session must store
 
@@ -102,7 +144,9 @@ class ActiveResponse:
     def modalities(self) -> list[str]:
         return ["audio"] if self.audio else ["text"]
 
-    def _response(self, status: str, details: StatusDetails | None = None) -> Response:
+    def _response(
+        self, status: str, details: StatusDetails | None = None, usage: Usage | None = None
+    ) -> Response:
         return Response(
             id=self.response_id,
             status=status,  # type: ignore[arg-type]
@@ -110,6 +154,7 @@ class ActiveResponse:
             output=list(self.outputs),
             output_modalities=self.modalities,
             metadata=self.metadata,
+            usage=usage,
         )
 
     def created(self) -> list[Event]:
@@ -259,8 +304,10 @@ class ActiveResponse:
         events = self._close_message(item_status) if self.message_open else []
         self.closed = True
         self.status = status
+        self.reason = reason
         self.cursor.finished = True
-        details = StatusDetails(type=status, reason=reason, error=error)  # type: ignore[arg-type]
-        events.append(ResponseDone(event_id=new_event_id(), response=self._response(status, details)))
+        details = StatusDetails(type=status, reason=wire_reason(reason), error=error)  # type: ignore[arg-type]
+        response = self._response(status, details, zero_usage())
+        events.append(ResponseDone(event_id=new_event_id(), response=response))
         events.append(RateLimitsUpdated(event_id=new_event_id(), rate_limits=[]))
         return events

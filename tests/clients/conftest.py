@@ -1,7 +1,9 @@
 """Both clients against the same real engine (echo frame plugin): over a loopback server, and inline.
 
 ``make_client(**kwargs)`` builds and opens a client of the parametrized transport; every client it
-made is closed at teardown.
+made is closed at teardown. Every ``response.done`` any of them received is then checked against the
+``openai`` SDK's ``RealtimeServerEvent`` model (as rendered on the GA wire) and must carry ``usage``:
+strict clients read token counts from it.
 """
 
 from __future__ import annotations
@@ -11,13 +13,37 @@ from typing import Any
 
 import pytest
 
-from clients import DuplexClient, DuplexClientBase, InlineDuplexClient
+from clients import DuplexClient, DuplexClientBase, InlineDuplexClient, event_type
+from duplex.protocol import Mode, encode
 from tests.server.harness import running_server
+
+_SDK_EVENT: Any = None
+
+
+def check_response_done(event: Any) -> None:
+    """``event`` (a ``response.done``) validates as the SDK's model and has ``usage`` set."""
+    global _SDK_EVENT
+    if _SDK_EVENT is None:
+        import pydantic
+        from openai.types.realtime import RealtimeServerEvent
+
+        _SDK_EVENT = pydantic.TypeAdapter(RealtimeServerEvent)
+    parsed = _SDK_EVENT.validate_json(encode(event, Mode.GA))
+    usage = parsed.response.usage
+    assert usage is not None, f"response.done without usage: {event}"
+    assert usage.input_tokens is not None and usage.output_tokens is not None
+    assert usage.total_tokens is not None
 
 
 @pytest.fixture(params=["websocket", "inline"])
 async def make_client(request) -> AsyncIterator[Callable[..., Awaitable[DuplexClientBase]]]:
     made: list[DuplexClientBase] = []
+    done: list[Any] = []
+
+    def keep_done(event: Any) -> None:
+        if event_type(event) == "response.done":
+            done.append(event)
+
     async with running_server() as srv:
 
         async def make(**kwargs: Any) -> DuplexClientBase:
@@ -25,6 +51,7 @@ async def make_client(request) -> AsyncIterator[Callable[..., Awaitable[DuplexCl
                 client: DuplexClientBase = DuplexClient(srv.url, model="m", **kwargs)
             else:
                 client = InlineDuplexClient(srv.engine, model="m", **kwargs)
+            client.add_listener(keep_done)
             await client.open()
             made.append(client)
             return client
@@ -32,3 +59,5 @@ async def make_client(request) -> AsyncIterator[Callable[..., Awaitable[DuplexCl
         yield make
         for client in made:
             await client.close()
+    for event in done:
+        check_response_done(event)

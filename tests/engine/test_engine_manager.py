@@ -349,7 +349,7 @@ async def test_echo_frames_come_back_as_audio_and_barge_in_fences_them() -> None
         assert events[-1].delta == frame
         att.submit(BargeIn())
         events = await until(att, "response.done")
-        assert events[-1].response.status_details.reason == "barge_in"
+        assert events[-1].response.status_details.reason == "turn_detected"  # barge_in on the wire
         assert eng.metrics.append_to_step_s.count >= 1 and eng.stats()["frames_stepped"] >= 2
 
 

@@ -1,0 +1,60 @@
+"""``response.done`` as strict clients read it: ``usage`` always set, ``status_details`` valid for the
+``openai`` SDK's ``RealtimeServerEvent`` model whatever the engine's reason for ending was."""
+
+from __future__ import annotations
+
+import pydantic
+import pytest
+from openai.types.realtime import RealtimeServerEvent
+
+from duplex.engine.response import WIRE_REASONS, ActiveResponse, wire_reason, zero_usage
+from duplex.protocol import Mode, encode
+from duplex.protocol.formats import AudioFormat
+from duplex.protocol.realtime.responses import ResponseError
+
+SDK = pydantic.TypeAdapter(RealtimeServerEvent)
+ENDINGS = [
+    ("completed", "stop"),
+    ("completed", "model_listen"),
+    ("cancelled", "client_cancelled"),
+    ("cancelled", "output_audio_buffer_clear"),
+    ("cancelled", "barge_in"),
+    ("cancelled", "turn_detected"),
+    ("cancelled", "session_closed"),
+    ("incomplete", "max_output_tokens"),
+    ("failed", "error"),
+]
+
+
+def finished(status: str, reason: str, *, audio: bool = True) -> list:
+    r = ActiveResponse("resp_1", epoch=0, audio=audio, output_format=AudioFormat("pcm16", 24000))
+    r.add_chunk(audio_bytes=b"\0\0" * 240, duration_ms=10, text="hi", speak=True, previous_item_id=None)
+    failed = status == "failed"
+    error = ResponseError(type="server_error", code="model_failed", message="x") if failed else None
+    return r.finish(status, reason, error)
+
+
+@pytest.mark.parametrize(("status", "reason"), ENDINGS)
+def test_every_response_done_validates_with_the_sdk_and_carries_usage(status: str, reason: str) -> None:
+    done = next(e for e in finished(status, reason) if type(e).__name__ == "ResponseDone")
+    parsed = SDK.validate_json(encode(done, Mode.GA))
+    assert parsed.type == "response.done"
+    assert parsed.response.status == status
+    assert parsed.response.status_details.reason == WIRE_REASONS[reason]
+    usage = parsed.response.usage
+    assert (usage.total_tokens, usage.input_tokens, usage.output_tokens) == (0, 0, 0)
+    assert usage.input_token_details.audio_tokens == 0 and usage.output_token_details.audio_tokens == 0
+    assert done.response.usage == zero_usage()
+
+
+def test_response_created_carries_no_usage() -> None:
+    r = ActiveResponse("resp_1", epoch=0, audio=False, output_format=AudioFormat("pcm16", 24000))
+    (created,) = r.created()
+    assert created.response.usage is None
+    SDK.validate_json(encode(created, Mode.GA))
+
+
+def test_reasons_outside_the_table_are_not_sent() -> None:
+    assert wire_reason("something_new") is None and wire_reason(None) is None
+    assert set(WIRE_REASONS.values()) <= {None, "turn_detected", "client_cancelled", "max_output_tokens",
+                                          "content_filter"}
