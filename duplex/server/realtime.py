@@ -14,8 +14,9 @@ Theory of operation
    attachment's outbox. When the client reads too slowly the writer blocks on the socket, the outbox
    fills, and the engine detaches the attachment (``Detached("slow_reader")``: the socket is closed
    with 1013); a write blocked for ``send_timeout_s`` is found by the app's send watchdog, which
-   detaches the session and abandons the socket (a close frame could not get through either).
-   Either way the client resumes from the journal: a slow reader never grows the server's memory.
+   detaches the session, cancels the blocked write and closes with 1013 once the peer reads again
+   (``_close_stalled`` says why sooner is impossible). Either way the client resumes from the
+   journal: a slow reader never grows the server's memory.
 4. *End*: a client that goes away detaches its attachment (the session waits for a resume, or closes
    when it cannot resume). When the writer sees ``Detached`` the socket closes with a code that tells
    the client what to do: 1000 after ``session.closed`` / ``session.expired`` / ``session.replaced``,
@@ -235,7 +236,8 @@ class _Connection:
 
     async def stall(self) -> None:
         """A write has been blocked for ``send_timeout_s``: the peer stopped reading. Detach the
-        session (it keeps journaling; the client resumes) and stop writing. Called by the watchdog."""
+        session (it keeps journaling; the client resumes) and cancel the writer; ``_serve`` then
+        closes the socket with 1013 (``_close_stalled``). Called by the watchdog."""
         if self._stalled or self._att is None or self._writer is None:
             return
         self._stalled = True
@@ -263,6 +265,26 @@ class _Connection:
                 # The client left (or we are cancelled): the session waits for a resume.
                 await asyncio.shield(att.detach())
                 self.metrics.detached["client_gone"] += 1
+        if self._stalled:
+            await self._close_stalled()
+
+    async def _close_stalled(self) -> None:
+        """Close a stalled socket with 1013 "slow_reader", waiting up to ``shutdown_timeout_s``.
+
+        The cancelled write was waiting for the transport to become writable, so no partial frame
+        was written. The close frame waits the same way: uvicorn's ``send`` (for every ASGI
+        message, ``websocket.close`` included) first waits until the transport's write buffer
+        drains, so the 1013 goes out, in order after what was buffered, as soon as the peer reads
+        again, and uvicorn then finishes the closing handshake and releases the connection. A
+        peer that never reads again cannot be released by the application: ASGI offers no way to
+        abort a transport, and uvicorn's own close (when this handler returns, after its close
+        timer, or on a keepalive timeout) is ``transport.close()``, which flushes first. Such a
+        socket stays until the peer reads or its TCP connection dies; it holds no session (it is
+        detached) and at most the transport's write buffer.
+        """
+        with contextlib.suppress(TimeoutError):
+            async with asyncio.timeout(self.cfg.shutdown_timeout_s):
+                await self._close(CloseCode.TRY_AGAIN_LATER, "slow_reader")
 
     async def _read_loop(self, att: Any, first: Any) -> None:
         if first is not None:

@@ -3,12 +3,13 @@
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import socket
 
 import websockets
 
 from clients.collector import event_type
-from duplex.protocol import DuplexSessionConfig, DuplexSessionUpdate, SessionResume, encode
+from duplex.protocol import DuplexSessionConfig, DuplexSessionUpdate, SessionResume, decode_event, encode
 from duplex.server.config import ServerConfig
 from tests.server.harness import running_server
 from tests.server.wire import recv
@@ -47,3 +48,31 @@ async def test_stalled_reader_is_detached_and_resumes_from_the_journal():
             assert (event_type(first), first.server_event_seq) == ("session.updated", 1)
         finally:
             fresh.transport.abort()  # 4 MB of replay are still coming; no closing handshake needed
+
+
+async def test_a_stalled_socket_is_closed_with_1013_once_its_peer_reads_again():
+    # The stalled write is cancelled and the close frame queued behind what the transport holds:
+    # a peer that reads again gets every frame already written, then a 1013 close (not a bare EOF).
+    cfg = ServerConfig(send_timeout_s=0.3, shutdown_timeout_s=60.0)
+    async with running_server(cfg) as srv:
+        ws = await websockets.connect(
+            srv.url + "?model=m", sock=_tiny_socket(srv.port), max_queue=1, proxy=None, ping_interval=None
+        )
+        await recv(ws)
+        update = encode(DuplexSessionUpdate(session=DuplexSessionConfig(instructions="x" * 100_000)))
+        for _ in range(40):
+            await ws.send(update)
+        state = srv.app.state.duplex
+        async with asyncio.timeout(20):
+            while state.metrics.detached["slow_reader"] == 0:
+                await asyncio.sleep(0.05)
+        kinds = set()
+        with contextlib.suppress(websockets.ConnectionClosed):
+            async with asyncio.timeout(20):
+                while True:
+                    kinds.add(event_type(decode_event(await ws.recv())))
+        assert kinds == {"session.updated"}
+        assert (ws.close_code, ws.close_reason) == (1013, "slow_reader")
+        async with asyncio.timeout(20):  # uvicorn released the connection after the handshake
+            while srv.server.server_state.connections:
+                await asyncio.sleep(0.05)
