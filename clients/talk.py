@@ -58,7 +58,7 @@ def _load_input(args: argparse.Namespace) -> np.ndarray:
             pcm = pcm[:, 0]
         return resample(pcm, rate, RATE) if rate != RATE else pcm
     if args.mic:
-        sd = _sounddevice()
+        sd = _sounddevice("--mic")
         print(f"recording {args.seconds:.1f} s from the microphone ...", file=sys.stderr)
         rec = sd.rec(int(args.seconds * RATE), samplerate=RATE, channels=1, dtype="float32")
         sd.wait()
@@ -66,12 +66,20 @@ def _load_input(args: argparse.Namespace) -> np.ndarray:
     raise TalkError("give --wav FILE or --mic", 2)
 
 
-def _sounddevice() -> Any:
+def _sounddevice(flag: str) -> Any:
+    """The ``sounddevice`` module, or a one-line ``TalkError`` (status 2) naming what to install:
+    the package itself, or the PortAudio library it loads (its import raises ``OSError`` then)."""
     try:
         import sounddevice
     except ImportError as exc:
         raise TalkError(
-            "--mic and --play need the 'sounddevice' package (pip install sounddevice)", 2
+            f"{flag} needs the 'sounddevice' package, which is not installed: pip install sounddevice", 2
+        ) from exc
+    except OSError as exc:
+        raise TalkError(
+            f"{flag} needs the PortAudio library for 'sounddevice' ({exc}): install it, "
+            "e.g. apt install libportaudio2 or brew install portaudio",
+            2,
         ) from exc
     return sounddevice
 
@@ -211,6 +219,8 @@ async def _wait_for_replies(client: DuplexClient, timeout: float) -> None:
 
 def talk(args: argparse.Namespace) -> int:
     """Run ``duplex talk`` with parsed arguments; returns the exit status."""
+    if args.play:
+        _sounddevice("--play")  # before the session, not after it: fail at once when it is missing
     pcm = _load_input(args)
     responses, collector = asyncio.run(_talk(args, pcm))
     audio = [decode_audio(bytes(h.audio), h.audio_format) for h in responses if h.audio and h.audio_format]
@@ -228,7 +238,7 @@ def talk(args: argparse.Namespace) -> int:
         write_wav(args.out, reply, rate)
         print(f"saved {args.out}")
     if args.play and len(reply):
-        sd = _sounddevice()
+        sd = _sounddevice("--play")
         sd.play(reply, rate)
         sd.wait()
     return 0
