@@ -280,8 +280,10 @@ class _Connection:
         abort a transport, and uvicorn's own close (when this handler returns, after its close
         timer, or on a keepalive timeout) is ``transport.close()``, which flushes first. Such a
         socket stays until the peer reads or its TCP connection dies; it holds no session (it is
-        detached) and at most the transport's write buffer.
+        detached) and at most the transport's write buffer. A drain does not wait for this socket
+        (it serves nothing any more), so a stalled peer does not lengthen a shutdown.
         """
+        self.state.connections.discard(asyncio.current_task())  # type: ignore[arg-type]
         with contextlib.suppress(TimeoutError):
             async with asyncio.timeout(self.cfg.shutdown_timeout_s):
                 await self._close(CloseCode.TRY_AGAIN_LATER, "slow_reader")

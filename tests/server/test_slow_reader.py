@@ -66,6 +66,10 @@ async def test_a_stalled_socket_is_closed_with_1013_once_its_peer_reads_again():
         async with asyncio.timeout(20):
             while state.metrics.detached["slow_reader"] == 0:
                 await asyncio.sleep(0.05)
+        async with asyncio.timeout(20):  # a drain no longer waits for it (it serves nothing) ...
+            while state.connections:
+                await asyncio.sleep(0.05)
+        assert len(srv.server.server_state.connections) == 1  # ... while uvicorn still holds it
         kinds = set()
         with contextlib.suppress(websockets.ConnectionClosed):
             async with asyncio.timeout(20):
