@@ -277,9 +277,9 @@ class DuplexClient(DuplexClientBase):
         ``frame`` is the raw payload (JSON text, or msgpack bytes on a msgpack socket), ``t`` its
         receive time on ``clock``. Every frame of every socket comes through here in order,
         including the handshake's ``session.created`` / ``session.resumed`` and frames the
-        decoder will refuse or skip, and replayed duplicates a resume drops later. Called from
-        the receive pump: it must not block. The default calls ``on_raw_frame`` when one was
-        given, else does nothing.
+        decoder will refuse or skip, and replayed duplicates a resume drops later. Called by the
+        task reading the socket (``open``, then the receive pump): it must not block. The
+        default calls ``on_raw_frame`` when one was given, else does nothing.
         """
         if self.on_raw_frame is not None:
             self.on_raw_frame(frame, t)
