@@ -15,17 +15,46 @@ changes.
 
 from __future__ import annotations
 
+import functools
+
 import msgspec
 import numpy as np
 
 from duplex.engine.vad import SpeechStarted, SpeechStopped, TurnDetector, VadEvent
 from duplex.engine.vad_config import VadConfig
-from duplex.protocol.audio import StreamResampler, decode_audio
+from duplex.protocol.audio import StreamResampler, decode_audio, resampled_length
 from duplex.protocol.formats import AudioFormat
 
-__all__ = ["DecodedAppend", "InputPipeline"]
+__all__ = ["RESAMPLE_QUALITY", "DecodedAppend", "InputPipeline"]
 
 VAD_RATE = 16000
+#: soxr quality of the session's resamplers (input to the model and the VAD, model output to the
+#: client). ``LQ`` holds back at most ~5 ms between 16 and 24 kHz where ``HQ`` holds back 5-45 ms
+#: and releases output in uneven blocks, so a client at another rate than the model's would see
+#: its first 80 ms append short of a complete frame and wait for the next one (80 ms more to first
+#: audio). ``LQ`` keeps speech's band flat (``protocol.audio.StreamResampler``).
+RESAMPLE_QUALITY = "LQ"
+
+
+@functools.cache
+def hold_back(in_rate: int, out_rate: int) -> int:
+    """The most output samples the model-rate resampler holds back at any point of a stream.
+
+    Measured once per rate pair on two seconds of audio fed in 10 ms and in 80 ms pieces.
+    ``InputPipeline`` starts a resampled stream with this much silence, so each append that
+    ends a frame's worth of client audio completes that frame (it would otherwise wait for
+    the next append, or be padded, whenever soxr holds back part of it).
+    """
+    worst = 0
+    for piece_ms in (10, 80):
+        rs = StreamResampler(in_rate, out_rate, quality=RESAMPLE_QUALITY)
+        piece = np.zeros(in_rate * piece_ms // 1000, dtype=np.float32)
+        n_in = n_out = 0
+        for _ in range(2000 // piece_ms):
+            n_in += len(piece)
+            n_out += len(rs.process(piece))
+            worst = max(worst, resampled_length(n_in, in_rate, out_rate) - n_out)
+    return worst
 
 
 class DecodedAppend(msgspec.Struct, frozen=True):
@@ -47,6 +76,7 @@ class InputPipeline:
         self._to_model: StreamResampler | None = None
         self._to_vad: StreamResampler | None = None
         self._in_rate = 0
+        self._prime = 0  # silence to put before the next model-rate samples (``hold_back``)
         self.detector: TurnDetector | None = None
 
     def configure_vad(self, config: VadConfig | None) -> None:
@@ -56,8 +86,9 @@ class InputPipeline:
     def _resamplers(self, rate: int) -> tuple[StreamResampler, StreamResampler]:
         if rate != self._in_rate or self._to_model is None or self._to_vad is None:
             self._in_rate = rate
-            self._to_model = StreamResampler(rate, self.model_rate)
-            self._to_vad = StreamResampler(rate, VAD_RATE)
+            self._to_model = StreamResampler(rate, self.model_rate, quality=RESAMPLE_QUALITY)
+            self._to_vad = StreamResampler(rate, VAD_RATE, quality=RESAMPLE_QUALITY)
+            self._prime = hold_back(rate, self.model_rate) if rate != self.model_rate else 0
         return self._to_model, self._to_vad
 
     def process(self, audio: bytes, fmt: AudioFormat, video_frames: tuple[bytes, ...] = ()) -> DecodedAppend:
@@ -66,6 +97,9 @@ class InputPipeline:
         to_model, to_vad = self._resamplers(fmt.rate)
         # decode_audio returns a fresh array: at the model's rate it is used as is (no copy).
         model_pcm = pcm if fmt.rate == self.model_rate else to_model.process(pcm)
+        if self._prime and len(pcm):
+            model_pcm = np.concatenate([np.zeros(self._prime, dtype=np.float32), model_pcm])
+            self._prime = 0
         n = len(pcm)
         rms = float(np.sqrt(np.dot(pcm, pcm) / n)) if n else 0.0
         events: tuple[VadEvent, ...] = ()

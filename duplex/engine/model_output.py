@@ -16,6 +16,7 @@ from typing import TYPE_CHECKING
 import msgspec
 import numpy as np
 
+from duplex.engine.input import RESAMPLE_QUALITY
 from duplex.engine.response import ActiveResponse
 from duplex.plugins.base import PluginKind, SlotOutput
 from duplex.protocol.audio import StreamResampler, encode_audio
@@ -87,7 +88,9 @@ def chunk(s: Session, response: ActiveResponse, output: SlotOutput, pcm: np.ndar
         if output.sample_rate != fmt.rate:
             rs = s._out_resampler
             if rs is None or rs.in_rate != output.sample_rate or rs.out_rate != fmt.rate:
-                rs = s._out_resampler = StreamResampler(output.sample_rate, fmt.rate)
+                rs = s._out_resampler = StreamResampler(
+                    output.sample_rate, fmt.rate, quality=RESAMPLE_QUALITY
+                )
             pcm = rs.process(pcm)
         audio_bytes = encode_audio(pcm, fmt)
         s.audio_started = True

@@ -92,3 +92,19 @@ def test_float_to_int16_repairs_non_finite_samples_in_a_long_frame(bad: float) -
     out = float_to_int16(pcm)
     assert out[7] == (0 if np.isnan(bad) else 32767 if bad > 0 else -32768)
     assert (np.delete(out, 7) == 8192).all()
+
+
+@pytest.mark.parametrize("rate", [8000, 16000, 48000])
+def test_every_append_of_a_resampled_stream_completes_its_frame(rate: int) -> None:
+    from duplex.engine.input import InputPipeline
+    from duplex.protocol.audio import pcm16_encode
+    from duplex.protocol.formats import AudioFormat
+
+    pipeline = InputPipeline(24000)
+    rng = np.random.default_rng(1)
+    total = 0
+    for k in range(1, 26):  # 2 s of 80 ms appends
+        audio = pcm16_encode((0.1 * rng.standard_normal(rate * 80 // 1000)).astype(np.float32))
+        total += len(pipeline.process(audio, AudioFormat("pcm16", rate)).pcm)
+        assert total >= k * CHUNK, (k, total)
+    assert total - 25 * CHUNK <= 24000 * 0.06  # the silence put first is a few tens of ms at most
