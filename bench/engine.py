@@ -13,6 +13,12 @@ What it measures, per session count N (default 100, 500, 1000):
   to the start of the step that consumed it, p50/p99 (the engine's own histogram);
 * ``realtime``: frames stepped / frames sent (1.0 = kept up), padded frames, and how
   late the clients' own 80 ms loop ran (the event loop's headroom);
+* ``first_audio``: ``--probes`` extra sessions (default 8) open during the measurement window
+  and each streams a voiced tone from a random phase until its first audio delta arrives:
+  p50 / max of stream start to first ``response.output_audio.delta`` under the load of N
+  sessions (the echo answers one frame late, so its floor is one frame period, 80 ms, plus
+  the tick wait; ``bench.first_audio`` measures the same over WebSocket and for PersonaPlex);
+* the machine's load average at the start and end of each run (other work on the box);
 * CPU (process, % of one core) and RSS, each run in its own interpreter; for the soak
   run, RSS sampled every 5 s and the slope of a least-squares line through the second
   half (MB per minute). The soak caps each session's conversation at
@@ -113,17 +119,20 @@ async def run_once(
     ack_every: int = 32,
     rss_every_s: float | None = None,
     conversation_items: int | None = None,
+    probes: int = 8,
 ) -> dict[str, Any]:
     import psutil
 
+    from bench.first_audio import probe_engine, summary
     from duplex.engine import Engine, EngineConfig
     from duplex.plugins.builtin.echo import EchoPlugin
 
     proc = psutil.Process()
-    plugin = EchoPlugin(max_sessions=n)
+    load_start = os.getloadavg()
+    plugin = EchoPlugin(max_sessions=n + probes)
     plugin.load()
     config = EngineConfig(
-        max_sessions=n,
+        max_sessions=n + probes,
         tick_ms=tick_ms,
         reaper_interval_s=5.0,
         max_conversation_items=conversation_items or EngineConfig().max_conversation_items,
@@ -152,6 +161,7 @@ async def run_once(
         stats["client_late_s"].clear()
         sent0, stepped0, padded0 = stats["sent"], m.frames_stepped.value, m.frames_padded.value
         cpu0, wall0 = proc.cpu_times(), time.perf_counter()
+        probe_task = asyncio.create_task(probe_engine(engine, probes, seed=n)) if probes else None
         rss: list[tuple[float, float]] = []
         if rss_every_s:
             while loop.time() < stop_at - rss_every_s:
@@ -160,6 +170,7 @@ async def run_once(
         await asyncio.gather(*tasks)
         wall = time.perf_counter() - wall0
         cpu1 = proc.cpu_times()
+        first_audio = await probe_task if probe_task is not None else []
         sent = stats["sent"] - sent0
         stepped = m.frames_stepped.value - stepped0
         result: dict[str, Any] = {
@@ -172,6 +183,9 @@ async def run_once(
             "append_to_step_p50_ms": _ms(m.append_to_step_s.percentile(0.5)),
             "append_to_step_p99_ms": _ms(m.append_to_step_s.percentile(0.99)),
             "lateness_p99_ms": _ms(m.lateness_s.percentile(0.99)),
+            "first_audio_ms": summary(first_audio)["p50_ms"],
+            "first_audio_max_ms": summary(first_audio)["max_ms"],
+            "first_audio_probes": len(first_audio),
             "frames_sent": sent,
             "frames_stepped": stepped,
             "realtime_ratio": round(stepped / sent, 4) if sent else None,
@@ -181,6 +195,8 @@ async def run_once(
             "cpu_percent": round(100 * ((cpu1.user - cpu0.user) + (cpu1.system - cpu0.system)) / wall, 1),
             "rss_mb": round(proc.memory_info().rss / 2**20, 1),
             "max_conversation_items": config.max_conversation_items,
+            "load_average_start": [round(x, 2) for x in load_start],
+            "load_average_end": [round(x, 2) for x in os.getloadavg()],
         }
         if rss:
             result["rss_samples_mb"] = [(round(t, 1), round(v, 1)) for t, v in rss]
@@ -216,6 +232,7 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument(
         "--soak-conversation-items", type=int, default=64, help="conversation bound in the soak"
     )
+    parser.add_argument("--probes", type=int, default=8, help="first-audio probe sessions per run")
     parser.add_argument("--out", default="bench/results/engine.json")
     parser.add_argument("--one", help=argparse.SUPPRESS)  # internal: one run, JSON on stdout
     args = parser.parse_args(argv)
@@ -228,6 +245,7 @@ def main(argv: list[str] | None = None) -> None:
                 spec["tick"],
                 rss_every_s=spec.get("rss_every_s"),
                 conversation_items=spec.get("conversation_items"),
+                probes=spec.get("probes", 8),
             )
         )
         print(json.dumps(result))
@@ -235,14 +253,19 @@ def main(argv: list[str] | None = None) -> None:
     tick = args.tick_ms or None
     runs = []
     for n in args.sessions:
-        result = _run_in_child(n, args.seconds, tick)
+        result = _run_in_child(n, args.seconds, tick, probes=args.probes)
         runs.append(result)
         _print(result)
     soak = None
     if args.soak_seconds:
         soak_n = args.soak_sessions or max(args.sessions)
         soak = _run_in_child(
-            soak_n, args.soak_seconds, tick, rss_every_s=5.0, conversation_items=args.soak_conversation_items
+            soak_n,
+            args.soak_seconds,
+            tick,
+            rss_every_s=5.0,
+            conversation_items=args.soak_conversation_items,
+            probes=args.probes,
         )
         _print(soak)
         print(f"soak: RSS slope over the second half {soak.get('rss_slope_mb_per_min')} MB/min")
@@ -269,8 +292,9 @@ def _print(r: dict[str, Any]) -> None:
         f"N={r['sessions']:5d} tick p50/p99 {r['tick_p50_ms']}/{r['tick_p99_ms']} ms  "
         f"append->step p50/p99 {r['append_to_step_p50_ms']}/{r['append_to_step_p99_ms']} ms  "
         f"realtime {r['realtime_ratio']} padded {r['frames_padded']}  "
+        f"first audio p50/max {r.get('first_audio_ms')}/{r.get('first_audio_max_ms')} ms  "
         f"client late p99 {r['client_loop_late_p99_ms']} ms  "
-        f"CPU {r['cpu_percent']}%  RSS {r['rss_mb']} MB"
+        f"CPU {r['cpu_percent']}%  RSS {r['rss_mb']} MB  load {r.get('load_average_start')}"
     )
 
 

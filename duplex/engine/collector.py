@@ -1,43 +1,47 @@
-"""The engine's setting of Python's cyclic garbage collector (``EngineConfig.gc_young_threshold``).
+"""The engine's setting of Python's cyclic garbage collector (``EngineConfig.gc_thresholds``).
 
 Why: at hundreds of sessions the engine allocates tens of thousands of short-lived
-container objects per second (events, journal entries, per-frame lists). With the
-interpreter's default young-generation threshold (700) a young collection runs every
-few milliseconds, so anything that lives a little longer, a journaled event waiting
-for its ack for instance, is promoted to the oldest generation; the promotions then
-trigger full collections, each a pause of tens of milliseconds over the whole heap
-that every session's frames wait behind (the p99 of ``append_to_step``). A larger
-young threshold lets those objects die young: full collections become rare and the
-young ones stay a few milliseconds.
+container objects per second (events, per-frame lists, journal entries). With the
+interpreter's default thresholds ``(700, 10, 10)`` a young collection runs every few
+milliseconds, so anything that lives a little longer (a journaled event waiting for its
+ack, a response's bookkeeping) is promoted to the oldest generation, and a full
+collection, a pause of tens of milliseconds over the whole heap that every session's
+frames wait behind, runs every few seconds: the p99 of ``append_to_step``. The engine's
+thresholds let those objects die young (a larger first threshold), keep each middle
+collection small (a small second one) and make full collections rare (a large third
+one). Reference counting still frees acyclic garbage at once; only cyclic garbage waits
+longer for a full collection.
 
-The setting is process-wide: ``raise_young_threshold`` only ever raises the first
-threshold and returns a token; ``restore`` puts the previous value back unless
-someone changed it in between. Nothing else about the collector changes.
+The setting is process-wide. ``apply`` leaves the collector alone when it is disabled
+or when the process already asked for a first threshold at least as large (it tuned the
+collector itself); ``restore`` puts the previous thresholds back unless someone changed
+them in between.
 """
 
 from __future__ import annotations
 
 import gc
 
-__all__ = ["raise_young_threshold", "restore"]
+__all__ = ["apply", "restore"]
+
+Thresholds = tuple[int, int, int]
 
 
-def raise_young_threshold(threshold: int | None) -> tuple[int, int] | None:
-    """Raise the young-generation threshold to ``threshold``; returns ``(previous, set)`` or None."""
-    if threshold is None:
+def apply(thresholds: Thresholds | None) -> tuple[Thresholds, Thresholds] | None:
+    """Set the collector's thresholds; returns ``(previous, applied)`` for ``restore``, or None."""
+    if thresholds is None:
         return None
-    previous, *rest = gc.get_threshold()
-    if previous == 0 or previous >= threshold:  # collection off, or already at least as lazy
+    previous = gc.get_threshold()
+    if previous[0] == 0 or previous[0] >= thresholds[0]:
         return None
-    gc.set_threshold(threshold, *rest)
-    return previous, threshold
+    gc.set_threshold(*thresholds)
+    return previous, tuple(thresholds)  # type: ignore[return-value]
 
 
-def restore(token: tuple[int, int] | None) -> None:
-    """Undo ``raise_young_threshold`` (a no-op when the threshold was changed since)."""
+def restore(token: tuple[Thresholds, Thresholds] | None) -> None:
+    """Undo ``apply`` (a no-op when the thresholds were changed since)."""
     if token is None:
         return
     previous, applied = token
-    current, *rest = gc.get_threshold()
-    if current == applied:
-        gc.set_threshold(previous, *rest)
+    if gc.get_threshold() == applied:
+        gc.set_threshold(*previous)

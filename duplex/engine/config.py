@@ -54,9 +54,8 @@ class EngineConfig(msgspec.Struct, frozen=True, kw_only=True):
         ``offload_min_bytes``: appends larger than this are decoded on the worker pool
         instead of the event loop (small ones cost less inline than a thread hop).
         ``worker_threads``: size of that pool (decode, resample, VAD).
-        ``gc_young_threshold``: while the engine runs, Python's young-generation collection
-        threshold is at least this (``duplex.engine.collector`` says why); ``None`` leaves
-        the collector alone.
+        ``gc_thresholds``: Python's garbage collector thresholds while the engine runs
+        (``duplex.engine.collector`` says why); ``None`` leaves the collector alone.
     """
 
     max_sessions: int = 64
@@ -82,7 +81,7 @@ class EngineConfig(msgspec.Struct, frozen=True, kw_only=True):
 
     offload_min_bytes: int = 64 * 1024
     worker_threads: int = 2
-    gc_young_threshold: int | None = 10_000
+    gc_thresholds: tuple[int, int, int] | None = (10_000, 3, 50)
 
     def __post_init__(self) -> None:
         if self.max_sessions < 1:
@@ -101,7 +100,7 @@ class EngineConfig(msgspec.Struct, frozen=True, kw_only=True):
         ):
             if getattr(self, name) < 1:
                 raise ValueError(f"{name} must be >= 1")
-        if self.gc_young_threshold is not None and self.gc_young_threshold < 1:
-            raise ValueError("gc_young_threshold must be >= 1 or None")
+        if self.gc_thresholds is not None and (len(self.gc_thresholds) != 3 or min(self.gc_thresholds) < 1):
+            raise ValueError("gc_thresholds must be three positive counts or None")
         if self.tick_ms is not None and self.tick_ms <= 0:
             raise ValueError("tick_ms must be positive or None")

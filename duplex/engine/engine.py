@@ -65,7 +65,7 @@ class Engine:
         self._background: list[asyncio.Task[None]] = []
         self._model_thread: concurrent.futures.ThreadPoolExecutor | None = None
         self._workers: concurrent.futures.ThreadPoolExecutor | None = None
-        self._gc_token: tuple[int, int] | None = None
+        self._gc_token: tuple[collector.Thresholds, collector.Thresholds] | None = None
 
     # ------------------------------------------------------------------ lifetime
 
@@ -93,7 +93,7 @@ class Engine:
             workers=self._workers,
             scheduler=self._scheduler,
         )
-        self._gc_token = collector.raise_young_threshold(self.config.gc_young_threshold)
+        self._gc_token = collector.apply(self.config.gc_thresholds)
         tg = asyncio.TaskGroup()
         await tg.__aenter__()
         self._tg = tg

@@ -64,21 +64,21 @@ def test_feed_buffer_grows_for_a_client_ahead_and_keeps_its_bound() -> None:
     assert feed.buffered == 0 and feed.consumed == 8 * CHUNK
 
 
-def test_collector_raises_only_the_young_threshold_and_restores_it() -> None:
+def test_collector_sets_the_thresholds_and_restores_them() -> None:
     before = gc.get_threshold()
     try:
-        gc.set_threshold(700, before[1], before[2])
-        token = collector.raise_young_threshold(10_000)
-        assert gc.get_threshold() == (10_000, before[1], before[2])
-        assert collector.raise_young_threshold(5_000) is None  # never lowered
+        gc.set_threshold(700, 10, 10)
+        token = collector.apply((10_000, 3, 50))
+        assert gc.get_threshold() == (10_000, 3, 50)
+        assert collector.apply((5_000, 3, 50)) is None  # the process already asks for more
         collector.restore(token)
-        assert gc.get_threshold() == (700, before[1], before[2])
+        assert gc.get_threshold() == (700, 10, 10)
 
-        token = collector.raise_young_threshold(10_000)
-        gc.set_threshold(20_000, before[1], before[2])  # changed by someone else since
+        token = collector.apply((10_000, 3, 50))
+        gc.set_threshold(20_000, 10, 10)  # changed by someone else since
         collector.restore(token)
-        assert gc.get_threshold()[0] == 20_000
-        assert collector.raise_young_threshold(None) is None
+        assert gc.get_threshold() == (20_000, 10, 10)
+        assert collector.apply(None) is None
     finally:
         gc.set_threshold(*before)
 
