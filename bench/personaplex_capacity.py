@@ -63,6 +63,12 @@ def _parser() -> argparse.ArgumentParser:
     ap.add_argument("--moshi-server", action="store_true", help="also run python -m moshi.server (GPU only)")
     ap.add_argument("--moshi-dir", default=None, help="where --moshi-server writes its weights")
     ap.add_argument(
+        "--tick-ms",
+        type=float,
+        default=None,
+        help="server mode: scheduler tick (default: one tick per 80 ms frame)",
+    )
+    ap.add_argument(
         "--open-budget-s", type=float, default=0.15, help="server mode: time allowed per session open"
     )
     ap.add_argument("--serve", action="store_true", help=argparse.SUPPRESS)

@@ -57,7 +57,9 @@ def serve(args: argparse.Namespace) -> None:
     n = args.sessions_one
     plugin = make_plugin(Path(args.assets), n, args)
     plugin.load()
-    engine = Engine(plugin, EngineConfig(max_sessions=n, idle_ttl_s=None), model_name="personaplex")
+    engine = Engine(
+        plugin, EngineConfig(max_sessions=n, idle_ttl_s=None, tick_ms=args.tick_ms), model_name="personaplex"
+    )
     metrics = engine.metrics
 
     async def stats(request: Request) -> Response:
@@ -154,6 +156,8 @@ def _start_server(assets: Path, n: int, args: argparse.Namespace) -> tuple[subpr
         "--device",
         args.device,
     ]
+    if args.tick_ms is not None:
+        cmd += ["--tick-ms", str(args.tick_ms)]
     cmd += ["--tiny"] * args.tiny + ["--compile"] * args.compile + ["--no-cuda-graphs"] * args.no_cuda_graphs
     return subprocess.Popen(cmd, env={**os.environ, "PYTHONUNBUFFERED": "1"}), port
 
