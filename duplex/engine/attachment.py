@@ -10,6 +10,8 @@ from ``Engine.open`` or ``Engine.resume`` and then
 * ``await next_event()``: the next server event; raises ``Detached(reason)`` once the
   stream has ended (after ``session.closed`` / ``session.expired`` /
   ``session.replaced``, or at once for a slow reader). Cancel-safe;
+* ``await next_events()``: every queued event at once (at least one), oldest first; the
+  same end and cancel rules. A writer takes a whole tick's events per wake-up;
 * ``ack(seq)``: ``session.event_ack`` (trims the journal, in mailbox order);
 * ``await detach()``: the transport is gone; the session waits ``disconnect_grace_s``
   for a resume (or closes when it cannot resume).
@@ -103,6 +105,23 @@ class Attachment:
             self._ready.clear()
             await self._ready.wait()
         return self._outbox.popleft()
+
+    async def next_events(self) -> list[Any]:
+        """Every queued event (at least one), oldest first; raises ``Detached`` when the stream
+        has ended and nothing is queued. Cancel-safe: a cancelled wait takes nothing.
+
+        One wake-up per batch instead of one per event: the engine pushes a tick's events
+        together, so a writer that drains them all pays the task switch once.
+        """
+        outbox = self._outbox
+        while not outbox:
+            if self._ended is not None:
+                raise Detached(self._ended)
+            self._ready.clear()
+            await self._ready.wait()
+        events = list(outbox)
+        outbox.clear()
+        return events
 
     def pending(self) -> int:
         """Events queued for the reader."""

@@ -10,8 +10,9 @@ Theory of operation
    (``resource_exhausted`` with 1013 so clients retry later, others with 1008).
 3. *Run*: two sibling tasks per socket. The reader decodes frames and submits commands to the
    engine's ``Attachment`` (``session.event_ack`` is handled here: it acks the journal). The writer
-   drains ``Attachment.next_event()`` into the socket. The socket has one bounded send queue: the
-   attachment's outbox. When the client reads too slowly the writer blocks on the socket, the outbox
+   drains ``Attachment.next_events()`` into the socket (every queued event per wake-up, written
+   back to back). The socket has one bounded send queue: the attachment's outbox (plus the one batch
+   the writer has taken). When the client reads too slowly the writer blocks on the socket, the outbox
    fills, and the engine detaches the attachment (``Detached("slow_reader")``: the socket is closed
    with 1013); a write blocked for ``send_timeout_s`` is found by the app's send watchdog, which
    detaches the session, cancels the blocked write and closes with 1013 once the peer reads again
@@ -340,13 +341,14 @@ class _Connection:
         try:
             while True:
                 try:
-                    event = await att.next_event()
+                    events = await att.next_events()  # a tick's events, sent back to back
                 except Detached as d:
                     code, reason = self._close_for(last, str(getattr(d, "reason", "") or ""))
                     self.metrics.detached[reason or "detached"] += 1
                     break
-                last = event
-                await self._send(event)
+                for event in events:
+                    last = event
+                    await self._send(event)
         except (WebSocketDisconnect, ConnectionError, RuntimeError, OSError):
             # The socket failed under us (the peer is gone mid-write): the reader sees the
             # disconnect and the session is detached; nothing else to do here.
