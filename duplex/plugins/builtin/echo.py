@@ -135,34 +135,38 @@ class EchoPlugin(Plugin):
             raise PluginError("invalid_slot", f"echo: slots {bad} are not open")
         pcm = np.stack([item.pcm for item in batch])
         assert pcm.shape == (len(batch), CHUNK), f"echo: batch shape {pcm.shape}, expected (B, {CHUNK})"
-        for item in batch:  # an input of a newer epoch also fences the old output
-            if item.epoch > self._epoch[item.slot]:
-                self._reset(item.slot)
-                self._epoch[item.slot] = item.epoch
+        epochs = np.fromiter((item.epoch for item in batch), dtype=np.int64, count=len(batch))
+        for j in np.flatnonzero(epochs > self._epoch[slots]).tolist():
+            # An input of a newer epoch also fences the old output.
+            self._reset(int(slots[j]))
+            self._epoch[slots[j]] = epochs[j]
         # One gather and one scatter for the whole batch (state is changed only for these slots).
         heads = self._head[slots]
         out = self._delay[slots, heads]
-        out_voiced = self._voiced[slots, heads]
+        voiced = self._voiced[slots, heads]
         self._delay[slots, heads] = pcm
         self._voiced[slots, heads] = np.sqrt(np.einsum("ij,ij->i", pcm, pcm) / CHUNK) >= self.silence_rms
         self._head[slots] = (heads + 1) % self.delay_frames
+        # The turn state, batched. Between turns ``spoken_ms`` and ``words`` are 0 (a turn's end and
+        # ``_reset`` clear them), so a silent frame leaves both at 0 whether or not a turn just ended.
+        spoken = self._spoken_ms[slots]
+        ended = self._speaking[slots] & ~voiced
+        word = voiced & (spoken // self.word_ms != (spoken + FRAME_MS) // self.word_ms)
+        words = np.where(voiced, self._words[slots] + word, 0)
+        self._spoken_ms[slots] = np.where(voiced, spoken + FRAME_MS, 0)
+        self._words[slots] = words
+        self._speaking[slots] = voiced
         return [
-            self._emit(item.slot, item.epoch, out[j], bool(out_voiced[j])) for j, item in enumerate(batch)
+            self._output(item.slot, item.epoch, row, v, e, f"w{n} " if w else "")
+            for item, row, v, e, w, n in zip(
+                batch, out, voiced.tolist(), ended.tolist(), word.tolist(), words.tolist(), strict=True
+            )
         ]
 
-    def _emit(self, slot: int, epoch: int, out: np.ndarray, voiced: bool) -> SlotOutput:
+    @staticmethod
+    def _output(slot: int, epoch: int, out: np.ndarray, voiced: bool, ended: bool, text: str) -> SlotOutput:
         if voiced:
-            self._speaking[slot] = True
-            before = int(self._spoken_ms[slot])
-            self._spoken_ms[slot] = before + FRAME_MS
-            text = ""
-            if before // self.word_ms != (before + FRAME_MS) // self.word_ms:
-                self._words[slot] += 1
-                text = f"w{int(self._words[slot])} "
             return SlotOutput(slot=slot, epoch=epoch, pcm=out, sample_rate=RATE, text=text, decision="speak")
-        if self._speaking[slot]:
-            self._speaking[slot] = False
-            self._spoken_ms[slot] = 0
-            self._words[slot] = 0
+        if ended:
             return SlotOutput(slot=slot, epoch=epoch, end_of_turn=True, decision="listen")
         return SlotOutput(slot=slot, epoch=epoch)
