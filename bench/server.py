@@ -145,8 +145,12 @@ class _AnswerEachAppend:
     def ack(self, seq: int) -> None:
         pass
 
-    async def next_event(self) -> Any:
-        return await self._outbox.get()
+    async def next_events(self) -> list[Any]:
+        """Every queued event (at least one), like ``Attachment.next_events``."""
+        events = [await self._outbox.get()]
+        while not self._outbox.empty():
+            events.append(self._outbox.get_nowait())
+        return events
 
     async def detach(self) -> None:
         pass
