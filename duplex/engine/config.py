@@ -42,7 +42,9 @@ class EngineConfig(msgspec.Struct, frozen=True, kw_only=True):
     Frame scheduler
         ``tick_ms``: scheduler tick; ``None`` ticks once per plugin frame period. A shorter
         tick steps each session closer to the moment its frame completes, at the price of
-        smaller batches; a session is still stepped once per frame it received.
+        smaller batches; a session is still stepped once per frame it received. ``0`` steps
+        as soon as a frame is ready, batching the frames that complete while a step runs
+        (continuous batching: no tick wait; the step's duration sets the batch size).
         ``late_tolerance_ms``: how long past its due time a frame may stay incomplete before
         the scheduler pads it with silence.
         ``max_padding_frames``: consecutive padded frames before a silent session is frozen
@@ -102,5 +104,5 @@ class EngineConfig(msgspec.Struct, frozen=True, kw_only=True):
                 raise ValueError(f"{name} must be >= 1")
         if self.gc_thresholds is not None and (len(self.gc_thresholds) != 3 or min(self.gc_thresholds) < 1):
             raise ValueError("gc_thresholds must be three positive counts or None")
-        if self.tick_ms is not None and self.tick_ms <= 0:
-            raise ValueError("tick_ms must be positive or None")
+        if self.tick_ms is not None and self.tick_ms < 0:
+            raise ValueError("tick_ms must be >= 0 (0: step when ready) or None")

@@ -10,7 +10,8 @@
 ``async with engine`` owns every background task (scheduler, reaper, one runner
 per session) in one ``asyncio.TaskGroup``; leaving it drains: every session gets
 ``session.closed{reason: "shutdown"}`` and is cleaned up, then the tasks stop.
-The plugin is called only on the engine's single model thread; decoding,
+The plugin is called only on the engine's single model thread (or on the loop, for a
+plugin whose calls take microseconds: ``duplex.engine.model_thread``); decoding,
 resampling and VAD run on a small worker pool (``EngineConfig.worker_threads``).
 
 ``clock`` (default: the event loop's monotonic clock) is injectable for tests;
@@ -32,6 +33,7 @@ from duplex.engine.config import EngineConfig
 from duplex.engine.errors import SessionError
 from duplex.engine.manager import SessionManager, SessionRecord
 from duplex.engine.metrics import EngineMetrics
+from duplex.engine.model_thread import ModelThread
 from duplex.engine.scheduler import FrameScheduler
 from duplex.plugins.base import Capabilities, Plugin, PluginKind
 from duplex.protocol.realtime.commands import SessionUpdate
@@ -63,7 +65,7 @@ class Engine:
         self._scheduler: FrameScheduler | None = None
         self._tg: asyncio.TaskGroup | None = None
         self._background: list[asyncio.Task[None]] = []
-        self._model_thread: concurrent.futures.ThreadPoolExecutor | None = None
+        self._model_thread: ModelThread | None = None
         self._workers: concurrent.futures.ThreadPoolExecutor | None = None
         self._gc_token: tuple[collector.Thresholds, collector.Thresholds] | None = None
 
@@ -74,7 +76,7 @@ class Engine:
             raise RuntimeError("engine already running")
         loop = asyncio.get_running_loop()
         clock = self._clock or loop.time
-        self._model_thread = concurrent.futures.ThreadPoolExecutor(1, thread_name_prefix="duplex-model")
+        self._model_thread = ModelThread(on_loop=self.capabilities.calls_on_loop)
         self._workers = concurrent.futures.ThreadPoolExecutor(
             self.config.worker_threads, thread_name_prefix="duplex-worker"
         )
@@ -117,7 +119,7 @@ class Engine:
             with contextlib.suppress(asyncio.CancelledError):
                 await tg.__aexit__(None, None, None)
             assert self._model_thread is not None and self._workers is not None
-            self._model_thread.shutdown(wait=True)
+            self._model_thread.shutdown()
             self._workers.shutdown(wait=True)
             collector.restore(self._gc_token)
             self._gc_token = None

@@ -43,6 +43,7 @@ from duplex.engine.journal import JournalCursorError, JournalGap
 from duplex.engine.lease import Lease
 from duplex.engine.mailbox import Mailbox, MailboxFull
 from duplex.engine.metrics import EngineMetrics
+from duplex.engine.model_thread import ModelThread
 from duplex.engine.runner import AckItem, CloseItem, CommandItem, FailItem, OutputItem, SessionRunner
 from duplex.engine.scheduler import FrameScheduler, SlotBinding
 from duplex.engine.session import Session
@@ -193,7 +194,7 @@ class SessionManager:
         *,
         model_name: str,
         clock: Callable[[], float],
-        model_thread: concurrent.futures.Executor,
+        model_thread: ModelThread,
         workers: concurrent.futures.Executor,
         scheduler: FrameScheduler | None,
     ) -> None:
@@ -217,7 +218,7 @@ class SessionManager:
         self._spawn = spawn
 
     async def on_model_thread(self, fn: Any, *args: Any) -> Any:
-        return await asyncio.get_running_loop().run_in_executor(self.model_thread, fn, *args)
+        return await self.model_thread.call(fn, *args)
 
     async def offload(self, fn: Any, *args: Any) -> Any:
         return await asyncio.get_running_loop().run_in_executor(self.workers, fn, *args)

@@ -13,7 +13,9 @@ Every tick the scheduler runs the same three steps (STYLE rule 13):
    (``SlotBinding.deliver``); record batch size, lateness and append-to-step latency.
    The tick duration is the plugin step alone, timed on the model thread.
 
-A tick is every ``EngineConfig.tick_ms`` (default: the plugin's frame period).
+A tick is every ``EngineConfig.tick_ms`` (default: the plugin's frame period), or, with
+``tick_ms=0``, as soon as a frame is ready: every frame completed in the same event-loop
+iteration, or during the step in flight, joins one batch (continuous batching, ``_run_eager``).
 Sessions join (``join``) and leave (``leave``) between ticks: slot open, cancel and
 close run on the same single model thread as ``step``, so they are serialized
 with it and never happen during one (the plugin contract).
@@ -26,7 +28,6 @@ that was not in the batch is dropped and counted (a plugin bug, never silent).
 from __future__ import annotations
 
 import asyncio
-import concurrent.futures
 import logging
 import time
 from collections.abc import Callable, Sequence
@@ -35,6 +36,7 @@ from typing import Any
 from duplex.engine.config import EngineConfig
 from duplex.engine.feed import FeedFrame, SlotFeed
 from duplex.engine.metrics import EngineMetrics
+from duplex.engine.model_thread import ModelThread
 from duplex.plugins.base import Capabilities, Plugin, SlotInput, SlotOutput
 
 __all__ = ["FrameScheduler", "SlotBinding"]
@@ -87,7 +89,7 @@ class FrameScheduler:
         capabilities: Capabilities,
         config: EngineConfig,
         metrics: EngineMetrics,
-        model_thread: concurrent.futures.Executor,
+        model_thread: ModelThread,
     ) -> None:
         self.plugin = plugin
         self.capabilities = capabilities
@@ -95,11 +97,14 @@ class FrameScheduler:
         self.metrics = metrics
         self.model_thread = model_thread
         self.period_s = capabilities.chunk_period_ms / 1000
+        self.eager = config.tick_ms == 0  # step whenever a frame is ready
         self.tick_s = (config.tick_ms / 1000) if config.tick_ms else self.period_s
         self.chunk = capabilities.chunk_samples
         self._slots: dict[int, tuple[SlotFeed, SlotBinding]] = {}
         self._ready: set[int] = set()  # slots whose feed holds a complete frame
         self._next_scan = float("-inf")
+        self._fed = False  # a frame completed since the last plan (eager mode)
+        self._waiter: asyncio.Future[None] | None = None  # the eager scheduler's wake-up
 
     # ------------------------------------------------------------------ membership
 
@@ -114,7 +119,7 @@ class FrameScheduler:
             max_padding_frames=self.config.max_padding_frames,
             max_buffered_samples=self.chunk * MAX_BUFFERED_PERIODS,
             tick_s=self.tick_s,
-            on_ready=lambda: self._ready.add(slot),
+            on_ready=lambda: self._frame_ready(slot),
         )
         self._slots[slot] = (feed, binding)
         return feed
@@ -130,7 +135,7 @@ class FrameScheduler:
 
     async def on_model_thread(self, fn: Callable[..., Any], *args: Any) -> Any:
         """Run a plugin call on the model thread, in order with steps."""
-        return await asyncio.get_running_loop().run_in_executor(self.model_thread, fn, *args)
+        return await self.model_thread.call(fn, *args)
 
     # ------------------------------------------------------------------ one tick
 
@@ -234,14 +239,55 @@ class FrameScheduler:
         return len(planned)
 
     async def run(self) -> None:
-        """Tick forever (until cancelled). Missed ticks are skipped, never bunched."""
+        """Tick until cancelled: on a fixed clock, or (``tick_ms=0``) whenever a frame is ready."""
+        if self.eager:
+            await self._run_eager()
+            return
         loop = asyncio.get_running_loop()
         next_tick = loop.time()
         while True:
             await self.tick(loop.time())
             next_tick += self.tick_s
             delay = next_tick - loop.time()
-            if delay < 0:
+            if delay < 0:  # missed ticks are skipped, never bunched
                 next_tick = loop.time()
                 delay = 0
             await asyncio.sleep(delay)
+
+    async def _run_eager(self) -> None:
+        """Step as soon as a frame is ready (continuous batching).
+
+        A feed that completes a frame wakes the scheduler; it yields once, so every frame
+        completed in the same event-loop iteration joins the batch, and frames that complete
+        while a step is in flight form the next one. The step's own duration is the batching
+        window: a slow (accelerator) step collects large batches, a fast one adds no wait.
+        Overdue frames (late clients, padded with silence) are found by the scan that ``plan``
+        runs every quarter period, for which the scheduler also wakes.
+        """
+        loop = asyncio.get_running_loop()
+        while True:
+            if not self._fed:
+                waiter = loop.create_future()
+                self._waiter = waiter
+                timer = loop.call_at(self._next_scan, _wake, waiter)
+                try:
+                    await waiter
+                finally:
+                    self._waiter = None
+                    timer.cancel()
+            await asyncio.sleep(0)  # let this loop iteration's other frames complete
+            self._fed = False
+            await self.tick(loop.time())
+
+    def _frame_ready(self, slot: int) -> None:
+        """A feed completed a frame: mark the slot, and wake an eager scheduler."""
+        self._ready.add(slot)
+        self._fed = True
+        waiter = self._waiter
+        if waiter is not None and not waiter.done():
+            waiter.set_result(None)
+
+
+def _wake(waiter: asyncio.Future[None]) -> None:
+    if not waiter.done():
+        waiter.set_result(None)

@@ -103,6 +103,9 @@ class Capabilities(msgspec.Struct, frozen=True, kw_only=True):
     output_modalities: tuple[str, ...] = ("audio", "text")
     voices: tuple[str, ...] = ()
     default_voice: str | None = None
+    # Execution: every call takes microseconds and never blocks, so the engine makes it on the
+    # event loop instead of hopping to the model thread (``duplex.engine.model_thread``).
+    calls_on_loop: bool = False
 
     @property
     def chunk_samples(self) -> int:

@@ -2,7 +2,8 @@
 
 from __future__ import annotations
 
-import concurrent.futures
+import asyncio
+import threading
 from collections.abc import Sequence
 
 import numpy as np
@@ -11,6 +12,7 @@ import pytest
 from duplex.engine.config import EngineConfig
 from duplex.engine.feed import SlotFeed
 from duplex.engine.metrics import EngineMetrics
+from duplex.engine.model_thread import ModelThread
 from duplex.engine.scheduler import FrameScheduler, SlotBinding
 from duplex.plugins.base import Capabilities, Plugin, PluginKind, SlotInput, SlotOptions, SlotOutput
 from duplex.plugins.builtin.echo import EchoPlugin
@@ -114,15 +116,18 @@ class Sink:
         )
 
 
-@pytest.fixture
-def model_thread():
-    with concurrent.futures.ThreadPoolExecutor(1) as pool:
-        yield pool
+@pytest.fixture(params=[False, True], ids=["thread", "on-loop"])
+def model_thread(request):
+    mt = ModelThread(on_loop=request.param)
+    yield mt
+    mt.shutdown()
 
 
-def _scheduler(plugin: Plugin, pool: concurrent.futures.Executor) -> tuple[FrameScheduler, EngineMetrics]:
+def _scheduler(
+    plugin: Plugin, mt: ModelThread, config: EngineConfig | None = None
+) -> tuple[FrameScheduler, EngineMetrics]:
     metrics = EngineMetrics()
-    return FrameScheduler(plugin, plugin.capabilities(), EngineConfig(), metrics, pool), metrics
+    return FrameScheduler(plugin, plugin.capabilities(), config or EngineConfig(), metrics, mt), metrics
 
 
 async def test_scheduler_batches_ready_slots_and_skips_paused_and_empty_ones(model_thread) -> None:
@@ -169,3 +174,90 @@ async def test_scheduler_drives_the_echo_plugin(model_thread) -> None:
         await sched.tick(k * P)
     assert [o.pcm is not None for o in sink.outputs] == [False, True, True]
     np.testing.assert_array_equal(sink.outputs[1].pcm, voiced)
+
+
+# -- eager scheduling (tick_ms=0): step as soon as a frame is ready --------------------------
+
+
+async def _until(cond, timeout: float = 2.0) -> None:
+    loop = asyncio.get_running_loop()
+    deadline = loop.time() + timeout
+    while not cond():
+        assert loop.time() < deadline, "condition not met in time"
+        await asyncio.sleep(0.001)
+
+
+async def test_eager_scheduler_batches_frames_completed_in_the_same_loop_iteration() -> None:
+    plugin = NullPlugin()
+    mt = ModelThread(on_loop=True)
+    sched, metrics = _scheduler(plugin, mt, EngineConfig(tick_ms=0))
+    sinks = [Sink() for _ in range(3)]
+    feeds = [sched.join(slot, s.binding()) for slot, s in enumerate(sinks)]
+    task = asyncio.create_task(sched.run())
+    try:
+        await asyncio.sleep(0.01)  # the first scan (nothing to step) has run
+        now = asyncio.get_running_loop().time()
+        feeds[2].feed(np.zeros(CHUNK, np.float32), now, now)
+        feeds[0].feed(np.zeros(CHUNK, np.float32), now, now)
+        for _ in range(3):  # the wake-up, the coalescing yield, the tick: no timer involved
+            await asyncio.sleep(0)
+        assert plugin.steps == [[0, 2]]
+        assert len(sinks[0].outputs) == len(sinks[2].outputs) == 1 and not sinks[1].outputs
+        assert metrics.frames_padded.value == 0
+    finally:
+        task.cancel()
+
+
+async def test_eager_scheduler_batches_frames_that_complete_during_a_step() -> None:
+    release = threading.Event()
+    started = threading.Event()
+
+    class SlowFirstStep(NullPlugin):
+        def step(self, batch: Sequence[SlotInput]) -> Sequence[SlotOutput]:
+            if not self.steps:
+                started.set()
+                release.wait(5)
+            return super().step(batch)
+
+    plugin = SlowFirstStep()
+    mt = ModelThread(on_loop=False)
+    sched, _ = _scheduler(plugin, mt, EngineConfig(tick_ms=0))
+    feeds = [sched.join(slot, Sink().binding()) for slot in range(3)]
+    task = asyncio.create_task(sched.run())
+    try:
+        loop = asyncio.get_running_loop()
+        feeds[0].feed(np.zeros(CHUNK, np.float32), loop.time(), loop.time())
+        await _until(started.is_set)
+        feeds[1].feed(np.zeros(CHUNK, np.float32), loop.time(), loop.time())
+        feeds[2].feed(np.zeros(CHUNK, np.float32), loop.time(), loop.time())
+        release.set()
+        await _until(lambda: len(plugin.steps) == 2)
+        assert plugin.steps == [[0], [1, 2]]
+    finally:
+        release.set()
+        task.cancel()
+        mt.shutdown()
+
+
+async def test_eager_scheduler_pads_a_late_frame_on_its_scan() -> None:
+    plugin = NullPlugin()
+    mt = ModelThread(on_loop=True)
+    sched, metrics = _scheduler(plugin, mt, EngineConfig(tick_ms=0, late_tolerance_ms=10))
+    sink = Sink()
+    feed = sched.join(0, sink.binding())
+    task = asyncio.create_task(sched.run())
+    try:
+        loop = asyncio.get_running_loop()
+        feed.feed(np.zeros(CHUNK // 2, np.float32), loop.time(), loop.time())  # half a frame, then silence
+        await asyncio.sleep(0.005)
+        assert plugin.steps == []  # nothing is complete yet
+        await _until(lambda: plugin.steps == [[0]])  # due (40 ms) + tolerance, found by a scan
+        assert metrics.frames_padded.value == 1 and len(sink.outputs) == 1
+    finally:
+        task.cancel()
+
+
+def test_tick_ms_zero_is_eager_and_negative_is_refused() -> None:
+    assert EngineConfig(tick_ms=0).tick_ms == 0
+    with pytest.raises(ValueError, match="tick_ms must be >= 0"):
+        EngineConfig(tick_ms=-1)

@@ -78,6 +78,7 @@ class EchoPlugin(Plugin):
             supports_client_commit=True,
             supports_barge_in=True,
             output_modalities=("audio", "text"),
+            calls_on_loop=True,
         )
 
     def load(self) -> None:
