@@ -445,7 +445,7 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--seconds", type=float, default=10.0, help="measurement window per run")
     ap.add_argument("--warmup", type=float, default=3.0)
     ap.add_argument(
-        "--tick-ms", type=float, default=0.0, help="engine scheduler tick (0: step as soon as a frame is ready)"
+        "--tick-ms", type=float, default=0.0, help="scheduler tick (0: step as soon as a frame is ready)"
     )
     ap.add_argument("--p99-ms", type=float, default=20.0)
     ap.add_argument("--repeats", type=int, default=2, help="runs per (variant, N); the best p99 counts")
