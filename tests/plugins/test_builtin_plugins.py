@@ -62,21 +62,46 @@ def test_echo_returns_each_frame_one_frame_late_with_a_token_per_word_of_audio()
 
 
 def test_echo_slot_output_is_the_same_batched_or_alone() -> None:
-    alone, batched = loaded_echo(max_sessions=4), loaded_echo(max_sessions=4)
+    """A slot's outputs do not depend on which other slots share its batch: speech, silence,
+    turn ends, words and new epochs, for twelve slots stepped together or one by one."""
+    n = 12
+    alone, batched = loaded_echo(max_sessions=n, delay_frames=2), loaded_echo(max_sessions=n, delay_frames=2)
     for plugin in (alone, batched):
-        for slot in range(4):
+        for slot in range(n):
             plugin.open_slot(slot, SlotOptions())
     rng = np.random.default_rng(0)
-    for _ in range(6):
-        inputs = [
-            SlotInput(slot=s, epoch=0, pcm=rng.uniform(-0.3, 0.3, CHUNK).astype(np.float32)) for s in range(4)
-        ]
+    epochs = [0] * n
+    seen = set()
+    for _ in range(40):
+        inputs = []
+        for s in range(n):
+            if rng.random() < 0.05:
+                epochs[s] += 1  # an input of a newer epoch fences the delayed frames
+            level = 0.0 if rng.random() < 0.3 else 0.3
+            pcm = rng.uniform(-level, level, CHUNK).astype(np.float32)
+            inputs.append(SlotInput(slot=s, epoch=epochs[s], pcm=pcm))
         together = batched.step(inputs)
         for item, out in zip(inputs, together, strict=True):
             (single,) = alone.step([item])
-            assert (single.pcm is None) == (out.pcm is None) and single.text == out.text
+            assert (single.slot, single.epoch, single.text, single.decision, single.end_of_turn) == (
+                out.slot,
+                out.epoch,
+                out.text,
+                out.decision,
+                out.end_of_turn,
+            )
+            assert (single.pcm is None) == (out.pcm is None)
             if out.pcm is not None:
                 np.testing.assert_array_equal(single.pcm, out.pcm)
+            seen.add((out.decision, out.end_of_turn, bool(out.text)))
+    speech, word, turn_end, quiet = (
+        ("speak", False, False),
+        ("speak", False, True),
+        ("listen", True, False),
+        (None, False, False),
+    )
+    every_kind = {speech, word, turn_end, quiet}
+    assert every_kind <= seen
 
 
 def test_echo_cancel_drops_the_delayed_frames_and_tags_the_new_epoch() -> None:

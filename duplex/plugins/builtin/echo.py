@@ -15,6 +15,7 @@ weights.
 
 from __future__ import annotations
 
+import math
 from collections.abc import Sequence
 
 import numpy as np
@@ -130,42 +131,42 @@ class EchoPlugin(Plugin):
             return []
         if not self._loaded:
             raise PluginError("plugin_not_loaded", "echo: load() was not called")
-        slots = np.fromiter((item.slot for item in batch), dtype=np.int64, count=len(batch))
-        if slots.min() < 0 or slots.max() >= self.max_sessions or not self._open[slots].all():
-            bad = [int(s) for s in slots if not (0 <= s < self.max_sessions and self._open[s])]
+        if not all(0 <= item.slot < self.max_sessions and self._open[item.slot] for item in batch):
+            bad = [i.slot for i in batch if not (0 <= i.slot < self.max_sessions and self._open[i.slot])]
             raise PluginError("invalid_slot", f"echo: slots {bad} are not open")
-        pcm = np.stack([item.pcm for item in batch])
-        assert pcm.shape == (len(batch), CHUNK), f"echo: batch shape {pcm.shape}, expected (B, {CHUNK})"
-        epochs = np.fromiter((item.epoch for item in batch), dtype=np.int64, count=len(batch))
-        for j in np.flatnonzero(epochs > self._epoch[slots]).tolist():
-            # An input of a newer epoch also fences the old output.
-            self._reset(int(slots[j]))
-            self._epoch[slots[j]] = epochs[j]
-        # One gather and one scatter for the whole batch (state is changed only for these slots).
-        heads = self._head[slots]
-        out = self._delay[slots, heads]
-        voiced = self._voiced[slots, heads]
-        self._delay[slots, heads] = pcm
-        self._voiced[slots, heads] = np.sqrt(np.einsum("ij,ij->i", pcm, pcm) / CHUNK) >= self.silence_rms
-        self._head[slots] = (heads + 1) % self.delay_frames
-        # The turn state, batched. Between turns ``spoken_ms`` and ``words`` are 0 (a turn's end and
-        # ``_reset`` clear them), so a silent frame leaves both at 0 whether or not a turn just ended.
-        spoken = self._spoken_ms[slots]
-        ended = self._speaking[slots] & ~voiced
-        word = voiced & (spoken // self.word_ms != (spoken + FRAME_MS) // self.word_ms)
-        words = np.where(voiced, self._words[slots] + word, 0)
-        self._spoken_ms[slots] = np.where(voiced, spoken + FRAME_MS, 0)
-        self._words[slots] = words
-        self._speaking[slots] = voiced
-        return [
-            self._output(item.slot, item.epoch, row, v, e, f"w{n} " if w else "")
-            for item, row, v, e, w, n in zip(
-                batch, out, voiced.tolist(), ended.tolist(), word.tolist(), words.tolist(), strict=True
-            )
-        ]
+        return [self._step_one(item) for item in batch]
+
+    def _step_one(self, item: SlotInput) -> SlotOutput:
+        """One slot's frame. The batch is a loop over its slots: the work per frame is one copy
+        and one dot product, so numpy gathers and scatters over the batch (tried) cost more than
+        they save, at every batch size (3.7–5.7 µs per slot here against 8.7–15 µs vectorized).
+        Between turns ``spoken_ms`` and ``words`` are 0 (a turn's end and ``_reset`` clear them).
+        """
+        slot, pcm = item.slot, item.pcm
+        assert pcm.shape == (CHUNK,), f"echo: frame shape {pcm.shape}, expected ({CHUNK},)"
+        if item.epoch > self._epoch[slot]:
+            self._reset(slot)
+            self._epoch[slot] = item.epoch
+        head = int(self._head[slot])
+        ring = self._delay[slot]
+        voiced = bool(self._voiced[slot, head])
+        out = ring[head].copy() if voiced else None
+        ring[head] = pcm
+        self._voiced[slot, head] = math.sqrt(float(np.dot(pcm, pcm)) / CHUNK) >= self.silence_rms
+        self._head[slot] = (head + 1) % self.delay_frames
+        spoken = int(self._spoken_ms[slot])
+        ended = bool(self._speaking[slot]) and not voiced
+        word = voiced and spoken // self.word_ms != (spoken + FRAME_MS) // self.word_ms
+        words = int(self._words[slot]) + word if voiced else 0
+        self._spoken_ms[slot] = spoken + FRAME_MS if voiced else 0
+        self._words[slot] = words
+        self._speaking[slot] = voiced
+        return self._output(slot, item.epoch, out, voiced, ended, f"w{words} " if word else "")
 
     @staticmethod
-    def _output(slot: int, epoch: int, out: np.ndarray, voiced: bool, ended: bool, text: str) -> SlotOutput:
+    def _output(
+        slot: int, epoch: int, out: np.ndarray | None, voiced: bool, ended: bool, text: str
+    ) -> SlotOutput:
         if voiced:
             return SlotOutput(slot=slot, epoch=epoch, pcm=out, sample_rate=RATE, text=text, decision="speak")
         if ended:
