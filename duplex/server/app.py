@@ -25,6 +25,7 @@ from duplex.protocol import ErrorDetail, ProtocolError
 from duplex.server.auth import api_key_ok, presented_api_key
 from duplex.server.config import ServerConfig
 from duplex.server.metrics import CONTENT_TYPE, ServerMetrics
+from duplex.server.webui import web_routes
 
 __all__ = ["AppState", "ModelCard", "ModelList", "create_app"]
 
@@ -190,6 +191,7 @@ def create_app(
             Route("/metrics", metrics),
             WebSocketRoute("/v1/realtime", realtime_endpoint),
             WebSocketRoute("/v1/duplex", realtime_endpoint),
+            *web_routes(),
         ],
         lifespan=lifespan,
     )

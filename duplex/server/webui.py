@@ -1,0 +1,34 @@
+"""The browser UI's routes: ``GET /`` serves ``static/index.html``; ``/static/*`` its assets.
+
+The page talks to ``/v1/realtime`` like any other client (GA JSON events over the same origin),
+so it needs nothing from the server beyond these files. The files ship inside the package
+(``tool.setuptools.package-data``); when they are missing, ``/`` answers 404.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+from starlette.requests import Request
+from starlette.responses import FileResponse, PlainTextResponse, Response
+from starlette.routing import BaseRoute, Mount, Route
+from starlette.staticfiles import StaticFiles
+
+__all__ = ["STATIC_DIR", "web_routes"]
+
+STATIC_DIR = Path(__file__).resolve().parent / "static"
+
+
+async def _index(request: Request) -> Response:
+    page = STATIC_DIR / "index.html"
+    if not page.is_file():
+        return PlainTextResponse("no browser UI in this installation", status_code=404)
+    return FileResponse(page, media_type="text/html; charset=utf-8")
+
+
+def web_routes() -> list[BaseRoute]:
+    """``/`` and ``/static``: add them to the app's routes."""
+    return [
+        Route("/", _index),
+        Mount("/static", app=StaticFiles(directory=STATIC_DIR, check_dir=False), name="static"),
+    ]
