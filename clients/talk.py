@@ -1,13 +1,30 @@
-"""``duplex talk``: send a WAV file (or the microphone) to a server in real time and get the reply.
+"""``duplex talk``: a conversation with a server, from a WAV file or live from the microphone.
 
-The input is resampled to 24 kHz and streamed as PCM16 appends of the model's frame length on an
-absolute real-time schedule, followed by ``--tail-ms`` of silence (so a server VAD hears the end of
-the turn). Meanwhile every transcript delta is printed as it arrives and a progress line shows what
-was sent and heard. A simulated speaker acknowledges playback (``playback.ack``) as a real one would.
-When the input is over and no response started on its own, a client-commit model is asked with
-``input_audio_buffer.commit`` + ``response.create``. The command waits until every response is done
-and nothing new starts for a second (or ``--timeout``), then saves (``--out``) or plays (``--play``)
-the reply and closes the session.
+Input. ``--wav``: the file is resampled to 24 kHz and streamed as PCM16 appends of the model's frame
+length on an absolute real-time schedule. ``--mic``: the microphone streams live (``MicrophoneStream``:
+the device's callback hands its blocks to the event loop, resampled to 24 kHz), one append per frame,
+until Ctrl-C or ``--seconds``. Either is followed by ``--tail-ms`` of silence (so a server VAD hears
+the end of the turn) unless the user stopped it.
+
+Output. Every transcript is printed as it arrives and a progress line shows what was sent and heard.
+``--play`` plays the reply while the conversation runs (``SpeakerStream``, a jitter buffer pulled by
+the device's callback) and acknowledges playback (``playback.ack``) from the frames the device
+consumed; when the server's VAD hears the user start speaking while reply audio plays
+(``input_audio_buffer.speech_started``), the queued audio is dropped at once and
+``conversation.item.truncate`` is sent at the played position, so the history holds what was heard.
+Without ``--play`` a simulated speaker acknowledges playback as a real one would. ``--out`` saves all
+reply audio; ``--events-out`` writes every server event, one JSON line each.
+
+End. When the input is over and no response started on its own, a client-commit model is asked with
+``input_audio_buffer.commit`` + ``response.create``. The command then waits until every response is
+done, its audio played, and nothing new starts for a second (or ``--timeout``), and closes the
+session. Ctrl-C (or ``StopSignal.set``) ends the conversation at any point: playback stops (a
+truncation at the played position), the session is closed with ``session.close`` and the exit status
+is 0. ``--mic --play`` is a full-duplex conversation; wear headphones, or the speaker talks into the
+microphone.
+
+Errors: a missing ``sounddevice`` package or PortAudio library, and a sound device that cannot be
+opened, are one-line ``TalkError``s with status 2, raised before the session opens.
 """
 
 from __future__ import annotations
@@ -15,14 +32,18 @@ from __future__ import annotations
 import argparse
 import asyncio
 import contextlib
+import signal
 import sys
-from typing import Any
+import threading
+from collections.abc import Iterator
+from typing import IO, Any
 
 import numpy as np
 
+from clients.audio_device import AudioDeviceError, MicrophoneStream, SpeakerPlayback, SpeakerStream
 from clients.base import ClientClosed, ClientError
 from clients.collector import EventCollector, event_type
-from clients.playback import PlaybackReporter, SimulatedPlayback
+from clients.playback import SimulatedPlayback
 from clients.websocket import DuplexClient
 from duplex.protocol import (
     AudioConfig,
@@ -30,13 +51,16 @@ from duplex.protocol import (
     AudioInputConfig,
     AudioOutputConfig,
     DuplexSessionConfig,
+    Mode,
+    encode,
 )
 from duplex.protocol.audio import decode_audio, read_wav, resample, write_wav
 
-__all__ = ["TalkError", "talk"]
+__all__ = ["StopSignal", "TalkError", "talk"]
 
 RATE = 24000
 IDLE_END_S = 1.0
+POLL_S = 0.02  # how often waits look at the speaker and acks go out
 
 
 class TalkError(Exception):
@@ -47,23 +71,43 @@ class TalkError(Exception):
         self.status = status
 
 
-def _load_input(args: argparse.Namespace) -> np.ndarray:
-    if args.wav:
-        try:
-            pcm, rate = read_wav(args.wav)
-        except Exception as exc:  # unreadable or not audio: a usage error with the reason
-            raise TalkError(f"cannot read {args.wav}: {exc}", 2) from exc
-        pcm = np.asarray(pcm, dtype=np.float32)
-        if pcm.ndim > 1:
-            pcm = pcm[:, 0]
-        return resample(pcm, rate, RATE) if rate != RATE else pcm
-    if args.mic:
-        sd = _sounddevice("--mic")
-        print(f"recording {args.seconds:.1f} s from the microphone ...", file=sys.stderr)
-        rec = sd.rec(int(args.seconds * RATE), samplerate=RATE, channels=1, dtype="float32")
-        sd.wait()
-        return np.asarray(rec[:, 0], dtype=np.float32)
-    raise TalkError("give --wav FILE or --mic", 2)
+class StopSignal:
+    """Ends a running ``duplex talk`` as Ctrl-C does. ``set()`` is thread-safe and idempotent; a
+    signal set before the conversation starts ends it as soon as it starts."""
+
+    def __init__(self) -> None:
+        self._lock = threading.Lock()
+        self._requested = False
+        self._loop: asyncio.AbstractEventLoop | None = None
+        self._event: asyncio.Event | None = None
+
+    def set(self) -> None:
+        with self._lock:
+            self._requested = True
+            loop, event = self._loop, self._event
+        if loop is not None and event is not None:
+            with contextlib.suppress(RuntimeError):  # the loop already closed: nothing runs
+                loop.call_soon_threadsafe(event.set)
+
+    def bind(self) -> asyncio.Event:
+        """The event set on stop, for the running loop (call from inside it)."""
+        event = asyncio.Event()
+        with self._lock:
+            self._loop, self._event = asyncio.get_running_loop(), event
+            if self._requested:
+                event.set()
+        return event
+
+
+def _load_wav(path: str) -> np.ndarray:
+    try:
+        pcm, rate = read_wav(path)
+    except Exception as exc:  # unreadable or not audio: a usage error with the reason
+        raise TalkError(f"cannot read {path}: {exc}", 2) from exc
+    pcm = np.asarray(pcm, dtype=np.float32)
+    if pcm.ndim > 1:
+        pcm = pcm[:, 0]
+    return resample(pcm, rate, RATE) if rate != RATE else pcm
 
 
 def _sounddevice(flag: str) -> Any:
@@ -84,8 +128,15 @@ def _sounddevice(flag: str) -> Any:
     return sounddevice
 
 
+def _device(spec: str | None) -> int | str | None:
+    """A ``--input-device`` / ``--output-device`` value: an index, or a name (part of one)."""
+    if spec is None:
+        return None
+    return int(spec) if spec.strip().lstrip("-").isdigit() else spec
+
+
 class _Progress:
-    def __init__(self, total_s: float, quiet: bool) -> None:
+    def __init__(self, total_s: float | None, quiet: bool) -> None:
         self.total_s = total_s
         self.quiet = quiet
         self.sent_s = 0.0
@@ -96,8 +147,9 @@ class _Progress:
     def show(self) -> None:
         if self.quiet:
             return
+        total = f"/{self.total_s:.1f}" if self.total_s is not None else ""
         sys.stderr.write(
-            f"\rsent {self.sent_s:5.1f}/{self.total_s:.1f} s | reply audio {self.heard_ms / 1000:5.1f} s"
+            f"\rsent {self.sent_s:5.1f}{total} s | reply audio {self.heard_ms / 1000:5.1f} s"
             f" | responses {self.responses} "
         )
         sys.stderr.flush()
@@ -110,8 +162,43 @@ class _Progress:
         print(text, flush=True)
 
 
-async def _talk(args: argparse.Namespace, pcm: np.ndarray) -> tuple[list[Any], EventCollector]:
-    session = DuplexSessionConfig(
+class _Activity:
+    """Counts server events, so a wait can tell that something arrived since it last looked."""
+
+    def __init__(self) -> None:
+        self.events = 0
+
+
+@contextlib.contextmanager
+def _devices(
+    args: argparse.Namespace, sd: Any
+) -> Iterator[tuple[MicrophoneStream | None, SpeakerStream | None]]:
+    """The microphone and the speaker asked for, open and started; a device error is status 2."""
+    with contextlib.ExitStack() as stack:
+        mic = speaker = None
+        try:
+            if args.play:
+                speaker = stack.enter_context(
+                    SpeakerStream(
+                        sd,
+                        device=_device(args.output_device),
+                        device_rate=args.device_rate,
+                        prebuffer_ms=args.jitter_ms,
+                    )
+                )
+            if args.mic:
+                mic = stack.enter_context(
+                    MicrophoneStream(
+                        sd, rate=RATE, device=_device(args.input_device), device_rate=args.device_rate
+                    )
+                )
+        except AudioDeviceError as exc:
+            raise TalkError(str(exc), 2) from exc
+        yield mic, speaker
+
+
+def _session_config(args: argparse.Namespace) -> DuplexSessionConfig:
+    return DuplexSessionConfig(
         type="realtime",
         model=args.model,
         output_modalities=["audio"],
@@ -120,109 +207,240 @@ async def _talk(args: argparse.Namespace, pcm: np.ndarray) -> tuple[list[Any], E
             output=AudioOutputConfig(format=AudioFormatSpec(type="audio/pcm", rate=RATE)),
         ),
     )
-    collector = EventCollector()
-    client = DuplexClient(
-        args.url,
-        max_responses=100_000,  # the whole reply is saved
-        api_key=args.api_key,
-        model=args.model,
-        session=session,
-        collector=collector,
-        heartbeat_s=15.0,
-    )
-    tail = np.zeros(int(RATE * args.tail_ms / 1000), dtype=np.float32)
-    progress = _Progress((len(pcm) + len(tail)) / RATE, args.quiet)
 
-    def on_event(event: Any) -> None:
-        kind = event_type(event)
-        if kind == "response.created":
-            progress.responses += 1
-        elif kind == "response.output_audio.delta":
-            fmt = client.output_format
-            width = fmt.bytes_per_sample if fmt is not None and fmt.bytes_per_sample else 2
-            progress.heard_ms += len(event.delta) / width / (fmt.rate if fmt else RATE) * 1000
-        elif kind == "response.done":
-            handle = client.responses.get(event.response.id)
-            text = (handle.transcript or handle.text).strip() if handle is not None else ""
-            status = event.response.status
-            progress.say(f"assistant: {text}" + ("" if status == "completed" else f"  [{status}]"))
-        elif kind == "conversation.item.input_audio_transcription.completed":
-            progress.say(f"you: {event.transcript}")
-        elif kind == "error":
-            progress.say(f"error {event.error.code}: {event.error.message}")
-        progress.show()
 
+async def _talk(
+    args: argparse.Namespace, pcm: np.ndarray | None, sd: Any, stop: StopSignal
+) -> tuple[list[Any], EventCollector, SpeakerPlayback | None]:
+    stopped = stop.bind()
+    with _devices(args, sd) as (mic, speaker), _events_file(args.events_out) as events_out:
+        collector = EventCollector()
+        client = DuplexClient(
+            args.url,
+            max_responses=100_000,  # the whole reply is saved
+            api_key=args.api_key,
+            model=args.model,
+            session=_session_config(args),
+            collector=collector,
+            heartbeat_s=15.0,
+        )
+        tail_s = args.tail_ms / 1000
+        total_s = None if pcm is None else len(pcm) / RATE + tail_s
+        if mic is not None and args.seconds is not None:
+            total_s = args.seconds + tail_s
+        progress = _Progress(total_s, args.quiet)
+        playback: SpeakerPlayback | SimulatedPlayback
+        playback = SpeakerPlayback(speaker) if speaker is not None else SimulatedPlayback()
+        activity = _Activity()
+        barge_ins_shown = 0
+
+        def on_event(event: Any) -> None:
+            nonlocal barge_ins_shown
+            playback.on_event(event, client.clock())
+            activity.events += 1
+            if events_out is not None:
+                events_out.write(encode(event, Mode.GA) + "\n")
+            if isinstance(playback, SpeakerPlayback) and playback.barge_ins != barge_ins_shown:
+                barge_ins_shown = playback.barge_ins
+                cut = playback.last_cut
+                assert cut is not None
+                progress.say(f"(barge-in: reply stopped after {cut.audio_end_ms / 1000:.2f} s)")
+            _show(event, client, progress)
+
+        try:
+            await client.open()
+        except ClientError as exc:
+            raise TalkError(f"cannot open a session at {args.url}: {exc}") from exc
+        playback.output_format = client.output_format
+        client.add_listener(on_event)
+        model = getattr(client.session, "model", None)
+        progress.say(f"session {client.session_id} on model {model!r}")
+        for device in (mic, speaker):
+            if device is not None:
+                role = "microphone" if device is mic else "speaker"
+                progress.say(f"{role}: {device.name} at {device.device_rate} Hz")
+        acks_done = asyncio.Event()
+        # Keep the event queue empty (handles and listeners keep what matters), so a long
+        # conversation never fills it and pauses the receive side.
+        drain = asyncio.create_task(_drain(client))
+        reporter = asyncio.create_task(_report_playback(client, playback, acks_done))
+        conversation = asyncio.create_task(
+            _converse(client, args, pcm, mic, playback, progress, activity, collector)
+        )
+        interrupted = asyncio.create_task(stopped.wait())
+        try:
+            await asyncio.wait({conversation, interrupted}, return_when=asyncio.FIRST_COMPLETED)
+            if conversation.done():
+                conversation.result()
+            else:
+                progress.say("stopping: closing the session")
+                await _cancel(conversation)
+                for cmd in playback.interrupt(client.clock()):
+                    await client.send(cmd)
+        except (ClientClosed, ConnectionError):
+            pass
+        except AudioDeviceError as exc:
+            raise TalkError(str(exc)) from exc
+        finally:
+            await _cancel(conversation)
+            await _cancel(interrupted)
+            acks_done.set()
+            with contextlib.suppress(ClientClosed, ConnectionError):
+                await reporter
+            await _cancel(drain)
+            await client.close()
+        if progress.line_open:
+            sys.stderr.write("\n")
+    return list(client.responses.values()), collector, playback if speaker is not None else None
+
+
+@contextlib.contextmanager
+def _events_file(path: str | None) -> Iterator[IO[str] | None]:
+    if path is None:
+        yield None
+        return
     try:
-        await client.open()
-    except ClientError as exc:
-        raise TalkError(f"cannot open a session at {args.url}: {exc}") from exc
-    client.add_listener(on_event)
-    model = getattr(client.session, "model", None)
-    progress.say(f"session {client.session_id} on model {model!r}")
-    caps = client.capabilities
-    chunk_ms = args.chunk_ms or getattr(caps, "chunk_period_ms", 0) or 100
-    chunk_ms = min(chunk_ms, 200)
-    try:
-        async with PlaybackReporter(client, SimulatedPlayback(output_format=client.output_format)):
-            # While streaming, keep the event queue empty (handles and listeners keep what matters),
-            # so a long input never fills it and pauses the receive side.
-            drain = asyncio.create_task(_drain(client))
-            try:
-                await _stream(client, pcm, tail, chunk_ms, args.fast, progress)
-            finally:
-                drain.cancel()
-                with contextlib.suppress(asyncio.CancelledError, ClientClosed):
-                    await drain
-            collector.mark_input_end()
-            if not client.responses and getattr(caps, "supports_client_commit", False):
-                await client.commit(create_response=False)
-                await client.create_response()
-            await _wait_for_replies(client, args.timeout)
-    except ClientClosed:
-        pass
-    finally:
-        await client.close()
-    if progress.line_open:
-        sys.stderr.write("\n")
-    return list(client.responses.values()), collector
+        out = open(path, "w", encoding="utf-8")  # noqa: SIM115 (closed below, after the session)
+    except OSError as exc:
+        raise TalkError(f"cannot write {path}: {exc}", 2) from exc
+    with out:
+        yield out
+
+
+def _show(event: Any, client: DuplexClient, progress: _Progress) -> None:
+    kind = event_type(event)
+    if kind == "response.created":
+        progress.responses += 1
+    elif kind == "response.output_audio.delta":
+        fmt = client.output_format
+        width = fmt.bytes_per_sample if fmt is not None and fmt.bytes_per_sample else 2
+        progress.heard_ms += len(event.delta) / width / (fmt.rate if fmt else RATE) * 1000
+    elif kind == "response.done":
+        handle = client.responses.get(event.response.id)
+        text = (handle.transcript or handle.text).strip() if handle is not None else ""
+        status = event.response.status
+        progress.say(f"assistant: {text}" + ("" if status == "completed" else f"  [{status}]"))
+    elif kind == "conversation.item.input_audio_transcription.completed":
+        progress.say(f"you: {event.transcript}")
+    elif kind == "error":
+        progress.say(f"error {event.error.code}: {event.error.message}")
+    progress.show()
+
+
+async def _cancel(task: asyncio.Task[Any]) -> None:
+    """Cancel ``task`` (when it still runs) and wait for it; its own errors are not ours to raise here."""
+    if not task.done():
+        task.cancel()
+    with contextlib.suppress(asyncio.CancelledError, ClientClosed, ConnectionError):
+        await task
 
 
 async def _drain(client: DuplexClient) -> None:
-    while True:
-        await client.recv()
+    with contextlib.suppress(ClientClosed):
+        while True:
+            await client.recv()
+
+
+async def _report_playback(client: DuplexClient, playback: Any, done: asyncio.Event) -> None:
+    """Send what the playback model asks for (acks, truncations) until ``done``, then once more:
+    the last acks are sent whole, never cut by a cancellation."""
+    while not done.is_set():
+        for cmd in playback.acks_due(client.clock()):
+            await client.send(cmd)
+        with contextlib.suppress(TimeoutError):
+            await asyncio.wait_for(done.wait(), POLL_S)
+    for cmd in playback.acks_due(client.clock()):
+        await client.send(cmd)
+
+
+async def _converse(
+    client: DuplexClient,
+    args: argparse.Namespace,
+    pcm: np.ndarray | None,
+    mic: MicrophoneStream | None,
+    playback: Any,
+    progress: _Progress,
+    activity: _Activity,
+    collector: EventCollector,
+) -> None:
+    caps = client.capabilities
+    chunk_ms = args.chunk_ms or getattr(caps, "chunk_period_ms", 0) or 100
+    chunk_ms = min(chunk_ms, 200)
+    if mic is not None:
+        await _stream_mic(client, mic, args.seconds, chunk_ms, progress)
+    else:
+        assert pcm is not None
+        await _stream(client, pcm, chunk_ms, args.fast, progress)
+    await _stream(
+        client, np.zeros(RATE * args.tail_ms // 1000, dtype=np.float32), chunk_ms, args.fast, progress
+    )
+    collector.mark_input_end()
+    if not client.responses and getattr(caps, "supports_client_commit", False):
+        await client.commit(create_response=False)
+        await client.create_response()
+    await _wait_for_replies(client, args.timeout, playback, activity)
 
 
 async def _stream(
-    client: DuplexClient, pcm: np.ndarray, tail: np.ndarray, chunk_ms: int, fast: bool, progress: _Progress
+    client: DuplexClient, pcm: np.ndarray, chunk_ms: int, fast: bool, progress: _Progress
 ) -> None:
-    for part in (pcm, tail):
-        step = RATE  # report progress once per second of audio
-        for start in range(0, len(part), step):
-            piece = part[start : start + step]
-            await client.stream_pcm(piece, chunk_ms=chunk_ms, realtime=not fast, mark_end=False)
-            progress.sent_s += len(piece) / RATE
+    step = RATE  # report progress once per second of audio
+    for start in range(0, len(pcm), step):
+        piece = pcm[start : start + step]
+        await client.stream_pcm(piece, chunk_ms=chunk_ms, realtime=not fast, mark_end=False)
+        progress.sent_s += len(piece) / RATE
+        progress.show()
+
+
+async def _stream_mic(
+    client: DuplexClient, mic: MicrophoneStream, seconds: float | None, chunk_ms: int, progress: _Progress
+) -> None:
+    """Append the microphone, one chunk at a time, as it arrives: until ``seconds`` (None: until
+    cancelled). The microphone paces the stream, so there is no schedule to keep here."""
+    chunk = RATE * chunk_ms // 1000
+    limit = None if seconds is None else int(seconds * RATE)
+    sent = 0
+    shown = 0.0
+    while limit is None or sent < limit:
+        n = chunk if limit is None else min(chunk, limit - sent)
+        await client.stream_pcm(await mic.read(n), chunk_ms=chunk_ms, realtime=False, mark_end=False)
+        sent += n
+        progress.sent_s = sent / RATE
+        if progress.sent_s - shown >= 0.5:
+            shown = progress.sent_s
             progress.show()
 
 
-async def _wait_for_replies(client: DuplexClient, timeout: float) -> None:
+async def _wait_for_replies(client: DuplexClient, timeout: float, playback: Any, activity: _Activity) -> None:
+    """Until every response is done and played, and no event came for ``IDLE_END_S``; at most
+    ``timeout`` seconds."""
     loop = asyncio.get_running_loop()
     deadline = loop.time() + timeout
-    while loop.time() < deadline:
-        busy = any(not h.finished for h in client.responses.values())
-        wait = deadline - loop.time() if busy else min(IDLE_END_S, deadline - loop.time())
-        try:
-            await client.recv(timeout=max(wait, 0.0))
-        except TimeoutError:
-            if not busy:
-                return
+    quiet_since, seen = loop.time(), activity.events
+    while loop.time() < deadline and not client.ended:
+        busy = any(not h.finished for h in client.responses.values()) or getattr(playback, "busy", False)
+        if busy or activity.events != seen:
+            quiet_since, seen = loop.time(), activity.events
+        elif loop.time() - quiet_since >= IDLE_END_S:
+            return
+        await asyncio.sleep(POLL_S)
 
 
-def talk(args: argparse.Namespace) -> int:
-    """Run ``duplex talk`` with parsed arguments; returns the exit status."""
-    if args.play:
-        _sounddevice("--play")  # before the session, not after it: fail at once when it is missing
-    pcm = _load_input(args)
-    responses, collector = asyncio.run(_talk(args, pcm))
+def talk(args: argparse.Namespace, stop: StopSignal | None = None) -> int:
+    """Run ``duplex talk`` with parsed arguments; returns the exit status.
+
+    ``stop``: ends the conversation as Ctrl-C does (from any thread). When called from the main
+    thread, Ctrl-C sets it too (instead of raising ``KeyboardInterrupt``) while the session runs.
+    """
+    if not args.wav and not args.mic:
+        raise TalkError("give --wav FILE or --mic", 2)
+    sd = None
+    if args.mic or args.play:
+        sd = _sounddevice("--mic" if args.mic else "--play")  # before the session: fail at once
+    pcm = _load_wav(args.wav) if args.wav else None
+    stop = stop or StopSignal()
+    with _ctrl_c_sets(stop):
+        responses, collector, played = asyncio.run(_talk(args, pcm, sd, stop))
     audio = [decode_audio(bytes(h.audio), h.audio_format) for h in responses if h.audio and h.audio_format]
     rate = next((h.audio_format.rate for h in responses if h.audio_format), RATE)
     reply = np.concatenate(audio) if audio else np.zeros(0, dtype=np.float32)
@@ -234,11 +452,36 @@ def talk(args: argparse.Namespace) -> int:
     )
     if transcript:
         print(f"transcript: {transcript}")
+    if played is not None:
+        dropped = played.speaker.dropped_ms
+        print(
+            f"played on {played.speaker.name}; {played.barge_ins} barge-in(s)"
+            + (f"; {dropped / 1000:.2f} s dropped (speaker buffer full)" if dropped else "")
+        )
     if args.out:
         write_wav(args.out, reply, rate)
         print(f"saved {args.out}")
-    if args.play and len(reply):
-        sd = _sounddevice("--play")
-        sd.play(reply, rate)
-        sd.wait()
     return 0
+
+
+@contextlib.contextmanager
+def _ctrl_c_sets(stop: StopSignal) -> Iterator[None]:
+    """While the session runs in the main thread, Ctrl-C (SIGINT) sets ``stop``: the session is
+    closed properly. A second Ctrl-C interrupts at once."""
+    if threading.current_thread() is not threading.main_thread():
+        yield
+        return
+    pressed = 0
+
+    def on_sigint(signum: int, frame: Any) -> None:
+        nonlocal pressed
+        pressed += 1
+        if pressed > 1:
+            raise KeyboardInterrupt
+        stop.set()
+
+    previous = signal.signal(signal.SIGINT, on_sigint)
+    try:
+        yield
+    finally:
+        signal.signal(signal.SIGINT, previous)

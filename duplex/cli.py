@@ -1,8 +1,8 @@
 """The ``duplex`` command: ``serve``, ``talk``, ``plugins``, ``bench``.
 
 ``duplex serve``    load a plugin and serve it on ``/v1/realtime`` (see ``duplex.server.serve``);
-``duplex talk``     stream a WAV file (or the microphone) to a server in real time, print the
-                    transcripts, save or play the reply (see ``clients.talk``);
+``duplex talk``     a conversation with a server: a WAV file or the live microphone in, the
+                    transcripts printed, the reply saved or played as it arrives (see ``clients.talk``);
 ``duplex plugins``  list the installed plugins and their capabilities;
 ``duplex bench``    ``load``, ``latency`` and ``omniinteract`` benchmarks against a server (see
                     ``bench.cli``).
@@ -47,20 +47,40 @@ def build_parser() -> argparse.ArgumentParser:
     serve.add_argument("--config", help="YAML file with server, engine and plugin settings")
     serve.add_argument("--log-level", default="info", choices=["debug", "info", "warning", "error"])
 
-    talk = sub.add_parser("talk", help="talk to a server: send a WAV file or the microphone, get the reply")
+    talk = sub.add_parser(
+        "talk", help="talk to a server: a WAV file or the live microphone in, the reply printed and played"
+    )
     talk.add_argument("--url", default="ws://127.0.0.1:8000/v1/realtime", help="server WebSocket URL")
     src = talk.add_mutually_exclusive_group()
     src.add_argument("--wav", help="WAV file to send (any rate; mono or the first channel)")
-    src.add_argument("--mic", action="store_true", help="send the microphone (needs 'sounddevice')")
-    talk.add_argument("--seconds", type=float, default=10.0, help="with --mic: how long to record")
+    src.add_argument(
+        "--mic", action="store_true", help="stream the microphone live until Ctrl-C (needs 'sounddevice')"
+    )
+    talk.add_argument("--seconds", type=float, help="with --mic: stop after this many seconds")
     talk.add_argument("--model", help="model name to ask for (any name is accepted by duplex servers)")
     talk.add_argument("--api-key", help="API key (Authorization: Bearer)")
     talk.add_argument("--out", help="save the reply audio to this WAV file")
-    talk.add_argument("--play", action="store_true", help="play the reply (needs 'sounddevice')")
+    talk.add_argument(
+        "--play",
+        action="store_true",
+        help="play the reply as it arrives, acknowledge what was played, stop it when you speak "
+        "(needs 'sounddevice')",
+    )
+    talk.add_argument(
+        "--input-device", help="microphone: a sounddevice index or name (default: the system's)"
+    )
+    talk.add_argument("--output-device", help="speaker: a sounddevice index or name (default: the system's)")
+    talk.add_argument("--device-rate", type=int, help="open the sound devices at this rate (default: theirs)")
+    talk.add_argument(
+        "--jitter-ms", type=int, default=60, help="with --play: audio buffered before playback (re)starts"
+    )
     talk.add_argument("--chunk-ms", type=int, default=0, help="append size (default: the model's frame)")
-    talk.add_argument("--fast", action="store_true", help="send as fast as possible, not in real time")
+    talk.add_argument(
+        "--fast", action="store_true", help="send the file as fast as possible, not in real time"
+    )
     talk.add_argument("--tail-ms", type=int, default=1500, help="silence sent after the input")
     talk.add_argument("--timeout", type=float, default=30.0, help="seconds to wait for the reply to end")
+    talk.add_argument("--events-out", help="write every server event to this file, one JSON line each")
     talk.add_argument("--quiet", action="store_true", help="no progress line")
 
     sub.add_parser("plugins", help="list installed plugins and their capabilities")
