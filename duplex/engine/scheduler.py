@@ -13,9 +13,10 @@ Every tick the scheduler runs the same three steps (STYLE rule 13):
    (``SlotBinding.deliver``); record batch size, lateness and append-to-step latency.
    The tick duration is the plugin step alone, timed on the model thread.
 
-A tick is every ``EngineConfig.tick_ms`` (default: the plugin's frame period), or, with
-``tick_ms=0``, as soon as a frame is ready: every frame completed in the same event-loop
-iteration, or during the step in flight, joins one batch (continuous batching, ``_run_eager``).
+A tick comes as soon as a frame is ready (``EngineConfig.tick_ms=0``, the default): every
+frame completed in the same event-loop iteration, or during the step in flight, joins one
+batch (continuous batching, ``_run_eager``). A positive ``tick_ms`` ticks on a fixed clock,
+``None`` once per plugin frame period.
 Sessions join (``join``) and leave (``leave``) between ticks: slot open, cancel and
 close run on the same single model thread as ``step``, so they are serialized
 with it and never happen during one (the plugin contract).
