@@ -1,0 +1,158 @@
+// The page: buttons and views around one Call (call.js), and `window.duplexUI` for tests.
+//
+// window.duplexUI.snapshot() returns plain data: {state, model, micLive, stats, errors,
+// conversation}; waitFor(predicate, timeoutMs) resolves with the first snapshot for which
+// predicate(snapshot) is true (checked after every change), and rejects after timeoutMs.
+
+import { Call } from "./call.js";
+
+const EVENT_LOG_MAX = 200; // entries shown in the event log (oldest removed)
+
+const $ = (id) => document.getElementById(id);
+let call = null;
+let renderQueued = false;
+const waiters = new Set();
+
+function snapshot() {
+  if (!call) return { state: "idle", model: null, micLive: false, stats: null, errors: [], conversation: [] };
+  return structuredClone({
+    state: call.state,
+    model: call.model,
+    micLive: call.micLive,
+    stats: call.stats,
+    errors: call.errors,
+    conversation: call.conversation,
+  });
+}
+
+function notify() {
+  if (waiters.size > 0) {
+    const now = snapshot();
+    for (const w of Array.from(waiters)) w(now);
+  }
+  if (!renderQueued) {
+    renderQueued = true;
+    setTimeout(render, 0);
+  }
+}
+
+function waitFor(predicate, timeoutMs = 10000) {
+  return new Promise((resolve, reject) => {
+    const check = (s) => {
+      let ok = false;
+      try {
+        ok = predicate(s);
+      } catch (err) {
+        finish();
+        reject(err);
+        return;
+      }
+      if (ok) {
+        finish();
+        resolve(s);
+      }
+    };
+    const timer = setTimeout(() => {
+      finish();
+      reject(new Error(`duplexUI.waitFor: not true after ${timeoutMs} ms; state ${JSON.stringify(summary())}`));
+    }, timeoutMs);
+    const finish = () => {
+      clearTimeout(timer);
+      waiters.delete(check);
+    };
+    waiters.add(check);
+    check(snapshot());
+  });
+}
+
+function summary() {
+  const s = snapshot();
+  return { state: s.state, errors: s.errors, stats: s.stats && { ...s.stats, eventTypes: undefined, sentTypes: undefined } };
+}
+
+async function start() {
+  if (call && (call.state === "connecting" || call.state === "open" || call.state === "closing")) return;
+  $("conversation").replaceChildren();
+  $("event-log").replaceChildren();
+  call = new Call({ apiKey: $("api-key").value.trim(), onChange: notify, onEvent: logEvent });
+  await call.start();
+}
+
+async function stop() {
+  if (call) await call.stop();
+}
+
+function logEvent(event) {
+  const log = $("event-log");
+  const li = document.createElement("li");
+  const detail = event.type === "error" ? ` ${event.error && event.error.code}` : "";
+  li.textContent = `${new Date().toISOString().slice(11, 23)} ${event.type}${detail}`;
+  log.append(li);
+  while (log.childElementCount > EVENT_LOG_MAX) log.firstElementChild.remove();
+}
+
+function render() {
+  renderQueued = false;
+  const state = call ? call.state : "idle";
+  const busy = state === "connecting" || state === "open" || state === "closing";
+  $("state").textContent = state;
+  $("state").dataset.state = state;
+  $("start").disabled = busy;
+  $("stop").disabled = !(state === "connecting" || state === "open");
+  $("api-key").disabled = busy;
+  if (!call) return;
+  $("model").textContent = call.model ? `model: ${call.model}` : "";
+  $("mic-level").value = Math.min(1, call.stats.micLevel * 4);
+
+  $("errors").replaceChildren(
+    ...call.errors.map((e) => {
+      const li = document.createElement("li");
+      if (e.soft) li.className = "soft";
+      const code = document.createElement("code");
+      code.textContent = e.code;
+      li.append(code, `: ${e.message}`);
+      return li;
+    }),
+  );
+
+  const list = $("conversation");
+  const shown = new Map(Array.from(list.children, (li) => [li.dataset.item, li]));
+  for (const turn of call.conversation) {
+    let li = shown.get(turn.id);
+    if (!li) {
+      li = document.createElement("li");
+      li.dataset.item = turn.id;
+      list.append(li);
+    }
+    shown.delete(turn.id);
+    li.className = [turn.role, turn.text ? "" : "pending", turn.interrupted ? "interrupted" : ""].join(" ").trim();
+    li.textContent = turn.text || "…";
+  }
+  for (const li of shown.values()) li.remove(); // dropped from the bounded conversation
+
+  const s = call.stats;
+  const rows = [
+    ["appends sent", s.appendsSent],
+    ["audio sent", `${(s.bytesSent / 48000).toFixed(1)} s`],
+    ["audio received", `${(s.bytesReceived / 48000).toFixed(1)} s`],
+    ["audio played", `${(s.playedMs / 1000).toFixed(1)} s`],
+    ["underruns", s.underruns],
+    ["barge-ins", s.bargeIns],
+    ["playback acks", s.acksSent],
+  ];
+  $("stats").replaceChildren(
+    ...rows.flatMap(([k, v]) => {
+      const dt = document.createElement("dt");
+      const dd = document.createElement("dd");
+      dt.textContent = k;
+      dd.textContent = String(v);
+      return [dt, dd];
+    }),
+  );
+}
+
+$("start").addEventListener("click", () => start());
+$("stop").addEventListener("click", () => stop());
+$("start").disabled = false;
+
+window.duplexUI = { snapshot, waitFor, start, stop };

@@ -1,0 +1,438 @@
+// One conversation with the served model: the socket, the microphone, the player and the rules
+// that join them.
+//
+// Theory of operation
+// -------------------
+// start(): GET v1/models (with the key) names the model and its capabilities; a refusal there is
+// the server's own error (code and message) and nothing else is opened. Then the AudioContext, the
+// player, the microphone (the browser asks for permission), and the socket to v1/realtime, whose
+// first message is session.update. Microphone chunks are sent as input_audio_buffer.append once the
+// session exists (session.created); the session object says whether playback.ack is supported.
+//
+// Server events update the conversation (user transcripts, assistant transcripts) and feed the
+// player. Barge-in: input_audio_buffer.speech_started while assistant audio is still queued or
+// playing flushes the player at once; the audio that was really played of each cut item is then
+// reported with conversation.item.truncate (audio_end_ms), and later deltas of a cut item are
+// dropped (counted) rather than played. While audio plays, playback.ack reports the played
+// milliseconds every ACK_EVERY_MS and once when an item has been played to its end.
+//
+// stop(): session.close, then the socket is closed by the server after session.closed (or by us
+// after CLOSE_WAIT_MS); the microphone and the audio context are released either way. A socket
+// that closes before the session opened is reported as a refusal (wrong key, origin not allowed,
+// server draining: the browser does not show the HTTP status of a refused WebSocket).
+//
+// Everything the page keeps is bounded: the event type log (MAX_LOGGED_TYPES, then only counted),
+// the conversation (MAX_TURNS, oldest dropped) and the per-item playback records (MAX_ITEMS).
+
+import { Microphone, Player, openAudioContext } from "./audio.js";
+import * as wire from "./wire.js";
+
+export const CHUNK_MS = 40; // microphone audio per append
+const PREBUFFER_MS = 120; // jitter buffer depth before playback starts
+const ACK_EVERY_MS = 250; // playback.ack granularity while playing
+const EVENT_ACK_EVERY_MS = 1000; // session.event_ack period (trims the server's replay journal)
+const CLOSE_WAIT_MS = 2000; // how long stop() waits for the server to close the socket
+const MAX_LOGGED_TYPES = 2000;
+const MAX_TURNS = 200;
+const MAX_ITEMS = 64;
+
+// A failure with a code, as the server's errors have.
+export class CallError extends Error {
+  constructor(code, message) {
+    super(message);
+    this.code = code;
+  }
+}
+
+export class Call {
+  // onChange(call) runs after every change of state, stats, errors or conversation;
+  // onEvent(event) for every server event, before it is handled.
+  constructor({ apiKey, onChange, onEvent }) {
+    this.apiKey = apiKey || "";
+    this.onChange = onChange || (() => {});
+    this.onEvent = onEvent || (() => {});
+    this.state = "idle"; // idle -> connecting -> open -> closing -> closed; or error
+    this.model = null;
+    this.session = null;
+    this.errors = []; // {code, message, soft}: soft = about our own playback.ack
+    this.conversation = []; // {id, role, text, final, interrupted}
+    this.stats = {
+      appendsSent: 0,
+      bytesSent: 0, // pcm16 bytes of microphone audio sent
+      audioDeltas: 0,
+      bytesReceived: 0, // pcm16 bytes of assistant audio received
+      bytesPlayed: 0, // pcm16 bytes of assistant audio played (at the wire rate)
+      playedMs: 0,
+      bytesDroppedAfterBargeIn: 0,
+      underruns: 0,
+      bargeIns: 0,
+      truncates: [], // audio_end_ms of every truncate sent
+      acksSent: 0,
+      micLevel: 0,
+      eventTypes: [], // server event types in arrival order (the first MAX_LOGGED_TYPES)
+      sentTypes: [], // our command types in order (the first MAX_LOGGED_TYPES)
+      eventCounts: {},
+      closeCode: null,
+    };
+    this.ws = null;
+    this.context = null;
+    this.mic = null;
+    this.player = null;
+    this.items = new Map(); // assistant item id -> {responseId, rate, pushed, played, ackedMs, drained, cut}
+    this.retiredPlayedBytes = 0;
+    this.lastSeq = 0;
+    this.ackedSeq = 0;
+    this.ackCount = 0;
+    this.timer = null;
+  }
+
+  async start() {
+    this.setState("connecting");
+    try {
+      const card = await this.fetchModel();
+      this.model = card.id;
+      this.caps = wire.readCapabilities(card);
+      this.context = await openAudioContext();
+      this.player = new Player(this.context, {
+        prebufferMs: PREBUFFER_MS,
+        onProgress: (msg) => this.onPlaybackProgress(msg),
+        onDrained: (item, samples, rate) => this.onPlaybackDrained(item, samples, rate),
+      });
+      this.mic = await Microphone.open(this.context, {
+        chunkMs: CHUNK_MS,
+        onChunk: (pcm, rms) => this.onMicChunk(pcm, rms),
+      });
+      if (this.state !== "connecting") throw new CallError("stopped", "stopped before the session opened");
+      await this.openSocket();
+    } catch (err) {
+      if (this.state === "connecting") this.fail(err);
+      else this.release(); // stopped meanwhile: release what was opened after the stop
+    }
+  }
+
+  async fetchModel() {
+    let res;
+    try {
+      res = await fetch(wire.httpUrl("v1/models"), { headers: wire.authHeaders(this.apiKey) });
+    } catch (err) {
+      throw new CallError("network_error", `cannot reach the server: ${err.message}`);
+    }
+    const body = await res.json().catch(() => null);
+    if (!res.ok) {
+      const e = (body && body.error) || {};
+      throw new CallError(e.code || `http_${res.status}`, e.message || `GET v1/models answered ${res.status}`);
+    }
+    if (!body || !Array.isArray(body.data) || body.data.length === 0) {
+      throw new CallError("no_model", "the server lists no model");
+    }
+    return body.data[0];
+  }
+
+  // Resolves once session.created arrived; rejects when the socket closes before that.
+  openSocket() {
+    return new Promise((resolve, reject) => {
+      const ws = (this.ws = new WebSocket(wire.realtimeUrl(this.apiKey)));
+      this.opened = resolve;
+      ws.onopen = () => this.send(wire.sessionUpdate(this.model, this.caps));
+      ws.onmessage = (e) => this.onMessage(e.data);
+      ws.onerror = () => {}; // the close event that follows says what happened
+      ws.onclose = (e) => {
+        this.stats.closeCode = e.code;
+        const how = `close code ${e.code}${e.reason ? `, ${e.reason}` : ""}`;
+        if (this.state !== "connecting") this.onSocketClosed(e);
+        else if (ws === this.ws && this.stats.eventTypes.includes("error")) {
+          reject(new CallError("connection_closed", `the server closed the connection (${how})`));
+        } else {
+          reject(
+            new CallError(
+              "connection_refused",
+              `the server refused the WebSocket (${how}): ` +
+                "wrong API key, origin not allowed, or the server is not accepting sessions",
+            ),
+          );
+        }
+      };
+    });
+  }
+
+  send(command) {
+    if (!this.ws || this.ws.readyState !== WebSocket.OPEN) return false;
+    this.ws.send(JSON.stringify(command));
+    if (this.stats.sentTypes.length < MAX_LOGGED_TYPES) this.stats.sentTypes.push(command.type);
+    return true;
+  }
+
+  onMicChunk(pcm, rms) {
+    this.stats.micLevel = rms;
+    if (this.state !== "open") return; // nothing is sent before the session exists
+    if (this.send(wire.append(pcm))) {
+      this.stats.appendsSent += 1;
+      this.stats.bytesSent += pcm.byteLength;
+      this.changed();
+    }
+  }
+
+  onMessage(data) {
+    let event;
+    try {
+      event = JSON.parse(data);
+    } catch {
+      this.addError("invalid_json", "the server sent a frame that is not JSON", false);
+      return;
+    }
+    const type = event.type;
+    this.onEvent(event);
+    if (this.stats.eventTypes.length < MAX_LOGGED_TYPES) this.stats.eventTypes.push(type);
+    this.stats.eventCounts[type] = (this.stats.eventCounts[type] || 0) + 1;
+    if (typeof event.server_event_seq === "number") this.lastSeq = Math.max(this.lastSeq, event.server_event_seq);
+    const handler = HANDLERS[type];
+    if (handler) handler.call(this, event);
+    this.changed();
+  }
+
+  onSessionCreated(event) {
+    this.session = event.session;
+    const caps = event.session.capabilities || {};
+    this.acks = Boolean(caps.supports_playback_ack);
+    this.setState("open");
+    this.timer = setInterval(() => this.ackEvents(), EVENT_ACK_EVERY_MS);
+    this.opened();
+  }
+
+  onError(event) {
+    const e = event.error || {};
+    const ours = typeof e.event_id === "string" && e.event_id.startsWith("ack_");
+    this.addError(e.code || "error", e.message || "", ours);
+  }
+
+  onUserItem(event) {
+    const item = event.item || {};
+    if (item.role === "user" && item.id) this.turn(item.id, "user");
+  }
+
+  onUserTranscriptDelta(event) {
+    const t = this.turn(event.item_id, "user");
+    if (!t.final) t.text += event.delta || "";
+  }
+
+  onUserTranscript(event) {
+    const t = this.turn(event.item_id, "user");
+    t.text = event.transcript;
+    t.final = true;
+  }
+
+  onAssistantItem(event) {
+    const item = event.item || {};
+    if (item.role === "assistant" && item.id) this.turn(item.id, "assistant");
+  }
+
+  onAudioDelta(event) {
+    const pcm = wire.fromBase64(event.delta || "");
+    this.stats.audioDeltas += 1;
+    this.stats.bytesReceived += pcm.byteLength;
+    if (event.format && event.format !== "pcm16") {
+      this.addError("unsupported_audio_format", `cannot play ${event.format} audio`, false);
+      return;
+    }
+    const info = this.item(event.item_id, event.response_id, event.sample_rate_hz || wire.WIRE_RATE);
+    if (info.cut) {
+      this.stats.bytesDroppedAfterBargeIn += pcm.byteLength;
+      return;
+    }
+    info.pushed += pcm.byteLength >> 1;
+    info.drained = false;
+    this.player.push(event.item_id, pcm, info.rate);
+  }
+
+  onAudioDone(event) {
+    if (this.items.has(event.item_id)) this.player.end(event.item_id);
+  }
+
+  onAssistantTranscriptDelta(event) {
+    const t = this.turn(event.item_id, "assistant");
+    if (!t.final) t.text += event.delta || "";
+  }
+
+  onAssistantTranscript(event) {
+    const t = this.turn(event.item_id, "assistant");
+    t.text = event.transcript;
+    t.final = true;
+  }
+
+  onTruncated(event) {
+    this.turn(event.item_id, "assistant").interrupted = true;
+  }
+
+  onSpeechStarted() {
+    const audible = [...this.items.entries()].filter(([, info]) => !info.cut && !info.drained && info.pushed > 0);
+    if (audible.length === 0) return;
+    this.stats.bargeIns += 1;
+    for (const [, info] of audible) info.cut = true;
+    this.player.flush().then((flushed) => {
+      for (const [item, samples, rate] of flushed.played) {
+        const info = this.items.get(item);
+        if (!info || !audible.some(([id]) => id === item)) continue;
+        info.played = samples;
+        const ms = Math.floor((samples * 1000) / rate);
+        if (this.send(wire.truncate(item, ms))) this.stats.truncates.push(ms);
+        this.turn(item, "assistant").interrupted = true;
+      }
+      this.updatePlayed();
+      this.changed();
+    });
+  }
+
+  onPlaybackProgress(msg) {
+    this.stats.underruns = msg.underruns;
+    for (const [item, samples] of msg.played) {
+      const info = this.items.get(item);
+      if (!info || info.cut) continue;
+      info.played = samples;
+      this.maybeAck(item, info, false);
+    }
+    this.updatePlayed();
+    this.changed();
+  }
+
+  onPlaybackDrained(item, samples) {
+    const info = this.items.get(item);
+    if (!info) return;
+    info.played = samples;
+    info.drained = true;
+    if (!info.cut) this.maybeAck(item, info, true);
+    this.updatePlayed();
+    this.changed();
+  }
+
+  maybeAck(item, info, final) {
+    if (!this.acks) return;
+    const ms = Math.floor((info.played * 1000) / info.rate);
+    if (ms <= info.ackedMs || (!final && ms - info.ackedMs < ACK_EVERY_MS)) return;
+    this.ackCount += 1;
+    if (this.send(wire.playbackAck(`ack_${this.ackCount}`, info.responseId, item, ms))) {
+      info.ackedMs = ms;
+      this.stats.acksSent += 1;
+    }
+  }
+
+  ackEvents() {
+    if (this.lastSeq > this.ackedSeq && this.send(wire.eventAck(this.lastSeq))) this.ackedSeq = this.lastSeq;
+  }
+
+  // The playback record of an assistant item (created on its first delta; the oldest retired).
+  item(id, responseId, rate) {
+    let info = this.items.get(id);
+    if (!info) {
+      info = { responseId, rate, pushed: 0, played: 0, ackedMs: 0, drained: false, cut: false };
+      this.items.set(id, info);
+      if (this.items.size > MAX_ITEMS) {
+        const [oldest, old] = this.items.entries().next().value;
+        this.retiredPlayedBytes += Math.round((old.played * 2 * wire.WIRE_RATE) / old.rate);
+        this.items.delete(oldest);
+      }
+    }
+    return info;
+  }
+
+  updatePlayed() {
+    let bytes = this.retiredPlayedBytes;
+    for (const info of this.items.values()) bytes += Math.round((info.played * 2 * wire.WIRE_RATE) / info.rate);
+    this.stats.bytesPlayed = bytes;
+    this.stats.playedMs = Math.floor((bytes / 2 / wire.WIRE_RATE) * 1000);
+  }
+
+  // The conversation entry of an item (created when first seen; the oldest dropped beyond MAX_TURNS).
+  turn(id, role) {
+    let t = this.conversation.find((x) => x.id === id);
+    if (!t) {
+      t = { id, role, text: "", final: false, interrupted: false };
+      this.conversation.push(t);
+      if (this.conversation.length > MAX_TURNS) this.conversation.shift();
+    }
+    return t;
+  }
+
+  addError(code, message, soft) {
+    this.errors.push({ code, message, soft });
+    if (this.errors.length > MAX_TURNS) this.errors.shift();
+  }
+
+  // Close the session and release the microphone. Safe to call in any state.
+  async stop() {
+    if (this.state === "connecting") {
+      this.setState("closed");
+      if (this.ws) this.ws.close(1000);
+      this.release();
+      return;
+    }
+    if (this.state !== "open") return;
+    this.setState("closing");
+    this.mic.close(); // stop sending at once
+    this.send(wire.sessionClose());
+    await new Promise((resolve) => {
+      this.closedSocket = resolve;
+      setTimeout(resolve, CLOSE_WAIT_MS);
+    });
+    if (this.ws.readyState !== WebSocket.CLOSED) this.ws.close(1000);
+    this.release();
+    this.setState("closed");
+  }
+
+  onSocketClosed(e) {
+    if (this.state === "closing") {
+      this.closedSocket();
+      return;
+    }
+    if (this.state !== "open") return;
+    const ended = this.stats.eventCounts["session.closed"] || this.stats.eventCounts["session.expired"];
+    if (!ended) this.addError("connection_lost", `the connection closed (code ${e.code}${e.reason ? `, ${e.reason}` : ""})`, false);
+    this.release();
+    this.setState(ended ? "closed" : "error");
+  }
+
+  fail(err) {
+    const code = err instanceof CallError ? err.code : err.name || "error";
+    this.addError(code, err.message || String(err), false);
+    if (this.ws && this.ws.readyState !== WebSocket.CLOSED) this.ws.close(1000);
+    this.release();
+    this.setState("error");
+  }
+
+  release() {
+    clearInterval(this.timer);
+    this.timer = null;
+    if (this.mic) this.mic.close();
+    if (this.player) this.player.close();
+    if (this.context && this.context.state !== "closed") this.context.close();
+  }
+
+  // True while the browser holds the microphone for this call.
+  get micLive() {
+    return Boolean(this.mic && this.mic.live);
+  }
+
+  setState(state) {
+    this.state = state;
+    this.changed();
+  }
+
+  changed() {
+    this.onChange(this);
+  }
+}
+
+const HANDLERS = {
+  "session.created": Call.prototype.onSessionCreated,
+  error: Call.prototype.onError,
+  "conversation.item.added": Call.prototype.onUserItem,
+  "conversation.item.created": Call.prototype.onUserItem,
+  "conversation.item.input_audio_transcription.delta": Call.prototype.onUserTranscriptDelta,
+  "conversation.item.input_audio_transcription.completed": Call.prototype.onUserTranscript,
+  "response.output_item.added": Call.prototype.onAssistantItem,
+  "response.output_audio.delta": Call.prototype.onAudioDelta,
+  "response.output_audio.done": Call.prototype.onAudioDone,
+  "response.output_audio_transcript.delta": Call.prototype.onAssistantTranscriptDelta,
+  "response.output_audio_transcript.done": Call.prototype.onAssistantTranscript,
+  "conversation.item.truncated": Call.prototype.onTruncated,
+  "input_audio_buffer.speech_started": Call.prototype.onSpeechStarted,
+};

@@ -1,0 +1,93 @@
+// What the page says on the wire: URLs, base64 audio and the commands it sends.
+//
+// Every command the page sends is built here, so the whole vocabulary of the client side is in one
+// place (names as in docs/protocol.md). URLs are resolved against the page's own address, so the
+// page works at the root of any origin (and below a path prefix, when served with a trailing slash).
+
+export const WIRE_RATE = 24000; // Hz: pcm16 in both directions
+const PCM16 = { type: "audio/pcm", rate: WIRE_RATE };
+
+// `path` relative to the page, as an http(s) URL.
+export function httpUrl(path) {
+  return new URL(path, document.baseURI).href;
+}
+
+// The realtime endpoint on the page's origin: ws:// for http pages, wss:// for https pages. The API
+// key, when given, travels as `api_key` in the query: browsers cannot set headers on a WebSocket.
+export function realtimeUrl(apiKey) {
+  const url = new URL("v1/realtime", document.baseURI);
+  url.protocol = url.protocol === "https:" ? "wss:" : "ws:";
+  if (apiKey) url.searchParams.set("api_key", apiKey);
+  return url.href;
+}
+
+// Headers of an HTTP request to the server (the key as a bearer token, never in the URL).
+export function authHeaders(apiKey) {
+  return apiKey ? { Authorization: `Bearer ${apiKey}` } : {};
+}
+
+// base64 of the bytes of a typed array or ArrayBuffer.
+export function toBase64(data) {
+  const bytes = data instanceof ArrayBuffer ? new Uint8Array(data) : new Uint8Array(data.buffer, data.byteOffset, data.byteLength);
+  let binary = "";
+  const step = 0x2000; // String.fromCharCode takes its arguments on the stack: go in slices
+  for (let i = 0; i < bytes.length; i += step) binary += String.fromCharCode.apply(null, bytes.subarray(i, i + step));
+  return btoa(binary);
+}
+
+// The bytes of a base64 string, as an ArrayBuffer.
+export function fromBase64(text) {
+  const binary = atob(text);
+  const bytes = new Uint8Array(binary.length);
+  for (let i = 0; i < binary.length; i++) bytes[i] = binary.charCodeAt(i);
+  return bytes.buffer;
+}
+
+// The capability flags of a model card from /v1/models, under the session object's names too
+// (the two spell some flags differently).
+export function readCapabilities(card) {
+  const c = (card && card.capabilities) || {};
+  return {
+    serverVad: Boolean(c.supports_server_vad),
+    modelNativeTurns: Boolean(c.model_native_turns ?? c.supports_model_native_turn_policy),
+    playbackAck: Boolean(c.supports_playback_ack),
+    truncate: Boolean(c.supports_truncate ?? c.supports_audio_truncate),
+  };
+}
+
+// The first command of a session: pcm16 at 24 kHz both ways, server VAD when the model has it
+// (else the model's own turn-taking, or none).
+export function sessionUpdate(model, caps) {
+  return {
+    type: "session.update",
+    session: {
+      type: "realtime",
+      model,
+      output_modalities: ["audio"],
+      audio: {
+        input: { format: PCM16, turn_detection: caps.serverVad ? { type: "server_vad" } : null },
+        output: { format: PCM16 },
+      },
+    },
+  };
+}
+
+export function append(pcm) {
+  return { type: "input_audio_buffer.append", audio: toBase64(pcm) };
+}
+
+export function truncate(itemId, audioEndMs) {
+  return { type: "conversation.item.truncate", item_id: itemId, content_index: 0, audio_end_ms: audioEndMs };
+}
+
+export function playbackAck(eventId, responseId, itemId, playedMs) {
+  return { type: "playback.ack", event_id: eventId, response_id: responseId, item_id: itemId, played_ms: playedMs };
+}
+
+export function eventAck(seq) {
+  return { type: "session.event_ack", server_event_seq: seq };
+}
+
+export function sessionClose() {
+  return { type: "session.close", reason: "client_close" };
+}
