@@ -468,7 +468,7 @@ class SpeakerPlayback:
             finished = self.speaker.finished(rid)
             due = finished or (now - self._last_ack.get(rid, -math.inf)) * 1000.0 >= self.interval_ms
             if due and played > self._acked.get(rid, 0.0):
-                out.append(PlaybackAck(response_id=rid, item_id=item_id, played_ms=round(played)))
+                out.append(PlaybackAck(response_id=rid, item_id=item_id, played_ms=played))
                 self._acked[rid], self._last_ack[rid] = played, now
             if finished:
                 self._drop(rid)
