@@ -24,6 +24,7 @@ the session keeps running and journaling, so the client resumes from its last se
 from __future__ import annotations
 
 import asyncio
+import contextlib
 from collections import deque
 from collections.abc import Callable, Iterable
 from typing import TYPE_CHECKING, Any
@@ -54,7 +55,9 @@ class Attachment:
         self.resume_token = resume_token
         self._outbox: deque[Any] = deque()
         self._max = outbox_max_events
-        self._ready = asyncio.Event()
+        # The reader's wake-up: one bare future per wait, made only when the outbox is empty
+        # (cheaper than an ``asyncio.Event``, whose ``wait`` looks the loop up every time).
+        self._waiters: list[asyncio.Future[None]] = []
         self._ended: str | None = None
         self._on_slow_reader = on_slow_reader
 
@@ -83,13 +86,35 @@ class Attachment:
             self.end("slow_reader")
             self._on_slow_reader(self)
             return
-        self._ready.set()
+        self._wake()
 
     def end(self, reason: str) -> None:
         """No more events after those queued; ``next_event`` then raises ``Detached(reason)``."""
         if self._ended is None:
             self._ended = reason
-            self._ready.set()
+            self._wake()
+
+    def _wake(self) -> None:
+        waiters = self._waiters
+        if waiters:
+            for waiter in waiters:
+                if not waiter.done():
+                    waiter.set_result(None)
+            waiters.clear()
+
+    async def _wait(self) -> None:
+        """Suspend until ``push`` or ``end``; the caller rechecks (a cancelled wait takes nothing).
+
+        A transport has one reader; a second one waiting at the same time gets its own future.
+        """
+        waiter = asyncio.get_running_loop().create_future()
+        self._waiters.append(waiter)
+        try:
+            await waiter
+        finally:
+            if not waiter.done() or waiter.cancelled():
+                with contextlib.suppress(ValueError):
+                    self._waiters.remove(waiter)
 
     # ------------------------------------------------------------------ transport side
 
@@ -102,8 +127,7 @@ class Attachment:
         while not self._outbox:
             if self._ended is not None:
                 raise Detached(self._ended)
-            self._ready.clear()
-            await self._ready.wait()
+            await self._wait()
         return self._outbox.popleft()
 
     async def next_events(self) -> list[Any]:
@@ -117,8 +141,7 @@ class Attachment:
         while not outbox:
             if self._ended is not None:
                 raise Detached(self._ended)
-            self._ready.clear()
-            await self._ready.wait()
+            await self._wait()
         events = list(outbox)
         outbox.clear()
         return events

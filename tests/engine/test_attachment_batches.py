@@ -56,3 +56,37 @@ async def test_a_cancelled_wait_takes_nothing_even_when_events_arrived_meanwhile
             while True:
                 seen.extend(await att.next_events())
         assert types(seen)[-1] == "session.closed"
+
+
+async def test_events_pushed_while_the_reader_is_away_are_all_there_at_its_next_wait() -> None:
+    """The wake-up is a future made only when the outbox is empty: events pushed while the
+    writer was busy elsewhere are found without waiting, and a later push still wakes it."""
+    async with engine() as eng:
+        att = await eng.open()
+        await att.next_events()
+        att.submit(DuplexSessionUpdate(session=DuplexSessionConfig(instructions="a")))
+        att.submit(DuplexSessionUpdate(session=DuplexSessionConfig(instructions="b")))
+        await asyncio.sleep(0.01)  # both handled while nobody waits
+        assert types(await asyncio.wait_for(att.next_events(), 1)) == ["session.updated"] * 2
+        waiter = asyncio.create_task(att.next_events())
+        await asyncio.sleep(0)  # parked on an empty outbox
+        att.submit(DuplexSessionUpdate(session=DuplexSessionConfig(instructions="c")))
+        assert types(await asyncio.wait_for(waiter, 1)) == ["session.updated"]
+
+
+async def test_two_readers_waiting_at_once_are_both_woken_and_one_cancelled_leaves_the_other() -> None:
+    async with engine() as eng:
+        att = await eng.open()
+        await att.next_events()
+        first = asyncio.create_task(att.next_event())
+        second = asyncio.create_task(att.next_event())
+        third = asyncio.create_task(att.next_event())
+        await asyncio.sleep(0)
+        third.cancel()
+        with pytest.raises(asyncio.CancelledError):
+            await third
+        att.submit(DuplexSessionUpdate(session=DuplexSessionConfig(instructions="a")))
+        att.submit(DuplexSessionUpdate(session=DuplexSessionConfig(instructions="b")))
+        got = await asyncio.wait_for(asyncio.gather(first, second), 1)
+        assert types(got) == ["session.updated", "session.updated"]
+        assert [e.session.instructions for e in got] == ["a", "b"]
