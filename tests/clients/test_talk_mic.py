@@ -189,6 +189,7 @@ async def test_speaking_over_the_reply_stops_it_and_the_history_keeps_what_was_h
     assert status == 0
     events = read_events(events_out)
     kinds = [event_type(e) for e in events]
+    assert "error" not in kinds
     assert kinds.count("input_audio_buffer.speech_started") == 2
     first = next(e for e in events if event_type(e) == "response.done")
     assert first.response.status == "cancelled"
