@@ -42,6 +42,7 @@ __all__ = [
     "decode",
     "decode_event",
     "encode",
+    "encode_bytes",
 ]
 
 MSGPACK_SUBPROTOCOL: Final = "duplex.msgpack.v1"
@@ -277,3 +278,14 @@ def encode(event: Event | Command, mode: Mode = Mode.GA) -> str | bytes:
     if isinstance(event, Event):
         return _JSON_ENCODER.encode(to_beta_event(msgspec.to_builtins(event))).decode()
     return _JSON_ENCODER.encode(event).decode()
+
+
+def encode_bytes(event: Event | Command, mode: Mode = Mode.GA) -> bytes:
+    """``encode`` as the frame's payload bytes: UTF-8 JSON for ``GA`` and ``BETA`` (a text frame's
+    payload, valid UTF-8), msgpack for ``MSGPACK``. Byte for byte ``encode``'s output, without the
+    round trip through ``str`` that a transport writing bytes would undo."""
+    if mode is Mode.MSGPACK:
+        return _MSGPACK_ENCODER.encode(event)
+    if mode is Mode.BETA and isinstance(event, Event):
+        return _JSON_ENCODER.encode(to_beta_event(msgspec.to_builtins(event)))
+    return _JSON_ENCODER.encode(event)

@@ -54,6 +54,11 @@ class _TransportCollector(Collector):
         )
         yield CounterMetricFamily("duplex_ws_client_events", "client events decoded", value=m.client_events)
         yield CounterMetricFamily("duplex_ws_server_events", "server events sent", value=m.server_events)
+        yield CounterMetricFamily(
+            "duplex_ws_aborted_stalled",
+            "stalled sockets aborted: their close could not be flushed within shutdown_timeout_s",
+            value=m.aborted_stalled,
+        )
         for name, help_, label, tally in (
             (
                 "duplex_ws_sessions_opened",
@@ -78,6 +83,7 @@ class ServerMetrics:
         self.connections = 0
         self.client_events = 0
         self.server_events = 0
+        self.aborted_stalled = 0  # stalled sockets dropped because their 1013 could not be flushed
         self.sessions_opened: Tally[str] = Tally()
         self.errors: Tally[str] = Tally()
         self.detached: Tally[str] = Tally()

@@ -39,6 +39,7 @@ from starlette.responses import Response
 from starlette.websockets import WebSocket, WebSocketDisconnect
 
 from duplex.protocol import Mode, ProtocolError, decode, encode, new_event_id
+from duplex.protocol.codec import encode_bytes
 from duplex.protocol.ext.commands import SessionEventAck, SessionResume
 from duplex.protocol.ext.events import SessionClosed, SessionExpired, SessionReplaced
 from duplex.protocol.realtime.commands import SessionUpdate
@@ -46,6 +47,7 @@ from duplex.server.app import AppState
 from duplex.server.auth import api_key_ok, origin_ok, presented_api_key
 from duplex.server.handshake import HandshakePlan, HandshakeRefusal, OpenHow, plan_handshake
 from duplex.server.ratelimit import TokenBucket
+from duplex.server.ws_protocol import transport_extension
 
 __all__ = ["CloseCode", "realtime_endpoint"]
 
@@ -127,13 +129,34 @@ class _Connection:
         self._writer: asyncio.Task[None] | None = None
         self._stalled = False
         self._bucket = TokenBucket(self.cfg.max_messages_per_s, self.cfg.max_message_burst)
+        # Under our uvicorn protocol the data path skips the ASGI message dicts and Starlette's
+        # per-message state checks, and a stalled peer can be aborted; elsewhere, plain ASGI.
+        self._transport = transport_extension(websocket.scope)
 
     # -- sending ---------------------------------------------------------------------------
 
+    async def _send_batch(self, events: list[Any]) -> None:
+        """Write events back to back (one socket write under our protocol). A write that stays
+        blocked (the peer stopped reading) is found by the app's send watchdog, which detaches the
+        session and cancels the writer (``stall``): no timer per write, which would cost more than
+        the write itself. A cancelled write writes nothing."""
+        transport = self._transport
+        if transport is None:
+            for event in events:
+                await self._send(event)
+            return
+        mode = self.mode
+        payloads = [encode_bytes(event, mode) for event in events]
+        self.sending_since = self._loop_time()
+        await transport.send_frames(payloads, binary=self._binary)
+        self.sending_since = None
+        self.metrics.server_events += len(payloads)
+
     async def _send(self, event: Any) -> None:
-        """Write one event. A write that stays blocked (the peer stopped reading) is found by the
-        app's send watchdog, which detaches the session and cancels the writer (``stall``): no
-        timer per write, which would cost more than the write itself."""
+        """Write one event (see ``_send_batch``)."""
+        if self._transport is not None:
+            await self._send_batch([event])
+            return
         data = encode(event, self.mode)
         self.sending_since = self._loop_time()
         if self._binary:
@@ -161,6 +184,8 @@ class _Connection:
 
     async def _receive(self) -> str | bytes | None:
         """The next frame's payload, or None when the client went away."""
+        if self._transport is not None:
+            return await self._transport.receive_data()
         message = await self.ws.receive()
         if message["type"] == "websocket.disconnect":
             return None
@@ -270,33 +295,44 @@ class _Connection:
             await self._close_stalled()
 
     async def _close_stalled(self) -> None:
-        """Close a stalled socket with 1013 "slow_reader", waiting up to ``shutdown_timeout_s``.
+        """Close a stalled socket with 1013 "slow_reader"; abort it if that cannot be flushed
+        within ``shutdown_timeout_s``.
 
         The cancelled write was waiting for the transport to become writable, so no partial frame
         was written. The close frame waits the same way: uvicorn's ``send`` (for every ASGI
         message, ``websocket.close`` included) first waits until the transport's write buffer
         drains, so the 1013 goes out, in order after what was buffered, as soon as the peer reads
-        again, and uvicorn then finishes the closing handshake and releases the connection. A
-        peer that never reads again cannot be released by the application: ASGI offers no way to
-        abort a transport, and uvicorn's own close (when this handler returns, after its close
-        timer, or on a keepalive timeout) is ``transport.close()``, which flushes first. Such a
-        socket stays until the peer reads or its TCP connection dies; it holds no session (it is
-        detached) and at most the transport's write buffer. A drain does not wait for this socket
-        (it serves nothing any more), so a stalled peer does not lengthen a shutdown.
+        again, and uvicorn then finishes the closing handshake and releases the connection. A peer
+        that has not read again after ``shutdown_timeout_s`` is dropped with the transport
+        extension's ``abort()`` (its TCP connection is reset, the write buffer freed). Under a
+        server without that extension the application cannot do this: ASGI offers no abort, and
+        uvicorn's own close is ``transport.close()``, which flushes first, so such a socket stays
+        until the peer reads or its TCP connection dies; it holds no session (it is detached) and
+        at most the transport's write buffer. A drain does not wait for this socket (it serves
+        nothing any more), so a stalled peer does not lengthen a shutdown.
         """
         self.state.connections.discard(asyncio.current_task())  # type: ignore[arg-type]
-        with contextlib.suppress(TimeoutError):
+        try:
             async with asyncio.timeout(self.cfg.shutdown_timeout_s):
                 await self._close(CloseCode.TRY_AGAIN_LATER, "slow_reader")
+        except TimeoutError:
+            if self._transport is not None:
+                self.metrics.aborted_stalled += 1
+                self._transport.abort()
 
     async def _read_loop(self, att: Any, first: Any) -> None:
         if first is not None:
             await self._handle_command(att, first)
+        transport = self._transport
+        receive = transport.receive_data if transport is not None else self._receive
+        allow = self._bucket.allow if self._bucket.rate_per_s > 0 else None
+        now = self._loop_time
+        metrics = self.metrics
         while True:
-            data = await self._receive()
+            data = await receive()
             if data is None:
                 return
-            if not self._bucket.allow(self._loop_time()):
+            if allow is not None and not allow(now()):
                 await self._send_error(
                     ProtocolError(
                         "input_backpressure",
@@ -309,11 +345,10 @@ class _Connection:
             except ProtocolError as err:
                 await self._send_error(err)
                 continue
-            self.metrics.client_events += 1
+            metrics.client_events += 1
             await self._handle_command(att, cmd)
 
     async def _handle_command(self, att: Any, cmd: Any) -> None:
-        event_id = getattr(cmd, "event_id", None)
         try:
             if isinstance(cmd, SessionEventAck):
                 att.ack(cmd.server_event_seq)
@@ -321,7 +356,7 @@ class _Connection:
                 raise ProtocolError(
                     "unsupported_session_resume",
                     "session.resume must be the first message of a new connection",
-                    event_id=event_id,
+                    event_id=cmd.event_id,
                 )
             else:
                 att.submit(cmd)
@@ -331,6 +366,7 @@ class _Connection:
             code, message, param = _session_error_parts(exc)
             if code == "server_error":
                 log.exception("session %s: command %s failed", att.session_id, type(cmd).__name__)
+            event_id = getattr(cmd, "event_id", None)
             await self._send_error(ProtocolError(code, message, param=param, event_id=event_id))
 
     async def _write_loop(self, att: Any) -> None:
@@ -346,9 +382,8 @@ class _Connection:
                     code, reason = self._close_for(last, str(getattr(d, "reason", "") or ""))
                     self.metrics.detached[reason or "detached"] += 1
                     break
-                for event in events:
-                    last = event
-                    await self._send(event)
+                last = events[-1]
+                await self._send_batch(events)
         except (WebSocketDisconnect, ConnectionError, RuntimeError, OSError):
             # The socket failed under us (the peer is gone mid-write): the reader sees the
             # disconnect and the session is detached; nothing else to do here.

@@ -37,14 +37,19 @@ async def running_server(
     engine_config: EngineConfig | None = None,
     plugin: Any = None,
     model_name: str = "echo",
+    ws: Any = None,
 ) -> AsyncIterator[Running]:
+    """``ws``: a uvicorn WebSocket protocol to use instead of ours (e.g. ``"websockets-sansio"``)."""
     plugin = plugin or EchoPlugin(max_sessions=16)
     plugin.load()
     engine = Engine(plugin, engine_config or EngineConfig(max_sessions=16), model_name=model_name)
     cfg = ServeConfig(server=server_config or ServerConfig())
     cfg = ServeConfig(server=ServerConfig(**{**_fields(cfg.server), "port": 0}))
     app = create_app(engine, cfg.server)
-    server = DrainingServer(uvicorn_config(app, cfg, log_level="warning"))
+    config = uvicorn_config(app, cfg, log_level="warning")
+    if ws is not None:
+        config.ws = ws
+    server = DrainingServer(config)
     task = asyncio.create_task(server.serve())
     ready = asyncio.create_task(server.ready.wait())
     await asyncio.wait({task, ready}, return_when=asyncio.FIRST_COMPLETED)

@@ -1,0 +1,273 @@
+"""Our uvicorn WebSocket protocol: uvicorn's sans-IO protocol, with cheaper messages and an abort.
+
+``uvicorn_config`` passes ``DuplexWebSocketProtocol`` as ``ws=``. Everything the ASGI app sees keeps
+uvicorn's semantics (the handshake and subprotocol negotiation, denial responses, close codes, pings,
+``max_size``, the 1012 on shutdown); three things change underneath:
+
+* **Flow control by watermarks.** uvicorn pauses reading after every message and resumes when the
+  app takes it: two ``epoll_ctl`` calls per message. Here the inbox may hold up to
+  ``HIGH_WATER_MESSAGES`` messages (or ``HIGH_WATER_BYTES`` of payload) before reading pauses, and
+  reading resumes once the app has taken it down to ``LOW_WATER_MESSAGES`` and ``LOW_WATER_BYTES``.
+  A client that keeps up costs no syscall for flow control; a client that floods is still
+  backpressured. The bound is checked after each read, so the inbox holds at most the high-water
+  mark plus what one read delivered (the event loop reads at most 256 KiB at a time, plus the rest
+  of one message of up to ``max_size``).
+* **Cheaper messages.** A data message is queued as its payload (``str`` or ``bytes``), not as a
+  dict; the ASGI ``receive`` builds the dict only when asked. A ``websocket.send`` on an open
+  connection frames the payload itself (a server frame is unmasked: header plus payload) and writes
+  it with one ``transport.write``, instead of going through the sans-IO object's frame
+  serialisation. With ``permessage-deflate`` negotiated, frames go through ``websockets`` as before.
+* **The ``duplex.transport`` extension.** ``scope["extensions"]["duplex.transport"]`` holds a
+  ``TransportExtension``: ``receive_data()`` and ``send_frames()`` (the data path without ASGI
+  message dicts) and ``abort()``, which ASGI lacks: it drops the TCP connection at once, unsent
+  data included. An app under another server finds no such key and keeps to plain ASGI.
+
+The counters ``read_pauses`` and ``peak_queued_messages`` / ``peak_queued_bytes`` say how often
+reading paused and how full the inbox got; they are for tests and diagnostics.
+"""
+
+from __future__ import annotations
+
+import struct
+from collections.abc import Awaitable, Callable, Sequence
+from typing import Any, Final
+
+from uvicorn.protocols.utils import ClientDisconnected
+from uvicorn.protocols.websockets.websockets_sansio_impl import WebSocketsSansIOProtocol
+from websockets.exceptions import InvalidState
+from websockets.protocol import State
+
+__all__ = [
+    "HIGH_WATER_BYTES",
+    "HIGH_WATER_MESSAGES",
+    "LOW_WATER_BYTES",
+    "LOW_WATER_MESSAGES",
+    "TRANSPORT_EXTENSION",
+    "DuplexWebSocketProtocol",
+    "TransportExtension",
+    "transport_extension",
+]
+
+TRANSPORT_EXTENSION: Final = "duplex.transport"
+"""The key of ``TransportExtension`` in an ASGI WebSocket scope's ``extensions``."""
+
+HIGH_WATER_MESSAGES: Final = 32
+LOW_WATER_MESSAGES: Final = 8
+HIGH_WATER_BYTES: Final = 4 * 1024 * 1024
+LOW_WATER_BYTES: Final = 1024 * 1024
+
+_OPEN: Final = State.OPEN
+_FIN_TEXT: Final = 0x81  # FIN + opcode 1 (RFC 6455 §5.2)
+_FIN_BINARY: Final = 0x82  # FIN + opcode 2
+_HEADER_16: Final = struct.Struct("!BBH")
+_HEADER_64: Final = struct.Struct("!BBQ")
+
+
+def _frame_header(first: int, size: int) -> bytes:
+    """The header of an unmasked frame (a server never masks, RFC 6455 §5.1) of ``size`` bytes."""
+    if size < 126:
+        return bytes((first, size))
+    if size < 65536:
+        return _HEADER_16.pack(first, 126, size)
+    return _HEADER_64.pack(first, 127, size)
+
+
+class TransportExtension:
+    """What ``scope["extensions"]["duplex.transport"]`` holds: the connection's data path and abort.
+
+    * ``await receive_data()``: the next data message's payload (``str`` for a text message,
+      ``bytes`` for a binary one), or ``None`` once the client has gone away or the connection
+      is closing (where ASGI ``receive`` gives ``websocket.disconnect``). An app reads data either
+      with this or with ASGI ``receive``, not with both at once.
+    * ``await send_frames(payloads, binary=...)``: send each payload as one message, all in one
+      write. Text payloads are UTF-8 ``bytes`` that the caller guarantees valid. Like a
+      ``websocket.send``, it first waits while the transport's write buffer is above its
+      high-water mark (a cancelled wait writes nothing), and it raises ``ClientDisconnected`` (an
+      ``OSError``) when the connection is gone or closing.
+    * ``abort()``: drop the TCP connection now, discarding whatever is unsent (``transport.abort``).
+      For a peer that stopped reading, whose close frame can never be flushed. The app's pending
+      receive then gets the disconnect; later sends raise ``ClientDisconnected``.
+    """
+
+    __slots__ = ("abort", "receive_data", "send_frames")
+
+    def __init__(
+        self,
+        receive_data: Callable[[], Awaitable[str | bytes | None]],
+        send_frames: Callable[..., Awaitable[None]],
+        abort: Callable[[], None],
+    ) -> None:
+        self.receive_data = receive_data
+        self.send_frames = send_frames
+        self.abort = abort
+
+
+def transport_extension(scope: Any) -> TransportExtension | None:
+    """The scope's ``TransportExtension``, or ``None`` under a server that does not offer one."""
+    extensions = scope.get("extensions") or {}
+    ext = extensions.get(TRANSPORT_EXTENSION)
+    return ext if isinstance(ext, TransportExtension) else None
+
+
+class DuplexWebSocketProtocol(WebSocketsSansIOProtocol):
+    """uvicorn's ``websockets-sansio`` protocol with watermark flow control, direct framing and
+    the ``duplex.transport`` extension (see the module docstring)."""
+
+    def __init__(self, *args: Any, **kwargs: Any) -> None:
+        super().__init__(*args, **kwargs)
+        self.queued_bytes = 0  # payload bytes of the data messages in ``self.queue``
+        self.read_pauses = 0
+        self.peak_queued_messages = 0
+        self.peak_queued_bytes = 0
+
+    # -- receiving -------------------------------------------------------------------------
+
+    def handle_connect(self, event: Any) -> None:
+        super().handle_connect(event)
+        scope = getattr(self, "scope", None)
+        if scope is not None and self.response.status_code == 101:
+            scope["extensions"][TRANSPORT_EXTENSION] = TransportExtension(
+                self.receive_data, self.send_frames, self.abort
+            )
+
+    def data_received(self, data: bytes) -> None:
+        super().data_received(data)
+        queue = self.queue
+        count = queue.qsize()
+        if count > self.peak_queued_messages:
+            self.peak_queued_messages = count
+        if self.queued_bytes > self.peak_queued_bytes:
+            self.peak_queued_bytes = self.queued_bytes
+        if (
+            not self.read_paused
+            and (count > HIGH_WATER_MESSAGES or self.queued_bytes > HIGH_WATER_BYTES)
+            and not self.close_sent
+            and not self.transport.is_closing()
+        ):
+            self.read_paused = True
+            self.read_pauses += 1
+            self.transport.pause_reading()
+
+    def send_receive_event_to_app(self) -> None:
+        """Queue one complete message as its payload; reading is paused by ``data_received``."""
+        frames = self.frames
+        data = frames[0] if len(frames) == 1 else b"".join(frames)
+        self.frames = []
+        if self.close_sent:
+            return  # past ``websocket.close``: discard, keep reading until the peer's close
+        payload: str | bytes
+        if self.curr_msg_data_type == "text":
+            try:
+                payload = data.decode()
+            except UnicodeDecodeError:  # the parser validates UTF-8; kept as uvicorn does
+                self.logger.exception("Invalid UTF-8 sequence received from client.")
+                self.conn.send_close(1007)
+                self.handle_parser_exception()
+                return
+        else:
+            payload = bytes(data)
+        self.queued_bytes += len(payload)
+        self.queue.put_nowait(payload)  # type: ignore[arg-type]
+
+    def _taken(self, payload: str | bytes) -> None:
+        self.queued_bytes -= len(payload)
+        if (
+            self.read_paused
+            and self.queue.qsize() <= LOW_WATER_MESSAGES
+            and self.queued_bytes <= LOW_WATER_BYTES
+        ):
+            self.read_paused = False
+            self.transport.resume_reading()
+
+    async def receive(self) -> Any:
+        """ASGI ``receive``: a queued payload becomes a ``websocket.receive`` message here."""
+        message: Any = await self.queue.get()
+        if isinstance(message, str):
+            self._taken(message)
+            return {"type": "websocket.receive", "text": message}
+        if isinstance(message, bytes):
+            self._taken(message)
+            return {"type": "websocket.receive", "bytes": message}
+        return message
+
+    async def receive_data(self) -> str | bytes | None:
+        """``TransportExtension.receive_data``: the next payload, ``None`` on disconnect."""
+        queue = self.queue
+        while True:
+            message: Any = queue.get_nowait() if queue.qsize() else await queue.get()
+            if isinstance(message, (str, bytes)):
+                self._taken(message)
+                return message
+            if message.get("type") == "websocket.disconnect":
+                return None
+
+    # -- sending ---------------------------------------------------------------------------
+
+    def _direct_send_ok(self) -> bool:
+        """Whether a data frame may be framed here: open, handshake done, no extension to apply."""
+        if self.disconnected:
+            raise ClientDisconnected()
+        return (
+            self.handshake_complete
+            and not self.close_sent
+            and self.initial_response is None
+            and not self.conn.extensions
+        )
+
+    async def send(self, message: Any) -> None:
+        """ASGI ``send``: a ``websocket.send`` on an open connection is framed and written here;
+        every other message (and every other state) takes uvicorn's path."""
+        if message["type"] == "websocket.send":
+            if not self.writable.is_set():
+                await self.writable.wait()
+            if self._direct_send_ok():
+                if self.conn.state is not _OPEN or self.transport.is_closing():
+                    raise ClientDisconnected()
+                data = message.get("bytes")
+                if data is not None:
+                    self.transport.write(_frame_header(_FIN_BINARY, len(data)) + data)
+                else:
+                    text = message.get("text")
+                    if text is not None:
+                        data = text.encode()
+                        self.transport.write(_frame_header(_FIN_TEXT, len(data)) + data)
+                return
+        await super().send(message)
+
+    async def send_frames(self, payloads: Sequence[bytes], *, binary: bool) -> None:
+        """``TransportExtension.send_frames``: one message per payload, one write for them all."""
+        if not self.writable.is_set():
+            await self.writable.wait()
+        if not self._direct_send_ok():
+            if self.close_sent or self.initial_response is not None or not self.handshake_complete:
+                raise ClientDisconnected()
+            try:
+                for payload in payloads:  # permessage-deflate: websockets compresses and frames
+                    if binary:
+                        self.conn.send_binary(payload)
+                    else:
+                        self.conn.send_text(payload)
+            except InvalidState:
+                raise ClientDisconnected() from None
+            self.transport.write(b"".join(self.conn.data_to_send()))
+            return
+        if self.conn.state is not _OPEN or self.transport.is_closing():
+            raise ClientDisconnected()
+        first = _FIN_BINARY if binary else _FIN_TEXT
+        if len(payloads) == 1:
+            payload = payloads[0]
+            self.transport.write(_frame_header(first, len(payload)) + payload)
+            return
+        parts: list[bytes] = []
+        for payload in payloads:
+            parts.append(_frame_header(first, len(payload)))
+            parts.append(payload)
+        self.transport.write(b"".join(parts))
+
+    def abort(self) -> None:
+        """``TransportExtension.abort``: drop the connection now (``connection_lost`` follows)."""
+        self.stop_keepalive()
+        if self.close_timer is not None:
+            self.close_timer.cancel()
+            self.close_timer = None
+        self.transport.abort()
