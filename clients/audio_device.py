@@ -218,7 +218,9 @@ class MicrophoneStream:
                 self._chunks[0] = head[need:]
                 need = 0
         self._buffered -= n
-        return np.concatenate(parts) if len(parts) > 1 else parts[0]
+        if len(parts) == 1:
+            return parts[0]
+        return np.concatenate(parts) if parts else np.zeros(0, dtype=np.float32)
 
 
 @dataclass

@@ -14,7 +14,8 @@ the callback once per block on an absolute real-time schedule, as PortAudio does
   either), and whatever the callback left in it is recorded: ``played()`` is everything the
   device was asked to play, in order.
 
-``query_devices(device, kind)`` answers for one input and one output device; ``refused_rates`` makes a
+With ``realtime=False`` no thread runs: the test calls ``stream.pump(n)`` to run ``n`` blocks at
+once. ``query_devices(device, kind)`` answers for one input and one output device; ``refused_rates`` makes a
 stream constructor raise ``PortAudioError`` (as PortAudio refuses a rate), ``fail_start`` makes
 ``start()`` raise it.
 """
@@ -87,16 +88,19 @@ class FakeStream:
         if self.kind in self.api.fail_start:
             raise PortAudioError("Error starting stream: Device unavailable [PaErrorCode -9985]")
         self.active, self.stopped = True, False
+        if not self.api.realtime:
+            return
         self._halt.clear()
         self._thread = threading.Thread(target=self._run, name=f"fake-{self.kind}", daemon=True)
         self._thread.start()
 
     def stop(self) -> None:
         thread, self._thread = self._thread, None
-        if thread is None:
+        if thread is not None:
+            self._halt.set()
+            thread.join()
+        if self.stopped:
             return
-        self._halt.set()
-        thread.join()
         self.active, self.stopped = False, True
         if self.finished_callback is not None:
             self.finished_callback()
@@ -114,6 +118,12 @@ class FakeStream:
     def __exit__(self, *exc: object) -> None:
         self.close()
 
+    def pump(self, blocks: int = 1) -> None:
+        """Run ``blocks`` callbacks now (``realtime=False``)."""
+        assert self.active and not self.api.realtime, "pump() is for a started stream without a thread"
+        for _ in range(blocks):
+            self._block()
+
     def _run(self) -> None:
         period = self.blocksize / self.samplerate
         t0 = time.perf_counter()
@@ -124,14 +134,17 @@ class FakeStream:
             if delay > 0 and self._halt.wait(delay):
                 return
             index += 1
-            times = {"currentTime": time.perf_counter()}
-            if self.kind == "input":
-                block = self.api._mic_block(self.blocksize, self.channels)
-                self.callback(block, self.blocksize, times, CallbackFlags())
-            else:
-                out = np.full((self.blocksize, self.channels), GARBAGE, dtype=np.float32)
-                self.callback(out, self.blocksize, times, CallbackFlags())
-                self.api._record(out[:, 0].copy())
+            self._block()
+
+    def _block(self) -> None:
+        times = {"currentTime": time.perf_counter()}
+        if self.kind == "input":
+            block = self.api._mic_block(self.blocksize, self.channels)
+            self.callback(block, self.blocksize, times, CallbackFlags())
+        else:
+            out = np.full((self.blocksize, self.channels), GARBAGE, dtype=np.float32)
+            self.callback(out, self.blocksize, times, CallbackFlags())
+            self.api._record(out[:, 0].copy())
 
 
 class FakeSoundDevice:
@@ -147,7 +160,9 @@ class FakeSoundDevice:
         output_rate: int = 24000,
         refused_rates: tuple[float, ...] = (),
         fail_start: tuple[str, ...] = (),
+        realtime: bool = True,
     ) -> None:
+        self.realtime = realtime
         self.input_rate = input_rate
         self.output_rate = output_rate
         self.refused_rates = refused_rates
