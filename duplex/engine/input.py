@@ -94,14 +94,21 @@ class InputPipeline:
     def process(self, audio: bytes, fmt: AudioFormat, video_frames: tuple[bytes, ...] = ()) -> DecodedAppend:
         """Decode one append in ``fmt`` (raises ``ProtocolError`` for bad bytes)."""
         pcm = decode_audio(audio, fmt)
-        to_model, to_vad = self._resamplers(fmt.rate)
-        # decode_audio returns a fresh array: at the model's rate it is used as is (no copy).
-        model_pcm = pcm if fmt.rate == self.model_rate else to_model.process(pcm)
-        if self._prime and len(pcm):
-            model_pcm = np.concatenate([np.zeros(self._prime, dtype=np.float32), model_pcm])
-            self._prime = 0
         n = len(pcm)
         rms = float(np.sqrt(np.dot(pcm, pcm) / n)) if n else 0.0
+        if fmt.rate == self.model_rate and self.detector is None:
+            # The common case, once per frame: no resampler and no VAD to run. decode_audio
+            # returns a fresh array, used as is (no copy).
+            if fmt.rate != self._in_rate:
+                self._resamplers(fmt.rate)  # a later rate change finds the streams reset
+            return DecodedAppend(
+                pcm=pcm, duration_ms=n * 1000.0 / fmt.rate, rms=rms, video_frames=video_frames
+            )
+        to_model, to_vad = self._resamplers(fmt.rate)
+        model_pcm = pcm if fmt.rate == self.model_rate else to_model.process(pcm)
+        if self._prime and n:
+            model_pcm = np.concatenate([np.zeros(self._prime, dtype=np.float32), model_pcm])
+            self._prime = 0
         events: tuple[VadEvent, ...] = ()
         in_speech = False
         if self.detector is not None:

@@ -71,9 +71,11 @@ class Journal(Generic[E]):
         if seq != self.head + 1:
             raise ValueError(f"journal seq {seq} out of order (head {self.head})")
         self.head = seq
-        self._entries.append((seq, event, size, now))
+        entries = self._entries
+        entries.append((seq, event, size, now))
         self._bytes += size
-        self.prune(now)
+        if self._bytes > self.max_bytes or entries[0][3] < now - self.max_age_s:
+            self.prune(now)
 
     def prune(self, now: float) -> None:
         """Drop entries older than ``max_age_s`` and, oldest first, bytes over ``max_bytes``."""

@@ -104,16 +104,18 @@ class SessionRecord:
             )
         if self.credential is not None:
             self.credential.confirm()  # the client read session.resumed: the old token retires
-        if isinstance(command, SessionResume):
+        if isinstance(command, InputAudioBufferAppend):  # the per-frame command first
+            n_bytes, turns = len(command.audio), 0
+        elif isinstance(command, SessionResume):
             raise SessionError(
                 "unsupported_session_resume", "session.resume must be the first message of a new connection"
             )
-        if isinstance(command, SessionEventAck):
+        elif isinstance(command, SessionEventAck):
             self.ack(att, command.server_event_seq)
             return
+        else:
+            n_bytes, turns = 0, 1 if isinstance(command, InputAudioBufferCommit | ResponseCreate) else 0
         config = self.manager.config
-        n_bytes = len(command.audio) if isinstance(command, InputAudioBufferAppend) else 0
-        turns = 1 if isinstance(command, InputAudioBufferCommit | ResponseCreate) else 0
         if n_bytes > config.max_command_audio_bytes:
             raise SessionError(
                 "input_backpressure", f"one append may carry at most {config.max_command_audio_bytes} bytes"

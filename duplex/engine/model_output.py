@@ -84,13 +84,12 @@ def chunk(s: Session, response: ActiveResponse, output: SlotOutput, pcm: np.ndar
     duration_ms = 0.0
     if pcm is not None and response.audio:
         fmt = s.settings.output_format
-        duration_ms = len(pcm) * 1000.0 / output.sample_rate
-        if output.sample_rate != fmt.rate:
+        rate = output.sample_rate
+        duration_ms = len(pcm) * 1000.0 / rate
+        if rate != fmt.rate:
             rs = s._out_resampler
-            if rs is None or rs.in_rate != output.sample_rate or rs.out_rate != fmt.rate:
-                rs = s._out_resampler = StreamResampler(
-                    output.sample_rate, fmt.rate, quality=RESAMPLE_QUALITY
-                )
+            if rs is None or rs.in_rate != rate or rs.out_rate != fmt.rate:
+                rs = s._out_resampler = StreamResampler(rate, fmt.rate, quality=RESAMPLE_QUALITY)
             pcm = rs.process(pcm)
         audio_bytes = encode_audio(pcm, fmt)
         s.audio_started = True
@@ -99,7 +98,8 @@ def chunk(s: Session, response: ActiveResponse, output: SlotOutput, pcm: np.ndar
         duration_ms=duration_ms,
         text=output.text,
         speak=output.decision == "speak",
-        previous_item_id=previous_id(s),
+        # Only the chunk that opens the message reads it (the conversation's last item).
+        previous_item_id=None if response.message_open else previous_id(s),
     )
     if response.new_items:
         store_new_items(s, response)

@@ -128,6 +128,8 @@ class ActiveResponse:
         self.epoch = epoch
         self.audio = audio
         self.output_format = output_format
+        self._wire_format = output_format.to_beta()  # an audio delta's ``format`` and rate
+        self._wire_rate = output_format.rate
         self.metadata = metadata
         self.user_turn = user_turn  # user commits seen when the response began
         self.cursor = PlaybackCursor()
@@ -200,35 +202,41 @@ class ActiveResponse:
         speak: bool,
         previous_item_id: str | None,
     ) -> list[Event]:
-        """Events for one model output chunk (audio and/or text)."""
+        """Events for one model output chunk (audio and/or text).
+
+        ``previous_item_id`` is read only when the chunk opens the message (its first chunk).
+        """
         assert not self.closed, f"response {self.response_id} already done"
-        events: list[Event] = []
-        if not self.message_open:
-            events += self._open_message(previous_item_id)
-        ids = self._ids()
+        events: list[Event] = [] if self.message_open else self._open_message(previous_item_id)
         if speak and not self.speak_sent:
             self.speak_sent = True
-            events.append(ResponseSpeak(event_id=new_event_id(), **ids))
+            events.append(ResponseSpeak(event_id=new_event_id(), **self._ids()))
         if self.audio:
             if audio_bytes:
-                fmt = self.output_format
+                # The per-frame event: every field but the id and the audio is fixed while the
+                # message is open, so it is built from plain attributes (no dict, no lookups).
                 events.append(
                     DuplexResponseOutputAudioDelta(
                         event_id=new_event_id(),
+                        response_id=self.response_id,
+                        item_id=self.item_id,
+                        output_index=self.message_index,
+                        content_index=0,
                         delta=audio_bytes,
-                        format=fmt.to_beta(),
-                        sample_rate_hz=fmt.rate,
-                        **ids,
+                        format=self._wire_format,
+                        sample_rate_hz=self._wire_rate,
                     )
                 )
                 self.cursor.add_audio(duration_ms, text)
             else:
                 self.cursor.add_text(text)
             if text:
-                events.append(ResponseOutputAudioTranscriptDelta(event_id=new_event_id(), delta=text, **ids))
+                events.append(
+                    ResponseOutputAudioTranscriptDelta(event_id=new_event_id(), delta=text, **self._ids())
+                )
         elif text:
             self.cursor.add_text(text)
-            events.append(ResponseOutputTextDelta(event_id=new_event_id(), delta=text, **ids))
+            events.append(ResponseOutputTextDelta(event_id=new_event_id(), delta=text, **self._ids()))
         return events
 
     def add_tool_call(self, call: ToolCall, previous_item_id: str | None) -> list[Event]:

@@ -188,12 +188,15 @@ class SessionRunner:
                 self.mailbox.put_internal(CrashItem(exc))
             self._drained.set()
             return True
-        if isinstance(item, CommandItem) and isinstance(item.command, InputAudioBufferAppend):
+        if isinstance(item, CommandItem):
             cmd = item.command
+            if not isinstance(cmd, InputAudioBufferAppend):
+                return False
             pipeline = self.record.pipeline
             if len(cmd.audio) > self.manager.config.offload_min_bytes or pipeline.detector is not None:
                 return False
-            now = self.manager.now()
+            # Handled at the moment it was submitted: its submit time is the runner's "now".
+            now = item.submitted_at
             try:
                 try:
                     try:
@@ -233,10 +236,12 @@ class SessionRunner:
         self._emit(events)
 
     def _decode_args(self, cmd: Any) -> tuple[bytes, Any, tuple[bytes, ...]]:
-        settings = self.session.settings
+        fmt = self.session.settings.input_format
         resolve = getattr(cmd, "resolved_format", None)
-        fmt = resolve(settings.input_format) if resolve is not None else settings.input_format
-        return cmd.audio, fmt, tuple(getattr(cmd, "video_frames", None) or ())
+        if resolve is not None:
+            fmt = resolve(fmt)
+        video = getattr(cmd, "video_frames", None)
+        return cmd.audio, fmt, tuple(video) if video else ()
 
     async def _decode(self, cmd: Any) -> Any:
         pipeline = self.record.pipeline

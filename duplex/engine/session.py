@@ -176,22 +176,24 @@ class Session:
         return SlotOptions(instructions=s.instructions, voice=s.voice, temperature=s.temperature)
 
     def take_actions(self) -> list[Action]:
-        """The actions queued by the last calls, in order; the caller must carry them out."""
-        actions, self._actions = self._actions, []
+        """The actions queued by the last calls, in order; the caller must carry them out
+        at once (when there are none, the list returned is the session's own, still empty)."""
+        actions = self._actions
+        if actions:
+            self._actions = []
         return actions
 
     def _journal(self, events: list[Event], now: float) -> list[Event]:
-        out = []
+        """Stamp each event with the next ``server_event_seq`` and keep it; returns ``events``."""
         journal = self.journal
         stamp = msgspec.structs.force_setattr
         for event in events:
             # The event was built by this session and nobody else holds it yet: stamping it in
             # place (instead of msgspec.structs.replace) saves a copy per event.
-            seq = journal.next_seq
+            seq = journal.head + 1
             stamp(event, "server_event_seq", seq)
             journal.append(seq, event, _event_size(event), now)
-            out.append(event)
-        return out
+        return events
 
     def _error(self, exc: ProtocolError, event_id: str | None) -> Event:
         if exc.event_id is None and event_id is not None:
