@@ -55,7 +55,7 @@ export class Call {
     this.model = null;
     this.session = null;
     this.errors = []; // {code, message, soft}: soft = about our own playback.ack
-    this.conversation = []; // {id, role, text, final, interrupted}
+    this.conversation = []; // {id, role, text, final, interrupted, heardMs (after a truncate)}
     this.stats = {
       appendsSent: 0,
       bytesSent: 0, // pcm16 bytes of microphone audio sent
@@ -260,7 +260,9 @@ export class Call {
   }
 
   onTruncated(event) {
-    this.turn(event.item_id, "assistant").interrupted = true;
+    const t = this.turn(event.item_id, "assistant");
+    t.interrupted = true;
+    t.heardMs = event.audio_end_ms; // the server's word on what stays in the conversation
   }
 
   onSpeechStarted() {
@@ -345,7 +347,7 @@ export class Call {
   turn(id, role) {
     let t = this.conversation.find((x) => x.id === id);
     if (!t) {
-      t = { id, role, text: "", final: false, interrupted: false };
+      t = { id, role, text: "", final: false, interrupted: false, heardMs: null };
       this.conversation.push(t);
       if (this.conversation.length > MAX_TURNS) this.conversation.shift();
     }

@@ -1,0 +1,107 @@
+"""The browser UI in headless Chromium against a real server on loopback around the echo plugin.
+
+The fake microphone says a sentence once (Piper). The page must open a session with the key typed
+into it, stream the microphone as appends, play the echo it gets back, and close cleanly on Stop;
+a wrong key or a refused socket must show the reason on the page. Assertions read the state the
+page exposes (``window.duplexUI.snapshot()``) and its DOM; the browser console stays clean.
+"""
+
+from __future__ import annotations
+
+import json
+
+from duplex.server.config import ServerConfig
+from tests.server.harness import running_server
+from tests.server.web.conftest import needs_chromium
+
+pytestmark = needs_chromium
+
+KEY = "sk-browser-test"
+SENTENCE = ("Hello there, can you hear me?", 0.5)
+APPEND_BYTES = 1920  # 40 ms of 24 kHz pcm16
+RESPONSE_START = [
+    "response.created",
+    "conversation.item.added",
+    "response.output_item.added",
+    "response.content_part.added",
+    "response.speak",
+    "response.output_audio.delta",
+]
+
+
+def click(selector: str) -> str:
+    return f"document.querySelector({json.dumps(selector)}).click()"
+
+
+def type_key(key: str) -> str:
+    return f"document.querySelector('#api-key').value = {json.dumps(key)}"
+
+
+async def test_the_page_streams_the_microphone_plays_the_echo_and_stops(open_page, spoken_wav):
+    async with (
+        running_server(ServerConfig(api_keys=(KEY,))) as srv,
+        open_page(srv.http + "/", microphone=spoken_wav(SENTENCE)) as page,
+    ):
+        await page.evaluate(type_key(KEY))
+        await page.evaluate(click("#start"))
+        playing = await page.evaluate("duplexUI.waitFor(s => s.stats && s.stats.playedMs >= 1000, 15000)")
+        assert playing["state"] == "open" and playing["micLive"] is True
+        assert await page.evaluate("document.querySelector('#state').textContent") == "open"
+        await page.evaluate(click("#stop"))
+        done = await page.evaluate("duplexUI.waitFor(s => s.state === 'closed', 5000)")
+        assert await page.evaluate("document.querySelector('#state').textContent") == "closed"
+        console = page.console_errors
+
+    stats = done["stats"]
+    received = stats["eventTypes"]
+    assert received[:2] == ["session.created", "session.updated"]
+    assert [t for t in received if t in RESPONSE_START][:6] == RESPONSE_START
+    assert received[-1] == "session.closed"
+    sent = stats["sentTypes"]
+    assert sent[0] == "session.update" and sent[-1] == "session.close"
+    assert set(sent[1:-1]) <= {"input_audio_buffer.append", "playback.ack", "session.event_ack"}
+    assert stats["bytesSent"] == stats["appendsSent"] * APPEND_BYTES > 0
+    assert 0 < stats["bytesPlayed"] <= stats["bytesReceived"]
+    assert stats["acksSent"] == stats["eventCounts"]["playback.acknowledged"] > 0
+    assert stats["closeCode"] == 1000
+    assert done["micLive"] is False
+    assert done["errors"] == []
+    assert console == []
+
+
+async def test_a_wrong_api_key_shows_the_servers_error_and_opens_nothing(open_page):
+    async with running_server(ServerConfig(api_keys=(KEY,))) as srv, open_page(srv.http + "/") as page:
+        await page.evaluate(type_key("sk-wrong"))
+        await page.evaluate(click("#start"))
+        failed = await page.evaluate("duplexUI.waitFor(s => s.state === 'error', 5000)")
+        shown = await page.evaluate("document.querySelector('#errors').textContent")
+        console = page.console_errors
+        refused = srv.app.state.duplex.metrics.refused
+
+    assert failed["errors"] == [
+        {"code": "invalid_api_key", "message": "missing or unknown API key", "soft": False}
+    ]
+    assert shown == "invalid_api_key: missing or unknown API key"
+    assert failed["micLive"] is False and failed["stats"]["sentTypes"] == []
+    assert sum(refused.values()) == 0  # no WebSocket was even tried
+    assert len(console) == 1 and "401" in console[0]  # the browser's own note of the refused request
+
+
+async def test_a_refused_websocket_is_reported_and_the_microphone_released(open_page, spoken_wav):
+    # Models are listed, but the socket's origin is not allowed: the upgrade is answered 403.
+    config = ServerConfig(allowed_origins=("https://app.example",))
+    async with (
+        running_server(config) as srv,
+        open_page(srv.http + "/", microphone=spoken_wav(SENTENCE)) as page,
+    ):
+        await page.evaluate(click("#start"))
+        failed = await page.evaluate("duplexUI.waitFor(s => s.state === 'error', 5000)")
+        console = page.console_errors
+        refused = dict(srv.app.state.duplex.metrics.refused)
+
+    ((code, message, soft),) = [(e["code"], e["message"], e["soft"]) for e in failed["errors"]]
+    assert code == "connection_refused" and not soft
+    assert message.startswith("the server refused the WebSocket (close code 1006)")
+    assert failed["micLive"] is False
+    assert refused == {"403": 1}
+    assert len(console) == 1 and "403" in console[0]
