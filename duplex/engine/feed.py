@@ -107,33 +107,37 @@ class SlotFeed:
     ) -> bool:
         """Queue decoded samples. Returns False (nothing queued) when the buffer would overflow."""
         n = len(pcm)
-        live = self._end - self._start
+        start, end = self._start, self._end
+        live = end - start
         if live + n > self.max_buffered:
             return False
-        if self._end + n > len(self._buf):  # compact, growing when needed
-            buf = self._buf
+        buf = self._buf
+        if end + n > len(buf):  # compact, growing when needed
             if live + n > len(buf):
                 size = len(buf)
                 while size < live + n:
                     size *= 2
                 buf = np.zeros(min(size, self.max_buffered), dtype=np.float32)
-            buf[:live] = self._buf[self._start : self._end]
+            buf[:live] = self._buf[start:end]
             self._buf = buf
-            self._start, self._end = 0, live
-        self._buf[self._end : self._end + n] = pcm
-        self._end += n
+            self._start = start = 0
+            end = live
+        buf[end : end + n] = pcm
+        self._end = end = end + n
         self.received += n
-        if self._on_ready is not None and self._end - self._start >= self.chunk:
+        if end - start >= self.chunk and self._on_ready is not None:
             self._on_ready()
         if n:
             self._submits.append((self.received, submitted_at))
             self.pads = 0
             if self.due_at is None:
-                self.due_at = now + self.period_s * max(0.0, 1.0 - self.buffered / self.chunk)
-        for frame in video_frames:
-            if len(self.video) == self.video.maxlen:
-                self.video_dropped += 1
-            self.video.append(frame)
+                self.due_at = now + self.period_s * max(0.0, 1.0 - (end - start) / self.chunk)
+        if video_frames:
+            video = self.video
+            for frame in video_frames:
+                if len(video) == video.maxlen:
+                    self.video_dropped += 1
+                video.append(frame)
         return True
 
     def clear(self) -> None:
@@ -147,16 +151,18 @@ class SlotFeed:
         if now < self.not_before:
             return None
         due = self.due_at
-        if self.buffered >= self.chunk:
-            pcm = self._buf[self._start : self._start + self.chunk].copy()
-            self._start += self.chunk
-            self.consumed += self.chunk
+        chunk = self.chunk
+        start = self._start
+        if self._end - start >= chunk:
+            pcm = self._buf[start : start + chunk].copy()
+            self._start = start = start + chunk
+            self.consumed += chunk
             padded = False
         elif due is not None and now >= due + self.late_tolerance_s and self.pads < self.max_padding_frames:
-            pcm = np.zeros(self.chunk, dtype=np.float32)
-            have = self.buffered
-            pcm[:have] = self._buf[self._start : self._end]
-            self._start = self._end
+            pcm = np.zeros(chunk, dtype=np.float32)
+            have = self._end - start
+            pcm[:have] = self._buf[start : self._end]
+            self._start = start = self._end
             self.consumed += have
             padded = True
         else:
@@ -164,25 +170,29 @@ class SlotFeed:
                 self.due_at = None  # idle until input arrives
             return None
         # The append that completed this frame: the first whose end reaches ``consumed``.
+        consumed = self.consumed
         submits = self._submits
-        while submits and submits[0][0] < self.consumed:
+        while submits and submits[0][0] < consumed:
             submits.popleft()
         submitted_at = None
         if submits and not padded:
             submitted_at = submits[0][1]
-            if submits[0][0] == self.consumed:
+            if submits[0][0] == consumed:
                 submits.popleft()
         if padded:
             self.pads += 1
             self.due_at = (due if due is not None else now) + self.period_s
         else:
             self.pads = 0
-            self.due_at = max(now, due if due is not None else now) + self.period_s
+            self.due_at = (now if due is None or now > due else due) + self.period_s
         # Pace a burst: at most one step per half period. A client on time is never held
         # back (its frames complete a whole period apart), so no latency accumulates.
         self.not_before = now + self.period_s * MIN_STEP_GAP
-        video = tuple(self.video)
-        self.video.clear()
-        if self._start == self._end:
+        if self.video:
+            video = tuple(self.video)
+            self.video.clear()
+        else:
+            video = ()
+        if start == self._end:
             self._start = self._end = 0
         return FeedFrame(pcm, padded, submitted_at, due, video)

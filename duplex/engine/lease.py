@@ -53,8 +53,8 @@ class Lease:
 
     def touch(self, now: float) -> None:
         """Record activity (any command, model output, heartbeat). Ignored once not live."""
-        if self.live:
-            self.last_activity = max(self.last_activity, now)
+        if now > self.last_activity and self.state in LIVE_STATES:
+            self.last_activity = now
 
     def attach(self, now: float) -> int:
         """First attach after open; returns the attachment generation (1)."""

@@ -44,19 +44,22 @@ __all__ = ["append", "commit"]
 
 #: User audio a turn plugin may buffer for one turn, in seconds of model-rate audio.
 MAX_TURN_AUDIO_S = 300
+#: Plugin kinds whose input is fed to the frame scheduler as it arrives.
+_FED_KINDS = frozenset({PluginKind.FRAME, PluginKind.UNIT})
 
 
 def append(s: Session, cmd: InputAudioBufferAppend, decoded: DecodedAppend, now: float) -> list[Event]:
     events: list[Event] = []
     settings = s.settings
-    vad_started = any(isinstance(e, SpeechStarted) for e in decoded.vad_events)
+    vad_events = decoded.vad_events
+    vad_started = bool(vad_events) and any(isinstance(e, SpeechStarted) for e in vad_events)
     if settings.vad is not None:
         is_speech = vad_started or decoded.vad_in_speech
     else:
         hint = getattr(cmd, "is_speech", None)
         is_speech = hint if hint is not None else decoded.rms >= settings.overlap_silence_rms
     action = "listen"
-    for vad_event in decoded.vad_events:
+    for vad_event in vad_events:
         if isinstance(vad_event, SpeechStarted):
             s._speech_item_id = new_item_id()
             s.turn_state = TurnState.USER_SPEAKING
@@ -100,14 +103,14 @@ def append(s: Session, cmd: InputAudioBufferAppend, decoded: DecodedAppend, now:
     s._input_ms += decoded.duration_ms
     if is_speech:
         s._speech_ms += decoded.duration_ms
-    if s.kind in (PluginKind.FRAME, PluginKind.UNIT):
+    if s.caps.kind in _FED_KINDS:
         s._actions.append(FeedAudio(decoded.pcm, decoded.video_frames, now))
     elif action != "drop":
         if s._turn_samples + len(decoded.pcm) > MAX_TURN_AUDIO_S * s.caps.input_sample_rate:
             raise ProtocolError("input_backpressure", f"a turn holds at most {MAX_TURN_AUDIO_S} s of audio")
         s._turn_audio.append(decoded.pcm)
         s._turn_samples += len(decoded.pcm)
-    for vad_event in decoded.vad_events:
+    for vad_event in vad_events:
         if isinstance(vad_event, SpeechStopped):
             events.append(
                 InputAudioBufferSpeechStopped(
