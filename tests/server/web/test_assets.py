@@ -12,7 +12,7 @@ from urllib.parse import urljoin, urlparse
 
 import httpx
 
-from duplex.server.webui import STATIC_DIR
+from duplex.server.webui import PAGE_HEADERS, STATIC_DIR
 
 JS_TYPES = ("text/javascript", "application/javascript")
 CSS_TYPES = ("text/css",)
@@ -79,6 +79,8 @@ async def test_the_page_is_served_at_the_root_as_html(srv):
     assert res.status_code == 200
     assert res.headers["content-type"] == "text/html; charset=utf-8"
     assert '<script type="module" src="static/app.js">' in res.text
+    assert res.headers["content-security-policy"] == PAGE_HEADERS["Content-Security-Policy"]
+    assert res.headers["x-content-type-options"] == "nosniff"
 
 
 async def test_every_asset_the_page_loads_is_served_as_javascript_or_css(srv):

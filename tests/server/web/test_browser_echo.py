@@ -59,13 +59,24 @@ async def test_the_page_streams_the_microphone_plays_the_echo_and_stops(open_pag
     assert received[-1] == "session.closed"
     sent = stats["sentTypes"]
     assert sent[0] == "session.update" and sent[-1] == "session.close"
-    assert set(sent[1:-1]) <= {"input_audio_buffer.append", "playback.ack", "session.event_ack"}
+    # A pause inside the sentence can start a second utterance while the echo of the first still
+    # plays: that is a barge-in, and the page truncates what it cut.
+    assert set(sent[1:-1]) <= {
+        "input_audio_buffer.append",
+        "playback.ack",
+        "session.event_ack",
+        "conversation.item.truncate",
+    }
+    assert sent.count("conversation.item.truncate") == len(stats["truncates"])
     assert stats["bytesSent"] == stats["appendsSent"] * APPEND_BYTES > 0
     assert 0 < stats["bytesPlayed"] <= stats["bytesReceived"]
-    assert stats["acksSent"] == stats["eventCounts"]["playback.acknowledged"] > 0
+    # Every ack is answered: acknowledged, or refused as too late once a newer turn was committed.
+    late = [e for e in done["errors"] if e["soft"]]
+    assert {e["code"] for e in late} <= {"playback_ack_too_late"}
+    assert stats["acksSent"] == stats["eventCounts"]["playback.acknowledged"] + len(late) > 0
     assert stats["closeCode"] == 1000
     assert done["micLive"] is False
-    assert done["errors"] == []
+    assert [e for e in done["errors"] if not e["soft"]] == []
     assert console == []
 
 
