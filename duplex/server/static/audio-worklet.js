@@ -77,14 +77,24 @@ class Resampler {
     let n = at;
     const taps = this.taps;
     for (;;) {
-      let i = Math.floor(this.pos);
-      const p = Math.round((this.pos - i) * PHASES);
+      const i = Math.floor(this.pos);
       const base = i - (this.width - 1);
       if (base + taps > this.len) break;
-      const row = p * taps;
-      let acc = 0;
-      for (let k = 0; k < taps; k++) acc += this.buf[base + k] * this.table[row + k];
-      out[n++] = acc;
+      // Between two tabulated phases: interpolate linearly (nearest-phase rounding alone
+      // limits the signal-to-noise ratio to about 55 dB at 3 kHz).
+      const phase = (this.pos - i) * PHASES;
+      const p = Math.floor(phase);
+      const a = phase - p;
+      const row0 = p * taps;
+      const row1 = row0 + taps;
+      let acc0 = 0;
+      let acc1 = 0;
+      for (let k = 0; k < taps; k++) {
+        const x = this.buf[base + k];
+        acc0 += x * this.table[row0 + k];
+        acc1 += x * this.table[row1 + k];
+      }
+      out[n++] = acc0 + a * (acc1 - acc0);
       this.pos += this.step;
     }
     const keep = Math.floor(this.pos) - (this.width - 1);
@@ -249,6 +259,7 @@ class PlaybackProcessor extends AudioWorkletProcessor {
       this.fifoLen += this.resampler.push(this.piece, n, this.fifo, this.fifoLen);
       if (q.offset >= q.pcm.length) {
         this.queue.shift();
+        if (this.queue.length === 0) this.queuedMs = 0; // no rounding drift left behind
         this.maybeDrained();
       }
     }
