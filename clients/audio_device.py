@@ -354,7 +354,9 @@ class SpeakerStream:
             resampler = None
             if rate != self.device_rate:
                 resampler = StreamResampler(rate, self.device_rate, quality=RESAMPLE_QUALITY)
-            account = self._accounts[response_id] = _Account(resampler)
+            account = _Account(resampler)
+            with self._lock:
+                self._accounts[response_id] = account
         account.received_ms += len(pcm) / rate * 1000.0
         out = account.resampler.process(pcm) if account.resampler is not None else pcm
         self._queue(response_id, account, np.asarray(out, dtype=np.float32))
@@ -415,7 +417,8 @@ class SpeakerStream:
 
     def forget(self, response_id: str) -> None:
         """Stop tracking ``response_id`` (its audio left the buffer or was flushed)."""
-        self._accounts.pop(response_id, None)
+        with self._lock:
+            self._accounts.pop(response_id, None)
 
 
 @dataclass

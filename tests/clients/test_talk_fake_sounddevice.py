@@ -35,7 +35,11 @@ GARBAGE = 7.0  # what an output buffer holds before the callback fills it
 
 
 class PortAudioError(Exception):
-    """``sounddevice.PortAudioError``."""
+    """``sounddevice.PortAudioError``: ``args`` are the message and PortAudio's error code."""
+
+    def __str__(self) -> str:
+        message = self.args[0] if self.args else ""
+        return f"{message} [PaErrorCode {self.args[1]}]" if len(self.args) > 1 else message
 
 
 class CallbackFlags:
@@ -65,7 +69,7 @@ class FakeStream:
         rate = samplerate or api.query_devices(device, kind)["default_samplerate"]
         if rate in api.refused_rates:
             name = "InputStream" if kind == "input" else "OutputStream"
-            raise PortAudioError(f"Error opening {name}: Invalid sample rate [PaErrorCode -9997]")
+            raise PortAudioError(f"Error opening {name}: Invalid sample rate", -9997)
         self.api = api
         self.kind = kind
         self.samplerate = float(rate)
@@ -86,7 +90,7 @@ class FakeStream:
         if self.closed:
             raise PortAudioError("Error starting stream: the stream is closed")
         if self.kind in self.api.fail_start:
-            raise PortAudioError("Error starting stream: Device unavailable [PaErrorCode -9985]")
+            raise PortAudioError("Error starting stream: Device unavailable", -9985)
         self.active, self.stopped = True, False
         if not self.api.realtime:
             return
