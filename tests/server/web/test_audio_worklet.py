@@ -9,14 +9,17 @@ buffer's prebuffer, underrun, end-of-item drain, flush and queue bound on the pl
 
 from __future__ import annotations
 
+from collections.abc import AsyncIterator
 from typing import Any
 
 import pytest
+import pytest_asyncio
 
-from tests.server.web.chromium import Page
+from tests.server.harness import running_server
+from tests.server.web.chromium import Browser, Page
 from tests.server.web.conftest import needs_chromium
 
-pytestmark = needs_chromium
+pytestmark = [needs_chromium, pytest.mark.asyncio(loop_scope="module")]
 
 # Runs once per page: imports the worklet module with the stand-ins; defines the helpers below.
 HARNESS = """
@@ -45,9 +48,12 @@ HARNESS = """
 """
 
 
-@pytest.fixture
-async def page(srv, open_page):
-    async with open_page(srv.http + "/") as page:
+@pytest_asyncio.fixture(scope="module", loop_scope="module")
+async def page(tmp_path_factory: pytest.TempPathFactory) -> AsyncIterator[Page]:
+    """One server and one page for the whole module (every test builds its own processors)."""
+    async with running_server() as srv, Browser.launch(tmp_path_factory.mktemp("profile")) as browser:
+        page = await browser.new_page()
+        await page.navigate(srv.http + "/")
         assert await page.evaluate(HARNESS) == ["duplex-capture", "duplex-playback"]
         yield page
 
@@ -110,6 +116,7 @@ async def test_playback_waits_for_its_prebuffer_counts_an_underrun_and_drains_an
     got = await run(
         page,
         """
+  globalThis.sampleRate = 48000;
   const p = new registered["duplex-playback"]({ processorOptions: { prebufferMs: 100 } });
   const peak = (x) => Math.max(...Array.from(x, Math.abs));
   deliver(p, { type: "push", item: "a", pcm: pcm(80, 8192), rate: 24000 });
@@ -156,6 +163,7 @@ async def test_a_flush_stops_playback_at_once_and_reports_what_was_played(page):
     got = await run(
         page,
         """
+  globalThis.sampleRate = 48000;
   const p = new registered["duplex-playback"]({ processorOptions: { prebufferMs: 100 } });
   deliver(p, { type: "push", item: "a", pcm: pcm(1000, 8192), rate: 24000 });
   for (let i = 0; i < 10; i++) quantum(p);  // 1280 frames at 48 kHz: 640 source samples
@@ -176,6 +184,7 @@ async def test_the_playback_queue_is_bounded_and_drops_the_oldest_audio(page):
     got = await run(
         page,
         """
+  globalThis.sampleRate = 48000;
   const p = new registered["duplex-playback"]({ processorOptions: { prebufferMs: 100, maxQueuedMs: 1000 } });
   for (let i = 0; i < 3; i++) deliver(p, { type: "push", item: "a", pcm: pcm(600, 1000), rate: 24000 });
   quantum(p);
