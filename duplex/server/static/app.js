@@ -1,8 +1,9 @@
 // The page: buttons and views around one Call (call.js), and `window.duplexUI` for tests.
 //
-// window.duplexUI.snapshot() returns plain data: {state, model, micLive, stats, errors,
-// conversation}; waitFor(predicate, timeoutMs) resolves with the first snapshot for which
-// predicate(snapshot) is true (checked after every change), and rejects after timeoutMs.
+// window.duplexUI.snapshot() returns plain data: {state, model, turnMode, micLive, stats, errors,
+// conversation}; start(), stop() and reply() are the buttons; waitFor(predicate, timeoutMs)
+// resolves with the first snapshot for which predicate(snapshot) is true (checked after every
+// change), and rejects after timeoutMs.
 
 import { Call } from "./call.js";
 
@@ -14,10 +15,13 @@ let renderQueued = false;
 const waiters = new Set();
 
 function snapshot() {
-  if (!call) return { state: "idle", model: null, micLive: false, stats: null, errors: [], conversation: [] };
+  if (!call) {
+    return { state: "idle", model: null, turnMode: null, micLive: false, stats: null, errors: [], conversation: [] };
+  }
   return structuredClone({
     state: call.state,
     model: call.model,
+    turnMode: call.turnMode,
     micLive: call.micLive,
     stats: call.stats,
     errors: call.errors,
@@ -67,19 +71,25 @@ function waitFor(predicate, timeoutMs = 10000) {
 
 function summary() {
   const s = snapshot();
-  return { state: s.state, errors: s.errors, stats: s.stats && { ...s.stats, eventTypes: undefined, sentTypes: undefined } };
+  const stats = s.stats && { ...s.stats, eventTypes: undefined, sentTypes: undefined };
+  return { state: s.state, errors: s.errors, stats };
 }
 
 async function start() {
   if (call && (call.state === "connecting" || call.state === "open" || call.state === "closing")) return;
   $("conversation").replaceChildren();
   $("event-log").replaceChildren();
-  call = new Call({ apiKey: $("api-key").value.trim(), onChange: notify, onEvent: logEvent });
+  const apiKey = $("api-key").value.trim();
+  call = new Call({ apiKey, turns: $("turns").value, onChange: notify, onEvent: logEvent });
   await call.start();
 }
 
 async function stop() {
   if (call) await call.stop();
+}
+
+async function reply() {
+  if (call) await call.reply();
 }
 
 function logEvent(event) {
@@ -100,6 +110,8 @@ function render() {
   $("start").disabled = busy;
   $("stop").disabled = !(state === "connecting" || state === "open");
   $("api-key").disabled = busy;
+  $("turns").disabled = busy;
+  $("reply").hidden = !(call && call.turnMode === "manual" && state === "open");
   if (!call) return;
   $("model").textContent = call.model ? `model: ${call.model}` : "";
   $("mic-level").value = Math.min(1, call.stats.micLevel * 4);
@@ -153,6 +165,7 @@ function render() {
 
 $("start").addEventListener("click", () => start());
 $("stop").addEventListener("click", () => stop());
+$("reply").addEventListener("click", () => reply());
 $("start").disabled = false;
 
-window.duplexUI = { snapshot, waitFor, start, stop };
+window.duplexUI = { snapshot, waitFor, start, stop, reply };

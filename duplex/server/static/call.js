@@ -6,14 +6,16 @@
 // start(): GET v1/models (with the key) names the model and its capabilities; a refusal there is
 // the server's own error (code and message) and nothing else is opened. Then the AudioContext, the
 // player, the microphone (the browser asks for permission), and the socket to v1/realtime, whose
-// first message is session.update. Microphone chunks are sent as input_audio_buffer.append once the
-// session exists (session.created); the session object says whether playback.ack is supported.
+// first message is session.update. Microphone chunks are sent as input_audio_buffer.append; those
+// captured before the session exists (session.created) wait for it, up to EARLY_AUDIO_MS (older
+// ones are dropped and counted), so the first words said after Start are not lost to the
+// handshake. The session object says whether playback.ack is supported.
 //
 // Server events update the conversation (user transcripts, assistant transcripts) and feed the
-// player. Barge-in: input_audio_buffer.speech_started while assistant audio is still queued or
-// playing flushes the player at once; the audio that was really played of each cut item is then
-// reported with conversation.item.truncate (audio_end_ms), and later deltas of a cut item are
-// dropped (counted) rather than played. While audio plays, playback.ack reports the played
+// player. Barge-in: input_audio_buffer.speech_started (or, in manual mode, Reply) while assistant
+// audio is still queued or playing flushes the player at once; the audio that was really played
+// of each cut item is then reported with conversation.item.truncate (audio_end_ms), and later
+// deltas of a cut item are dropped (counted) rather than played. While audio plays, playback.ack reports the played
 // milliseconds every ACK_EVERY_MS and once when an item has been played to its end.
 //
 // stop(): session.close, then the socket is closed by the server after session.closed (or by us
@@ -32,6 +34,7 @@ const PREBUFFER_MS = 120; // jitter buffer depth before playback starts
 const ACK_EVERY_MS = 250; // playback.ack granularity while playing
 const EVENT_ACK_EVERY_MS = 1000; // session.event_ack period (trims the server's replay journal)
 const CLOSE_WAIT_MS = 2000; // how long stop() waits for the server to close the socket
+const EARLY_AUDIO_MS = 2000; // microphone audio kept while the session opens
 const MAX_LOGGED_TYPES = 2000;
 const MAX_TURNS = 200;
 const MAX_ITEMS = 64;
@@ -47,8 +50,11 @@ export class CallError extends Error {
 export class Call {
   // onChange(call) runs after every change of state, stats, errors or conversation;
   // onEvent(event) for every server event, before it is handled.
-  constructor({ apiKey, onChange, onEvent }) {
+  // turns: "auto" or "manual" (see wire.turnMode).
+  constructor({ apiKey, turns, onChange, onEvent }) {
     this.apiKey = apiKey || "";
+    this.wantedTurns = turns || "auto";
+    this.turnMode = null; // "vad" | "model" | "manual", once the model is known
     this.onChange = onChange || (() => {});
     this.onEvent = onEvent || (() => {});
     this.state = "idle"; // idle -> connecting -> open -> closing -> closed; or error
@@ -69,6 +75,7 @@ export class Call {
       truncates: [], // audio_end_ms of every truncate sent
       acksSent: 0,
       micLevel: 0,
+      micChunksDropped: 0, // captured while the session was opening, beyond EARLY_AUDIO_MS
       eventTypes: [], // server event types in arrival order (the first MAX_LOGGED_TYPES)
       sentTypes: [], // our command types in order (the first MAX_LOGGED_TYPES)
       eventCounts: {},
@@ -84,6 +91,7 @@ export class Call {
     this.ackedSeq = 0;
     this.ackCount = 0;
     this.timer = null;
+    this.early = []; // microphone chunks captured before session.created
   }
 
   async start() {
@@ -92,6 +100,7 @@ export class Call {
       const card = await this.fetchModel();
       this.model = card.id;
       this.caps = wire.readCapabilities(card);
+      this.turnMode = wire.turnMode(this.caps, this.wantedTurns);
       this.context = await openAudioContext();
       this.player = new Player(this.context, {
         prebufferMs: PREBUFFER_MS,
@@ -133,7 +142,7 @@ export class Call {
     return new Promise((resolve, reject) => {
       const ws = (this.ws = new WebSocket(wire.realtimeUrl(this.apiKey)));
       this.opened = resolve;
-      ws.onopen = () => this.send(wire.sessionUpdate(this.model, this.caps));
+      ws.onopen = () => this.send(wire.sessionUpdate(this.model, this.turnMode));
       ws.onmessage = (e) => this.onMessage(e.data);
       ws.onerror = () => {}; // the close event that follows says what happened
       ws.onclose = (e) => {
@@ -164,11 +173,20 @@ export class Call {
 
   onMicChunk(pcm, rms) {
     this.stats.micLevel = rms;
-    if (this.state !== "open") return; // nothing is sent before the session exists
+    if (this.state === "connecting") {
+      this.early.push(pcm);
+      if (this.early.length > EARLY_AUDIO_MS / CHUNK_MS) {
+        this.early.shift();
+        this.stats.micChunksDropped += 1;
+      }
+    } else if (this.state === "open") this.sendAudio(pcm);
+    this.changed();
+  }
+
+  sendAudio(pcm) {
     if (this.send(wire.append(pcm))) {
       this.stats.appendsSent += 1;
       this.stats.bytesSent += pcm.byteLength;
-      this.changed();
     }
   }
 
@@ -195,6 +213,7 @@ export class Call {
     const caps = event.session.capabilities || {};
     this.acks = Boolean(caps.supports_playback_ack);
     this.setState("open");
+    for (const pcm of this.early.splice(0)) this.sendAudio(pcm);
     this.timer = setInterval(() => this.ackEvents(), EVENT_ACK_EVERY_MS);
     this.opened();
   }
@@ -266,11 +285,27 @@ export class Call {
   }
 
   onSpeechStarted() {
+    this.cutPlayback();
+  }
+
+  // Manual mode: the user's turn ends now. Whatever still plays of the assistant is cut first.
+  // The truncate goes first: the server refuses one about a reply older than the latest user turn.
+  async reply() {
+    if (this.state !== "open" || this.turnMode !== "manual") return;
+    await this.cutPlayback();
+    this.send(wire.commit());
+    this.send(wire.responseCreate());
+    this.changed();
+  }
+
+  // Barge-in: flush the player, then truncate every cut item at what was played of it.
+  // Resolves once the truncates are sent.
+  async cutPlayback() {
     const audible = [...this.items.entries()].filter(([, info]) => !info.cut && !info.drained && info.pushed > 0);
     if (audible.length === 0) return;
     this.stats.bargeIns += 1;
     for (const [, info] of audible) info.cut = true;
-    this.player.flush().then((flushed) => {
+    await this.player.flush().then((flushed) => {
       for (const [item, samples, rate] of flushed.played) {
         const info = this.items.get(item);
         if (!info || !audible.some(([id]) => id === item)) continue;
@@ -387,7 +422,10 @@ export class Call {
     }
     if (this.state !== "open") return;
     const ended = this.stats.eventCounts["session.closed"] || this.stats.eventCounts["session.expired"];
-    if (!ended) this.addError("connection_lost", `the connection closed (code ${e.code}${e.reason ? `, ${e.reason}` : ""})`, false);
+    if (!ended) {
+      const how = `code ${e.code}${e.reason ? `, ${e.reason}` : ""}`;
+      this.addError("connection_lost", `the connection closed (${how})`, false);
+    }
     this.release();
     this.setState(ended ? "closed" : "error");
   }
@@ -403,6 +441,7 @@ export class Call {
   release() {
     clearInterval(this.timer);
     this.timer = null;
+    this.early = [];
     if (this.mic) this.mic.close();
     if (this.player) this.player.close();
     if (this.context && this.context.state !== "closed") this.context.close();

@@ -28,7 +28,8 @@ export function authHeaders(apiKey) {
 
 // base64 of the bytes of a typed array or ArrayBuffer.
 export function toBase64(data) {
-  const bytes = data instanceof ArrayBuffer ? new Uint8Array(data) : new Uint8Array(data.buffer, data.byteOffset, data.byteLength);
+  const bytes =
+    data instanceof ArrayBuffer ? new Uint8Array(data) : new Uint8Array(data.buffer, data.byteOffset, data.byteLength);
   let binary = "";
   const step = 0x2000; // String.fromCharCode takes its arguments on the stack: go in slices
   for (let i = 0; i < bytes.length; i += step) binary += String.fromCharCode.apply(null, bytes.subarray(i, i + step));
@@ -55,9 +56,18 @@ export function readCapabilities(card) {
   };
 }
 
-// The first command of a session: pcm16 at 24 kHz both ways, server VAD when the model has it
-// (else the model's own turn-taking, or none).
-export function sessionUpdate(model, caps) {
+// How turns are taken: "vad" (the server's voice activity detection ends a turn), "model" (the
+// model decides when to speak), "manual" (the user ends a turn with the Reply button).
+// `wanted` is the user's choice: "auto" picks server VAD when the model has it, else the model's
+// own turn-taking, else manual.
+export function turnMode(caps, wanted) {
+  if (wanted === "manual") return caps.modelNativeTurns ? "model" : "manual";
+  if (caps.serverVad) return "vad";
+  return caps.modelNativeTurns ? "model" : "manual";
+}
+
+// The first command of a session: pcm16 at 24 kHz both ways, and the turn mode.
+export function sessionUpdate(model, mode) {
   return {
     type: "session.update",
     session: {
@@ -65,11 +75,20 @@ export function sessionUpdate(model, caps) {
       model,
       output_modalities: ["audio"],
       audio: {
-        input: { format: PCM16, turn_detection: caps.serverVad ? { type: "server_vad" } : null },
+        input: { format: PCM16, turn_detection: mode === "vad" ? { type: "server_vad" } : null },
         output: { format: PCM16 },
       },
     },
   };
+}
+
+// End the user's turn by hand (manual mode): commit what was said and ask for the answer.
+export function commit() {
+  return { type: "input_audio_buffer.commit" };
+}
+
+export function responseCreate() {
+  return { type: "response.create" };
 }
 
 export function append(pcm) {

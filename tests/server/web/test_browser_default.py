@@ -9,6 +9,8 @@ tell the server how much of the reply was heard (``conversation.item.truncate``)
 
 from __future__ import annotations
 
+import soundfile
+
 from duplex.engine import EngineConfig
 from duplex.plugins.default.plugin import DefaultPlugin, DefaultPluginConfig
 from duplex.plugins.default.reply import echo_text
@@ -87,4 +89,34 @@ async def test_speaking_over_the_reply_stops_playback_and_truncates_it_where_it_
         ("assistant", echo_text(INTERRUPTION), False),
     ]
     assert [e for e in cut["errors"] if not e["soft"]] == []
+    assert console == []
+
+
+async def test_with_manual_turns_the_reply_button_ends_the_turn(models, open_page, spoken_wav):
+    wav = spoken_wav((QUESTION, 1.0))
+    said_bytes = 2 * soundfile.info(wav).frames  # the whole WAV, as 24 kHz pcm16
+    async with default_server(models) as srv, open_page(srv.http + "/", microphone=wav) as page:
+        await page.evaluate("document.querySelector('#turns').value = 'manual'")
+        await page.evaluate("document.querySelector('#start').click()")
+        await page.evaluate(f"duplexUI.waitFor(s => s.stats && s.stats.bytesSent >= {said_bytes}, 15000)")
+        assert await page.evaluate("document.querySelector('#reply').hidden") is False
+        await page.evaluate("document.querySelector('#reply').click()")
+        answered = await page.evaluate(
+            "duplexUI.waitFor(s => s.stats.eventCounts['response.done'] === 1"
+            " && s.stats.bytesPlayed === s.stats.bytesReceived, 15000)"
+        )
+        await page.evaluate("duplexUI.stop()")
+        console = page.console_errors
+
+    assert answered["turnMode"] == "manual"
+    sent = [t for t in answered["stats"]["sentTypes"] if t != "input_audio_buffer.append"]
+    assert [t for t in sent if t not in ("playback.ack", "session.event_ack")] == [
+        "session.update",
+        "input_audio_buffer.commit",
+        "response.create",
+    ]
+    assert "input_audio_buffer.speech_started" not in answered["stats"]["eventTypes"]  # no server VAD
+    assert conversation(answered) == [("user", QUESTION, False), ("assistant", echo_text(QUESTION), False)]
+    assert answered["stats"]["micChunksDropped"] == 0
+    assert answered["errors"] == []
     assert console == []
