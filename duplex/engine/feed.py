@@ -43,6 +43,13 @@ MAX_VIDEO_FRAMES = 2
 INITIAL_FRAMES = 4
 #: Minimum time between two steps of one slot, in frame periods (bursts run at most 2x real time).
 MIN_STEP_GAP = 0.5
+_FLOAT32 = np.dtype(np.float32)
+
+
+def _plain(pcm: np.ndarray) -> bool:
+    """A 1-D array a plugin may keep and change as if it were a fresh copy."""
+    flags = pcm.flags
+    return pcm.ndim == 1 and flags.c_contiguous and flags.writeable
 
 
 class FeedFrame:
@@ -89,6 +96,10 @@ class SlotFeed:
         self._buf = np.zeros(min(self.max_buffered, INITIAL_FRAMES * chunk), dtype=np.float32)
         self._start = 0  # first unread sample in _buf
         self._end = 0
+        # A whole frame handed over by ``feed`` while the buffer was empty (see ``feed``); it is
+        # the only buffered input while it is held.
+        self._whole: np.ndarray | None = None
+        self._held = 0  # chunk while _whole is held, else 0
         self.received = 0
         self.consumed = 0
         self._submits: deque[tuple[int, float]] = deque()  # (received after that append, submitted_at)
@@ -100,17 +111,38 @@ class SlotFeed:
 
     @property
     def buffered(self) -> int:
-        return self._end - self._start
+        return self._end - self._start + self._held
 
     def feed(
         self, pcm: np.ndarray, now: float, submitted_at: float, video_frames: tuple[bytes, ...] = ()
     ) -> bool:
-        """Queue decoded samples. Returns False (nothing queued) when the buffer would overflow."""
+        """Queue decoded samples. Returns False (nothing queued) when the buffer would overflow.
+
+        The feed takes ``pcm`` over: the caller must not change it afterwards. When the buffer is
+        empty and ``pcm`` is exactly one frame of float32 samples in a writable, contiguous 1-D
+        array (a client on time at the model's rate), the array itself is kept and becomes the
+        stepped frame: no copy in, no copy out.
+        """
         n = len(pcm)
+        if self._whole is not None:
+            self._spill()
         start, end = self._start, self._end
         live = end - start
         if live + n > self.max_buffered:
             return False
+        if n == self.chunk and live == 0 and pcm.dtype == _FLOAT32 and _plain(pcm):
+            self._whole = pcm
+            self._held = n
+            self.received += n
+            if self._on_ready is not None:
+                self._on_ready()
+            self._submits.append((self.received, submitted_at))
+            self.pads = 0
+            if self.due_at is None:
+                self.due_at = now  # a whole frame: due at once (as below, with buffered == chunk)
+            if video_frames:
+                self._add_video(video_frames)
+            return True
         buf = self._buf
         if end + n > len(buf):  # compact, growing when needed
             if live + n > len(buf):
@@ -133,17 +165,29 @@ class SlotFeed:
             if self.due_at is None:
                 self.due_at = now + self.period_s * max(0.0, 1.0 - (end - start) / self.chunk)
         if video_frames:
-            video = self.video
-            for frame in video_frames:
-                if len(video) == video.maxlen:
-                    self.video_dropped += 1
-                video.append(frame)
+            self._add_video(video_frames)
         return True
+
+    def _add_video(self, video_frames: tuple[bytes, ...]) -> None:
+        video = self.video
+        for frame in video_frames:
+            if len(video) == video.maxlen:
+                self.video_dropped += 1
+            video.append(frame)
+
+    def _spill(self) -> None:
+        """Copy a held whole frame into the (empty) buffer, before more input joins it."""
+        whole, self._whole = self._whole, None
+        assert whole is not None and self._start == self._end
+        n, self._held = self._held, 0
+        self._buf[:n] = whole
+        self._start, self._end = 0, n
 
     def clear(self) -> None:
         """Drop buffered input (``input_audio_buffer.clear`` on a frame session)."""
         self.consumed += self.buffered
         self._start = self._end = 0
+        self._whole, self._held = None, 0
         self._submits.clear()
 
     def take(self, now: float) -> FeedFrame | None:
@@ -153,7 +197,11 @@ class SlotFeed:
         due = self.due_at
         chunk = self.chunk
         start = self._start
-        if self._end - start >= chunk:
+        if self._whole is not None:
+            pcm, self._whole, self._held = self._whole, None, 0
+            self.consumed += chunk
+            padded = False
+        elif self._end - start >= chunk:
             pcm = self._buf[start : start + chunk].copy()
             self._start = start = start + chunk
             self.consumed += chunk

@@ -16,6 +16,7 @@ changes.
 from __future__ import annotations
 
 import functools
+import math
 
 import msgspec
 import numpy as np
@@ -95,7 +96,9 @@ class InputPipeline:
         """Decode one append in ``fmt`` (raises ``ProtocolError`` for bad bytes)."""
         pcm = decode_audio(audio, fmt)
         n = len(pcm)
-        rms = float(np.sqrt(np.dot(pcm, pcm) / n)) if n else 0.0
+        # sqrt of the float32 mean square, rounded to float32 as np.sqrt would (a float64 sqrt of a
+        # float32 value rounds to the same float32), without np.sqrt's cost on a scalar.
+        rms = float(np.float32(math.sqrt(pcm.dot(pcm) / n))) if n else 0.0
         if fmt.rate == self.model_rate and self.detector is None:
             # The common case, once per frame: no resampler and no VAD to run. decode_audio
             # returns a fresh array, used as is (no copy).

@@ -23,11 +23,12 @@ when the epoch advances.
 
 The per-frame fast path: the runner registers ``_inline`` as its mailbox's inline
 handler (``Mailbox`` docstring). While the runner is parked on an empty mailbox, an
-append that decodes in place (small, no VAD) and every model output are handled on
-the producer's stack, exactly as the runner would handle them next; the actions they
-produce run there too when they are synchronous (``FeedAudio``, ``ClearFeed``), and
+append that decodes in place (small, no VAD), every model output and every event ack are
+handled on the producer's stack, exactly as the runner would handle them next; the actions
+they produce run there too when they are synchronous (``FeedAudio``, ``ClearFeed``), and
 the rest are queued as one ``ActionsItem`` the runner carries out next, before
-anything that arrives later. This saves a task wake-up per frame in each direction.
+anything that arrives later. This saves a task wake-up per frame in each direction (and
+one per ack).
 
 An unexpected exception inside the runner is a bug: it is logged once with the
 session id, the session gets ``server_error`` and is closed; the others go on.
@@ -187,6 +188,12 @@ class SessionRunner:
             except Exception as exc:
                 self.mailbox.put_internal(CrashItem(exc))
             self._drained.set()
+            return True
+        if isinstance(item, AckItem):
+            try:
+                self._emit(self.session.handle(self.record.take_ack(), self.manager.now()))
+            except Exception as exc:
+                self.mailbox.put_internal(CrashItem(exc))
             return True
         if isinstance(item, CommandItem):
             cmd = item.command
