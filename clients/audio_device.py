@@ -68,21 +68,72 @@ def _device_errors(sd: Any) -> tuple[type[BaseException], ...]:
     return (getattr(sd, "PortAudioError", OSError), ValueError)
 
 
-def _device_rate(sd: Any, device: Any, kind: str, asked: int | None) -> tuple[int, str]:
-    """The rate to open ``device`` at (``asked``, else the device's default) and its name."""
-    info = sd.query_devices(device, kind)
-    name = str(info.get("name", device if device is not None else "default"))
-    rate = asked if asked is not None else round(float(info["default_samplerate"]))
-    return rate, name
+class _DeviceStream:
+    """What both streams share: find the device and its rate, open and start the stream (or raise
+    ``AudioDeviceError``), and stop and close it."""
+
+    kind = ""  # "input" or "output"
+    role = ""  # how the user calls it
+
+    def __init__(self, sd: Any, device: Any, device_rate: int | None, block_ms: int) -> None:
+        self.sd = sd
+        self.device = device
+        self.asked_rate = device_rate
+        self.block_ms = block_ms
+        self.device_rate = 0  # once open
+        self.name = ""  # once open
+        self._stream: Any = None
+
+    def _open(self, **settings: Any) -> None:
+        errors = _device_errors(self.sd)
+        try:
+            info = self.sd.query_devices(self.device, self.kind)
+            self.name = str(info.get("name", ""))
+            rate = self.asked_rate or round(float(info["default_samplerate"]))
+            self.device_rate = rate
+            self._prepare()
+            factory = self.sd.InputStream if self.kind == "input" else self.sd.OutputStream
+            self._stream = factory(
+                samplerate=rate,
+                blocksize=rate * self.block_ms // 1000,
+                device=self.device,
+                channels=1,
+                dtype="float32",
+                **settings,
+            )
+            self._stream.start()
+        except errors as exc:
+            self._close_stream()
+            raise AudioDeviceError(f"cannot open the {self.role} ({self.label}): {exc}") from exc
+
+    def _prepare(self) -> None:
+        """Called once the device rate is known, before the stream is made."""
+
+    @property
+    def label(self) -> str:
+        """The device's name and rate, as far as known."""
+        name = self.name or (f"default {self.kind}" if self.device is None else str(self.device))
+        rate = self.device_rate or self.asked_rate
+        return f"{name} at {rate} Hz" if rate else name
+
+    def _close_stream(self) -> None:
+        stream, self._stream = self._stream, None
+        if stream is not None:
+            with contextlib.suppress(*_device_errors(self.sd)):
+                stream.stop()
+            with contextlib.suppress(*_device_errors(self.sd)):
+                stream.close()
 
 
-class MicrophoneStream:
+class MicrophoneStream(_DeviceStream):
     """The microphone as mono float32 at ``rate`` (the session's input rate); see the module docstring.
 
     ``device``: a ``sounddevice`` device (index or name; None for the default input).
     ``device_rate``: the rate to open the device at (None: its default rate). ``block_ms``: the
     callback's block. ``max_buffer_ms``: audio kept for a slow reader (older audio is dropped).
     """
+
+    kind, role = "input", "microphone"
 
     def __init__(
         self,
@@ -94,17 +145,11 @@ class MicrophoneStream:
         block_ms: int = 20,
         max_buffer_ms: int = 2000,
     ) -> None:
-        self.sd = sd
+        super().__init__(sd, device, device_rate, block_ms)
         self.rate = rate
-        self.device = device
-        self.asked_rate = device_rate
-        self.block_ms = block_ms
         self.max_buffer = rate * max_buffer_ms // 1000
-        self.device_rate = 0
-        self.name = ""
         self.dropped_samples = 0
         self.status_flags = 0  # callbacks that reported an input overflow
-        self._stream: Any = None
         self._loop: asyncio.AbstractEventLoop | None = None
         self._resampler: StreamResampler | None = None
         self._chunks: deque[np.ndarray] = deque()
@@ -118,41 +163,15 @@ class MicrophoneStream:
 
     def __enter__(self) -> MicrophoneStream:
         self._loop = asyncio.get_running_loop()
-        errors = _device_errors(self.sd)
-        try:
-            self.device_rate, self.name = _device_rate(self.sd, self.device, "input", self.asked_rate)
-            self._resampler = StreamResampler(self.device_rate, self.rate, quality=RESAMPLE_QUALITY)
-            self._stream = self.sd.InputStream(
-                samplerate=self.device_rate,
-                blocksize=self.device_rate * self.block_ms // 1000,
-                device=self.device,
-                channels=1,
-                dtype="float32",
-                callback=self._callback,
-                finished_callback=self._finished,
-            )
-            self._stream.start()
-        except errors as exc:
-            self._close_stream()
-            raise AudioDeviceError(f"cannot open the microphone ({self._label()}): {exc}") from exc
+        self._open(callback=self._callback, finished_callback=self._finished)
         return self
+
+    def _prepare(self) -> None:
+        self._resampler = StreamResampler(self.device_rate, self.rate, quality=RESAMPLE_QUALITY)
 
     def __exit__(self, *exc: object) -> None:
         self._close_stream()
         self._end()
-
-    def _label(self) -> str:
-        name = self.name or ("default input" if self.device is None else str(self.device))
-        rate = self.device_rate or self.asked_rate
-        return f"{name} at {rate} Hz" if rate else name
-
-    def _close_stream(self) -> None:
-        stream, self._stream = self._stream, None
-        if stream is not None:
-            with contextlib.suppress(*_device_errors(self.sd)):
-                stream.stop()
-            with contextlib.suppress(*_device_errors(self.sd)):
-                stream.close()
 
     # -- PortAudio's thread ----------------------------------------------------------------
 
@@ -203,7 +222,7 @@ class MicrophoneStream:
         taken until they are all there). Raises ``AudioDeviceError`` once the stream has ended."""
         while self._buffered < n:
             if self._ended:
-                raise AudioDeviceError(f"the microphone stopped ({self._label()})")
+                raise AudioDeviceError(f"the microphone stopped ({self.label})")
             self._ready.clear()
             await self._ready.wait()
         parts: list[np.ndarray] = []
@@ -241,13 +260,15 @@ class _Account:
     ended: bool = False
 
 
-class SpeakerStream:
+class SpeakerStream(_DeviceStream):
     """A speaker fed per response, with a jitter buffer; see the module docstring.
 
     ``device``: a ``sounddevice`` device (None: the default output). ``device_rate``: the rate to open
     it at (None: its default rate). ``prebuffer_ms``: queued audio needed before playback starts or
     resumes after running dry. ``max_buffer_ms``: queued audio beyond this is dropped (counted).
     """
+
+    kind, role = "output", "speaker"
 
     def __init__(
         self,
@@ -259,17 +280,11 @@ class SpeakerStream:
         prebuffer_ms: int = 60,
         max_buffer_ms: int = 300_000,
     ) -> None:
-        self.sd = sd
-        self.device = device
-        self.asked_rate = device_rate
-        self.block_ms = block_ms
+        super().__init__(sd, device, device_rate, block_ms)
         self.prebuffer_ms = prebuffer_ms
         self.max_buffer_ms = max_buffer_ms
-        self.device_rate = 0
-        self.name = ""
         self.dropped_frames = 0
         self.underflows = 0  # callbacks that reported an output underflow
-        self._stream: Any = None
         self._lock = threading.Lock()
         self._segments: deque[_Segment] = deque()
         self._accounts: dict[str, _Account] = {}
@@ -283,38 +298,15 @@ class SpeakerStream:
         return self.dropped_frames / self.device_rate * 1000.0 if self.device_rate else 0.0
 
     def __enter__(self) -> SpeakerStream:
-        errors = _device_errors(self.sd)
-        try:
-            self.device_rate, self.name = _device_rate(self.sd, self.device, "output", self.asked_rate)
-            self._prebuffer = self.device_rate * self.prebuffer_ms // 1000
-            self._max_queued = self.device_rate * self.max_buffer_ms // 1000
-            self._stream = self.sd.OutputStream(
-                samplerate=self.device_rate,
-                blocksize=self.device_rate * self.block_ms // 1000,
-                device=self.device,
-                channels=1,
-                dtype="float32",
-                callback=self._callback,
-            )
-            self._stream.start()
-        except errors as exc:
-            self._close_stream()
-            name = self.name or ("default output" if self.device is None else str(self.device))
-            rate = self.device_rate or self.asked_rate
-            label = f"{name} at {rate} Hz" if rate else name
-            raise AudioDeviceError(f"cannot open the speaker ({label}): {exc}") from exc
+        self._open(callback=self._callback)
         return self
+
+    def _prepare(self) -> None:
+        self._prebuffer = self.device_rate * self.prebuffer_ms // 1000
+        self._max_queued = self.device_rate * self.max_buffer_ms // 1000
 
     def __exit__(self, *exc: object) -> None:
         self._close_stream()
-
-    def _close_stream(self) -> None:
-        stream, self._stream = self._stream, None
-        if stream is not None:
-            with contextlib.suppress(*_device_errors(self.sd)):
-                stream.stop()
-            with contextlib.suppress(*_device_errors(self.sd)):
-                stream.close()
 
     # -- PortAudio's thread ----------------------------------------------------------------
 
