@@ -289,6 +289,9 @@ async def _talk(
                 await reporter
             await _cancel(drain)
             await client.close()
+        ended = client.closed_event
+        if ended is not None and getattr(ended, "reason", None) != "client_close":
+            progress.say(f"the server ended the session: {event_type(ended)} ({ended.reason})")
         if progress.line_open:
             sys.stderr.write("\n")
     return list(client.responses.values()), collector, playback if speaker is not None else None

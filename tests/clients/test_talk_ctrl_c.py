@@ -16,8 +16,7 @@ import pytest
 
 from clients import event_type
 from duplex.protocol.audio import write_wav
-from tests.clients.test_talk_mic import until
-from tests.clients.test_talk_play import loud_noise, read_events
+from tests.clients.test_talk_play import loud_noise, read_events, until
 from tests.server.harness import running_server
 
 pytestmark = pytest.mark.timeout(60)

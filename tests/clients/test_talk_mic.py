@@ -9,7 +9,6 @@ from __future__ import annotations
 
 import asyncio
 import sys
-import time
 from collections.abc import Callable
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
@@ -25,7 +24,7 @@ from duplex.engine import EngineConfig
 from duplex.protocol import AudioFormat
 from duplex.protocol.audio import decode_audio
 from tests.clients.test_talk_fake_sounddevice import FakeSoundDevice
-from tests.clients.test_talk_play import read_events
+from tests.clients.test_talk_play import read_events, until
 from tests.server.harness import running_server
 
 if TYPE_CHECKING:
@@ -113,14 +112,6 @@ def reply_audio(events: list[Any], response_id: str) -> tuple[np.ndarray, list[t
         elif kind == "response.output_audio_transcript.delta" and marks:
             marks[-1] = (marks[-1][0], marks[-1][1] + event.delta)
     return (np.concatenate(pcm) if pcm else np.zeros(0, np.float32)), marks
-
-
-async def until(condition: Callable[[], bool], timeout_s: float = 40.0) -> None:
-    """Wait for something another thread does (the talk command, the chat stub)."""
-    deadline = time.monotonic() + timeout_s
-    while not condition():
-        assert time.monotonic() < deadline, "timed out"
-        await asyncio.sleep(0.02)
 
 
 async def test_a_spoken_question_is_transcribed_and_the_reply_is_played(

@@ -7,6 +7,8 @@ from __future__ import annotations
 
 import asyncio
 import sys
+import time
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -31,6 +33,14 @@ def loud_noise(seconds: float, seed: int = 3) -> np.ndarray:
     rng = np.random.default_rng(seed)
     n = int(seconds * 24000)
     return (rng.uniform(0.05, 0.5, n) * rng.choice([-1.0, 1.0], n)).astype(np.float32)
+
+
+async def until(condition: Callable[[], bool], timeout_s: float = 40.0) -> None:
+    """Wait for something another thread does (the talk command, a chat stub)."""
+    deadline = time.monotonic() + timeout_s
+    while not condition():
+        assert time.monotonic() < deadline, "timed out"
+        await asyncio.sleep(0.02)
 
 
 def read_events(path: Path) -> list[Any]:
@@ -119,3 +129,19 @@ def test_a_stream_that_fails_to_start_is_one_line_and_status_2(
     )
     (stream,) = fake.streams
     assert stream.closed and not stream.active
+
+
+async def test_a_session_the_server_ends_is_reported_and_the_streams_are_closed(
+    sd: FakeSoundDevice, tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    sd.say(loud_noise(30.0), 24000)  # the user never stops
+    events_out = tmp_path / "events.jsonl"
+    async with running_server() as srv:
+        argv = ["talk", "--url", srv.url, "--mic", "--play", "--events-out", str(events_out), "--quiet"]
+        running = asyncio.create_task(asyncio.to_thread(main, argv))
+        await until(lambda: events_out.exists() and "response.output_audio.delta" in events_out.read_text())
+    # The server shut down (it drains its sessions) while the user was still talking.
+    assert await running == 0
+    assert "the server ended the session: session.closed (shutdown)\n" in capsys.readouterr().out
+    assert event_type(read_events(events_out)[-1]) == "session.closed"
+    assert [(s.kind, s.closed) for s in sd.streams] == [("output", True), ("input", True)]
