@@ -7,7 +7,9 @@
 * ``ResponseHandle``, ``EventCollector`` (receive timestamps, TTFA / turn / stop latency),
   ``SimulatedPlayback`` / ``DevicePlayback`` / ``PlaybackReporter`` (``playback.ack`` from playback),
   ``Pacer`` (absolute real-time schedule) and the per-model presets
-  (``create_duplex_session_config``).
+  (``create_duplex_session_config``);
+* ``clients.audio_device`` (not imported here): a live microphone and a speaker through
+  ``sounddevice``, and ``SpeakerPlayback``, the playback truth of a real speaker (``duplex talk``).
 
 Clients import only ``duplex.protocol``; the in-process client imports the engine lazily.
 """
