@@ -23,8 +23,9 @@ the device's rate. Nothing there may wait on the event loop, so each direction h
   turns its counters into commands, with the interface of ``clients.playback.SimulatedPlayback``
   (``on_event``, ``acks_due``, ``interrupt``). Acks report the frames the device callback consumed:
   at most one ``playback.ack`` per ``interval_ms`` per response, and a final one once a finished
-  response is fully played. ``input_audio_buffer.speech_started`` while reply audio is queued or
-  still arriving is a barge-in: the speaker is flushed at once, and ``conversation.item.truncate``
+  response is fully played. ``input_audio_buffer.speech_started`` (server VAD) or
+  ``overlap.decision`` with ``action: barge_in`` (the server's overlap policy) while reply audio is
+  queued or still arriving is a barge-in: the speaker is flushed at once, and ``conversation.item.truncate``
   at the played position is queued for every response cut short, as OpenAI recommends for clients
   that play the audio themselves (the server then keeps only the heard part in the history).
 
@@ -442,7 +443,10 @@ class SpeakerPlayback:
             self.speaker.push(rid, decode_audio(event.delta, fmt), fmt.rate)
         elif kind == "response.done":
             self.speaker.end(event.response.id)
-        elif kind == "input_audio_buffer.speech_started" and self.busy:
+        elif self.busy and (
+            kind == "input_audio_buffer.speech_started"
+            or (kind == "overlap.decision" and event.action == "barge_in")
+        ):
             self._pending.extend(self.interrupt(now))
 
     def _format(self, event: Any) -> AudioFormat | None:

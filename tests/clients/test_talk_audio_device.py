@@ -16,6 +16,7 @@ from duplex.protocol import (
     ConversationItemTruncate,
     DuplexResponseOutputAudioDelta,
     InputAudioBufferSpeechStarted,
+    OverlapDecision,
     PlaybackAck,
     ResponseDone,
 )
@@ -148,6 +149,21 @@ def test_speech_while_the_reply_plays_flushes_and_truncates_at_the_played_positi
         output(sd).pump(3)
         assert playback.acks_due(1.0) == [] and playback.barge_ins == 1
     assert np.count_nonzero(sd.played()) == 7 * 480
+
+
+def test_an_overlap_decision_to_barge_in_stops_the_reply_too() -> None:
+    sd = FakeSoundDevice(realtime=False)
+    with SpeakerStream(sd, prebuffer_ms=0, block_ms=20) as speaker:
+        playback = SpeakerPlayback(speaker, PCM16)
+        playback.on_event(delta("r", tone(500)), 0.0)
+        output(sd).pump(2)
+        playback.on_event(OverlapDecision(event_id="e", action="listen", reason="short"), 0.1)
+        assert playback.busy  # listening is no barge-in
+        playback.on_event(OverlapDecision(event_id="e", action="barge_in", reason="overlap"), 0.2)
+        assert not playback.busy and playback.barge_ins == 1
+        assert playback.acks_due(0.2) == [
+            ConversationItemTruncate(item_id="item_r", content_index=0, audio_end_ms=40)
+        ]
 
 
 def test_speech_after_the_reply_was_played_is_no_barge_in() -> None:
