@@ -82,6 +82,7 @@ export class Call {
       closeCode: null,
     };
     this.ws = null;
+    this.audio = null; // the AudioContext being opened (a promise), from start() on
     this.context = null;
     this.mic = null;
     this.player = null;
@@ -94,14 +95,18 @@ export class Call {
     this.early = []; // microphone chunks captured before session.created
   }
 
+  // Call it from a click handler: the AudioContext is created before the first await, while the
+  // browser still counts the click as a user gesture (Safari starts audio only then).
   async start() {
     this.setState("connecting");
+    this.audio = openAudioContext();
+    this.audio.catch(() => {}); // a failure is reported where it is awaited, below
     try {
       const card = await this.fetchModel();
       this.model = card.id;
       this.caps = wire.readCapabilities(card);
       this.turnMode = wire.turnMode(this.caps, this.wantedTurns);
-      this.context = await openAudioContext();
+      this.context = await this.audio;
       this.player = new Player(this.context, {
         prebufferMs: PREBUFFER_MS,
         onProgress: (msg) => this.onPlaybackProgress(msg),
@@ -444,7 +449,7 @@ export class Call {
     this.early = [];
     if (this.mic) this.mic.close();
     if (this.player) this.player.close();
-    if (this.context && this.context.state !== "closed") this.context.close();
+    if (this.audio) this.audio.then((context) => context.state !== "closed" && context.close(), () => {});
   }
 
   // True while the browser holds the microphone for this call.
