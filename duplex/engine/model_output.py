@@ -19,7 +19,7 @@ import numpy as np
 from duplex.engine.input import RESAMPLE_QUALITY
 from duplex.engine.response import ActiveResponse
 from duplex.plugins.base import PluginKind, SlotOutput
-from duplex.protocol.audio import StreamResampler, encode_audio
+from duplex.protocol.audio import StreamResampler, encode_audio, pcm16_encode
 from duplex.protocol.ext.events import ResponseListen
 from duplex.protocol.ids import new_event_id
 from duplex.protocol.realtime._base import Event
@@ -91,7 +91,8 @@ def chunk(s: Session, response: ActiveResponse, output: SlotOutput, pcm: np.ndar
             if rs is None or rs.in_rate != rate or rs.out_rate != fmt.rate:
                 rs = s._out_resampler = StreamResampler(rate, fmt.rate, quality=RESAMPLE_QUALITY)
             pcm = rs.process(pcm)
-        audio_bytes = encode_audio(pcm, fmt)
+        # pcm16, the common output format, without encode_audio's dispatch.
+        audio_bytes = pcm16_encode(pcm) if fmt.encoding == "pcm16" else encode_audio(pcm, fmt)
         s.audio_started = True
     events = response.add_chunk(
         audio_bytes=audio_bytes,

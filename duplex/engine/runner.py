@@ -180,14 +180,20 @@ class SessionRunner:
             return False
         if isinstance(item, OutputItem):
             now = self.manager.now()
+            session = self.session
             try:
                 self.mailbox.output_done()
                 self.record.lease.touch(now)
-                self._emit(self.session.on_output(item.output, now))
-                self._actions_inline()
+                events = session.on_output(item.output, now)
+                if events:
+                    self.record.emit(events)
+                actions = session.take_actions()
+                if actions:
+                    self._actions_inline(actions)
             except Exception as exc:
                 self.mailbox.put_internal(CrashItem(exc))
-            self._drained.set()
+            if self._turn_task is not None:  # only a turn task waits for outputs to drain
+                self._drained.set()
             return True
         if isinstance(item, AckItem):
             try:
@@ -204,24 +210,27 @@ class SessionRunner:
                 return False
             # Handled at the moment it was submitted: its submit time is the runner's "now".
             now = item.submitted_at
+            session = self.session
             try:
                 try:
                     try:
-                        events = self.session.handle(cmd, now, pipeline.process(*self._decode_args(cmd)))
+                        events = session.handle(cmd, now, pipeline.process(*self._decode_args(cmd)))
                     except ProtocolError as exc:
-                        events = self.session.reject(exc, cmd, now)
+                        events = session.reject(exc, cmd, now)
                 finally:
                     self.record.release(item.n_bytes, item.turns)
-                self._emit(events)
-                self._actions_inline()
+                if events:
+                    self.record.emit(events)
+                actions = session.take_actions()
+                if actions:
+                    self._actions_inline(actions)
             except Exception as exc:
                 self.mailbox.put_internal(CrashItem(exc))
             return True
         return False
 
-    def _actions_inline(self) -> None:
+    def _actions_inline(self, actions: list[Any]) -> None:
         """Run the synchronous actions now; queue the first one that may await and the rest."""
-        actions = self.session.take_actions()
         for i, action in enumerate(actions):
             if not self._sync_action(action):
                 self.mailbox.put_internal(ActionsItem(actions[i:]))

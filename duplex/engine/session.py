@@ -232,7 +232,7 @@ class Session:
             events = self._dispatch(command, now, decoded)
         except ProtocolError as exc:
             events = [self._error(exc, event_id)]
-        return self._journal(events, now)
+        return self._journal(events, now) if events else events
 
     def _dispatch(self, cmd: Any, now: float, decoded: DecodedAppend | None) -> list[Event]:
         if isinstance(cmd, InputAudioBufferAppend):
