@@ -42,6 +42,7 @@ import re
 import subprocess
 import sys
 import time
+from collections import deque
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -113,7 +114,9 @@ async def _bare_server(port: int) -> None:
 
 class _AnswerEachAppend:
     """The transport-only stand-in's attachment: each append is answered at once with a same-size
-    audio delta (the bare server's work), through the real outbox-and-writer path of the server."""
+    audio delta (the bare server's work), through the real outbox-and-writer path of the server.
+    The outbox works as ``Attachment``'s does (a deque, and a bare future per wait made only when
+    it is empty), so the figures hold the transport's cost, not a heavier queue's."""
 
     def __init__(self) -> None:
         from duplex.protocol import DuplexSession, DuplexSessionCreated, new_event_id
@@ -123,9 +126,10 @@ class _AnswerEachAppend:
         self.generation = 1
         self._new_id = new_event_id
         self._seq = 0
-        self._outbox: asyncio.Queue[Any] = asyncio.Queue(maxsize=4096)
+        self._outbox: deque[Any] = deque()
+        self._waiters: list[asyncio.Future[None]] = []
         created = DuplexSessionCreated(event_id=new_event_id(), session=DuplexSession(id=self.session_id))
-        self._outbox.put_nowait(created)
+        self._outbox.append(created)
 
     def submit(self, cmd: Any) -> None:
         from duplex.protocol import DuplexInputAudioBufferAppend, DuplexResponseOutputAudioDelta
@@ -143,16 +147,24 @@ class _AnswerEachAppend:
                 format="pcm16",
                 sample_rate_hz=RATE,
             )
-            self._outbox.put_nowait(delta)
+            self._outbox.append(delta)
+            for waiter in self._waiters:
+                if not waiter.done():
+                    waiter.set_result(None)
+            self._waiters.clear()
 
     def ack(self, seq: int) -> None:
         pass
 
     async def next_events(self) -> list[Any]:
         """Every queued event (at least one), like ``Attachment.next_events``."""
-        events = [await self._outbox.get()]
-        while not self._outbox.empty():
-            events.append(self._outbox.get_nowait())
+        outbox = self._outbox
+        while not outbox:
+            waiter = asyncio.get_running_loop().create_future()
+            self._waiters.append(waiter)
+            await waiter
+        events = list(outbox)
+        outbox.clear()
         return events
 
     async def detach(self) -> None:

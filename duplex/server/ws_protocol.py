@@ -28,13 +28,16 @@ reading paused and how full the inbox got; they are for tests and diagnostics.
 
 from __future__ import annotations
 
+import asyncio
 import struct
+from collections import deque
 from collections.abc import Awaitable, Callable, Sequence
 from typing import Any, Final
 
 from uvicorn.protocols.utils import ClientDisconnected
 from uvicorn.protocols.websockets.websockets_sansio_impl import WebSocketsSansIOProtocol
 from websockets.exceptions import InvalidState
+from websockets.frames import apply_mask  # websockets' C speedup where built, else its fallback
 from websockets.protocol import State
 
 __all__ = [
@@ -57,6 +60,13 @@ HIGH_WATER_BYTES: Final = 4 * 1024 * 1024
 LOW_WATER_BYTES: Final = 1024 * 1024
 
 _OPEN: Final = State.OPEN
+_TEXT: Final = 0x81
+_BINARY: Final = 0x82
+_VALID_OPCODES: Final = frozenset({0, 1, 2, 8, 9, 10})  # RFC 6455 §5.2
+
+# How incoming bytes are parsed: not yet decided (the handshake), by our frame reader (data frames
+# here, everything else handed to websockets one complete frame at a time), or all by websockets.
+_UNDECIDED, _OURS, _WEBSOCKETS = 0, 1, 2
 _FIN_TEXT: Final = 0x81  # FIN + opcode 1 (RFC 6455 §5.2)
 _FIN_BINARY: Final = 0x82  # FIN + opcode 2
 _HEADER_16: Final = struct.Struct("!BBH")
@@ -70,6 +80,59 @@ def _frame_header(first: int, size: int) -> bytes:
     if size < 65536:
         return _HEADER_16.pack(first, 126, size)
     return _HEADER_64.pack(first, 127, size)
+
+
+class _Inbox:
+    """The receive queue: ``asyncio.Queue``'s ``put_nowait`` / ``get`` / ``get_nowait`` / ``qsize`` /
+    ``empty`` (what uvicorn's protocol uses), unbounded, without its task accounting. A getter
+    waits on its own future, made only when the inbox is empty; a cancelled getter takes nothing
+    and passes a wake-up it received on to the next getter."""
+
+    __slots__ = ("_items", "_loop", "_waiters")
+
+    def __init__(self, loop: asyncio.AbstractEventLoop) -> None:
+        self._items: deque[Any] = deque()
+        self._waiters: deque[asyncio.Future[None]] = deque()
+        self._loop = loop
+
+    def qsize(self) -> int:
+        return len(self._items)
+
+    def empty(self) -> bool:
+        return not self._items
+
+    def put_nowait(self, item: Any) -> None:
+        self._items.append(item)
+        if self._waiters:
+            self._wake()
+
+    def _wake(self) -> None:
+        waiters = self._waiters
+        while waiters:
+            waiter = waiters.popleft()
+            if not waiter.done():
+                waiter.set_result(None)
+                return
+
+    def get_nowait(self) -> Any:
+        if not self._items:
+            raise asyncio.QueueEmpty
+        return self._items.popleft()
+
+    async def get(self) -> Any:
+        items = self._items
+        while not items:
+            waiter = self._loop.create_future()
+            self._waiters.append(waiter)
+            try:
+                await waiter
+            except BaseException:
+                if waiter in self._waiters:
+                    self._waiters.remove(waiter)
+                elif items:
+                    self._wake()  # this getter was woken, then cancelled: wake the next one
+                raise
+        return items.popleft()
 
 
 class TransportExtension:
@@ -115,10 +178,19 @@ class DuplexWebSocketProtocol(WebSocketsSansIOProtocol):
 
     def __init__(self, *args: Any, **kwargs: Any) -> None:
         super().__init__(*args, **kwargs)
+        self.queue = _Inbox(self.loop)  # type: ignore[assignment]
+        self._framing = _UNDECIDED
+        self._partial = bytearray()  # the start of a frame that has not fully arrived
+        self._partial_needs = 0  # bytes the partial frame needs before it can be parsed again
         self.queued_bytes = 0  # payload bytes of the data messages in ``self.queue``
         self.read_pauses = 0
         self.peak_queued_messages = 0
         self.peak_queued_bytes = 0
+
+    @property
+    def reads_frames(self) -> bool:
+        """Whether our frame reader parses this connection's frames (else websockets does all)."""
+        return self._framing == _OURS
 
     # -- receiving -------------------------------------------------------------------------
 
@@ -131,7 +203,13 @@ class DuplexWebSocketProtocol(WebSocketsSansIOProtocol):
             )
 
     def data_received(self, data: bytes) -> None:
-        super().data_received(data)
+        framing = self._framing
+        if framing == _UNDECIDED and self.handshake_complete:
+            framing = self._framing = self._choose_framing()
+        if framing == _OURS:
+            self._read_frames(data)
+        else:
+            super().data_received(data)
         queue = self.queue
         count = queue.qsize()
         if count > self.peak_queued_messages:
@@ -148,26 +226,122 @@ class DuplexWebSocketProtocol(WebSocketsSansIOProtocol):
             self.read_pauses += 1
             self.transport.pause_reading()
 
+    def _choose_framing(self) -> int:
+        """Once the handshake is done: our frame reader, unless a frame extension is negotiated
+        or websockets holds bytes already (a client that sent frames before our 101, which RFC
+        6455 §4.1 forbids): then websockets parses everything, as in uvicorn."""
+        conn = self.conn
+        if conn.state is _OPEN and not conn.extensions and not conn.reader.buffer and not self.close_sent:
+            return _OURS
+        return _WEBSOCKETS
+
+    def _to_websockets(self, data: bytes) -> None:
+        """From now on websockets parses every byte; ``data`` starts at a frame boundary."""
+        self._framing = _WEBSOCKETS
+        if data:
+            WebSocketsSansIOProtocol.data_received(self, data)
+
+    def _read_frames(self, data: bytes) -> None:
+        """Parse client frames (RFC 6455 §5.2). A complete unfragmented text or binary frame is
+        unmasked and queued here; a control frame or a fragment is handed, complete, to
+        websockets (so its parser always stands at a frame boundary, and pings, pongs, closes
+        and fragmented messages follow its rules and uvicorn's); a frame websockets must refuse
+        (unmasked, reserved bits, unknown opcode, over ``max_size``) hands it the rest of the
+        stream, and it fails the connection with the right close code."""
+        partial = self._partial
+        if partial:
+            partial += data
+            if len(partial) < self._partial_needs:
+                return
+            buf = bytes(partial)
+            partial.clear()
+        else:
+            buf = data
+        conn = self.conn
+        max_size = conn.max_size
+        end = len(buf)
+        pos = 0
+        needs = 0
+        while pos < end:
+            avail = end - pos
+            if avail < 2:
+                needs = 2
+                break
+            first = buf[pos]
+            second = buf[pos + 1]
+            size = second & 0x7F
+            head = 6  # two header bytes and the four-byte mask
+            if size == 126:
+                if avail < 4:
+                    needs = 4
+                    break
+                size = (buf[pos + 2] << 8) | buf[pos + 3]
+                head = 8
+            elif size == 127:
+                if avail < 10:
+                    needs = 10
+                    break
+                size = int.from_bytes(buf[pos + 2 : pos + 10], "big")
+                head = 14
+            if (
+                not second & 0x80
+                or first & 0x70
+                or (first & 0x0F) not in _VALID_OPCODES
+                or (max_size is not None and size > max_size)
+            ):
+                self._to_websockets(buf[pos:])
+                return
+            total = head + size
+            if avail < total:
+                needs = total
+                break
+            if (first == _TEXT or first == _BINARY) and conn.cur_size is None:  # noqa: SIM109 (two compares beat a tuple)
+                start = pos + head
+                payload = apply_mask(buf[start : pos + total], buf[start - 4 : start])
+                if not self._queue_message(payload, text=first == _TEXT):
+                    self._framing = _WEBSOCKETS
+                    return  # the payload was not UTF-8: the connection failed with 1007
+            else:
+                conn.receive_data(buf[pos : pos + total])
+                if conn.parser_exc is not None:
+                    self._framing = _WEBSOCKETS
+                    self.handle_parser_exception()
+                    return
+                self.handle_events()
+                if conn.state is not _OPEN:
+                    self._to_websockets(buf[pos + total :])
+                    return
+            pos += total
+        if pos < end:
+            partial += buf[pos:] if pos else buf
+            self._partial_needs = needs
+
     def send_receive_event_to_app(self) -> None:
-        """Queue one complete message as its payload; reading is paused by ``data_received``."""
+        """A message that websockets parsed (fragmented, or under ``_WEBSOCKETS`` framing)."""
         frames = self.frames
         data = frames[0] if len(frames) == 1 else b"".join(frames)
         self.frames = []
+        self._queue_message(data, text=self.curr_msg_data_type == "text")
+
+    def _queue_message(self, data: bytes, *, text: bool) -> bool:
+        """Queue one complete message as its payload (reading is paused by ``data_received``);
+        False when a text message is not UTF-8 and the connection was failed for it."""
         if self.close_sent:
-            return  # past ``websocket.close``: discard, keep reading until the peer's close
+            return True  # past ``websocket.close``: discard, keep reading until the peer's close
         payload: str | bytes
-        if self.curr_msg_data_type == "text":
+        if text:
             try:
                 payload = data.decode()
-            except UnicodeDecodeError:  # the parser validates UTF-8; kept as uvicorn does
+            except UnicodeDecodeError:  # RFC 6455 §8.1: fail the connection with 1007
                 self.logger.exception("Invalid UTF-8 sequence received from client.")
                 self.conn.send_close(1007)
                 self.handle_parser_exception()
-                return
+                return False
         else:
             payload = bytes(data)
         self.queued_bytes += len(payload)
-        self.queue.put_nowait(payload)  # type: ignore[arg-type]
+        self.queue.put_nowait(payload)
+        return True
 
     def _taken(self, payload: str | bytes) -> None:
         self.queued_bytes -= len(payload)

@@ -96,7 +96,10 @@ async def _sizes(scope: dict[str, Any], receive: Any, send: Any, probe: _Probe) 
 
 
 @contextlib.asynccontextmanager
-async def _serve(handler: Handler) -> AsyncIterator[tuple[int, uvicorn.Server, _Probe]]:
+async def _serve(
+    handler: Handler, *, deflate: bool = False
+) -> AsyncIterator[tuple[int, uvicorn.Server, _Probe]]:
+    """``deflate``: offer permessage-deflate (then websockets frames and parses every message)."""
     probe = _Probe()
 
     async def app(scope: dict[str, Any], receive: Any, send: Any) -> None:
@@ -109,7 +112,13 @@ async def _serve(handler: Handler) -> AsyncIterator[tuple[int, uvicorn.Server, _
             probe.done.set()
 
     config = uvicorn.Config(
-        app, host="127.0.0.1", port=0, ws=DuplexWebSocketProtocol, lifespan="off", log_level="warning"
+        app,
+        host="127.0.0.1",
+        port=0,
+        ws=DuplexWebSocketProtocol,
+        ws_per_message_deflate=deflate,
+        lifespan="off",
+        log_level="warning",
     )
     server = uvicorn.Server(config)
     task = asyncio.create_task(server.serve())
@@ -136,9 +145,15 @@ async def _until(predicate: Callable[[], bool]) -> None:
 # -- flow control ----------------------------------------------------------------------------------
 
 
-@pytest.mark.parametrize("handler", [_sink_with_extension, _sink_with_asgi], ids=["extension", "asgi"])
-async def test_a_steady_client_never_pauses_reading_and_every_message_arrives_in_order(handler: Handler):
-    async with _serve(handler) as (port, server, probe):
+@pytest.mark.parametrize(
+    ("handler", "deflate"),
+    [(_sink_with_extension, False), (_sink_with_asgi, False), (_sink_with_extension, True)],
+    ids=["extension", "asgi", "extension-deflate"],
+)
+async def test_a_steady_client_never_pauses_reading_and_every_message_arrives_in_order(
+    handler: Handler, deflate: bool
+):
+    async with _serve(handler, deflate=deflate) as (port, server, probe):
         async with websockets.connect(f"ws://127.0.0.1:{port}/", proxy=None) as ws:
             for i in range(200):
                 await ws.send(f"m{i}")
@@ -150,6 +165,7 @@ async def test_a_steady_client_never_pauses_reading_and_every_message_arrives_in
             proto = _protocol(server)
             assert proto.read_pauses == 0
             assert proto.peak_queued_messages <= HIGH_WATER_MESSAGES
+            assert proto.reads_frames is not deflate
         await probe.done.wait()
     assert [m for m in probe.received if m != "ping?"] == [f"m{i}" for i in range(200)]
 
@@ -223,6 +239,91 @@ async def test_frames_of_every_header_size_arrive_intact():
         expected += [bytes([size % 251]) * size, "é" * (size // 2)]
     expected += [bytes([n]) * n * 1000 for n in range(1, 5)] + ["a", "bc"]
     assert got == expected
+
+
+# -- our frame reader -------------------------------------------------------------------------------
+
+
+def _client_frame(first: int, payload: bytes, *, masked: bool = True) -> bytes:
+    """One client frame: ``first`` is the FIN/RSV/opcode byte; masked as RFC 6455 §5.3 requires."""
+    size = len(payload)
+    mask_bit = 0x80 if masked else 0
+    if size < 126:
+        head = bytes((first, mask_bit | size))
+    elif size < 65536:
+        head = bytes((first, mask_bit | 126)) + size.to_bytes(2, "big")
+    else:
+        head = bytes((first, mask_bit | 127)) + size.to_bytes(8, "big")
+    if not masked:
+        return head + payload
+    key = b"\x11\x22\x33\x44"
+    return head + key + bytes(b ^ key[i % 4] for i, b in enumerate(payload))
+
+
+async def test_frames_dribbled_a_few_bytes_at_a_time_arrive_whole_and_in_order():
+    messages: list[str | bytes] = ["hi", "x" * 300, bytes(range(256)) * 300, "é" * 70_000, b""]
+    wire = b"".join(
+        _client_frame(0x81 if isinstance(m, str) else 0x82, m.encode() if isinstance(m, str) else m)
+        for m in messages
+    )
+    async with (
+        _serve(_sink_with_extension) as (port, server, probe),
+        websockets.connect(f"ws://127.0.0.1:{port}/", proxy=None) as ws,
+    ):
+        pos, step = 0, 1
+        while pos < len(wire):
+            ws.transport.write(wire[pos : pos + step])
+            pos += step
+            step = step % 13 + 1 if pos < 2000 else 65536
+            await asyncio.sleep(0.001 if pos < 2000 else 0)
+        await ws.send("ping?")
+        assert await ws.recv() == "pong"
+        assert _protocol(server).reads_frames
+    assert probe.received == [*messages, "ping?"]
+
+
+async def test_pings_and_fragmented_messages_follow_the_websocket_rules():
+    async with (
+        _serve(_sink_with_extension) as (port, _server, probe),
+        websockets.connect(f"ws://127.0.0.1:{port}/", proxy=None) as ws,
+    ):
+        pong = await ws.ping(b"are you there")
+        await asyncio.wait_for(pong, 10)
+        await ws.send(["frag", "mented ", "text"])  # one message in three frames
+        await ws.send([b"\x00", b"\x01\x02"])
+        # A ping between the fragments of a message (RFC 6455 §5.4 allows it), written raw.
+        ws.transport.write(_client_frame(0x01, b"a") + _client_frame(0x89, b"p") + _client_frame(0x80, b"b"))
+        await ws.send("ping?")
+        assert await ws.recv() == "pong"
+    assert probe.received == ["fragmented text", b"\x00\x01\x02", "ab", "ping?"]
+
+
+@pytest.mark.parametrize(
+    ("frame", "code"),
+    [
+        (_client_frame(0x81, b"\xff\xfe"), 1007),  # text that is not UTF-8
+        (_client_frame(0x81, b"unmasked", masked=False), 1002),
+        (_client_frame(0xC1, b"reserved bit"), 1002),
+        (_client_frame(0x83, b"opcode 3"), 1002),
+        (_client_frame(0x80, b"continuation of nothing"), 1002),
+        (_client_frame(0x01, b"a") + _client_frame(0x81, b"b"), 1002),  # a new message mid-message
+        (_client_frame(0x89, b"p" * 126), 1002),  # a control frame over 125 bytes
+    ],
+    ids=["bad-utf8", "unmasked", "rsv", "opcode", "lone-continuation", "interleaved", "big-ping"],
+)
+async def test_a_broken_frame_fails_the_connection_with_the_rfc_close_code(frame: bytes, code: int):
+    async with (
+        _serve(_sink_with_extension) as (port, _server, probe),
+        websockets.connect(f"ws://127.0.0.1:{port}/", proxy=None) as ws,
+    ):
+        await ws.send("before")
+        ws.transport.write(frame + _client_frame(0x81, b"after"))
+        with pytest.raises(websockets.ConnectionClosedError):
+            async with asyncio.timeout(10):
+                await ws.recv()
+        assert ws.close_code == code
+        await probe.done.wait()
+    assert probe.received == ["before"]
 
 
 def test_encode_bytes_is_encode_as_bytes():
