@@ -99,6 +99,17 @@ export class Call {
   // browser still counts the click as a user gesture (Safari starts audio only then).
   async start() {
     this.setState("connecting");
+    if (!window.isSecureContext) {
+      // Browsers offer neither the microphone nor AudioWorklet to plain-http pages of other hosts.
+      this.fail(
+        new CallError(
+          "insecure_page",
+          "the browser allows the microphone only on secure (https) pages and on localhost: " +
+            "serve this page over https (for example behind a TLS proxy) or open it on localhost",
+        ),
+      );
+      return;
+    }
     this.audio = openAudioContext();
     this.audio.catch(() => {}); // a failure is reported where it is awaited, below
     try {
@@ -115,6 +126,8 @@ export class Call {
       this.mic = await Microphone.open(this.context, {
         chunkMs: CHUNK_MS,
         onChunk: (pcm, rms) => this.onMicChunk(pcm, rms),
+      }).catch((err) => {
+        throw new CallError("microphone_unavailable", `no microphone: ${err.name}: ${err.message}`);
       });
       if (this.state !== "connecting") throw new CallError("stopped", "stopped before the session opened");
       await this.openSocket();

@@ -116,3 +116,17 @@ async def test_a_refused_websocket_is_reported_and_the_microphone_released(open_
     assert failed["micLive"] is False
     assert refused == {"403": 1}
     assert len(console) == 1 and "403" in console[0]
+
+
+async def test_a_page_the_browser_deems_insecure_says_why_it_cannot_use_the_microphone(open_page):
+    # Served over plain http to another host, the page gets neither getUserMedia nor AudioWorklet.
+    async with running_server() as srv, open_page(srv.http + "/") as page:
+        await page.evaluate("void Object.defineProperty(window, 'isSecureContext', { value: false })")
+        await page.evaluate(click("#start"))
+        failed = await page.evaluate("duplexUI.waitFor(s => s.state === 'error', 5000)")
+        console = page.console_errors
+
+    (error,) = failed["errors"]
+    assert error["code"] == "insecure_page"
+    assert failed["stats"]["sentTypes"] == [] and failed["model"] is None
+    assert console == []
