@@ -35,6 +35,9 @@ const ACK_EVERY_MS = 250; // playback.ack granularity while playing
 const EVENT_ACK_EVERY_MS = 1000; // session.event_ack period (trims the server's replay journal)
 const CLOSE_WAIT_MS = 2000; // how long stop() waits for the server to close the socket
 const EARLY_AUDIO_MS = 2000; // microphone audio kept while the session opens
+// Bytes the socket may hold unsent (about 5 s of base64 audio); beyond it microphone chunks are
+// dropped and counted: on a stalled network, late audio is worse than lost audio.
+const MAX_UNSENT_BYTES = 320000;
 const MAX_LOGGED_TYPES = 2000;
 const MAX_TURNS = 200;
 const MAX_ITEMS = 64;
@@ -75,7 +78,7 @@ export class Call {
       truncates: [], // audio_end_ms of every truncate sent
       acksSent: 0,
       micLevel: 0,
-      micChunksDropped: 0, // captured while the session was opening, beyond EARLY_AUDIO_MS
+      micChunksDropped: 0, // beyond EARLY_AUDIO_MS while the session opened, or MAX_UNSENT_BYTES
       eventTypes: [], // server event types in arrival order (the first MAX_LOGGED_TYPES)
       sentTypes: [], // our command types in order (the first MAX_LOGGED_TYPES)
       eventCounts: {},
@@ -202,6 +205,10 @@ export class Call {
   }
 
   sendAudio(pcm) {
+    if (this.ws.bufferedAmount > MAX_UNSENT_BYTES) {
+      this.stats.micChunksDropped += 1;
+      return;
+    }
     if (this.send(wire.append(pcm))) {
       this.stats.appendsSent += 1;
       this.stats.bytesSent += pcm.byteLength;
