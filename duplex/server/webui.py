@@ -2,7 +2,19 @@
 
 The page talks to ``/v1/realtime`` like any other client (GA JSON events over the same origin),
 so it needs nothing from the server beyond these files. The files ship inside the package
-(``tool.setuptools.package-data``); when they are missing, ``/`` answers 404.
+(``tool.setuptools.package-data``: ``server/static/*``, so the folder has no subfolders); when they
+are missing, ``/`` answers 404. Every URL in the page is relative to it, so it also works behind a
+proxy that serves the whole app under a path prefix (open the page with its trailing slash).
+
+The files (plain ES modules, no build step, nothing from another origin):
+
+* ``index.html``, ``style.css``: the page;
+* ``app.js``: buttons and views, and ``window.duplexUI`` (state snapshots for tests);
+* ``call.js``: one conversation: model lookup, socket, event handling, barge-in, acks, stop;
+* ``audio.js``: the AudioContext, the microphone and the player (AudioWorklet nodes);
+* ``audio-worklet.js``: the processors: capture (resample to 24 kHz pcm16 chunks) and playback
+  (a jitter buffer that counts what was played per item);
+* ``wire.js``: URLs, base64 and every command the page sends.
 """
 
 from __future__ import annotations
