@@ -3,7 +3,8 @@
 // window.duplexUI.snapshot() returns plain data: {state, model, turnMode, micLive, stats, errors,
 // conversation}; start(), stop() and reply() are the buttons; waitFor(predicate, timeoutMs)
 // resolves with the first snapshot for which predicate(snapshot) is true (checked after every
-// change), and rejects after timeoutMs.
+// change), and rejects after timeoutMs, or as soon as the call fails (state "error") unless
+// predicate accepts that state.
 
 import { Call } from "./call.js";
 
@@ -54,6 +55,9 @@ function waitFor(predicate, timeoutMs = 10000) {
       if (ok) {
         finish();
         resolve(s);
+      } else if (s.state === "error") {
+        finish(); // it will not come true any more: say why at once
+        reject(new Error(`duplexUI.waitFor: the call failed; state ${JSON.stringify(summary())}`));
       }
     };
     const timer = setTimeout(() => {

@@ -8,9 +8,17 @@ page exposes (``window.duplexUI.snapshot()``) and its DOM; the browser console s
 
 from __future__ import annotations
 
+import asyncio
+import contextlib
 import json
+from collections.abc import AsyncIterator
+from typing import Any
 
-from duplex.server.config import ServerConfig
+from duplex.engine import Engine, EngineConfig
+from duplex.plugins.builtin.echo import EchoPlugin
+from duplex.server.app import create_app
+from duplex.server.config import ServeConfig, ServerConfig
+from duplex.server.serve import DrainingServer, uvicorn_config
 from tests.server.harness import running_server
 from tests.server.web.conftest import needs_chromium
 
@@ -129,4 +137,51 @@ async def test_a_page_the_browser_deems_insecure_says_why_it_cannot_use_the_micr
     (error,) = failed["errors"]
     assert error["code"] == "insecure_page"
     assert failed["stats"]["sentTypes"] == [] and failed["model"] is None
+    assert console == []
+
+
+@contextlib.asynccontextmanager
+async def served_below(prefix: str) -> AsyncIterator[tuple[str, list[str]]]:
+    """The echo server behind a stand-in for a reverse proxy that serves it under ``prefix``:
+    requests under the prefix reach the app with ``root_path`` set (as a proxy's ``--root-path``
+    would), any other request is refused and its path recorded. Yields (page URL, refused paths)."""
+    plugin = EchoPlugin(max_sessions=4)
+    plugin.load()
+    cfg = ServeConfig(server=ServerConfig(port=0))
+    app = create_app(Engine(plugin, EngineConfig(max_sessions=4), model_name="echo"), cfg.server)
+    refused: list[str] = []
+
+    async def proxy(scope: dict[str, Any], receive: Any, send: Any) -> None:
+        if scope["type"] == "lifespan" or scope["path"].startswith(prefix + "/"):
+            await app({**scope, "root_path": prefix} if scope["type"] != "lifespan" else scope, receive, send)
+            return
+        refused.append(scope["path"])
+        if scope["type"] == "websocket":
+            await send({"type": "websocket.close", "code": 1008})
+            return
+        await send({"type": "http.response.start", "status": 404, "headers": []})
+        await send({"type": "http.response.body", "body": b""})
+
+    server = DrainingServer(uvicorn_config(proxy, cfg, log_level="warning"))
+    task = asyncio.create_task(server.serve())
+    ready = asyncio.create_task(server.ready.wait())
+    await asyncio.wait({task, ready}, return_when=asyncio.FIRST_COMPLETED)
+    try:
+        assert ready.done(), "server did not start"
+        yield f"http://127.0.0.1:{server.port}{prefix}/", refused
+    finally:
+        server.should_exit = True
+        await task
+        plugin.close()
+
+
+async def test_the_page_works_below_a_path_prefix(open_page, spoken_wav):
+    async with served_below("/voice") as (url, refused), open_page(url, spoken_wav(SENTENCE)) as page:
+        await page.evaluate(click("#start"))
+        playing = await page.evaluate("duplexUI.waitFor(s => s.stats && s.stats.playedMs >= 500, 15000)")
+        await page.evaluate("duplexUI.stop()")
+        console = page.console_errors
+
+    assert playing["model"] == "echo" and playing["state"] == "open"
+    assert refused == []  # the page, its assets, v1/models and v1/realtime: all below the prefix
     assert console == []
