@@ -21,7 +21,7 @@ from tests.server.web.conftest import needs_chromium
 
 pytestmark = [needs_chromium, pytest.mark.asyncio(loop_scope="module")]
 
-# Runs once per page: imports the worklet module with the stand-ins; defines the helpers below.
+# Runs once per page: imports the worklet module with the stand-ins; defines the functions below.
 HARNESS = """
 (async () => {
   const registered = {};
