@@ -80,7 +80,7 @@ function summary() {
 }
 
 async function start() {
-  if (call && (call.state === "connecting" || call.state === "open" || call.state === "closing")) return;
+  if (call && ["connecting", "open", "reconnecting", "closing"].includes(call.state)) return;
   $("conversation").replaceChildren();
   $("event-log").replaceChildren();
   const apiKey = $("api-key").value.trim();
@@ -108,11 +108,11 @@ function logEvent(event) {
 function render() {
   renderQueued = false;
   const state = call ? call.state : "idle";
-  const busy = state === "connecting" || state === "open" || state === "closing";
+  const busy = state === "connecting" || state === "open" || state === "reconnecting" || state === "closing";
   $("state").textContent = state;
   $("state").dataset.state = state;
   $("start").disabled = busy;
-  $("stop").disabled = !(state === "connecting" || state === "open");
+  $("stop").disabled = !(state === "connecting" || state === "open" || state === "reconnecting");
   $("api-key").disabled = busy;
   $("turns").disabled = busy;
   $("reply").hidden = !(call && call.turnMode === "manual" && state === "open");
@@ -154,6 +154,7 @@ function render() {
     ["audio played", `${(s.playedMs / 1000).toFixed(1)} s`],
     ["underruns", s.underruns],
     ["barge-ins", s.bargeIns],
+    ["reconnects", s.reconnects],
     ["playback acks", s.acksSent],
   ];
   $("stats").replaceChildren(

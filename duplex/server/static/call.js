@@ -18,6 +18,13 @@
 // deltas of a cut item are dropped (counted) rather than played. While audio plays, playback.ack reports the played
 // milliseconds every ACK_EVERY_MS and once when an item has been played to its end.
 //
+// Resume: when the socket closes unexpectedly (not after session.closed, and not with 1000 or
+// 1008) and the session can resume (session.created carried a resume_token), the call becomes
+// "reconnecting" and opens a new socket with session_id, resume_token and the last
+// server_event_seq it processed; the server replays what came after. Attempts follow
+// RESUME_DELAYS_MS; when they all fail, or the server refuses the resume, the call fails.
+// Microphone audio meanwhile waits as it does while the session opens.
+//
 // stop(): session.close, then the socket is closed by the server after session.closed (or by us
 // after CLOSE_WAIT_MS); the microphone and the audio context are released either way. A socket
 // that closes before the session opened is reported as a refusal (wrong key, origin not allowed,
@@ -38,6 +45,7 @@ const EARLY_AUDIO_MS = 2000; // microphone audio kept while the session opens
 // Bytes the socket may hold unsent (about 5 s of base64 audio); beyond it microphone chunks are
 // dropped and counted: on a stalled network, late audio is worse than lost audio.
 const MAX_UNSENT_BYTES = 320000;
+const RESUME_DELAYS_MS = [0, 250, 500, 1000, 2000, 4000]; // waits before each resume attempt
 const MAX_LOGGED_TYPES = 2000;
 const MAX_TURNS = 200;
 const MAX_ITEMS = 64;
@@ -60,7 +68,8 @@ export class Call {
     this.turnMode = null; // "vad" | "model" | "manual", once the model is known
     this.onChange = onChange || (() => {});
     this.onEvent = onEvent || (() => {});
-    this.state = "idle"; // idle -> connecting -> open -> closing -> closed; or error
+    // idle -> connecting -> open (<-> reconnecting) -> closing -> closed; or error
+    this.state = "idle";
     this.model = null;
     this.session = null;
     this.errors = []; // {code, message, soft}: soft = about our own playback.ack
@@ -83,6 +92,7 @@ export class Call {
       sentTypes: [], // our command types in order (the first MAX_LOGGED_TYPES)
       eventCounts: {},
       closeCode: null,
+      reconnects: 0, // successful resumes
     };
     this.ws = null;
     this.audio = null; // the AudioContext being opened (a promise), from start() on
@@ -95,7 +105,9 @@ export class Call {
     this.ackedSeq = 0;
     this.ackCount = 0;
     this.timer = null;
-    this.early = []; // microphone chunks captured before session.created
+    this.early = []; // microphone chunks captured before session.created (or while reconnecting)
+    this.sessionId = null;
+    this.resumeToken = null; // null: the session cannot resume
   }
 
   // Call it from a click handler: the AudioContext is created before the first await, while the
@@ -133,7 +145,7 @@ export class Call {
         throw new CallError("microphone_unavailable", `no microphone: ${err.name}: ${err.message}`);
       });
       if (this.state !== "connecting") throw new CallError("stopped", "stopped before the session opened");
-      await this.openSocket();
+      await this.openSocket(wire.realtimeUrl(this.apiKey), wire.sessionUpdate(this.model, this.turnMode));
     } catch (err) {
       if (this.state === "connecting") this.fail(err);
       else this.release(); // stopped meanwhile: release what was opened after the stop
@@ -158,19 +170,26 @@ export class Call {
     return body.data[0];
   }
 
-  // Resolves once session.created arrived; rejects when the socket closes before that.
-  openSocket() {
+  // Open a socket to `url` and send `first` on it. Resolves once the session is there
+  // (session.created or session.resumed); rejects when the socket closes before that.
+  openSocket(url, first) {
     return new Promise((resolve, reject) => {
-      const ws = (this.ws = new WebSocket(wire.realtimeUrl(this.apiKey)));
-      this.opened = resolve;
-      ws.onopen = () => this.send(wire.sessionUpdate(this.model, this.turnMode));
-      ws.onmessage = (e) => this.onMessage(e.data);
+      const ws = (this.ws = new WebSocket(url));
+      const errorsBefore = this.errors.length;
+      let settled = false;
+      this.opened = () => {
+        settled = true;
+        resolve();
+      };
+      ws.onopen = () => first && this.send(first);
+      ws.onmessage = (e) => ws === this.ws && this.onMessage(e.data);
       ws.onerror = () => {}; // the close event that follows says what happened
       ws.onclose = (e) => {
+        if (ws !== this.ws) return; // an earlier socket
         this.stats.closeCode = e.code;
         const how = `close code ${e.code}${e.reason ? `, ${e.reason}` : ""}`;
-        if (this.state !== "connecting") this.onSocketClosed(e);
-        else if (ws === this.ws && this.stats.eventTypes.includes("error")) {
+        if (settled) this.onSocketClosed(e);
+        else if (this.errors.length > errorsBefore) {
           reject(new CallError("connection_closed", `the server closed the connection (${how})`));
         } else {
           reject(
@@ -194,7 +213,7 @@ export class Call {
 
   onMicChunk(pcm, rms) {
     this.stats.micLevel = rms;
-    if (this.state === "connecting") {
+    if (this.state === "connecting" || this.state === "reconnecting") {
       this.early.push(pcm);
       if (this.early.length > EARLY_AUDIO_MS / CHUNK_MS) {
         this.early.shift();
@@ -235,12 +254,43 @@ export class Call {
 
   onSessionCreated(event) {
     this.session = event.session;
+    this.sessionId = event.session.id;
+    this.resumeToken = event.resume_token || null;
     const caps = event.session.capabilities || {};
     this.acks = Boolean(caps.supports_playback_ack);
     this.setState("open");
     for (const pcm of this.early.splice(0)) this.sendAudio(pcm);
     this.timer = setInterval(() => this.ackEvents(), EVENT_ACK_EVERY_MS);
     this.opened();
+  }
+
+  onSessionResumed(event) {
+    this.resumeToken = event.resume_token || this.resumeToken; // rotated on every resume
+    this.stats.reconnects += 1;
+    this.setState("open");
+    for (const pcm of this.early.splice(0)) this.sendAudio(pcm);
+    this.opened();
+  }
+
+  // The socket went away under an open session: resume it on a new one (see the top of the file).
+  async reconnect() {
+    this.setState("reconnecting");
+    for (const delay of RESUME_DELAYS_MS) {
+      await new Promise((resolve) => setTimeout(resolve, delay));
+      if (this.state !== "reconnecting") return; // stopped meanwhile
+      const url = wire.resumeUrl(this.apiKey, this.sessionId, this.resumeToken, this.lastSeq);
+      const errorsBefore = this.errors.length;
+      try {
+        await this.openSocket(url, null);
+        return;
+      } catch (err) {
+        // A refusal with a reason (expired session, bad token) will not change: stop trying.
+        if (this.errors.length > errorsBefore) break;
+      }
+    }
+    if (this.state === "reconnecting") {
+      this.fail(new CallError("connection_lost", "the session could not be resumed"));
+    }
   }
 
   onError(event) {
@@ -421,7 +471,7 @@ export class Call {
 
   // Close the session and release the microphone. Safe to call in any state.
   async stop() {
-    if (this.state === "connecting") {
+    if (this.state === "connecting" || this.state === "reconnecting") {
       this.setState("closed");
       if (this.ws) this.ws.close(1000);
       this.release();
@@ -447,6 +497,10 @@ export class Call {
     }
     if (this.state !== "open") return;
     const ended = this.stats.eventCounts["session.closed"] || this.stats.eventCounts["session.expired"];
+    if (!ended && this.resumeToken && e.code !== 1000 && e.code !== 1008) {
+      this.reconnect();
+      return;
+    }
     if (!ended) {
       const how = `code ${e.code}${e.reason ? `, ${e.reason}` : ""}`;
       this.addError("connection_lost", `the connection closed (${how})`, false);
@@ -489,6 +543,7 @@ export class Call {
 
 const HANDLERS = {
   "session.created": Call.prototype.onSessionCreated,
+  "session.resumed": Call.prototype.onSessionResumed,
   error: Call.prototype.onError,
   "conversation.item.added": Call.prototype.onUserItem,
   "conversation.item.created": Call.prototype.onUserItem,

@@ -21,6 +21,15 @@ export function realtimeUrl(apiKey) {
   return url.href;
 }
 
+// The realtime endpoint, resuming a session: the server replays every event after `lastSeq`.
+export function resumeUrl(apiKey, sessionId, resumeToken, lastSeq) {
+  const url = new URL(realtimeUrl(apiKey));
+  url.searchParams.set("session_id", sessionId);
+  url.searchParams.set("resume_token", resumeToken);
+  url.searchParams.set("last_event_seq", String(lastSeq));
+  return url.href;
+}
+
 // Headers of an HTTP request to the server (the key as a bearer token, never in the URL).
 export function authHeaders(apiKey) {
   return apiKey ? { Authorization: `Bearer ${apiKey}` } : {};

@@ -185,3 +185,26 @@ async def test_the_page_works_below_a_path_prefix(open_page, spoken_wav):
     assert playing["model"] == "echo" and playing["state"] == "open"
     assert refused == []  # the page, its assets, v1/models and v1/realtime: all below the prefix
     assert console == []
+
+
+async def test_a_socket_lost_under_an_open_session_is_resumed_and_the_call_goes_on(open_page, spoken_wav):
+    async with running_server() as srv, open_page(srv.http + "/", spoken_wav(SENTENCE)) as page:
+        await page.evaluate(click("#start"))
+        await page.evaluate("duplexUI.waitFor(s => s.stats && s.stats.playedMs >= 300, 15000)")
+        # The server lets the socket go but keeps the session (as before a restart of the transport).
+        assert await srv.app.state.duplex.release_sockets(1012, "service_restart") == 1
+        resumed = await page.evaluate(
+            "duplexUI.waitFor(s => s.stats.reconnects === 1 && s.state === 'open', 10000)"
+        )
+        appends = resumed["stats"]["appendsSent"]
+        await page.evaluate(f"duplexUI.waitFor(s => s.stats.appendsSent > {appends} + 5, 5000)")
+        await page.evaluate(click("#stop"))
+        done = await page.evaluate("duplexUI.waitFor(s => s.state === 'closed', 5000)")
+        console = page.console_errors
+
+    received = done["stats"]["eventTypes"]
+    assert received.count("session.created") == 1 and received.count("session.resumed") == 1
+    assert received[-1] == "session.closed"
+    assert done["stats"]["closeCode"] == 1000
+    assert [e for e in done["errors"] if not e["soft"]] == []
+    assert console == []
