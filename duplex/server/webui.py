@@ -10,7 +10,8 @@ The files (plain ES modules, no build step, nothing from another origin):
 
 * ``index.html``, ``style.css``: the page;
 * ``app.js``: buttons and views, and ``window.duplexUI`` (state snapshots for tests);
-* ``call.js``: one conversation: model lookup, socket, event handling, barge-in, acks, stop;
+* ``call.js``: one conversation: model lookup, socket, events, turns, resume, stop;
+* ``playback.js``: what the listener heard: the player, playback acks, barge-in truncates;
 * ``audio.js``: the AudioContext, the microphone and the player (AudioWorklet nodes);
 * ``audio-worklet.js``: the processors: capture (resample to 24 kHz pcm16 chunks) and playback
   (a jitter buffer that counts what was played per item);

@@ -12,11 +12,9 @@
 // handshake. The session object says whether playback.ack is supported.
 //
 // Server events update the conversation (user transcripts, assistant transcripts) and feed the
-// player. Barge-in: input_audio_buffer.speech_started (or, in manual mode, Reply) while assistant
-// audio is still queued or playing flushes the player at once; the audio that was really played
-// of each cut item is then reported with conversation.item.truncate (audio_end_ms), and later
-// deltas of a cut item are dropped (counted) rather than played. While audio plays, playback.ack reports the played
-// milliseconds every ACK_EVERY_MS and once when an item has been played to its end.
+// player (playback.js: jitter buffer, playback.ack, truncate). Barge-in:
+// input_audio_buffer.speech_started (or, in manual mode, Reply) while assistant audio is still
+// queued or playing cuts the playback at once.
 //
 // Resume: when the socket closes unexpectedly (not after session.closed, and not with 1000 or
 // 1008) and the session can resume (session.created carried a resume_token), the call becomes
@@ -31,14 +29,13 @@
 // server draining: the browser does not show the HTTP status of a refused WebSocket).
 //
 // Everything the page keeps is bounded: the event type log (MAX_LOGGED_TYPES, then only counted),
-// the conversation (MAX_TURNS, oldest dropped) and the per-item playback records (MAX_ITEMS).
+// and the conversation (MAX_TURNS, oldest dropped).
 
-import { Microphone, Player, openAudioContext } from "./audio.js";
+import { Microphone, openAudioContext } from "./audio.js";
+import { ACK_ID_PREFIX, Playback } from "./playback.js";
 import * as wire from "./wire.js";
 
 export const CHUNK_MS = 40; // microphone audio per append
-const PREBUFFER_MS = 120; // jitter buffer depth before playback starts
-const ACK_EVERY_MS = 250; // playback.ack granularity while playing
 const EVENT_ACK_EVERY_MS = 1000; // session.event_ack period (trims the server's replay journal)
 const CLOSE_WAIT_MS = 2000; // how long stop() waits for the server to close the socket
 const EARLY_AUDIO_MS = 2000; // microphone audio kept while the session opens
@@ -48,7 +45,6 @@ const MAX_UNSENT_BYTES = 320000;
 const RESUME_DELAYS_MS = [0, 250, 500, 1000, 2000, 4000]; // waits before each resume attempt
 const MAX_LOGGED_TYPES = 2000;
 const MAX_TURNS = 200;
-const MAX_ITEMS = 64;
 
 // A failure with a code, as the server's errors have.
 export class CallError extends Error {
@@ -98,12 +94,9 @@ export class Call {
     this.audio = null; // the AudioContext being opened (a promise), from start() on
     this.context = null;
     this.mic = null;
-    this.player = null;
-    this.items = new Map(); // assistant item id -> {responseId, rate, pushed, played, ackedMs, drained, cut}
-    this.retiredPlayedBytes = 0;
+    this.playback = null;
     this.lastSeq = 0;
     this.ackedSeq = 0;
-    this.ackCount = 0;
     this.timer = null;
     this.early = []; // microphone chunks captured before session.created (or while reconnecting)
     this.sessionId = null;
@@ -133,10 +126,13 @@ export class Call {
       this.caps = wire.readCapabilities(card);
       this.turnMode = wire.turnMode(this.caps, this.wantedTurns);
       this.context = await this.audio;
-      this.player = new Player(this.context, {
-        prebufferMs: PREBUFFER_MS,
-        onProgress: (msg) => this.onPlaybackProgress(msg),
-        onDrained: (item, samples, rate) => this.onPlaybackDrained(item, samples, rate),
+      this.playback = new Playback(this.context, {
+        stats: this.stats,
+        send: (command) => this.send(command),
+        onCut: (item) => {
+          this.turn(item, "assistant").interrupted = true;
+        },
+        onChange: () => this.changed(),
       });
       this.mic = await Microphone.open(this.context, {
         chunkMs: CHUNK_MS,
@@ -257,7 +253,7 @@ export class Call {
     this.sessionId = event.session.id;
     this.resumeToken = event.resume_token || null;
     const caps = event.session.capabilities || {};
-    this.acks = Boolean(caps.supports_playback_ack);
+    this.playback.acks = Boolean(caps.supports_playback_ack);
     this.setState("open");
     for (const pcm of this.early.splice(0)) this.sendAudio(pcm);
     this.timer = setInterval(() => this.ackEvents(), EVENT_ACK_EVERY_MS);
@@ -295,7 +291,7 @@ export class Call {
 
   onError(event) {
     const e = event.error || {};
-    const ours = typeof e.event_id === "string" && e.event_id.startsWith("ack_");
+    const ours = typeof e.event_id === "string" && e.event_id.startsWith(ACK_ID_PREFIX);
     this.addError(e.code || "error", e.message || "", ours);
   }
 
@@ -328,18 +324,11 @@ export class Call {
       this.addError("unsupported_audio_format", `cannot play ${event.format} audio`, false);
       return;
     }
-    const info = this.item(event.item_id, event.response_id, event.sample_rate_hz || wire.WIRE_RATE);
-    if (info.cut) {
-      this.stats.bytesDroppedAfterBargeIn += pcm.byteLength;
-      return;
-    }
-    info.pushed += pcm.byteLength >> 1;
-    info.drained = false;
-    this.player.push(event.item_id, pcm, info.rate);
+    this.playback.push(event.item_id, event.response_id, pcm, event.sample_rate_hz || wire.WIRE_RATE);
   }
 
   onAudioDone(event) {
-    if (this.items.has(event.item_id)) this.player.end(event.item_id);
+    this.playback.end(event.item_id);
   }
 
   onAssistantTranscriptDelta(event) {
@@ -360,97 +349,21 @@ export class Call {
   }
 
   onSpeechStarted() {
-    this.cutPlayback();
+    this.playback.cut();
   }
 
   // Manual mode: the user's turn ends now. Whatever still plays of the assistant is cut first.
   // The truncate goes first: the server refuses one about a reply older than the latest user turn.
   async reply() {
     if (this.state !== "open" || this.turnMode !== "manual") return;
-    await this.cutPlayback();
+    await this.playback.cut();
     this.send(wire.commit());
     this.send(wire.responseCreate());
     this.changed();
   }
 
-  // Barge-in: flush the player, then truncate every cut item at what was played of it.
-  // Resolves once the truncates are sent.
-  async cutPlayback() {
-    const audible = [...this.items.entries()].filter(([, info]) => !info.cut && !info.drained && info.pushed > 0);
-    if (audible.length === 0) return;
-    this.stats.bargeIns += 1;
-    for (const [, info] of audible) info.cut = true;
-    await this.player.flush().then((flushed) => {
-      for (const [item, samples, rate] of flushed.played) {
-        const info = this.items.get(item);
-        if (!info || !audible.some(([id]) => id === item)) continue;
-        info.played = samples;
-        const ms = Math.floor((samples * 1000) / rate);
-        if (this.send(wire.truncate(item, ms))) this.stats.truncates.push(ms);
-        this.turn(item, "assistant").interrupted = true;
-      }
-      this.updatePlayed();
-      this.changed();
-    });
-  }
-
-  onPlaybackProgress(msg) {
-    this.stats.underruns = msg.underruns;
-    for (const [item, samples] of msg.played) {
-      const info = this.items.get(item);
-      if (!info || info.cut) continue;
-      info.played = samples;
-      this.maybeAck(item, info, false);
-    }
-    this.updatePlayed();
-    this.changed();
-  }
-
-  onPlaybackDrained(item, samples) {
-    const info = this.items.get(item);
-    if (!info) return;
-    info.played = samples;
-    info.drained = true;
-    if (!info.cut) this.maybeAck(item, info, true);
-    this.updatePlayed();
-    this.changed();
-  }
-
-  maybeAck(item, info, final) {
-    if (!this.acks) return;
-    const ms = Math.floor((info.played * 1000) / info.rate);
-    if (ms <= info.ackedMs || (!final && ms - info.ackedMs < ACK_EVERY_MS)) return;
-    this.ackCount += 1;
-    if (this.send(wire.playbackAck(`ack_${this.ackCount}`, info.responseId, item, ms))) {
-      info.ackedMs = ms;
-      this.stats.acksSent += 1;
-    }
-  }
-
   ackEvents() {
     if (this.lastSeq > this.ackedSeq && this.send(wire.eventAck(this.lastSeq))) this.ackedSeq = this.lastSeq;
-  }
-
-  // The playback record of an assistant item (created on its first delta; the oldest retired).
-  item(id, responseId, rate) {
-    let info = this.items.get(id);
-    if (!info) {
-      info = { responseId, rate, pushed: 0, played: 0, ackedMs: 0, drained: false, cut: false };
-      this.items.set(id, info);
-      if (this.items.size > MAX_ITEMS) {
-        const [oldest, old] = this.items.entries().next().value;
-        this.retiredPlayedBytes += Math.round((old.played * 2 * wire.WIRE_RATE) / old.rate);
-        this.items.delete(oldest);
-      }
-    }
-    return info;
-  }
-
-  updatePlayed() {
-    let bytes = this.retiredPlayedBytes;
-    for (const info of this.items.values()) bytes += Math.round((info.played * 2 * wire.WIRE_RATE) / info.rate);
-    this.stats.bytesPlayed = bytes;
-    this.stats.playedMs = Math.floor((bytes / 2 / wire.WIRE_RATE) * 1000);
   }
 
   // The conversation entry of an item (created when first seen; the oldest dropped beyond MAX_TURNS).
@@ -522,7 +435,7 @@ export class Call {
     this.timer = null;
     this.early = [];
     if (this.mic) this.mic.close();
-    if (this.player) this.player.close();
+    if (this.playback) this.playback.close();
     if (this.audio) this.audio.then((context) => context.state !== "closed" && context.close(), () => {});
   }
 

@@ -92,6 +92,7 @@ async def test_every_asset_the_page_loads_is_served_as_javascript_or_css(srv):
         "/static/style.css": (200, "css"),
         "/static/app.js": (200, "js"),
         "/static/call.js": (200, "js"),
+        "/static/playback.js": (200, "js"),
         "/static/audio.js": (200, "js"),
         "/static/wire.js": (200, "js"),
         "/static/audio-worklet.js": (200, "js"),
