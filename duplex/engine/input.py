@@ -23,7 +23,7 @@ import numpy as np
 
 from duplex.engine.vad import SpeechStarted, SpeechStopped, TurnDetector, VadEvent
 from duplex.engine.vad_config import VadConfig
-from duplex.protocol.audio import StreamResampler, decode_audio, resampled_length
+from duplex.protocol.audio import StreamResampler, decode_audio, pcm16_decode, resampled_length
 from duplex.protocol.formats import AudioFormat
 
 __all__ = ["RESAMPLE_QUALITY", "DecodedAppend", "InputPipeline"]
@@ -94,7 +94,7 @@ class InputPipeline:
 
     def process(self, audio: bytes, fmt: AudioFormat, video_frames: tuple[bytes, ...] = ()) -> DecodedAppend:
         """Decode one append in ``fmt`` (raises ``ProtocolError`` for bad bytes)."""
-        pcm = decode_audio(audio, fmt)
+        pcm = pcm16_decode(audio) if fmt.encoding == "pcm16" else decode_audio(audio, fmt)
         n = len(pcm)
         # sqrt of the float32 mean square, rounded to float32 as np.sqrt would (a float64 sqrt of a
         # float32 value rounds to the same float32), without np.sqrt's cost on a scalar.

@@ -99,8 +99,11 @@ class Journal(Generic[E]):
         """
         if seq < 0 or seq > self.head:
             raise JournalCursorError("invalid_event_ack", f"server_event_seq {seq} is outside 0..{self.head}")
-        while self._entries and self._entries[0][0] <= seq:
-            self._drop_first()
+        entries = self._entries
+        dropped = 0
+        while entries and entries[0][0] <= seq:
+            dropped += entries.popleft()[2]
+        self._bytes -= dropped
         self.floor = max(self.floor, seq)
 
     def replay_after(self, seq: int) -> list[E]:
