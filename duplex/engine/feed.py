@@ -47,12 +47,6 @@ MIN_STEP_GAP = 0.5
 _FLOAT32 = np.dtype(np.float32)
 
 
-def _plain(pcm: np.ndarray) -> bool:
-    """A 1-D array a plugin may keep and change as if it were a fresh copy."""
-    flags = pcm.flags
-    return pcm.ndim == 1 and flags.c_contiguous and flags.writeable
-
-
 class FeedFrame(msgspec.Struct):
     """One chunk taken from a feed for a step (a msgspec struct: built in C, once per frame)."""
 
@@ -121,7 +115,16 @@ class SlotFeed:
         live = end - start
         if live + n > self.max_buffered:
             return False
-        if n == self.chunk and live == 0 and pcm.dtype == _FLOAT32 and _plain(pcm):
+        # A 1-D float32 array a plugin may keep and change as if it were a fresh copy.
+        flags = pcm.flags
+        if (
+            n == self.chunk
+            and live == 0
+            and pcm.dtype == _FLOAT32
+            and pcm.ndim == 1
+            and flags.c_contiguous
+            and flags.writeable
+        ):
             self._whole = pcm
             self._held = n
             self.received += n

@@ -180,7 +180,7 @@ class SessionRunner:
             now = self.manager.now()
             session = self.session
             try:
-                self.mailbox.output_done()
+                self.mailbox.pending_outputs -= 1  # output_done(), on the per-frame path
                 self.record.lease.touch(now)
                 events = session.on_output(item.output, now)
                 if events:
@@ -212,7 +212,8 @@ class SessionRunner:
             try:
                 try:
                     try:
-                        decoded = pipeline.process(*self._decode_args(cmd))
+                        audio, fmt, video = self._decode_args(cmd)
+                        decoded = pipeline.process(audio, fmt, video)
                         events = session.handle(cmd, now, decoded)
                     except ProtocolError as exc:
                         events = session.reject(exc, cmd, now)

@@ -192,7 +192,9 @@ class Session:
             # place (instead of msgspec.structs.replace) saves a copy per event.
             seq = journal.head + 1
             stamp(event, "server_event_seq", seq)
-            journal.append(seq, event, _event_size(event), now)
+            delta = getattr(event, "delta", None)  # an audio delta, sized here (``_event_size``)
+            size = 200 + (len(delta) + 2) // 3 * 4 if type(delta) is bytes else _event_size(event)
+            journal.append(seq, event, size, now)
         return events
 
     def _error(self, exc: ProtocolError, event_id: str | None) -> Event:
