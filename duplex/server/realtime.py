@@ -15,14 +15,19 @@ Theory of operation
    the writer has taken). When the client reads too slowly the writer blocks on the socket, the outbox
    fills, and the engine detaches the attachment (``Detached("slow_reader")``: the socket is closed
    with 1013); a write blocked for ``send_timeout_s`` is found by the app's send watchdog, which
-   detaches the session, cancels the blocked write and closes with 1013 once the peer reads again
-   (``_close_stalled`` says why sooner is impossible). Either way the client resumes from the
-   journal: a slow reader never grows the server's memory.
+   detaches the session, cancels the blocked write and closes with 1013 once the peer reads again,
+   or aborts the connection if it has not within ``shutdown_timeout_s`` (``_close_stalled``).
+   Either way the client resumes from the journal: a slow reader never grows the server's memory.
 4. *End*: a client that goes away detaches its attachment (the session waits for a resume, or closes
    when it cannot resume). When the writer sees ``Detached`` the socket closes with a code that tells
    the client what to do: 1000 after ``session.closed`` / ``session.expired`` / ``session.replaced``,
    1012 after a shutdown (the ``openai`` SDK reconnects on it), 1013 for a slow reader.
    ``AppState.release_sockets`` closes sockets with 1012 and keeps their sessions for a resume.
+
+Under our uvicorn protocol (``ws_protocol``) the per-message path skips Starlette and the ASGI
+message dicts: the reader takes payloads from ``TransportExtension.receive_data`` and the writer
+hands each batch of encoded events to ``send_frames`` (one socket write). Under another ASGI server
+the same code runs on plain ASGI ``receive`` / ``send``, and a stalled peer cannot be aborted.
 
 Bad input never ends a session: an oversized frame, a frame that does not decode or a command the
 engine refuses gets one ``error`` with the precise code and the client's ``event_id``.

@@ -2,7 +2,7 @@
 
 ``uvicorn_config`` passes ``DuplexWebSocketProtocol`` as ``ws=``. Everything the ASGI app sees keeps
 uvicorn's semantics (the handshake and subprotocol negotiation, denial responses, close codes, pings,
-``max_size``, the 1012 on shutdown); three things change underneath:
+``max_size``, the 1012 on shutdown); four things change underneath:
 
 * **Flow control by watermarks.** uvicorn pauses reading after every message and resumes when the
   app takes it: two ``epoll_ctl`` calls per message. Here the inbox may hold up to
@@ -12,6 +12,11 @@ uvicorn's semantics (the handshake and subprotocol negotiation, denial responses
   backpressured. The bound is checked after each read, so the inbox holds at most the high-water
   mark plus what one read delivered (the event loop reads at most 256 KiB at a time, plus the rest
   of one message of up to ``max_size``).
+* **Our frame reader.** Once the handshake is done (and no frame extension is negotiated), a
+  complete unfragmented text or binary client frame is unmasked and queued here, without
+  websockets' generator-based parser and its frame objects. Everything else (pings, pongs,
+  closes, fragments, and any frame that breaks a rule) goes to websockets, one complete frame at a
+  time, so its state stays exact and its close codes (1002, 1007, 1009) still apply.
 * **Cheaper messages.** A data message is queued as its payload (``str`` or ``bytes``), not as a
   dict; the ASGI ``receive`` builds the dict only when asked. A ``websocket.send`` on an open
   connection frames the payload itself (a server frame is unmasked: header plus payload) and writes
