@@ -1,8 +1,9 @@
 """Server capacity over WebSocket: N real-time clients against the echo frame plugin, vs a bare baseline.
 
-For each N (default 50, 200, 500) and each variant, a server runs in its own process on loopback and
-N clients (in this process) each send one 80 ms PCM16 append every 80 ms on an absolute schedule
-(start times spread over one period) and read every event. Measured after a warm-up:
+For each N and each variant, a server runs in its own process on loopback and N clients, shared by
+``--drivers`` load-generator processes (2: one Python process saturates a core near 1000 clients,
+which would cap every variant alike), each send one 80 ms PCM16 append every 80 ms on one absolute
+schedule (start times spread over one period) and read every event. Measured after a warm-up:
 
 * append-to-delta latency: from sending append ``i`` to receiving the audio delta that stepping its
   frame produced (p50 / p99 / max, ms);
@@ -27,7 +28,7 @@ batching); ``--tick-ms 10`` measures a fixed 10 ms tick instead.
 
 Run: ``python -m bench.server --sessions 50 200 500 --seconds 10`` (writes
 ``bench/results/server.json``). Clients and servers share the machine's cores, as they would on a
-small box; the load generator's own CPU is reported too.
+small box; the load generators' own CPU is reported too (summed, in % of one core).
 """
 
 from __future__ import annotations
@@ -327,68 +328,103 @@ def _pct(xs: list[float], q: float) -> float | None:
     return xs[min(len(xs) - 1, max(0, int(np.ceil(q / 100 * len(xs))) - 1))]
 
 
-def run_one(variant: str, n: int, seconds: float, warmup: float, tick_ms: float) -> dict[str, Any]:
+def _drive(spec: dict[str, Any]) -> dict[str, Any]:
+    """One load-generator process: ``spec["n"]`` clients on the shared schedule (monotonic clock
+    times, the same in every process of the machine); returns what they measured."""
+    random.seed(spec["seed"])
+    variant = spec["variant"]
+    msgs, offset = _append_messages(variant)
+
+    async def go() -> list[_Client]:
+        clients = [_Client() for _ in range(spec["n"])]
+        await asyncio.gather(
+            *(
+                _run_client(
+                    variant,
+                    spec["port"],
+                    msgs,
+                    offset,
+                    spec["t0"] + random.random() * FRAME_MS / 1000,
+                    spec["stop_at"],
+                    spec["measure_from"],
+                    c,
+                )
+                for c in clients
+            )
+        )
+        return clients
+
+    clients = asyncio.run(go())
+    return {
+        "latencies_ms": [x for c in clients for x in c.latencies_ms],
+        "held": sum(c.ok for c in clients),
+        "errors": sorted({c.error for c in clients if c.error}),
+    }
+
+
+def _split(n: int, parts: int) -> list[int]:
+    parts = max(1, min(parts, n))
+    return [n // parts + (1 if k < n % parts else 0) for k in range(parts)]
+
+
+def run_one(
+    variant: str, n: int, seconds: float, warmup: float, tick_ms: float, drivers: int = 2
+) -> dict[str, Any]:
+    """One server process and ``drivers`` load-generator processes sharing the N clients (one
+    Python process saturates a core near 1000 clients, which would cap every variant alike)."""
     import psutil
 
     port = free_port()
     role = {"bare": "--serve-bare", "transport": "--serve-transport"}.get(
         variant.split("-")[0], "--serve-duplex"
     )
+    env = {**os.environ, "PYTHONUNBUFFERED": "1"}
     proc = subprocess.Popen(
-        [sys.executable, "-m", "bench.server", role, "--port", str(port), "--tick-ms", str(tick_ms)],
-        env={**os.environ, "PYTHONUNBUFFERED": "1"},
+        [sys.executable, "-m", "bench.server", role, "--port", str(port), "--tick-ms", str(tick_ms)], env=env
     )
+    procs: list[subprocess.Popen[str]] = []
     try:
         wait_port(port)
         server = psutil.Process(proc.pid)
-        me = psutil.Process()
-        msgs, offset = _append_messages(variant)
-
-        async def drive() -> tuple[list[_Client], float, float, float]:
-            loop = asyncio.get_running_loop()
-            t0 = loop.time() + 1.0 + n * 0.004  # time to connect everyone
-            measure_from = t0 + warmup
-            stop_at = measure_from + seconds
-            clients = [_Client() for _ in range(n)]
-            tasks = [
-                asyncio.create_task(
-                    _run_client(
-                        variant,
-                        port,
-                        msgs,
-                        offset,
-                        t0 + random.random() * FRAME_MS / 1000,
-                        stop_at,
-                        measure_from,
-                        c,
-                    )
-                )
-                for c in clients
-            ]
-            await asyncio.sleep(max(0.0, measure_from - loop.time()))
-            cpu0, mine0, w0 = _cpu(server), _cpu(me), time.perf_counter()
-            await asyncio.sleep(max(0.0, stop_at - loop.time()))
-            cpu1, mine1, w1 = _cpu(server), _cpu(me), time.perf_counter()
-            await asyncio.gather(*tasks)
-            wall = w1 - w0
-            return clients, (cpu1 - cpu0) / wall * 100, (mine1 - mine0) / wall * 100, wall
-
-        clients, cpu, mine, _ = asyncio.run(drive())
+        t0 = time.monotonic() + 2.0 + n * 0.004  # time to start the drivers and connect everyone
+        measure_from = t0 + warmup
+        stop_at = measure_from + seconds
+        for k, part in enumerate(_split(n, drivers)):
+            spec = {
+                "variant": variant,
+                "port": port,
+                "n": part,
+                "t0": t0,
+                "measure_from": measure_from,
+                "stop_at": stop_at,
+                "seed": k,
+            }
+            cmd = [sys.executable, "-m", "bench.server", "--drive", json.dumps(spec)]
+            procs.append(subprocess.Popen(cmd, env=env, stdout=subprocess.PIPE, text=True))
+        watched = [psutil.Process(p.pid) for p in procs]
+        time.sleep(max(0.0, measure_from - time.monotonic()))
+        cpu0, drv0, w0 = _cpu(server), sum(map(_cpu, watched)), time.perf_counter()
+        time.sleep(max(0.0, stop_at - time.monotonic()))
+        cpu1, drv1, w1 = _cpu(server), sum(map(_cpu, watched)), time.perf_counter()
+        parts = [json.loads(p.communicate(timeout=120)[0].strip().splitlines()[-1]) for p in procs]
     finally:
-        proc.kill()  # measurement is over; a graceful drain would only slow the next run
-        proc.wait(timeout=10)
-    lat = [x for c in clients for x in c.latencies_ms]
-    errors = sorted({c.error for c in clients if c.error})
+        for p in (*procs, proc):
+            p.kill()  # measurement is over; a graceful drain would only slow the next run
+            p.wait(timeout=10)
+    wall = w1 - w0
+    lat = [x for part in parts for x in part["latencies_ms"]]
+    errors = sorted({e for part in parts for e in part["errors"]})
     return {
         "variant": variant,
         "sessions": n,
-        "held": sum(c.ok for c in clients),
+        "held": sum(part["held"] for part in parts),
         "p50_ms": _pct(lat, 50),
         "p99_ms": _pct(lat, 99),
         "max_ms": max(lat) if lat else None,
         "samples": len(lat),
-        "server_cpu_pct": cpu,
-        "driver_cpu_pct": mine,
+        "server_cpu_pct": (cpu1 - cpu0) / wall * 100,
+        "driver_cpu_pct": (drv1 - drv0) / wall * 100,
+        "drivers": len(procs),
         "errors": errors[:3],
     }
 
@@ -462,11 +498,18 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--p99-ms", type=float, default=20.0)
     ap.add_argument("--repeats", type=int, default=2, help="runs per (variant, N); the best p99 counts")
     ap.add_argument("--json", default="bench/results/server.json")
+    ap.add_argument(
+        "--drivers", type=int, default=2, help="load-generator processes sharing the clients (default 2)"
+    )
+    ap.add_argument("--drive", default=None, help=argparse.SUPPRESS)
     ap.add_argument("--serve-bare", action="store_true", help=argparse.SUPPRESS)
     ap.add_argument("--serve-duplex", action="store_true", help=argparse.SUPPRESS)
     ap.add_argument("--serve-transport", action="store_true", help=argparse.SUPPRESS)
     ap.add_argument("--port", type=int, default=0, help=argparse.SUPPRESS)
     args = ap.parse_args(argv)
+    if args.drive:
+        print(json.dumps(_drive(json.loads(args.drive))), flush=True)
+        return 0
     if args.serve_bare:
         asyncio.run(_bare_server(args.port))
         return 0
@@ -479,7 +522,7 @@ def main(argv: list[str] | None = None) -> int:
     for n in args.sessions:
         for rep in range(args.repeats):  # rounds interleave the variants: interference hits all alike
             for variant in args.variants:
-                run = run_one(variant, n, args.seconds, args.warmup, args.tick_ms)
+                run = run_one(variant, n, args.seconds, args.warmup, args.tick_ms, args.drivers)
                 run["repeat"] = rep
                 runs.append(run)
                 print(_table([run], list(run)[:-2]), flush=True)
@@ -542,6 +585,7 @@ def main(argv: list[str] | None = None) -> int:
         "p99_threshold_ms": args.p99_ms,
         "cpu_count": os.cpu_count(),
         "repeats": args.repeats,
+        "drivers": args.drivers,
         "rows": rows,
         "sessions_per_core_from_cpu": {v: _per_core(rows, v) for v in args.variants},
         "capacity": capacity,
