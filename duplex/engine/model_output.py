@@ -107,6 +107,27 @@ def chunk(s: Session, response: ActiveResponse, output: SlotOutput, pcm: np.ndar
     return events
 
 
+def flush_audio(s: Session, response: ActiveResponse, *, completed: bool) -> list[Event]:
+    """End the response's output resampler: a completed response gets the samples the resampler
+    still held back (a filter delay's worth) as one last audio delta, so the client receives
+    exactly the duration the ledger counted; a cancelled one drops them. Either way the next
+    response starts a fresh stream, so no tail of this one leaks into it.
+
+    The tail's duration was already counted with the chunks it came from, so it adds none.
+    """
+    rs, s._out_resampler = s._out_resampler, None
+    if rs is None or not completed or not response.audio or not response.message_open:
+        return []
+    tail = rs.flush()
+    if not len(tail):
+        return []
+    fmt = s.settings.output_format
+    audio_bytes = pcm16_encode(tail) if fmt.encoding == "pcm16" else encode_audio(tail, fmt)
+    return response.add_chunk(
+        audio_bytes=audio_bytes, duration_ms=0.0, text="", speak=False, previous_item_id=None
+    )
+
+
 def user_transcript(s: Session, transcript: str) -> list[Event]:
     for item_id in reversed(s.conversation.ids()):
         item = s.conversation.get(item_id)

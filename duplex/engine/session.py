@@ -407,7 +407,8 @@ class Session:
         response = self.response
         assert response is not None
         self.response = None
-        events = response.finish(status, reason, error)
+        events = model_output.flush_audio(self, response, completed=status == "completed")
+        events += response.finish(status, reason, error)
         if self.settings.playback_commit_policy == "commit_all_on_done":
             response.cursor.commit_all()
         playback.commit_history(self, response)

@@ -144,8 +144,9 @@ async def test_a_spoken_question_is_transcribed_and_the_reply_is_played(
     assert len(sent) > 24000 and np.array_equal(nonzero(played), nonzero(sent))
     acks = [e for e in events if event_type(e) == "playback.acknowledged"]
     # All of the audio that came was played and acknowledged (the ledger's ``sent_ms`` counts the
-    # reply at Piper's 22.05 kHz, before the server resampled it, so it may differ by a millisecond).
-    assert acks[-1].played_ms == acks[-1].playback.played_ms == pytest.approx(len(sent) / 24, abs=0.01)
+    # reply at Piper's 22.05 kHz, before the server resampled it to 24 kHz: the two durations differ
+    # by less than one output sample, the resampled length's rounding).
+    assert acks[-1].played_ms == acks[-1].playback.played_ms == pytest.approx(len(sent) / 24, abs=1 / 24)
     assert [(s.kind, s.samplerate, s.closed) for s in sd.streams] == [
         ("output", 24000.0, True),
         ("input", 48000.0, True),
