@@ -15,7 +15,6 @@ from typing import TYPE_CHECKING, Any
 
 import numpy as np
 import pytest
-import soxr
 
 from clients import event_type
 from clients.talk import StopSignal, talk
@@ -25,6 +24,7 @@ from duplex.protocol import AudioFormat
 from duplex.protocol.audio import decode_audio
 from tests.clients.test_talk_fake_sounddevice import FakeSoundDevice
 from tests.clients.test_talk_play import read_events, until
+from tests.plugins.test_default_e2e import spoken
 from tests.server.harness import running_server
 
 if TYPE_CHECKING:
@@ -58,14 +58,9 @@ def models() -> tuple[WhisperTranscriber, PiperSpeaker]:
 
 @pytest.fixture(scope="module")
 def voice(models: tuple[WhisperTranscriber, PiperSpeaker]) -> Callable[[str], np.ndarray]:
-    """Text -> the user saying it, 24 kHz float32, with 300 ms of silence before and 900 ms after."""
+    """Text -> the user saying it (``tests.plugins.test_default_e2e.spoken``)."""
     _, tts = models
-
-    def say(text: str) -> np.ndarray:
-        speech = soxr.resample(tts.speak(text), 22050, 24000).astype(np.float32)
-        return np.concatenate([np.zeros(7200, np.float32), speech, np.zeros(21600, np.float32)])
-
-    return say
+    return lambda text: spoken(tts, text)
 
 
 @pytest.fixture

@@ -57,16 +57,17 @@ def words(text: str) -> list[str]:
     return re.findall(r"[a-z0-9']+", text.lower())
 
 
+def spoken(tts: PiperSpeaker, text: str) -> np.ndarray:
+    """The user saying ``text``, as 24 kHz float32 with 300 ms of silence before and 900 ms after."""
+    speech = soxr.resample(tts.speak(text), 22050, 24000).astype(np.float32)
+    return np.concatenate([np.zeros(7200, np.float32), speech, np.zeros(21600, np.float32)])
+
+
 @pytest.fixture(scope="module")
 def voice(models: tuple[WhisperTranscriber, PiperSpeaker]) -> Callable[[str], np.ndarray]:
-    """Text -> the user saying it, as 24 kHz float32 with 300 ms of silence before and 900 ms after."""
+    """Text -> the user saying it (``spoken``)."""
     _, tts = models
-
-    def say(text: str) -> np.ndarray:
-        speech = soxr.resample(tts.speak(text), 22050, 24000).astype(np.float32)
-        return np.concatenate([np.zeros(7200, np.float32), speech, np.zeros(21600, np.float32)])
-
-    return say
+    return lambda text: spoken(tts, text)
 
 
 class Transcript:
