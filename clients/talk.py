@@ -35,6 +35,7 @@ import contextlib
 import signal
 import sys
 import threading
+import time
 from collections.abc import Iterator
 from typing import IO, Any
 
@@ -136,6 +137,11 @@ def _device(spec: str | None) -> int | str | None:
 
 
 class _Progress:
+    """The progress line on stderr: redrawn in place on a terminal; elsewhere (a log, a pipe) a
+    new line only when it changed and at most once per ``LOG_EVERY_S``, so logs stay readable."""
+
+    LOG_EVERY_S = 1.0
+
     def __init__(self, total_s: float | None, quiet: bool) -> None:
         self.total_s = total_s
         self.quiet = quiet
@@ -143,17 +149,27 @@ class _Progress:
         self.heard_ms = 0.0
         self.responses = 0
         self.line_open = False
+        self.tty = sys.stderr.isatty()
+        self._logged = ""
+        self._logged_at = float("-inf")
 
     def show(self) -> None:
         if self.quiet:
             return
         total = f"/{self.total_s:.1f}" if self.total_s is not None else ""
-        sys.stderr.write(
-            f"\rsent {self.sent_s:5.1f}{total} s | reply audio {self.heard_ms / 1000:5.1f} s"
-            f" | responses {self.responses} "
+        line = (
+            f"sent {self.sent_s:5.1f}{total} s | reply audio {self.heard_ms / 1000:5.1f} s"
+            f" | responses {self.responses}"
         )
-        sys.stderr.flush()
-        self.line_open = True
+        if self.tty:
+            sys.stderr.write(f"\r{line} ")
+            sys.stderr.flush()
+            self.line_open = True
+            return
+        now = time.monotonic()
+        if line != self._logged and now - self._logged_at >= self.LOG_EVERY_S:
+            self._logged, self._logged_at = line, now
+            print(line, file=sys.stderr, flush=True)
 
     def say(self, text: str) -> None:
         if self.line_open:
