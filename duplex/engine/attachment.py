@@ -60,6 +60,9 @@ class Attachment:
         self._waiters: list[asyncio.Future[None]] = []
         self._ended: str | None = None
         self._on_slow_reader = on_slow_reader
+        #: Set by a transport whose writer may be bypassed: ``direct(events)`` sends a batch at
+        #: once and returns True, or sends nothing and returns False (see ``push``).
+        self.direct: Callable[[list[Any]], bool] | None = None
 
     def __repr__(self) -> str:
         return f"<Attachment {self.session_id} gen={self.generation} ended={self._ended}>"
@@ -80,6 +83,13 @@ class Attachment:
         if self._ended is not None:
             return
         outbox = self._outbox
+        if not outbox and self._waiters and self.direct is not None and not preload:
+            # The reader is parked with nothing queued, so nothing is in flight before these:
+            # the transport may send them now, without waking its writer (the per-frame path).
+            batch = events if isinstance(events, list) else list(events)
+            if self.direct(batch):
+                return
+            events = batch
         outbox.extend(events)
         if not preload and len(outbox) > self._max:
             outbox.clear()

@@ -132,6 +132,7 @@ class _Connection:
         self.sending_since: float | None = None  # loop time a socket write started, while it runs
         self._att: Any = None
         self._writer: asyncio.Task[None] | None = None
+        self._last_event: Any = None  # the last event written (its type picks the close code)
         self._stalled = False
         self._bucket = TokenBucket(self.cfg.max_messages_per_s, self.cfg.max_message_burst)
         # Under our uvicorn protocol the data path skips the ASGI message dicts and Starlette's
@@ -156,6 +157,24 @@ class _Connection:
         await transport.send_frames(payloads, binary=self._binary)
         self.sending_since = None
         self.metrics.server_events += len(payloads)
+
+    def _send_now(self, events: list[Any]) -> bool:
+        """``Attachment.direct``: write a batch at once when the socket takes it without waiting
+        (the writer is parked and the write buffer is low); otherwise write nothing and say so,
+        and the attachment queues the batch for the writer. Never raises into the engine."""
+        transport = self._transport
+        if transport is None or self._stalled:
+            return False
+        try:
+            mode = self.mode
+            payloads = [encode_bytes(event, mode) for event in events]
+            if not transport.try_send_frames(payloads, binary=self._binary):
+                return False
+        except Exception:  # the writer's path reports what went wrong
+            return False
+        self._last_event = events[-1]
+        self.metrics.server_events += len(payloads)
+        return True
 
     async def _send(self, event: Any) -> None:
         """Write one event (see ``_send_batch``)."""
@@ -271,7 +290,7 @@ class _Connection:
         closes the socket with 1013 (``_close_stalled``). Called by the watchdog."""
         if self._stalled or self._att is None or self._writer is None:
             return
-        self._stalled = True
+        self._stalled = True  # ``_send_now`` writes nothing from here on
         self.metrics.detached["slow_reader"] += 1
         await asyncio.shield(self._att.detach())
         self._writer.cancel()
@@ -281,12 +300,16 @@ class _Connection:
         detached (it waits for a resume) whenever the socket goes away without the session ending."""
         self._att = att
         writer = self._writer = asyncio.create_task(self._write_loop(att), name=f"writer-{att.session_id}")
+        if self._transport is not None and hasattr(att, "direct"):
+            att.direct = self._send_now  # a tick's events go straight to an idle socket
         reader = asyncio.create_task(self._read_loop(att, first), name=f"reader-{att.session_id}")
         self.state.attached.add(self)
         try:
             await asyncio.wait({reader, writer}, return_when=asyncio.FIRST_COMPLETED)
         finally:
             self.state.attached.discard(self)
+            if getattr(att, "direct", None) is not None:
+                att.direct = None
             for task in (reader, writer):
                 task.cancel()
             for task in (reader, writer):
@@ -378,16 +401,15 @@ class _Connection:
         """Drain the attachment into the socket until it is detached; then close the socket."""
         from duplex.engine import Detached
 
-        last: Any = None
         try:
             while True:
                 try:
                     events = await att.next_events()  # a tick's events, sent back to back
                 except Detached as d:
-                    code, reason = self._close_for(last, str(getattr(d, "reason", "") or ""))
+                    code, reason = self._close_for(self._last_event, str(getattr(d, "reason", "") or ""))
                     self.metrics.detached[reason or "detached"] += 1
                     break
-                last = events[-1]
+                self._last_event = events[-1]
                 await self._send_batch(events)
         except (WebSocketDisconnect, ConnectionError, RuntimeError, OSError):
             # The socket failed under us (the peer is gone mid-write): the reader sees the

@@ -152,22 +152,28 @@ class TransportExtension:
       ``websocket.send``, it first waits while the transport's write buffer is above its
       high-water mark (a cancelled wait writes nothing), and it raises ``ClientDisconnected`` (an
       ``OSError``) when the connection is gone or closing.
+    * ``try_send_frames(payloads, binary=...)``: the same without waiting: it writes and returns
+      ``True`` only when ``send_frames`` would write at once, else writes nothing and returns
+      ``False``. For a caller that must not await (the engine handing a tick's events straight to
+      an idle socket); the caller then queues them for its writer as usual.
     * ``abort()``: drop the TCP connection now, discarding whatever is unsent (``transport.abort``).
       For a peer that stopped reading, whose close frame can never be flushed. The app's pending
       receive then gets the disconnect; later sends raise ``ClientDisconnected``.
     """
 
-    __slots__ = ("abort", "receive_data", "send_frames")
+    __slots__ = ("abort", "receive_data", "send_frames", "try_send_frames")
 
     def __init__(
         self,
         receive_data: Callable[[], Awaitable[str | bytes | None]],
         send_frames: Callable[..., Awaitable[None]],
         abort: Callable[[], None],
+        try_send_frames: Callable[..., bool],
     ) -> None:
         self.receive_data = receive_data
         self.send_frames = send_frames
         self.abort = abort
+        self.try_send_frames = try_send_frames
 
 
 def transport_extension(scope: Any) -> TransportExtension | None:
@@ -204,7 +210,7 @@ class DuplexWebSocketProtocol(WebSocketsSansIOProtocol):
         scope = getattr(self, "scope", None)
         if scope is not None and self.response.status_code == 101:
             scope["extensions"][TRANSPORT_EXTENSION] = TransportExtension(
-                self.receive_data, self.send_frames, self.abort
+                self.receive_data, self.send_frames, self.abort, self.try_send_frames
             )
 
     def data_received(self, data: bytes) -> None:
@@ -432,6 +438,24 @@ class DuplexWebSocketProtocol(WebSocketsSansIOProtocol):
             return
         if self.conn.state is not _OPEN or self.transport.is_closing():
             raise ClientDisconnected()
+        self._write_frames(payloads, binary)
+
+    def try_send_frames(self, payloads: Sequence[bytes], *, binary: bool) -> bool:
+        """``TransportExtension.try_send_frames``: ``send_frames`` when it would not wait, else
+        nothing and ``False`` (the write buffer is above its high-water mark, the connection is
+        not open, or an extension frames the data)."""
+        if (
+            not self.writable.is_set()
+            or self.disconnected
+            or not self._direct_send_ok()
+            or self.conn.state is not _OPEN
+            or self.transport.is_closing()
+        ):
+            return False
+        self._write_frames(payloads, binary)
+        return True
+
+    def _write_frames(self, payloads: Sequence[bytes], binary: bool) -> None:
         first = _FIN_BINARY if binary else _FIN_TEXT
         if len(payloads) == 1:
             payload = payloads[0]
