@@ -24,7 +24,7 @@ from duplex.protocol import AudioFormat
 from duplex.protocol.audio import decode_audio
 from tests.clients.test_talk_fake_sounddevice import FakeSoundDevice
 from tests.clients.test_talk_play import read_events, until
-from tests.plugins.test_default_e2e import spoken
+from tests.plugins.default_speech import load_models, spoken
 from tests.server.harness import running_server
 
 if TYPE_CHECKING:
@@ -46,14 +46,8 @@ LONG_REPLY = (
 
 @pytest.fixture(scope="module")
 def models() -> tuple[WhisperTranscriber, PiperSpeaker]:
-    """The default plugin's models, loaded once; Piper's noise is off, so the same text sounds the same."""
-    from duplex.plugins.default.asr import WhisperTranscriber
-    from duplex.plugins.default.tts import PiperSpeaker
-
-    asr, tts = WhisperTranscriber(), PiperSpeaker(noise_scale=0.0, noise_w_scale=0.0)
-    asr.load()
-    tts.load()
-    return asr, tts
+    """The default plugin's models, loaded once (``default_speech.load_models``)."""
+    return load_models()
 
 
 @pytest.fixture(scope="module")

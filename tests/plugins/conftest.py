@@ -50,14 +50,10 @@ def ckpt(tmp_path_factory: pytest.TempPathFactory) -> Path:
 
 @pytest.fixture(scope="module")
 def models() -> tuple[WhisperTranscriber, PiperSpeaker]:
-    """The default plugin's models, loaded; Piper's noise is off, so the same text sounds the same."""
-    from duplex.plugins.default.asr import WhisperTranscriber
-    from duplex.plugins.default.tts import PiperSpeaker
+    """The default plugin's models, loaded once per module (``default_speech.load_models``)."""
+    from tests.plugins.default_speech import load_models
 
-    asr, tts = WhisperTranscriber(), PiperSpeaker(noise_scale=0.0, noise_w_scale=0.0)
-    asr.load()
-    tts.load()
-    return asr, tts
+    return load_models()
 
 
 @pytest.fixture

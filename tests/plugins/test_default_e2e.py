@@ -38,6 +38,7 @@ from duplex.protocol import (
 )
 from duplex.protocol.audio import decode_audio, encode_audio
 from duplex.protocol.formats import AudioFormat
+from tests.plugins.default_speech import spoken
 from tests.plugins.test_default_reply import ChatStub
 from tests.server.harness import running_server
 from tests.server.wire import recv, send
@@ -55,12 +56,6 @@ LONG_REPLY = (
 
 def words(text: str) -> list[str]:
     return re.findall(r"[a-z0-9']+", text.lower())
-
-
-def spoken(tts: PiperSpeaker, text: str) -> np.ndarray:
-    """The user saying ``text``, as 24 kHz float32 with 300 ms of silence before and 900 ms after."""
-    speech = soxr.resample(tts.speak(text), 22050, 24000).astype(np.float32)
-    return np.concatenate([np.zeros(7200, np.float32), speech, np.zeros(21600, np.float32)])
 
 
 @pytest.fixture(scope="module")
