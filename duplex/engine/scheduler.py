@@ -258,10 +258,12 @@ class FrameScheduler:
     async def _run_eager(self) -> None:
         """Step as soon as a frame is ready (continuous batching).
 
-        A feed that completes a frame wakes the scheduler; it yields once, so every frame
-        completed in the same event-loop iteration joins the batch, and frames that complete
-        while a step is in flight form the next one. The step's own duration is the batching
-        window: a slow (accelerator) step collects large batches, a fast one adds no wait.
+        A feed that completes a frame wakes the scheduler. The wake-up runs in the next
+        event-loop iteration, before that iteration's socket reads, so every frame completed in
+        the same iteration joins the batch and none waits for another round of reads; frames
+        that complete while a step is in flight form the next one. The step's own duration is
+        the batching window: a slow (accelerator) step collects large batches, a fast one adds
+        no wait.
         Overdue frames (late clients, padded with silence) are found by the scan that ``plan``
         runs every quarter period, for which the scheduler also wakes.
         """
@@ -276,7 +278,6 @@ class FrameScheduler:
                 finally:
                     self._waiter = None
                     timer.cancel()
-            await asyncio.sleep(0)  # let this loop iteration's other frames complete
             self._fed = False
             await self.tick(loop.time())
 

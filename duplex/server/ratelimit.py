@@ -31,3 +31,9 @@ class TokenBucket:
             self._tokens -= 1.0
             return True
         return False
+
+    def refund(self) -> None:
+        """Give back the token of a message that ``allow`` let through but that was then handed
+        on unprocessed (it is counted again when it is processed)."""
+        if self.rate_per_s > 0:
+            self._tokens = min(self.burst, self._tokens + 1.0)

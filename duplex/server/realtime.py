@@ -26,7 +26,10 @@ Theory of operation
 
 Under our uvicorn protocol (``ws_protocol``) the per-message path skips Starlette and the ASGI
 message dicts: the reader takes payloads from ``TransportExtension.receive_data`` and the writer
-hands each batch of encoded events to ``send_frames`` (one socket write). Under another ASGI server
+hands each batch of encoded events to ``send_frames`` (one socket write). Both tasks are usually
+bypassed: while the reader is parked, the protocol hands a message to ``_receive_now`` on its read
+callback (``on_data``), and while the writer is parked, the engine hands a tick's events to
+``_send_now`` (``Attachment.direct``); each falls back to its task whenever anything is queued. Under another ASGI server
 the same code runs on plain ASGI ``receive`` / ``send``, and a stalled peer cannot be aborted.
 
 Bad input never ends a session: an oversized frame, a frame that does not decode or a command the
@@ -303,11 +306,15 @@ class _Connection:
         if self._transport is not None and hasattr(att, "direct"):
             att.direct = self._send_now  # a tick's events go straight to an idle socket
         reader = asyncio.create_task(self._read_loop(att, first), name=f"reader-{att.session_id}")
+        if self._transport is not None:
+            self._transport.on_data = self._receive_now  # a message goes straight to the engine
         self.state.attached.add(self)
         try:
             await asyncio.wait({reader, writer}, return_when=asyncio.FIRST_COMPLETED)
         finally:
             self.state.attached.discard(self)
+            if self._transport is not None:
+                self._transport.on_data = None
             if getattr(att, "direct", None) is not None:
                 att.direct = None
             for task in (reader, writer):
@@ -375,6 +382,35 @@ class _Connection:
                 continue
             metrics.client_events += 1
             await self._handle_command(att, cmd)
+
+    def _receive_now(self, data: str | bytes) -> bool:
+        """``TransportExtension.on_data``: what ``_read_loop`` would do with ``data`` next, done on
+        the read callback's stack while the reader is parked (no task wake-up per message).
+
+        Only the path that needs no await is taken here: a message the rate limit refuses, one
+        that does not decode, a ``session.resume``, and a command the engine refuses all need an
+        ``error`` sent, so they are declined (``False``) with nothing done (a refused command
+        changed nothing, the bucket's token is given back) and the reader handles them in order,
+        exactly as without this path. Never raises.
+        """
+        att = self._att
+        bucket = self._bucket
+        if bucket.rate_per_s > 0 and not bucket.allow(self._loop_time()):
+            return False  # a refusal takes no token: the reader asks again and answers it
+        try:
+            cmd = self._decode(data)
+            if isinstance(cmd, SessionEventAck):
+                att.ack(cmd.server_event_seq)
+            elif isinstance(cmd, SessionResume):
+                bucket.refund()
+                return False
+            else:
+                att.submit(cmd)
+        except Exception:
+            bucket.refund()
+            return False
+        self.metrics.client_events += 1
+        return True
 
     async def _handle_command(self, att: Any, cmd: Any) -> None:
         try:

@@ -199,8 +199,9 @@ async def test_eager_scheduler_batches_frames_completed_in_the_same_loop_iterati
         now = asyncio.get_running_loop().time()
         feeds[2].feed(np.zeros(CHUNK, np.float32), now, now)
         feeds[0].feed(np.zeros(CHUNK, np.float32), now, now)
-        for _ in range(3):  # the wake-up, the coalescing yield, the tick: no timer involved
-            await asyncio.sleep(0)
+        # One yield: the scheduler's wake-up runs first in the next loop iteration and steps
+        # both frames there (no timer, no second round of the loop).
+        await asyncio.sleep(0)
         assert plugin.steps == [[0, 2]]
         assert len(sinks[0].outputs) == len(sinks[2].outputs) == 1 and not sinks[1].outputs
         assert metrics.frames_padded.value == 0

@@ -195,6 +195,66 @@ async def test_reading_pauses_only_above_the_high_water_mark_and_resumes_at_the_
     assert probe.received == expected
 
 
+async def _direct_and_reader(scope: dict[str, Any], receive: Any, send: Any, probe: _Probe) -> None:
+    """``on_data`` takes ``d…`` messages, declines others and raises on ``boom``; the reader logs
+    what reaches it (``hold`` parks it until the gate opens; ``ping?`` is answered)."""
+    ext = scope["extensions"][TRANSPORT_EXTENSION]
+
+    def on_data(data: str | bytes) -> bool:
+        if data == "boom":
+            raise RuntimeError("handler bug")
+        if isinstance(data, str) and data.startswith("d"):
+            probe.received.append(f"direct:{data}")
+            return True
+        return False
+
+    ext.on_data = on_data
+    while True:
+        data = await ext.receive_data()
+        if data is None:
+            break
+        probe.received.append(f"reader:{data!s}")
+        if data == "ping?":
+            await ext.send_frames([b"pong"], binary=False)
+        elif data == "hold":
+            probe.gate.clear()
+            await ext.send_frames([b"held"], binary=False)
+            await probe.gate.wait()
+
+
+async def test_on_data_takes_messages_while_the_reader_is_parked_and_never_reorders_them():
+    async with (
+        _serve(_direct_and_reader) as (port, server, probe),
+        websockets.connect(f"ws://127.0.0.1:{port}/", proxy=None) as ws,
+    ):
+        proto = _protocol(server)
+        for message in ("d1", "x1", "d2", "boom", "d3"):  # one at a time: the reader is parked
+            await ws.send(message)
+            await ws.send("ping?")
+            assert await ws.recv() == "pong"
+        await ws.send("hold")
+        assert await ws.recv() == "held"
+        for message in ("d4", "x2", "d5"):  # the reader is busy: queued, in order
+            await ws.send(message)
+        await _until(lambda: proto.queue.qsize() == 3)
+        probe.gate.set()
+        await ws.send("ping?")
+        assert await ws.recv() == "pong"
+        await ws.send("d6")  # parked again: taken at once
+        await ws.send("ping?")
+        assert await ws.recv() == "pong"
+        assert proto.direct_received == 4  # d1, d2, d3, d6
+    assert probe.received == [
+        "direct:d1", "reader:ping?",
+        "reader:x1", "reader:ping?",
+        "direct:d2", "reader:ping?",
+        "reader:boom", "reader:ping?",  # the handler raised: logged, and the message queued
+        "direct:d3", "reader:ping?",
+        "reader:hold", "reader:d4", "reader:x2", "reader:d5", "reader:ping?",
+        "direct:d6", "reader:ping?",
+    ]  # fmt: skip
+
+
 async def test_a_flooding_client_is_backpressured_and_the_inbox_stays_bounded():
     size, count = 1024, 20_000  # 20 MB: more than the kernel's socket buffers can hold
     bound = HIGH_WATER_MESSAGES + READ_SIZE // size + 1
