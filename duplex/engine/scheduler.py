@@ -72,13 +72,19 @@ class SlotBinding:
         self.paused = paused
 
 
-class Planned:
-    __slots__ = ("binding", "frame", "input")
+class Batch:
+    """One tick's batch: the plugin's inputs, and for each (same index) its slot's binding and the
+    feed frame it came from. Parallel lists: ``inputs`` goes to ``plugin.step`` as it is."""
 
-    def __init__(self, input: SlotInput, binding: SlotBinding, frame: FeedFrame) -> None:
-        self.input = input
-        self.binding = binding
-        self.frame = frame
+    __slots__ = ("bindings", "frames", "inputs")
+
+    def __init__(self) -> None:
+        self.inputs: list[SlotInput] = []
+        self.bindings: list[SlotBinding] = []
+        self.frames: list[FeedFrame] = []
+
+    def __len__(self) -> int:
+        return len(self.inputs)
 
 
 class FrameScheduler:
@@ -140,7 +146,7 @@ class FrameScheduler:
 
     # ------------------------------------------------------------------ one tick
 
-    def plan(self, now: float) -> list[Planned]:
+    def plan(self, now: float) -> Batch:
         """The batch for a tick at ``now`` (sans-IO).
 
         Only slots with a complete frame (``ready``, marked by their feed) are looked at on
@@ -153,8 +159,9 @@ class FrameScheduler:
         elif self._ready:
             candidates = list(self._ready)
         else:
-            return []
-        planned = []
+            return _EMPTY
+        batch = Batch()
+        inputs, bindings, frames = batch.inputs, batch.bindings, batch.frames
         chunk = self.chunk
         ready = self._ready
         for slot in candidates:
@@ -174,35 +181,41 @@ class FrameScheduler:
                 ready.discard(slot)
             if frame is None:
                 continue
-            planned.append(
-                Planned(
-                    SlotInput(
-                        slot=slot,
-                        epoch=binding.epoch(),
-                        pcm=frame.pcm,
-                        padded=frame.padded,
-                        video_frames=frame.video_frames,
-                    ),
-                    binding,
-                    frame,
+            inputs.append(
+                SlotInput(
+                    slot=slot,
+                    epoch=binding.epoch(),
+                    pcm=frame.pcm,
+                    padded=frame.padded,
+                    video_frames=frame.video_frames,
                 )
             )
-        return planned
+            bindings.append(binding)
+            frames.append(frame)
+        return batch
 
-    def step(self, planned: Sequence[Planned]) -> Sequence[SlotOutput]:
+    def step(self, batch: Batch) -> Sequence[SlotOutput]:
         """Call the plugin (on the model thread), time it, and check its shape contract."""
         t0 = time.perf_counter()
-        outputs = self.plugin.step([p.input for p in planned])
+        outputs = self.plugin.step(batch.inputs)
         self.metrics.tick_duration_s.observe(time.perf_counter() - t0)
-        if len(outputs) > len(planned):
-            raise RuntimeError(f"{self.plugin.name}: step returned {len(outputs)} outputs for {len(planned)}")
+        if len(outputs) > len(batch.inputs):
+            raise RuntimeError(f"{self.plugin.name}: step returned {len(outputs)} outputs for {len(batch)}")
         return outputs
 
-    def apply(self, planned: Sequence[Planned], outputs: Sequence[SlotOutput], started: float) -> None:
-        """Route outputs and record metrics; ``started`` is the tick time on the loop clock."""
-        by_slot = {p.input.slot: p.binding for p in planned}
-        for output in outputs:
-            binding = by_slot.get(output.slot)
+    def apply(self, batch: Batch, outputs: Sequence[SlotOutput], started: float) -> None:
+        """Route outputs and record metrics; ``started`` is the tick time on the loop clock.
+
+        Outputs usually come in the order of the inputs; any other order is routed by slot."""
+        inputs, bindings = batch.inputs, batch.bindings
+        by_slot: dict[int, SlotBinding] | None = None
+        for i, output in enumerate(outputs):
+            if inputs[i].slot == output.slot:
+                binding: SlotBinding | None = bindings[i]
+            else:
+                if by_slot is None:
+                    by_slot = {inp.slot: b for inp, b in zip(inputs, bindings, strict=True)}
+                binding = by_slot.get(output.slot)
             if binding is None:
                 self.metrics.stale_outputs_dropped.inc()
                 log.error("%s: output for slot %s, which was not in the batch", self.plugin.name, output.slot)
@@ -210,10 +223,9 @@ class FrameScheduler:
             binding.deliver(output)
         metrics = self.metrics
         metrics.ticks.inc()
-        metrics.frames_stepped.inc(len(planned))
-        metrics.batch_size.observe(len(planned))
-        for p in planned:
-            frame = p.frame
+        metrics.frames_stepped.inc(len(inputs))
+        metrics.batch_size.observe(len(inputs))
+        for frame in batch.frames:
             if frame.padded:
                 metrics.frames_padded.inc()
             if frame.due_at is not None:
@@ -221,23 +233,23 @@ class FrameScheduler:
             if frame.submitted_at is not None:
                 metrics.append_to_step_s.observe(max(0.0, started - frame.submitted_at))
 
-    def fail(self, planned: Sequence[Planned], exc: BaseException) -> None:
+    def fail(self, batch: Batch, exc: BaseException) -> None:
         """A step raised: fail every session of the batch; the others continue."""
-        log.error("%s: step failed for %d slots", self.plugin.name, len(planned), exc_info=exc)
-        for p in planned:
-            p.binding.fail(exc)
+        log.error("%s: step failed for %d slots", self.plugin.name, len(batch), exc_info=exc)
+        for binding in batch.bindings:
+            binding.fail(exc)
 
     async def tick(self, now: float) -> int:
         """Plan, step and apply one tick at loop time ``now``; returns the batch size."""
-        planned = self.plan(now)
-        if not planned:
+        batch = self.plan(now)
+        if not batch.inputs:
             return 0
         try:
-            outputs = await self.on_model_thread(self.step, planned)
-            self.apply(planned, outputs, now)
+            outputs = await self.on_model_thread(self.step, batch)
+            self.apply(batch, outputs, now)
         except Exception as exc:  # the plugin's failure (or ours) ends those sessions, not the scheduler
-            self.fail(planned, exc)
-        return len(planned)
+            self.fail(batch, exc)
+        return len(batch)
 
     async def run(self) -> None:
         """Tick until cancelled: on a fixed clock, or (``tick_ms=0``) whenever a frame is ready."""
@@ -288,6 +300,9 @@ class FrameScheduler:
         waiter = self._waiter
         if waiter is not None and not waiter.done():
             waiter.set_result(None)
+
+
+_EMPTY = Batch()  # what ``plan`` returns when nothing is ready (never appended to)
 
 
 def _wake(waiter: asyncio.Future[None]) -> None:

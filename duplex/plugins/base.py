@@ -281,6 +281,10 @@ class Plugin(ABC):
         not in it are frozen this tick (their state must not change). Returns at
         most one output per input slot. Must not depend on which other slots are
         in the batch: a slot's outputs are the same batched or alone.
+
+        Each ``SlotInput.pcm`` is a fresh array that the plugin owns from then on: it
+        may keep it (a delay line) or change it in place. The engine only reads an
+        output's ``pcm``, and never after it has encoded it.
         """
         raise PluginError("not_supported", f"{self.name} is not a frame or unit plugin")
 

@@ -29,8 +29,9 @@ message dicts: the reader takes payloads from ``TransportExtension.receive_data`
 hands each batch of encoded events to ``send_frames`` (one socket write). Both tasks are usually
 bypassed: while the reader is parked, the protocol hands a message to ``_receive_now`` on its read
 callback (``on_data``), and while the writer is parked, the engine hands a tick's events to
-``_send_now`` (``Attachment.direct``); each falls back to its task whenever anything is queued. Under another ASGI server
-the same code runs on plain ASGI ``receive`` / ``send``, and a stalled peer cannot be aborted.
+``_send_now`` (``Attachment.direct``); each falls back to its task whenever anything is queued.
+Under another ASGI server the same code runs on plain ASGI ``receive`` / ``send``, and a stalled
+peer cannot be aborted.
 
 Bad input never ends a session: an oversized frame, a frame that does not decode or a command the
 engine refuses gets one ``error`` with the precise code and the client's ``event_id``.

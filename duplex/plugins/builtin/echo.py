@@ -7,8 +7,11 @@ say ``speak``; when the echoed audio falls silent after speech, the output sets
 every ``word_ms`` of echoed speech the transcript gets one token ``w<n> `` (a text
 token per word-length of audio), so truncation can be checked against text marks.
 
-Per-slot state is preallocated at ``load()`` as one ``(max_sessions, delay_frames,
-chunk)`` array (STYLE rule 12); a step touches only the slots in its batch.
+Per-slot state is preallocated at ``load()`` (STYLE rule 12): a ring of ``delay_frames``
+frames per slot and a few scalars, in plain lists (a step reads and writes a handful of values
+per slot, where numpy's per-element indexing costs more than the work). The ring holds the input
+arrays themselves: ``Plugin.step`` hands the plugin each frame to own, so a frame goes in and
+comes back out without a copy. A step touches only the slots in its batch.
 The plugin is used by tests, the benchmarks and the server smoke runs; it needs no
 weights.
 """
@@ -84,14 +87,15 @@ class EchoPlugin(Plugin):
 
     def load(self) -> None:
         n = self.max_sessions
-        self._delay = np.zeros((n, self.delay_frames, CHUNK), dtype=np.float32)
-        self._voiced = np.zeros((n, self.delay_frames), dtype=bool)
-        self._head = np.zeros(n, dtype=np.int64)  # ring position per slot
-        self._speaking = np.zeros(n, dtype=bool)
-        self._spoken_ms = np.zeros(n, dtype=np.int64)  # echoed speech in the current turn
-        self._words = np.zeros(n, dtype=np.int64)
-        self._epoch = np.zeros(n, dtype=np.int64)
-        self._open = np.zeros(n, dtype=bool)
+        # The delayed frames (None: nothing echoed, a silent or empty position) and their voicing.
+        self._delay: list[list[np.ndarray | None]] = [[None] * self.delay_frames for _ in range(n)]
+        self._voiced: list[list[bool]] = [[False] * self.delay_frames for _ in range(n)]
+        self._head = [0] * n  # ring position per slot
+        self._speaking = [False] * n
+        self._spoken_ms = [0] * n  # echoed speech in the current turn
+        self._words = [0] * n
+        self._epoch = [0] * n
+        self._open = [False] * n
         self._loaded = True
 
     def close(self) -> None:
@@ -103,8 +107,8 @@ class EchoPlugin(Plugin):
         self._check_slot_index(slot, self.max_sessions)
 
     def _reset(self, slot: int) -> None:
-        self._delay[slot] = 0.0
-        self._voiced[slot] = False
+        self._delay[slot] = [None] * self.delay_frames
+        self._voiced[slot] = [False] * self.delay_frames
         self._head[slot] = 0
         self._speaking[slot] = False
         self._spoken_ms[slot] = 0
@@ -137,27 +141,29 @@ class EchoPlugin(Plugin):
         return [self._step_one(item) for item in batch]
 
     def _step_one(self, item: SlotInput) -> SlotOutput:
-        """One slot's frame. The batch is a loop over its slots: the work per frame is one copy
-        and one dot product, so numpy gathers and scatters over the batch (tried) cost more than
-        they save, at every batch size (3.7–5.7 µs per slot here against 8.7–15 µs vectorized).
-        Between turns ``spoken_ms`` and ``words`` are 0 (a turn's end and ``_reset`` clear them).
+        """One slot's frame. The batch is a loop over its slots: the work per frame is one dot
+        product, so numpy gathers and scatters over the batch (tried) cost more than they save,
+        at every batch size (3.7–5.7 µs per slot here against 8.7–15 µs vectorized, when each
+        frame was still copied into a preallocated ring). Between turns ``spoken_ms`` and
+        ``words`` are 0 (a turn's end and ``_reset`` clear them).
         """
         slot, pcm = item.slot, item.pcm
         assert pcm.shape == (CHUNK,), f"echo: frame shape {pcm.shape}, expected ({CHUNK},)"
         if item.epoch > self._epoch[slot]:
             self._reset(slot)
             self._epoch[slot] = item.epoch
-        head = int(self._head[slot])
+        head = self._head[slot]
         ring = self._delay[slot]
-        voiced = bool(self._voiced[slot, head])
-        out = ring[head].copy() if voiced else None
-        ring[head] = pcm
-        self._voiced[slot, head] = math.sqrt(float(np.dot(pcm, pcm)) / CHUNK) >= self.silence_rms
+        voicing = self._voiced[slot]
+        voiced = voicing[head]
+        out = ring[head] if voiced else None
+        ring[head] = pcm  # the frame is ours (``Plugin.step``): kept, not copied
+        voicing[head] = math.sqrt(float(pcm.dot(pcm)) / CHUNK) >= self.silence_rms
         self._head[slot] = (head + 1) % self.delay_frames
-        spoken = int(self._spoken_ms[slot])
-        ended = bool(self._speaking[slot]) and not voiced
+        spoken = self._spoken_ms[slot]
+        ended = self._speaking[slot] and not voiced
         word = voiced and spoken // self.word_ms != (spoken + FRAME_MS) // self.word_ms
-        words = int(self._words[slot]) + word if voiced else 0
+        words = self._words[slot] + word if voiced else 0
         self._spoken_ms[slot] = spoken + FRAME_MS if voiced else 0
         self._words[slot] = words
         self._speaking[slot] = voiced
