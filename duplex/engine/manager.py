@@ -84,7 +84,8 @@ class SessionRecord:
         self.credential = credential
         self.slot = slot
         self.mailbox = Mailbox(manager.config.mailbox_max)
-        self.pipeline = InputPipeline(manager.capabilities.input_sample_rate)
+        caps = manager.capabilities
+        self.pipeline = InputPipeline(caps.input_sample_rate, int16=caps.input_dtype == "int16")
         self.feed: SlotFeed | None = None
         self.attachment: Attachment | None = None
         self.runner = SessionRunner(self, manager)
