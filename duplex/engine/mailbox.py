@@ -16,16 +16,29 @@ shutdown. Two bounds, two documented overflow behaviours:
 Single consumer: ``get_batch`` waits until at least one item is queued and returns
 everything queued, in order.
 
-Inline hand-off (the per-frame fast path): the consumer may register ``inline(item) ->
-bool``. When an item arrives while the consumer is parked in ``get_batch`` and nothing is
-queued, the mailbox offers the item to ``inline`` first, on the producer's stack; if it
-returns True the item was handled (it is not queued and the consumer is not woken). This
-is the consumer's own work done at the moment it would have done it: nothing is queued
-ahead of the item, the consumer is suspended at a known point (so it cannot be in the
-middle of another item), and an item that arrives while an inline call runs is queued
-behind it. Order and single ownership hold exactly as without the hand-off; what is saved
-is one task wake-up per item. ``inline`` declines (False) anything it cannot finish
-synchronously, and that item is queued as usual.
+Hand-off (the per-frame fast path): while the consumer is parked in ``get_batch`` with
+nothing queued and no hand-off running, ``parked`` holds its pending wake-up future
+(otherwise it is None or done). A producer that finds ``parked`` pending may do the
+consumer's work for its item at once, on its own stack, instead of queueing it:
+
+    waiter = mailbox.parked
+    if waiter is not None and not waiter.done():
+        mailbox.parked = None  # items that arrive meanwhile are queued behind this one
+        try:
+            ...  # what the consumer would do with the item, synchronously
+        finally:
+            mailbox.parked = waiter
+
+This is the consumer's own work done at the moment it would have done it: nothing is
+queued ahead of the item, the consumer is suspended at a known point (so it cannot be in
+the middle of another item), and an item that arrives during the handling is queued
+behind it (and resolves ``waiter``, so the restored value refuses later hand-offs until the
+consumer has drained the queue). A cancelled consumer's future is done too, so nothing is
+handed to it. Order and single ownership hold exactly as without the hand-off; what is
+saved is the item, its queueing and one task wake-up. The runner's per-frame methods
+(``SessionRunner.hand_append``, ``SessionRunner.deliver``) use it directly; other items
+go through ``put_internal``, which offers them to the consumer's ``inline(item) -> bool``
+handler the same way (True: handled, not queued; False: queued as usual).
 """
 
 from __future__ import annotations
@@ -54,31 +67,32 @@ class Mailbox:
         self._commands = 0
         self.pending_outputs = 0  # model outputs queued (the scheduler reads it)
         self._waiter: asyncio.Future[None] | None = None  # the consumer, while it waits
+        #: The consumer's pending wake-up while it is parked, nothing is queued and no hand-off
+        #: runs; None or done otherwise (see the module docstring).
+        self.parked: asyncio.Future[None] | None = None
         self.inline: Callable[[Any], bool] | None = None  # see the module docstring
-        self._inline_busy = False
 
     def _try_inline(self, item: Any) -> bool:
         """Offer ``item`` to the parked consumer's ``inline`` handler (see the module docstring)."""
-        if self._items or self._inline_busy or self.inline is None:
+        waiter = self.parked
+        if waiter is None or waiter.done() or self.inline is None:
             return False
-        waiter = self._waiter
-        if waiter is None or waiter.done():
-            return False
-        self._inline_busy = True
+        self.parked = None
         try:
             return self.inline(item)
         finally:
-            self._inline_busy = False
+            self.parked = waiter
 
     def __len__(self) -> int:
         return len(self._items)
 
     def put_command(self, item: Any) -> None:
-        """Queue a client command; raises ``MailboxFull`` at ``max_commands``."""
+        """Queue a client command; raises ``MailboxFull`` at ``max_commands``.
+
+        Never offered to ``inline``: the one command handed off (a small append) goes through
+        ``SessionRunner.hand_append`` before it would get here."""
         if self._commands >= self.max_commands or len(self._items) >= self.max_items:
             raise MailboxFull(f"mailbox holds {self._commands} commands (limit {self.max_commands})")
-        if self._try_inline(item):
-            return
         self._commands += 1
         self._items.append((True, item))
         self._wake()
@@ -103,11 +117,11 @@ class Mailbox:
         """Wait for items, then return all of them in arrival order. Cancel-safe."""
         while not self._items:
             # One bare future per wait: cheaper than an asyncio.Event on this hot path.
-            self._waiter = asyncio.get_running_loop().create_future()
+            self._waiter = self.parked = asyncio.get_running_loop().create_future()
             try:
                 await self._waiter
             finally:
-                self._waiter = None
+                self._waiter = self.parked = None
         batch = [item for _, item in self._items]
         self._items.clear()
         self._commands = 0

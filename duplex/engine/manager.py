@@ -44,7 +44,7 @@ from duplex.engine.lease import Lease
 from duplex.engine.mailbox import Mailbox, MailboxFull
 from duplex.engine.metrics import EngineMetrics
 from duplex.engine.model_thread import ModelThread
-from duplex.engine.runner import AckItem, CloseItem, CommandItem, FailItem, OutputItem, SessionRunner
+from duplex.engine.runner import AckItem, CloseItem, CommandItem, FailItem, SessionRunner
 from duplex.engine.scheduler import FrameScheduler, SlotBinding
 from duplex.engine.session import Session
 from duplex.engine.settings import SessionSettings
@@ -106,7 +106,7 @@ class SessionRecord:
         if self.credential is not None:
             self.credential.confirm()  # the client read session.resumed: the old token retires
         if isinstance(command, InputAudioBufferAppend):  # the per-frame command first
-            n_bytes, turns = len(command.audio), 0
+            n_bytes, turns, append = len(command.audio), 0, True
         elif isinstance(command, SessionResume):
             raise SessionError(
                 "unsupported_session_resume", "session.resume must be the first message of a new connection"
@@ -115,7 +115,8 @@ class SessionRecord:
             self.ack(att, command.server_event_seq)
             return
         else:
-            n_bytes, turns = 0, 1 if isinstance(command, InputAudioBufferCommit | ResponseCreate) else 0
+            n_bytes, append = 0, False
+            turns = 1 if isinstance(command, InputAudioBufferCommit | ResponseCreate) else 0
         config = self.manager.config
         if n_bytes > config.max_command_audio_bytes:
             raise SessionError(
@@ -132,6 +133,9 @@ class SessionRecord:
                 f"{config.max_pending_turns})",
             )
         now = self.manager.now()
+        if append and self.runner.hand_append(command, now):  # handed off: it never waits
+            self.lease.touch(now)
+            return
         try:
             self.mailbox.put_command(CommandItem(command, now, n_bytes, turns))
         except MailboxFull as exc:
@@ -310,14 +314,6 @@ class SessionManager:
         mailbox = record.mailbox
         limit = self.config.max_pending_outputs
         session = record.session
-        metrics = self.metrics
-
-        def deliver(output: Any) -> None:
-            try:
-                mailbox.put_internal(OutputItem(output), is_output=True)
-            except MailboxFull:
-                metrics.stale_outputs_dropped.inc()
-                log.error("session %s: mailbox full, model output dropped", record.session_id)
 
         def fail(exc: BaseException) -> None:
             try:
@@ -327,7 +323,7 @@ class SessionManager:
 
         return SlotBinding(
             epoch=lambda: session.epoch,
-            deliver=deliver,
+            deliver=record.runner.deliver,  # handed to the runner at once when it is parked
             fail=fail,
             paused=lambda: mailbox.pending_outputs >= limit,
         )

@@ -21,14 +21,18 @@ chunk into the mailbox; it waits while ``max_pending_outputs`` chunks are
 unprocessed (pause, STYLE rule 6) and is cancelled (and its generator closed)
 when the epoch advances.
 
-The per-frame fast path: the runner registers ``_inline`` as its mailbox's inline
-handler (``Mailbox`` docstring). While the runner is parked on an empty mailbox, an
-append that decodes in place (small, no VAD), every model output and every event ack are
-handled on the producer's stack, exactly as the runner would handle them next; the actions
-they produce run there too when they are synchronous (``FeedAudio``, ``ClearFeed``), and
-the rest are queued as one ``ActionsItem`` the runner carries out next, before
-anything that arrives later. This saves a task wake-up per frame in each direction (and
-one per ack).
+The per-frame fast path is the mailbox's hand-off (``Mailbox`` docstring): while the runner
+is parked on an empty mailbox, an append that decodes in place (small, no VAD), every model
+output and every event ack are handled on the producer's stack, exactly as the runner would
+handle them next; the actions they produce run there too when they are synchronous
+(``FeedAudio``, ``ClearFeed``), and the rest are queued as one ``ActionsItem`` the runner
+carries out next, before anything that arrives later. The two per-frame items have their own
+entry points, called by their producers: ``hand_append`` (from ``SessionRecord.submit``, after
+the budget checks) and ``deliver`` (the scheduler's ``SlotBinding.deliver``). Handed off, such
+an item is never built, queued or dispatched, and takes no budget (it never waits); otherwise
+it is queued as a ``CommandItem``/``OutputItem``. Acks and a turn plugin's outputs go through
+the mailbox's ``inline`` handler (``_inline``). This saves a task wake-up per frame in each
+direction (and one per ack).
 
 An unexpected exception inside the runner is a bug: it is logged once with the
 session id, the session gets ``server_error`` and is closed; the others go on.
@@ -45,6 +49,7 @@ from typing import TYPE_CHECKING, Any
 import msgspec
 
 from duplex.engine.actions import CancelSlot, ClearFeed, CloseSession, ConfigureVad, FeedAudio, StartTurn
+from duplex.engine.mailbox import MailboxFull
 from duplex.engine.vad import VadUnavailableError
 from duplex.plugins.base import PluginError, SlotOutput, TurnRequest
 from duplex.protocol.errors import ProtocolError
@@ -119,6 +124,7 @@ class SessionRunner:
         self.done = False
         self._turn_task: asyncio.Task[None] | None = None
         self._drained = asyncio.Event()
+        self._offload_min_bytes = manager.config.offload_min_bytes
         self.mailbox.inline = self._inline
 
     # ------------------------------------------------------------------ the loop
@@ -172,58 +178,91 @@ class SessionRunner:
 
     # ------------------------------------------------------------------ the inline fast path
 
+    def hand_append(self, cmd: Any, now: float) -> bool:
+        """Handle an append at ``now`` (its submit time) if the mailbox may hand it off and it
+        decodes in place (small, no VAD); False, with nothing done, when it must be queued.
+
+        The caller (``SessionRecord.submit``) checked the budgets and knows ``cmd`` is an
+        ``InputAudioBufferAppend``. A handed-off append never waits, so it takes no budget."""
+        mailbox = self.mailbox
+        waiter = mailbox.parked
+        if waiter is None or waiter.done() or self.done:
+            return False
+        record = self.record
+        pipeline = record.pipeline
+        if len(cmd.audio) > self._offload_min_bytes or pipeline.detector is not None:
+            return False
+        mailbox.parked = None
+        session = self.session
+        try:
+            try:
+                audio, fmt, video = self._decode_args(cmd)
+                events = session.handle(cmd, now, pipeline.process(audio, fmt, video))
+            except ProtocolError as exc:
+                events = session.reject(exc, cmd, now)
+            if events:
+                att = record.attachment
+                if att is not None:
+                    att.push(events)
+            actions = session.take_actions()
+            if actions:
+                self._actions_inline(actions, now)
+        except Exception as exc:
+            mailbox.put_internal(CrashItem(exc))
+        finally:
+            mailbox.parked = waiter
+        return True
+
+    def deliver(self, output: SlotOutput) -> None:
+        """A model output for this session (``SlotBinding.deliver``): handled at once when the
+        mailbox may hand it off, else queued (a full mailbox drops it, counted and logged)."""
+        mailbox = self.mailbox
+        waiter = mailbox.parked
+        if waiter is None or waiter.done() or self.done:
+            try:
+                mailbox.put_internal(OutputItem(output), is_output=True)
+            except MailboxFull:
+                self.manager.metrics.stale_outputs_dropped.inc()
+                log.error("session %s: mailbox full, model output dropped", self.record.session_id)
+            return
+        mailbox.parked = None
+        try:
+            self._output_inline(output)
+        finally:
+            mailbox.parked = waiter
+
+    def _output_inline(self, output: SlotOutput) -> None:
+        """Handle a model output on a producer's stack (the mailbox is handing it off)."""
+        now = self.manager.now()
+        session = self.session
+        record = self.record
+        try:
+            record.lease.touch(now)
+            events = session.on_output(output, now)
+            if events:
+                att = record.attachment
+                if att is not None:
+                    att.push(events)
+            actions = session.take_actions()
+            if actions:
+                self._actions_inline(actions, now)
+        except Exception as exc:
+            self.mailbox.put_internal(CrashItem(exc))
+        if self._turn_task is not None:  # only a turn task waits for outputs to drain
+            self._drained.set()
+
     def _inline(self, item: Any) -> bool:
-        """Handle ``item`` now if that needs no await (see the module docstring)."""
+        """The mailbox's inline handler: an output (of a turn plugin) or an ack (see the module
+        docstring). Appends and the scheduler's outputs come through ``hand_append``/``deliver``."""
         if self.done:
             return False
         if isinstance(item, OutputItem):
-            now = self.manager.now()
-            session = self.session
-            try:
-                self.mailbox.pending_outputs -= 1  # output_done(), on the per-frame path
-                self.record.lease.touch(now)
-                events = session.on_output(item.output, now)
-                if events:
-                    self.record.emit(events)
-                actions = session.take_actions()
-                if actions:
-                    self._actions_inline(actions, now)
-            except Exception as exc:
-                self.mailbox.put_internal(CrashItem(exc))
-            if self._turn_task is not None:  # only a turn task waits for outputs to drain
-                self._drained.set()
+            self.mailbox.pending_outputs -= 1  # output_done(), on the per-frame path
+            self._output_inline(item.output)
             return True
         if isinstance(item, AckItem):
             try:
                 self._emit(self.session.handle(self.record.take_ack(), self.manager.now()))
-            except Exception as exc:
-                self.mailbox.put_internal(CrashItem(exc))
-            return True
-        if isinstance(item, CommandItem):
-            cmd = item.command
-            if not isinstance(cmd, InputAudioBufferAppend):
-                return False
-            pipeline = self.record.pipeline
-            if len(cmd.audio) > self.manager.config.offload_min_bytes or pipeline.detector is not None:
-                return False
-            # Handled at the moment it was submitted: its submit time is the runner's "now".
-            now = item.submitted_at
-            session = self.session
-            try:
-                try:
-                    try:
-                        audio, fmt, video = self._decode_args(cmd)
-                        decoded = pipeline.process(audio, fmt, video)
-                        events = session.handle(cmd, now, decoded)
-                    except ProtocolError as exc:
-                        events = session.reject(exc, cmd, now)
-                finally:
-                    self.record.release(item.n_bytes, item.turns)
-                if events:
-                    self.record.emit(events)
-                actions = session.take_actions()
-                if actions:
-                    self._actions_inline(actions, now)
             except Exception as exc:
                 self.mailbox.put_internal(CrashItem(exc))
             return True

@@ -1,0 +1,242 @@
+"""The per-frame hand-offs: an append (``SessionRecord.submit`` -> ``SessionRunner.hand_append``)
+and a model output (``SlotBinding.deliver`` = ``SessionRunner.deliver``) are handled on the
+producer's stack only while the runner is parked with nothing queued; anything else is queued,
+in order, with its budget. Real engine, echo plugin, injected clock, no sleeps.
+"""
+
+from __future__ import annotations
+
+import asyncio
+from collections.abc import Sequence
+
+import msgspec
+import numpy as np
+import pytest
+
+from duplex.engine import Detached, Engine, EngineConfig, SessionError
+from duplex.plugins.base import SlotInput, SlotOutput
+from duplex.plugins.builtin.echo import EchoPlugin
+from duplex.protocol.audio import pcm16_encode
+from duplex.protocol.ext.commands import SessionHeartbeat
+from duplex.protocol.realtime.commands import InputAudioBufferAppend, SessionUpdate
+from duplex.protocol.realtime.session import AudioConfig, AudioInputConfig, SessionConfig
+
+from .conftest import types
+
+pytestmark = pytest.mark.timeout(30)
+
+CHUNK = 1920  # the echo model's frame: 80 ms at 24 kHz
+FRAME = pcm16_encode(np.full(CHUNK, 0.2, np.float32))
+
+
+class Clock:
+    def __init__(self) -> None:
+        self.t = 1000.0
+
+    def __call__(self) -> float:
+        return self.t
+
+
+class PoisonedEcho(EchoPlugin):
+    """The echo model with a bug in the outputs of the slots in ``poisoned`` (pcm not an array)."""
+
+    def __init__(self, **kw) -> None:
+        super().__init__(**kw)
+        self.poisoned: set[int] = set()
+
+    def step(self, batch: Sequence[SlotInput]) -> Sequence[SlotOutput]:
+        outputs = super().step(batch)
+        return [
+            msgspec.structs.replace(out, pcm=[0.5] * 8) if out.slot in self.poisoned else out
+            for out in outputs
+        ]
+
+
+def echo_engine(plugin: EchoPlugin | None = None, clock: Clock | None = None, **config) -> Engine:
+    if plugin is None:
+        plugin = EchoPlugin(max_sessions=4)
+    plugin.load()
+    config.setdefault("reaper_interval_s", 3600)
+    return Engine(plugin, EngineConfig(**config), model_name="echo", clock=clock)
+
+
+def streaming() -> SessionUpdate:
+    """Turn detection off: appends decode in place (no VAD), so they may be handed off."""
+    return SessionUpdate(
+        session=SessionConfig(audio=AudioConfig(input=AudioInputConfig(turn_detection=None)))
+    )
+
+
+async def opened(eng: Engine):
+    """An attachment whose preloaded events were read, and its record once the runner parked."""
+    att = await eng.open(update=streaming())
+    assert types([await att.next_event(), await att.next_event()]) == ["session.created", "session.updated"]
+    record = eng.manager.records[att.session_id]
+    while record.mailbox.parked is None:
+        await asyncio.sleep(0)
+    return att, record
+
+
+async def until(att, tag: str) -> list:
+    seen = []
+    while True:
+        event = await att.next_event()
+        seen.append(event)
+        if type(event).__struct_config__.tag == tag:
+            return seen
+
+
+async def drain(att) -> tuple[list, str]:
+    events = []
+    try:
+        while True:
+            events.append(await att.next_event())
+    except Detached as d:
+        return events, d.reason
+
+
+def listen(record) -> SlotOutput:
+    """A model output that says ``listen`` (one ``response.listen`` event)."""
+    return SlotOutput(slot=record.slot, epoch=record.session.epoch, decision="listen")
+
+
+async def parked_again(record) -> None:
+    while record.mailbox.parked is None or record.mailbox.parked.done():
+        await asyncio.sleep(0)
+
+
+async def test_an_append_is_handed_off_only_to_a_parked_runner_with_nothing_queued() -> None:
+    clock = Clock()
+    async with echo_engine(clock=clock) as eng:
+        att, record = await opened(eng)
+        mailbox, feed = record.mailbox, record.feed
+        waiter = mailbox.parked
+        clock.t += 1.0
+        att.submit(InputAudioBufferAppend(audio=FRAME))
+        # Handled before submit returned: fed, nothing queued, no budget held, activity recorded.
+        assert feed.buffered == CHUNK and len(mailbox) == 0 and record.pending_bytes == 0
+        assert mailbox.parked is waiter and not waiter.done() and record.lease.last_activity == clock.t
+
+        att.submit(SessionHeartbeat(event_id="hb"))  # never handed off: queued, wakes the runner
+        att.submit(InputAudioBufferAppend(audio=FRAME))  # something is queued: queued behind it
+        assert len(mailbox) == 2 and record.pending_bytes == len(FRAME) and feed.buffered == CHUNK
+        assert waiter.done()
+        assert types(await until(att, "session.heartbeat_ack")) == ["session.heartbeat_ack"]
+        await parked_again(record)  # the runner handled both, in order, and parked again
+        assert record.pending_bytes == 0 and feed.received == 2 * CHUNK
+
+
+async def test_a_model_output_is_handed_off_only_to_a_parked_runner_with_nothing_queued() -> None:
+    async with echo_engine() as eng:
+        att, record = await opened(eng)
+        mailbox, runner = record.mailbox, record.runner
+        runner.deliver(listen(record))  # as the scheduler does (SlotBinding.deliver)
+        assert att.pending() == 1 and mailbox.pending_outputs == 0 and len(mailbox) == 0
+        assert types(await att.next_events()) == ["response.listen"]
+
+        att.submit(SessionHeartbeat())
+        runner.deliver(listen(record))  # queued behind the heartbeat, and counted until handled
+        assert att.pending() == 0 and mailbox.pending_outputs == 1 and len(mailbox) == 2
+        assert types(await until(att, "response.listen")) == ["session.heartbeat_ack", "response.listen"]
+        assert mailbox.pending_outputs == 0
+
+
+async def test_items_that_arrive_during_a_hand_off_are_queued_behind_it_in_order() -> None:
+    async with echo_engine() as eng:
+        att, record = await opened(eng)
+        mailbox, feed = record.mailbox, record.feed
+        seen: list[str] = []
+        during: list[tuple[int, int, int]] = []
+
+        def direct(events: list) -> bool:
+            """The transport's direct send, called while the output's events are pushed."""
+            if not during:
+                att.submit(SessionHeartbeat())
+                att.submit(InputAudioBufferAppend(audio=FRAME))  # not handed off: one is running
+                record.runner.deliver(listen(record))
+                during.append((len(mailbox), record.pending_bytes, mailbox.pending_outputs))
+            return False  # not sent: the events wait for the reader
+
+        async def reader() -> None:
+            while True:
+                seen.extend(types(await att.next_events()))
+
+        task = asyncio.create_task(reader())
+        await asyncio.sleep(0)  # the reader parks
+        att.direct = direct
+        record.runner.deliver(listen(record))
+        assert during == [(3, len(FRAME), 1)] and feed.buffered == 0
+        while len(seen) < 3:
+            await asyncio.sleep(0)
+        task.cancel()
+        assert seen == ["response.listen", "session.heartbeat_ack", "response.listen"]
+        assert feed.received == CHUNK and record.pending_bytes == 0 and mailbox.pending_outputs == 0
+
+
+async def test_a_refused_append_changes_nothing() -> None:
+    clock = Clock()
+    async with echo_engine(
+        clock=clock, max_pending_input_bytes=len(FRAME), max_command_audio_bytes=3 * CHUNK
+    ) as eng:
+        att, record = await opened(eng)
+        mailbox, feed = record.mailbox, record.feed
+        waiter, head, activity = mailbox.parked, record.session.journal.head, record.lease.last_activity
+        clock.t += 1.0
+        for audio in (FRAME + bytes(2), bytes(3 * CHUNK + 2)):  # over the byte budget; over one append's cap
+            with pytest.raises(SessionError) as refused:
+                att.submit(InputAudioBufferAppend(audio=audio))
+            assert refused.value.code == "input_backpressure"
+        assert feed.received == 0 and len(mailbox) == 0 and record.pending_bytes == 0
+        assert mailbox.parked is waiter and not waiter.done()
+        assert record.session.journal.head == head and record.lease.last_activity == activity
+        assert eng.metrics.backpressure_refused.value == 1  # the cap of one append is not counted
+        att.submit(InputAudioBufferAppend(audio=FRAME))  # within budget: handed off
+        assert feed.received == CHUNK and record.pending_bytes == 0
+
+
+async def test_an_exception_in_an_append_hand_off_fails_that_session_only() -> None:
+    async with echo_engine() as eng:
+        (bad, record), (good, good_record) = await opened(eng), await opened(eng)
+        raised: list[int] = []
+
+        def direct(events: list) -> bool:
+            if not raised:  # a transport bug, once: while the append's error event is pushed
+                raised.append(len(events))
+                raise RuntimeError("transport exploded")
+            return False
+
+        async def park_reader() -> list:
+            return await bad.next_events()
+
+        reader = asyncio.create_task(park_reader())
+        await asyncio.sleep(0)
+        bad.direct = direct
+        bad.submit(InputAudioBufferAppend(audio=b"\x00"))  # odd length: bad_audio, an error event
+        assert raised == [1] and len(record.mailbox) == 1  # the failure waits for the runner
+        events, reason = await drain(bad)
+        events = [*await reader, *events]
+        assert types(events) == ["error", "session.closed"] and reason == "closed"
+        assert events[0].error.code == "server_error" and events[1].reason == "server_error"
+        assert eng.metrics.session_failures.value == 1
+        good.submit(InputAudioBufferAppend(audio=FRAME))
+        assert good_record.feed.received == CHUNK  # still handed off
+        good.submit(SessionHeartbeat())
+        assert types(await until(good, "session.heartbeat_ack"))[-1] == "session.heartbeat_ack"
+
+
+async def test_an_exception_in_an_output_hand_off_fails_that_session_only() -> None:
+    plugin = PoisonedEcho(max_sessions=4)
+    async with echo_engine(plugin) as eng:
+        (bad, record), (good, _) = await opened(eng), await opened(eng)
+        plugin.poisoned.add(record.slot)
+        for att in (bad, good):
+            att.submit(InputAudioBufferAppend(audio=FRAME))  # a loud frame: echoed one frame later
+        events, reason = await drain(bad)
+        tags = types(events)
+        assert tags[-3:] == ["response.done", "rate_limits.updated", "session.closed"] and reason == "closed"
+        assert events[tags.index("error")].error.code == "server_error"
+        assert events[tags.index("response.done")].response.status == "failed"
+        assert events[-1].reason == "server_error" and eng.metrics.session_failures.value == 1
+        for _ in range(2):
+            good.submit(InputAudioBufferAppend(audio=FRAME))
+        assert "response.output_audio.delta" in types(await until(good, "response.output_audio.delta"))
