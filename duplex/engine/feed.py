@@ -2,9 +2,9 @@
 
 Theory of operation (STYLE rule 13: one rule, no modes)
 -------------------------------------------------------
-The runner feeds decoded audio (float32 at the plugin's input rate) into the
-slot's feed; the frame scheduler asks every feed at every tick whether it has a
-frame to step, with ``take(now)``:
+The runner feeds decoded audio (at the plugin's input rate, in the feed's ``dtype``: float32,
+or int16 for a plugin that takes int16 samples) into the slot's feed; the frame scheduler asks
+every feed at every tick whether it has a frame to step, with ``take(now)``:
 
 * a **complete** frame (``received - consumed >= chunk``) is stepped, at most once
   per half frame period (``not_before``), so a client that sends a burst is consumed
@@ -36,6 +36,7 @@ from collections.abc import Callable
 
 import msgspec
 import numpy as np
+import numpy.typing as npt
 
 __all__ = ["FeedFrame", "SlotFeed"]
 
@@ -44,13 +45,12 @@ MAX_VIDEO_FRAMES = 2
 INITIAL_FRAMES = 4
 #: Minimum time between two steps of one slot, in frame periods (bursts run at most 2x real time).
 MIN_STEP_GAP = 0.5
-_FLOAT32 = np.dtype(np.float32)
 
 
 class FeedFrame(msgspec.Struct):
     """One chunk taken from a feed for a step (a msgspec struct: built in C, once per frame)."""
 
-    pcm: np.ndarray
+    pcm: np.ndarray  # the feed's dtype, fresh: the plugin owns it
     padded: bool
     submitted_at: float | None  # submit time of the append that completed the frame
     due_at: float | None
@@ -70,15 +70,17 @@ class SlotFeed:
         max_buffered_samples: int,
         tick_s: float,
         on_ready: Callable[[], None] | None = None,
+        dtype: npt.DTypeLike = np.float32,
     ) -> None:
         self.chunk = chunk
+        self.dtype = np.dtype(dtype)
         self.period_s = period_s
         self.late_tolerance_s = late_tolerance_s
         self.max_padding_frames = max_padding_frames
         self.tick_s = tick_s
         self._on_ready = on_ready  # told when a complete frame is buffered
         self.max_buffered = max(max_buffered_samples, chunk)
-        self._buf = np.zeros(min(self.max_buffered, INITIAL_FRAMES * chunk), dtype=np.float32)
+        self._buf = np.zeros(min(self.max_buffered, INITIAL_FRAMES * chunk), dtype=self.dtype)
         self._start = 0  # first unread sample in _buf
         self._end = 0
         # A whole frame handed over by ``feed`` while the buffer was empty (see ``feed``); it is
@@ -103,10 +105,10 @@ class SlotFeed:
     ) -> bool:
         """Queue decoded samples. Returns False (nothing queued) when the buffer would overflow.
 
-        The feed takes ``pcm`` over: the caller must not change it afterwards. When the buffer is
-        empty and ``pcm`` is exactly one frame of float32 samples in a writable, contiguous 1-D
-        array (a client on time at the model's rate), the array itself is kept and becomes the
-        stepped frame: no copy in, no copy out.
+        The feed takes ``pcm`` (in the feed's ``dtype``) over: the caller must not change it
+        afterwards. When the buffer is empty and ``pcm`` is exactly one frame in a writable,
+        contiguous 1-D array of the feed's dtype (a client on time at the model's rate), the
+        array itself is kept and becomes the stepped frame: no copy in, no copy out.
         """
         n = len(pcm)
         if self._whole is not None:
@@ -115,12 +117,12 @@ class SlotFeed:
         live = end - start
         if live + n > self.max_buffered:
             return False
-        # A 1-D float32 array a plugin may keep and change as if it were a fresh copy.
+        # A 1-D array of the feed's dtype a plugin may keep and change as if it were a fresh copy.
         flags = pcm.flags
         if (
             n == self.chunk
             and live == 0
-            and pcm.dtype == _FLOAT32
+            and pcm.dtype == self.dtype
             and pcm.ndim == 1
             and flags.c_contiguous
             and flags.writeable
@@ -137,13 +139,15 @@ class SlotFeed:
             if video_frames:
                 self._add_video(video_frames)
             return True
+        if pcm.dtype.kind != self.dtype.kind:  # float samples in an int16 feed (or back) are garbage
+            raise TypeError(f"feed holds {self.dtype} samples, got {pcm.dtype}")
         buf = self._buf
         if end + n > len(buf):  # compact, growing when needed
             if live + n > len(buf):
                 size = len(buf)
                 while size < live + n:
                     size *= 2
-                buf = np.zeros(min(size, self.max_buffered), dtype=np.float32)
+                buf = np.zeros(min(size, self.max_buffered), dtype=self.dtype)
             buf[:live] = self._buf[start:end]
             self._buf = buf
             self._start = start = 0
@@ -201,7 +205,7 @@ class SlotFeed:
             self.consumed += chunk
             padded = False
         elif due is not None and now >= due + self.late_tolerance_s and self.pads < self.max_padding_frames:
-            pcm = np.zeros(chunk, dtype=np.float32)
+            pcm = np.zeros(chunk, dtype=self.dtype)
             have = self._end - start
             pcm[:have] = self._buf[start : self._end]
             self._start = start = self._end

@@ -1,7 +1,8 @@
 """The input pipeline of one session: decode, resample, score speech (the CPU-heavy part).
 
 ``InputPipeline.process`` turns one ``input_audio_buffer.append`` into a
-``DecodedAppend``: float32 audio at the plugin's input rate, its duration, its RMS
+``DecodedAppend``: audio at the plugin's input rate (float32, or int16 samples for a plugin
+whose ``Capabilities.input_dtype`` is ``"int16"``), its duration, its RMS
 and, under server VAD, the ``SpeechStarted``/``SpeechStopped`` events of the
 session's ``TurnDetector`` (run on a 16 kHz copy of the stream). It is pure
 computation (no clock, no I/O), owned by the session's runner, which calls it in
@@ -23,7 +24,14 @@ import numpy as np
 
 from duplex.engine.vad import SpeechStarted, SpeechStopped, TurnDetector, VadEvent
 from duplex.engine.vad_config import VadConfig
-from duplex.protocol.audio import StreamResampler, decode_audio, pcm16_decode, resampled_length
+from duplex.protocol.audio import (
+    StreamResampler,
+    decode_audio,
+    float_to_int16,
+    pcm16_decode,
+    pcm16_samples,
+    resampled_length,
+)
 from duplex.protocol.formats import AudioFormat
 
 __all__ = ["RESAMPLE_QUALITY", "DecodedAppend", "InputPipeline"]
@@ -61,7 +69,7 @@ def hold_back(in_rate: int, out_rate: int) -> int:
 class DecodedAppend(msgspec.Struct, frozen=True):
     """One append, decoded. ``duration_ms`` is of the client's audio."""
 
-    pcm: np.ndarray  # float32 at the plugin's input rate
+    pcm: np.ndarray  # at the plugin's input rate: float32, or int16 (``InputPipeline.int16``)
     duration_ms: float
     rms: float
     vad_events: tuple[VadEvent, ...] = ()
@@ -72,8 +80,9 @@ class DecodedAppend(msgspec.Struct, frozen=True):
 class InputPipeline:
     """Per-session decode/resample/VAD state (see the module docstring)."""
 
-    def __init__(self, model_rate: int) -> None:
+    def __init__(self, model_rate: int, *, int16: bool = False) -> None:
         self.model_rate = model_rate
+        self.int16 = int16  # the model takes int16 samples (``Capabilities.input_dtype``)
         self._to_model: StreamResampler | None = None
         self._to_vad: StreamResampler | None = None
         self._in_rate = 0
@@ -94,6 +103,8 @@ class InputPipeline:
 
     def process(self, audio: bytes, fmt: AudioFormat, video_frames: tuple[bytes, ...] = ()) -> DecodedAppend:
         """Decode one append in ``fmt`` (raises ``ProtocolError`` for bad bytes)."""
+        if self.int16 and fmt.encoding == "pcm16" and fmt.rate == self.model_rate and self.detector is None:
+            return self._pcm16_as_is(audio, fmt, video_frames)
         pcm = pcm16_decode(audio) if fmt.encoding == "pcm16" else decode_audio(audio, fmt)
         n = len(pcm)
         # sqrt of the float32 mean square, rounded to float32 as np.sqrt would (a float64 sqrt of a
@@ -105,7 +116,10 @@ class InputPipeline:
             if fmt.rate != self._in_rate:
                 self._resamplers(fmt.rate)  # a later rate change finds the streams reset
             return DecodedAppend(
-                pcm=pcm, duration_ms=n * 1000.0 / fmt.rate, rms=rms, video_frames=video_frames
+                pcm=float_to_int16(pcm) if self.int16 else pcm,
+                duration_ms=n * 1000.0 / fmt.rate,
+                rms=rms,
+                video_frames=video_frames,
             )
         to_model, to_vad = self._resamplers(fmt.rate)
         model_pcm = pcm if fmt.rate == self.model_rate else to_model.process(pcm)
@@ -119,13 +133,30 @@ class InputPipeline:
             events = tuple(self.detector.feed(vad_pcm))
             in_speech = self.detector.in_speech
         return DecodedAppend(
-            pcm=model_pcm,
+            pcm=float_to_int16(model_pcm) if self.int16 else model_pcm,
             duration_ms=len(pcm) * 1000.0 / fmt.rate,
             rms=rms,
             vad_events=events,
             vad_in_speech=in_speech,
             video_frames=video_frames,
         )
+
+    def _pcm16_as_is(self, audio: bytes, fmt: AudioFormat, video_frames: tuple[bytes, ...]) -> DecodedAppend:
+        """pcm16 at the model's rate for an int16 model, no VAD: the samples as they came (one
+        copy, no float conversion). The RMS is the float path's exactly: the samples' mean square
+        scaled by 2^-30 (a power of two scales a float32 dot product and its square root exactly).
+        """
+        samples = pcm16_samples(audio)
+        n = len(samples)
+        if fmt.rate != self._in_rate:
+            self._resamplers(fmt.rate)  # a later rate change finds the streams reset
+        if n:
+            wide = samples.astype(np.float32)
+            rms = float(np.float32(math.sqrt(wide.dot(wide) / n))) / 32768.0
+        else:
+            rms = 0.0
+        duration_ms = n * 1000.0 / fmt.rate
+        return DecodedAppend(pcm=samples, duration_ms=duration_ms, rms=rms, video_frames=video_frames)
 
 
 __all__ += ["SpeechStarted", "SpeechStopped"]

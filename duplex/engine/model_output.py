@@ -6,11 +6,13 @@ without a response is ``response.listen``; a ``listen`` without content during a
 response ends it (``model_listen``), ``end_of_turn`` ends it (``stop``). Output of
 an old epoch, or a turn chunk whose response already ended, is dropped and counted
 (``Session.stale_outputs``). Audio is resampled to the session's output rate and
-encoded to its output format here (``protocol.audio``).
+encoded to its output format here (``protocol.audio``); int16 output at the session's rate
+for a pcm16 session is sent as it is (no float round trip).
 """
 
 from __future__ import annotations
 
+import sys
 from typing import TYPE_CHECKING
 
 import msgspec
@@ -19,7 +21,7 @@ import numpy as np
 from duplex.engine.input import RESAMPLE_QUALITY
 from duplex.engine.response import ActiveResponse
 from duplex.plugins.base import PluginKind, SlotOutput
-from duplex.protocol.audio import StreamResampler, encode_audio, pcm16_encode
+from duplex.protocol.audio import StreamResampler, encode_audio, int16_to_float, pcm16_encode
 from duplex.protocol.ext.events import ResponseListen
 from duplex.protocol.ids import new_event_id
 from duplex.protocol.realtime._base import Event
@@ -30,6 +32,9 @@ if TYPE_CHECKING:
     from duplex.engine.session import Session
 
 __all__ = ["on_output"]
+
+_INT16 = np.dtype(np.int16)
+_NATIVE_LE = sys.byteorder == "little"
 
 
 def on_output(s: Session, output: SlotOutput, now: float) -> list[Event]:
@@ -86,6 +91,12 @@ def chunk(s: Session, response: ActiveResponse, output: SlotOutput, pcm: np.ndar
         fmt = s.settings.output_format
         rate = output.sample_rate
         duration_ms = len(pcm) * 1000.0 / rate
+        if pcm.dtype == _INT16:
+            if rate == fmt.rate and fmt.encoding == "pcm16":
+                s.audio_started = True
+                data = pcm.tobytes() if _NATIVE_LE else pcm.astype("<i2").tobytes()
+                return _add_chunk(s, response, output, data, duration_ms)
+            pcm = int16_to_float(pcm)
         if rate != fmt.rate:
             rs = s._out_resampler
             if rs is None or rs.in_rate != rate or rs.out_rate != fmt.rate:
@@ -94,6 +105,12 @@ def chunk(s: Session, response: ActiveResponse, output: SlotOutput, pcm: np.ndar
         # pcm16, the common output format, without encode_audio's dispatch.
         audio_bytes = pcm16_encode(pcm) if fmt.encoding == "pcm16" else encode_audio(pcm, fmt)
         s.audio_started = True
+    return _add_chunk(s, response, output, audio_bytes, duration_ms)
+
+
+def _add_chunk(
+    s: Session, response: ActiveResponse, output: SlotOutput, audio_bytes: bytes | None, duration_ms: float
+) -> list[Event]:
     events = response.add_chunk(
         audio_bytes=audio_bytes,
         duration_ms=duration_ms,

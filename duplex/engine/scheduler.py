@@ -34,6 +34,8 @@ import time
 from collections.abc import Callable, Sequence
 from typing import Any
 
+import numpy as np
+
 from duplex.engine.config import EngineConfig
 from duplex.engine.feed import FeedFrame, SlotFeed
 from duplex.engine.metrics import EngineMetrics
@@ -127,6 +129,7 @@ class FrameScheduler:
             max_buffered_samples=self.chunk * MAX_BUFFERED_PERIODS,
             tick_s=self.tick_s,
             on_ready=lambda: self._frame_ready(slot),
+            dtype=np.int16 if self.capabilities.input_dtype == "int16" else np.float32,
         )
         self._slots[slot] = (feed, binding)
         return feed

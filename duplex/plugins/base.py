@@ -106,6 +106,17 @@ class Capabilities(msgspec.Struct, frozen=True, kw_only=True):
     # Execution: every call takes microseconds and never blocks, so the engine makes it on the
     # event loop instead of hopping to the model thread (``duplex.engine.model_thread``).
     calls_on_loop: bool = False
+    # The sample type of ``SlotInput.pcm`` (``frame``/``unit`` kinds): ``"float32"`` in [-1, 1], or
+    # ``"int16"``, the pcm16 samples as the client sent them (after resampling when its rate
+    # differs). A model that converts on its accelerator takes int16 and converts a whole batch in
+    # one operation; the engine then does no per-frame float conversion on the host.
+    input_dtype: str = "float32"
+
+    def __post_init__(self) -> None:
+        if self.input_dtype not in ("float32", "int16"):
+            raise ValueError(f"input_dtype must be 'float32' or 'int16', not {self.input_dtype!r}")
+        if self.input_dtype == "int16" and self.kind not in (PluginKind.FRAME, PluginKind.UNIT):
+            raise ValueError("input_dtype 'int16' applies to frame and unit plugins only")
 
     @property
     def chunk_samples(self) -> int:
@@ -126,8 +137,9 @@ class SlotOptions(msgspec.Struct, frozen=True, kw_only=True):
 class SlotInput(msgspec.Struct, kw_only=True):
     """One frame or unit of one session, for ``Plugin.step``.
 
-    ``pcm`` is mono float32 in [-1, 1] at ``Capabilities.input_sample_rate`` with
-    exactly ``Capabilities.chunk_samples`` samples. ``padded`` is True when the
+    ``pcm`` is mono at ``Capabilities.input_sample_rate`` with exactly
+    ``Capabilities.chunk_samples`` samples: float32 in [-1, 1], or int16 samples when
+    ``Capabilities.input_dtype`` is ``"int16"``. ``padded`` is True when the
     client was late and the engine filled the frame (wholly or partly) with
     silence to keep the model clocked. ``video_frames`` are encoded images (JPEG
     or PNG bytes) that arrived with this chunk, for plugins with video input.
@@ -152,7 +164,9 @@ class SlotOutput(msgspec.Struct, kw_only=True):
     """What a plugin produced for one slot in one step (or one chunk of a turn).
 
     Every field is optional; an output with nothing set is valid (the model
-    listened). ``pcm`` is mono float32 at ``sample_rate``. ``text`` is a delta of
+    listened). ``pcm`` is mono at ``sample_rate``: float32 in [-1, 1], or int16 samples
+    (sent as they are when the session's output is pcm16 at that rate; any plugin may give
+    either). ``text`` is a delta of
     the assistant transcript that belongs to this chunk's audio (so truncation can
     cut the transcript at what was heard). ``decision`` is ``"speak"`` or
     ``"listen"`` for model-native plugins. ``end_of_turn`` ends the current

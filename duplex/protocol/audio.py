@@ -67,8 +67,10 @@ __all__ = [
     "f32_decode",
     "f32_encode",
     "float_to_int16",
+    "int16_to_float",
     "pcm16_decode",
     "pcm16_encode",
+    "pcm16_samples",
     "read_wav",
     "resample",
     "resampled_length",
@@ -141,6 +143,19 @@ def pcm16_decode(data: bytes) -> np.ndarray:
     if len(data) % 2:
         raise ProtocolError("bad_audio", f"pcm16 audio has an odd byte count ({len(data)})")
     return np.frombuffer(data, dtype=_LE_INT16) * _SCALE_0D
+
+
+def pcm16_samples(data: bytes) -> np.ndarray:
+    """Little-endian int16 bytes to a fresh, writable int16 array (native order). Odd length:
+    ``bad_audio``."""
+    if len(data) % 2:
+        raise ProtocolError("bad_audio", f"pcm16 audio has an odd byte count ({len(data)})")
+    return np.frombuffer(data, dtype=_LE_INT16).astype(np.int16)
+
+
+def int16_to_float(samples: np.ndarray) -> np.ndarray:
+    """int16 samples to float32 (``x / 32768``, as ``pcm16_decode``)."""
+    return samples * _SCALE_0D
 
 
 def pcm16_encode(pcm: np.ndarray) -> bytes:

@@ -4,6 +4,7 @@ sample for sample and in its bookkeeping, exactly as if it had copied it."""
 from __future__ import annotations
 
 import numpy as np
+import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
@@ -13,7 +14,7 @@ CHUNK = 1920
 P = 0.08
 
 
-def _feed(max_frames: int = 8) -> SlotFeed:
+def _feed(max_frames: int = 8, dtype: type = np.float32) -> SlotFeed:
     return SlotFeed(
         CHUNK,
         P,
@@ -21,6 +22,7 @@ def _feed(max_frames: int = 8) -> SlotFeed:
         max_padding_frames=2,
         max_buffered_samples=CHUNK * max_frames,
         tick_s=0.005,
+        dtype=dtype,
     )
 
 
@@ -68,6 +70,26 @@ def test_arrays_a_plugin_could_not_keep_are_copied() -> None:
         frame = f.take(0.0)
         assert frame is not None and frame.pcm is not pcm
         assert frame.pcm.dtype == np.float32 and frame.pcm.flags.writeable and frame.pcm.flags.c_contiguous
+
+
+def test_an_int16_feed_keeps_int16_frames_and_refuses_float_samples() -> None:
+    f = _feed(dtype=np.int16)
+    whole = np.arange(CHUNK, dtype=np.int16)
+    assert f.feed(whole, 0.0, 0.0)
+    frame = f.take(0.0)
+    assert frame is not None and frame.pcm is whole  # handed over, no copy
+    assert f.feed(whole[: CHUNK // 2].copy(), 1.0, 1.0)
+    assert f.feed(whole[CHUNK // 2 :].copy(), 1.0, 1.0)
+    frame = f.take(1.0)
+    assert frame is not None and frame.pcm.dtype == np.int16
+    np.testing.assert_array_equal(frame.pcm, whole)
+    with pytest.raises(TypeError, match="feed holds int16 samples, got float32"):
+        f.feed(np.zeros(10, np.float32), 2.0, 2.0)
+    assert f.buffered == 0  # nothing was queued
+    f.feed(np.ones(CHUNK // 4, np.int16), 3.0, 3.0)
+    padded = f.take(3.0 + 1.0)  # overdue: padded with int16 silence
+    assert padded is not None and padded.padded and padded.pcm.dtype == np.int16
+    assert padded.pcm[: CHUNK // 4].tolist() == [1] * (CHUNK // 4) and not padded.pcm[CHUNK // 4 :].any()
 
 
 def test_the_bound_counts_a_held_frame() -> None:

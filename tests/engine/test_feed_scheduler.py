@@ -168,7 +168,8 @@ async def test_scheduler_drives_the_echo_plugin(model_thread) -> None:
     sched, _ = _scheduler(plugin, model_thread)
     sink = Sink()
     feed = sched.join(2, sink.binding())
-    voiced = np.full(CHUNK, 0.2, np.float32)
+    assert feed.dtype == np.int16  # echo takes int16 samples (Capabilities.input_dtype)
+    voiced = np.full(CHUNK, 6554, np.int16)
     for k in range(3):
         feed.feed(voiced, k * P, k * P)
         await sched.tick(k * P)

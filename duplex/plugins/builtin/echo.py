@@ -1,9 +1,10 @@
 """``echo``: a real frame plugin that repeats what it hears, one frame late.
 
 Each 80 ms input frame comes back as output ``delay_frames`` frames later (24 kHz
-in, 24 kHz out). Voiced frames (RMS at or above ``silence_rms``) are echoed and
-say ``speak``; when the echoed audio falls silent after speech, the output sets
-``end_of_turn``; silent frames produce an empty output (the model listened). For
+in, 24 kHz out), as int16 samples (``Capabilities.input_dtype``): a pcm16 client's bytes
+come back unchanged, with no float conversion either way. Voiced frames (RMS at or above
+``silence_rms``) are echoed and say ``speak``; when the echoed audio falls silent after
+speech, the output sets ``end_of_turn``; silent frames produce an empty output (the model listened). For
 every ``word_ms`` of echoed speech the transcript gets one token ``w<n> `` (a text
 token per word-length of audio), so truncation can be checked against text marks.
 
@@ -38,6 +39,7 @@ __all__ = ["EchoPlugin"]
 RATE = 24000
 FRAME_MS = 80
 CHUNK = RATE * FRAME_MS // 1000
+_INT16 = np.dtype(np.int16)
 
 
 class EchoPlugin(Plugin):
@@ -83,6 +85,7 @@ class EchoPlugin(Plugin):
             supports_barge_in=True,
             output_modalities=("audio", "text"),
             calls_on_loop=True,
+            input_dtype="int16",  # the samples go back out as they came: no float round trip
         )
 
     def load(self) -> None:
@@ -158,7 +161,11 @@ class EchoPlugin(Plugin):
         voiced = voicing[head]
         out = ring[head] if voiced else None
         ring[head] = pcm  # the frame is ours (``Plugin.step``): kept, not copied
-        voicing[head] = math.sqrt(float(pcm.dot(pcm)) / CHUNK) >= self.silence_rms
+        if pcm.dtype == _INT16:  # the engine's frames (``input_dtype``); a float frame also works
+            wide = pcm.astype(np.float32)
+            voicing[head] = math.sqrt(float(wide.dot(wide)) / CHUNK) / 32768.0 >= self.silence_rms
+        else:
+            voicing[head] = math.sqrt(float(pcm.dot(pcm)) / CHUNK) >= self.silence_rms
         self._head[slot] = (head + 1) % self.delay_frames
         spoken = self._spoken_ms[slot]
         ended = self._speaking[slot] and not voiced
