@@ -42,12 +42,45 @@ def on_output(s: Session, output: SlotOutput, now: float) -> list[Event]:
     if s.closed or output.epoch != s.epoch:
         s.stale_outputs += 1
         return []
+    response = s.response
+    pcm = output.pcm
+    if (
+        response is not None
+        and pcm is not None
+        and response.message_open
+        and response.audio
+        and not output.text
+        and not output.end_of_turn
+        and output.tool_call is None
+        and output.user_transcript is None
+        and (response.speak_sent or output.decision != "speak")
+    ):
+        fmt = s.settings.output_format
+        rate = output.sample_rate
+        if rate == fmt.rate and fmt.encoding == "pcm16" and len(pcm):
+            # The per-frame case: one more audio delta of the open message, at the session's
+            # rate in pcm16: exactly what ``apply_output`` gives for it, in one call.
+            if pcm.dtype == _INT16:
+                data = pcm.tobytes() if _NATIVE_LE else pcm.astype("<i2").tobytes()
+            else:
+                data = pcm16_encode(pcm)
+            s.audio_started = True
+            return s._journal([response.audio_delta(data, len(pcm) * 1000.0 / rate)], now)
+    return apply_output(s, output, now)
+
+
+def apply_output(s: Session, output: SlotOutput, now: float) -> list[Event]:
+    """``on_output`` for every case (``on_output`` takes a shortcut for the per-frame one)."""
+    if s.closed or output.epoch != s.epoch:
+        s.stale_outputs += 1
+        return []
+    response = s.response
+    pcm = output.pcm
     events: list[Event] = []
     if output.user_transcript is not None:
         events += user_transcript(s, output.user_transcript)
-    pcm = output.pcm if output.pcm is not None and len(output.pcm) else None
+    pcm = pcm if pcm is not None and len(pcm) else None
     has_content = pcm is not None or bool(output.text) or output.tool_call is not None
-    response = s.response
     if response is None:
         if has_content and s.kind is not PluginKind.TURN:
             metadata, s._pending_metadata = s._pending_metadata, None

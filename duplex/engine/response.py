@@ -239,6 +239,22 @@ class ActiveResponse:
             events.append(ResponseOutputTextDelta(event_id=new_event_id(), delta=text, **self._ids()))
         return events
 
+    def audio_delta(self, audio_bytes: bytes, duration_ms: float) -> Event:
+        """The one event of an audio-only chunk into the open message of an audio response:
+        ``add_chunk(audio_bytes=..., text="", speak=False)`` when ``message_open`` and ``audio``
+        (the caller checks both), without building its list."""
+        self.cursor.add_audio(duration_ms, "")
+        return DuplexResponseOutputAudioDelta(
+            event_id=new_event_id(),
+            response_id=self.response_id,
+            item_id=self.item_id,
+            output_index=self.message_index,
+            content_index=0,
+            delta=audio_bytes,
+            format=self._wire_format,
+            sample_rate_hz=self._wire_rate,
+        )
+
     def add_tool_call(self, call: ToolCall, previous_item_id: str | None) -> list[Event]:
         """A complete function call as its own output item."""
         assert not self.closed
