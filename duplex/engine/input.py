@@ -18,6 +18,7 @@ from __future__ import annotations
 
 import functools
 import math
+import struct
 
 import msgspec
 import numpy as np
@@ -37,6 +38,13 @@ from duplex.protocol.formats import AudioFormat
 __all__ = ["RESAMPLE_QUALITY", "DecodedAppend", "InputPipeline"]
 
 VAD_RATE = 16000
+_F32 = struct.Struct("f")
+
+
+def _round_f32(value: float) -> float:
+    """``value`` rounded to the nearest float32 (as ``float(np.float32(value))``, cheaper)."""
+    return _F32.unpack(_F32.pack(value))[0]
+
 #: soxr quality of the session's resamplers (input to the model and the VAD, model output to the
 #: client). ``LQ`` holds back at most ~5 ms between 16 and 24 kHz where ``HQ`` holds back 5-45 ms
 #: and releases output in uneven blocks, so a client at another rate than the model's would see
@@ -109,7 +117,7 @@ class InputPipeline:
         n = len(pcm)
         # sqrt of the float32 mean square, rounded to float32 as np.sqrt would (a float64 sqrt of a
         # float32 value rounds to the same float32), without np.sqrt's cost on a scalar.
-        rms = float(np.float32(math.sqrt(pcm.dot(pcm) / n))) if n else 0.0
+        rms = _round_f32(math.sqrt(pcm.dot(pcm) / n)) if n else 0.0
         if fmt.rate == self.model_rate and self.detector is None:
             # The common case, once per frame: no resampler and no VAD to run. decode_audio
             # returns a fresh array, used as is (no copy).
@@ -152,7 +160,7 @@ class InputPipeline:
             self._resamplers(fmt.rate)  # a later rate change finds the streams reset
         if n:
             wide = samples.astype(np.float32)
-            rms = float(np.float32(math.sqrt(wide.dot(wide) / n))) / 32768.0
+            rms = _round_f32(math.sqrt(wide.dot(wide) / n)) / 32768.0
         else:
             rms = 0.0
         duration_ms = n * 1000.0 / fmt.rate

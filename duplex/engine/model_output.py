@@ -49,7 +49,6 @@ def on_output(s: Session, output: SlotOutput, now: float) -> list[Event]:
         and pcm is not None
         and response.message_open
         and response.audio
-        and not output.text
         and not output.end_of_turn
         and output.tool_call is None
         and output.user_transcript is None
@@ -58,14 +57,18 @@ def on_output(s: Session, output: SlotOutput, now: float) -> list[Event]:
         fmt = s.settings.output_format
         rate = output.sample_rate
         if rate == fmt.rate and fmt.encoding == "pcm16" and len(pcm):
-            # The per-frame case: one more audio delta of the open message, at the session's
-            # rate in pcm16: exactly what ``apply_output`` gives for it, in one call.
+            # The per-frame case: one more audio delta (and its text) of the open message, at
+            # the session's rate in pcm16: exactly what ``apply_output`` gives for it.
             if pcm.dtype == _INT16:
                 data = pcm.tobytes() if _NATIVE_LE else pcm.astype("<i2").tobytes()
             else:
                 data = pcm16_encode(pcm)
             s.audio_started = True
-            return s._journal([response.audio_delta(data, len(pcm) * 1000.0 / rate)], now)
+            text = output.text
+            events = [response.audio_delta(data, len(pcm) * 1000.0 / rate, text)]
+            if text:
+                events.append(response.transcript_delta(text))
+            return s._journal(events, now)
     return apply_output(s, output, now)
 
 

@@ -239,11 +239,11 @@ class ActiveResponse:
             events.append(ResponseOutputTextDelta(event_id=new_event_id(), delta=text, **self._ids()))
         return events
 
-    def audio_delta(self, audio_bytes: bytes, duration_ms: float) -> Event:
-        """The one event of an audio-only chunk into the open message of an audio response:
-        ``add_chunk(audio_bytes=..., text="", speak=False)`` when ``message_open`` and ``audio``
-        (the caller checks both), without building its list."""
-        self.cursor.add_audio(duration_ms, "")
+    def audio_delta(self, audio_bytes: bytes, duration_ms: float, text: str) -> Event:
+        """The audio delta of a chunk into the open message of an audio response, as
+        ``add_chunk(audio_bytes=..., text=text, speak=False)`` gives it when ``message_open`` and
+        ``audio`` (the caller checks both); with ``text``, ``transcript_delta(text)`` follows it."""
+        self.cursor.add_audio(duration_ms, text)
         return DuplexResponseOutputAudioDelta(
             event_id=new_event_id(),
             response_id=self.response_id,
@@ -254,6 +254,10 @@ class ActiveResponse:
             format=self._wire_format,
             sample_rate_hz=self._wire_rate,
         )
+
+    def transcript_delta(self, text: str) -> Event:
+        """The transcript delta that follows an audio delta carrying ``text`` (``audio_delta``)."""
+        return ResponseOutputAudioTranscriptDelta(event_id=new_event_id(), delta=text, **self._ids())
 
     def add_tool_call(self, call: ToolCall, previous_item_id: str | None) -> list[Event]:
         """A complete function call as its own output item."""
