@@ -29,7 +29,7 @@ from collections import deque
 from collections.abc import Callable, Iterable
 from typing import TYPE_CHECKING, Any
 
-from duplex.engine.errors import Detached
+from duplex.engine.errors import Detached, SessionError
 
 if TYPE_CHECKING:
     from duplex.engine.manager import SessionRecord
@@ -131,6 +131,10 @@ class Attachment:
 
     def submit(self, command: Any) -> None:
         """Queue a client command (see the module docstring); raises ``SessionError``."""
+        if self._ended is not None:
+            raise SessionError(
+                "session_closed", f"session {self.session_id} is not attached to this transport"
+            )
         self._record.submit(self, command)
 
     async def next_event(self) -> Any:

@@ -29,7 +29,9 @@ from __future__ import annotations
 
 import asyncio
 import concurrent.futures
+import functools
 import logging
+import operator
 from collections.abc import Callable
 from typing import Any
 
@@ -48,6 +50,7 @@ from duplex.engine.runner import AckItem, CloseItem, CommandItem, FailItem, Sess
 from duplex.engine.scheduler import FrameScheduler, SlotBinding
 from duplex.engine.session import Session
 from duplex.engine.settings import SessionSettings
+from duplex.engine.transitions import LIVE_STATES
 from duplex.engine.vad import VadUnavailableError
 from duplex.plugins.base import Capabilities, Plugin, PluginError
 from duplex.protocol.errors import ProtocolError
@@ -64,6 +67,8 @@ from duplex.protocol.realtime.commands import (
 __all__ = ["SessionManager", "SessionRecord"]
 
 log = logging.getLogger(__name__)
+
+_EPOCH = operator.attrgetter("epoch")
 
 
 class SessionRecord:
@@ -98,8 +103,11 @@ class SessionRecord:
     # ------------------------------------------------------------------ transport side
 
     def submit(self, att: Attachment, command: Any) -> None:
-        """Budgets before the mailbox; raises ``SessionError`` with nothing applied."""
-        if att is not self.attachment or att.ended is not None or not self.lease.live:
+        """Budgets before the mailbox; raises ``SessionError`` with nothing applied.
+
+        ``att`` checked that it has not ended (``Attachment.submit``)."""
+        # ``lease.live`` without the property call: this runs once per frame.
+        if att is not self.attachment or self.lease.state not in LIVE_STATES:
             raise SessionError(
                 "session_closed", f"session {self.session_id} is not attached to this transport"
             )
@@ -322,7 +330,7 @@ class SessionManager:
                 log.error("session %s: mailbox full, step failure not delivered", record.session_id)
 
         return SlotBinding(
-            epoch=lambda: session.epoch,
+            epoch=functools.partial(_EPOCH, session),  # read per slot and tick: no Python frame
             deliver=record.runner.deliver,  # handed to the runner at once when it is parked
             fail=fail,
             paused=lambda: mailbox.pending_outputs >= limit,

@@ -196,8 +196,13 @@ class SessionRunner:
         session = self.session
         try:
             try:
-                audio, fmt, video = self._decode_args(cmd)
-                events = session.handle(cmd, now, pipeline.process(audio, fmt, video))
+                fmt = session.settings.input_format  # ``_decode_args``, inline on the per-frame path
+                resolve = getattr(cmd, "resolved_format", None)
+                if resolve is not None:
+                    fmt = resolve(fmt)
+                video = getattr(cmd, "video_frames", None)
+                decoded = pipeline.process(cmd.audio, fmt, tuple(video) if video else ())
+                events = session.handle(cmd, now, decoded)
             except ProtocolError as exc:
                 events = session.reject(exc, cmd, now)
             if events:
@@ -271,7 +276,13 @@ class SessionRunner:
     def _actions_inline(self, actions: list[Any], now: float) -> None:
         """Run the synchronous actions now; queue the first one that may await and the rest."""
         for i, action in enumerate(actions):
-            if not self._sync_action(action, now):
+            if type(action) is FeedAudio:  # the per-frame action: ``_sync_action`` without the call
+                feed = self.record.feed
+                if feed is not None and not feed.feed(
+                    action.pcm, now, action.submitted_at, action.video_frames
+                ):
+                    self._feed_refused(now)
+            elif not self._sync_action(action, now):
                 self.mailbox.put_internal(ActionsItem(actions[i:]))
                 return
 
@@ -309,17 +320,21 @@ class SessionRunner:
         if isinstance(action, FeedAudio):
             feed = self.record.feed
             if feed is not None and not feed.feed(action.pcm, now, action.submitted_at, action.video_frames):
-                error = ProtocolError(
-                    "input_backpressure",
-                    "audio arrives faster than the model consumes it; append dropped",
-                )
-                self._emit(self.session.reject(error, None, now))
+                self._feed_refused(now)
             return True
         if isinstance(action, ClearFeed):
             if self.record.feed is not None:
                 self.record.feed.clear()
             return True
         return False
+
+    def _feed_refused(self, now: float) -> None:
+        """The feed is full: the append's audio is dropped, and the client told so."""
+        error = ProtocolError(
+            "input_backpressure",
+            "audio arrives faster than the model consumes it; append dropped",
+        )
+        self._emit(self.session.reject(error, None, now))
 
     async def _run_actions(self, actions: list[Any] | None = None) -> None:
         for action in self.session.take_actions() if actions is None else actions:
