@@ -142,7 +142,9 @@ class SessionRecord:
             )
         now = self.manager.now()
         if append and self.runner.hand_append(command, now):  # handed off: it never waits
-            self.lease.touch(now)
+            lease = self.lease
+            if now > lease.last_activity and lease.state in LIVE_STATES:  # ``lease.touch(now)``, no call
+                lease.last_activity = now
             return
         try:
             self.mailbox.put_command(CommandItem(command, now, n_bytes, turns))

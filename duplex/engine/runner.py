@@ -50,6 +50,7 @@ import msgspec
 
 from duplex.engine.actions import CancelSlot, ClearFeed, CloseSession, ConfigureVad, FeedAudio, StartTurn
 from duplex.engine.mailbox import MailboxFull
+from duplex.engine.transitions import LIVE_STATES
 from duplex.engine.vad import VadUnavailableError
 from duplex.plugins.base import PluginError, SlotOutput, TurnRequest
 from duplex.protocol.errors import ProtocolError
@@ -242,7 +243,9 @@ class SessionRunner:
         session = self.session
         record = self.record
         try:
-            record.lease.touch(now)
+            lease = record.lease
+            if now > lease.last_activity and lease.state in LIVE_STATES:  # ``lease.touch(now)``, no call
+                lease.last_activity = now
             events = session.on_output(output, now)
             if events:
                 att = record.attachment

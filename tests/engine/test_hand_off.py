@@ -127,11 +127,14 @@ async def test_an_append_is_handed_off_only_to_a_parked_runner_with_nothing_queu
 
 
 async def test_a_model_output_is_handed_off_only_to_a_parked_runner_with_nothing_queued() -> None:
-    async with echo_engine() as eng:
+    clock = Clock()
+    async with echo_engine(clock=clock) as eng:
         att, record = await opened(eng)
         mailbox, runner = record.mailbox, record.runner
+        clock.t += 1.0
         runner.deliver(listen(record))  # as the scheduler does (SlotBinding.deliver)
         assert att.pending() == 1 and mailbox.pending_outputs == 0 and len(mailbox) == 0
+        assert record.lease.last_activity == clock.t
         assert types(await att.next_events()) == ["response.listen"]
 
         att.submit(SessionHeartbeat())
