@@ -144,7 +144,8 @@ async def test_a_model_output_is_handed_off_only_to_a_parked_runner_with_nothing
         assert mailbox.pending_outputs == 0
 
 
-async def test_items_that_arrive_during_a_hand_off_are_queued_behind_it_in_order() -> None:
+@pytest.mark.parametrize("first", ["output", "append"])
+async def test_items_that_arrive_during_a_hand_off_are_queued_behind_it_in_order(first: str) -> None:
     async with echo_engine() as eng:
         att, record = await opened(eng)
         mailbox, feed = record.mailbox, record.feed
@@ -152,7 +153,7 @@ async def test_items_that_arrive_during_a_hand_off_are_queued_behind_it_in_order
         during: list[tuple[int, int, int]] = []
 
         def direct(events: list) -> bool:
-            """The transport's direct send, called while the output's events are pushed."""
+            """The transport's direct send, called while the first item's events are pushed."""
             if not during:
                 att.submit(SessionHeartbeat())
                 att.submit(InputAudioBufferAppend(audio=FRAME))  # not handed off: one is running
@@ -167,12 +168,16 @@ async def test_items_that_arrive_during_a_hand_off_are_queued_behind_it_in_order
         task = asyncio.create_task(reader())
         await asyncio.sleep(0)  # the reader parks
         att.direct = direct
-        record.runner.deliver(listen(record))
+        if first == "output":
+            record.runner.deliver(listen(record))
+        else:
+            att.submit(InputAudioBufferAppend(audio=b"\x00"))  # odd length: an error event (bad_audio)
         assert during == [(3, len(FRAME), 1)] and feed.buffered == 0
         while len(seen) < 3:
             await asyncio.sleep(0)
         task.cancel()
-        assert seen == ["response.listen", "session.heartbeat_ack", "response.listen"]
+        first_events = "response.listen" if first == "output" else "error"
+        assert seen == [first_events, "session.heartbeat_ack", "response.listen"]
         assert feed.received == CHUNK and record.pending_bytes == 0 and mailbox.pending_outputs == 0
 
 
