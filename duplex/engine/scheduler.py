@@ -114,6 +114,7 @@ class FrameScheduler:
         self._next_scan = float("-inf")
         self._fed = False  # a frame completed since the last plan (eager mode)
         self._waiter: asyncio.Future[None] | None = None  # the eager scheduler's wake-up
+        self._scan_timer: asyncio.TimerHandle | None = None  # the eager scheduler's next scan
 
     # ------------------------------------------------------------------ membership
 
@@ -283,18 +284,38 @@ class FrameScheduler:
         runs every quarter period, for which the scheduler also wakes.
         """
         loop = asyncio.get_running_loop()
-        while True:
-            if not self._fed:
-                waiter = loop.create_future()
-                self._waiter = waiter
-                timer = loop.call_at(self._next_scan, _wake, waiter)
-                try:
-                    await waiter
-                finally:
-                    self._waiter = None
-                    timer.cancel()
-            self._fed = False
-            await self.tick(loop.time())
+        # One timer for the next scan, re-armed only when the scan time moves (every quarter
+        # period), not made and cancelled around every wait: at hundreds of ticks a second that
+        # churn cost more than the scan.
+        timer_at = float("nan")
+        try:
+            while True:
+                if not self._fed:
+                    timer = self._scan_timer
+                    if timer is None or timer_at != self._next_scan:
+                        if timer is not None:
+                            timer.cancel()
+                        timer_at = self._next_scan
+                        self._scan_timer = loop.call_at(timer_at, self._scan_due)
+                    waiter = loop.create_future()
+                    self._waiter = waiter
+                    try:
+                        await waiter
+                    finally:
+                        self._waiter = None
+                self._fed = False
+                await self.tick(loop.time())
+        finally:
+            if self._scan_timer is not None:
+                self._scan_timer.cancel()
+                self._scan_timer = None
+
+    def _scan_due(self) -> None:
+        """The scan timer: wake a waiting eager scheduler (a busy one scans on its next plan)."""
+        self._scan_timer = None  # fired: the next wait arms a new one
+        waiter = self._waiter
+        if waiter is not None and not waiter.done():
+            waiter.set_result(None)
 
     def _frame_ready(self, slot: int) -> None:
         """A feed completed a frame: mark the slot, and wake an eager scheduler."""
@@ -307,7 +328,3 @@ class FrameScheduler:
 
 _EMPTY = Batch()  # what ``plan`` returns when nothing is ready (never appended to)
 
-
-def _wake(waiter: asyncio.Future[None]) -> None:
-    if not waiter.done():
-        waiter.set_result(None)

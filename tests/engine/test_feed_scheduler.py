@@ -5,6 +5,7 @@ from __future__ import annotations
 import asyncio
 import threading
 from collections.abc import Sequence
+from typing import Any
 
 import numpy as np
 import pytest
@@ -257,6 +258,51 @@ async def test_eager_scheduler_pads_a_late_frame_on_its_scan() -> None:
         assert metrics.frames_padded.value == 1 and len(sink.outputs) == 1
     finally:
         task.cancel()
+
+
+async def test_eager_scheduler_arms_one_scan_timer_per_scan_and_rearms_one_that_fired_during_a_step() -> None:
+    release = threading.Event()
+    started = threading.Event()
+
+    class SlowFirstStep(NullPlugin):
+        def step(self, batch: Sequence[SlotInput]) -> Sequence[SlotOutput]:
+            if not self.steps:
+                started.set()
+                release.wait(5)
+            return super().step(batch)
+
+    plugin = SlowFirstStep()
+    mt = ModelThread(on_loop=False)
+    sched, metrics = _scheduler(plugin, mt, EngineConfig(tick_ms=0, late_tolerance_ms=10))
+    feeds = [sched.join(slot, Sink().binding()) for slot in range(2)]
+    loop = asyncio.get_running_loop()
+    armed: list[float] = []
+    call_at = loop.call_at
+
+    def counting_call_at(when: float, callback: Any, *args: Any, **kw: Any) -> asyncio.TimerHandle:
+        if getattr(callback, "__name__", "") == "_scan_due":
+            armed.append(when)
+        return call_at(when, callback, *args, **kw)
+
+    loop.call_at = counting_call_at  # type: ignore[method-assign]
+    task = asyncio.create_task(sched.run())
+    try:
+        await asyncio.sleep(0.005)  # the first scan has run; the scheduler waits, its timer armed
+        feeds[0].feed(np.zeros(CHUNK, np.float32), loop.time(), loop.time())
+        await _until(started.is_set)
+        feeds[1].feed(np.zeros(CHUNK // 2, np.float32), loop.time(), loop.time())  # due in 40 ms
+        await asyncio.sleep(0.03)  # that timer (a quarter period) fires during the step
+        release.set()
+        # Nothing completes from here on: only a re-armed scan finds slot 1's overdue frame.
+        await _until(lambda: plugin.steps == [[0], [1]])
+        assert metrics.frames_padded.value == 1
+        # One timer per scan time (not one per wait), plus the one re-armed after it fired mid-step.
+        assert len(armed) <= len(set(armed)) + 1 <= 7
+    finally:
+        release.set()
+        task.cancel()
+        loop.call_at = call_at  # type: ignore[method-assign]
+        mt.shutdown()
 
 
 def test_tick_ms_zero_is_eager_and_negative_is_refused() -> None:
