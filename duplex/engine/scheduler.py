@@ -168,16 +168,24 @@ class FrameScheduler:
         inputs, bindings, frames = batch.inputs, batch.bindings, batch.frames
         chunk = self.chunk
         ready = self._ready
+        slots = self._slots
         for slot in candidates:
-            entry = self._slots.get(slot)
+            entry = slots.get(slot)
             if entry is None:
                 ready.discard(slot)
                 continue
             feed, binding = entry
-            due = feed.due_at
-            if feed.buffered < chunk and (due is None or now < due + feed.late_tolerance_s):
-                ready.discard(slot)
-                continue
+            if slot not in ready:
+                # No complete frame (a feed marks every complete one ready): the scan takes only
+                # an overdue one. Most slots of a scan end here, so this comes first.
+                due = feed.due_at
+                if due is None or now < due + feed.late_tolerance_s:
+                    continue
+            elif feed.buffered < chunk:  # marked, then cleared (``input_audio_buffer.clear``)
+                due = feed.due_at
+                if due is None or now < due + feed.late_tolerance_s:
+                    ready.discard(slot)
+                    continue
             if binding.paused():
                 continue
             frame = feed.take(now)

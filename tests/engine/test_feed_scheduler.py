@@ -147,6 +147,24 @@ async def test_scheduler_batches_ready_slots_and_skips_paused_and_empty_ones(mod
     assert await sched.tick(0.02) == 1 and plugin.steps[-1] == [1]
 
 
+async def test_a_cleared_frame_is_not_stepped_until_it_is_overdue_and_then_padded(model_thread) -> None:
+    plugin = NullPlugin()
+    sched, metrics = _scheduler(plugin, model_thread, EngineConfig(late_tolerance_ms=10))
+    idle, cleared = Sink(), Sink()
+    sched.join(0, idle.binding())  # never fed: every scan passes it by
+    feed = sched.join(1, cleared.binding())
+    await sched.tick(0.0)
+    feed.feed(np.ones(CHUNK, np.float32), 0.001, 0.001)  # complete (due at once), then cleared
+    feed.clear()
+    await sched.tick(0.005)  # marked ready, nothing buffered, not overdue: not stepped
+    assert plugin.steps == [] and 1 not in sched._ready
+    await sched.tick(0.015)  # overdue (due + 10 ms), but scans come every quarter period
+    assert plugin.steps == []
+    await sched.tick(0.021)  # the next scan finds it: padded
+    assert plugin.steps == [[1]] and metrics.frames_padded.value == 1
+    assert not idle.outputs and len(cleared.outputs) == 1
+
+
 async def test_scheduler_step_failure_fails_only_that_batch(model_thread) -> None:
     plugin = NullPlugin(fail_on_slot=1)
     sched, _ = _scheduler(plugin, model_thread)
