@@ -131,12 +131,14 @@ class DuplexInputAudioBufferAppend(InputAudioBufferAppend, tag="input_audio_buff
 
     def __post_init__(self) -> None:
         set_ = msgspec.structs.force_setattr
-        if self.is_speech is None and self.speech_alias is not None:
-            set_(self, "is_speech", self.speech_alias)
-        if self.sample_rate_hz is None and self.sample_rate_alias is not None:
-            set_(self, "sample_rate_hz", self.sample_rate_alias)
-        set_(self, "speech_alias", None)
-        set_(self, "sample_rate_alias", None)
+        if self.speech_alias is not None:  # folded into ``is_speech``, then dropped
+            if self.is_speech is None:
+                set_(self, "is_speech", self.speech_alias)
+            set_(self, "speech_alias", None)
+        if self.sample_rate_alias is not None:
+            if self.sample_rate_hz is None:
+                set_(self, "sample_rate_hz", self.sample_rate_alias)
+            set_(self, "sample_rate_alias", None)
         if self.format is not None or self.sample_rate_hz is not None:
             try:
                 parse_format(self.format if self.format is not None else "pcm16", self.sample_rate_hz)
