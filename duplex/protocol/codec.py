@@ -25,6 +25,7 @@ from __future__ import annotations
 
 import enum
 import re
+from collections.abc import Callable
 from typing import Any, Final
 
 import msgspec
@@ -39,6 +40,7 @@ __all__ = [
     "MSGPACK_SUBPROTOCOL",
     "TYPE_ALIASES",
     "Mode",
+    "command_decoder",
     "decode",
     "decode_event",
     "encode",
@@ -110,6 +112,31 @@ def decode(data: str | bytes, mode: Mode = Mode.GA, *, max_bytes: int = MAX_EVEN
     except RecursionError:
         raise ProtocolError("bad_event", "The event is nested too deeply") from None
     return _decode_slow(raw, data, first, binary=binary)
+
+
+def command_decoder(
+    mode: Mode, *, max_bytes: int = MAX_EVENT_BYTES
+) -> Callable[[str | bytes], ClientCommand]:
+    """``decode`` for one connection: ``decoder(data)`` gives exactly what
+    ``decode(data, mode, max_bytes=max_bytes)`` gives, command or ``ProtocolError``. A frame of the
+    connection's own kind (binary on ``MSGPACK``, text otherwise) well within the size limit that
+    decodes cleanly costs one C call; anything else takes ``decode``'s full path."""
+    binary = mode is Mode.MSGPACK
+    typed = (_MSGPACK_COMMANDS if binary else _JSON_COMMANDS).decode
+    # A text frame's UTF-8 length is at most 4 bytes a character: under this many characters it
+    # cannot exceed the limit.
+    limit = max_bytes if binary else max_bytes // 4
+    own = bytes if binary else str
+
+    def decoder(data: str | bytes) -> ClientCommand:
+        if type(data) is own and len(data) <= limit:
+            try:
+                return typed(data)
+            except Exception:
+                pass  # decode below raises the precise error
+        return decode(data, mode, max_bytes=max_bytes)
+
+    return decoder
 
 
 def _check_size(data: str | bytes, max_bytes: int) -> None:

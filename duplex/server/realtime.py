@@ -48,7 +48,7 @@ from starlette.responses import Response
 from starlette.websockets import WebSocket, WebSocketDisconnect
 
 from duplex.protocol import Mode, ProtocolError, decode, encode, new_event_id
-from duplex.protocol.codec import encode_bytes
+from duplex.protocol.codec import command_decoder, encode_bytes
 from duplex.protocol.ext.commands import SessionEventAck, SessionResume
 from duplex.protocol.ext.events import SessionClosed, SessionExpired, SessionReplaced
 from duplex.protocol.realtime.commands import SessionUpdate
@@ -139,6 +139,7 @@ class _Connection:
         self._last_event: Any = None  # the last event written (its type picks the close code)
         self._stalled = False
         self._bucket = TokenBucket(self.cfg.max_messages_per_s, self.cfg.max_message_burst)
+        self._decode_own = command_decoder(mode, max_bytes=self.cfg.max_message_bytes)
         # Under our uvicorn protocol the data path skips the ASGI message dicts and Starlette's
         # per-message state checks, and a stalled peer can be aborted; elsewhere, plain ASGI.
         self._transport = transport_extension(websocket.scope)
@@ -171,7 +172,10 @@ class _Connection:
             return False
         try:
             mode = self.mode
-            payloads = [encode_bytes(event, mode) for event in events]
+            if len(events) == 1:  # the usual tick: one audio delta
+                payloads = [encode_bytes(events[0], mode)]
+            else:
+                payloads = [encode_bytes(event, mode) for event in events]
             if not transport.try_send_frames(payloads, binary=self._binary):
                 return False
         except Exception:  # the writer's path reports what went wrong
@@ -223,8 +227,9 @@ class _Connection:
     def _decode(self, data: str | bytes) -> Any:
         # A text frame on a msgpack socket, or a binary frame on a JSON socket, is read as JSON:
         # liberal in what we accept.
-        mode = self.mode if isinstance(data, bytes) == self._binary else Mode.GA
-        return decode(data, mode, max_bytes=self.cfg.max_message_bytes)
+        if isinstance(data, bytes) == self._binary:
+            return self._decode_own(data)  # the connection's own kind of frame: ``decode``, bound
+        return decode(data, Mode.GA, max_bytes=self.cfg.max_message_bytes)
 
     # -- opening ---------------------------------------------------------------------------
 

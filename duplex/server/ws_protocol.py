@@ -482,11 +482,16 @@ class DuplexWebSocketProtocol(WebSocketsSansIOProtocol):
         """``TransportExtension.try_send_frames``: ``send_frames`` when it would not wait, else
         nothing and ``False`` (the write buffer is above its high-water mark, the connection is
         not open, or an extension frames the data)."""
+        # ``_direct_send_ok`` and ``send_frames``' checks, written out: this runs once a frame.
+        conn = self.conn
         if (
             not self.writable.is_set()
             or self.disconnected
-            or not self._direct_send_ok()
-            or self.conn.state is not _OPEN
+            or not self.handshake_complete
+            or self.close_sent
+            or self.initial_response is not None
+            or conn.extensions
+            or conn.state is not _OPEN
             or self.transport.is_closing()
         ):
             return False

@@ -9,6 +9,7 @@ import msgspec
 import pytest
 
 import duplex.protocol as p
+from duplex.protocol.codec import command_decoder
 
 JPEG = b"\xff\xd8\xff\xe0" + bytes(16)
 
@@ -18,10 +19,16 @@ def _b64(data: bytes) -> str:
 
 
 def _err(frame: object, mode: p.Mode = p.Mode.GA, **kw: object) -> p.ProtocolError:
+    """``decode``'s error for ``frame``; a connection's ``command_decoder`` must raise the same."""
     data = frame if isinstance(frame, str | bytes) else json.dumps(frame)
     with pytest.raises(p.ProtocolError) as info:
         p.decode(data, mode, **kw)
-    return info.value
+    with pytest.raises(p.ProtocolError) as bound:
+        command_decoder(mode, **kw)(data)  # type: ignore[arg-type]
+    err, again = info.value, bound.value
+    assert (again.code, str(again), again.param) == (err.code, str(err), err.param)
+    assert again.event_id == err.event_id
+    return err
 
 
 @pytest.mark.parametrize("frame", ["", "{", "not json", '{"type": "session.update",}', "\x00\x01"])

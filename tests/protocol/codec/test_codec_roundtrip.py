@@ -6,6 +6,7 @@ import msgspec
 import pytest
 
 import duplex.protocol as p
+from duplex.protocol.codec import command_decoder
 
 MODES = [p.Mode.GA, p.Mode.BETA, p.Mode.MSGPACK]
 
@@ -20,6 +21,7 @@ def test_command_round_trip(command_sample: object, mode: p.Mode) -> None:
     wire = p.encode(command_sample, mode)
     assert isinstance(wire, bytes if mode is p.Mode.MSGPACK else str)
     assert p.decode(wire, mode) == command_sample
+    assert command_decoder(mode)(wire) == command_sample  # a connection's bound decoder
 
 
 def _as_read_back(event: object, mode: p.Mode) -> object:
