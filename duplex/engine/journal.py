@@ -14,6 +14,7 @@ session gives it and only needs their sizes.
 
 from __future__ import annotations
 
+import itertools
 from collections import deque
 from typing import Generic, TypeVar
 
@@ -43,12 +44,21 @@ class JournalCursorError(Exception):
 
 
 class Journal(Generic[E]):
-    """Bounded, ordered store of journaled events (see the module docstring)."""
+    """Bounded, ordered store of journaled events (see the module docstring).
+
+    The entries are kept in three parallel deques (event, size, time) rather than one of
+    tuples: seqs are consecutive, so an entry's seq follows from its position, and no tuple
+    is made per event. A session journals an event per frame and keeps it until the client's
+    ack (seconds); a tuple per event would be thousands of objects the cyclic collector tracks
+    at any time, and every young collection (a pause all sessions wait behind) would walk them.
+    """
 
     def __init__(self, *, max_age_s: float, max_bytes: int) -> None:
         self.max_age_s = max_age_s
         self.max_bytes = max_bytes
-        self._entries: deque[tuple[int, E, int, float]] = deque()
+        self._events: deque[E] = deque()
+        self._sizes: deque[int] = deque()
+        self._times: deque[float] = deque()
         self._bytes = 0
         self.head = 0  # the last seq handed out
         self.floor = 0  # every seq <= floor has left the journal
@@ -64,31 +74,39 @@ class Journal(Generic[E]):
         return self._bytes
 
     def __len__(self) -> int:
-        return len(self._entries)
+        return len(self._events)
+
+    def _first_seq(self) -> int:
+        """The seq of the oldest retained entry (``head + 1`` when the journal is empty)."""
+        return self.head - len(self._events) + 1
 
     def append(self, seq: int, event: E, size: int, now: float) -> None:
         """Keep ``event`` (already stamped with ``seq == next_seq``), then enforce the bounds."""
         if seq != self.head + 1:
             raise ValueError(f"journal seq {seq} out of order (head {self.head})")
         self.head = seq
-        entries = self._entries
-        entries.append((seq, event, size, now))
+        self._events.append(event)
+        self._sizes.append(size)
+        times = self._times
+        times.append(now)
         self._bytes += size
-        if self._bytes > self.max_bytes or entries[0][3] < now - self.max_age_s:
+        if self._bytes > self.max_bytes or times[0] < now - self.max_age_s:
             self.prune(now)
 
     def prune(self, now: float) -> None:
         """Drop entries older than ``max_age_s`` and, oldest first, bytes over ``max_bytes``."""
-        entries = self._entries
-        while entries and (entries[0][3] < now - self.max_age_s or self._bytes > self.max_bytes):
+        times = self._times
+        while times and (times[0] < now - self.max_age_s or self._bytes > self.max_bytes):
             if self._bytes > self.max_bytes:
-                self.overflow_floor = entries[0][0]
+                self.overflow_floor = self._first_seq()
             self._drop_first()
             self.evicted += 1
 
     def _drop_first(self) -> None:
-        seq, _, size, _ = self._entries.popleft()
-        self._bytes -= size
+        seq = self._first_seq()
+        self._events.popleft()
+        self._bytes -= self._sizes.popleft()
+        self._times.popleft()
         self.floor = seq
 
     def ack(self, seq: int) -> None:
@@ -99,11 +117,15 @@ class Journal(Generic[E]):
         """
         if seq < 0 or seq > self.head:
             raise JournalCursorError("invalid_event_ack", f"server_event_seq {seq} is outside 0..{self.head}")
-        entries = self._entries
-        dropped = 0
-        while entries and entries[0][0] <= seq:
-            dropped += entries.popleft()[2]
-        self._bytes -= dropped
+        count = seq - self._first_seq() + 1
+        if count > 0:
+            events, sizes, times = self._events, self._sizes, self._times
+            dropped = 0
+            for _ in range(count):
+                events.popleft()
+                times.popleft()
+                dropped += sizes.popleft()
+            self._bytes -= dropped
         self.floor = max(self.floor, seq)
 
     def replay_after(self, seq: int) -> list[E]:
@@ -119,4 +141,5 @@ class Journal(Generic[E]):
         if seq < self.floor:
             reason = "journal_overflow" if seq < self.overflow_floor else "journal_gap"
             raise JournalGap(f"events {seq + 1}..{self.floor} are no longer in the journal", reason)
-        return [event for s, event, _, _ in self._entries if s > seq]
+        skip = max(0, seq - self._first_seq() + 1)
+        return list(itertools.islice(self._events, skip, None))

@@ -69,7 +69,7 @@ class DuplexSessionUpdated(SessionUpdated, tag="session.updated", kw_only=True):
 
 
 class DuplexResponseOutputAudioDelta(
-    ResponseOutputAudioDelta, tag="response.output_audio.delta", kw_only=True
+    ResponseOutputAudioDelta, tag="response.output_audio.delta", kw_only=True, gc=False
 ):
     """An audio delta that states its own format (``pcm16``, ``g711_ulaw`` ...) and rate in Hz."""
 

@@ -362,8 +362,14 @@ class ResponseContentPartDone(Event, tag="response.content_part.done", kw_only=T
     part: TextPart | AudioPart
 
 
-class ResponseOutputAudioDelta(Event, tag="response.output_audio.delta", kw_only=True):
-    """A chunk of response audio in the session's output format (``bytes``; base64 in JSON)."""
+class ResponseOutputAudioDelta(Event, tag="response.output_audio.delta", kw_only=True, gc=False):
+    """A chunk of response audio in the session's output format (``bytes``; base64 in JSON).
+
+    ``gc=False`` (here and on the transcript delta): the per-frame events hold only strings,
+    numbers and bytes, so they can never be part of a reference cycle, and the cyclic collector
+    need not track them. Thousands of them wait in journals for their acks at any time; tracked,
+    they would make every young collection, a pause all sessions wait behind, longer.
+    """
 
     response_id: str
     item_id: str
@@ -381,7 +387,9 @@ class ResponseOutputAudioDone(Event, tag="response.output_audio.done", kw_only=T
     content_index: int
 
 
-class ResponseOutputAudioTranscriptDelta(Event, tag="response.output_audio_transcript.delta", kw_only=True):
+class ResponseOutputAudioTranscriptDelta(
+    Event, tag="response.output_audio_transcript.delta", kw_only=True, gc=False
+):
     """A piece of the transcript of the response's audio."""
 
     response_id: str
