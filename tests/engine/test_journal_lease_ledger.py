@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import gc
+
 import pytest
 
 from duplex.engine.credentials import ResumeCredential
@@ -67,6 +69,35 @@ def test_journal_refuses_out_of_order_seq() -> None:
     j = _journal()
     with pytest.raises(ValueError):
         j.append(2, "e2", 1, now=0.0)
+
+
+def test_journaled_audio_deltas_leave_nothing_for_the_cyclic_collector_to_track() -> None:
+    # A session journals an audio delta per frame and keeps it until the client's ack; neither
+    # the event nor its journal entry may be a tracked object (young collections would walk
+    # thousands of them, a pause every session waits behind).
+    from duplex.protocol.ext.events import DuplexResponseOutputAudioDelta
+
+    j: Journal[object] = Journal(max_age_s=60.0, max_bytes=1 << 30)
+    events = [
+        DuplexResponseOutputAudioDelta(
+            event_id=f"event_{i}", response_id="resp_1", item_id="item_1", output_index=0,
+            content_index=0, delta=b"\x00" * 3840, format="pcm16", sample_rate_hz=24000,
+        )
+        for i in range(1, 2001)
+    ]  # fmt: skip
+    assert not any(gc.is_tracked(e) for e in events)
+    gc.collect()
+    gc.disable()
+    try:
+        before = gc.get_count()[0]
+        for seq, event in enumerate(events, start=1):
+            j.append(seq, event, 3840, seq * 0.001)
+        assert gc.get_count()[0] - before < 10  # not one object per entry
+    finally:
+        gc.enable()
+    assert j.replay_after(1990) == events[1990:]
+    j.ack(1500)
+    assert len(j) == 500 and j.replay_after(1500) == events[1500:]
 
 
 def test_resume_token_is_verified_in_constant_time_and_rotates() -> None:
