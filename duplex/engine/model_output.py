@@ -39,14 +39,13 @@ _NATIVE_LE = sys.byteorder == "little"
 
 def on_output(s: Session, output: SlotOutput, now: float) -> list[Event]:
     """Apply one model output; stale or unwanted output is dropped and counted."""
-    if s.closed or output.epoch != s.epoch:
-        s.stale_outputs += 1
-        return []
     response = s.response
     pcm = output.pcm
     if (
         response is not None
         and pcm is not None
+        and output.epoch == s.epoch
+        and not s.closed
         and response.message_open
         and response.audio
         and not output.end_of_turn

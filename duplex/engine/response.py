@@ -213,36 +213,21 @@ class ActiveResponse:
             events.append(ResponseSpeak(event_id=new_event_id(), **self._ids()))
         if self.audio:
             if audio_bytes:
-                # The per-frame event: every field but the id and the audio is fixed while the
-                # message is open, so it is built from plain attributes (no dict, no lookups).
-                events.append(
-                    DuplexResponseOutputAudioDelta(
-                        event_id=new_event_id(),
-                        response_id=self.response_id,
-                        item_id=self.item_id,
-                        output_index=self.message_index,
-                        content_index=0,
-                        delta=audio_bytes,
-                        format=self._wire_format,
-                        sample_rate_hz=self._wire_rate,
-                    )
-                )
-                self.cursor.add_audio(duration_ms, text)
+                events.append(self.audio_delta(audio_bytes, duration_ms, text))
             else:
                 self.cursor.add_text(text)
             if text:
-                events.append(
-                    ResponseOutputAudioTranscriptDelta(event_id=new_event_id(), delta=text, **self._ids())
-                )
+                events.append(self.transcript_delta(text))
         elif text:
             self.cursor.add_text(text)
             events.append(ResponseOutputTextDelta(event_id=new_event_id(), delta=text, **self._ids()))
         return events
 
     def audio_delta(self, audio_bytes: bytes, duration_ms: float, text: str) -> Event:
-        """The audio delta of a chunk into the open message of an audio response, as
-        ``add_chunk(audio_bytes=..., text=text, speak=False)`` gives it when ``message_open`` and
-        ``audio`` (the caller checks both); with ``text``, ``transcript_delta(text)`` follows it."""
+        """The audio delta of a chunk into the open message of an audio response (the caller
+        checks ``message_open`` and ``audio``); with ``text``, ``transcript_delta(text)`` follows
+        it. Every field but the id and the audio is fixed while the message is open, so the
+        per-frame event is built from plain attributes (no dict, no lookups)."""
         self.cursor.add_audio(duration_ms, text)
         return DuplexResponseOutputAudioDelta(
             event_id=new_event_id(),

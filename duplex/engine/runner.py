@@ -197,22 +197,10 @@ class SessionRunner:
         session = self.session
         try:
             try:
-                fmt = session.settings.input_format  # ``_decode_args``, inline on the per-frame path
-                resolve = getattr(cmd, "resolved_format", None)
-                if resolve is not None:
-                    fmt = resolve(fmt)
-                video = getattr(cmd, "video_frames", None)
-                decoded = pipeline.process(cmd.audio, fmt, tuple(video) if video else ())
-                events = session.handle(cmd, now, decoded)
+                events = session.handle(cmd, now, pipeline.process(*self._decode_args(cmd)))
             except ProtocolError as exc:
                 events = session.reject(exc, cmd, now)
-            if events:
-                att = record.attachment
-                if att is not None:
-                    att.push(events)
-            actions = session.take_actions()
-            if actions:
-                self._actions_inline(actions, now)
+            self._push_and_act(events, now)
         except Exception as exc:
             mailbox.put_internal(CrashItem(exc))
         finally:
@@ -246,14 +234,7 @@ class SessionRunner:
             lease = record.lease
             if now > lease.last_activity and lease.state in LIVE_STATES:  # ``lease.touch(now)``, no call
                 lease.last_activity = now
-            events = session.on_output(output, now)
-            if events:
-                att = record.attachment
-                if att is not None:
-                    att.push(events)
-            actions = session.take_actions()
-            if actions:
-                self._actions_inline(actions, now)
+            self._push_and_act(session.on_output(output, now), now)
         except Exception as exc:
             self.mailbox.put_internal(CrashItem(exc))
         if self._turn_task is not None:  # only a turn task waits for outputs to drain
@@ -275,6 +256,17 @@ class SessionRunner:
                 self.mailbox.put_internal(CrashItem(exc))
             return True
         return False
+
+    def _push_and_act(self, events: list[Any], now: float) -> None:
+        """The tail of a hand-off: push the session's events to the attachment, then carry out
+        the actions they came with (the synchronous ones now, the rest queued)."""
+        if events:
+            att = self.record.attachment
+            if att is not None:
+                att.push(events)
+        actions = self.session.take_actions()
+        if actions:
+            self._actions_inline(actions, now)
 
     def _actions_inline(self, actions: list[Any], now: float) -> None:
         """Run the synchronous actions now; queue the first one that may await and the rest."""
