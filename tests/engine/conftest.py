@@ -59,3 +59,25 @@ def types(events) -> list[str]:
 @pytest.fixture
 def echo_session() -> Session:
     return make_session("echo")
+
+
+async def until(att, tag: str) -> list:
+    """An attachment's events up to and including the first ``tag``."""
+    seen = []
+    while True:
+        event = await att.next_event()
+        seen.append(event)
+        if type(event).__struct_config__.tag == tag:
+            return seen
+
+
+async def drain(att) -> tuple[list, str]:
+    """Every event an attachment still gives, and the reason its stream ended."""
+    from duplex.engine import Detached
+
+    events = []
+    try:
+        while True:
+            events.append(await att.next_event())
+    except Detached as d:
+        return events, d.reason

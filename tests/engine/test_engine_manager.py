@@ -31,6 +31,7 @@ from duplex.protocol.realtime.commands import (
     ResponseCancel,
     ResponseCreate,
 )
+from tests.engine.conftest import drain, until
 
 from .conftest import types
 
@@ -54,25 +55,6 @@ def turn_plugin(**kw) -> ScriptedTurnPlugin:
 def engine(plugin=None, clock=None, **config) -> Engine:
     config.setdefault("reaper_interval_s", 3600)
     return Engine(plugin or turn_plugin(), EngineConfig(**config), model_name="served", clock=clock)
-
-
-async def until(att, tag: str) -> list:
-    """Events up to and including the first ``tag``."""
-    seen = []
-    while True:
-        event = await att.next_event()
-        seen.append(event)
-        if type(event).__struct_config__.tag == tag:
-            return seen
-
-
-async def drain(att) -> tuple[list, str]:
-    events = []
-    try:
-        while True:
-            events.append(await att.next_event())
-    except Detached as d:
-        return events, d.reason
 
 
 async def test_open_reports_created_then_updated_and_the_served_model() -> None:

@@ -101,6 +101,21 @@ class NullPlugin(Plugin):
         return [SlotOutput(slot=i.slot, epoch=i.epoch) for i in batch]
 
 
+class SlowFirstStep(NullPlugin):
+    """Its first step blocks (on the model thread) until ``release`` is set; ``started`` says it began."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.release = threading.Event()
+        self.started = threading.Event()
+
+    def step(self, batch: Sequence[SlotInput]) -> Sequence[SlotOutput]:
+        if not self.steps:
+            self.started.set()
+            self.release.wait(5)
+        return super().step(batch)
+
+
 class Sink:
     def __init__(self, epoch: int = 0) -> None:
         self.outputs: list[SlotOutput] = []
@@ -230,17 +245,8 @@ async def test_eager_scheduler_batches_frames_completed_in_the_same_loop_iterati
 
 
 async def test_eager_scheduler_batches_frames_that_complete_during_a_step() -> None:
-    release = threading.Event()
-    started = threading.Event()
-
-    class SlowFirstStep(NullPlugin):
-        def step(self, batch: Sequence[SlotInput]) -> Sequence[SlotOutput]:
-            if not self.steps:
-                started.set()
-                release.wait(5)
-            return super().step(batch)
-
     plugin = SlowFirstStep()
+    release, started = plugin.release, plugin.started
     mt = ModelThread(on_loop=False)
     sched, _ = _scheduler(plugin, mt, EngineConfig(tick_ms=0))
     feeds = [sched.join(slot, Sink().binding()) for slot in range(3)]
@@ -279,17 +285,8 @@ async def test_eager_scheduler_pads_a_late_frame_on_its_scan() -> None:
 
 
 async def test_eager_scheduler_arms_one_scan_timer_per_scan_and_rearms_one_that_fired_during_a_step() -> None:
-    release = threading.Event()
-    started = threading.Event()
-
-    class SlowFirstStep(NullPlugin):
-        def step(self, batch: Sequence[SlotInput]) -> Sequence[SlotOutput]:
-            if not self.steps:
-                started.set()
-                release.wait(5)
-            return super().step(batch)
-
     plugin = SlowFirstStep()
+    release, started = plugin.release, plugin.started
     mt = ModelThread(on_loop=False)
     sched, metrics = _scheduler(plugin, mt, EngineConfig(tick_ms=0, late_tolerance_ms=10))
     feeds = [sched.join(slot, Sink().binding()) for slot in range(2)]

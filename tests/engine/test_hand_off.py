@@ -13,7 +13,7 @@ import msgspec
 import numpy as np
 import pytest
 
-from duplex.engine import Detached, Engine, EngineConfig, SessionError
+from duplex.engine import Engine, EngineConfig, SessionError
 from duplex.plugins.base import SlotInput, SlotOutput
 from duplex.plugins.builtin.echo import EchoPlugin
 from duplex.protocol.audio import pcm16_encode
@@ -21,7 +21,7 @@ from duplex.protocol.ext.commands import SessionHeartbeat
 from duplex.protocol.realtime.commands import InputAudioBufferAppend, SessionUpdate
 from duplex.protocol.realtime.session import AudioConfig, AudioInputConfig, SessionConfig
 
-from .conftest import types
+from .conftest import drain, types, until
 
 pytestmark = pytest.mark.timeout(30)
 
@@ -75,24 +75,6 @@ async def opened(eng: Engine):
     while record.mailbox.parked is None:
         await asyncio.sleep(0)
     return att, record
-
-
-async def until(att, tag: str) -> list:
-    seen = []
-    while True:
-        event = await att.next_event()
-        seen.append(event)
-        if type(event).__struct_config__.tag == tag:
-            return seen
-
-
-async def drain(att) -> tuple[list, str]:
-    events = []
-    try:
-        while True:
-            events.append(await att.next_event())
-    except Detached as d:
-        return events, d.reason
 
 
 def listen(record) -> SlotOutput:

@@ -12,10 +12,11 @@ import hashlib
 
 import pytest
 
-from duplex.engine import Detached, Engine, EngineConfig, SessionError
+from duplex.engine import Engine, EngineConfig, SessionError
 from duplex.engine.credentials import ResumeCredential
 from duplex.plugins.builtin.scripted import ScriptedTurnPlugin
 from duplex.protocol.ext.commands import SessionHeartbeat
+from tests.engine.conftest import drain
 
 from .conftest import types
 
@@ -26,15 +27,6 @@ def engine() -> Engine:
     plugin = ScriptedTurnPlugin()
     plugin.load()
     return Engine(plugin, EngineConfig(reaper_interval_s=3600), model_name="served")
-
-
-async def drain(att) -> tuple[list, str]:
-    events = []
-    try:
-        while True:
-            events.append(await att.next_event())
-    except Detached as d:
-        return events, d.reason
 
 
 async def opened_with_history(eng: Engine):

@@ -59,11 +59,16 @@ async def _sink_with_extension(scope: dict[str, Any], receive: Any, send: Any, p
     ``pong``, and ``hold`` with ``held``, then read nothing more until the gate opens."""
     ext = scope["extensions"][TRANSPORT_EXTENSION]
     probe.ext = ext
+    await _read_all(ext, probe)
+
+
+async def _read_all(ext: TransportExtension, probe: _Probe, tag: str = "") -> None:
+    """The reader of the sinks: log each message (after ``tag``), answer ``ping?``, park on ``hold``."""
     while True:
         data = await ext.receive_data()
         if data is None:
             break
-        probe.received.append(data)
+        probe.received.append(f"{tag}{data}" if tag else data)
         if data == "ping?":
             await ext.send_frames([b"pong"], binary=False)
         elif data == "hold":
@@ -209,17 +214,7 @@ async def _direct_and_reader(scope: dict[str, Any], receive: Any, send: Any, pro
         return False
 
     ext.on_data = on_data
-    while True:
-        data = await ext.receive_data()
-        if data is None:
-            break
-        probe.received.append(f"reader:{data!s}")
-        if data == "ping?":
-            await ext.send_frames([b"pong"], binary=False)
-        elif data == "hold":
-            probe.gate.clear()
-            await ext.send_frames([b"held"], binary=False)
-            await probe.gate.wait()
+    await _read_all(ext, probe, tag="reader:")
 
 
 async def test_on_data_takes_messages_while_the_reader_is_parked_and_never_reorders_them():
