@@ -112,20 +112,25 @@ class Attachment:
                     waiter.set_result(None)
             waiters.clear()
 
-    def _waiter(self) -> asyncio.Future[None]:
-        """A future for the reader to await until ``push`` or ``end``; it rechecks after.
+    async def _until_queued(self) -> None:
+        """Wait until an event is queued; raises ``Detached`` once the stream has ended with
+        nothing queued. Cancel-safe: a cancelled wait takes nothing.
 
-        The reader awaits it directly (no coroutine in between: one frame fewer to resume per
-        wake-up) and calls ``_forget`` if its wait is cancelled. A transport has one reader; a
-        second one waiting at the same time gets its own future.
+        The readers call it only when the outbox is empty, so a read that finds events queued
+        costs no coroutine. A transport has one reader; a second one waiting at the same time
+        gets its own future.
         """
-        waiter = asyncio.get_running_loop().create_future()
-        self._waiters.append(waiter)
-        return waiter
-
-    def _forget(self, waiter: asyncio.Future[None]) -> None:
-        with contextlib.suppress(ValueError):
-            self._waiters.remove(waiter)
+        while not self._outbox:
+            if self._ended is not None:
+                raise Detached(self._ended)
+            waiter = asyncio.get_running_loop().create_future()
+            self._waiters.append(waiter)
+            try:
+                await waiter
+            except BaseException:  # cancelled: nothing taken
+                with contextlib.suppress(ValueError):
+                    self._waiters.remove(waiter)
+                raise
 
     # ------------------------------------------------------------------ transport side
 
@@ -139,15 +144,8 @@ class Attachment:
 
     async def next_event(self) -> Any:
         """The next event; raises ``Detached`` when the stream has ended. Cancel-safe."""
-        while not self._outbox:
-            if self._ended is not None:
-                raise Detached(self._ended)
-            waiter = self._waiter()
-            try:
-                await waiter
-            except BaseException:  # cancelled: nothing taken
-                self._forget(waiter)
-                raise
+        if not self._outbox:
+            await self._until_queued()
         return self._outbox.popleft()
 
     async def next_events(self) -> list[Any]:
@@ -158,15 +156,8 @@ class Attachment:
         together, so a writer that drains them all pays the task switch once.
         """
         outbox = self._outbox
-        while not outbox:
-            if self._ended is not None:
-                raise Detached(self._ended)
-            waiter = self._waiter()
-            try:
-                await waiter
-            except BaseException:  # cancelled: nothing taken
-                self._forget(waiter)
-                raise
+        if not outbox:
+            await self._until_queued()
         events = list(outbox)
         outbox.clear()
         return events
