@@ -41,17 +41,16 @@ class ResumeCredential:
     def __init__(self) -> None:
         self._digest = b""
         self._previous = b""
-
-    @property
-    def unconfirmed(self) -> bool:
-        """True while the previous token is still accepted."""
-        return bool(self._previous)
+        #: True while the previous token is still accepted (an attribute, not a property: the
+        #: session reads it for every command).
+        self.unconfirmed = False
 
     def issue(self) -> str:
         """A fresh token for a new session; every earlier one stops working."""
         token = secrets.token_urlsafe(TOKEN_BYTES)
         self._digest = _digest(token)
         self._previous = b""
+        self.unconfirmed = False
         return token
 
     def rotate(self, presented: str) -> str:
@@ -60,6 +59,7 @@ class ResumeCredential:
         token = secrets.token_urlsafe(TOKEN_BYTES)
         self._previous = _digest(presented)
         self._digest = _digest(token)
+        self.unconfirmed = True
         return token
 
     def confirm(self) -> None:
@@ -67,6 +67,7 @@ class ResumeCredential:
         stops working. Cheap and idempotent (called for every command)."""
         if self._previous:
             self._previous = b""
+            self.unconfirmed = False
 
     def verify(self, token: str) -> bool:
         """True when ``token`` is the current one, or the unconfirmed previous one. Both digests

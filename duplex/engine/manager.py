@@ -111,8 +111,9 @@ class SessionRecord:
             raise SessionError(
                 "session_closed", f"session {self.session_id} is not attached to this transport"
             )
-        if self.credential is not None:
-            self.credential.confirm()  # the client read session.resumed: the old token retires
+        credential = self.credential
+        if credential is not None and credential.unconfirmed:
+            credential.confirm()  # the client read session.resumed: the old token retires
         if isinstance(command, InputAudioBufferAppend):  # the per-frame command first
             n_bytes, turns, append = len(command.audio), 0, True
         elif isinstance(command, SessionResume):

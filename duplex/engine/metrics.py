@@ -81,6 +81,19 @@ class Histogram:
         self.sum += value
         self.recent.append(value)
 
+    def observe_many(self, values: Iterable[float]) -> None:
+        """``observe`` each of ``values`` (one call for a tick's worth of samples)."""
+        counts, buckets, recent = self.counts, self.buckets, self.recent
+        n = 0
+        total = self.sum  # added in order, as ``observe`` would
+        for value in values:
+            counts[bisect.bisect_left(buckets, value)] += 1
+            recent.append(value)
+            total += value
+            n += 1
+        self.count += n
+        self.sum = total
+
     def percentile(self, q: float) -> float | None:
         """The ``q``-quantile (0..1) of the recent samples, or None when there are none."""
         if not self.recent:

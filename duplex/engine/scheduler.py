@@ -29,6 +29,7 @@ that was not in the batch is dropped and counted (a plugin bug, never silent).
 from __future__ import annotations
 
 import asyncio
+import functools
 import logging
 import time
 from collections.abc import Callable, Sequence
@@ -129,7 +130,7 @@ class FrameScheduler:
             max_padding_frames=self.config.max_padding_frames,
             max_buffered_samples=self.chunk * MAX_BUFFERED_PERIODS,
             tick_s=self.tick_s,
-            on_ready=lambda: self._frame_ready(slot),
+            on_ready=functools.partial(self._frame_ready, slot),  # no Python frame of its own
             dtype=np.int16 if self.capabilities.input_dtype == "int16" else np.float32,
         )
         self._slots[slot] = (feed, binding)
@@ -157,37 +158,33 @@ class FrameScheduler:
         every tick; all slots are scanned for overdue frames every quarter period, so a
         padded frame may come up to a quarter period after its tolerance ran out.
         """
+        ready = self._ready
+        slots = self._slots
         if now >= self._next_scan:
             self._next_scan = now + self.period_s / 4
-            candidates: list[int] = list(self._slots)
-        elif self._ready:
-            candidates = list(self._ready)
+            candidates: Any = slots.items()  # not changed while planning: no copy
+        elif ready:
+            candidates = [(slot, slots.get(slot)) for slot in ready]  # ``ready`` changes below
         else:
             return _EMPTY
         batch = Batch()
         inputs, bindings, frames = batch.inputs, batch.bindings, batch.frames
         chunk = self.chunk
-        ready = self._ready
-        slots = self._slots
-        for slot in candidates:
-            entry = slots.get(slot)
-            if entry is None:
+        for slot, entry in candidates:
+            if entry is None:  # marked, then left
                 ready.discard(slot)
                 continue
             feed, binding = entry
             if slot not in ready:
-                # No complete frame (a feed marks every complete one ready): the scan takes only
-                # an overdue one. Most slots of a scan end here, so this comes first.
+                # No complete frame (a feed marks every complete one ready): a scan takes only an
+                # overdue one. Most slots of a scan end here, so this comes first.
                 due = feed.due_at
                 if due is None or now < due + feed.late_tolerance_s:
-                    continue
-            elif feed.buffered < chunk:  # marked, then cleared (``input_audio_buffer.clear``)
-                due = feed.due_at
-                if due is None or now < due + feed.late_tolerance_s:
-                    ready.discard(slot)
                     continue
             if binding.paused():
                 continue
+            # A marked slot holds a complete frame unless its input was cleared since; then
+            # ``take`` gives a padded frame only if one is overdue, and the mark goes.
             frame = feed.take(now)
             if feed.buffered < chunk:
                 ready.discard(slot)
@@ -235,15 +232,20 @@ class FrameScheduler:
             binding.deliver(output)
         metrics = self.metrics
         metrics.ticks.inc()
-        metrics.frames_stepped.inc(len(inputs))
-        metrics.batch_size.observe(len(inputs))
-        for frame in batch.frames:
-            if frame.padded:
-                metrics.frames_padded.inc()
-            if frame.due_at is not None:
-                metrics.lateness_s.observe(max(0.0, started - frame.due_at))
-            if frame.submitted_at is not None:
-                metrics.append_to_step_s.observe(max(0.0, started - frame.submitted_at))
+        frames = batch.frames
+        metrics.frames_stepped.inc(len(frames))
+        metrics.batch_size.observe(len(frames))
+        padded = sum(1 for frame in frames if frame.padded)
+        if padded:
+            metrics.frames_padded.inc(padded)
+        metrics.lateness_s.observe_many(
+            started - due if started > due else 0.0 for frame in frames if (due := frame.due_at) is not None
+        )
+        metrics.append_to_step_s.observe_many(
+            started - at if started > at else 0.0
+            for frame in frames
+            if (at := frame.submitted_at) is not None
+        )
 
     def fail(self, batch: Batch, exc: BaseException) -> None:
         """A step raised: fail every session of the batch; the others continue."""

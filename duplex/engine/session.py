@@ -61,7 +61,7 @@ from duplex.engine.journal import Journal, JournalCursorError
 from duplex.engine.response import ActiveResponse
 from duplex.engine.settings import Lane, SessionSettings
 from duplex.engine.transitions import TurnState
-from duplex.plugins.base import Capabilities, PluginKind, SlotOptions, SlotOutput, TurnRequest
+from duplex.plugins.base import Capabilities, PluginKind, SlotOptions, TurnRequest
 from duplex.protocol.audio import StreamResampler
 from duplex.protocol.errors import ProtocolError
 from duplex.protocol.ext.commands import (
@@ -229,11 +229,10 @@ class Session:
         """Apply one client command; returns its events (journaled). Never raises for bad content."""
         if self.closed:
             return []
-        event_id = getattr(command, "event_id", None)
         try:
             events = self._dispatch(command, now, decoded)
         except ProtocolError as exc:
-            events = [self._error(exc, event_id)]
+            events = [self._error(exc, getattr(command, "event_id", None))]
         return self._journal(events, now) if events else events
 
     def _dispatch(self, cmd: Any, now: float, decoded: DecodedAppend | None) -> list[Event]:
@@ -426,9 +425,9 @@ class Session:
 
     # ------------------------------------------------------------------ the end
 
-    def on_output(self, output: SlotOutput, now: float) -> list[Event]:
-        """Apply one model output; stale or unwanted output is dropped and counted."""
-        return model_output.on_output(self, output, now)
+    #: ``on_output(output, now)``: apply one model output; stale or unwanted output is dropped and
+    #: counted (``model_output.on_output``, bound as a method: no forwarding frame per output).
+    on_output = model_output.on_output
 
     def fail(self, code: str, message: str, now: float) -> list[Event]:
         """A model failure: ``error``, then the active response ends as failed."""

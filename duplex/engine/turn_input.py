@@ -52,29 +52,31 @@ def append(s: Session, cmd: InputAudioBufferAppend, decoded: DecodedAppend, now:
     events: list[Event] = []
     settings = s.settings
     vad_events = decoded.vad_events
-    vad_started = bool(vad_events) and any(isinstance(e, SpeechStarted) for e in vad_events)
+    vad_started = False
+    if vad_events:
+        for vad_event in vad_events:
+            if isinstance(vad_event, SpeechStarted):
+                vad_started = True
+                s._speech_item_id = new_item_id()
+                s.turn_state = TurnState.USER_SPEAKING
+                events.append(
+                    InputAudioBufferSpeechStarted(
+                        event_id=new_event_id(),
+                        audio_start_ms=vad_event.audio_start_ms,
+                        item_id=s._speech_item_id,
+                    )
+                )
     if settings.vad is not None:
         is_speech = vad_started or decoded.vad_in_speech
     else:
         hint = getattr(cmd, "is_speech", None)
         is_speech = hint if hint is not None else decoded.rms >= settings.overlap_silence_rms
     action = "listen"
-    for vad_event in vad_events:
-        if isinstance(vad_event, SpeechStarted):
-            s._speech_item_id = new_item_id()
-            s.turn_state = TurnState.USER_SPEAKING
-            events.append(
-                InputAudioBufferSpeechStarted(
-                    event_id=new_event_id(),
-                    audio_start_ms=vad_event.audio_start_ms,
-                    item_id=s._speech_item_id,
-                )
-            )
     if s.response is not None:
         if is_speech:
             s._overlap_speech_ms += decoded.duration_ms
         vad = settings.vad
-        action, reason = decide_overlap(
+        decision = decide_overlap(
             policy=settings.overlap_policy,
             is_speech=is_speech,
             vad_speech_started=vad_started,
@@ -85,8 +87,9 @@ def append(s: Session, cmd: InputAudioBufferAppend, decoded: DecodedAppend, now:
             supports_barge_in=s.caps.supports_barge_in,
             interrupt_response=vad.interrupt_response if vad is not None else True,
         )
-        if (action, reason) != s._overlap_last:
-            s._overlap_last = (action, reason)
+        action, reason = decision
+        if decision != s._overlap_last:
+            s._overlap_last = decision
             events.append(
                 OverlapDecision(
                     event_id=new_event_id(),
@@ -100,9 +103,10 @@ def append(s: Session, cmd: InputAudioBufferAppend, decoded: DecodedAppend, now:
             )
         if action == "barge_in":
             events += s._cancel("turn_detected" if vad_started else "barge_in")
-    s._input_ms += decoded.duration_ms
+    duration_ms = decoded.duration_ms
+    s._input_ms += duration_ms
     if is_speech:
-        s._speech_ms += decoded.duration_ms
+        s._speech_ms += duration_ms
     if s.caps.kind in _FED_KINDS:
         s._actions.append(FeedAudio(decoded.pcm, decoded.video_frames, now))
     elif action != "drop":
@@ -110,6 +114,8 @@ def append(s: Session, cmd: InputAudioBufferAppend, decoded: DecodedAppend, now:
             raise ProtocolError("input_backpressure", f"a turn holds at most {MAX_TURN_AUDIO_S} s of audio")
         s._turn_audio.append(decoded.pcm)
         s._turn_samples += len(decoded.pcm)
+    if not vad_events:
+        return events
     for vad_event in vad_events:
         if isinstance(vad_event, SpeechStopped):
             events.append(

@@ -150,8 +150,9 @@ def pcm16_samples(data: bytes) -> np.ndarray:
     ``bad_audio``."""
     if len(data) % 2:
         raise ProtocolError("bad_audio", f"pcm16 audio has an odd byte count ({len(data)})")
-    samples = np.frombuffer(data, _LE_INT16)  # read-only, over ``data``
-    return samples.copy() if _NATIVE_LE else samples.astype(np.int16)
+    if _NATIVE_LE:  # one copy, into a bytearray the array then owns (cheaper than ndarray.copy)
+        return np.frombuffer(bytearray(data), _LE_INT16)
+    return np.frombuffer(data, _LE_INT16).astype(np.int16)
 
 
 def int16_to_float(samples: np.ndarray) -> np.ndarray:

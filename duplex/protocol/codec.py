@@ -24,6 +24,7 @@ The codec does no I/O, keeps no state and reads no clock.
 from __future__ import annotations
 
 import enum
+import functools
 import re
 from collections.abc import Callable
 from typing import Any, Final
@@ -45,6 +46,7 @@ __all__ = [
     "decode_event",
     "encode",
     "encode_bytes",
+    "event_encoder",
 ]
 
 MSGPACK_SUBPROTOCOL: Final = "duplex.msgpack.v1"
@@ -305,6 +307,17 @@ def encode(event: Event | Command, mode: Mode = Mode.GA) -> str | bytes:
     if isinstance(event, Event):
         return _JSON_ENCODER.encode(to_beta_event(msgspec.to_builtins(event))).decode()
     return _JSON_ENCODER.encode(event).decode()
+
+
+def event_encoder(mode: Mode) -> Callable[[Event | Command], bytes]:
+    """``encode_bytes`` for one connection: ``encoder(event)`` gives exactly
+    ``encode_bytes(event, mode)``. For ``GA`` and ``MSGPACK`` it is the C encoder itself (no
+    Python frame per event); ``BETA`` keeps ``encode_bytes``' renaming."""
+    if mode is Mode.MSGPACK:
+        return _MSGPACK_ENCODER.encode
+    if mode is Mode.GA:
+        return _JSON_ENCODER.encode
+    return functools.partial(encode_bytes, mode=mode)
 
 
 def encode_bytes(event: Event | Command, mode: Mode = Mode.GA) -> bytes:

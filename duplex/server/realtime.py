@@ -48,7 +48,7 @@ from starlette.responses import Response
 from starlette.websockets import WebSocket, WebSocketDisconnect
 
 from duplex.protocol import Mode, ProtocolError, decode, encode, new_event_id
-from duplex.protocol.codec import command_decoder, encode_bytes
+from duplex.protocol.codec import command_decoder, event_encoder
 from duplex.protocol.ext.commands import SessionEventAck, SessionResume
 from duplex.protocol.ext.events import SessionClosed, SessionExpired, SessionReplaced
 from duplex.protocol.realtime.commands import SessionUpdate
@@ -140,6 +140,7 @@ class _Connection:
         self._stalled = False
         self._bucket = TokenBucket(self.cfg.max_messages_per_s, self.cfg.max_message_burst)
         self._decode_own = command_decoder(mode, max_bytes=self.cfg.max_message_bytes)
+        self._encode = event_encoder(mode)
         # Under our uvicorn protocol the data path skips the ASGI message dicts and Starlette's
         # per-message state checks, and a stalled peer can be aborted; elsewhere, plain ASGI.
         self._transport = transport_extension(websocket.scope)
@@ -156,8 +157,8 @@ class _Connection:
             for event in events:
                 await self._send(event)
             return
-        mode = self.mode
-        payloads = [encode_bytes(event, mode) for event in events]
+        encode = self._encode
+        payloads = [encode(event) for event in events]
         self.sending_since = self._loop_time()
         await transport.send_frames(payloads, binary=self._binary)
         self.sending_since = None
@@ -171,11 +172,11 @@ class _Connection:
         if transport is None or self._stalled:
             return False
         try:
-            mode = self.mode
+            encode = self._encode
             if len(events) == 1:  # the usual tick: one audio delta
-                payloads = [encode_bytes(events[0], mode)]
+                payloads = [encode(events[0])]
             else:
-                payloads = [encode_bytes(event, mode) for event in events]
+                payloads = [encode(event) for event in events]
             if not transport.try_send_frames(payloads, binary=self._binary):
                 return False
         except Exception:  # the writer's path reports what went wrong

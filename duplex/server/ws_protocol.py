@@ -495,6 +495,13 @@ class DuplexWebSocketProtocol(WebSocketsSansIOProtocol):
             or self.transport.is_closing()
         ):
             return False
+        if len(payloads) == 1:  # the usual batch: ``_write_frames`` for one payload, written out
+            payload = payloads[0]
+            size = len(payload)
+            first = _FIN_BINARY if binary else _FIN_TEXT
+            header = bytes((first, size)) if size < 126 else _frame_header(first, size)
+            self.transport.write(header + payload)
+            return True
         self._write_frames(payloads, binary)
         return True
 

@@ -162,6 +162,38 @@ async def test_scheduler_batches_ready_slots_and_skips_paused_and_empty_ones(mod
     assert await sched.tick(0.02) == 1 and plugin.steps[-1] == [1]
 
 
+async def test_a_tick_records_each_frames_lateness_and_append_to_step_latency(model_thread) -> None:
+    plugin = NullPlugin()
+    sched, metrics = _scheduler(plugin, model_thread)
+    sinks = [Sink(), Sink(), Sink()]
+    feeds = [sched.join(slot, s.binding()) for slot, s in enumerate(sinks)]
+    feeds[0].feed(np.zeros(CHUNK, np.float32), 0.0, 0.0)  # due at once, submitted at 0.0
+    feeds[1].feed(np.zeros(CHUNK // 2, np.float32), 0.0, 0.001)  # due half a period later...
+    feeds[1].feed(np.zeros(CHUNK // 2, np.float32), 0.002, 0.003)  # ...completed by this append
+    feeds[2].feed(np.zeros(CHUNK, np.float32), 0.005, 0.005)
+    assert await sched.tick(0.02) == 3
+    assert list(metrics.lateness_s.recent) == pytest.approx([0.02, 0.0, 0.015])  # never negative
+    assert list(metrics.append_to_step_s.recent) == pytest.approx([0.02, 0.017, 0.015])
+    assert metrics.lateness_s.count == 3 and metrics.lateness_s.sum == pytest.approx(0.035)
+    assert metrics.lateness_s.counts[0] == 1  # the frame not yet due sits in the first bucket
+
+
+def test_observe_many_records_exactly_what_observe_records() -> None:
+    values = [0.0, 0.0004, 0.003, 0.003, 0.02, 0.7, 12.0, 1e9]
+    one, many = EngineMetrics().lateness_s, EngineMetrics().lateness_s
+    for value in values:
+        one.observe(value)
+    many.observe_many(iter(values[:3]))
+    many.observe_many(values[3:])
+    many.observe_many([])
+    assert (many.counts, many.count, many.sum, list(many.recent)) == (
+        one.counts,
+        one.count,
+        one.sum,
+        list(one.recent),
+    )
+
+
 async def test_a_cleared_frame_is_not_stepped_until_it_is_overdue_and_then_padded(model_thread) -> None:
     plugin = NullPlugin()
     sched, metrics = _scheduler(plugin, model_thread, EngineConfig(late_tolerance_ms=10))

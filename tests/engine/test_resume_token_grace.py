@@ -118,7 +118,7 @@ def test_the_credential_keeps_only_sha256_digests() -> None:
     cred = ResumeCredential()
     first = cred.issue()
     second = cred.rotate(first)
-    stored = list(vars(cred).values())
+    stored = [v for v in vars(cred).values() if not isinstance(v, bool)]  # beside the flag: digests only
     assert stored == [hashlib.sha256(second.encode()).digest(), hashlib.sha256(first.encode()).digest()]
     assert cred.verify(first) and cred.verify(second) and cred.unconfirmed
     assert not cred.verify("") and not cred.verify(first + "x")

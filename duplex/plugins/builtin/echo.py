@@ -138,10 +138,14 @@ class EchoPlugin(Plugin):
             return []
         if not self._loaded:
             raise PluginError("plugin_not_loaded", "echo: load() was not called")
-        if not all(0 <= item.slot < self.max_sessions and self._open[item.slot] for item in batch):
-            bad = [i.slot for i in batch if not (0 <= i.slot < self.max_sessions and self._open[i.slot])]
-            raise PluginError("invalid_slot", f"echo: slots {bad} are not open")
-        return [self._step_one(item) for item in batch]
+        is_open, n = self._open, self.max_sessions
+        for item in batch:  # every slot is checked before any state changes
+            slot = item.slot
+            if not (0 <= slot < n and is_open[slot]):
+                bad = [i.slot for i in batch if not (0 <= i.slot < n and is_open[i.slot])]
+                raise PluginError("invalid_slot", f"echo: slots {bad} are not open")
+        step_one = self._step_one
+        return [step_one(item) for item in batch]
 
     def _step_one(self, item: SlotInput) -> SlotOutput:
         """One slot's frame. The batch is a loop over its slots: the work per frame is one dot
@@ -150,16 +154,16 @@ class EchoPlugin(Plugin):
         frame was still copied into a preallocated ring). Between turns ``spoken_ms`` and
         ``words`` are 0 (a turn's end and ``_reset`` clear them).
         """
-        slot, pcm = item.slot, item.pcm
+        slot, pcm, epoch = item.slot, item.pcm, item.epoch
         assert pcm.shape == (CHUNK,), f"echo: frame shape {pcm.shape}, expected ({CHUNK},)"
-        if item.epoch > self._epoch[slot]:
+        if epoch > self._epoch[slot]:
             self._reset(slot)
-            self._epoch[slot] = item.epoch
+            self._epoch[slot] = epoch
         head = self._head[slot]
         ring = self._delay[slot]
         voicing = self._voiced[slot]
         voiced = voicing[head]
-        out = ring[head] if voiced else None
+        out = ring[head]
         ring[head] = pcm  # the frame is ours (``Plugin.step``): kept, not copied
         if pcm.dtype == _INT16:  # the engine's frames (``input_dtype``); a float frame also works
             wide = pcm.astype(np.float32)
@@ -167,21 +171,19 @@ class EchoPlugin(Plugin):
         else:
             voicing[head] = math.sqrt(float(pcm.dot(pcm)) / CHUNK) >= self.silence_rms
         self._head[slot] = (head + 1) % self.delay_frames
-        spoken = self._spoken_ms[slot]
-        ended = self._speaking[slot] and not voiced
-        word = voiced and spoken // self.word_ms != (spoken + FRAME_MS) // self.word_ms
-        words = self._words[slot] + word if voiced else 0
-        self._spoken_ms[slot] = spoken + FRAME_MS if voiced else 0
-        self._words[slot] = words
-        self._speaking[slot] = voiced
-        return self._output(slot, item.epoch, out, voiced, ended, f"w{words} " if word else "")
-
-    @staticmethod
-    def _output(
-        slot: int, epoch: int, out: np.ndarray | None, voiced: bool, ended: bool, text: str
-    ) -> SlotOutput:
         if voiced:
+            spoken = self._spoken_ms[slot]
+            self._spoken_ms[slot] = spoken + FRAME_MS
+            word_ms = self.word_ms
+            text = ""
+            if spoken // word_ms != (spoken + FRAME_MS) // word_ms:
+                words = self._words[slot] = self._words[slot] + 1
+                text = f"w{words} "
+            self._speaking[slot] = True
             return SlotOutput(slot=slot, epoch=epoch, pcm=out, sample_rate=RATE, text=text, decision="speak")
-        if ended:
+        self._spoken_ms[slot] = 0
+        self._words[slot] = 0
+        if self._speaking[slot]:  # the echoed audio fell silent after speech: the turn ends
+            self._speaking[slot] = False
             return SlotOutput(slot=slot, epoch=epoch, end_of_turn=True, decision="listen")
         return SlotOutput(slot=slot, epoch=epoch)

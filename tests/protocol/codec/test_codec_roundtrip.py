@@ -6,7 +6,7 @@ import msgspec
 import pytest
 
 import duplex.protocol as p
-from duplex.protocol.codec import command_decoder
+from duplex.protocol.codec import command_decoder, encode_bytes, event_encoder
 
 MODES = [p.Mode.GA, p.Mode.BETA, p.Mode.MSGPACK]
 
@@ -36,6 +36,14 @@ def test_event_round_trip(event_sample: object, mode: p.Mode) -> None:
     wire = p.encode(event_sample, mode)
     assert isinstance(wire, bytes if mode is p.Mode.MSGPACK else str)
     assert p.decode_event(wire, mode) == _as_read_back(event_sample, mode)
+
+
+@pytest.mark.parametrize("mode", MODES, ids=lambda m: m.value)
+def test_a_connections_event_encoder_gives_encode_bytes_output(event_sample: object, mode: p.Mode) -> None:
+    encoder = event_encoder(mode)
+    assert encoder(event_sample) == encode_bytes(event_sample, mode)
+    text = p.encode(event_sample, mode)
+    assert encoder(event_sample) == (text if isinstance(text, bytes) else text.encode())
 
 
 def test_msgpack_carries_raw_audio_bytes() -> None:
