@@ -156,15 +156,16 @@ class InputPipeline:
         """
         samples = pcm16_samples(audio)
         n = len(samples)
-        if fmt.rate != self._in_rate:
-            self._resamplers(fmt.rate)  # a later rate change finds the streams reset
+        rate = fmt.rate
+        if rate != self._in_rate:
+            self._resamplers(rate)  # a later rate change finds the streams reset
         if n:
             wide = samples.astype(np.float32)
-            rms = _round_f32(math.sqrt(wide.dot(wide) / n)) / 32768.0
+            # ``_round_f32`` written out: this runs once per frame.
+            rms = _F32.unpack(_F32.pack(math.sqrt(wide.dot(wide) / n)))[0] / 32768.0
         else:
             rms = 0.0
-        duration_ms = n * 1000.0 / fmt.rate
-        return DecodedAppend(pcm=samples, duration_ms=duration_ms, rms=rms, video_frames=video_frames)
+        return DecodedAppend(pcm=samples, duration_ms=n * 1000.0 / rate, rms=rms, video_frames=video_frames)
 
 
 __all__ += ["SpeechStarted", "SpeechStopped"]

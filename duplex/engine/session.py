@@ -230,7 +230,10 @@ class Session:
         if self.closed:
             return []
         try:
-            events = self._dispatch(command, now, decoded)
+            if decoded is not None and isinstance(command, InputAudioBufferAppend):  # the per-frame one
+                events = turn_input.append(self, command, decoded, now)
+            else:
+                events = self._dispatch(command, now, decoded)
         except ProtocolError as exc:
             events = [self._error(exc, getattr(command, "event_id", None))]
         return self._journal(events, now) if events else events
