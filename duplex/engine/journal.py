@@ -14,8 +14,6 @@ session gives it and only needs their sizes.
 
 from __future__ import annotations
 
-import itertools
-from collections import deque
 from typing import Generic, TypeVar
 
 __all__ = ["Journal", "JournalCursorError", "JournalGap"]
@@ -46,19 +44,21 @@ class JournalCursorError(Exception):
 class Journal(Generic[E]):
     """Bounded, ordered store of journaled events (see the module docstring).
 
-    The entries are kept in three parallel deques (event, size, time) rather than one of
+    The entries are kept in three parallel lists (event, size, time) rather than one of
     tuples: seqs are consecutive, so an entry's seq follows from its position, and no tuple
     is made per event. A session journals an event per frame and keeps it until the client's
     ack (seconds); a tuple per event would be thousands of objects the cyclic collector tracks
     at any time, and every young collection (a pause all sessions wait behind) would walk them.
+    Entries leave from the front in runs (an ack covers every event up to its seq, a prune
+    everything too old), so each run is one slice deletion per list, not a pop per entry.
     """
 
     def __init__(self, *, max_age_s: float, max_bytes: int) -> None:
         self.max_age_s = max_age_s
         self.max_bytes = max_bytes
-        self._events: deque[E] = deque()
-        self._sizes: deque[int] = deque()
-        self._times: deque[float] = deque()
+        self._events: list[E] = []
+        self._sizes: list[int] = []
+        self._times: list[float] = []
         self._bytes = 0
         self.head = 0  # the last seq handed out
         self.floor = 0  # every seq <= floor has left the journal
@@ -95,19 +95,26 @@ class Journal(Generic[E]):
 
     def prune(self, now: float) -> None:
         """Drop entries older than ``max_age_s`` and, oldest first, bytes over ``max_bytes``."""
-        times = self._times
-        while times and (times[0] < now - self.max_age_s or self._bytes > self.max_bytes):
-            if self._bytes > self.max_bytes:
-                self.overflow_floor = self._first_seq()
-            self._drop_first()
-            self.evicted += 1
+        times, sizes = self._times, self._sizes
+        cutoff = now - self.max_age_s
+        over = self._bytes - self.max_bytes  # bytes above the bound (> 0: drop more)
+        n = len(times)
+        k = 0
+        while k < n and (times[k] < cutoff or over > 0):
+            if over > 0:
+                self.overflow_floor = self._first_seq() + k
+            over -= sizes[k]
+            k += 1
+        if k:
+            self._drop(k)
+            self.evicted += k
 
-    def _drop_first(self) -> None:
-        seq = self._first_seq()
-        self._events.popleft()
-        self._bytes -= self._sizes.popleft()
-        self._times.popleft()
-        self.floor = seq
+    def _drop(self, count: int) -> None:
+        """Forget the ``count`` oldest entries."""
+        first = self._first_seq()
+        self._bytes -= sum(self._sizes[:count])
+        del self._events[:count], self._sizes[:count], self._times[:count]
+        self.floor = first + count - 1
 
     def ack(self, seq: int) -> None:
         """The client holds every event up to ``seq``: forget them.
@@ -119,13 +126,7 @@ class Journal(Generic[E]):
             raise JournalCursorError("invalid_event_ack", f"server_event_seq {seq} is outside 0..{self.head}")
         count = seq - self._first_seq() + 1
         if count > 0:
-            events, sizes, times = self._events, self._sizes, self._times
-            dropped = 0
-            for _ in range(count):
-                events.popleft()
-                times.popleft()
-                dropped += sizes.popleft()
-            self._bytes -= dropped
+            self._drop(count)
         self.floor = max(self.floor, seq)
 
     def replay_after(self, seq: int) -> list[E]:
@@ -142,4 +143,4 @@ class Journal(Generic[E]):
             reason = "journal_overflow" if seq < self.overflow_floor else "journal_gap"
             raise JournalGap(f"events {seq + 1}..{self.floor} are no longer in the journal", reason)
         skip = max(0, seq - self._first_seq() + 1)
-        return list(itertools.islice(self._events, skip, None))
+        return self._events[skip:]

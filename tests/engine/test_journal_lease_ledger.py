@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import gc
+import random
 
 import pytest
 
@@ -63,6 +64,82 @@ def test_journal_drops_oldest_by_bytes_and_by_age_and_counts_it() -> None:
     with pytest.raises(JournalGap) as gap:
         j.replay_after(1)
     assert gap.value.reason == "journal_gap"
+
+
+class _ModelJournal:
+    """The journal's rules written the plain way (one entry at a time), for the test below."""
+
+    def __init__(self, max_age_s: float, max_bytes: int) -> None:
+        self.max_age_s, self.max_bytes = max_age_s, max_bytes
+        self.entries: list[tuple[int, str, int, float]] = []  # (seq, event, size, time)
+        self.head = self.floor = self.evicted = self.overflow_floor = 0
+
+    def size(self) -> int:
+        return sum(e[2] for e in self.entries)
+
+    def append(self, event: str, size: int, now: float) -> None:
+        self.head += 1
+        self.entries.append((self.head, event, size, now))
+        self.prune(now)
+
+    def prune(self, now: float) -> None:
+        while self.entries and (self.entries[0][3] < now - self.max_age_s or self.size() > self.max_bytes):
+            if self.size() > self.max_bytes:
+                self.overflow_floor = self.entries[0][0]
+            self.floor = self.entries.pop(0)[0]
+            self.evicted += 1
+
+    def ack(self, seq: int) -> None:
+        self.entries = [e for e in self.entries if e[0] > seq]
+        self.floor = max(self.floor, seq)
+
+    def replay_after(self, seq: int) -> list[str] | str:
+        if seq > self.head:
+            return "session_resume_conflict"
+        if seq < self.floor:
+            return "journal_overflow" if seq < self.overflow_floor else "journal_gap"
+        return [e[1] for e in self.entries if e[0] > seq]
+
+
+@pytest.mark.parametrize("seed", range(40))
+def test_journal_matches_the_one_entry_at_a_time_model(seed: int) -> None:
+    # Acks and prunes drop runs of entries at once; whatever the mix of appends, acks, prunes,
+    # ages and sizes, every figure and every replay must be what dropping one entry at a time gives.
+    rng = random.Random(seed)
+    j: Journal[str] = Journal(max_age_s=rng.choice([0.5, 2.0, 60.0]), max_bytes=rng.choice([50, 200, 10**6]))
+    model = _ModelJournal(j.max_age_s, j.max_bytes)
+    now = 0.0
+    for step in range(300):
+        now += rng.choice([0.0, 0.01, 0.08, 0.3])
+        op = rng.random()
+        if op < 0.6:
+            size = rng.choice([1, 10, 40])
+            j.append(j.next_seq, f"e{step}", size, now)
+            model.append(f"e{step}", size, now)
+        elif op < 0.8:
+            seq = rng.randint(0, j.head)
+            j.ack(seq)
+            model.ack(seq)
+        elif op < 0.9:
+            j.prune(now)
+            model.prune(now)
+        else:
+            seq = rng.randint(0, j.head + 1)
+            try:
+                got: list[str] | str = j.replay_after(seq)
+            except JournalGap as gap:
+                got = gap.reason
+            except JournalCursorError as err:
+                got = err.code
+            assert got == model.replay_after(seq)
+        assert (j.head, j.floor, j.evicted, j.overflow_floor, j.size_bytes, len(j)) == (
+            model.head,
+            model.floor,
+            model.evicted,
+            model.overflow_floor,
+            model.size(),
+            len(model.entries),
+        )
 
 
 def test_journal_refuses_out_of_order_seq() -> None:
