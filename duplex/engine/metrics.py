@@ -9,9 +9,11 @@ the engine runs.
 
 from __future__ import annotations
 
-import bisect
+import math
 from collections import deque
 from collections.abc import Iterable
+
+import numpy as np
 
 __all__ = ["Counter", "EngineMetrics", "Gauge", "Histogram"]
 
@@ -62,7 +64,16 @@ class Histogram:
     """Cumulative bucket counts, a sum, and the last ``recent_max`` samples.
 
     ``percentile`` reads the recent ring (drop-oldest, by design: it is telemetry).
+
+    Samples are recorded per frame, so recording is cheap: ``observe``/``observe_many`` only
+    append to a pending list, and the pending samples are folded into the buckets, the count, the
+    sum and the ring in one pass (``numpy.searchsorted``, the same bucket as ``bisect_left``)
+    once ``FLUSH_AT`` of them wait, or as soon as any figure is read. Readers therefore always see
+    every sample recorded so far.
     """
+
+    #: Pending samples that trigger a fold (bounds the memory a histogram holds between reads).
+    FLUSH_AT = 4096
 
     def __init__(
         self, name: str, help: str, buckets: Iterable[float] = LATENCY_BUCKETS_S, recent_max: int = 20_000
@@ -70,41 +81,73 @@ class Histogram:
         self.name = name
         self.help = help
         self.buckets = tuple(sorted(buckets))
-        self.counts = [0] * (len(self.buckets) + 1)  # the last one is +Inf
-        self.count = 0
-        self.sum = 0.0
-        self.recent: deque[float] = deque(maxlen=recent_max)
+        self._edges = np.asarray(self.buckets, dtype=np.float64)
+        self._counts = [0] * (len(self.buckets) + 1)  # the last one is +Inf
+        self._count = 0
+        self._sum = 0.0
+        self._recent: deque[float] = deque(maxlen=recent_max)
+        self._pending: list[float] = []
 
     def observe(self, value: float) -> None:
-        self.counts[bisect.bisect_left(self.buckets, value)] += 1
-        self.count += 1
-        self.sum += value
-        self.recent.append(value)
+        pending = self._pending
+        pending.append(value)
+        if len(pending) >= self.FLUSH_AT:
+            self._fold()
 
     def observe_many(self, values: Iterable[float]) -> None:
         """``observe`` each of ``values`` (one call for a tick's worth of samples)."""
-        counts, buckets, recent = self.counts, self.buckets, self.recent
-        n = 0
-        total = self.sum  # added in order, as ``observe`` would
-        for value in values:
-            counts[bisect.bisect_left(buckets, value)] += 1
-            recent.append(value)
-            total += value
-            n += 1
-        self.count += n
-        self.sum = total
+        pending = self._pending
+        pending.extend(values)
+        if len(pending) >= self.FLUSH_AT:
+            self._fold()
+
+    def _fold(self) -> None:
+        pending = self._pending
+        if not pending:
+            return
+        self._pending = []
+        index = np.searchsorted(self._edges, np.asarray(pending, dtype=np.float64), side="left")
+        added = np.bincount(index, minlength=len(self._counts)).tolist()
+        self._counts = [a + b for a, b in zip(self._counts, added, strict=True)]
+        self._count += len(pending)
+        self._sum = math.fsum((self._sum, *pending))
+        self._recent.extend(pending)
+
+    @property
+    def counts(self) -> list[int]:
+        """Samples per bucket (``buckets``' upper bounds, then +Inf), not cumulative."""
+        self._fold()
+        return self._counts
+
+    @property
+    def count(self) -> int:
+        self._fold()
+        return self._count
+
+    @property
+    def sum(self) -> float:
+        self._fold()
+        return self._sum
+
+    @property
+    def recent(self) -> deque[float]:
+        """The last ``recent_max`` samples, oldest first."""
+        self._fold()
+        return self._recent
 
     def percentile(self, q: float) -> float | None:
         """The ``q``-quantile (0..1) of the recent samples, or None when there are none."""
-        if not self.recent:
+        recent = self.recent
+        if not recent:
             return None
-        data = sorted(self.recent)
+        data = sorted(recent)
         index = min(len(data) - 1, max(0, round(q * (len(data) - 1))))
         return data[index]
 
     def reset_recent(self) -> None:
-        """Forget the recent samples (benchmarks call this after warm-up)."""
-        self.recent.clear()
+        """Forget the recent samples (benchmarks call this after warm-up); counts are kept."""
+        self._fold()
+        self._recent.clear()
 
 
 class EngineMetrics:

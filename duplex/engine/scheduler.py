@@ -235,17 +235,22 @@ class FrameScheduler:
         frames = batch.frames
         metrics.frames_stepped.inc(len(frames))
         metrics.batch_size.observe(len(frames))
-        padded = sum(1 for frame in frames if frame.padded)
+        lateness: list[float] = []
+        waits: list[float] = []
+        padded = 0
+        for frame in frames:
+            if frame.padded:
+                padded += 1
+            due = frame.due_at
+            if due is not None:
+                lateness.append(started - due if started > due else 0.0)
+            at = frame.submitted_at
+            if at is not None:
+                waits.append(started - at if started > at else 0.0)
         if padded:
             metrics.frames_padded.inc(padded)
-        metrics.lateness_s.observe_many(
-            started - due if started > due else 0.0 for frame in frames if (due := frame.due_at) is not None
-        )
-        metrics.append_to_step_s.observe_many(
-            started - at if started > at else 0.0
-            for frame in frames
-            if (at := frame.submitted_at) is not None
-        )
+        metrics.lateness_s.observe_many(lateness)
+        metrics.append_to_step_s.observe_many(waits)
 
     def fail(self, batch: Batch, exc: BaseException) -> None:
         """A step raised: fail every session of the batch; the others continue."""
@@ -259,7 +264,10 @@ class FrameScheduler:
         if not batch.inputs:
             return 0
         try:
-            outputs = await self.on_model_thread(self.step, batch)
+            if self.model_thread.on_loop:  # a ``calls_on_loop`` plugin: no coroutine per tick
+                outputs = self.step(batch)
+            else:
+                outputs = await self.on_model_thread(self.step, batch)
             self.apply(batch, outputs, now)
         except Exception as exc:  # the plugin's failure (or ours) ends those sessions, not the scheduler
             self.fail(batch, exc)

@@ -194,6 +194,35 @@ def test_observe_many_records_exactly_what_observe_records() -> None:
     )
 
 
+def test_a_histogram_folds_pending_samples_into_the_same_buckets_bisect_gives() -> None:
+    import bisect
+    import math
+    import random
+
+    from duplex.engine.metrics import Histogram
+
+    rng = random.Random(7)
+    h = Histogram("h", "help", recent_max=1000)
+    edges = h.buckets
+    expected = [0] * (len(edges) + 1)
+    values: list[float] = []
+    for step in range(3 * Histogram.FLUSH_AT + 123):  # several folds, reads in between
+        value = rng.choice([0.0, *edges, rng.uniform(0, 3.0), rng.uniform(0, 0.01)])
+        expected[bisect.bisect_left(edges, value)] += 1  # a sample on a bound counts in that bucket
+        values.append(value)
+        if step % 2:
+            h.observe(value)
+        else:
+            h.observe_many([value])
+        if step % 5000 == 17:
+            assert h.count == step + 1 and sum(h.counts) == step + 1
+    assert h.counts == expected and h.count == len(values)
+    assert h.sum == pytest.approx(math.fsum(values), rel=1e-12)
+    assert list(h.recent) == values[-1000:]
+    h.reset_recent()
+    assert not h.recent and h.count == len(values) and h.percentile(0.5) is None
+
+
 async def test_a_cleared_frame_is_not_stepped_until_it_is_overdue_and_then_padded(model_thread) -> None:
     plugin = NullPlugin()
     sched, metrics = _scheduler(plugin, model_thread, EngineConfig(late_tolerance_ms=10))
