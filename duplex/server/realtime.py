@@ -42,6 +42,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import logging
+import time
 from typing import Any
 
 from starlette.responses import Response
@@ -368,7 +369,7 @@ class _Connection:
         transport = self._transport
         receive = transport.receive_data if transport is not None else self._receive
         allow = self._bucket.allow if self._bucket.rate_per_s > 0 else None
-        now = self._loop_time
+        now = time.monotonic  # the bucket's clock (the loop's clock is this one, without a frame)
         metrics = self.metrics
         while True:
             data = await receive()
@@ -402,7 +403,7 @@ class _Connection:
         """
         att = self._att
         bucket = self._bucket
-        if bucket.rate_per_s > 0 and not bucket.allow(self._loop_time()):
+        if bucket.rate_per_s > 0 and not bucket.allow(time.monotonic()):
             return False  # a refusal takes no token: the reader asks again and answers it
         try:
             cmd = self._decode(data)
