@@ -215,6 +215,7 @@ def _duplex_server(port: int, tick_ms: float, transport_only: bool = False) -> N
 class _Client:
     sends: list[float] = field(default_factory=list)
     deltas: int = 0
+    delta_times: list[float] = field(default_factory=list)
     latencies_ms: list[float] = field(default_factory=list)
     ok: bool = True
     error: str | None = None
@@ -297,6 +298,7 @@ async def _run_client(
                     if is_delta:
                         k = stats.deltas + offset
                         stats.deltas += 1
+                        stats.delta_times.append(t)
                         if k < len(stats.sends) and stats.sends[k] >= measure_from:
                             stats.latencies_ms.append((t - stats.sends[k]) * 1000.0)
 
@@ -328,9 +330,19 @@ def _pct(xs: list[float], q: float) -> float | None:
     return xs[min(len(xs) - 1, max(0, int(np.ceil(q / 100 * len(xs))) - 1))]
 
 
+def count_in_window(times: list[float], count_from: float, count_until: float) -> int:
+    """How many of ``times`` fall in the half-open window ``[count_from, count_until)`` (monotonic
+    clock seconds); an empty or reversed window counts nothing."""
+    return sum(1 for t in times if count_from <= t < count_until)
+
+
 def _drive(spec: dict[str, Any]) -> dict[str, Any]:
     """One load-generator process: ``spec["n"]`` clients on the shared schedule (monotonic clock
-    times, the same in every process of the machine); returns what they measured."""
+    times, the same in every process of the machine); returns what they measured.
+
+    When the spec carries ``count_from`` and ``count_until`` (monotonic times), the result also
+    gives ``sent_in_window`` (appends sent in ``[count_from, count_until)``) and
+    ``deltas_in_window`` (audio deltas received in it), summed over the clients."""
     random.seed(spec["seed"])
     variant = spec["variant"]
     msgs, offset = _append_messages(variant)
@@ -355,11 +367,16 @@ def _drive(spec: dict[str, Any]) -> dict[str, Any]:
         return clients
 
     clients = asyncio.run(go())
-    return {
+    result: dict[str, Any] = {
         "latencies_ms": [x for c in clients for x in c.latencies_ms],
         "held": sum(c.ok for c in clients),
         "errors": sorted({c.error for c in clients if c.error}),
     }
+    if spec.get("count_from") is not None and spec.get("count_until") is not None:
+        lo, hi = spec["count_from"], spec["count_until"]
+        result["sent_in_window"] = sum(count_in_window(c.sends, lo, hi) for c in clients)
+        result["deltas_in_window"] = sum(count_in_window(c.delta_times, lo, hi) for c in clients)
+    return result
 
 
 def _split(n: int, parts: int) -> list[int]:
