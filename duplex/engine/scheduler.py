@@ -109,6 +109,7 @@ class FrameScheduler:
         self.period_s = capabilities.chunk_period_ms / 1000
         self.eager = config.tick_ms == 0  # step whenever a frame is ready
         self.tick_s = (config.tick_ms / 1000) if config.tick_ms else self.period_s
+        self.batch_window_s = config.batch_window_ms / 1000
         self.chunk = capabilities.chunk_samples
         self._slots: dict[int, tuple[SlotFeed, SlotBinding]] = {}
         self._ready: set[int] = set()  # slots whose feed holds a complete frame
@@ -300,12 +301,17 @@ class FrameScheduler:
         no wait.
         Overdue frames (late clients, padded with silence) are found by the scan that ``plan``
         runs every quarter period, for which the scheduler also wakes.
+
+        Under load (many sessions, a fast step) the wake-up waits up to ``batch_window_ms`` for
+        the frames the sessions are expected to complete meanwhile, so that a step carries
+        several frames and the fixed cost of a step is shared (``EngineConfig``).
         """
         loop = asyncio.get_running_loop()
         # One timer for the next scan, re-armed only when the scan time moves (every quarter
         # period), not made and cancelled around every wait: at hundreds of ticks a second that
         # churn cost more than the scan.
         timer_at = float("nan")
+        window, period = self.batch_window_s, self.period_s
         try:
             while True:
                 if not self._fed:
@@ -321,6 +327,12 @@ class FrameScheduler:
                         await waiter
                     finally:
                         self._waiter = None
+                ready = len(self._ready)
+                if window and ready and ready * period < len(self._slots) * window:
+                    # Fewer frames are ready than the sessions are expected to complete within
+                    # the window: let them join this batch (``EngineConfig.batch_window_ms``). A
+                    # wake-up for the scan alone (nothing ready) scans at once.
+                    await asyncio.sleep(window)
                 self._fed = False
                 await self.tick(loop.time())
         finally:

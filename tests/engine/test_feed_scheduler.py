@@ -305,6 +305,54 @@ async def test_eager_scheduler_batches_frames_completed_in_the_same_loop_iterati
         task.cancel()
 
 
+async def _first_steps(joined: int, window_ms: float, ready_at_once: list[int], later: int | None) -> list:
+    """An eager scheduler with ``joined`` slots: frames of ``ready_at_once`` complete together, then
+    (5 ms later) one of ``later``; returns the steps taken once the loop has settled."""
+    plugin = NullPlugin()
+    config = EngineConfig(tick_ms=0, batch_window_ms=window_ms)
+    sched, _ = _scheduler(plugin, ModelThread(on_loop=True), config)
+    feeds = [sched.join(slot, Sink().binding()) for slot in range(joined)]
+    task = asyncio.create_task(sched.run())
+    loop = asyncio.get_running_loop()
+    try:
+        await asyncio.sleep(0.01)  # the first scan (nothing to step) has run
+        for slot in ready_at_once:
+            feeds[slot].feed(np.zeros(CHUNK, np.float32), loop.time(), loop.time())
+        await asyncio.sleep(0)
+        first = [list(s) for s in plugin.steps]
+        if later is not None:
+            await asyncio.sleep(0.005)
+            feeds[later].feed(np.zeros(CHUNK, np.float32), loop.time(), loop.time())
+        await _until(lambda: sum(len(s) for s in plugin.steps) == len(ready_at_once) + (later is not None))
+        return [first, plugin.steps]
+    finally:
+        task.cancel()
+
+
+async def test_under_load_a_ready_frame_waits_the_batch_window_for_the_frames_expected_meanwhile() -> None:
+    # 8 sessions, 80 ms frames, a 20 ms window: 2 frames expected per window, 1 ready: it waits,
+    # and the frame that completes 5 ms later joins its batch.
+    first, steps = await _first_steps(joined=8, window_ms=20, ready_at_once=[0], later=3)
+    assert first == [] and steps == [[0, 3]]
+
+
+async def test_a_light_load_a_full_batch_and_a_zero_window_step_at_once() -> None:
+    # 3 sessions: under one frame expected per window, so no wait (the late frame steps alone).
+    first, steps = await _first_steps(joined=3, window_ms=20, ready_at_once=[0], later=2)
+    assert first == [[0]] and steps == [[0], [2]]
+    # 8 sessions with the 2 expected frames already ready: no wait.
+    first, steps = await _first_steps(joined=8, window_ms=20, ready_at_once=[1, 0], later=None)
+    assert first == [[0, 1]] and steps == [[0, 1]]
+    # The window off: the eager scheduler of before.
+    first, steps = await _first_steps(joined=8, window_ms=0, ready_at_once=[0], later=3)
+    assert first == [[0]] and steps == [[0], [3]]
+
+
+def test_a_negative_batch_window_is_refused() -> None:
+    with pytest.raises(ValueError, match="batch_window_ms"):
+        EngineConfig(batch_window_ms=-1)
+
+
 async def test_eager_scheduler_batches_frames_that_complete_during_a_step() -> None:
     plugin = SlowFirstStep()
     release, started = plugin.release, plugin.started
