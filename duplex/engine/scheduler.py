@@ -15,7 +15,8 @@ Every tick the scheduler runs the same three steps (STYLE rule 13):
 
 A tick comes as soon as a frame is ready (``EngineConfig.tick_ms=0``, the default): every
 frame completed in the same event-loop iteration, or during the step in flight, joins one
-batch (continuous batching, ``_run_eager``). A positive ``tick_ms`` ticks on a fixed clock,
+batch (continuous batching, ``_run_eager``); under load a ready frame may wait up to
+``batch_window_ms`` for the frames expected meanwhile. A positive ``tick_ms`` ticks on a fixed clock,
 ``None`` once per plugin frame period.
 Sessions join (``join``) and leave (``leave``) between ticks: slot open, cancel and
 close run on the same single model thread as ``step``, so they are serialized
