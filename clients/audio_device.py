@@ -29,6 +29,13 @@ the device's rate. Nothing there may wait on the event loop, so each direction h
   at the played position is queued for every response cut short, as OpenAI recommends for clients
   that play the audio themselves (the server then keeps only the heard part in the history).
 
+Echo cancellation. Both streams take an optional ``echo`` (``clients.echo_cancel.EchoLink``): the
+speaker's callback hands it a copy of every block it filled, stamped with the block's DAC time (a
+lock and an append, nothing more), and the microphone runs every resampled chunk through it on the
+loop, stamped with its ADC time, before buffering it. Timestamps are the callback's ``time_info``
+(``outputBufferDacTime`` / ``inputBufferAdcTime``); where a host API reports 0 there, the callback's
+``currentTime`` plus the stream's output latency (minus its input latency) stands in.
+
 Positions are frames the callback handed to PortAudio; the device's own output latency (a few tens of
 milliseconds, ``stream.latency``) is not subtracted.
 
@@ -51,6 +58,7 @@ from typing import Any
 import numpy as np
 
 from clients.collector import event_type
+from clients.echo_cancel import EchoLink
 from duplex.protocol import AudioFormat, ConversationItemTruncate, PlaybackAck, parse_format
 from duplex.protocol.audio import StreamResampler, decode_audio
 
@@ -69,6 +77,28 @@ def _device_errors(sd: Any) -> tuple[type[BaseException], ...]:
     return (getattr(sd, "PortAudioError", OSError), ValueError)
 
 
+def callback_time(time_info: Any, name: str, latency: float) -> float:
+    """A PortAudio callback's ``time_info`` stamp ``name`` (``outputBufferDacTime`` or
+    ``inputBufferAdcTime``), in seconds on the stream clock. A host API that reports 0 for it gets
+    ``currentTime + latency`` instead (pass the input latency negated)."""
+    value = getattr(time_info, name, None)
+    if value is None and isinstance(time_info, dict):
+        value = time_info.get(name)
+    if value:
+        return float(value)
+    now = getattr(time_info, "currentTime", None)
+    if now is None and isinstance(time_info, dict):
+        now = time_info.get("currentTime")
+    return float(now or 0.0) + latency
+
+
+def _stream_latency(stream: Any) -> float:
+    latency = getattr(stream, "latency", 0.0)
+    with contextlib.suppress(TypeError, ValueError):
+        return float(latency or 0.0)
+    return 0.0
+
+
 class _DeviceStream:
     """What both streams share: find the device and its rate, open and start the stream (or raise
     ``AudioDeviceError``), and stop and close it."""
@@ -83,6 +113,7 @@ class _DeviceStream:
         self.block_ms = block_ms
         self.device_rate = 0  # once open
         self.name = ""  # once open
+        self.latency = 0.0  # the stream's own latency (s), once open
         self._stream: Any = None
 
     def _open(self, **settings: Any) -> None:
@@ -102,6 +133,7 @@ class _DeviceStream:
                 dtype="float32",
                 **settings,
             )
+            self.latency = _stream_latency(self._stream)
             self._stream.start()
         except errors as exc:
             self._close_stream()
@@ -132,6 +164,7 @@ class MicrophoneStream(_DeviceStream):
     ``device``: a ``sounddevice`` device (index or name; None for the default input).
     ``device_rate``: the rate to open the device at (None: its default rate). ``block_ms``: the
     callback's block. ``max_buffer_ms``: audio kept for a slow reader (older audio is dropped).
+    ``echo``: the echo canceller's link (its rate must be ``rate``), or None.
     """
 
     kind, role = "input", "microphone"
@@ -145,9 +178,13 @@ class MicrophoneStream(_DeviceStream):
         device_rate: int | None = None,
         block_ms: int = 20,
         max_buffer_ms: int = 2000,
+        echo: EchoLink | None = None,
     ) -> None:
         super().__init__(sd, device, device_rate, block_ms)
+        if echo is not None and echo.rate != rate:
+            raise ValueError(f"the echo canceller runs at {echo.rate} Hz, the microphone at {rate} Hz")
         self.rate = rate
+        self.echo = echo
         self.max_buffer = rate * max_buffer_ms // 1000
         self.dropped_samples = 0
         self.status_flags = 0  # callbacks that reported an input overflow
@@ -180,7 +217,8 @@ class MicrophoneStream(_DeviceStream):
         block = np.array(indata[:frames, 0], dtype=np.float32)  # a copy: PortAudio reuses its buffer
         if status:
             self.status_flags += 1
-        self._hand_over(self._deliver, block)
+        stamp = callback_time(time_info, "inputBufferAdcTime", -self.latency)
+        self._hand_over(self._deliver, block, stamp)
 
     def _finished(self) -> None:
         self._hand_over(self._end)
@@ -194,10 +232,12 @@ class MicrophoneStream(_DeviceStream):
 
     # -- the loop's side -------------------------------------------------------------------
 
-    def _deliver(self, block: np.ndarray) -> None:
+    def _deliver(self, block: np.ndarray, stamp: float) -> None:
         if self._ended or self._resampler is None:
             return
         pcm = self._resampler.process(block)
+        if self.echo is not None:
+            pcm = self.echo.cancel(pcm, stamp)
         if len(pcm):
             self._chunks.append(pcm)
             self._buffered += len(pcm)
@@ -267,6 +307,7 @@ class SpeakerStream(_DeviceStream):
     ``device``: a ``sounddevice`` device (None: the default output). ``device_rate``: the rate to open
     it at (None: its default rate). ``prebuffer_ms``: queued audio needed before playback starts or
     resumes after running dry. ``max_buffer_ms``: queued audio beyond this is dropped (counted).
+    ``echo``: the echo canceller's link, handed every block played, or None.
     """
 
     kind, role = "output", "speaker"
@@ -280,8 +321,10 @@ class SpeakerStream(_DeviceStream):
         block_ms: int = 20,
         prebuffer_ms: int = 60,
         max_buffer_ms: int = 300_000,
+        echo: EchoLink | None = None,
     ) -> None:
         super().__init__(sd, device, device_rate, block_ms)
+        self.echo = echo
         self.prebuffer_ms = prebuffer_ms
         self.max_buffer_ms = max_buffer_ms
         self.dropped_frames = 0
@@ -305,6 +348,8 @@ class SpeakerStream(_DeviceStream):
     def _prepare(self) -> None:
         self._prebuffer = self.device_rate * self.prebuffer_ms // 1000
         self._max_queued = self.device_rate * self.max_buffer_ms // 1000
+        if self.echo is not None:
+            self.echo.open_output(self.device_rate, self.device_rate * self.block_ms // 1000)
 
     def __exit__(self, *exc: object) -> None:
         self._close_stream()
@@ -335,6 +380,8 @@ class SpeakerStream(_DeviceStream):
             if not self._segments:
                 self._primed = False  # ran dry: wait for the prebuffer again
         out[filled:] = 0.0
+        if self.echo is not None:
+            self.echo.played(out.copy(), callback_time(time_info, "outputBufferDacTime", self.latency))
         if outdata.shape[1] > 1:
             outdata[:frames, 1:] = outdata[:frames, :1]
 

@@ -20,8 +20,13 @@ End. When the input is over and no response started on its own, a client-commit 
 done, its audio played, and nothing new starts for a second (or ``--timeout``), and closes the
 session. Ctrl-C (or ``StopSignal.set``) ends the conversation at any point: playback stops (a
 truncation at the played position), the session is closed with ``session.close`` and the exit status
-is 0. ``--mic --play`` is a full-duplex conversation; wear headphones, or the speaker talks into the
-microphone.
+is 0.
+
+Echo. ``--mic --play`` is a full-duplex conversation: without headphones the speaker talks into the
+microphone, and a server VAD would take the model's own voice for the user barging in. So the echo
+canceller (``clients.echo_cancel``) runs by default there: the speaker hands it every block it
+played, and each microphone chunk (at 24 kHz, after resampling) has the echo taken out before it is
+sent. ``--no-aec`` turns it off (headphones need none).
 
 Errors: a missing ``sounddevice`` package or PortAudio library, and a sound device that cannot be
 opened, are one-line ``TalkError``s with status 2, raised before the session opens.
@@ -44,6 +49,7 @@ import numpy as np
 from clients.audio_device import AudioDeviceError, MicrophoneStream, SpeakerPlayback, SpeakerStream
 from clients.base import ClientClosed, ClientError
 from clients.collector import EventCollector, event_type
+from clients.echo_cancel import EchoLink
 from clients.playback import SimulatedPlayback
 from clients.websocket import DuplexClient
 from duplex.protocol import (
@@ -189,7 +195,9 @@ class _Activity:
 def _devices(
     args: argparse.Namespace, sd: Any
 ) -> Iterator[tuple[MicrophoneStream | None, SpeakerStream | None]]:
-    """The microphone and the speaker asked for, open and started; a device error is status 2."""
+    """The microphone and the speaker asked for, open and started, sharing an echo canceller when
+    both are (unless ``--no-aec``); a device error is status 2."""
+    echo = EchoLink(RATE) if args.mic and args.play and not getattr(args, "no_aec", False) else None
     with contextlib.ExitStack() as stack:
         mic = speaker = None
         try:
@@ -200,12 +208,17 @@ def _devices(
                         device=_device(args.output_device),
                         device_rate=args.device_rate,
                         prebuffer_ms=args.jitter_ms,
+                        echo=echo,
                     )
                 )
             if args.mic:
                 mic = stack.enter_context(
                     MicrophoneStream(
-                        sd, rate=RATE, device=_device(args.input_device), device_rate=args.device_rate
+                        sd,
+                        rate=RATE,
+                        device=_device(args.input_device),
+                        device_rate=args.device_rate,
+                        echo=echo,
                     )
                 )
         except AudioDeviceError as exc:
@@ -275,6 +288,8 @@ async def _talk(
             if device is not None:
                 role = "microphone" if device is mic else "speaker"
                 progress.say(f"{role}: {device.name} at {device.device_rate} Hz")
+        if mic is not None and mic.echo is not None:
+            progress.say("echo cancellation: on (--no-aec to turn it off, e.g. with headphones)")
         acks_done = asyncio.Event()
         # Keep the event queue empty (handles and listeners keep what matters), so a long
         # conversation never fills it and pauses the receive side.

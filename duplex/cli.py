@@ -72,6 +72,12 @@ def build_parser() -> argparse.ArgumentParser:
     talk.add_argument("--output-device", help="speaker: a sounddevice index or name (default: the system's)")
     talk.add_argument("--device-rate", type=int, help="open the sound devices at this rate (default: theirs)")
     talk.add_argument(
+        "--no-aec",
+        action="store_true",
+        help="with --mic --play: no echo cancellation (with headphones; by default the speaker's "
+        "sound is taken out of the microphone)",
+    )
+    talk.add_argument(
         "--jitter-ms", type=int, default=60, help="with --play: audio buffered before playback (re)starts"
     )
     talk.add_argument("--chunk-ms", type=int, default=0, help="append size (default: the model's frame)")
