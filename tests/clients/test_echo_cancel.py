@@ -205,19 +205,7 @@ class EchoStream(FakeStream):
 
     api: EchoingSoundDevice
 
-    def _run(self) -> None:
-        period = self.blocksize / self.samplerate
-        t0 = time.perf_counter()
-        index = 0
-        while not self._halt.is_set():
-            due = t0 + index * period
-            wait = due - time.perf_counter()
-            if wait > 0 and self._halt.wait(wait):
-                return
-            index += 1
-            self._stamped(due, period)
-
-    def _stamped(self, now: float, period: float) -> None:
+    def _on_time(self, now: float, period: float) -> None:
         api = self.api
         if self.kind == "input":
             adc = now - period

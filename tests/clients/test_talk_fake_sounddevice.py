@@ -138,7 +138,11 @@ class FakeStream:
             if delay > 0 and self._halt.wait(delay):
                 return
             index += 1
-            self._block()
+            self._on_time(due, period)
+
+    def _on_time(self, due: float, period: float) -> None:
+        """One callback of the real-time thread, due at ``due`` (``perf_counter``): a block."""
+        self._block()
 
     def _block(self) -> None:
         times = {"currentTime": time.perf_counter()}
