@@ -384,6 +384,20 @@ def _split(n: int, parts: int) -> list[int]:
     return [n // parts + (1 if k < n % parts else 0) for k in range(parts)]
 
 
+def start_drivers(
+    variant: str, port: int, n: int, drivers: int, env: dict[str, str], **times: float
+) -> list[subprocess.Popen[str]]:
+    """Start ``drivers`` load-generator processes sharing ``n`` clients of ``variant`` on ``port``;
+    ``times`` are the spec's clock fields (``t0``, ``measure_from``, ``stop_at``, and optionally
+    ``count_from``/``count_until``, see ``_drive``). Each prints its JSON result on stdout."""
+    procs: list[subprocess.Popen[str]] = []
+    for k, part in enumerate(_split(n, drivers)):
+        spec = {"variant": variant, "port": port, "n": part, "seed": k, **times}
+        cmd = [sys.executable, "-m", "bench.server", "--drive", json.dumps(spec)]
+        procs.append(subprocess.Popen(cmd, env=env, stdout=subprocess.PIPE, text=True))
+    return procs
+
+
 def run_one(
     variant: str, n: int, seconds: float, warmup: float, tick_ms: float, drivers: int = 2
 ) -> dict[str, Any]:
@@ -406,18 +420,8 @@ def run_one(
         t0 = time.monotonic() + 2.0 + n * 0.004  # time to start the drivers and connect everyone
         measure_from = t0 + warmup
         stop_at = measure_from + seconds
-        for k, part in enumerate(_split(n, drivers)):
-            spec = {
-                "variant": variant,
-                "port": port,
-                "n": part,
-                "t0": t0,
-                "measure_from": measure_from,
-                "stop_at": stop_at,
-                "seed": k,
-            }
-            cmd = [sys.executable, "-m", "bench.server", "--drive", json.dumps(spec)]
-            procs.append(subprocess.Popen(cmd, env=env, stdout=subprocess.PIPE, text=True))
+        times = {"t0": t0, "measure_from": measure_from, "stop_at": stop_at}
+        procs += start_drivers(variant, port, n, drivers, env, **times)
         watched = [psutil.Process(p.pid) for p in procs]
         time.sleep(max(0.0, measure_from - time.monotonic()))
         cpu0, drv0, w0 = _cpu(server), sum(map(_cpu, watched)), time.perf_counter()

@@ -56,7 +56,7 @@ from typing import Any
 
 from bench.loopback import free_port, wait_port
 from bench.report import format_table, machine, write_json
-from bench.server import FRAME_MS, VARIANTS, _pct, _split
+from bench.server import FRAME_MS, VARIANTS, _pct, start_drivers
 
 __all__ = [
     "add_ratios",
@@ -170,20 +170,18 @@ def run_one(
         count_from = t0 + warmup
         count_until = count_from + seconds
         stop_at = count_until + 1.0  # traffic runs past the window: its end is steady too
-        for k, part in enumerate(_split(n, drivers)):
-            spec = {
-                "variant": variant,
-                "port": port,
-                "n": part,
-                "t0": t0,
-                "measure_from": count_from,
-                "stop_at": stop_at,
-                "seed": k,
-                "count_from": count_from,
-                "count_until": count_until,
-            }
-            cmd = [sys.executable, "-m", "bench.server", "--drive", json.dumps(spec)]
-            procs.append(subprocess.Popen(cmd, env=env, stdout=subprocess.PIPE, text=True))
+        procs += start_drivers(
+            variant,
+            port,
+            n,
+            drivers,
+            env,
+            t0=t0,
+            measure_from=count_from,
+            stop_at=stop_at,
+            count_from=count_from,
+            count_until=count_until,
+        )
         time.sleep(max(0.0, count_from - time.monotonic()))
         toggle_on_ms = _control(proc.pid, "-i", "on")
         time.sleep(max(0.0, count_until - time.monotonic()))
