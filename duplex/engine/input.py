@@ -161,8 +161,7 @@ class InputPipeline:
             self._resamplers(rate)  # a later rate change finds the streams reset
         if n:
             wide = samples.astype(np.float32)
-            # ``_round_f32`` written out: this runs once per frame.
-            rms = _F32.unpack(_F32.pack(math.sqrt(wide.dot(wide) / n)))[0] / 32768.0
+            rms = _round_f32(math.sqrt(wide.dot(wide) / n)) / 32768.0
         else:
             rms = 0.0
         return DecodedAppend(pcm=samples, duration_ms=n * 1000.0 / rate, rms=rms, video_frames=video_frames)

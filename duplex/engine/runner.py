@@ -298,9 +298,9 @@ class SessionRunner:
 
     def _decode_args(self, cmd: Any) -> tuple[bytes, Any, tuple[bytes, ...]]:
         fmt = self.session.settings.input_format
-        # An append's own format (our extension) overrides the session's; most carry none.
-        if getattr(cmd, "format", None) is not None or getattr(cmd, "sample_rate_hz", None) is not None:
-            fmt = cmd.resolved_format(fmt)
+        resolve = getattr(cmd, "resolved_format", None)  # an append's own format (our extension)
+        if resolve is not None:
+            fmt = resolve(fmt)
         video = getattr(cmd, "video_frames", None)
         return cmd.audio, fmt, tuple(video) if video else ()
 
