@@ -1,9 +1,10 @@
 """Server capacity over WebSocket: N real-time clients against the echo frame plugin, vs a bare baseline.
 
 For each N and each variant, a server runs in its own process on loopback and N clients, shared by
-``--drivers`` load-generator processes (2: one Python process saturates a core near 1000 clients,
-which would cap every variant alike), each send one 80 ms PCM16 append every 80 ms on one absolute
-schedule (start times spread over one period) and read every event. Measured after a warm-up:
+``--drivers`` load-generator processes (``bench.ws_load``: raw non-blocking sockets, every append
+framed and masked once before the run, so a client costs a few µs of Python per frame), each send
+one 80 ms PCM16 append every 80 ms on one absolute schedule (start times spread over one period)
+and read every event. Measured after a warm-up:
 
 * append-to-delta latency: from sending append ``i`` to receiving the audio delta that stepping its
   frame produced (p50 / p99 / max, ms);
@@ -27,8 +28,10 @@ The engine steps a frame as soon as it is complete (``EngineConfig.tick_ms=0``, 
 batching); ``--tick-ms 10`` measures a fixed 10 ms tick instead.
 
 Run: ``python -m bench.server --sessions 50 200 500 --seconds 10`` (writes
-``bench/results/server.json``). Clients and servers share the machine's cores, as they would on a
-small box; the load generators' own CPU is reported too (summed, in % of one core).
+``bench/results/server.json``). Clients and server share the machine's cores, as they would on a
+small box; the load generators' own CPU is reported too (summed, in % of one core). Pinning the
+server to a CPU of its own (``sched_setaffinity``) was tried on a 2-CPU VM and made every
+variant's tail worse: p99 of hundreds of ms at 65-80 % of the pinned CPU.
 """
 
 from __future__ import annotations
@@ -39,12 +42,10 @@ import base64
 import json
 import os
 import random
-import re
 import subprocess
 import sys
 import time
 from collections import deque
-from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
@@ -52,14 +53,13 @@ import msgspec
 import numpy as np
 
 from bench.loopback import free_port, serve_engine, streaming_session_update, wait_port
+from bench.ws_load import OP_BINARY, OP_TEXT, client_frame, run_clients
 
 __all__ = ["main"]
 
 RATE = 24000
 FRAME_MS = 80
 FRAME_BYTES = RATE * FRAME_MS // 1000 * 2
-DELTA_PREFIX_JSON = '{"type":"response.output_audio.delta"'
-_SEQ_RE = re.compile(r'"server_event_seq":(\d+)')
 ACK_EVERY = 25
 VARIANTS = ("bare-json", "transport-json", "transport-msgpack", "duplex-json", "duplex-msgpack")
 
@@ -211,16 +211,6 @@ def _duplex_server(port: int, tick_ms: float, transport_only: bool = False) -> N
 # -- the load generator ----------------------------------------------------------------------------
 
 
-@dataclass
-class _Client:
-    sends: list[float] = field(default_factory=list)
-    deltas: int = 0
-    delta_times: list[float] = field(default_factory=list)
-    latencies_ms: list[float] = field(default_factory=list)
-    ok: bool = True
-    error: str | None = None
-
-
 def _speech_like(seconds: float) -> np.ndarray:
     rng = np.random.default_rng(1)
     return (0.1 * rng.standard_normal(int(RATE * seconds))).astype(np.float32)
@@ -235,92 +225,6 @@ def _append_messages(variant: str) -> tuple[list[Any], int]:
     mode = Mode.MSGPACK if variant.endswith("msgpack") else Mode.GA
     msgs = [encode(DuplexInputAudioBufferAppend(audio=f), mode) for f in frames]
     return msgs, (1 if variant.startswith("duplex") else 0)
-
-
-class _Head(msgspec.Struct):
-    type: str
-    server_event_seq: int | None = None
-
-
-async def _run_client(
-    variant: str,
-    port: int,
-    msgs: list[Any],
-    offset: int,
-    start_at: float,
-    stop_at: float,
-    measure_from: float,
-    stats: _Client,
-) -> None:
-    import websockets
-
-    from duplex.protocol import (
-        MSGPACK_SUBPROTOCOL,
-        Mode,
-        SessionEventAck,
-        encode,
-    )
-
-    msgpack = variant.endswith("msgpack")
-    mode = Mode.MSGPACK if msgpack else Mode.GA
-    path = "/" if variant == "bare-json" else "/v1/realtime?model=echo&autostart=0"
-    head = msgspec.msgpack.Decoder(_Head)
-    loop = asyncio.get_running_loop()
-    try:
-        async with websockets.connect(
-            f"ws://127.0.0.1:{port}{path}",
-            compression=None,
-            max_size=2**24,
-            subprotocols=[MSGPACK_SUBPROTOCOL] if msgpack else None,
-            open_timeout=60,
-            ping_interval=None,
-            proxy=None,
-        ) as ws:
-            if variant != "bare-json":
-                await ws.send(encode(streaming_session_update(), mode))
-
-            async def reader() -> None:
-                since_ack = 0
-                async for message in ws:
-                    t = loop.time()
-                    if msgpack:
-                        h = head.decode(message)
-                        is_delta, seq = h.type == "response.output_audio.delta", h.server_event_seq
-                    else:
-                        is_delta = message.startswith(DELTA_PREFIX_JSON)
-                        m = _SEQ_RE.search(message, 0, 200) if variant != "bare-json" else None
-                        seq = int(m.group(1)) if m else None
-                    if seq is not None:
-                        since_ack += 1
-                        if since_ack >= ACK_EVERY:
-                            since_ack = 0
-                            await ws.send(encode(SessionEventAck(server_event_seq=seq), mode))
-                    if is_delta:
-                        k = stats.deltas + offset
-                        stats.deltas += 1
-                        stats.delta_times.append(t)
-                        if k < len(stats.sends) and stats.sends[k] >= measure_from:
-                            stats.latencies_ms.append((t - stats.sends[k]) * 1000.0)
-
-            rtask = asyncio.create_task(reader())
-            i = 0
-            while True:
-                due = start_at + i * FRAME_MS / 1000.0
-                if due >= stop_at:
-                    break
-                delay = due - loop.time()
-                if delay > 0:
-                    await asyncio.sleep(delay)
-                stats.sends.append(loop.time())
-                await ws.send(msgs[i % len(msgs)])
-                i += 1
-            await asyncio.sleep(0.3)  # let the last deltas arrive before closing
-            rtask.cancel()
-    except Exception as exc:  # a refused or dropped session counts as not held
-        stats.ok = False
-        stats.error = f"{type(exc).__name__}: {exc}"
-    if stats.deltas < max(1, len(stats.sends) - offset - 3):
-        stats.ok = False
 
 
 def _pct(xs: list[float], q: float) -> float | None:
@@ -343,32 +247,36 @@ def _drive(spec: dict[str, Any]) -> dict[str, Any]:
     When the spec carries ``count_from`` and ``count_until`` (monotonic times), the result also
     gives ``sent_in_window`` (appends sent in ``[count_from, count_until)``) and
     ``deltas_in_window`` (audio deltas received in it), summed over the clients."""
+    from duplex.protocol import MSGPACK_SUBPROTOCOL, Mode, SessionEventAck, encode
+
     random.seed(spec["seed"])
     variant = spec["variant"]
     msgs, offset = _append_messages(variant)
+    mode = Mode.MSGPACK if variant.endswith("msgpack") else Mode.GA
+    opcode = OP_BINARY if mode is Mode.MSGPACK else OP_TEXT
+    key = os.urandom(4)
 
-    async def go() -> list[_Client]:
-        clients = [_Client() for _ in range(spec["n"])]
-        await asyncio.gather(
-            *(
-                _run_client(
-                    variant,
-                    spec["port"],
-                    msgs,
-                    offset,
-                    spec["t0"] + random.random() * FRAME_MS / 1000,
-                    spec["stop_at"],
-                    spec["measure_from"],
-                    c,
-                )
-                for c in clients
-            )
-        )
-        return clients
+    def frame(message: str | bytes) -> bytes:
+        return client_frame(message.encode() if isinstance(message, str) else message, opcode, key)
 
-    clients = asyncio.run(go())
+    bare = variant == "bare-json"
+    clients = run_clients(
+        port=spec["port"],
+        path="/" if bare else "/v1/realtime?model=echo&autostart=0",
+        subprotocol=MSGPACK_SUBPROTOCOL if mode is Mode.MSGPACK else None,
+        appends=[frame(m) for m in msgs],
+        first=[] if bare else [frame(encode(streaming_session_update(), mode))],
+        ack_frame=None if bare else (lambda seq: frame(encode(SessionEventAck(server_event_seq=seq), mode))),
+        delta_offset=offset,
+        starts=[spec["t0"] + random.random() * FRAME_MS / 1000 for _ in range(spec["n"])],
+        period_s=FRAME_MS / 1000,
+        stop_at=spec["stop_at"],
+        measure_from=spec["measure_from"],
+        ack_every=ACK_EVERY,
+    )
     result: dict[str, Any] = {
         "latencies_ms": [x for c in clients for x in c.latencies_ms],
+        "late_ms": [x for c in clients for x in c.late_ms],
         "held": sum(c.ok for c in clients),
         "errors": sorted({c.error for c in clients if c.error}),
     }
@@ -401,8 +309,7 @@ def start_drivers(
 def run_one(
     variant: str, n: int, seconds: float, warmup: float, tick_ms: float, drivers: int = 2
 ) -> dict[str, Any]:
-    """One server process and ``drivers`` load-generator processes sharing the N clients (one
-    Python process saturates a core near 1000 clients, which would cap every variant alike)."""
+    """One server process and ``drivers`` load-generator processes sharing the N clients."""
     import psutil
 
     port = free_port()
@@ -434,6 +341,7 @@ def run_one(
             p.wait(timeout=10)
     wall = w1 - w0
     lat = [x for part in parts for x in part["latencies_ms"]]
+    late = [x for part in parts for x in part["late_ms"]]
     errors = sorted({e for part in parts for e in part["errors"]})
     return {
         "variant": variant,
@@ -443,6 +351,7 @@ def run_one(
         "p99_ms": _pct(lat, 99),
         "max_ms": max(lat) if lat else None,
         "samples": len(lat),
+        "send_late_p99_ms": _pct(late, 99),
         "server_cpu_pct": (cpu1 - cpu0) / wall * 100,
         "driver_cpu_pct": (drv1 - drv0) / wall * 100,
         "drivers": len(procs),
