@@ -31,6 +31,7 @@ from __future__ import annotations
 
 import asyncio
 import functools
+import itertools
 import logging
 import time
 from collections.abc import Callable, Sequence
@@ -113,7 +114,9 @@ class FrameScheduler:
         self.batch_window_s = config.batch_window_ms / 1000
         self.chunk = capabilities.chunk_samples
         self._slots: dict[int, tuple[SlotFeed, SlotBinding]] = {}
-        self._ready: set[int] = set()  # slots whose feed holds a complete frame
+        # Slots whose feed holds a complete frame, in the order their frames completed (a dict as
+        # an ordered set): ``plan`` takes the frame that has waited longest first.
+        self._ready: dict[int, None] = {}
         self._next_scan = float("-inf")
         self._fed = False  # a frame completed since the last plan (eager mode)
         self._waiter: asyncio.Future[None] | None = None  # the eager scheduler's wake-up
@@ -141,7 +144,7 @@ class FrameScheduler:
     def leave(self, slot: int) -> None:
         """Remove a slot; its outputs of a step in flight are still delivered (and dropped by epoch)."""
         self._slots.pop(slot, None)
-        self._ready.discard(slot)
+        self._ready.pop(slot, None)
 
     @property
     def joined(self) -> int:
@@ -159,14 +162,24 @@ class FrameScheduler:
         Only slots with a complete frame (``ready``, marked by their feed) are looked at on
         every tick; all slots are scanned for overdue frames every quarter period, so a
         padded frame may come up to a quarter period after its tolerance ran out.
+
+        Complete frames go into the batch in the order they completed, and the outputs come
+        back in batch order, so the frame that has waited longest is answered first: in a large
+        batch (hundreds of frames stepped in one call) the wait from read to reply evens out,
+        and its tail shrinks. A slot with another complete frame behind the one taken queues
+        it behind the frames ready now. Padded (overdue) frames follow the complete ones.
         """
         ready = self._ready
         slots = self._slots
-        if now >= self._next_scan:
+        if ready:
+            candidates: Any = [(slot, slots.get(slot)) for slot in ready]  # ``ready`` changes below
+            if now >= self._next_scan:  # then every slot, for an overdue frame (a ready one again
+                # finds the pace or an empty feed: ``take`` gives nothing)
+                self._next_scan = now + self.period_s / 4
+                candidates = itertools.chain(candidates, slots.items())
+        elif now >= self._next_scan:
             self._next_scan = now + self.period_s / 4
-            candidates: Any = slots.items()  # not changed while planning: no copy
-        elif ready:
-            candidates = [(slot, slots.get(slot)) for slot in ready]  # ``ready`` changes below
+            candidates = slots.items()  # not changed while planning: no copy
         else:
             return _EMPTY
         batch = Batch()
@@ -174,7 +187,7 @@ class FrameScheduler:
         chunk = self.chunk
         for slot, entry in candidates:
             if entry is None:  # marked, then left
-                ready.discard(slot)
+                ready.pop(slot, None)
                 continue
             feed, binding = entry
             if slot not in ready:
@@ -189,9 +202,12 @@ class FrameScheduler:
             # ``take`` gives a padded frame only if one is overdue, and the mark goes.
             frame = feed.take(now)
             if feed.buffered < chunk:
-                ready.discard(slot)
+                ready.pop(slot, None)
             if frame is None:
                 continue
+            if slot in ready:  # a backlog: its next frame waits behind those ready now
+                del ready[slot]
+                ready[slot] = None
             inputs.append(
                 SlotInput(
                     slot=slot,
@@ -350,7 +366,7 @@ class FrameScheduler:
 
     def _frame_ready(self, slot: int) -> None:
         """A feed completed a frame: mark the slot, and wake an eager scheduler."""
-        self._ready.add(slot)
+        self._ready[slot] = None  # a slot already marked keeps its place
         self._fed = True
         waiter = self._waiter
         if waiter is not None and not waiter.done():

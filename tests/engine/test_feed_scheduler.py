@@ -433,3 +433,39 @@ def test_tick_ms_zero_is_eager_and_negative_is_refused() -> None:
     assert EngineConfig(tick_ms=0).tick_ms == 0
     with pytest.raises(ValueError, match="tick_ms must be >= 0"):
         EngineConfig(tick_ms=-1)
+
+
+class OrderedPlugin(NullPlugin):
+    """Records each batch's slots in the order the scheduler gave them (``NullPlugin`` sorts)."""
+
+    def step(self, batch: Sequence[SlotInput]) -> Sequence[SlotOutput]:
+        self.steps.append([i.slot for i in batch])
+        return [SlotOutput(slot=i.slot, epoch=i.epoch) for i in batch]
+
+
+async def test_frames_are_stepped_and_answered_in_the_order_they_completed(model_thread) -> None:
+    plugin = OrderedPlugin()
+    sched, _ = _scheduler(plugin, model_thread)
+    delivered: list[int] = []
+    feeds = []
+    for slot in range(4):
+        binding = SlotBinding(
+            epoch=lambda: 0,
+            deliver=lambda out: delivered.append(out.slot),
+            fail=lambda exc: None,
+            paused=lambda: False,
+        )
+        feeds.append(sched.join(slot, binding))
+    # slot 3 completes first, then 1 (with a second frame behind it), then 2; 0 only half a frame
+    feeds[3].feed(np.zeros(CHUNK, np.float32), 0.0, 0.0)
+    feeds[1].feed(np.zeros(CHUNK * 2, np.float32), 0.001, 0.001)
+    feeds[0].feed(np.zeros(CHUNK // 2, np.float32), 0.002, 0.002)
+    feeds[2].feed(np.zeros(CHUNK // 2, np.float32), 0.002, 0.002)
+    feeds[2].feed(np.zeros(CHUNK // 2, np.float32), 0.003, 0.003)
+    feeds[3].feed(np.zeros(CHUNK, np.float32), 0.004, 0.004)  # already marked: keeps its place
+    assert await sched.tick(0.005) == 3
+    assert plugin.steps == [[3, 1, 2]] and delivered == [3, 1, 2]
+    # slots 1 and 3 hold another frame each; paced (half a period), they queue in the order their
+    # first frame was taken, and the half frame of slot 0, overdue, is padded after them
+    assert await sched.tick(0.09) == 3
+    assert plugin.steps[-1] == [3, 1, 0] and delivered[3:] == [3, 1, 0]
