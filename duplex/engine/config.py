@@ -53,7 +53,8 @@ class EngineConfig(msgspec.Struct, frozen=True, kw_only=True):
         slow step (whose own duration gathers the batch) never wait. A batch costs a fixed
         amount of loop and scheduler work whatever its size; at hundreds of sessions on a
         microsecond-step plugin, eager steps carry 1-2 frames and that work dominates. ``0``
-        turns the wait off.
+        turns the wait off. The default, 1 ms, measured against 2 ms with 500-1000 echo sessions
+        over WebSocket: the same server CPU, p50 about 1 ms lower, and a lower p99 at 900.
         ``late_tolerance_ms``: how long past its due time a frame may stay incomplete before
         the scheduler pads it with silence.
         ``max_padding_frames``: consecutive padded frames before a silent session is frozen
@@ -86,7 +87,7 @@ class EngineConfig(msgspec.Struct, frozen=True, kw_only=True):
     max_conversation_items: int = 1024
 
     tick_ms: float | None = 0.0
-    batch_window_ms: float = 2.0
+    batch_window_ms: float = 1.0
     late_tolerance_ms: float = 40.0
     max_padding_frames: int = 25
     max_pending_outputs: int = 8
