@@ -2,14 +2,17 @@
 
 For each N and each variant, a server runs in its own process on loopback and N clients, shared by
 ``--drivers`` load-generator processes (``bench.ws_load``: raw non-blocking sockets, every append
-framed and masked once before the run, so a client costs a few µs of Python per frame), each send
-one 80 ms PCM16 append every 80 ms on one absolute schedule (start times spread over one period)
-and read every event. Measured after a warm-up:
+framed and masked once before the run, so the generators take less than half the CPU that
+``websockets`` clients took and preempt the server less), each send one 80 ms PCM16 append every
+80 ms on one absolute schedule (start times spread over one period) and read every event.
+Measured after a warm-up:
 
 * append-to-delta latency: from sending append ``i`` to receiving the audio delta that stepping its
   frame produced (p50 / p99 / max, ms);
 * sessions held: clients still connected and answered at the end of the run;
-* server CPU: the server process's CPU time over the measurement window, in % of one core.
+* server CPU: the server process's CPU time over the measurement window, in % of one core;
+* send lateness (p99): how late the generators' sends left against their schedule; above a few
+  ms the load, not the server, set the figures.
 
 Variants:
 
@@ -22,7 +25,8 @@ Variants:
   writer: it isolates the server layer's own cost (uvicorn, Starlette, codec, tasks).
 
 Figures are reported as ratios to ``bare-json``. "Capacity" is the largest N tried whose p99 stays
-under ``--p99-ms`` (20) with every session held.
+under ``--p99-ms`` (20) with every session held (every smaller N passing too), best of
+``--repeats`` runs.
 
 The engine steps a frame as soon as it is complete (``EngineConfig.tick_ms=0``, continuous
 batching); ``--tick-ms 10`` measures a fixed 10 ms tick instead.
