@@ -103,8 +103,12 @@ def test_the_seq_probe_reads_our_json_and_msgpack_events(seq: int) -> None:
     )
     for mode in (Mode.GA, Mode.MSGPACK):
         wire = encode(delta, mode)
-        assert _event_seq(wire.encode() if isinstance(wire, str) else wire) == seq, mode
-    assert _event_seq(b'{"type":"response.output_audio.delta","delta":"AAAA"}') is None
+        if isinstance(wire, str):
+            assert _event_seq(OP_TEXT, memoryview(wire.encode())) == seq
+        else:
+            assert _event_seq(OP_BINARY, memoryview(wire)) == seq
+    assert _event_seq(OP_TEXT, b'{"type":"response.output_audio.delta","delta":"AAAA"}') is None
+    assert _event_seq(OP_BINARY, b"\xc1") is None  # not msgpack: no seq, no exception
 
 
 def _delta(n: int) -> str:
