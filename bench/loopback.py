@@ -66,18 +66,20 @@ def streaming_session_update(instructions: str | None = None) -> Any:
     return DuplexSessionUpdate(session=DuplexSessionConfig(instructions=instructions, audio=audio))
 
 
-def serve_engine(engine: Any, port: int, model_name: str, routes: Sequence[Any] = ()) -> None:
+def serve_engine(
+    engine: Any, port: int, model_name: str, routes: Sequence[Any] = (), *, event_loop: str = "auto"
+) -> None:
     """Serve ``engine`` with the real app on ``127.0.0.1:port`` until SIGTERM (runs in a child).
 
     WebSocket pings are off (a benchmark client that is busy must not be dropped
     for a late pong); ``routes`` (Starlette routes) are added to the app, for a
-    driver's own probes.
+    driver's own probes; ``event_loop`` is ``ServerConfig.event_loop``.
     """
     from duplex.server.app import create_app
     from duplex.server.config import ServeConfig, ServerConfig
     from duplex.server.serve import DrainingServer, uvicorn_config
 
-    cfg = ServeConfig(server=ServerConfig(port=port, ws_ping_interval_s=None))
+    cfg = ServeConfig(server=ServerConfig(port=port, ws_ping_interval_s=None, event_loop=event_loop))
     app = create_app(engine, cfg.server, model_name=model_name)
     app.router.routes.extend(routes)
     DrainingServer(uvicorn_config(app, cfg, log_level="warning")).run()

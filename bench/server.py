@@ -16,17 +16,21 @@ Measured after a warm-up:
 
 Variants:
 
-* ``bare-json``: a minimal ``websockets`` server that only decodes each append (JSON + base64) and
-  answers with a same-size delta: the ceiling for a Python WebSocket JSON service on this machine;
+* ``bare-json``: a minimal ``websockets`` server on the standard ``asyncio`` loop that only decodes
+  each append (JSON + base64) and answers with a same-size delta: the ceiling for a Python WebSocket
+  JSON service on this machine;
+* ``bare-json-uvloop``: the same server on uvloop, the loop our server runs on by default
+  (``ServerConfig.event_loop``): how much of a difference is the loop's;
 * ``duplex-json`` / ``duplex-msgpack``: our server and engine on the echo plugin, GA JSON + base64 or
   the ``duplex.msgpack.v1`` subprotocol (raw audio bytes);
 * ``transport-json`` / ``transport-msgpack``: our server with a stand-in for the engine that answers
   each append at once with a same-size delta (the bare server's work) through the real outbox and
   writer: it isolates the server layer's own cost (uvicorn, Starlette, codec, tasks).
 
-Figures are reported as ratios to ``bare-json``. "Capacity" is the largest N tried whose p99 stays
-under ``--p99-ms`` (20) with every session held (every smaller N passing too), best of
-``--repeats`` runs.
+Our servers run on ``--event-loop`` (``auto``: uvloop where installed, as ``duplex serve`` does;
+each run records ``server_loop``). Figures are reported as ratios to ``bare-json``. "Capacity" is
+the largest N tried whose p99 stays under ``--p99-ms`` (20) with every session held (every smaller
+N passing too), best of ``--repeats`` runs.
 
 The engine steps a frame as soon as it is complete (``EngineConfig.tick_ms=0``, continuous
 batching); ``--tick-ms 10`` measures a fixed 10 ms tick instead.
@@ -65,7 +69,14 @@ RATE = 24000
 FRAME_MS = 80
 FRAME_BYTES = RATE * FRAME_MS // 1000 * 2
 ACK_EVERY = 25
-VARIANTS = ("bare-json", "transport-json", "transport-msgpack", "duplex-json", "duplex-msgpack")
+VARIANTS = (
+    "bare-json",
+    "bare-json-uvloop",
+    "transport-json",
+    "transport-msgpack",
+    "duplex-json",
+    "duplex-msgpack",
+)
 
 
 # -- the bare baseline server --------------------------------------------------------------------
@@ -195,7 +206,18 @@ class _TransportOnly:
         return _AnswerEachAppend()
 
 
-def _duplex_server(port: int, tick_ms: float, transport_only: bool = False) -> None:
+def _run_bare(port: int, event_loop: str) -> None:
+    """The bare server on ``event_loop`` (``asyncio`` or ``uvloop``)."""
+    factory = None
+    if event_loop == "uvloop":
+        import uvloop
+
+        factory = uvloop.new_event_loop
+    with asyncio.Runner(loop_factory=factory) as runner:
+        runner.run(_bare_server(port))
+
+
+def _duplex_server(port: int, tick_ms: float, transport_only: bool = False, event_loop: str = "auto") -> None:
     """Our server on the echo plugin (one frame of delay), or on the transport-only stand-in."""
 
     from duplex.engine import Engine, EngineConfig
@@ -209,7 +231,7 @@ def _duplex_server(port: int, tick_ms: float, transport_only: bool = False) -> N
         plugin.load()
         config = EngineConfig(max_sessions=2048, tick_ms=tick_ms, journal_max_age_s=10.0)
         engine = Engine(plugin, config, model_name="echo")
-    serve_engine(engine, port, "echo")
+    serve_engine(engine, port, "echo", event_loop=event_loop)
 
 
 # -- the load generator ----------------------------------------------------------------------------
@@ -263,7 +285,7 @@ def _drive(spec: dict[str, Any]) -> dict[str, Any]:
     def frame(message: str | bytes) -> bytes:
         return client_frame(message.encode() if isinstance(message, str) else message, opcode, key)
 
-    bare = variant == "bare-json"
+    bare = variant.startswith("bare-json")
     clients = run_clients(
         port=spec["port"],
         path="/" if bare else "/v1/realtime?model=echo&autostart=0",
@@ -310,8 +332,26 @@ def start_drivers(
     return procs
 
 
+def server_loop(variant: str, event_loop: str = "auto") -> str:
+    """The event loop ``variant``'s server runs on: bare-json on asyncio, bare-json-uvloop on
+    uvloop, ours on ``event_loop`` (``ServerConfig.event_loop``: ``auto`` is uvloop where installed)."""
+    from duplex.server.serve import event_loop_name
+
+    if variant == "bare-json":
+        return "asyncio"
+    if variant == "bare-json-uvloop":
+        return "uvloop"
+    return event_loop_name(event_loop)
+
+
 def run_one(
-    variant: str, n: int, seconds: float, warmup: float, tick_ms: float, drivers: int = 2
+    variant: str,
+    n: int,
+    seconds: float,
+    warmup: float,
+    tick_ms: float,
+    drivers: int = 2,
+    event_loop: str = "auto",
 ) -> dict[str, Any]:
     """One server process and ``drivers`` load-generator processes sharing the N clients."""
     import psutil
@@ -320,10 +360,10 @@ def run_one(
     role = {"bare": "--serve-bare", "transport": "--serve-transport"}.get(
         variant.split("-")[0], "--serve-duplex"
     )
+    loop = server_loop(variant, event_loop)
     env = {**os.environ, "PYTHONUNBUFFERED": "1"}
-    proc = subprocess.Popen(
-        [sys.executable, "-m", "bench.server", role, "--port", str(port), "--tick-ms", str(tick_ms)], env=env
-    )
+    cmd = [sys.executable, "-m", "bench.server", role, "--port", str(port), "--tick-ms", str(tick_ms)]
+    proc = subprocess.Popen([*cmd, "--event-loop", loop], env=env)
     procs: list[subprocess.Popen[str]] = []
     try:
         wait_port(port)
@@ -350,6 +390,7 @@ def run_one(
     return {
         "variant": variant,
         "sessions": n,
+        "server_loop": loop,
         "held": sum(part["held"] for part in parts),
         "p50_ms": _pct(lat, 50),
         "p99_ms": _pct(lat, 99),
@@ -435,6 +476,12 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument(
         "--drivers", type=int, default=2, help="load-generator processes sharing the clients (default 2)"
     )
+    ap.add_argument(
+        "--event-loop",
+        choices=["auto", "asyncio", "uvloop"],
+        default="auto",
+        help="our servers' event loop (ServerConfig.event_loop; default auto: uvloop where installed)",
+    )
     ap.add_argument("--drive", default=None, help=argparse.SUPPRESS)
     ap.add_argument("--serve-bare", action="store_true", help=argparse.SUPPRESS)
     ap.add_argument("--serve-duplex", action="store_true", help=argparse.SUPPRESS)
@@ -445,10 +492,11 @@ def main(argv: list[str] | None = None) -> int:
         print(json.dumps(_drive(json.loads(args.drive))), flush=True)
         return 0
     if args.serve_bare:
-        asyncio.run(_bare_server(args.port))
+        _run_bare(args.port, "uvloop" if args.event_loop == "uvloop" else "asyncio")
         return 0
     if args.serve_duplex or args.serve_transport:
-        _duplex_server(args.port, args.tick_ms, transport_only=args.serve_transport)
+        only = args.serve_transport
+        _duplex_server(args.port, args.tick_ms, transport_only=only, event_loop=args.event_loop)
         return 0
 
     load_at_start = os.getloadavg()
@@ -456,7 +504,9 @@ def main(argv: list[str] | None = None) -> int:
     for n in args.sessions:
         for rep in range(args.repeats):  # rounds interleave the variants: interference hits all alike
             for variant in args.variants:
-                run = run_one(variant, n, args.seconds, args.warmup, args.tick_ms, args.drivers)
+                run = run_one(
+                    variant, n, args.seconds, args.warmup, args.tick_ms, args.drivers, args.event_loop
+                )
                 run["repeat"] = rep
                 runs.append(run)
                 print(_table([run], list(run)[:-2]), flush=True)
@@ -514,6 +564,8 @@ def main(argv: list[str] | None = None) -> int:
         "load_average_at_start": load_at_start,
         "frame_ms": FRAME_MS,
         "tick_ms": args.tick_ms,
+        "event_loop": args.event_loop,
+        "server_loops": {v: server_loop(v, args.event_loop) for v in args.variants},
         "seconds": args.seconds,
         "warmup_s": args.warmup,
         "p99_threshold_ms": args.p99_ms,

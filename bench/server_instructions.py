@@ -56,7 +56,7 @@ from typing import Any
 
 from bench.loopback import free_port, wait_port
 from bench.report import format_table, machine, write_json
-from bench.server import FRAME_MS, VARIANTS, _pct, start_drivers
+from bench.server import FRAME_MS, VARIANTS, _pct, server_loop, start_drivers
 
 __all__ = [
     "add_ratios",
@@ -159,6 +159,8 @@ def run_one(
         str(port),
         "--tick-ms",
         str(tick_ms),
+        "--event-loop",
+        server_loop(variant),
     ]
     log = (out / f"server-{variant}-{n}.log").open("w")
     proc = subprocess.Popen(server_cmd, env=env, stdout=log, stderr=subprocess.STDOUT)

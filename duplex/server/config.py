@@ -24,6 +24,7 @@ Unknown keys are refused (``ConfigError``) so a misspelled limit never silently 
 from __future__ import annotations
 
 from pathlib import Path
+from typing import Literal
 
 import msgspec
 import yaml
@@ -76,6 +77,10 @@ class ServerConfig(msgspec.Struct, frozen=True, kw_only=True, forbid_unknown_fie
     ws_per_message_deflate: bool = False
     # Graceful shutdown: how long to wait for sockets to flush ``session.closed``.
     shutdown_timeout_s: float = 5.0
+    # The event loop the server runs on: ``uvloop`` (libuv: socket reads, writes and callbacks in
+    # C) or the standard library's ``asyncio`` loop; ``auto`` takes uvloop where it is installed
+    # (a core dependency off Windows) and asyncio elsewhere. Both run the same code.
+    event_loop: Literal["auto", "asyncio", "uvloop"] = "auto"
 
     def __post_init__(self) -> None:
         if self.max_message_bytes > self.max_frame_bytes:

@@ -18,7 +18,15 @@ from duplex.plugins.base import Plugin, PluginError
 from duplex.server.config import ConfigError, ServeConfig
 from duplex.server.ws_protocol import DuplexWebSocketProtocol
 
-__all__ = ["DEFAULT_PLUGIN", "FALLBACK_PLUGIN", "DrainingServer", "build_plugin", "serve", "uvicorn_config"]
+__all__ = [
+    "DEFAULT_PLUGIN",
+    "FALLBACK_PLUGIN",
+    "DrainingServer",
+    "build_plugin",
+    "event_loop_name",
+    "serve",
+    "uvicorn_config",
+]
 
 log = logging.getLogger("duplex.server")
 
@@ -96,15 +104,32 @@ def _find_state(app: Any) -> Any:
     return None
 
 
+def event_loop_name(requested: str) -> str:
+    """The event loop ``ServerConfig.event_loop`` selects: ``uvloop`` or ``asyncio`` (``auto``:
+    uvloop when it can be imported). Raises ``ConfigError`` for ``uvloop`` when it is not installed:
+    a server asked for one loop must not start on another."""
+    if requested == "asyncio":
+        return "asyncio"
+    try:
+        import uvloop  # noqa: F401
+    except ImportError:
+        if requested == "uvloop":
+            raise ConfigError("server.event_loop: uvloop is not installed (pip install uvloop)") from None
+        return "asyncio"
+    return "uvloop"
+
+
 def uvicorn_config(app: Any, cfg: ServeConfig, *, log_level: str = "info") -> uvicorn.Config:
     """The uvicorn settings for our app (limits from ``cfg.server``), with our WebSocket protocol
-    (``DuplexWebSocketProtocol``: uvicorn's sans-IO one with cheaper messages and an abort)."""
+    (``DuplexWebSocketProtocol``: uvicorn's sans-IO one with cheaper messages and an abort) and the
+    event loop ``cfg.server.event_loop`` selects (``event_loop_name``)."""
     s = cfg.server
     return uvicorn.Config(
         app,
         host=s.host,
         port=s.port,
         ws=DuplexWebSocketProtocol,
+        loop=event_loop_name(s.event_loop),
         ws_max_size=s.max_frame_bytes,
         ws_ping_interval=s.ws_ping_interval_s,
         ws_ping_timeout=s.ws_ping_timeout_s,
@@ -124,16 +149,18 @@ def serve(cfg: ServeConfig, *, log_level: str = "info") -> None:
         engine_config = EngineConfig(**cfg.engine)  # type: ignore[arg-type]
     except (TypeError, ValueError) as exc:
         raise ConfigError(f"engine: {exc}") from exc
+    loop = event_loop_name(cfg.server.event_loop)  # before a model load that may take minutes
     plugin, name = build_plugin(cfg.plugin, cfg.model_path, dict(cfg.plugin_options))
     try:
         engine = Engine(plugin, engine_config, model_name=cfg.model_name or name)
         app = create_app(engine, cfg.server, model_name=cfg.model_name or name)
         log.info(
-            "serving plugin %r as model %r on %s:%d",
+            "serving plugin %r as model %r on %s:%d (event loop: %s)",
             name,
             cfg.model_name or name,
             cfg.server.host,
             cfg.server.port,
+            loop,
         )
         DrainingServer(uvicorn_config(app, cfg, log_level=log_level)).run()
     finally:

@@ -17,7 +17,7 @@ def test_clients_are_shared_by_the_drivers_without_loss() -> None:
 
 def test_a_tiny_sweep_holds_every_session_in_every_variant(tmp_path: Path) -> None:
     out = tmp_path / "server.json"
-    variants = ["bare-json", "transport-msgpack", "duplex-json", "duplex-msgpack"]
+    variants = ["bare-json", "bare-json-uvloop", "transport-msgpack", "duplex-json", "duplex-msgpack"]
     cmd = [sys.executable, "-m", "bench.server", "--sessions", "3", "--variants", *variants]
     cmd += ["--seconds", "0.8", "--warmup", "0.4", "--repeats", "1", "--json", str(out)]
     done = subprocess.run(cmd, capture_output=True, text=True, timeout=180)
@@ -30,4 +30,12 @@ def test_a_tiny_sweep_holds_every_session_in_every_variant(tmp_path: Path) -> No
         assert row["held"] == 3 and row["errors"] == [] and row["drivers"] == 2, row
         # every client's appends were answered in the window: 0.8 s of 80 ms frames, 3 clients
         assert row["samples"] >= 3 * 8, row
+    # the baseline on the standard loop, its twin on uvloop, ours on the server's default (auto: uvloop)
+    assert {v: r["server_loop"] for v, r in rows.items()} == result["server_loops"] == {
+        "bare-json": "asyncio",
+        "bare-json-uvloop": "uvloop",
+        "transport-msgpack": "uvloop",
+        "duplex-json": "uvloop",
+        "duplex-msgpack": "uvloop",
+    }
     assert sorted(result["capacity"]) == sorted(variants)  # latency under load is not asserted here

@@ -15,9 +15,15 @@ import pytest
 
 from clients import DuplexClient, DuplexClientBase, InlineDuplexClient, event_type
 from duplex.protocol import Mode, encode
+from tests.event_loops import LOOP_FACTORIES
 from tests.server.harness import running_server
 
 _SDK_EVENT: Any = None
+
+
+def pytest_asyncio_loop_factories(config: pytest.Config, item: pytest.Item) -> dict[str, object]:
+    """Every async client test runs on asyncio and on uvloop (``tests.event_loops``)."""
+    return LOOP_FACTORIES
 
 
 def check_response_done(event: Any) -> None:
