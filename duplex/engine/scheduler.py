@@ -31,6 +31,7 @@ from __future__ import annotations
 
 import asyncio
 import functools
+import heapq
 import itertools
 import logging
 import time
@@ -117,6 +118,15 @@ class FrameScheduler:
         # Slots whose feed holds a complete frame, in the order their frames completed (a dict as
         # an ordered set): ``plan`` takes the frame that has waited longest first.
         self._ready: dict[int, None] = {}
+        # Slots with another complete frame that may not step before their feed's ``not_before``
+        # (a burst, or a backlog after a stall, is paced at two frames per period): a min-heap of
+        # (not_before, order, slot), each slot at most once (``_paced_slots``). ``plan`` looks at
+        # them again only once they are due, instead of finding every paced slot still paced on
+        # every tick: after a stall nearly every slot has a backlog, and that scan cost as much as
+        # the steps just when the server most needs to catch up.
+        self._paced: list[tuple[float, int, int]] = []
+        self._paced_slots: set[int] = set()
+        self._paced_order = itertools.count()
         self._next_scan = float("-inf")
         self._fed = False  # a frame completed since the last plan (eager mode)
         self._waiter: asyncio.Future[None] | None = None  # the eager scheduler's wake-up
@@ -145,6 +155,7 @@ class FrameScheduler:
         """Remove a slot; its outputs of a step in flight are still delivered (and dropped by epoch)."""
         self._slots.pop(slot, None)
         self._ready.pop(slot, None)
+        self._paced_slots.discard(slot)  # its heap entry, if any, is skipped when it comes due
 
     @property
     def joined(self) -> int:
@@ -166,11 +177,15 @@ class FrameScheduler:
         Complete frames go into the batch in the order they completed, and the outputs come
         back in batch order, so the frame that has waited longest is answered first: in a large
         batch (hundreds of frames stepped in one call) the wait from read to reply evens out,
-        and its tail shrinks. A slot with another complete frame behind the one taken queues
-        it behind the frames ready now. Padded (overdue) frames follow the complete ones.
+        and its tail shrinks. A slot with another complete frame behind the one taken waits,
+        paced, until its feed's ``not_before`` (``_paced``), and then queues behind the frames
+        ready at that time. Padded (overdue) frames follow the complete ones.
         """
         ready = self._ready
         slots = self._slots
+        paced = self._paced
+        if paced and paced[0][0] <= now:
+            self._release_paced(now)
         if ready:
             candidates: Any = [(slot, slots.get(slot)) for slot in ready]  # ``ready`` changes below
             if now >= self._next_scan:  # then every slot, for an overdue frame (a ready one again
@@ -196,6 +211,10 @@ class FrameScheduler:
                 due = feed.due_at
                 if due is None or now < due + feed.late_tolerance_s:
                     continue
+            elif now < feed.not_before:  # marked, but paced: set aside until it is due
+                del ready[slot]
+                self._pace(slot, feed.not_before)
+                continue
             if binding.paused():
                 continue
             # A marked slot holds a complete frame unless its input was cleared since; then
@@ -205,9 +224,9 @@ class FrameScheduler:
                 ready.pop(slot, None)
             if frame is None:
                 continue
-            if slot in ready:  # a backlog: its next frame waits behind those ready now
+            if slot in ready:  # a backlog: its next frame is paced (``take`` set ``not_before``)
                 del ready[slot]
-                ready[slot] = None
+                self._pace(slot, feed.not_before)
             inputs.append(
                 SlotInput(
                     slot=slot,
@@ -220,6 +239,26 @@ class FrameScheduler:
             bindings.append(binding)
             frames.append(frame)
         return batch
+
+    def _pace(self, slot: int, not_before: float) -> None:
+        if slot not in self._paced_slots:
+            self._paced_slots.add(slot)
+            heapq.heappush(self._paced, (not_before, next(self._paced_order), slot))
+
+    def _release_paced(self, now: float) -> None:
+        """Mark ready, in the order they came due, the paced slots whose ``not_before`` has passed."""
+        paced, paced_slots, ready, slots = self._paced, self._paced_slots, self._ready, self._slots
+        while paced and paced[0][0] <= now:
+            _, _, slot = heapq.heappop(paced)
+            if slot in paced_slots:  # else it left (or was released) since
+                paced_slots.discard(slot)
+                if slot in slots:
+                    ready[slot] = None
+
+    @property
+    def paced(self) -> int:
+        """Slots holding a complete frame that waits for its pace (``SlotFeed.not_before``)."""
+        return len(self._paced_slots)
 
     def step(self, batch: Batch) -> Sequence[SlotOutput]:
         """Call the plugin (on the model thread), time it, and check its shape contract."""
@@ -317,7 +356,8 @@ class FrameScheduler:
         the batching window: a slow (accelerator) step collects large batches, a fast one adds
         no wait.
         Overdue frames (late clients, padded with silence) are found by the scan that ``plan``
-        runs every quarter period, for which the scheduler also wakes.
+        runs every quarter period, for which the scheduler also wakes; so it does when a paced
+        frame (a burst's or a backlog's next one) comes due, if that is sooner.
 
         Under load (many sessions, a fast step) the wake-up waits up to ``batch_window_ms`` for
         the frames the sessions are expected to complete meanwhile, so that a step carries
@@ -333,10 +373,13 @@ class FrameScheduler:
             while True:
                 if not self._fed:
                     timer = self._scan_timer
-                    if timer is None or timer_at != self._next_scan:
+                    wake_at = self._next_scan  # or the first paced frame's turn, when sooner
+                    if self._paced and self._paced[0][0] < wake_at:
+                        wake_at = self._paced[0][0]
+                    if timer is None or timer_at != wake_at:
                         if timer is not None:
                             timer.cancel()
-                        timer_at = self._next_scan
+                        timer_at = wake_at
                         self._scan_timer = loop.call_at(timer_at, self._scan_due)
                     waiter = loop.create_future()
                     self._waiter = waiter
@@ -358,7 +401,8 @@ class FrameScheduler:
                 self._scan_timer = None
 
     def _scan_due(self) -> None:
-        """The scan timer: wake a waiting eager scheduler (a busy one scans on its next plan)."""
+        """The scan (or paced-frame) timer: wake a waiting eager scheduler (a busy one scans on its
+        next plan)."""
         self._scan_timer = None  # fired: the next wait arms a new one
         waiter = self._waiter
         if waiter is not None and not waiter.done():

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+import itertools
 import threading
 from collections.abc import Sequence
 from typing import Any
@@ -469,3 +470,82 @@ async def test_frames_are_stepped_and_answered_in_the_order_they_completed(model
     # first frame was taken, and the half frame of slot 0, overdue, is padded after them
     assert await sched.tick(0.09) == 3
     assert plugin.steps[-1] == [3, 1, 0] and delivered[3:] == [3, 1, 0]
+
+
+
+async def test_a_backlogged_slot_waits_aside_until_its_pace_and_is_not_asked_meanwhile(model_thread) -> None:
+    plugin = OrderedPlugin()
+    sched, _ = _scheduler(plugin, model_thread, EngineConfig(late_tolerance_ms=1000))  # no padding here
+    sinks = [Sink() for _ in range(21)]
+    feeds = [sched.join(slot, sinks[slot].binding()) for slot in range(21)]
+    asked: list[float] = []  # when the scheduler asked slot 0's feed for a frame
+    take = feeds[0].take
+    feeds[0].take = lambda now: asked.append(now) or take(now)  # type: ignore[method-assign]
+    feeds[0].feed(np.zeros(CHUNK * 3, np.float32), 0.0, 0.0)  # a burst of three frames
+    feeds[1].feed(np.zeros(CHUNK, np.float32), 0.0, 0.0)
+    assert await sched.tick(0.001) == 2 and plugin.steps == [[0, 1]]
+    assert sched.paced == 1 and asked == [0.001]
+    # Until its pace (half a period after its step) it is not looked at, however often the
+    # scheduler ticks and whatever else completes; a frame of its own arriving does not move it up.
+    for k in range(2, 21):
+        now = k * 0.002
+        feeds[k].feed(np.zeros(CHUNK, np.float32), now, now)
+        if k == 5:
+            feeds[0].feed(np.zeros(CHUNK, np.float32), now, now)
+        assert await sched.tick(now) == 1 and plugin.steps[-1] == [k]
+    assert asked == [0.001] and sched.paced == 1
+    # Due at 0.041: stepped, then set aside again for its third frame, and then for its fourth.
+    assert await sched.tick(0.041) == 1 and plugin.steps[-1] == [0] and sched.paced == 1
+    assert await sched.tick(0.081) == 1 and await sched.tick(0.121) == 1
+    assert plugin.steps[-2:] == [[0], [0]] and sched.paced == 0
+    assert asked == [0.001, 0.041, 0.081, 0.121] and len(sinks[0].outputs) == 4
+
+
+async def test_a_slot_that_leaves_while_paced_is_never_stepped_again(model_thread) -> None:
+    plugin = OrderedPlugin()
+    sched, _ = _scheduler(plugin, model_thread)
+    feed = sched.join(0, Sink().binding())
+    feed.feed(np.zeros(CHUNK * 2, np.float32), 0.0, 0.0)
+    assert await sched.tick(0.001) == 1 and sched.paced == 1
+    sched.leave(0)
+    assert sched.paced == 0
+    assert await sched.tick(0.2) == 0 and plugin.steps == [[0]]
+    # a new session in the same slot is paced on its own feed's clock
+    feed = sched.join(0, Sink().binding())
+    feed.feed(np.zeros(CHUNK * 2, np.float32), 0.3, 0.3)
+    assert await sched.tick(0.3) == 1 and sched.paced == 1
+    assert await sched.tick(0.31) == 0
+    assert await sched.tick(0.34) == 1 and plugin.steps == [[0], [0], [0]] and sched.paced == 0
+
+
+async def test_eager_scheduler_steps_a_paced_frame_when_its_pace_comes_due() -> None:
+    """A lone client's burst: while its next frame waits for its pace, the scheduler's timer is
+    set for that moment once no scan comes sooner (not for the scan after it, up to a quarter
+    period later), and each frame is stepped no sooner than half a period after the one before."""
+    steps: list[float] = []
+
+    class Timed(NullPlugin):
+        def step(self, batch: Sequence[SlotInput]) -> Sequence[SlotOutput]:
+            steps.append(asyncio.get_running_loop().time())
+            return super().step(batch)
+
+    plugin = Timed()
+    mt = ModelThread(on_loop=True)
+    sched, _ = _scheduler(plugin, mt, EngineConfig(tick_ms=0, late_tolerance_ms=10))
+    feed = sched.join(0, Sink().binding())
+    task = asyncio.create_task(sched.run())
+    try:
+        loop = asyncio.get_running_loop()
+        await asyncio.sleep(0.011)  # off the scan grid (every 20 ms from the first one)
+        feed.feed(np.zeros(CHUNK * 3, np.float32), loop.time(), loop.time())
+        await _until(lambda: len(steps) == 1)
+        assert sched.paced == 1 and feed.not_before == pytest.approx(steps[0] + P / 2, abs=0.002)
+        # The scans before it come first (the timer is for whichever is sooner); then the timer
+        # is set for the paced frame's turn, which is off the scan grid.
+        await _until(lambda: sched._scan_timer is not None and sched._scan_timer.when() == feed.not_before)
+        assert len(steps) == 1 and sched._next_scan > feed.not_before
+        await _until(lambda: len(steps) == 3)
+        assert all(b - a >= P / 2 for a, b in itertools.pairwise(steps)), steps
+    finally:
+        task.cancel()
+        mt.shutdown()
