@@ -207,7 +207,7 @@ class _TransportOnly:
 
 
 def _run_bare(port: int, event_loop: str) -> None:
-    """The bare server on ``event_loop`` (``asyncio`` or ``uvloop``)."""
+    """The bare server on uvloop when ``event_loop`` is ``uvloop``, else on asyncio."""
     factory = None
     if event_loop == "uvloop":
         import uvloop
@@ -462,6 +462,8 @@ def _table(rows: list[dict[str, Any]], columns: list[str]) -> str:
 
 
 def main(argv: list[str] | None = None) -> int:
+    from duplex.server.config import EVENT_LOOPS
+
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     ap.add_argument("--sessions", type=int, nargs="+", default=[50, 200, 400, 500, 700, 1000])
     ap.add_argument("--variants", nargs="+", default=list(VARIANTS))
@@ -478,7 +480,7 @@ def main(argv: list[str] | None = None) -> int:
     )
     ap.add_argument(
         "--event-loop",
-        choices=["auto", "asyncio", "uvloop"],
+        choices=EVENT_LOOPS,
         default="auto",
         help="our servers' event loop (ServerConfig.event_loop; default auto: uvloop where installed)",
     )
@@ -492,7 +494,7 @@ def main(argv: list[str] | None = None) -> int:
         print(json.dumps(_drive(json.loads(args.drive))), flush=True)
         return 0
     if args.serve_bare:
-        _run_bare(args.port, "uvloop" if args.event_loop == "uvloop" else "asyncio")
+        _run_bare(args.port, args.event_loop)
         return 0
     if args.serve_duplex or args.serve_transport:
         only = args.serve_transport

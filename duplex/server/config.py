@@ -24,14 +24,18 @@ Unknown keys are refused (``ConfigError``) so a misspelled limit never silently 
 from __future__ import annotations
 
 from pathlib import Path
-from typing import Literal
+from typing import Literal, get_args
 
 import msgspec
 import yaml
 
-__all__ = ["ConfigError", "ServeConfig", "ServerConfig", "load_serve_config"]
+__all__ = ["EVENT_LOOPS", "ConfigError", "EventLoop", "ServeConfig", "ServerConfig", "load_serve_config"]
 
 MIB = 1024 * 1024
+
+EventLoop = Literal["auto", "asyncio", "uvloop"]
+EVENT_LOOPS: tuple[str, ...] = get_args(EventLoop)
+"""The values of ``ServerConfig.event_loop``."""
 
 
 class ConfigError(Exception):
@@ -80,7 +84,7 @@ class ServerConfig(msgspec.Struct, frozen=True, kw_only=True, forbid_unknown_fie
     # The event loop the server runs on: ``uvloop`` (libuv: socket reads, writes and callbacks in
     # C) or the standard library's ``asyncio`` loop; ``auto`` takes uvloop where it is installed
     # (a core dependency off Windows) and asyncio elsewhere. Both run the same code.
-    event_loop: Literal["auto", "asyncio", "uvloop"] = "auto"
+    event_loop: EventLoop = "auto"
 
     def __post_init__(self) -> None:
         if self.max_message_bytes > self.max_frame_bytes:
