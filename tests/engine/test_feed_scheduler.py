@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import asyncio
-import itertools
 import threading
 from collections.abc import Sequence
 from typing import Any
@@ -521,12 +520,15 @@ async def test_a_slot_that_leaves_while_paced_is_never_stepped_again(model_threa
 async def test_eager_scheduler_steps_a_paced_frame_when_its_pace_comes_due() -> None:
     """A lone client's burst: while its next frame waits for its pace, the scheduler's timer is
     set for that moment once no scan comes sooner (not for the scan after it, up to a quarter
-    period later), and each frame is stepped no sooner than half a period after the one before."""
+    period later), and each frame is stepped no sooner than the pace the step before it set (half
+    a period after that step's tick)."""
     steps: list[float] = []
+    paces: list[float] = []  # the feed's ``not_before`` each step's plan set
 
     class Timed(NullPlugin):
         def step(self, batch: Sequence[SlotInput]) -> Sequence[SlotOutput]:
             steps.append(asyncio.get_running_loop().time())
+            paces.append(feed.not_before)
             return super().step(batch)
 
     plugin = Timed()
@@ -545,7 +547,7 @@ async def test_eager_scheduler_steps_a_paced_frame_when_its_pace_comes_due() -> 
         await _until(lambda: sched._scan_timer is not None and sched._scan_timer.when() == feed.not_before)
         assert len(steps) == 1 and sched._next_scan > feed.not_before
         await _until(lambda: len(steps) == 3)
-        assert all(b - a >= P / 2 for a, b in itertools.pairwise(steps)), steps
+        assert all(step >= pace for pace, step in zip(paces, steps[1:], strict=False)), (paces, steps)
     finally:
         task.cancel()
         mt.shutdown()
