@@ -35,8 +35,18 @@ N passing too), best of ``--repeats`` runs.
 The engine steps a frame as soon as it is complete (``EngineConfig.tick_ms=0``, continuous
 batching); ``--tick-ms 10`` measures a fixed 10 ms tick instead.
 
-Run: ``python -m bench.server --sessions 50 200 500 --seconds 10`` (writes
-``bench/results/server.json``). Clients and server share the machine's cores, as they would on a
+Rounds: each repeat runs every variant back to back at one N (a round), so a slow minute of a
+shared machine hits them alike. Besides the best-of-R capacity, every variant is compared with
+``bare-json`` round by round (``paired``): in how many rounds it had the lower p99 (a run that lost
+sessions counts as the worst), and, over the rounds where both held every session, its server
+CPU as a ratio to bare-json's (median and range) and in how many it was lower. On a VM whose
+speed drifts by a factor of two between hours, and whose stolen time puts stalls of 30-150 ms
+into a few runs, these paired figures are steadier than a capacity read off one threshold.
+
+Run: ``python -m bench.server --sessions 50 200 500 --seconds 10 --plot bench/results/server.png``
+(writes ``bench/results/server.json``, and the plot: p99 and server CPU against N, every repeat
+drawn); ``python -m bench.server --report bench/results/server.json [--plot PNG]`` prints the
+summary of a saved run again (and draws it). Clients and server share the machine's cores, as they would on a
 small box; the load generators' own CPU is reported too (summed, in % of one core). Pinning the
 server to a CPU of its own (``sched_setaffinity``) was tried on a 2-CPU VM and made every
 variant's tail worse: p99 of hundreds of ms at 65-80 % of the pinned CPU.
@@ -63,7 +73,7 @@ import numpy as np
 from bench.loopback import free_port, serve_engine, streaming_session_update, wait_port
 from bench.ws_load import OP_BINARY, OP_TEXT, client_frame, run_clients
 
-__all__ = ["main"]
+__all__ = ["capacities", "main", "paired_rounds", "plot_sweep", "print_summary"]
 
 RATE = 24000
 FRAME_MS = 80
@@ -445,6 +455,159 @@ def _cpu_below(rows: list[dict[str, Any]], variant: str, than: str) -> bool | No
     return all(a < b for a, b in pairs) if pairs else None
 
 
+def _worst_if_lost(rep: dict[str, Any], n: int) -> float:
+    """A repeat's p99 for comparing rounds: a run that lost sessions (or has none) is the worst."""
+    p99 = rep.get("p99_ms")
+    return p99 if rep.get("held") == n and p99 is not None else float("inf")
+
+
+def paired_rounds(rows: list[dict[str, Any]], variant: str, baseline: str = "bare-json") -> dict[str, Any]:
+    """``variant`` against ``baseline`` round by round (repeat ``k`` of one N against repeat ``k``
+    of the same N: they ran back to back, see the module docstring).
+
+    ``p99_lower`` of ``p99_rounds``: rounds where ``variant``'s p99 was lower (a run that lost
+    sessions is the worst; rounds where both lost sessions are left out). Over the ``cpu_rounds``
+    where both held every session: ``cpu_lower`` (server CPU below the baseline's) and the CPU
+    ratio's ``cpu_ratio_median`` / ``cpu_ratio_min`` / ``cpu_ratio_max`` (None without such a
+    round)."""
+    base = {r["sessions"]: r for r in rows if r["variant"] == baseline}
+    p99_lower = p99_rounds = cpu_lower = 0
+    ratios: list[float] = []
+    for row in rows:
+        n = row["sessions"]
+        if row["variant"] != variant or n not in base:
+            continue
+        for mine, theirs in zip(row.get("repeats", []), base[n].get("repeats", []), strict=False):
+            a, b = _worst_if_lost(mine, n), _worst_if_lost(theirs, n)
+            if a != float("inf") or b != float("inf"):
+                p99_rounds += 1
+                p99_lower += a < b
+            if mine.get("held") == n and theirs.get("held") == n and theirs.get("server_cpu_pct"):
+                ratio = mine["server_cpu_pct"] / theirs["server_cpu_pct"]
+                ratios.append(ratio)
+                cpu_lower += ratio < 1.0
+    return {
+        "baseline": baseline,
+        "p99_rounds": p99_rounds,
+        "p99_lower": p99_lower,
+        "cpu_rounds": len(ratios),
+        "cpu_lower": cpu_lower,
+        "cpu_ratio_median": float(np.median(ratios)) if ratios else None,
+        "cpu_ratio_min": min(ratios) if ratios else None,
+        "cpu_ratio_max": max(ratios) if ratios else None,
+    }
+
+
+def capacities(rows: list[dict[str, Any]], p99_ms: float) -> dict[str, int]:
+    """Each variant's capacity: the largest N whose best repeat held every session with p99 under
+    ``p99_ms``, every smaller N passing too (0 when the smallest fails)."""
+    capacity: dict[str, int] = {}
+    for variant in dict.fromkeys(r["variant"] for r in rows):
+        capacity[variant] = 0
+        for r in sorted((r for r in rows if r["variant"] == variant), key=lambda r: r["sessions"]):
+            if r["held"] != r["sessions"] or r["p99_ms"] is None or r["p99_ms"] >= p99_ms:
+                break
+            capacity[variant] = r["sessions"]
+    return capacity
+
+
+def plot_sweep(rows: list[dict[str, Any]], p99_ms: float, path: str | Path) -> Path:
+    """Two panels against N, one line per variant: p99 of the best repeat (every repeat drawn as a
+    dot; a repeat that lost sessions as an x at the top), with the ``p99_ms`` line; and server CPU
+    of the best repeat. Written to ``path`` (PNG); returns the path."""
+    from bench.plots import plt, save_figure
+
+    fig, (lat, cpu) = plt.subplots(1, 2, figsize=(11, 4.4))
+    top = 2000.0
+    for variant in dict.fromkeys(r["variant"] for r in rows):
+        mine = sorted((r for r in rows if r["variant"] == variant), key=lambda r: r["sessions"])
+        ns = [r["sessions"] for r in mine]
+        best = [r["p99_ms"] if r["held"] == r["sessions"] and r["p99_ms"] is not None else top for r in mine]
+        (line,) = lat.plot(ns, best, marker="o", label=variant)
+        for r in mine:
+            for rep in r.get("repeats", []):
+                p99 = _worst_if_lost(rep, r["sessions"])
+                lost = p99 == float("inf")
+                lat.scatter(
+                    r["sessions"],
+                    top if lost else p99,
+                    marker="x" if lost else ".",
+                    color=line.get_color(),
+                    alpha=0.5,
+                )
+        cpu.plot(ns, [r["server_cpu_pct"] for r in mine], marker="o", label=variant)
+    lat.axhline(p99_ms, color="grey", linestyle="--", linewidth=1)
+    lat.set_yscale("log")
+    lat.set_ylim(top=top * 1.3)
+    lat.set_xlabel("sessions")
+    lat.set_ylabel("append-to-delta p99 (ms; x: sessions lost)")
+    lat.set_title(f"p99 (line: best repeat; dashed: {p99_ms:g} ms)")
+    cpu.set_xlabel("sessions")
+    cpu.set_ylabel("server CPU (% of one core)")
+    cpu.set_title("server CPU (best repeat)")
+    for ax in (lat, cpu):
+        ax.title.set_fontsize(10)
+        ax.grid(alpha=0.3)
+        ax.legend(fontsize=8)
+    return save_figure(fig, path)
+
+
+def print_summary(rows: list[dict[str, Any]], p99_ms: float, repeats: int) -> dict[str, Any]:
+    """Print the rows, the capacities, sessions per core and the paired rounds; return them."""
+    variants = list(dict.fromkeys(r["variant"] for r in rows))
+    for r in rows:
+        bare = next((b for b in rows if b["variant"] == "bare-json" and b["sessions"] == r["sessions"]), None)
+        r["p99_vs_bare"] = (r["p99_ms"] / bare["p99_ms"]) if bare and bare["p99_ms"] and r["p99_ms"] else None
+        r["cpu_vs_bare"] = (
+            (r["server_cpu_pct"] / bare["server_cpu_pct"]) if bare and bare["server_cpu_pct"] else None
+        )
+    cols = [
+        "variant",
+        "sessions",
+        "held",
+        "p50_ms",
+        "p99_ms",
+        "max_ms",
+        "server_cpu_pct",
+        "driver_cpu_pct",
+        "p99_vs_bare",
+        "cpu_vs_bare",
+    ]
+    print()
+    print(_table(rows, cols))
+    capacity = capacities(rows, p99_ms)
+    base = capacity.get("bare-json") or 0
+    ratios = {v: (c / base if base else None) for v, c in capacity.items()}
+    print()
+    print(f"capacity at p99 < {p99_ms:g} ms, best of {repeats} (every N up to it held, p99 under):")
+    for v, c in capacity.items():
+        ratio = ratios[v]
+        print(f"  {v:15s} {c:5d}" + (f"   {ratio:.2f} x bare-json" if ratio is not None else ""))
+    per_core = {v: _per_core(rows, v) for v in variants}
+    bare_core = per_core.get("bare-json")
+    print("sessions per core, from server CPU at the largest N held (ratio to bare-json):")
+    for v, c in per_core.items():
+        if c is not None:
+            print(f"  {v:18s} {c:7.0f}" + (f"   {c / bare_core:.2f} x" if bare_core else ""))
+    paired = {v: paired_rounds(rows, v) for v in variants if v != "bare-json" and "bare-json" in variants}
+    if paired:
+        print("round by round against bare-json (the same N, run back to back):")
+        for v, p in paired.items():
+            line = f"  {v:18s} lower p99 in {p['p99_lower']} of {p['p99_rounds']} rounds"
+            if p["cpu_rounds"]:
+                line += (
+                    f"; server CPU lower in {p['cpu_lower']} of {p['cpu_rounds']}, ratio median "
+                    f"{p['cpu_ratio_median']:.2f} ({p['cpu_ratio_min']:.2f}-{p['cpu_ratio_max']:.2f})"
+                )
+            print(line)
+    return {
+        "capacity": capacity,
+        "capacity_vs_bare": ratios,
+        "sessions_per_core_from_cpu": per_core,
+        "paired": paired,
+    }
+
+
 def _fmt(v: Any) -> str:
     if v is None:
         return "-"
@@ -484,12 +647,18 @@ def main(argv: list[str] | None = None) -> int:
         default="auto",
         help="our servers' event loop (ServerConfig.event_loop; default auto: uvloop where installed)",
     )
+    ap.add_argument("--plot", default=None, help="also draw p99 and server CPU against N (PNG)")
+    ap.add_argument(
+        "--report", default=None, help="print (and --plot) the summary of a saved JSON; runs nothing"
+    )
     ap.add_argument("--drive", default=None, help=argparse.SUPPRESS)
     ap.add_argument("--serve-bare", action="store_true", help=argparse.SUPPRESS)
     ap.add_argument("--serve-duplex", action="store_true", help=argparse.SUPPRESS)
     ap.add_argument("--serve-transport", action="store_true", help=argparse.SUPPRESS)
     ap.add_argument("--port", type=int, default=0, help=argparse.SUPPRESS)
     args = ap.parse_args(argv)
+    if args.report:
+        return _report(args.report, args.plot)
     if args.drive:
         print(json.dumps(_drive(json.loads(args.drive))), flush=True)
         return 0
@@ -513,46 +682,9 @@ def main(argv: list[str] | None = None) -> int:
                 runs.append(run)
                 print(_table([run], list(run)[:-2]), flush=True)
     rows = [_best(runs, variant, n) for n in args.sessions for variant in args.variants]
-    capacity: dict[str, int] = {}
-    for variant in args.variants:
-        capacity[variant] = 0
-        for r in sorted((r for r in rows if r["variant"] == variant), key=lambda r: r["sessions"]):
-            if r["held"] != r["sessions"] or r["p99_ms"] is None or r["p99_ms"] >= args.p99_ms:
-                break  # capacity: every N up to this one passed
-            capacity[variant] = r["sessions"]
+    summary = print_summary(rows, args.p99_ms, args.repeats)
+    capacity, ratios = summary["capacity"], summary["capacity_vs_bare"]
     base = capacity.get("bare-json") or 0
-    ratios = {v: (c / base if base else None) for v, c in capacity.items()}
-    for r in rows:
-        bare = next((b for b in rows if b["variant"] == "bare-json" and b["sessions"] == r["sessions"]), None)
-        r["p99_vs_bare"] = (r["p99_ms"] / bare["p99_ms"]) if bare and bare["p99_ms"] and r["p99_ms"] else None
-        r["cpu_vs_bare"] = (
-            (r["server_cpu_pct"] / bare["server_cpu_pct"]) if bare and bare["server_cpu_pct"] else None
-        )
-    cols = [
-        "variant",
-        "sessions",
-        "held",
-        "p50_ms",
-        "p99_ms",
-        "max_ms",
-        "server_cpu_pct",
-        "driver_cpu_pct",
-        "p99_vs_bare",
-        "cpu_vs_bare",
-    ]
-    print()
-    print(_table(rows, cols))
-    print()
-    print(f"capacity at p99 < {args.p99_ms:g} ms, best of {args.repeats} (every N up to it held, p99 under):")
-    for v, c in capacity.items():
-        ratio = ratios[v]
-        print(f"  {v:15s} {c:5d}" + (f"   {ratio:.2f} x bare-json" if ratio is not None else ""))
-    per_core = {v: _per_core(rows, v) for v in args.variants}
-    bare_core = per_core.get("bare-json")
-    print("sessions per core, from server CPU at the largest N held (ratio to bare-json):")
-    for v, c in per_core.items():
-        if c is not None:
-            print(f"  {v:18s} {c:7.0f}" + (f"   {c / bare_core:.2f} x" if bare_core else ""))
     goals = {
         "duplex_json_capacity_at_least_70pct_of_bare": (ratios.get("duplex-json") or 0) >= 0.7,
         "duplex_msgpack_capacity_above_bare_json": capacity.get("duplex-msgpack", 0) > base,
@@ -575,14 +707,28 @@ def main(argv: list[str] | None = None) -> int:
         "repeats": args.repeats,
         "drivers": args.drivers,
         "rows": rows,
-        "sessions_per_core_from_cpu": {v: _per_core(rows, v) for v in args.variants},
-        "capacity": capacity,
-        "capacity_vs_bare": ratios,
+        **summary,
         "goals": goals,
     }
     Path(args.json).parent.mkdir(parents=True, exist_ok=True)
     Path(args.json).write_text(json.dumps(payload, indent=2) + "\n")
     print(f"wrote {args.json}")
+    if args.plot:
+        print(f"wrote {plot_sweep(rows, args.p99_ms, args.plot)}")
+    return 0
+
+
+def _report(path: str, plot: str | None) -> int:
+    """``--report``: the summary of a saved run, printed again (and plotted when asked)."""
+    saved = json.loads(Path(path).read_text())
+    rows, p99_ms = saved["rows"], saved["p99_threshold_ms"]
+    print(
+        f"{path}: {saved.get('repeats')} repeats of {saved.get('seconds')} s, load average at start "
+        f"{saved.get('load_average_at_start')}"
+    )
+    print_summary(rows, p99_ms, saved.get("repeats", 1))
+    if plot:
+        print(f"wrote {plot_sweep(rows, p99_ms, plot)}")
     return 0
 
 

@@ -1,5 +1,6 @@
 """``bench.server`` end to end at a tiny size: every variant's server answers every client, the
-load is shared by the driver processes, and the JSON carries what the note quotes."""
+load is shared by the driver processes, and the JSON carries what the note quotes; the summary
+(capacity, rounds compared with bare-json) on saved rows, and its plot."""
 
 from __future__ import annotations
 
@@ -7,8 +8,11 @@ import json
 import subprocess
 import sys
 from pathlib import Path
+from typing import Any
 
-from bench.server import _split
+import pytest
+
+from bench.server import _split, capacities, paired_rounds
 
 
 def test_clients_are_shared_by_the_drivers_without_loss() -> None:
@@ -39,3 +43,54 @@ def test_a_tiny_sweep_holds_every_session_in_every_variant(tmp_path: Path) -> No
         "duplex-msgpack": "uvloop",
     }
     assert sorted(result["capacity"]) == sorted(variants)  # latency under load is not asserted here
+
+
+def _row(variant: str, n: int, repeats: list[tuple[int, float | None, float]]) -> dict[str, Any]:
+    """A ``rows`` entry as ``bench.server`` saves it: the best repeat's figures and every repeat."""
+    reps = [{"held": h, "p50_ms": 1.0, "p99_ms": p, "server_cpu_pct": c} for h, p, c in repeats]
+    held = [r for r in reps if r["held"] == n and r["p99_ms"] is not None]
+    best = min(held, key=lambda r: r["p99_ms"]) if held else reps[0]
+    return {"variant": variant, "sessions": n, **best, "max_ms": 1.0, "driver_cpu_pct": 1.0, "repeats": reps}
+
+
+ROWS = [
+    _row("bare-json", 100, [(100, 5.0, 50.0), (100, 30.0, 60.0)]),
+    _row("duplex-msgpack", 100, [(100, 8.0, 40.0), (100, 10.0, 45.0)]),
+    _row("bare-json", 200, [(200, 25.0, 90.0), (150, 900.0, 99.0)]),
+    _row("duplex-msgpack", 200, [(200, 12.0, 99.0), (0, None, 100.0)]),
+    _row("bare-json", 300, [(0, None, 100.0), (0, None, 100.0)]),
+    _row("duplex-msgpack", 300, [(0, None, 100.0), (300, 400.0, 100.0)]),
+]
+
+
+def test_rounds_are_compared_repeat_by_repeat_and_a_lost_run_is_the_worst() -> None:
+    paired = paired_rounds(ROWS, "duplex-msgpack")
+    # p99: 8 vs 5 (lost), 10 vs 30 (won), 12 vs 25 (won), lost vs lost (left out), lost vs lost,
+    # 400 vs lost (won)
+    assert (paired["p99_lower"], paired["p99_rounds"]) == (3, 4)
+    # CPU only where both held everyone: 40/50, 45/60, 99/90
+    assert (paired["cpu_lower"], paired["cpu_rounds"]) == (2, 3)
+    assert paired["cpu_ratio_median"] == pytest.approx(0.8)
+    assert paired["cpu_ratio_min"] == pytest.approx(0.75)
+    assert paired["cpu_ratio_max"] == pytest.approx(1.1)
+    assert paired_rounds(ROWS, "bare-json-uvloop")["p99_rounds"] == 0  # no such variant: nothing paired
+
+
+def test_capacity_is_the_largest_n_with_every_smaller_n_passing() -> None:
+    assert capacities(ROWS, 20.0) == {"bare-json": 100, "duplex-msgpack": 200}
+    assert capacities(ROWS, 5.0) == {"bare-json": 0, "duplex-msgpack": 0}
+    gap = [_row("bare-json", 100, [(100, 50.0, 1.0)]), _row("bare-json", 200, [(200, 5.0, 1.0)])]
+    assert capacities(gap, 20.0) == {"bare-json": 0}  # a pass above a failure does not count
+
+
+def test_a_saved_run_is_summarised_and_plotted_again(tmp_path: Path) -> None:
+    saved = tmp_path / "server.json"
+    saved.write_text(json.dumps({"rows": ROWS, "p99_threshold_ms": 20.0, "repeats": 2, "seconds": 5.0}))
+    png = tmp_path / "server.png"
+    cmd = [sys.executable, "-m", "bench.server", "--report", str(saved), "--plot", str(png)]
+    done = subprocess.run(cmd, capture_output=True, text=True, timeout=120)
+    assert done.returncode == 0, done.stderr[-2000:]
+    out = " ".join(done.stdout.split())
+    assert "duplex-msgpack 200 2.00 x bare-json" in out
+    assert "lower p99 in 3 of 4 rounds; server CPU lower in 2 of 3, ratio median 0.80 (0.75-1.10)" in out
+    assert png.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
