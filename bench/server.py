@@ -30,7 +30,11 @@ Variants:
 Our servers run on ``--event-loop`` (``auto``: uvloop where installed, as ``duplex serve`` does;
 each run records ``server_loop``). Figures are reported as ratios to ``bare-json``. "Capacity" is
 the largest N tried whose p99 stays under ``--p99-ms`` (20) with every session held (every smaller
-N passing too), best of ``--repeats`` runs.
+N passing too), best of ``--repeats`` runs. With ``--min-repeats`` below ``--repeats``, an N gets
+at least that many rounds and more, up to ``--repeats``, only while some variant has not yet
+passed there: every variant runs in every round, so each gets the same chances, and rounds are
+spent near the knee, where one stall in a run decides it, instead of at N where every variant
+passes at once.
 
 The engine steps a frame as soon as it is complete (``EngineConfig.tick_ms=0``, continuous
 batching); ``--tick-ms 10`` measures a fixed 10 ms tick instead.
@@ -579,7 +583,7 @@ def print_summary(rows: list[dict[str, Any]], p99_ms: float, repeats: int) -> di
     base = capacity.get("bare-json") or 0
     ratios = {v: (c / base if base else None) for v, c in capacity.items()}
     print()
-    print(f"capacity at p99 < {p99_ms:g} ms, best of {repeats} (every N up to it held, p99 under):")
+    print(f"capacity at p99 < {p99_ms:g} ms, best of up to {repeats} (every N up to it held, p99 under):")
     for v, c in capacity.items():
         ratio = ratios[v]
         print(f"  {v:15s} {c:5d}" + (f"   {ratio:.2f} x bare-json" if ratio is not None else ""))
@@ -637,6 +641,12 @@ def main(argv: list[str] | None = None) -> int:
     )
     ap.add_argument("--p99-ms", type=float, default=20.0)
     ap.add_argument("--repeats", type=int, default=2, help="runs per (variant, N); the best p99 counts")
+    ap.add_argument(
+        "--min-repeats",
+        type=int,
+        default=None,
+        help="rounds at every N (default: --repeats); more, up to --repeats, while a variant has not passed",
+    )
     ap.add_argument("--json", default="bench/results/server.json")
     ap.add_argument(
         "--drivers", type=int, default=2, help="load-generator processes sharing the clients (default 2)"
@@ -670,16 +680,22 @@ def main(argv: list[str] | None = None) -> int:
         _duplex_server(args.port, args.tick_ms, transport_only=only, event_loop=args.event_loop)
         return 0
 
+    min_repeats = args.repeats if args.min_repeats is None else max(1, min(args.min_repeats, args.repeats))
     load_at_start = os.getloadavg()
     runs = []
     for n in args.sessions:
+        passed: set[str] = set()
         for rep in range(args.repeats):  # rounds interleave the variants: interference hits all alike
+            if rep >= min_repeats and passed.issuperset(args.variants):
+                break  # every variant has passed at this N: more rounds cannot change a capacity
             for variant in args.variants:
                 run = run_one(
                     variant, n, args.seconds, args.warmup, args.tick_ms, args.drivers, args.event_loop
                 )
                 run["repeat"] = rep
                 runs.append(run)
+                if run["held"] == n and run["p99_ms"] is not None and run["p99_ms"] < args.p99_ms:
+                    passed.add(variant)
                 print(_table([run], list(run)[:-2]), flush=True)
     rows = [_best(runs, variant, n) for n in args.sessions for variant in args.variants]
     summary = print_summary(rows, args.p99_ms, args.repeats)
@@ -705,6 +721,7 @@ def main(argv: list[str] | None = None) -> int:
         "p99_threshold_ms": args.p99_ms,
         "cpu_count": os.cpu_count(),
         "repeats": args.repeats,
+        "min_repeats": min_repeats,
         "drivers": args.drivers,
         "rows": rows,
         **summary,

@@ -94,3 +94,21 @@ def test_a_saved_run_is_summarised_and_plotted_again(tmp_path: Path) -> None:
     assert "duplex-msgpack 200 2.00 x bare-json" in out
     assert "lower p99 in 3 of 4 rounds; server CPU lower in 2 of 3, ratio median 0.80 (0.75-1.10)" in out
     assert png.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
+
+
+@pytest.mark.parametrize(("p99_ms", "rounds"), [(1000.0, 1), (0.001, 3)])
+def test_rounds_beyond_min_repeats_run_only_while_a_variant_has_not_passed(
+    tmp_path: Path, p99_ms: float, rounds: int
+) -> None:
+    """Two clients pass a 1 s p99 in the first round (one round is run); nobody passes 1 µs, so
+    every round up to ``--repeats`` is run."""
+    out = tmp_path / "server.json"
+    cmd = [sys.executable, "-m", "bench.server", "--sessions", "2", "--variants", "bare-json"]
+    cmd += ["--seconds", "0.5", "--warmup", "0.3", "--repeats", "3", "--min-repeats", "1"]
+    cmd += ["--p99-ms", str(p99_ms), "--json", str(out)]
+    done = subprocess.run(cmd, capture_output=True, text=True, timeout=180)
+    assert done.returncode == 0, done.stderr[-2000:]
+    result = json.loads(out.read_text())
+    assert (result["repeats"], result["min_repeats"]) == (3, 1)
+    assert len(result["rows"][0]["repeats"]) == rounds
+    assert result["capacity"] == {"bare-json": 2 if rounds == 1 else 0}
