@@ -119,7 +119,8 @@ class FrameScheduler:
         # an ordered set): ``plan`` takes the frame that has waited longest first.
         self._ready: dict[int, None] = {}
         # Slots with another complete frame that may not step before their feed's ``not_before``
-        # (a burst, or a backlog after a stall, is paced at two frames per period): a min-heap of
+        # (a burst past the feed's allowance is paced at two frames per period; a frame within it
+        # is due at once and queues behind the frames ready then): a min-heap of
         # (not_before, order, slot), each slot at most once (``_paced_slots``). ``plan`` looks at
         # them again only once they are due, instead of finding every paced slot still paced on
         # every tick: after a stall nearly every slot has a backlog, and that scan cost as much as
@@ -179,7 +180,8 @@ class FrameScheduler:
         batch (hundreds of frames stepped in one call) the wait from read to reply evens out,
         and its tail shrinks. A slot with another complete frame behind the one taken waits,
         paced, until its feed's ``not_before`` (``_paced``), and then queues behind the frames
-        ready at that time. Padded (overdue) frames follow the complete ones.
+        ready at that time (at once, within the feed's burst allowance: the next plan). Padded
+        (overdue) frames follow the complete ones.
         """
         ready = self._ready
         slots = self._slots

@@ -11,7 +11,7 @@ import numpy as np
 import pytest
 
 from duplex.engine.config import EngineConfig
-from duplex.engine.feed import SlotFeed
+from duplex.engine.feed import BURST_FRAMES, SlotFeed
 from duplex.engine.metrics import EngineMetrics
 from duplex.engine.model_thread import ModelThread
 from duplex.engine.scheduler import FrameScheduler, SlotBinding
@@ -28,19 +28,41 @@ def _feed(**kw: float) -> SlotFeed:
         P,
         late_tolerance_s=kw.get("late", 0.04),
         max_padding_frames=int(kw.get("pads", 2)),
-        max_buffered_samples=CHUNK * 4,
+        max_buffered_samples=CHUNK * int(kw.get("frames", 4)),
         tick_s=kw.get("tick", 0.01),
     )
 
 
-def test_feed_paces_a_burst_at_two_frames_per_period() -> None:
-    f = _feed()
-    assert f.feed(np.ones(CHUNK * 2, np.float32), now=0.0, submitted_at=0.0)
-    first = f.take(0.0)
-    assert first is not None and not first.padded and first.submitted_at == 0.0
-    assert f.take(0.01) is None  # a second frame is there, but not before half a period
-    second = f.take(0.04)
-    assert second is not None and f.buffered == 0
+def test_feed_steps_a_burst_of_four_frames_back_to_back_then_two_per_period() -> None:
+    assert BURST_FRAMES == 4
+    f = _feed(frames=8)
+    assert f.feed(np.ones(CHUNK * 7, np.float32), now=0.0, submitted_at=0.0)
+    taken = []
+    for k in range(201):  # ask every millisecond for 200 ms
+        now = k * 0.001
+        frame = f.take(now)
+        if frame is not None:
+            assert not frame.padded and frame.submitted_at == 0.0
+            taken.append(round(now, 3))
+    # the bucket's four frames at once, then one every half period (two frames per period; the
+    # pace is asked for on a 1 ms grid)
+    assert taken[:4] == [0.0, 0.001, 0.002, 0.003]
+    assert taken[4:] == pytest.approx([0.04, 0.08, 0.12], abs=0.0011)
+    assert f.buffered == 0
+
+
+def test_feed_on_time_after_a_stall_catches_up_at_once() -> None:
+    """A client on time whose server stalled for 300 ms: the four frames that piled up step as
+    fast as they are asked for, and the client is never held back after that."""
+    f = _feed(frames=8)
+    f.feed(np.ones(CHUNK, np.float32), now=0.0, submitted_at=0.0)
+    assert f.take(0.0) is not None
+    for k in range(1, 5):  # frames 1-4 arrive on time while the server is stalled
+        f.feed(np.ones(CHUNK, np.float32), now=k * P, submitted_at=k * P)
+    assert [f.take(0.33 + k * 0.001) is not None for k in range(5)] == [True] * 4 + [False]
+    for k in range(5, 9):  # on time again: each frame steps when it arrives
+        f.feed(np.ones(CHUNK, np.float32), now=k * P, submitted_at=k * P)
+        assert f.take(k * P) is not None
 
 
 def test_feed_pads_a_late_frame_then_goes_idle() -> None:
@@ -480,48 +502,58 @@ async def test_a_backlogged_slot_waits_aside_until_its_pace_and_is_not_asked_mea
     asked: list[float] = []  # when the scheduler asked slot 0's feed for a frame
     take = feeds[0].take
     feeds[0].take = lambda now: asked.append(now) or take(now)  # type: ignore[method-assign]
-    feeds[0].feed(np.zeros(CHUNK * 3, np.float32), 0.0, 0.0)  # a burst of three frames
+    feeds[0].feed(np.zeros(CHUNK * 6, np.float32), 0.0, 0.0)  # a burst of six frames
     feeds[1].feed(np.zeros(CHUNK, np.float32), 0.0, 0.0)
     assert await sched.tick(0.001) == 2 and plugin.steps == [[0, 1]]
-    assert sched.paced == 1 and asked == [0.001]
-    # Until its pace (half a period after its step) it is not looked at, however often the
-    # scheduler ticks and whatever else completes; a frame of its own arriving does not move it up.
-    for k in range(2, 21):
+    # The burst allowance: its next three frames step in the next three ticks, each queued
+    # behind what completed meanwhile; then the fifth waits for its pace (0.041).
+    for k, now in enumerate((0.002, 0.003, 0.004), start=2):
+        feeds[k].feed(np.zeros(CHUNK, np.float32), now, now)
+        assert await sched.tick(now) == 2 and plugin.steps[-1] == [k, 0]
+    assert sched.paced == 1 and asked == [0.001, 0.002, 0.003, 0.004]
+    # Until its pace it is not looked at, however often the scheduler ticks and whatever else
+    # completes; a frame of its own arriving does not move it up.
+    for k in range(5, 21):
         now = k * 0.002
         feeds[k].feed(np.zeros(CHUNK, np.float32), now, now)
-        if k == 5:
+        if k == 8:
             feeds[0].feed(np.zeros(CHUNK, np.float32), now, now)
         assert await sched.tick(now) == 1 and plugin.steps[-1] == [k]
-    assert asked == [0.001] and sched.paced == 1
-    # Due at 0.041: stepped, then set aside again for its third frame, and then for its fourth.
-    assert await sched.tick(0.041) == 1 and plugin.steps[-1] == [0] and sched.paced == 1
-    assert await sched.tick(0.081) == 1 and await sched.tick(0.121) == 1
+    assert asked == [0.001, 0.002, 0.003, 0.004] and sched.paced == 1
+    # Due at 0.041 (half a period after its first step): stepped, then set aside again for its
+    # sixth frame, and then for its seventh.
+    assert await sched.tick(0.0405) == 0 and sched.paced == 1
+    assert await sched.tick(0.0415) == 1 and plugin.steps[-1] == [0] and sched.paced == 1
+    assert await sched.tick(0.0815) == 1 and await sched.tick(0.1215) == 1
     assert plugin.steps[-2:] == [[0], [0]] and sched.paced == 0
-    assert asked == [0.001, 0.041, 0.081, 0.121] and len(sinks[0].outputs) == 4
+    assert asked[4:] == [0.0415, 0.0815, 0.1215] and len(sinks[0].outputs) == 7
 
 
 async def test_a_slot_that_leaves_while_paced_is_never_stepped_again(model_thread) -> None:
     plugin = OrderedPlugin()
     sched, _ = _scheduler(plugin, model_thread)
     feed = sched.join(0, Sink().binding())
-    feed.feed(np.zeros(CHUNK * 2, np.float32), 0.0, 0.0)
-    assert await sched.tick(0.001) == 1 and sched.paced == 1
+    feed.feed(np.zeros(CHUNK * 6, np.float32), 0.0, 0.0)
+    for now in (0.001, 0.002, 0.003, 0.004):  # the burst allowance; then its pace
+        assert await sched.tick(now) == 1
+    assert sched.paced == 1
     sched.leave(0)
     assert sched.paced == 0
-    assert await sched.tick(0.2) == 0 and plugin.steps == [[0]]
-    # a new session in the same slot is paced on its own feed's clock
+    assert await sched.tick(0.2) == 0 and plugin.steps == [[0]] * 4
+    # a new session in the same slot is paced on its own feed's clock, with a full bucket
     feed = sched.join(0, Sink().binding())
-    feed.feed(np.zeros(CHUNK * 2, np.float32), 0.3, 0.3)
-    assert await sched.tick(0.3) == 1 and sched.paced == 1
-    assert await sched.tick(0.31) == 0
-    assert await sched.tick(0.34) == 1 and plugin.steps == [[0], [0], [0]] and sched.paced == 0
+    feed.feed(np.zeros(CHUNK * 5, np.float32), 0.3, 0.3)
+    for now in (0.3, 0.301, 0.302, 0.303):
+        assert await sched.tick(now) == 1
+    assert sched.paced == 1 and await sched.tick(0.31) == 0
+    assert await sched.tick(0.34) == 1 and plugin.steps == [[0]] * 9 and sched.paced == 0
 
 
 async def test_eager_scheduler_steps_a_paced_frame_when_its_pace_comes_due() -> None:
-    """A lone client's burst: while its next frame waits for its pace, the scheduler's timer is
-    set for that moment once no scan comes sooner (not for the scan after it, up to a quarter
-    period later), and each frame is stepped no sooner than the pace the step before it set (half
-    a period after that step's tick)."""
+    """A lone client's burst: its first four frames step back to back; while its next frame
+    waits for its pace, the scheduler's timer is set for that moment once no scan comes sooner
+    (not for the scan after it, up to a quarter period later), and each frame is stepped no
+    sooner than the pace the step before it set."""
     steps: list[float] = []
     paces: list[float] = []  # the feed's ``not_before`` each step's plan set
 
@@ -539,14 +571,15 @@ async def test_eager_scheduler_steps_a_paced_frame_when_its_pace_comes_due() -> 
     try:
         loop = asyncio.get_running_loop()
         await asyncio.sleep(0.011)  # off the scan grid (every 20 ms from the first one)
-        feed.feed(np.zeros(CHUNK * 3, np.float32), loop.time(), loop.time())
-        await _until(lambda: len(steps) == 1)
+        feed.feed(np.zeros(CHUNK * 6, np.float32), loop.time(), loop.time())
+        await _until(lambda: len(steps) == 4)
+        assert steps[3] - steps[0] < P / 4  # the burst allowance: no pace between them
         assert sched.paced == 1 and feed.not_before == pytest.approx(steps[0] + P / 2, abs=0.002)
         # The scans before it come first (the timer is for whichever is sooner); then the timer
         # is set for the paced frame's turn, which is off the scan grid.
         await _until(lambda: sched._scan_timer is not None and sched._scan_timer.when() == feed.not_before)
-        assert len(steps) == 1 and sched._next_scan > feed.not_before
-        await _until(lambda: len(steps) == 3)
+        assert len(steps) == 4 and sched._next_scan > feed.not_before
+        await _until(lambda: len(steps) == 6)
         assert all(step >= pace for pace, step in zip(paces, steps[1:], strict=False)), (paces, steps)
     finally:
         task.cancel()
