@@ -9,6 +9,7 @@ Measured after a warm-up:
 
 * append-to-delta latency: from sending append ``i`` to receiving the audio delta that stepping its
   frame produced (p50 / p99 / max, ms);
+* ``over_ms_pct``: the share of those samples at or above the p99 threshold (``--p99-ms``);
 * sessions held: clients still connected and answered at the end of the run;
 * server CPU: the server process's CPU time over the measurement window, in % of one core;
 * send lateness (p99): how late the generators' sends left against their schedule; above a few
@@ -39,6 +40,10 @@ passes at once.
 The engine steps a frame as soon as it is complete (``EngineConfig.tick_ms=0``, continuous
 batching); ``--tick-ms 10`` measures a fixed 10 ms tick instead.
 
+Stall recovery: ``--stall-ms 300`` stops each server process (``SIGSTOP``) for 300 ms a third of
+the way into its window, as a stalled VM or a long pause would; ``over_ms_pct`` then measures how
+many frames came late while it caught up.
+
 Rounds: each repeat runs every variant back to back at one N (a round), so a slow minute of a
 shared machine hits them alike. Besides the best-of-R capacity, every variant is compared with
 ``bare-json`` round by round (``paired``): in how many rounds it had the lower p99 (a run that lost
@@ -64,6 +69,7 @@ import base64
 import json
 import os
 import random
+import signal
 import subprocess
 import sys
 import time
@@ -366,8 +372,15 @@ def run_one(
     tick_ms: float,
     drivers: int = 2,
     event_loop: str = "auto",
+    stall_ms: float = 0.0,
+    over_ms: float = 20.0,
 ) -> dict[str, Any]:
-    """One server process and ``drivers`` load-generator processes sharing the N clients."""
+    """One server process and ``drivers`` load-generator processes sharing the N clients.
+
+    ``stall_ms``: a third of the way into the measurement window, the server process is stopped
+    (``SIGSTOP``) for that long and then continued, as a stall of the machine would stop it;
+    ``over_ms_pct`` (the share of latency samples at or above ``over_ms``) then says how long
+    the server took to answer on time again."""
     import psutil
 
     port = free_port()
@@ -390,6 +403,13 @@ def run_one(
         watched = [psutil.Process(p.pid) for p in procs]
         time.sleep(max(0.0, measure_from - time.monotonic()))
         cpu0, drv0, w0 = _cpu(server), sum(map(_cpu, watched)), time.perf_counter()
+        if stall_ms > 0:
+            time.sleep(max(0.0, measure_from + seconds / 3 - time.monotonic()))
+            os.kill(proc.pid, signal.SIGSTOP)
+            try:
+                time.sleep(stall_ms / 1000)
+            finally:
+                os.kill(proc.pid, signal.SIGCONT)
         time.sleep(max(0.0, stop_at - time.monotonic()))
         cpu1, drv1, w1 = _cpu(server), sum(map(_cpu, watched)), time.perf_counter()
         parts = [json.loads(p.communicate(timeout=120)[0].strip().splitlines()[-1]) for p in procs]
@@ -409,6 +429,8 @@ def run_one(
         "p50_ms": _pct(lat, 50),
         "p99_ms": _pct(lat, 99),
         "max_ms": max(lat) if lat else None,
+        "over_ms_pct": (100.0 * sum(1 for x in lat if x >= over_ms) / len(lat)) if lat else None,
+        "stall_ms": stall_ms,
         "samples": len(lat),
         "send_late_p99_ms": _pct(late, 99),
         "server_cpu_pct": (cpu1 - cpu0) / wall * 100,
@@ -429,7 +451,8 @@ def _best(runs: list[dict[str, Any]], variant: str, n: int) -> dict[str, Any]:
     mine = [r for r in runs if r["variant"] == variant and r["sessions"] == n]
     held = [r for r in mine if r["held"] == n and r["p99_ms"] is not None]
     best = dict(min(held, key=lambda r: r["p99_ms"]) if held else mine[0])
-    best["repeats"] = [{k: r[k] for k in ("held", "p50_ms", "p99_ms", "server_cpu_pct")} for r in mine]
+    keep = ("held", "p50_ms", "p99_ms", "over_ms_pct", "server_cpu_pct")
+    best["repeats"] = [{k: r.get(k) for k in keep} for r in mine]
     best["server_cpu_pct_per_session"] = best["server_cpu_pct"] / n
     return best
 
@@ -572,6 +595,7 @@ def print_summary(rows: list[dict[str, Any]], p99_ms: float, repeats: int) -> di
         "p50_ms",
         "p99_ms",
         "max_ms",
+        "over_ms_pct",
         "server_cpu_pct",
         "driver_cpu_pct",
         "p99_vs_bare",
@@ -657,6 +681,12 @@ def main(argv: list[str] | None = None) -> int:
         default="auto",
         help="our servers' event loop (ServerConfig.event_loop; default auto: uvloop where installed)",
     )
+    ap.add_argument(
+        "--stall-ms",
+        type=float,
+        default=0.0,
+        help="stop each server for this long a third into the window (recovery: over_ms_pct)",
+    )
     ap.add_argument("--plot", default=None, help="also draw p99 and server CPU against N (PNG)")
     ap.add_argument(
         "--report", default=None, help="print (and --plot) the summary of a saved JSON; runs nothing"
@@ -690,7 +720,15 @@ def main(argv: list[str] | None = None) -> int:
                 break  # every variant has passed at this N: more rounds cannot change a capacity
             for variant in args.variants:
                 run = run_one(
-                    variant, n, args.seconds, args.warmup, args.tick_ms, args.drivers, args.event_loop
+                    variant,
+                    n,
+                    args.seconds,
+                    args.warmup,
+                    args.tick_ms,
+                    args.drivers,
+                    args.event_loop,
+                    stall_ms=args.stall_ms,
+                    over_ms=args.p99_ms,
                 )
                 run["repeat"] = rep
                 runs.append(run)
@@ -719,6 +757,7 @@ def main(argv: list[str] | None = None) -> int:
         "seconds": args.seconds,
         "warmup_s": args.warmup,
         "p99_threshold_ms": args.p99_ms,
+        "stall_ms": args.stall_ms,
         "cpu_count": os.cpu_count(),
         "repeats": args.repeats,
         "min_repeats": min_repeats,

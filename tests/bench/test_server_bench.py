@@ -112,3 +112,20 @@ def test_rounds_beyond_min_repeats_run_only_while_a_variant_has_not_passed(
     assert (result["repeats"], result["min_repeats"]) == (3, 1)
     assert len(result["rows"][0]["repeats"]) == rounds
     assert result["capacity"] == {"bare-json": 2 if rounds == 1 else 0}
+
+
+def test_a_stalled_server_answers_late_until_it_catches_up(tmp_path: Path) -> None:
+    """``--stall-ms``: the server process is stopped for 300 ms inside the window, so the frames
+    sent meanwhile are answered at least ~220 ms late (over the 20 ms threshold); every session
+    is still held once it runs again."""
+    out = tmp_path / "server.json"
+    cmd = [sys.executable, "-m", "bench.server", "--sessions", "2", "--variants", "duplex-msgpack"]
+    cmd += ["--seconds", "1.2", "--warmup", "0.3", "--repeats", "1", "--stall-ms", "300", "--json", str(out)]
+    done = subprocess.run(cmd, capture_output=True, text=True, timeout=180)
+    assert done.returncode == 0, done.stderr[-2000:]
+    result = json.loads(out.read_text())
+    row = result["rows"][0]
+    assert result["stall_ms"] == 300.0 and row["stall_ms"] == 300.0 and row["held"] == 2
+    assert row["max_ms"] >= 220.0
+    # at least the three frames per client sent while it was stopped, of 15 per client
+    assert row["over_ms_pct"] >= 100 * 6 / row["samples"]
