@@ -488,6 +488,11 @@ def _worst_if_lost(rep: dict[str, Any], n: int) -> float:
     return p99 if rep.get("held") == n and p99 is not None else float("inf")
 
 
+def _passes(run: dict[str, Any], n: int, p99_ms: float) -> bool:
+    """A run (or a best row) at ``n`` sessions passed: every session held, p99 under ``p99_ms``."""
+    return _worst_if_lost(run, n) < p99_ms
+
+
 def paired_rounds(rows: list[dict[str, Any]], variant: str, baseline: str = "bare-json") -> dict[str, Any]:
     """``variant`` against ``baseline`` round by round (repeat ``k`` of one N against repeat ``k``
     of the same N: they ran back to back, see the module docstring).
@@ -532,7 +537,7 @@ def capacities(rows: list[dict[str, Any]], p99_ms: float) -> dict[str, int]:
     for variant in dict.fromkeys(r["variant"] for r in rows):
         capacity[variant] = 0
         for r in sorted((r for r in rows if r["variant"] == variant), key=lambda r: r["sessions"]):
-            if r["held"] != r["sessions"] or r["p99_ms"] is None or r["p99_ms"] >= p99_ms:
+            if not _passes(r, r["sessions"], p99_ms):
                 break
             capacity[variant] = r["sessions"]
     return capacity
@@ -732,7 +737,7 @@ def main(argv: list[str] | None = None) -> int:
                 )
                 run["repeat"] = rep
                 runs.append(run)
-                if run["held"] == n and run["p99_ms"] is not None and run["p99_ms"] < args.p99_ms:
+                if _passes(run, n, args.p99_ms):
                     passed.add(variant)
                 print(_table([run], list(run)[:-2]), flush=True)
     rows = [_best(runs, variant, n) for n in args.sessions for variant in args.variants]
