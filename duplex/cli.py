@@ -4,6 +4,9 @@
 ``duplex talk``     a conversation with a server: a WAV file or the live microphone in, the
                     transcripts printed, the reply saved or played as it arrives (see ``clients.talk``);
 ``duplex plugins``  list the installed plugins and their capabilities;
+``duplex tiny-checkpoint NAME DIR``
+                    write a tiny random-weight checkpoint of plugin NAME (the public layout, tiny
+                    shapes) to DIR, to serve it on a CPU with nothing downloaded;
 ``duplex bench``    ``load``, ``latency`` and ``omniinteract`` benchmarks against a server (see
                     ``bench.cli``).
 
@@ -90,6 +93,13 @@ def build_parser() -> argparse.ArgumentParser:
     talk.add_argument("--quiet", action="store_true", help="no progress line")
 
     sub.add_parser("plugins", help="list installed plugins and their capabilities")
+    tiny = sub.add_parser(
+        "tiny-checkpoint",
+        help="write a tiny random-weight checkpoint of a model plugin (serve it with --model-path DIR)",
+    )
+    tiny.add_argument("plugin", help="plugin name")
+    tiny.add_argument("directory", help="directory to write (created if missing)")
+    tiny.add_argument("--seed", type=int, default=0, help="random seed of the weights")
     _add_bench(sub)
     return parser
 
@@ -163,6 +173,19 @@ def _cmd_plugins(args: argparse.Namespace) -> int:
     return 0
 
 
+def _cmd_tiny_checkpoint(args: argparse.Namespace) -> int:
+    from duplex.plugins import registry
+    from duplex.plugins.base import PluginError
+
+    try:
+        registry.load_class(args.plugin).write_tiny_checkpoint(args.directory, seed=args.seed)
+    except PluginError as exc:
+        print(f"duplex tiny-checkpoint: {exc}", file=sys.stderr)
+        return 2
+    print(args.directory)
+    return 0
+
+
 def _cmd_talk(args: argparse.Namespace) -> int:
     from clients.talk import TalkError, talk
 
@@ -186,7 +209,13 @@ def _cmd_bench(args: argparse.Namespace) -> int:
 def main(argv: Sequence[str] | None = None) -> int:
     """Entry point of the ``duplex`` command; returns the exit status."""
     args = build_parser().parse_args(argv)
-    handlers = {"serve": _cmd_serve, "talk": _cmd_talk, "plugins": _cmd_plugins, "bench": _cmd_bench}
+    handlers = {
+        "serve": _cmd_serve,
+        "talk": _cmd_talk,
+        "plugins": _cmd_plugins,
+        "tiny-checkpoint": _cmd_tiny_checkpoint,
+        "bench": _cmd_bench,
+    }
     handler = handlers[args.command]
     try:
         return handler(args)

@@ -244,6 +244,17 @@ class Plugin(ABC):
     def capabilities(self) -> Capabilities:
         """The plugin's capabilities; constant after ``load()``."""
 
+    @classmethod
+    def write_tiny_checkpoint(cls, directory: str, *, seed: int = 0) -> None:
+        """Write a tiny random-weight checkpoint of this model to ``directory``, in the public
+        checkpoint's layout (the same file names and tensor keys, tiny shapes), so
+        ``--model-path directory`` serves it on a CPU with nothing downloaded
+        (``duplex tiny-checkpoint NAME DIR``). Deterministic for a given ``seed``.
+
+        Raises ``PluginError("not_supported")`` for a plugin that loads no weights.
+        """
+        raise PluginError("not_supported", f"{cls.name} has no checkpoint to write")
+
     def load(self) -> None:  # noqa: B027 - optional hook
         """Load weights and allocate per-slot state. Called once, before any slot opens."""
 

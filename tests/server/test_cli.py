@@ -52,6 +52,22 @@ def test_unknown_plugin_is_a_usage_error(capsys):
     assert "no-such-plugin" in capsys.readouterr().err
 
 
+def test_tiny_checkpoint_writes_a_personaplex_directory_that_loads(tmp_path, capsys):
+    out = tmp_path / "pp"
+    assert main(["tiny-checkpoint", "personaplex", str(out)]) == 0
+    assert capsys.readouterr().out.strip() == str(out)
+    plugin, _ = build_plugin("personaplex", str(out), {"config": "tiny", "max_sessions": 1})
+    try:
+        assert plugin.capabilities().kind == "frame"
+    finally:
+        plugin.close()
+
+
+def test_tiny_checkpoint_of_a_plugin_without_weights_is_a_usage_error(tmp_path, capsys):
+    assert main(["tiny-checkpoint", "echo", str(tmp_path / "e")]) == 2
+    assert "echo has no checkpoint to write" in capsys.readouterr().err
+
+
 def test_named_plugin_is_built_and_loaded():
     plugin, name = build_plugin("echo", None, {"word_ms": 160})
     assert name == "echo" and plugin.word_ms == 160

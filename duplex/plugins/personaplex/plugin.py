@@ -103,6 +103,12 @@ class PersonaPlexPlugin(Plugin):
 
     name = "personaplex"
 
+    @classmethod
+    def write_tiny_checkpoint(cls, directory: str, *, seed: int = 0) -> None:
+        from duplex.plugins.personaplex.testing import make_tiny_checkpoint
+
+        make_tiny_checkpoint(directory, seed=seed)
+
     def __init__(
         self,
         model_path: str | Path | None = None,
