@@ -35,12 +35,28 @@ from duplex.engine.manager import SessionManager, SessionRecord
 from duplex.engine.metrics import EngineMetrics
 from duplex.engine.model_thread import ModelThread
 from duplex.engine.scheduler import FrameScheduler
-from duplex.plugins.base import Capabilities, Plugin, PluginKind
+from duplex.plugins.base import (
+    BatchPlugin,
+    Capabilities,
+    FramePlugin,
+    Plugin,
+    PluginError,
+    PluginKind,
+    TurnPlugin,
+)
 from duplex.protocol.realtime.commands import SessionUpdate
 
 __all__ = ["Engine"]
 
 log = logging.getLogger(__name__)
+
+#: The contract each kind's plugin implements (``duplex.plugins.base``).
+_CONTRACTS: dict[PluginKind, type[Plugin]] = {
+    PluginKind.FRAME: FramePlugin,
+    PluginKind.UNIT: FramePlugin,
+    PluginKind.TURN: TurnPlugin,
+    PluginKind.BATCH: BatchPlugin,
+}
 
 
 class Engine:
@@ -57,6 +73,12 @@ class Engine:
         self.plugin = plugin
         self.config = config or EngineConfig()
         self.capabilities: Capabilities = plugin.capabilities()
+        contract = _CONTRACTS[self.capabilities.kind]
+        if not isinstance(plugin, contract):
+            raise PluginError(
+                "invalid_plugin",
+                f"{plugin.name} declares kind {self.capabilities.kind} but is not a {contract.__name__}",
+            )
         self.plugin_name = plugin.name
         self.model_name = model_name or plugin.name
         self.metrics = EngineMetrics()
@@ -81,6 +103,7 @@ class Engine:
             self.config.worker_threads, thread_name_prefix="duplex-worker"
         )
         if self.capabilities.kind in (PluginKind.FRAME, PluginKind.UNIT):
+            assert isinstance(self.plugin, FramePlugin)
             self._scheduler = FrameScheduler(
                 self.plugin, self.capabilities, self.config, self.metrics, self._model_thread
             )

@@ -44,7 +44,7 @@ from duplex.engine.config import EngineConfig
 from duplex.engine.feed import FeedFrame, SlotFeed
 from duplex.engine.metrics import EngineMetrics
 from duplex.engine.model_thread import ModelThread
-from duplex.plugins.base import Capabilities, Plugin, SlotInput, SlotOutput
+from duplex.plugins.base import Capabilities, FramePlugin, SlotInput, SlotOutput
 
 __all__ = ["FrameScheduler", "SlotBinding"]
 
@@ -98,7 +98,7 @@ class FrameScheduler:
 
     def __init__(
         self,
-        plugin: Plugin,
+        plugin: FramePlugin,
         capabilities: Capabilities,
         config: EngineConfig,
         metrics: EngineMetrics,

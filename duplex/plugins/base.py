@@ -17,8 +17,16 @@ The plugin's ``kind`` decides how the engine drives it:
            speak/listen decision (MiniCPM-o).
 ``turn``   ``respond(slot, request)`` once per committed user turn; a generator
            that streams output chunks (the embedded default: ASR -> reply -> TTS).
-``batch``  ``respond(slot, request)`` for a request with no microphone (TTS,
-           diffusion); one request in, media chunks out.
+``batch``  requests with no microphone (TTS, diffusion, video generation), stepped
+           together: ``begin(request)`` joins a request between steps and
+           ``advance(slots)`` takes one step (a decode or denoising step) for every
+           active request in one call; each request streams its media chunks and its
+           progress, and leaves when its last output sets ``end_of_turn``.
+
+Each kind implements only its own methods: ``FramePlugin`` (``frame`` and
+``unit``: ``step``), ``TurnPlugin`` (``respond``) and ``BatchPlugin``
+(``begin``/``advance``) extend the common ``Plugin`` (capabilities, lifetime,
+slots).
 
 Epochs
 ------
@@ -52,7 +60,10 @@ import msgspec
 import numpy as np
 
 __all__ = [
+    "BatchPlugin",
+    "BatchRequest",
     "Capabilities",
+    "FramePlugin",
     "Plugin",
     "PluginError",
     "PluginKind",
@@ -60,6 +71,9 @@ __all__ = [
     "SlotOptions",
     "SlotOutput",
     "ToolCall",
+    "ToolResult",
+    "ToolSpec",
+    "TurnPlugin",
     "TurnRequest",
 ]
 
@@ -124,6 +138,22 @@ class Capabilities(msgspec.Struct, frozen=True, kw_only=True):
         return self.input_sample_rate * self.chunk_period_ms // 1000
 
 
+class ToolSpec(msgspec.Struct, frozen=True, kw_only=True):
+    """A function the model may call (``session.tools``, or ``extra_body.realtime_tools``):
+    its name, description and JSON-schema parameters (as JSON text)."""
+
+    name: str
+    description: str = ""
+    parameters: str = "{}"
+
+
+class ToolResult(msgspec.Struct, frozen=True, kw_only=True):
+    """The client's answer to a tool call (a ``function_call_output`` item), for the model."""
+
+    call_id: str
+    output: str
+
+
 class SlotOptions(msgspec.Struct, frozen=True, kw_only=True):
     """What a session fixes when its slot opens: persona and voice, from the session object."""
 
@@ -131,6 +161,7 @@ class SlotOptions(msgspec.Struct, frozen=True, kw_only=True):
     voice: str | None = None
     temperature: float | None = None
     seed: int | None = None
+    tools: tuple[ToolSpec, ...] = ()
     extra: dict[str, object] = {}
 
 
@@ -143,6 +174,8 @@ class SlotInput(msgspec.Struct, kw_only=True):
     client was late and the engine filled the frame (wholly or partly) with
     silence to keep the model clocked. ``video_frames`` are encoded images (JPEG
     or PNG bytes) that arrived with this chunk, for plugins with video input.
+    ``tool_results`` are the client's answers to earlier tool calls that arrived
+    since the slot's previous chunk, in order (plugins with ``supports_tools``).
     """
 
     slot: int
@@ -150,6 +183,7 @@ class SlotInput(msgspec.Struct, kw_only=True):
     pcm: np.ndarray
     padded: bool = False
     video_frames: tuple[bytes, ...] = ()
+    tool_results: tuple[ToolResult, ...] = ()
 
 
 class ToolCall(msgspec.Struct, frozen=True, kw_only=True):
@@ -172,6 +206,10 @@ class SlotOutput(msgspec.Struct, kw_only=True):
     ``"listen"`` for model-native plugins. ``end_of_turn`` ends the current
     response. ``user_transcript`` is the text the model heard in the user's last
     turn (ASR), reported once per turn.
+
+    Media of the ``batch`` kind: ``image`` is one generated image (H x W x 3 uint8),
+    ``video`` a chunk of generated frames (T x H x W x 3 uint8); ``progress`` is the
+    request's completed fraction in [0, 1] after this step.
     """
 
     slot: int
@@ -183,6 +221,9 @@ class SlotOutput(msgspec.Struct, kw_only=True):
     end_of_turn: bool = False
     tool_call: ToolCall | None = None
     user_transcript: str | None = None
+    image: np.ndarray | None = None
+    video: np.ndarray | None = None
+    progress: float | None = None
 
 
 class TurnRequest(msgspec.Struct, kw_only=True):
@@ -200,6 +241,17 @@ class TurnRequest(msgspec.Struct, kw_only=True):
     text: str | None = None
     history: tuple[tuple[str, str], ...] = ()
     instructions: str = ""
+    options: dict[str, object] = {}
+
+
+class BatchRequest(msgspec.Struct, kw_only=True):
+    """One request of a ``batch`` plugin: ``text`` is the input (the text to speak, the
+    prompt), ``options`` the request's own parameters (voice, speed, size, n, seed,
+    steps ...; each plugin documents and validates the ones it takes)."""
+
+    slot: int
+    epoch: int
+    text: str = ""
     options: dict[str, object] = {}
 
 
@@ -299,8 +351,13 @@ class Plugin(ABC):
     def close_slot(self, slot: int) -> None:
         """Free ``slot``; it may be reopened for another session later."""
 
+
+class FramePlugin(Plugin):
+    """A ``frame`` or ``unit`` plugin: the scheduler steps every slot with a chunk ready, together."""
+
+    @abstractmethod
     def step(self, batch: Sequence[SlotInput]) -> Sequence[SlotOutput]:
-        """``frame``/``unit`` kinds: advance every slot of ``batch`` by one chunk, together.
+        """Advance every slot of ``batch`` by one chunk, together.
 
         ``batch`` holds at most one input per slot, in no particular order; slots
         not in it are frozen this tick (their state must not change). Returns at
@@ -311,13 +368,46 @@ class Plugin(ABC):
         may keep it (a delay line) or change it in place. The engine only reads an
         output's ``pcm``, and never after it has encoded it.
         """
-        raise PluginError("not_supported", f"{self.name} is not a frame or unit plugin")
 
+
+class TurnPlugin(Plugin):
+    """A ``turn`` plugin: one streamed answer per committed user turn."""
+
+    @abstractmethod
     def respond(self, request: TurnRequest) -> Iterator[SlotOutput]:
-        """``turn``/``batch`` kinds: answer one request, streaming output chunks.
+        """Answer one request, streaming output chunks.
 
         The engine pulls chunks one at a time and stops pulling (and closes the
         generator) when the response is cancelled, so a plugin should yield
-        often (a sentence of audio at most). The last chunk sets ``end_of_turn``.
+        often: each ``next()`` must be a bounded amount of work (a sentence of
+        audio at most), because every session shares the model thread. The last
+        chunk sets ``end_of_turn``.
         """
-        raise PluginError("not_supported", f"{self.name} is not a turn or batch plugin")
+
+
+class BatchPlugin(Plugin):
+    """A ``batch`` plugin: requests from many sessions stepped together (continuous batching).
+
+    Call order: ``open_slot`` when a session opens; ``begin(request)`` when a request
+    of that slot starts (between steps, never during one); ``advance(slots)`` once
+    per step with every slot whose request is active; ``cancel_slot(slot, epoch)``
+    drops the slot's request at once (it is not in the next ``advance``).
+    """
+
+    @abstractmethod
+    def begin(self, request: BatchRequest) -> None:
+        """Start ``request`` on its slot; it joins the next step.
+
+        Raises ``PluginError`` for a request it refuses (empty text, unknown voice or
+        size ...); the slot is then idle as before.
+        """
+
+    @abstractmethod
+    def advance(self, slots: Sequence[int]) -> Sequence[SlotOutput]:
+        """One step for every slot in ``slots`` (each with an active request), in one call.
+
+        Returns one output per slot, in any order: a media chunk (``pcm``, ``image``,
+        ``video``), ``progress``, or nothing new; the output that ends a request sets
+        ``end_of_turn`` and the slot is idle afterwards. A slot's outputs do not depend
+        on which other slots share the step.
+        """

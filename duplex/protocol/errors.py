@@ -96,6 +96,7 @@ _SERVER: Final = (
     # plugin and model loading: the server's configuration, not the client's request
     "invalid_plugin_config",
     "unknown_plugin",
+    "invalid_plugin",
     "model_path_unavailable",
     "model_load_failed",
     "plugin_not_loaded",

@@ -10,7 +10,7 @@ from collections.abc import Sequence
 
 import numpy as np
 
-from duplex.plugins.base import Capabilities, Plugin, PluginKind, SlotInput, SlotOptions, SlotOutput
+from duplex.plugins.base import Capabilities, FramePlugin, PluginKind, SlotInput, SlotOptions, SlotOutput
 
 JPEG_MAGIC = b"\xff\xd8\xff\xe0"
 
@@ -19,7 +19,7 @@ def image(tag: str) -> bytes:
     return JPEG_MAGIC + tag.encode()
 
 
-class CameraTagPlugin(Plugin):
+class CameraTagPlugin(FramePlugin):
     name = "camera-tag"
 
     def capabilities(self) -> Capabilities:

@@ -354,3 +354,27 @@ async def test_unit_plugin_decides_per_unit_through_the_scheduler() -> None:
             e.delta for e in events if types([e]) == ["response.output_audio_transcript.delta"]
         )
         assert transcript == "Hello there"
+
+
+def test_a_plugin_not_implementing_its_kinds_contract_is_refused():
+    from duplex.plugins.base import Capabilities, Plugin, PluginError, PluginKind
+
+    class Mislabelled(Plugin):  # says turn, implements no respond
+        name = "mislabelled"
+
+        def capabilities(self) -> Capabilities:
+            return Capabilities(kind=PluginKind.TURN)
+
+        def open_slot(self, slot, options):
+            pass
+
+        def cancel_slot(self, slot, epoch):
+            pass
+
+        def close_slot(self, slot):
+            pass
+
+    with pytest.raises(PluginError) as info:
+        Engine(Mislabelled())
+    assert info.value.code == "invalid_plugin"
+    assert str(info.value) == "mislabelled declares kind turn but is not a TurnPlugin"

@@ -15,7 +15,7 @@ from duplex.engine.feed import BURST_FRAMES, SlotFeed
 from duplex.engine.metrics import EngineMetrics
 from duplex.engine.model_thread import ModelThread
 from duplex.engine.scheduler import FrameScheduler, SlotBinding
-from duplex.plugins.base import Capabilities, Plugin, PluginKind, SlotInput, SlotOptions, SlotOutput
+from duplex.plugins.base import Capabilities, FramePlugin, PluginKind, SlotInput, SlotOptions, SlotOutput
 from duplex.plugins.builtin.echo import EchoPlugin
 
 CHUNK = 1920
@@ -93,7 +93,7 @@ def test_feed_keeps_at_most_two_video_frames_per_chunk() -> None:
     assert frame is not None and frame.video_frames == (b"b", b"c") and f.video_dropped == 1
 
 
-class NullPlugin(Plugin):
+class NullPlugin(FramePlugin):
     """A frame plugin that answers every input with an empty output (the model listened)."""
 
     name = "null"
@@ -162,7 +162,7 @@ def model_thread(request):
 
 
 def _scheduler(
-    plugin: Plugin, mt: ModelThread, config: EngineConfig | None = None
+    plugin: FramePlugin, mt: ModelThread, config: EngineConfig | None = None
 ) -> tuple[FrameScheduler, EngineMetrics]:
     metrics = EngineMetrics()
     return FrameScheduler(plugin, plugin.capabilities(), config or EngineConfig(), metrics, mt), metrics

@@ -26,7 +26,7 @@ import numpy as np
 
 from duplex.plugins.base import (
     Capabilities,
-    Plugin,
+    FramePlugin,
     PluginError,
     PluginKind,
     SlotInput,
@@ -42,7 +42,7 @@ CHUNK = RATE * FRAME_MS // 1000
 _INT16 = np.dtype(np.int16)
 
 
-class EchoPlugin(Plugin):
+class EchoPlugin(FramePlugin):
     """See the module docstring. Options: ``max_sessions``, ``delay_frames``, ``word_ms``, ``silence_rms``."""
 
     name = "echo"

@@ -28,13 +28,14 @@ import numpy as np
 
 from duplex.plugins.base import (
     Capabilities,
-    Plugin,
+    FramePlugin,
     PluginError,
     PluginKind,
     SlotInput,
     SlotOptions,
     SlotOutput,
     ToolCall,
+    TurnPlugin,
     TurnRequest,
 )
 
@@ -60,7 +61,7 @@ def _options(cls_name: str, model_path: str | None, options: dict[str, object], 
         raise PluginError("invalid_plugin_config", f"{cls_name}: unknown options {unknown}")
 
 
-class ScriptedUnitPlugin(Plugin):
+class ScriptedUnitPlugin(FramePlugin):
     """See the module docstring."""
 
     name = "scripted-unit"
@@ -150,7 +151,7 @@ class ScriptedUnitPlugin(Plugin):
         return outputs
 
 
-class ScriptedTurnPlugin(Plugin):
+class ScriptedTurnPlugin(TurnPlugin):
     """See the module docstring."""
 
     name = "scripted-turn"

@@ -50,11 +50,11 @@ import numpy as np
 
 from duplex.plugins.base import (
     Capabilities,
-    Plugin,
     PluginError,
     PluginKind,
     SlotOptions,
     SlotOutput,
+    TurnPlugin,
     TurnRequest,
 )
 from duplex.plugins.default.asr import SAMPLE_RATE as INPUT_RATE
@@ -153,7 +153,7 @@ class _Slot:
         self.min_epoch = 0
 
 
-class DefaultPlugin(Plugin):
+class DefaultPlugin(TurnPlugin):
     """VAD -> Whisper tiny.en -> reply strategy -> Piper, as a ``turn`` plugin (see the module docstring)."""
 
     name = "default"

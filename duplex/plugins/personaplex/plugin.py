@@ -48,7 +48,7 @@ import torch
 
 from duplex.plugins.base import (
     Capabilities,
-    Plugin,
+    FramePlugin,
     PluginError,
     PluginKind,
     SlotInput,
@@ -98,7 +98,7 @@ class _Slot:
     frames: int = 0  # conversation frames stepped since the last (re)start
 
 
-class PersonaPlexPlugin(Plugin):
+class PersonaPlexPlugin(FramePlugin):
     """PersonaPlex served as a batched ``frame`` plugin (see the module docstring)."""
 
     name = "personaplex"
