@@ -16,7 +16,8 @@ from ``Engine.open`` or ``Engine.resume`` and then
 * ``await detach()``: the transport is gone; the session waits ``disconnect_grace_s``
   for a resume (or closes when it cannot resume).
 
-Outbox: at most ``outbox_max_events`` events wait for the reader. One more
+Outbox: at most ``outbox_max_events`` events and ``outbox_max_bytes`` bytes (each event
+sized as the journal sizes it, ``sizes.event_size``) wait for the reader. One more
 detaches the attachment as a slow reader (drop the queue, ``Detached("slow_reader")``);
 the session keeps running and journaling, so the client resumes from its last seq.
 """
@@ -30,6 +31,7 @@ from collections.abc import Callable, Iterable
 from typing import TYPE_CHECKING, Any
 
 from duplex.engine.errors import Detached, SessionError
+from duplex.engine.sizes import DELTA_OVERHEAD, event_size
 
 if TYPE_CHECKING:
     from duplex.engine.manager import SessionRecord
@@ -47,6 +49,7 @@ class Attachment:
         resume_token: str | None,
         *,
         outbox_max_events: int,
+        outbox_max_bytes: int = 16 * 1024 * 1024,
         on_slow_reader: Callable[[Attachment], None],
     ) -> None:
         self._record = record
@@ -55,6 +58,8 @@ class Attachment:
         self.resume_token = resume_token
         self._outbox: deque[Any] = deque()
         self._max = outbox_max_events
+        self._max_bytes = outbox_max_bytes
+        self._bytes = 0  # what the queued events weigh
         # The reader's wake-up: one bare future per wait, made only when the outbox is empty
         # (cheaper than an ``asyncio.Event``, whose ``wait`` looks the loop up every time).
         self._waiters: list[asyncio.Future[None]] = []
@@ -82,17 +87,26 @@ class Attachment:
         """
         if self._ended is not None:
             return
+        if not isinstance(events, list):
+            events = list(events)
         outbox = self._outbox
-        if not outbox and self._waiters and self.direct is not None and not preload:
-            # The reader is parked with nothing queued, so nothing is in flight before these:
-            # the transport may send them now, without waking its writer (the per-frame path).
-            batch = events if isinstance(events, list) else list(events)
-            if self.direct(batch):
-                return
-            events = batch
+        # The reader is parked with nothing queued, so nothing is in flight before these:
+        # the transport may send them now, without waking its writer (the per-frame path).
+        if not outbox and self._waiters and self.direct is not None and not preload and self.direct(events):
+            return
+        if not preload:
+            n_bytes = self._bytes
+            for event in events:
+                delta = getattr(event, "delta", None)  # the per-frame audio delta, sized here
+                if type(delta) is bytes:
+                    n_bytes += DELTA_OVERHEAD + (len(delta) + 2) // 3 * 4
+                else:
+                    n_bytes += event_size(event)
+            self._bytes = n_bytes
         outbox.extend(events)
-        if not preload and len(outbox) > self._max:
+        if not preload and (len(outbox) > self._max or self._bytes > self._max_bytes):
             outbox.clear()
+            self._bytes = 0
             self.end("slow_reader")
             self._on_slow_reader(self)
             return
@@ -146,7 +160,9 @@ class Attachment:
         """The next event; raises ``Detached`` when the stream has ended. Cancel-safe."""
         if not self._outbox:
             await self._until_queued()
-        return self._outbox.popleft()
+        event = self._outbox.popleft()
+        self._bytes = self._bytes - event_size(event) if self._outbox else 0
+        return event
 
     async def next_events(self) -> list[Any]:
         """Every queued event (at least one), oldest first; raises ``Detached`` when the stream
@@ -160,6 +176,7 @@ class Attachment:
             await self._until_queued()
         events = list(outbox)
         outbox.clear()
+        self._bytes = 0
         return events
 
     def pending(self) -> int:

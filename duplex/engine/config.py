@@ -31,13 +31,22 @@ class EngineConfig(msgspec.Struct, frozen=True, kw_only=True):
         ``max_command_audio_bytes``: one append's decoded size limit.
 
     Output
-        ``outbox_max_events``: events queued for one attachment; on overflow the attachment is
-        detached (slow reader) and the client resumes from the journal.
+        ``outbox_max_events`` / ``outbox_max_bytes``: events (and their bytes, as the journal
+        sizes them) queued for one attachment; past either the attachment is detached (slow
+        reader) and the client resumes from the journal.
         ``journal_max_age_s`` / ``journal_max_bytes``: replay journal bounds (oldest dropped first).
 
     Conversation
-        ``max_conversation_items``: items kept per session (oldest dropped first, counted);
-        a session's memory grows with its history until this bound, then stays flat.
+        ``max_conversation_items`` / ``max_conversation_bytes``: items (and their bytes) kept per
+        session (oldest dropped first, counted; one item over the byte bound is refused with
+        ``item_too_large``); a session's memory grows with its history until these bounds, then
+        stays flat.
+
+    Memory
+        ``memory_budget_bytes``: the server process's resident memory above which new work is
+        refused: a new session with ``resource_exhausted``, a new conversation item or response
+        with ``input_backpressure`` (running sessions go on). ``None`` (the default) is 80 % of
+        the machine's memory (or of the cgroup's limit, where one is set); ``0`` disables it.
 
     Frame scheduler
         ``tick_ms``: ``0`` (the default) steps as soon as a frame is ready, batching the frames
@@ -82,9 +91,13 @@ class EngineConfig(msgspec.Struct, frozen=True, kw_only=True):
     max_command_audio_bytes: int = 15 * 1024 * 1024
 
     outbox_max_events: int = 4096
+    outbox_max_bytes: int = 16 * 1024 * 1024
     journal_max_age_s: float = 60.0
     journal_max_bytes: int = 8 * 1024 * 1024
     max_conversation_items: int = 1024
+    max_conversation_bytes: int = 16 * 1024 * 1024
+
+    memory_budget_bytes: int | None = None
 
     tick_ms: float | None = 0.0
     batch_window_ms: float = 1.0
@@ -110,11 +123,15 @@ class EngineConfig(msgspec.Struct, frozen=True, kw_only=True):
             "outbox_max_events",
             "max_pending_outputs",
             "max_conversation_items",
+            "outbox_max_bytes",
+            "max_conversation_bytes",
         ):
             if getattr(self, name) < 1:
                 raise ValueError(f"{name} must be >= 1")
         if self.gc_thresholds is not None and (len(self.gc_thresholds) != 3 or min(self.gc_thresholds) < 1):
             raise ValueError("gc_thresholds must be three positive counts or None")
+        if self.memory_budget_bytes is not None and self.memory_budget_bytes < 0:
+            raise ValueError("memory_budget_bytes must be >= 0 (0: no budget) or None (80 % of memory)")
         if self.batch_window_ms < 0:
             raise ValueError("batch_window_ms must be >= 0 (0: no wait)")
         if self.tick_ms is not None and self.tick_ms < 0:

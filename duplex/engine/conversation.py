@@ -1,22 +1,27 @@
 """The conversation of one session: ordered items, as the client and the model see them.
 
-Sans-IO and bounded: at most ``max_items`` items (the oldest leave first, counted
-in ``evicted``). Audio bytes are never kept here: user audio items keep their
-transcript, assistant items their transcript as far as it was heard (the playback
-ledger rewrites them). A client-supplied item id is kept (DESIGN §4);
-``previous_item_id="root"`` inserts at the front.
+Sans-IO and bounded twice: at most ``max_items`` items and ``max_bytes`` bytes (each
+item sized by ``sizes.item_size``); past either bound the oldest items leave first,
+counted in ``evicted``. One item larger than ``max_bytes`` on its own is refused
+(``item_too_large``) with nothing changed. Audio bytes are never kept here: an item
+is stored without the ``audio`` of its parts (user audio items keep their transcript,
+assistant items their transcript as far as it was heard; the playback ledger
+rewrites them), so the bound counts what is really held. A client-supplied item id
+is kept (DESIGN §4); ``previous_item_id="root"`` inserts at the front.
 
 Errors are ``ProtocolError``s with the wire codes: ``item_not_found``,
-``invalid_item`` (duplicate id), ``invalid_function_call_output``.
+``invalid_item`` (duplicate id), ``item_too_large``, ``invalid_function_call_output``.
 """
 
 from __future__ import annotations
 
 import msgspec
 
+from duplex.engine.sizes import item_size
 from duplex.protocol.errors import ProtocolError
 from duplex.protocol.ids import new_item_id
 from duplex.protocol.realtime.items import (
+    AudioPart,
     ConversationItem,
     FunctionCallItem,
     FunctionCallOutputItem,
@@ -33,11 +38,26 @@ __all__ = ["Conversation"]
 class Conversation:
     """Ordered, bounded item store (see the module docstring)."""
 
-    def __init__(self, max_items: int = 1024) -> None:
+    def __init__(self, max_items: int = 1024, max_bytes: int = 16 * 1024 * 1024) -> None:
         self.max_items = max_items
+        self.max_bytes = max_bytes
         self._items: dict[str, ConversationItem] = {}
+        self._sizes: dict[str, int] = {}
         self._order: list[str] = []
+        self._bytes = 0
         self.evicted = 0
+
+    @property
+    def size_bytes(self) -> int:
+        """Bytes the items hold (``sizes.item_size`` of each)."""
+        return self._bytes
+
+    def clear(self) -> None:
+        """Forget every item (the session closed: its memory goes at once)."""
+        self._items.clear()
+        self._sizes.clear()
+        self._order.clear()
+        self._bytes = 0
 
     def __len__(self) -> int:
         return len(self._order)
@@ -81,11 +101,20 @@ class Conversation:
             )
         if isinstance(item, FunctionCallOutputItem):
             self._check_call_output(item)
+        item = _without_audio(item)
+        size = item_size(item)
+        if size > self.max_bytes:
+            raise ProtocolError(
+                "item_too_large",
+                f"the item holds {size} bytes; a conversation keeps at most {self.max_bytes}",
+                param="item",
+            )
         self._order.insert(index, item_id)
         self._items[item_id] = item
-        while len(self._order) > self.max_items:
-            oldest = self._order.pop(0)
-            del self._items[oldest]
+        self._sizes[item_id] = size
+        self._bytes += size
+        while len(self._order) > self.max_items or self._bytes > self.max_bytes:
+            self._forget(self._order.pop(0))
             self.evicted += 1
         previous = self._order[index - 1] if index > 0 and item_id in self._items else None
         return item, previous
@@ -110,15 +139,30 @@ class Conversation:
             )
 
     def replace(self, item: ConversationItem) -> None:
-        """Store a new version of an existing item (same id); a no-op if it was deleted."""
+        """Store a new version of an existing item (same id); a no-op if it was deleted.
+
+        Only the server replaces items (a transcript, the heard part of a reply): the new
+        version is sized again, and the oldest other items leave if it outgrew the bound.
+        """
         item_id = item.id  # type: ignore[union-attr]
         if item_id in self._items:
+            item = _without_audio(item)
+            size = item_size(item)
             self._items[item_id] = item
+            self._bytes += size - self._sizes[item_id]
+            self._sizes[item_id] = size
+            while self._bytes > self.max_bytes and self._order[0] != item_id:
+                self._forget(self._order.pop(0))
+                self.evicted += 1
 
     def delete(self, item_id: str) -> None:
         self.get(item_id)
-        del self._items[item_id]
         self._order.remove(item_id)
+        self._forget(item_id)
+
+    def _forget(self, item_id: str) -> None:
+        del self._items[item_id]
+        self._bytes -= self._sizes.pop(item_id)
 
     def history(self) -> tuple[tuple[str, str], ...]:
         """``(role, text)`` pairs, oldest first, for ``TurnRequest.history``."""
@@ -142,6 +186,21 @@ class Conversation:
                 text = "".join(_part_text(p) for p in item.content)
                 return text or None
         return None
+
+
+_AUDIO_PARTS = (InputAudioPart, OutputAudioPart, AudioPart)
+
+
+def _without_audio(item: ConversationItem) -> ConversationItem:
+    """``item`` without the audio bytes of its content parts (the transcripts stay)."""
+    content = getattr(item, "content", None)
+    if not content or not any(isinstance(p, _AUDIO_PARTS) and p.audio is not None for p in content):
+        return item
+    parts = [
+        msgspec.structs.replace(p, audio=None) if isinstance(p, _AUDIO_PARTS) and p.audio is not None else p
+        for p in content
+    ]
+    return msgspec.structs.replace(item, content=parts)
 
 
 def _part_text(part: object) -> str:

@@ -116,6 +116,10 @@ class Journal(Generic[E]):
         del self._events[:count], self._sizes[:count], self._times[:count]
         self.floor = first + count - 1
 
+    def clear(self) -> None:
+        """Forget every entry (the session ended: nothing can be replayed any more)."""
+        self._drop(len(self._events))
+
     def ack(self, seq: int) -> None:
         """The client holds every event up to ``seq``: forget them.
 

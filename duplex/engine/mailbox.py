@@ -127,6 +127,13 @@ class Mailbox:
         self._commands = 0
         return batch
 
+    def close(self) -> None:
+        """The consumer is gone for good: drop what is queued and the inline handler (a bound
+        method of the consumer, which would otherwise keep it and its owner alive in a cycle)."""
+        self._items.clear()
+        self._commands = 0
+        self.inline = None
+
     def output_done(self) -> None:
         """The runner handled one model output (the scheduler may step that slot again)."""
         self.pending_outputs -= 1

@@ -44,6 +44,7 @@ from duplex.engine.input import InputPipeline
 from duplex.engine.journal import JournalCursorError, JournalGap
 from duplex.engine.lease import Lease
 from duplex.engine.mailbox import Mailbox, MailboxFull
+from duplex.engine.memory import MemoryBudget, default_limit_bytes
 from duplex.engine.metrics import EngineMetrics
 from duplex.engine.model_thread import ModelThread
 from duplex.engine.runner import AckItem, CloseItem, CommandItem, FailItem, SessionRunner
@@ -58,6 +59,7 @@ from duplex.protocol.ext.commands import SessionEventAck, SessionResume
 from duplex.protocol.ext.events import SessionReplaced, SessionResumed, SessionResyncRequired
 from duplex.protocol.ids import new_event_id, new_session_id
 from duplex.protocol.realtime.commands import (
+    ConversationItemCreate,
     InputAudioBufferAppend,
     InputAudioBufferCommit,
     ResponseCreate,
@@ -126,6 +128,9 @@ class SessionRecord:
         else:
             n_bytes, append = 0, False
             turns = 1 if isinstance(command, InputAudioBufferCommit | ResponseCreate) else 0
+            memory = self.manager.memory
+            if isinstance(command, ConversationItemCreate | ResponseCreate) and memory.exceeded():
+                raise SessionError("input_backpressure", memory.describe())
         config = self.manager.config
         if n_bytes > config.max_command_audio_bytes:
             raise SessionError(
@@ -191,12 +196,21 @@ class SessionRecord:
             self.lease.begin_close(reason, expired=expired)
 
     def finish(self) -> None:
-        """Cleanup done: end the attachment and free the admission slot."""
+        """Cleanup done: end the attachment, free the admission slot and the session's memory.
+
+        The attachment keeps the events still queued for its reader (``session.closed`` last);
+        everything else the session held is released here, not at the collector's next full
+        pass: the session's journal, conversation and buffers, the mailbox, and the references
+        that tie the record, its runner and its mailbox into a cycle (DESIGN §9).
+        """
         state = self.lease.finish()
         att, self.attachment = self.attachment, None
         if att is not None:
             att.end(state.value)
         self.manager.forget(self)
+        self.session.discard()
+        self.mailbox.close()
+        self.feed = None
         self.finished.set()
 
 
@@ -226,6 +240,8 @@ class SessionManager:
         self.workers = workers
         self.scheduler = scheduler
         self.limit = min(config.max_sessions, capabilities.max_sessions)
+        budget = config.memory_budget_bytes
+        self.memory = MemoryBudget(default_limit_bytes() if budget is None else budget)
         self.records: dict[str, SessionRecord] = {}
         self._free_slots = list(range(capabilities.max_sessions - 1, -1, -1))
         self._admitting = 0
@@ -252,6 +268,9 @@ class SessionManager:
         if self.open_count >= self.limit or not self._free_slots:
             self.metrics.admission_refused.inc()
             raise SessionError("resource_exhausted", f"duplex_session_capacity_exhausted: limit={self.limit}")
+        if self.memory.exceeded():
+            self.metrics.admission_refused.inc()
+            raise SessionError("resource_exhausted", self.memory.describe())
         slot = self._free_slots.pop()
         self._admitting += 1
         try:
@@ -280,6 +299,7 @@ class SessionManager:
             journal_max_bytes=config.journal_max_bytes,
             max_pending_turns=config.max_pending_turns,
             max_conversation_items=config.max_conversation_items,
+            max_conversation_bytes=config.max_conversation_bytes,
         )
         now = self.now()
         lease = Lease(
@@ -318,6 +338,7 @@ class SessionManager:
             generation,
             token,
             outbox_max_events=self.config.outbox_max_events,
+            outbox_max_bytes=self.config.outbox_max_bytes,
             on_slow_reader=lambda att: self._slow_reader(record, att),
         )
 

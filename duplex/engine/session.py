@@ -60,6 +60,7 @@ from duplex.engine.input import DecodedAppend
 from duplex.engine.journal import Journal, JournalCursorError
 from duplex.engine.response import ActiveResponse
 from duplex.engine.settings import Lane, SessionSettings
+from duplex.engine.sizes import DELTA_OVERHEAD, event_size
 from duplex.engine.transitions import TurnState
 from duplex.plugins.base import Capabilities, PluginKind, SlotOptions, TurnRequest
 from duplex.protocol.audio import StreamResampler
@@ -109,16 +110,6 @@ __all__ = ["Session", "TurnState"]
 RECENT_RESPONSES = 16
 
 
-def _event_size(event: Event) -> int:
-    """Approximate wire size for the journal's byte bound (audio counted as base64)."""
-    delta = getattr(event, "delta", None)
-    if isinstance(delta, bytes):
-        return 200 + (len(delta) + 2) // 3 * 4
-    if isinstance(delta, str):
-        return 200 + len(delta)
-    return 512
-
-
 class Session:
     """All protocol state of one session (see the module docstring)."""
 
@@ -133,6 +124,7 @@ class Session:
         journal_max_bytes: int,
         max_pending_turns: int = 4,
         max_conversation_items: int = 1024,
+        max_conversation_bytes: int = 16 * 1024 * 1024,
     ) -> None:
         self.session_id = session_id
         self.slot = slot
@@ -140,7 +132,7 @@ class Session:
         self.settings = settings
         self.epoch = 0
         self.journal: Journal[Event] = Journal(max_age_s=journal_max_age_s, max_bytes=journal_max_bytes)
-        self.conversation = Conversation(max_conversation_items)
+        self.conversation = Conversation(max_conversation_items, max_conversation_bytes)
         self.response: ActiveResponse | None = None
         self.recent: deque[ActiveResponse] = deque(maxlen=RECENT_RESPONSES)
         self.turn_state = TurnState.IDLE
@@ -192,8 +184,8 @@ class Session:
             # place (instead of msgspec.structs.replace) saves a copy per event.
             seq = journal.head + 1
             stamp(event, "server_event_seq", seq)
-            delta = getattr(event, "delta", None)  # an audio delta, sized here (``_event_size``)
-            size = 200 + (len(delta) + 2) // 3 * 4 if type(delta) is bytes else _event_size(event)
+            delta = getattr(event, "delta", None)  # an audio delta, sized here (``event_size``)
+            size = DELTA_OVERHEAD + (len(delta) + 2) // 3 * 4 if type(delta) is bytes else event_size(event)
             journal.append(seq, event, size, now)
         return events
 
@@ -296,7 +288,7 @@ class Session:
 
     def _update(self, cmd: SessionUpdate) -> list[Event]:
         before = self.settings
-        self.settings = before.apply(cmd.session, self.caps, audio_started=self.audio_started)
+        self.settings = before.apply(cmd.session, self.caps, audio_started=self.audio_started, opened=True)
         if self.settings.vad != before.vad:
             self._actions.append(ConfigureVad(self.settings.vad))
         return [
@@ -392,8 +384,11 @@ class Session:
                 "response_cancel_not_active", f"Cancellation failed: {response_id} is not active"
             )
         if self.response is None:
-            self._advance_epoch()
-            return []
+            raise ProtocolError(
+                "response_cancel_not_active",
+                "Cancellation failed: there is no active response to barge in on"
+                + (f" (no response {response_id})" if response_id else ""),
+            )
         return self._cancel("barge_in")
 
     def _advance_epoch(self) -> None:
@@ -460,3 +455,17 @@ class Session:
             events.append(SessionClosed(event_id=new_event_id(), session_id=self.session_id, reason=reason))
         self._actions.clear()
         return self._journal(events, now)
+
+    def discard(self) -> None:
+        """Free what the session holds (journal, conversation, buffered audio): called once the
+        shell has delivered the last events and cleaned up, so a closed session's memory goes at
+        once instead of at the collector's next full pass (DESIGN §9)."""
+        self.closed = True
+        self.journal.clear()
+        self.conversation.clear()
+        self.recent.clear()
+        self.response = None
+        self._deferred.clear()
+        self._reset_input()
+        self._committed_audio = None
+        self._out_resampler = None

@@ -17,7 +17,12 @@ Decisions (DESIGN §4-§6):
   that default (liberal in);
 * ``playback_commit_policy`` defaults to ``commit_all_on_done`` (stock clients never
   ack); ``ack_only`` is opt-in;
-* the voice may not change once the session produced audio.
+* the voice may not change once the session produced audio;
+* once the plugin's slot is open, instructions, voice and tools change only where the plugin
+  says so (``Capabilities.updatable_options``); a change to one it fixed at open is refused
+  with ``instructions_update_unsupported`` / ``voice_update_unsupported`` /
+  ``tools_update_unsupported`` (a patch that repeats the current value changes nothing and
+  is accepted).
 """
 
 from __future__ import annotations
@@ -58,6 +63,8 @@ class Lane(enum.StrEnum):
 
 
 OVERLAP_POLICIES = ("listen_only", "barge_in_on_speech")
+#: The settings a plugin receives as ``SlotOptions`` when its slot opens (``Capabilities.updatable_options``).
+_SLOT_OPTIONS = ("instructions", "voice", "tools")
 COMMIT_POLICIES = ("ack_only", "commit_all_on_done")
 
 
@@ -108,13 +115,32 @@ class SessionSettings(msgspec.Struct, frozen=True, kw_only=True):
             return Lane.SERVER_VAD
         return Lane.MODEL_NATIVE if caps.model_native_turns else Lane.CLIENT
 
-    def apply(self, patch: SessionConfig, caps: Capabilities, *, audio_started: bool) -> SessionSettings:
-        """New settings with ``patch`` applied; raises ``ProtocolError`` (nothing changes)."""
+    def apply(
+        self, patch: SessionConfig, caps: Capabilities, *, audio_started: bool, opened: bool = False
+    ) -> SessionSettings:
+        """New settings with ``patch`` applied; raises ``ProtocolError`` (nothing changes).
+
+        ``opened``: the plugin's slot is open (a ``session.update`` after the session opened),
+        so only ``caps.updatable_options`` may change.
+        """
         changes: dict[str, Any] = {}
-        if patch.instructions is not None:
+        fixed = () if not opened else [o for o in _SLOT_OPTIONS if o not in caps.updatable_options]
+        if patch.instructions is not None and patch.instructions != self.instructions:
+            if "instructions" in fixed:
+                raise ProtocolError(
+                    "instructions_update_unsupported",
+                    "this model fixes its instructions when the session opens",
+                    param="session.instructions",
+                )
             changes["instructions"] = patch.instructions
         voice = patch.resolved_voice()
         if voice is not None and voice != self.voice:
+            if "voice" in fixed:
+                raise ProtocolError(
+                    "voice_update_unsupported",
+                    "this model fixes its voice when the session opens",
+                    param="session.voice",
+                )
             if caps.voices and voice not in caps.voices:
                 raise ProtocolError(
                     "voice_not_found",
@@ -184,6 +210,12 @@ class SessionSettings(msgspec.Struct, frozen=True, kw_only=True):
             if patch.tools and not caps.supports_tools:
                 raise ProtocolError(
                     "invalid_session_config", "this model cannot call tools", param="session.tools"
+                )
+            if "tools" in fixed and tuple(patch.tools) != self.tools:
+                raise ProtocolError(
+                    "tools_update_unsupported",
+                    "this model fixes its tools when the session opens",
+                    param="session.tools",
                 )
             changes["tools"] = tuple(patch.tools)
         if patch.tool_choice is not None:

@@ -117,6 +117,12 @@ class Capabilities(msgspec.Struct, frozen=True, kw_only=True):
     output_modalities: tuple[str, ...] = ("audio", "text")
     voices: tuple[str, ...] = ()
     default_voice: str | None = None
+    # The slot options (``SlotOptions``) a ``session.update`` may still change once the slot is
+    # open: ``"instructions"``, ``"voice"``, ``"tools"``. A model that fixes them when its slot
+    # opens (a persona prompt, a voice prompt) leaves them out, and a later change is refused
+    # with ``instructions_update_unsupported`` / ``voice_update_unsupported`` /
+    # ``tools_update_unsupported`` instead of being silently ignored.
+    updatable_options: tuple[str, ...] = ("instructions", "voice", "tools")
     # Execution: every call takes microseconds and never blocks, so the engine makes it on the
     # event loop instead of hopping to the model thread (``duplex.engine.model_thread``).
     calls_on_loop: bool = False

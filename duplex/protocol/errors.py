@@ -54,6 +54,7 @@ _INVALID_REQUEST: Final = (
     "instructions_update_unsupported",
     "persona_update_unsupported",
     "voice_update_unsupported",
+    "tools_update_unsupported",
     "model_update_unsupported",
     "voice_update_after_audio_unsupported",
     "ref_audio_update_unsupported",
@@ -71,6 +72,7 @@ _INVALID_REQUEST: Final = (
     "missing_item_id",
     "item_not_found",
     "invalid_item",
+    "item_too_large",
     # playback
     "playback_item_mismatch",
     "playback_item_not_found",

@@ -105,6 +105,7 @@ def test_capabilities_match_the_model():
         supports_barge_in=False,
         supports_resume=True,
         output_modalities=("audio", "text"),
+        updatable_options=(),
     )
     assert caps.chunk_samples == FRAME_SAMPLES
 

@@ -280,6 +280,7 @@ class PersonaPlexPlugin(FramePlugin):
             output_modalities=("audio", "text"),
             voices=tuple(sorted(self._voices)),
             default_voice=self._default_voice,
+            updatable_options=(),  # the voice and persona prompts run when the slot opens
         )
 
     # -- slots ------------------------------------------------------------
