@@ -1,0 +1,131 @@
+"""``python -m bench.reliability``: run the attacks, print the table, write the JSON (and a plot).
+
+Examples::
+
+    python -m bench.reliability                                  # every attack, the issue's sizes
+    python -m bench.reliability --attacks frame_json slowloris   # some of them
+    python -m bench.reliability --quick                          # small sizes (a smoke test)
+    python -m bench.reliability --report bench/results/reliability.json --plot rss.png
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import json
+import sys
+from pathlib import Path
+from typing import Any
+
+from bench.reliability.attacks import ATTACKS, run_attack
+from bench.report import machine, print_table, write_json
+
+COLUMNS = [
+    "attack",
+    ("seconds", "s"),
+    ("heartbeat_p99_ms", "hb p99 ms"),
+    ("heartbeat_max_ms", "hb max ms"),
+    ("health_p99_ms", "/health p99 ms"),
+    ("rss_before_mb", "RSS before MB"),
+    ("rss_peak_mb", "peak MB"),
+    ("rss_after_mb", "after MB"),
+    "verdict",
+]
+
+#: The per-attack outcome fields printed under the table.
+DETAILS = (
+    "codes",
+    "replay_from_0",
+    "answers",
+    "wrong",
+    "leaked_in_log",
+    "resume_with_other_key",
+    "still_open",
+    "metrics_bytes_after",
+    "bystander_first_audio_s",
+    "rss_after_each_round_mb",
+)
+
+#: Sizes for ``--quick``: every attack runs, small, in about a minute (the suite's own test).
+QUICK = {
+    "seconds": 2.0,
+    "metadata_keys": 20_000,
+    "item_bytes": 256 * 1024,
+    "count": 5,
+    "frame_bytes": 1024 * 1024,
+    "hold_s": 0.5,
+    "rounds": 2,
+    "sessions": 2,
+    "items": 2,
+    "reason_bytes": 4096,
+    "wait_s": 2.0,
+    "settle_s": 0.5,
+    "chars": 300,
+}
+
+
+def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
+    p = argparse.ArgumentParser(prog="python -m bench.reliability", description=__doc__.splitlines()[0])
+    p.add_argument("--attacks", nargs="+", choices=sorted(ATTACKS), help="attacks to run (default: all)")
+    p.add_argument("--quick", action="store_true", help="small sizes: a smoke test of the suite")
+    p.add_argument("--seconds", type=float, help="length of the flood attacks (default 20)")
+    p.add_argument("--json", default="bench/results/reliability.json", help="where to write the results")
+    p.add_argument("--plot", help="draw each attack's server memory over time to this PNG")
+    p.add_argument("--report", help="print (and --plot) a saved JSON instead of running")
+    return p.parse_args(argv)
+
+
+def print_report(report: dict[str, Any]) -> None:
+    rows = report["rows"]
+    print_table(rows, COLUMNS, title="Reliability: a bystander session and the server's memory under attack")
+    print()
+    for row in rows:
+        detail = {k: row[k] for k in DETAILS if k in row}
+        if detail:
+            print(f"{row['attack']}: {json.dumps(detail)}")
+
+
+def plot(report: dict[str, Any], path: str) -> Path:
+    from bench.plots import plt, save_figure
+    rows = report["rows"]
+    fig, ax = plt.subplots(figsize=(9, 5))
+    for row in rows:
+        timeline = row.get("rss_timeline") or []
+        if timeline:
+            ax.plot([t for t, _ in timeline], [mb for _, mb in timeline], label=row["attack"])
+    ax.set_xlabel("seconds since the attack started")
+    ax.set_ylabel("server RSS (MB)")
+    ax.set_title("Server memory during each attack")
+    ax.legend(fontsize=7, ncol=2)
+    return save_figure(fig, path)
+
+
+async def run(args: argparse.Namespace) -> dict[str, Any]:
+    opts: dict[str, Any] = dict(QUICK) if args.quick else {}
+    if args.seconds is not None:
+        opts["seconds"] = args.seconds
+    names = args.attacks or list(ATTACKS)
+    rows = []
+    for i, name in enumerate(names, 1):
+        print(f"[{i}/{len(names)}] {name} ...", file=sys.stderr, flush=True)
+        row = await run_attack(ATTACKS[name], opts)
+        print(f"[{i}/{len(names)}] {name}: {row['verdict']}", file=sys.stderr, flush=True)
+        rows.append(row)
+    return {"machine": machine(), "quick": bool(args.quick), "options": opts, "rows": rows}
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = parse_args(argv)
+    if args.report:
+        report = json.loads(Path(args.report).read_text())
+    else:
+        report = asyncio.run(run(args))
+        write_json(args.json, report)
+    print_report(report)
+    if args.plot:
+        print(f"plot: {plot(report, args.plot)}")
+    return 0 if all(r["verdict"] == "pass" for r in report["rows"]) else 1
+
+
+if __name__ == "__main__":
+    sys.exit(main())

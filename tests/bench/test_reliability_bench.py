@@ -1,0 +1,31 @@
+"""``python -m bench.reliability`` runs its attacks against real servers and reports each one."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+
+import pytest
+
+pytestmark = pytest.mark.timeout(240)
+
+
+def test_the_suite_runs_attacks_against_a_real_server_and_writes_every_figure(tmp_path):
+    out = tmp_path / "reliability.json"
+    attacks = ["frame_json", "metric_labels", "bad_values", "big_instructions"]
+    cmd = [sys.executable, "-m", "bench.reliability", "--quick", "--attacks", *attacks, "--json", str(out)]
+    done = subprocess.run(cmd, capture_output=True, text=True, timeout=220)
+    report = json.loads(out.read_text())
+    rows = {row["attack"]: row for row in report["rows"]}
+    assert list(rows) == attacks
+    for row in rows.values():
+        assert row["server_alive"] and row["heartbeats"] > 0
+        assert row["rss_before_mb"] > 0 and row["rss_peak_mb"] >= row["rss_before_mb"] * 0.5
+        assert row["rss_timeline"]
+    assert rows["frame_json"]["frames_sent"] > 0 and set(rows["frame_json"]["codes"]) == {"bad_event"}
+    labels = rows["metric_labels"]
+    assert labels["metrics_bytes_after"] < labels["metrics_bytes_before"] + 65536
+    assert rows["bad_values"]["answers"]["barge_in without a response"] == "response_cancel_not_active"
+    assert rows["big_instructions"]["replay_from_0"].startswith("session.")
+    assert "Reliability:" in done.stdout and "frame_json" in done.stdout
