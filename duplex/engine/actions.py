@@ -13,7 +13,16 @@ import numpy as np
 from duplex.engine.vad_config import VadConfig
 from duplex.plugins.base import TurnRequest
 
-__all__ = ["Action", "CancelSlot", "ClearFeed", "CloseSession", "ConfigureVad", "FeedAudio", "StartTurn"]
+__all__ = [
+    "Action",
+    "CancelSlot",
+    "ClearFeed",
+    "CloseSession",
+    "ConfigureVad",
+    "FeedAudio",
+    "StartTurn",
+    "WakeAt",
+]
 
 
 class FeedAudio(msgspec.Struct, frozen=True):
@@ -52,4 +61,12 @@ class CloseSession(msgspec.Struct, frozen=True):
     reason: str
 
 
-Action = FeedAudio | ClearFeed | CancelSlot | StartTurn | ConfigureVad | CloseSession
+class WakeAt(msgspec.Struct, frozen=True):
+    """Call ``Session.on_timer`` at ``at`` (the session's clock) or soon after: paced audio is due,
+    or a requested response waits for the model no longer. A later ``WakeAt`` may move it earlier;
+    a wake-up that finds nothing due is harmless."""
+
+    at: float
+
+
+Action = FeedAudio | ClearFeed | CancelSlot | StartTurn | ConfigureVad | CloseSession | WakeAt

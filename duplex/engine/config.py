@@ -42,6 +42,16 @@ class EngineConfig(msgspec.Struct, frozen=True, kw_only=True):
         ``item_too_large``); a session's memory grows with its history until these bounds, then
         stays flat.
 
+    Responses
+        ``output_lead_ms``: audio a model produces faster than real time (``turn`` and ``batch``
+        kinds) goes to the client at playback speed, at most this far ahead of the listener, so
+        a barge-in cancels what has not been sent and the history holds what was heard without
+        the client's help (``duplex.engine.output_stream``); ``None`` sends it as it is made.
+        ``max_output_backlog_ms``: how much paced audio may wait to be sent before the engine
+        pauses pulling the model's next chunk (a long reply is made about as it is played).
+        ``response_wait_s``: how long a ``response.create`` on a model that decides itself when to
+        speak waits for its speech before the response ends empty (``model_silent``).
+
     Memory
         ``memory_budget_bytes``: the server process's resident memory above which new work is
         refused: a new session with ``resource_exhausted``, a new conversation item or response
@@ -97,6 +107,10 @@ class EngineConfig(msgspec.Struct, frozen=True, kw_only=True):
     max_conversation_items: int = 1024
     max_conversation_bytes: int = 16 * 1024 * 1024
 
+    output_lead_ms: float | None = 300.0
+    max_output_backlog_ms: float = 5000.0
+    response_wait_s: float = 5.0
+
     memory_budget_bytes: int | None = None
 
     tick_ms: float | None = 0.0
@@ -132,6 +146,11 @@ class EngineConfig(msgspec.Struct, frozen=True, kw_only=True):
             raise ValueError("gc_thresholds must be three positive counts or None")
         if self.memory_budget_bytes is not None and self.memory_budget_bytes < 0:
             raise ValueError("memory_budget_bytes must be >= 0 (0: no budget) or None (80 % of memory)")
+        if self.output_lead_ms is not None and self.output_lead_ms < 0:
+            raise ValueError("output_lead_ms must be >= 0, or None (no pacing)")
+        for name in ("max_output_backlog_ms", "response_wait_s"):
+            if getattr(self, name) <= 0:
+                raise ValueError(f"{name} must be positive")
         if self.batch_window_ms < 0:
             raise ValueError("batch_window_ms must be >= 0 (0: no wait)")
         if self.tick_ms is not None and self.tick_ms < 0:

@@ -3,8 +3,11 @@
 Theory of operation (DESIGN §6, ``wire_protocol.md`` §11.7)
 ----------------------------------------------------------
 ``generated_ms`` grows with every audio chunk the model produced for the response,
-``sent_ms`` with every chunk handed to the transport (both move together here: an
-audio delta is journaled when it is produced). ``played_ms`` and ``committed_ms``
+``sent_ms`` with every chunk handed to the transport. The two move together for a
+model that speaks in real time (its audio delta is journaled when it is produced);
+for audio produced faster than real time and paced out at playback speed
+(``generate`` at arrival, ``add_audio`` at release) ``sent_ms`` trails.
+``played_ms`` and ``committed_ms``
 move only on the client's word (``playback.ack`` or ``conversation.item.truncate``).
 ``committed_ms`` is the history boundary: the assistant transcript enters the
 conversation only as far as ``text_at(committed_ms)``.
@@ -30,6 +33,7 @@ class PlaybackCursor:
     """Ledger and transcript of one assistant response (see the module docstring)."""
 
     __slots__ = (
+        "_heard_chars",
         "_mark_chars",
         "_mark_ms",
         "committed_ms",
@@ -51,14 +55,26 @@ class PlaybackCursor:
         self.finished = False
         self._mark_ms: list[float] = []
         self._mark_chars: list[int] = []
+        self._heard_chars = 0  # the text a listener has heard once the audio so far is played
 
-    def add_audio(self, duration_ms: float, text_delta: str = "") -> None:
-        """One audio chunk of ``duration_ms`` went out with its transcript delta."""
-        self.text += text_delta
+    def generate(self, duration_ms: float) -> None:
+        """Audio of ``duration_ms`` was produced and waits to be paced out (``add_audio`` sends it)."""
         self.generated_ms += duration_ms
-        self.sent_ms = self.generated_ms
-        self._mark_ms.append(self.generated_ms)
-        self._mark_chars.append(len(self.text))
+
+    def add_audio(self, duration_ms: float, text_delta: str = "", *, hold_text: bool = False) -> None:
+        """One audio chunk of ``duration_ms`` went out with its transcript delta.
+
+        ``hold_text``: the chunk is a piece of a longer one whose text is heard only at its end
+        (paced audio: the transcript goes out with the first piece, the mark waits for the last),
+        so its mark keeps the text heard before it."""
+        self.text += text_delta
+        self.sent_ms += duration_ms
+        if self.generated_ms < self.sent_ms:  # not paced: produced as it is sent
+            self.generated_ms = self.sent_ms
+        if not hold_text:
+            self._heard_chars = len(self.text)
+        self._mark_ms.append(self.sent_ms)
+        self._mark_chars.append(self._heard_chars)
 
     def add_text(self, text_delta: str) -> None:
         """Transcript text that belongs to no audio chunk (text modality)."""
@@ -74,19 +90,19 @@ class PlaybackCursor:
         if ms <= 0:
             return ""
         if not self._mark_ms:
-            if self.generated_ms <= 0:
+            if self.sent_ms <= 0:
                 return ""
-            return self.text[: int(len(self.text) * min(1.0, ms / self.generated_ms))]
+            return self.text[: int(len(self.text) * min(1.0, ms / self.sent_ms))]
         index = bisect.bisect_right(self._mark_ms, ms + 1e-6) - 1
         chars = self._mark_chars[index] if index >= 0 else 0
-        if ms >= self.generated_ms and self.finished:  # a finished reply's trailing text ends with it
+        if ms >= self.sent_ms and self.finished:  # a finished reply's trailing text ends with it
             chars = len(self.text)
         return self.text[:chars]
 
     @property
     def committed_text(self) -> str:
         """History text: up to ``committed_ms``; a finished text-only response counts whole."""
-        if self.finished and self.generated_ms <= 0:
+        if self.finished and self.sent_ms <= 0:
             return self.text
         return self.text_at(self.committed_ms)
 
@@ -108,9 +124,13 @@ class PlaybackCursor:
             self.played_ms = max(self.played_ms, played)
             self.committed_ms = max(self.committed_ms, committed)
 
-    def commit_all(self) -> None:
-        """``commit_all_on_done``: everything sent counts as heard (unless truncated)."""
+    def commit_all(self, heard_ms: float | None = None) -> None:
+        """``commit_all_on_done``: everything sent counts as heard (unless truncated), or, with
+        ``heard_ms``, as much as the listener can have heard of it by now (audio paced at
+        playback speed and cancelled before its end: the rest was sent but not yet played)."""
         cap = self.sent_ms if self.truncated_at_ms is None else min(self.sent_ms, self.truncated_at_ms)
+        if heard_ms is not None:
+            cap = min(cap, max(heard_ms, 0.0))
         self.committed_ms = max(self.committed_ms, cap)
 
     def snapshot(self) -> dict[str, int]:

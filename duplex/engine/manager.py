@@ -300,6 +300,8 @@ class SessionManager:
             max_pending_turns=config.max_pending_turns,
             max_conversation_items=config.max_conversation_items,
             max_conversation_bytes=config.max_conversation_bytes,
+            output_lead_ms=config.output_lead_ms,
+            response_wait_s=config.response_wait_s,
         )
         now = self.now()
         lease = Lease(

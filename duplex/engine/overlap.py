@@ -25,7 +25,18 @@ from __future__ import annotations
 
 import enum
 
-__all__ = ["CommitAction", "decide_commit", "decide_overlap"]
+__all__ = ["CommitAction", "OverlapAction", "decide_commit", "decide_overlap"]
+
+
+class OverlapAction(enum.StrEnum):
+    """What to do with user audio that overlaps a response (the ``action`` of ``overlap.decision``)."""
+
+    DROP = "drop"
+    LISTEN = "listen"
+    BARGE_IN = "barge_in"
+
+
+DROP, LISTEN, BARGE_IN = OverlapAction.DROP, OverlapAction.LISTEN, OverlapAction.BARGE_IN
 
 
 def decide_overlap(
@@ -39,22 +50,22 @@ def decide_overlap(
     barge_in_ms: float,
     supports_barge_in: bool,
     interrupt_response: bool,
-) -> tuple[str, str]:
-    """The action for one overlapping append (see the module docstring)."""
+) -> tuple[OverlapAction, str]:
+    """The action for one overlapping append, and its reason (see the module docstring)."""
     if not is_speech and not vad_speech_started:
-        return "drop", "silence_or_noise"
+        return DROP, "silence_or_noise"
     if policy == "listen_only":
-        return "listen", "policy_listen_only"
+        return LISTEN, "policy_listen_only"
     can_barge = supports_barge_in and interrupt_response
     if vad_speech_started:
-        return ("barge_in", "server_vad_speech_started") if can_barge else ("listen", "barge_in_unsupported")
+        return (BARGE_IN, "server_vad_speech_started") if can_barge else (LISTEN, "barge_in_unsupported")
     if vad_in_speech:
-        return "listen", "server_vad_utterance_active"
+        return LISTEN, "server_vad_utterance_active"
     if overlap_speech_ms <= short_ack_ms:
-        return "listen", "short_ack"
+        return LISTEN, "short_ack"
     if overlap_speech_ms >= barge_in_ms:
-        return ("barge_in", "long_overlap_speech") if can_barge else ("listen", "barge_in_unsupported")
-    return "listen", "accumulating_overlap_speech"
+        return (BARGE_IN, "long_overlap_speech") if can_barge else (LISTEN, "barge_in_unsupported")
+    return LISTEN, "accumulating_overlap_speech"
 
 
 class CommitAction(enum.StrEnum):

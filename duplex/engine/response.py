@@ -29,6 +29,8 @@ The playback ledger (``cursor``) records every audio chunk with its text mark.
 
 from __future__ import annotations
 
+import enum
+from collections import deque
 from typing import Any
 
 from duplex.engine.ledger import PlaybackCursor
@@ -66,32 +68,56 @@ from duplex.protocol.realtime.items import (
 )
 from duplex.protocol.realtime.responses import Response, StatusDetails, Usage
 
-__all__ = ["WIRE_REASONS", "ActiveResponse", "wire_reason", "zero_usage"]
+__all__ = ["WIRE_REASONS", "ActiveResponse", "EndReason", "wire_reason", "zero_usage"]
 
-# Why a response ended, as the engine says it -> ``status_details.reason`` on the wire. OpenAI's
-# models accept only ``turn_detected`` / ``client_cancelled`` (cancelled) and ``max_output_tokens`` /
-# ``content_filter`` (incomplete), and strict clients validate against them. A barge-in is the user
-# taking the turn over the response; a cleared output buffer is the client cancelling; a normal end,
-# a model that chose to listen (``response.listen`` follows), a closing session and a failure
-# (``status_details.error`` carries it) have no reason on the wire.
-WIRE_REASONS: dict[str, str | None] = {
-    "turn_detected": "turn_detected",
-    "barge_in": "turn_detected",
-    "client_cancelled": "client_cancelled",
-    "output_audio_buffer_clear": "client_cancelled",
-    "max_output_tokens": "max_output_tokens",
-    "content_filter": "content_filter",
-    "stop": None,
-    "model_listen": None,
-    "session_closed": None,
-    "error": None,
+class EndReason(enum.StrEnum):
+    """Why a response ended, in the engine's words (its ``status_details.reason`` on the wire is
+    ``WIRE_REASONS[reason]``)."""
+
+    STOP = "stop"  # the model ended its turn
+    MODEL_LISTEN = "model_listen"  # the model chose to listen (``response.listen`` follows)
+    MODEL_SILENT = "model_silent"  # a requested response the model did not fill in time
+    CLIENT_CANCELLED = "client_cancelled"  # ``response.cancel``
+    OUTPUT_CLEARED = "output_audio_buffer_clear"  # the client cleared its playback
+    BARGE_IN = "barge_in"  # the user took the turn (``barge_in``, or overlapping speech)
+    TURN_DETECTED = "turn_detected"  # the server VAD heard the user start over the response
+    MAX_OUTPUT_TOKENS = "max_output_tokens"
+    CONTENT_FILTER = "content_filter"
+    SESSION_CLOSED = "session_closed"
+    ERROR = "error"  # the model failed (``status_details.error`` carries it)
+
+    @property
+    def user_took_turn(self) -> bool:
+        """The user spoke over the response: the turns deferred behind it are dropped, the
+        user's new turn replaces them (and so does a closing session)."""
+        return self in _USER_TOOK_TURN
+
+
+_USER_TOOK_TURN = frozenset({EndReason.BARGE_IN, EndReason.TURN_DETECTED, EndReason.SESSION_CLOSED})
+
+#: ``status_details.reason`` on the wire. OpenAI's models accept only ``turn_detected`` /
+#: ``client_cancelled`` (cancelled) and ``max_output_tokens`` / ``content_filter`` (incomplete), and
+#: strict clients validate against them. A barge-in is the user taking the turn over the response; a
+#: cleared output buffer is the client cancelling; a normal end, a model that chose to listen or stayed
+#: silent, a closing session and a failure (``status_details.error`` carries it) have no reason.
+WIRE_REASONS: dict[EndReason, str | None] = {
+    EndReason.TURN_DETECTED: "turn_detected",
+    EndReason.BARGE_IN: "turn_detected",
+    EndReason.CLIENT_CANCELLED: "client_cancelled",
+    EndReason.OUTPUT_CLEARED: "client_cancelled",
+    EndReason.MAX_OUTPUT_TOKENS: "max_output_tokens",
+    EndReason.CONTENT_FILTER: "content_filter",
+    EndReason.STOP: None,
+    EndReason.MODEL_LISTEN: None,
+    EndReason.MODEL_SILENT: None,
+    EndReason.SESSION_CLOSED: None,
+    EndReason.ERROR: None,
 }
 
 
-def wire_reason(reason: str | None) -> str | None:
-    """The ``status_details.reason`` of a response that ended for ``reason`` (``WIRE_REASONS``;
-    a reason missing from the table is not sent)."""
-    return WIRE_REASONS.get(reason) if reason is not None else None
+def wire_reason(reason: EndReason | None) -> str | None:
+    """The ``status_details.reason`` of a response that ended for ``reason`` (``WIRE_REASONS``)."""
+    return WIRE_REASONS[reason] if reason is not None else None
 
 
 def zero_usage() -> Usage:
@@ -122,6 +148,8 @@ class ActiveResponse:
         metadata: dict[str, Any] | None = None,
         user_turn: int = 0,
         item_id: str | None = None,
+        paced: bool = False,
+        wait_until: float | None = None,
     ) -> None:
         self.response_id = response_id
         self.item_id = item_id or new_item_id()
@@ -138,9 +166,17 @@ class ActiveResponse:
         self.speak_sent = False
         self.closed = False
         self.status = "in_progress"
-        self.reason: str | None = None  # why it ended, in the engine's words (``WIRE_REASONS``)
+        self.reason: EndReason | None = None  # why it ended
         self.outputs: list[ConversationItem] = []  # finished output items, by output_index
         self.new_items: list[tuple[ConversationItem, str | None]] = []  # items the session must store
+        # Pacing (``output_stream``): audio produced faster than real time waits here, in order,
+        # and goes out at playback speed from ``clock_start`` (when its first piece was sent).
+        self.paced = paced
+        self.pending: deque[Any] = deque()
+        self.clock_start: float | None = None
+        # A response the client asked of a model that decides itself when to speak: the model's
+        # next speech fills it; until ``wait_until`` (session clock) passes, then it ends empty.
+        self.wait_until = wait_until
 
     @property
     def modalities(self) -> list[str]:
@@ -201,10 +237,13 @@ class ActiveResponse:
         text: str,
         speak: bool,
         previous_item_id: str | None,
+        hold_text: bool = False,
     ) -> list[Event]:
         """Events for one model output chunk (audio and/or text).
 
-        ``previous_item_id`` is read only when the chunk opens the message (its first chunk).
+        ``previous_item_id`` is read only when the chunk opens the message (its first chunk);
+        ``hold_text``: a piece of paced audio whose text counts as heard only with a later piece
+        (``PlaybackCursor.add_audio``).
         """
         assert not self.closed, f"response {self.response_id} already done"
         events: list[Event] = [] if self.message_open else self._open_message(previous_item_id)
@@ -213,7 +252,7 @@ class ActiveResponse:
             events.append(ResponseSpeak(event_id=new_event_id(), **self._ids()))
         if self.audio:
             if audio_bytes:
-                events.append(self.audio_delta(audio_bytes, duration_ms, text))
+                events.append(self.audio_delta(audio_bytes, duration_ms, text, hold_text=hold_text))
             else:
                 self.cursor.add_text(text)
             if text:
@@ -223,12 +262,14 @@ class ActiveResponse:
             events.append(ResponseOutputTextDelta(event_id=new_event_id(), delta=text, **self._ids()))
         return events
 
-    def audio_delta(self, audio_bytes: bytes, duration_ms: float, text: str) -> Event:
+    def audio_delta(
+        self, audio_bytes: bytes, duration_ms: float, text: str, *, hold_text: bool = False
+    ) -> Event:
         """The audio delta of a chunk into the open message of an audio response (the caller
         checks ``message_open`` and ``audio``); with ``text``, ``transcript_delta(text)`` follows
         it. Every field but the id and the audio is fixed while the message is open, so the
         per-frame event is built from plain attributes (no dict, no lookups)."""
-        self.cursor.add_audio(duration_ms, text)
+        self.cursor.add_audio(duration_ms, text, hold_text=hold_text)
         return DuplexResponseOutputAudioDelta(
             event_id=new_event_id(),
             response_id=self.response_id,
@@ -310,7 +351,7 @@ class ActiveResponse:
         ]
         return events
 
-    def finish(self, status: str, reason: str | None = None, error: Any = None) -> list[Event]:
+    def finish(self, status: str, reason: EndReason | None = None, error: Any = None) -> list[Event]:
         """Close everything open and end the response (``completed``, ``cancelled``, ``failed``)."""
         assert not self.closed, f"response {self.response_id} already done"
         item_status = "completed" if status == "completed" else "incomplete"

@@ -48,7 +48,15 @@ from typing import TYPE_CHECKING, Any
 
 import msgspec
 
-from duplex.engine.actions import CancelSlot, ClearFeed, CloseSession, ConfigureVad, FeedAudio, StartTurn
+from duplex.engine.actions import (
+    CancelSlot,
+    ClearFeed,
+    CloseSession,
+    ConfigureVad,
+    FeedAudio,
+    StartTurn,
+    WakeAt,
+)
 from duplex.engine.mailbox import MailboxFull
 from duplex.engine.transitions import LIVE_STATES
 from duplex.engine.vad import VadUnavailableError
@@ -106,6 +114,12 @@ class CrashItem:
         self.exc = exc
 
 
+class TimerItem:
+    """A ``WakeAt`` the session asked for came due: ``Session.on_timer``."""
+
+    __slots__ = ()
+
+
 class CloseItem:
     __slots__ = ("expired", "reason")
 
@@ -126,6 +140,8 @@ class SessionRunner:
         self._turn_task: asyncio.Task[None] | None = None
         self._drained = asyncio.Event()
         self._offload_min_bytes = manager.config.offload_min_bytes
+        self._timer: asyncio.TimerHandle | None = None  # the session's next ``WakeAt``
+        self._timer_at = float("inf")
         self.mailbox.inline = self._inline
 
     # ------------------------------------------------------------------ the loop
@@ -173,6 +189,9 @@ class SessionRunner:
         elif isinstance(item, ActionsItem):
             await self._run_actions(item.actions)
             return
+        elif isinstance(item, TimerItem):
+            self._emit(self.session.on_timer(now))
+            self._drained.set()  # paced audio went out: a turn task waiting on the backlog may go on
         elif isinstance(item, CrashItem):
             raise item.exc
         await self._run_actions()
@@ -311,7 +330,8 @@ class SessionRunner:
         return pipeline.process(*self._decode_args(cmd))
 
     def _sync_action(self, action: Any, now: float) -> bool:
-        """Carry out a ``FeedAudio``/``ClearFeed`` at ``now``; False for any other action (not run)."""
+        """Carry out a ``FeedAudio``/``ClearFeed``/``WakeAt`` at ``now``; False for any other action
+        (not run)."""
         if isinstance(action, FeedAudio):
             feed = self.record.feed
             if feed is not None and not feed.feed(action.pcm, now, action.submitted_at, action.video_frames):
@@ -321,7 +341,25 @@ class SessionRunner:
             if self.record.feed is not None:
                 self.record.feed.clear()
             return True
+        if isinstance(action, WakeAt):
+            self._wake_at(action.at, now)
+            return True
         return False
+
+    def _wake_at(self, at: float, now: float) -> None:
+        """Arm the session's one timer for ``at`` (session clock), unless it is armed sooner."""
+        if self._timer is not None and self._timer_at <= at:
+            return
+        if self._timer is not None:
+            self._timer.cancel()
+        self._timer_at = at
+        self._timer = asyncio.get_running_loop().call_later(max(0.0, at - now), self._timer_fired)
+
+    def _timer_fired(self) -> None:
+        self._timer = None
+        self._timer_at = float("inf")
+        if not self.done:
+            self.mailbox.put_internal(TimerItem())
 
     def _feed_refused(self, now: float) -> None:
         """The feed is full: the append's audio is dropped, and the client told so."""
@@ -363,6 +401,7 @@ class SessionRunner:
         plugin = self.manager.plugin
         mailbox = self.mailbox
         limit = self.manager.config.max_pending_outputs
+        backlog_ms = self.manager.config.max_output_backlog_ms
         gen = None
         try:
             gen = await self._model(plugin.respond, request)
@@ -373,7 +412,10 @@ class SessionRunner:
                 mailbox.put_internal(OutputItem(out), is_output=True)
                 if out.end_of_turn:
                     return
-                while mailbox.pending_outputs >= limit:
+                # Pull the next chunk only when the session took this one, and when the audio still
+                # waiting to be paced out is under the bound (a long reply is made as it is played).
+                output = self.session.output
+                while mailbox.pending_outputs >= limit or output.backlog_ms() > backlog_ms:
                     self._drained.clear()
                     await self._drained.wait()
         except asyncio.CancelledError:
@@ -410,6 +452,9 @@ class SessionRunner:
         if self.done:
             return
         self.done = True
+        if self._timer is not None:
+            self._timer.cancel()
+            self._timer = None
         record = self.record
         record.begin_close(reason, expired=expired)
         self.session.take_actions()

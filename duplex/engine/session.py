@@ -1,69 +1,77 @@
-"""The sans-IO session: every command and every model output in, events out.
+"""The sans-IO session: every command, model output and wake-up in, events out.
 
 Theory of operation
 -------------------
-A ``Session`` holds all protocol state of one session (settings, epoch, the
-conversation, the active response and its playback ledger, the journal) and
-nothing else: no socket, no task, no clock. Its shell (the runner) calls
+A ``Session`` holds all protocol state of one session and nothing else: no socket, no task, no
+clock. Its state is split by concept into objects that own it:
+
+* ``settings`` (``SessionSettings``, replaced whole by ``session.update``), the ``epoch``, the
+  ``conversation`` and the ``journal``;
+* ``user`` (``UserTurn``): what the user said since the last commit, the overlap with a response,
+  the deferred turns;
+* ``output`` (``OutputStream``): the active response, the recent ones, the output resampler, the
+  pacing of audio produced faster than real time, and playback truth (acks, truncation, history).
+
+Its shell (the runner) calls
 
 * ``handle(command, now, decoded=None)`` for a client command (``decoded`` is the
   ``DecodedAppend`` of an ``input_audio_buffer.append``),
 * ``on_output(output, now)`` for a model output,
-* ``close(reason, now)`` / ``fail(code, message, now)`` at the end,
+* ``on_timer(now)`` when a ``WakeAt`` it asked for comes due,
+* ``close(reason, now)`` / ``fail(code, message, now)`` at the end, and ``discard()`` after it,
 
-and sends the returned events (already stamped with ``server_event_seq`` and
-journaled) to the attachment, then carries out ``take_actions()``.
+sends the returned events (already stamped with ``server_event_seq`` and journaled) to the
+attachment, then carries out ``take_actions()``.
 
-Epochs (DESIGN §6): a cancel, a barge-in, ``output_audio_buffer.clear`` and the
-cancel of a response by VAD speech advance ``epoch``; a model output tagged with
-an older epoch is dropped (and counted in ``stale_outputs``). ``input_audio_buffer.clear``
-only drops uncommitted input: it does not touch the assistant's response.
+Commands are dispatched from one table keyed by command type (``_HANDLERS``, filled by the
+``@handles`` decorator); a new command is one struct in ``duplex.protocol`` and one handler here.
 
-Responses: a ``frame``/``unit`` model opens a response itself with its first
-audio or text (lane 1; in lanes 2/3 the engine still lets the model speak and
-uses VAD / client commands for commits and interruptions); a ``turn`` model gets
-a ``StartTurn`` action per committed turn or ``response.create``, and the
-response is created at once. Either way ``ActiveResponse`` produces the exact GA
-event order and every ``response.created`` gets exactly one ``response.done``.
+Kinds: the session reads the plugin's capabilities, never its kind. ``Capabilities.hears_stream``
+is the one difference: a model that hears the stream gets every append fed to it (``FeedAudio``)
+and opens responses itself with its first speech, and a ``response.create`` opens a response that
+its next speech fills (or that ends empty, ``model_silent``, after ``response_wait_s``); a model
+that answers requests gets a ``StartTurn`` per committed turn or ``response.create``, and its
+audio is paced out at playback speed when ``output_lead_ms`` is set (``output_stream``).
 
-Where the rules live: this module dispatches commands and owns responses, epochs,
-cancellation and the end of the session; ``turn_input`` applies appends and
-commits (with the pure decisions of ``overlap``), ``model_output`` applies model
-output, ``playback`` acks, truncation and the history, ``response`` builds each
-response's events and ``ledger`` its playback cursor. The rules as implemented
-are listed in ``docs/sessions.md``.
+Epochs (DESIGN §6): a cancel, a barge-in, ``output_audio_buffer.clear`` and the cancel of a
+response by VAD speech advance ``epoch``; a model output tagged with an older epoch is dropped (and
+counted in ``stale_outputs``). ``input_audio_buffer.clear`` only drops uncommitted input.
 
-Errors: a command whose content is refused gets exactly one ``error`` event (with
-the client's ``event_id``) and changes nothing; ``handle`` never raises for it.
-After ``close`` the session answers nothing (a closed object refuses further use).
+Errors: a command whose content is refused gets exactly one ``error`` event (with the client's
+``event_id``) and changes nothing; ``handle`` never raises for it. After ``close`` the session
+answers nothing (a closed object refuses further use).
 """
 
 from __future__ import annotations
 
-from collections import deque
+from collections.abc import Callable
 from typing import Any
 
 import msgspec
 import numpy as np
 
-from duplex.engine import model_output, playback, turn_input
 from duplex.engine.actions import (
     Action,
     CancelSlot,
     ClearFeed,
     CloseSession,
     ConfigureVad,
+    FeedAudio,
     StartTurn,
+    WakeAt,
 )
 from duplex.engine.conversation import Conversation
 from duplex.engine.input import DecodedAppend
 from duplex.engine.journal import Journal, JournalCursorError
-from duplex.engine.response import ActiveResponse
+from duplex.engine.output_stream import OutputStream
+from duplex.engine.overlap import CommitAction, OverlapAction
+from duplex.engine.response import ActiveResponse, EndReason
 from duplex.engine.settings import Lane, SessionSettings
 from duplex.engine.sizes import DELTA_OVERHEAD, event_size
 from duplex.engine.transitions import TurnState
-from duplex.plugins.base import Capabilities, PluginKind, SlotOptions, TurnRequest
-from duplex.protocol.audio import StreamResampler
+from duplex.engine.user_turn import UserTurn
+from duplex.engine.vad import SpeechStarted, SpeechStopped
+from duplex.plugins.base import Capabilities, SlotOptions, SlotOutput, TurnRequest
 from duplex.protocol.errors import ProtocolError
 from duplex.protocol.ext.commands import (
     BargeIn,
@@ -75,11 +83,13 @@ from duplex.protocol.ext.commands import (
 from duplex.protocol.ext.events import (
     DuplexSessionCreated,
     DuplexSessionUpdated,
+    OverlapDecision,
+    ResponseListen,
     SessionClosed,
     SessionExpired,
     SessionHeartbeatAck,
 )
-from duplex.protocol.ids import new_event_id, new_response_id
+from duplex.protocol.ids import new_event_id, new_item_id, new_response_id
 from duplex.protocol.realtime._base import Event
 from duplex.protocol.realtime.commands import (
     ConversationItemCreate,
@@ -98,16 +108,44 @@ from duplex.protocol.realtime.events import (
     ConversationItemAdded,
     ConversationItemDeleted,
     ConversationItemDone,
+    ConversationItemInputAudioTranscriptionCompleted,
     ConversationItemRetrieved,
     InputAudioBufferCleared,
+    InputAudioBufferCommitted,
+    InputAudioBufferSpeechStarted,
+    InputAudioBufferSpeechStopped,
     OutputAudioBufferCleared,
 )
+from duplex.protocol.realtime.items import InputAudioPart, MessageItem
 from duplex.protocol.realtime.responses import ResponseError
 
 __all__ = ["Session", "TurnState"]
 
-#: Finished responses kept for late playback acks and truncation.
-RECENT_RESPONSES = 16
+Handler = Callable[["Session", Any, float], list[Event]]
+
+#: Command type -> its handler (``@handles``). Subclasses of a command (our extended spellings of a
+#: GA command) find their base's handler, looked up once and cached.
+_HANDLERS: dict[type, Handler] = {}
+
+
+def handles(*types: type) -> Callable[[Handler], Handler]:
+    """Register the decorated method as the handler of ``types``."""
+
+    def register(fn: Handler) -> Handler:
+        for t in types:
+            _HANDLERS[t] = fn
+        return fn
+
+    return register
+
+
+def _handler(command_type: type) -> Handler | None:
+    for klass in command_type.__mro__:
+        fn = _HANDLERS.get(klass)
+        if fn is not None:
+            _HANDLERS[command_type] = fn
+            return fn
+    return None
 
 
 class Session:
@@ -125,6 +163,8 @@ class Session:
         max_pending_turns: int = 4,
         max_conversation_items: int = 1024,
         max_conversation_bytes: int = 16 * 1024 * 1024,
+        output_lead_ms: float | None = None,
+        response_wait_s: float = 5.0,
     ) -> None:
         self.session_id = session_id
         self.slot = slot
@@ -133,35 +173,16 @@ class Session:
         self.epoch = 0
         self.journal: Journal[Event] = Journal(max_age_s=journal_max_age_s, max_bytes=journal_max_bytes)
         self.conversation = Conversation(max_conversation_items, max_conversation_bytes)
-        self.response: ActiveResponse | None = None
-        self.recent: deque[ActiveResponse] = deque(maxlen=RECENT_RESPONSES)
+        self.user = UserTurn(capabilities.input_sample_rate, max_pending_turns)
+        self.output = OutputStream(lead_ms=None if capabilities.hears_stream else output_lead_ms)
+        self.response_wait_s = response_wait_s
         self.turn_state = TurnState.IDLE
-        self.user_turns = 0
         self.audio_started = False
         self.closed = False
         self.stale_outputs = 0
         self._actions: list[Action] = []
-        self._turn_audio: list[np.ndarray] = []
-        self._turn_samples = 0
-        self._committed_audio: np.ndarray | None = None  # for a later response.create (turn plugins)
-        self._input_ms = 0.0  # since the last commit
-        self._speech_ms = 0.0
-        self._overlap_speech_ms = 0.0
-        self._overlap_last: tuple[str, str] | None = None
-        self._speech_item_id: str | None = None
-        self._pending_metadata: dict[str, Any] | None = None
-        self._deferred: deque[TurnRequest] = deque(maxlen=max_pending_turns)
-        self._out_resampler: StreamResampler | None = None
 
     # ------------------------------------------------------------------ plumbing
-
-    @property
-    def kind(self) -> PluginKind:
-        return self.caps.kind
-
-    @property
-    def lane(self) -> Lane:
-        return self.settings.lane(self.caps)
 
     def slot_options(self) -> SlotOptions:
         s = self.settings
@@ -198,22 +219,21 @@ class Session:
         """One ``error`` for a command the shell could not even decode; nothing else changes."""
         return self._journal([self._error(exc, getattr(command, "event_id", None))], now)
 
+    def _render(self) -> Any:
+        return self.settings.render(self.session_id, self.caps, epoch=self.epoch)
+
     def created_event(self, resume_token: str | None, generation: int) -> Event:
         """``session.created`` (not journaled: it precedes seq 1)."""
         return DuplexSessionCreated(
             event_id=new_event_id(),
-            session=self.settings.render(self.session_id, self.caps, epoch=self.epoch),
+            session=self._render(),
             resume_token=resume_token,
             attachment_generation=generation,
         )
 
     def updated_events(self, now: float) -> list[Event]:
         """``session.updated`` with the current settings (journaled)."""
-        event = DuplexSessionUpdated(
-            event_id=new_event_id(),
-            session=self.settings.render(self.session_id, self.caps, epoch=self.epoch),
-        )
-        return self._journal([event], now)
+        return self._journal([DuplexSessionUpdated(event_id=new_event_id(), session=self._render())], now)
 
     # ------------------------------------------------------------------ commands
 
@@ -222,89 +242,267 @@ class Session:
         if self.closed:
             return []
         try:
-            if decoded is not None and isinstance(command, InputAudioBufferAppend):  # the per-frame one
-                events = turn_input.append(self, command, decoded, now)
+            if decoded is not None:  # the per-frame command: an append with its decoded audio
+                events = self._append(command, decoded, now)
             else:
-                events = self._dispatch(command, now, decoded)
+                handler = _HANDLERS.get(type(command)) or _handler(type(command))
+                if handler is None:
+                    raise ProtocolError("unknown_event", f"{type(command).__name__} is not a session command")
+                events = handler(self, command, now)
         except ProtocolError as exc:
             events = [self._error(exc, getattr(command, "event_id", None))]
         return self._journal(events, now) if events else events
 
-    def _dispatch(self, cmd: Any, now: float, decoded: DecodedAppend | None) -> list[Event]:
-        if isinstance(cmd, InputAudioBufferAppend):
-            if decoded is None:
-                raise ProtocolError("bad_event", "append without decoded audio")
-            return turn_input.append(self, cmd, decoded, now)
-        if isinstance(cmd, InputAudioBufferCommit):
-            return turn_input.commit(
-                self,
-                is_speech=getattr(cmd, "is_speech", None),
-                create_response=getattr(cmd, "create_response", None),
-            )
-        if isinstance(cmd, SessionUpdate):
-            return self._update(cmd)
-        if isinstance(cmd, ResponseCreate):
-            return self._response_create(cmd)
-        if isinstance(cmd, ResponseCancel):
-            return self._response_cancel(cmd.response_id)
-        if isinstance(cmd, InputAudioBufferClear):
-            self._reset_input()
-            if self.kind in (PluginKind.FRAME, PluginKind.UNIT):
-                self._actions.append(ClearFeed())
-            return [InputAudioBufferCleared(event_id=new_event_id())]
-        if isinstance(cmd, OutputAudioBufferClear):
-            return self._output_clear(cmd.response_id)
-        if isinstance(cmd, BargeIn):
-            return self._barge_in(cmd.response_id)
-        if isinstance(cmd, PlaybackAck):
-            return playback.playback_ack(self, cmd)
-        if isinstance(cmd, ConversationItemCreate):
-            item, previous = self.conversation.add(cmd.item, cmd.previous_item_id)
-            return [
-                ConversationItemAdded(event_id=new_event_id(), item=item, previous_item_id=previous),
-                ConversationItemDone(event_id=new_event_id(), item=item, previous_item_id=previous),
-            ]
-        if isinstance(cmd, ConversationItemRetrieve):
-            return [
-                ConversationItemRetrieved(event_id=new_event_id(), item=self.conversation.get(cmd.item_id))
-            ]
-        if isinstance(cmd, ConversationItemDelete):
-            self.conversation.delete(cmd.item_id)
-            return [ConversationItemDeleted(event_id=new_event_id(), item_id=cmd.item_id)]
-        if isinstance(cmd, ConversationItemTruncate):
-            return playback.truncate(self, cmd)
-        if isinstance(cmd, SessionHeartbeat):
-            return [SessionHeartbeatAck(event_id=new_event_id(), session_id=self.session_id)]
-        if isinstance(cmd, SessionEventAck):
-            try:
-                self.journal.ack(cmd.server_event_seq)
-            except JournalCursorError as exc:
-                raise ProtocolError(exc.code, str(exc), param="server_event_seq") from None
-            return []
-        if isinstance(cmd, SessionClose):
-            self._actions.append(CloseSession(cmd.reason or "client_close"))
-            return []
-        raise ProtocolError("unknown_event", f"{type(cmd).__name__} is not a session command")
+    @handles(InputAudioBufferAppend)
+    def _append_without_audio(self, cmd: InputAudioBufferAppend, now: float) -> list[Event]:
+        raise ProtocolError("bad_event", "append without decoded audio")
 
-    def _update(self, cmd: SessionUpdate) -> list[Event]:
+    @handles(SessionUpdate)
+    def _update(self, cmd: SessionUpdate, now: float) -> list[Event]:
         before = self.settings
         self.settings = before.apply(cmd.session, self.caps, audio_started=self.audio_started, opened=True)
         if self.settings.vad != before.vad:
             self._actions.append(ConfigureVad(self.settings.vad))
-        return [
-            DuplexSessionUpdated(
-                event_id=new_event_id(),
-                session=self.settings.render(self.session_id, self.caps, epoch=self.epoch),
+        return [DuplexSessionUpdated(event_id=new_event_id(), session=self._render())]
+
+    @handles(InputAudioBufferCommit)
+    def _on_commit(self, cmd: InputAudioBufferCommit, now: float) -> list[Event]:
+        return self._commit(
+            is_speech=getattr(cmd, "is_speech", None),
+            create_response=getattr(cmd, "create_response", None),
+            now=now,
+        )
+
+    @handles(InputAudioBufferClear)
+    def _clear_input(self, cmd: InputAudioBufferClear, now: float) -> list[Event]:
+        self.user.clear()
+        if self.caps.hears_stream:
+            self._actions.append(ClearFeed())
+        return [InputAudioBufferCleared(event_id=new_event_id())]
+
+    @handles(ResponseCreate)
+    def _response_create(self, cmd: ResponseCreate, now: float) -> list[Event]:
+        active = self.output.active
+        if active is not None:
+            raise ProtocolError(
+                "conversation_already_has_active_response",
+                f"Conversation already has an active response in progress: {active.response_id}",
             )
+        metadata = cmd.response.metadata if cmd.response is not None else None
+        if self.caps.hears_stream:  # the model's next speech fills it
+            return self._open_response(metadata, now, wait=True)
+        pcm, self.user.committed_audio = self.user.committed_audio, None
+        return self._start_turn(pcm, self.conversation.last_user_text(), metadata, now)
+
+    @handles(ResponseCancel)
+    def _response_cancel(self, cmd: ResponseCancel, now: float) -> list[Event]:
+        active = self.output.active
+        response_id = cmd.response_id
+        if active is None or (response_id is not None and response_id != active.response_id):
+            raise ProtocolError(
+                "response_cancel_not_active",
+                "Cancellation failed: no active response found"
+                + (f" with id {response_id}" if response_id else ""),
+            )
+        return self._cancel(EndReason.CLIENT_CANCELLED, now)
+
+    @handles(OutputAudioBufferClear)
+    def _output_clear(self, cmd: OutputAudioBufferClear, now: float) -> list[Event]:
+        active = self.output.active
+        response_id = cmd.response_id
+        if active is not None and response_id in (None, active.response_id):
+            cleared = OutputAudioBufferCleared(event_id=new_event_id(), response_id=active.response_id)
+            return [cleared, *self._cancel(EndReason.OUTPUT_CLEARED, now)]
+        recent = self.output.recent
+        target = response_id or (recent[-1].response_id if recent else None)
+        if target is None:
+            raise ProtocolError(
+                "response_cancel_not_active", "Cancellation failed: there is no response audio"
+            )
+        return [OutputAudioBufferCleared(event_id=new_event_id(), response_id=target)]
+
+    @handles(BargeIn)
+    def _barge_in(self, cmd: BargeIn, now: float) -> list[Event]:
+        if not self.caps.supports_barge_in:
+            raise ProtocolError("barge_in_unsupported", "Barge-in is not supported by this model")
+        active = self.output.active
+        response_id = cmd.response_id
+        if active is None:
+            raise ProtocolError(
+                "response_cancel_not_active",
+                "Cancellation failed: there is no active response to barge in on"
+                + (f" (no response {response_id})" if response_id else ""),
+            )
+        if response_id not in (None, active.response_id):
+            raise ProtocolError(
+                "response_cancel_not_active", f"Cancellation failed: {response_id} is not active"
+            )
+        return self._cancel(EndReason.BARGE_IN, now)
+
+    @handles(PlaybackAck)
+    def _playback_ack(self, cmd: PlaybackAck, now: float) -> list[Event]:
+        ack_only = self.settings.playback_commit_policy == "ack_only"
+        return [self.output.ack(cmd, self.conversation, user_turns=self.user.turns, ack_only=ack_only)]
+
+    @handles(ConversationItemTruncate)
+    def _truncate(self, cmd: ConversationItemTruncate, now: float) -> list[Event]:
+        if not self.caps.supports_truncate:
+            raise ProtocolError("bad_event", "this model does not support truncation")
+        return [self.output.truncate(cmd, self.conversation)]
+
+    @handles(ConversationItemCreate)
+    def _item_create(self, cmd: ConversationItemCreate, now: float) -> list[Event]:
+        item, previous = self.conversation.add(cmd.item, cmd.previous_item_id)
+        return [
+            ConversationItemAdded(event_id=new_event_id(), item=item, previous_item_id=previous),
+            ConversationItemDone(event_id=new_event_id(), item=item, previous_item_id=previous),
         ]
 
-    # ------------------------------------------------------------------ input
+    @handles(ConversationItemRetrieve)
+    def _item_retrieve(self, cmd: ConversationItemRetrieve, now: float) -> list[Event]:
+        return [ConversationItemRetrieved(event_id=new_event_id(), item=self.conversation.get(cmd.item_id))]
 
-    def _reset_input(self) -> None:
-        self._turn_audio = []
-        self._turn_samples = 0
-        self._input_ms = 0.0
-        self._speech_ms = 0.0
+    @handles(ConversationItemDelete)
+    def _item_delete(self, cmd: ConversationItemDelete, now: float) -> list[Event]:
+        self.conversation.delete(cmd.item_id)
+        return [ConversationItemDeleted(event_id=new_event_id(), item_id=cmd.item_id)]
+
+    @handles(SessionHeartbeat)
+    def _heartbeat(self, cmd: SessionHeartbeat, now: float) -> list[Event]:
+        return [SessionHeartbeatAck(event_id=new_event_id(), session_id=self.session_id)]
+
+    @handles(SessionEventAck)
+    def _event_ack(self, cmd: SessionEventAck, now: float) -> list[Event]:
+        try:
+            self.journal.ack(cmd.server_event_seq)
+        except JournalCursorError as exc:
+            raise ProtocolError(exc.code, str(exc), param="server_event_seq") from None
+        return []
+
+    @handles(SessionClose)
+    def _close_command(self, cmd: SessionClose, now: float) -> list[Event]:
+        self._actions.append(CloseSession(cmd.reason or "client_close"))
+        return []
+
+    # ------------------------------------------------------------------ user input
+
+    def _append(self, cmd: InputAudioBufferAppend, decoded: DecodedAppend, now: float) -> list[Event]:
+        """One decoded append: VAD events, overlap with the active response, and the audio itself
+        fed to the model or buffered for the turn; the VAD's speech stop commits the turn."""
+        events: list[Event] = []
+        settings = self.settings
+        user = self.user
+        vad_events = decoded.vad_events
+        vad_started = False
+        for vad_event in vad_events:
+            if isinstance(vad_event, SpeechStarted):
+                vad_started = True
+                self.turn_state = TurnState.USER_SPEAKING
+                events.append(
+                    InputAudioBufferSpeechStarted(
+                        event_id=new_event_id(),
+                        audio_start_ms=vad_event.audio_start_ms,
+                        item_id=user.speech_started(),
+                    )
+                )
+        if settings.vad is not None:
+            is_speech = vad_started or decoded.vad_in_speech
+        else:
+            hint = getattr(cmd, "is_speech", None)
+            is_speech = hint if hint is not None else decoded.rms >= settings.overlap_silence_rms
+        action = OverlapAction.LISTEN
+        active = self.output.active
+        if active is not None:
+            action, reason, changed = user.overlap(
+                settings, self.caps, decoded, is_speech=is_speech, vad_started=vad_started
+            )
+            if changed:
+                events.append(
+                    OverlapDecision(
+                        event_id=new_event_id(),
+                        action=action,
+                        reason=reason,
+                        policy=settings.overlap_policy,
+                        response_id=active.response_id,
+                        overlap_ms=int(user.overlap_ms),
+                        epoch=self.epoch,
+                    )
+                )
+            if action is OverlapAction.BARGE_IN:
+                events += self._cancel(EndReason.TURN_DETECTED if vad_started else EndReason.BARGE_IN, now)
+        user.hear(decoded, is_speech)
+        if self.caps.hears_stream:
+            self._actions.append(FeedAudio(decoded.pcm, decoded.video_frames, now))
+        elif action is not OverlapAction.DROP:
+            user.buffer(decoded.pcm)
+        for vad_event in vad_events:
+            if isinstance(vad_event, SpeechStopped):
+                events.append(
+                    InputAudioBufferSpeechStopped(
+                        event_id=new_event_id(),
+                        audio_end_ms=vad_event.audio_end_ms,
+                        item_id=user.speech_item_id or new_item_id(),
+                    )
+                )
+                vad = settings.vad
+                events += self._commit(
+                    is_speech=True, create_response=vad.create_response if vad else None, now=now
+                )
+        return events
+
+    def _commit(self, *, is_speech: bool | None, create_response: bool | None, now: float) -> list[Event]:
+        """Commit the user's turn (``overlap.decide_commit``): the user item, then per the table
+        a response, a deferred turn, a kept commit or ``response.listen``."""
+        settings = self.settings
+        if create_response is None:
+            lane = settings.lane(self.caps)
+            vad = settings.vad
+            create_response = lane is Lane.MODEL_NATIVE or (
+                lane is Lane.SERVER_VAD and (vad.create_response if vad is not None else True)
+            )
+        user = self.user
+        response_active = self.output.active is not None
+        action = user.commit_action(
+            settings, is_speech=is_speech, create_response=create_response, response_active=response_active
+        )
+        if action is CommitAction.REJECT_EMPTY:
+            raise ProtocolError(
+                "input_audio_buffer_empty",
+                "input_audio_buffer.commit requires a non-empty input audio buffer",
+            )
+        stream = self.caps.hears_stream
+        if action is CommitAction.DEFER and not stream and len(user.deferred) == user.deferred.maxlen:
+            raise ProtocolError(
+                "input_backpressure",
+                f"{user.deferred.maxlen} turns already wait for the active response to end",
+            )
+        item_id = user.speech_item_id or new_item_id()
+        item = MessageItem(
+            id=item_id, role="user", content=[InputAudioPart(transcript=None)], status="completed"
+        )
+        item, previous = self.conversation.add(item)
+        pcm = user.commit()
+        events: list[Event] = [
+            ConversationItemAdded(event_id=new_event_id(), item=item, previous_item_id=previous),
+            InputAudioBufferCommitted(event_id=new_event_id(), item_id=item_id, previous_item_id=previous),
+            ConversationItemDone(event_id=new_event_id(), item=item, previous_item_id=previous),
+        ]
+        if action is CommitAction.SILENT:
+            events.append(ResponseListen(event_id=new_event_id(), reason="silence", epoch=self.epoch))
+            if not response_active:
+                self.turn_state = TurnState.IDLE
+            return events
+        if not response_active:
+            self.turn_state = TurnState.USER_COMMITTED
+        if stream:
+            return events  # the model hears the audio as it comes and decides itself
+        if action is CommitAction.COMMIT_ONLY:
+            user.committed_audio = pcm
+        elif action is CommitAction.RESPOND:
+            events += self._start_turn(pcm, None, None, now)
+        elif action is CommitAction.DEFER:
+            user.deferred.append(self._turn_request(pcm, None))
+        return events
 
     # ------------------------------------------------------------------ responses
 
@@ -318,114 +516,249 @@ class Session:
             instructions=self.settings.instructions,
         )
 
-    def _open_response(self, metadata: dict[str, Any] | None) -> list[Event]:
-        self.response = ActiveResponse(
+    def _open_response(
+        self, metadata: dict[str, Any] | None, now: float, *, wait: bool = False
+    ) -> list[Event]:
+        """A new active response; with ``wait``, one the model's next speech must fill within
+        ``response_wait_s`` (a wake-up is asked for its deadline)."""
+        deadline = now + self.response_wait_s if wait else None
+        response = ActiveResponse(
             new_response_id(),
             epoch=self.epoch,
             audio="audio" in self.settings.output_modalities,
             output_format=self.settings.output_format,
             metadata=metadata,
-            user_turn=self.user_turns,
+            user_turn=self.user.turns,
+            paced=self.output.lead_ms is not None,
+            wait_until=deadline,
         )
-        self._overlap_speech_ms = 0.0
-        self._overlap_last = None
+        self.output.active = response
+        self.user.response_changed()
         self.turn_state = TurnState.ASSISTANT_GENERATING
-        return self.response.created()
+        if deadline is not None:
+            self._actions.append(WakeAt(deadline))
+        return response.created()
 
     def _start_turn(
-        self, pcm: np.ndarray | None, text: str | None, metadata: dict[str, Any] | None
+        self, pcm: np.ndarray | None, text: str | None, metadata: dict[str, Any] | None, now: float
     ) -> list[Event]:
-        events = self._open_response(metadata)
-        request = self._turn_request(pcm, text)
-        request.epoch = self.epoch
-        self._actions.append(StartTurn(request))
+        events = self._open_response(metadata, now)
+        self._actions.append(StartTurn(self._turn_request(pcm, text)))
         return events
-
-    def _response_create(self, cmd: ResponseCreate) -> list[Event]:
-        if self.response is not None:
-            raise ProtocolError(
-                "conversation_already_has_active_response",
-                f"Conversation already has an active response in progress: {self.response.response_id}",
-            )
-        metadata = cmd.response.metadata if cmd.response is not None else None
-        if self.kind is not PluginKind.TURN:
-            self._pending_metadata = metadata  # the model opens the response when it speaks
-            return []
-        pcm, self._committed_audio = self._committed_audio, None
-        return self._start_turn(pcm, self.conversation.last_user_text(), metadata)
-
-    def _response_cancel(self, response_id: str | None) -> list[Event]:
-        active = self.response
-        if active is None or (response_id is not None and response_id != active.response_id):
-            raise ProtocolError(
-                "response_cancel_not_active",
-                "Cancellation failed: no active response found"
-                + (f" with id {response_id}" if response_id else ""),
-            )
-        return self._cancel("client_cancelled")
-
-    def _output_clear(self, response_id: str | None) -> list[Event]:
-        active = self.response
-        if active is not None and response_id in (None, active.response_id):
-            cleared = OutputAudioBufferCleared(event_id=new_event_id(), response_id=active.response_id)
-            return [cleared, *self._cancel("output_audio_buffer_clear")]
-        target = response_id or (self.recent[-1].response_id if self.recent else None)
-        if target is None:
-            raise ProtocolError(
-                "response_cancel_not_active", "Cancellation failed: there is no response audio"
-            )
-        return [OutputAudioBufferCleared(event_id=new_event_id(), response_id=target)]
-
-    def _barge_in(self, response_id: str | None) -> list[Event]:
-        if not self.caps.supports_barge_in:
-            raise ProtocolError("barge_in_unsupported", "Barge-in is not supported by this model")
-        if self.response is not None and response_id not in (None, self.response.response_id):
-            raise ProtocolError(
-                "response_cancel_not_active", f"Cancellation failed: {response_id} is not active"
-            )
-        if self.response is None:
-            raise ProtocolError(
-                "response_cancel_not_active",
-                "Cancellation failed: there is no active response to barge in on"
-                + (f" (no response {response_id})" if response_id else ""),
-            )
-        return self._cancel("barge_in")
 
     def _advance_epoch(self) -> None:
         self.epoch += 1
         self._actions.append(CancelSlot(self.epoch))
 
-    def _cancel(self, reason: str) -> list[Event]:
+    def _cancel(self, reason: EndReason, now: float) -> list[Event]:
         """End the active response as cancelled and fence its output (epoch + 1)."""
         self._advance_epoch()
-        return self._finish("cancelled", reason)
+        return self._finish("cancelled", reason, now)
 
-    def _finish(self, status: str, reason: str | None, error: ResponseError | None = None) -> list[Event]:
-        response = self.response
+    def _finish(
+        self, status: str, reason: EndReason, now: float, error: ResponseError | None = None
+    ) -> list[Event]:
+        response = self.output.active
         assert response is not None
-        self.response = None
-        events = model_output.flush_audio(self, response, completed=status == "completed")
+        fmt = self.settings.output_format
+        tail = self.output.flush(fmt, keep=status == "completed" and response.audio and response.message_open)
+        events: list[Event] = []
+        if tail:  # its duration was counted with the chunks it came from
+            events += response.add_chunk(
+                audio_bytes=tail, duration_ms=0.0, text="", speak=False, previous_item_id=None
+            )
         events += response.finish(status, reason, error)
         if self.settings.playback_commit_policy == "commit_all_on_done":
-            response.cursor.commit_all()
-        playback.commit_history(self, response)
-        self.recent.append(response)
-        self._overlap_speech_ms = 0.0
-        self._overlap_last = None
-        self._pending_metadata = None
+            heard = None if status == "completed" else self.output.heard_ms(response, now)
+            response.cursor.commit_all(heard)
+        self.output.commit_history(response, self.conversation)
+        self.output.retire(response)
+        self.user.response_changed()
         self.turn_state = TurnState.IDLE
-        if self._deferred and reason not in ("barge_in", "turn_detected", "session_closed"):
-            request = self._deferred.popleft()
-            events += self._start_turn(request.pcm, request.text, None)
-        elif reason in ("barge_in", "turn_detected", "session_closed"):
-            self._deferred.clear()
+        deferred = self.user.deferred
+        if reason.user_took_turn:
+            deferred.clear()
+        elif deferred:
+            request = deferred.popleft()
+            events += self._start_turn(request.pcm, request.text, None, now)
         return events
 
-    # ------------------------------------------------------------------ the end
+    # ------------------------------------------------------------------ model output
 
-    #: ``on_output(output, now)``: apply one model output; stale or unwanted output is dropped and
-    #: counted (``model_output.on_output``, bound as a method: no forwarding frame per output).
-    on_output = model_output.on_output
+    def on_output(self, output: SlotOutput, now: float) -> list[Event]:
+        """Apply one model output; stale or unwanted output is dropped and counted."""
+        response = self.output.active
+        pcm = output.pcm
+        if (
+            response is not None
+            and pcm is not None
+            and output.epoch == self.epoch
+            and not self.closed
+            and response.message_open
+            and response.audio
+            and not response.paced
+            and not output.end_of_turn
+            and output.tool_call is None
+            and output.user_transcript is None
+            and (response.speak_sent or output.decision != "speak")
+        ):
+            fmt = self.settings.output_format
+            rate = output.sample_rate
+            if rate == fmt.rate and fmt.encoding == "pcm16" and len(pcm):
+                # The per-frame case: one more audio delta (and its text) of the open message, at
+                # the session's rate in pcm16: exactly what ``_apply_output`` gives for it.
+                data = self.output.encode(pcm, rate, fmt)
+                self.audio_started = True
+                text = output.text
+                events = [response.audio_delta(data, len(pcm) * 1000.0 / rate, text)]
+                if text:
+                    events.append(response.transcript_delta(text))
+                return self._journal(events, now)
+        return self._apply_output(output, now)
+
+    def _apply_output(self, output: SlotOutput, now: float) -> list[Event]:
+        """``on_output`` for every case (``on_output`` takes a shortcut for the per-frame one)."""
+        if self.closed or output.epoch != self.epoch:
+            self.stale_outputs += 1
+            return []
+        events: list[Event] = []
+        if output.user_transcript is not None:
+            events += self._user_transcript(output.user_transcript)
+        pcm = output.pcm if output.pcm is not None and len(output.pcm) else None
+        has_content = pcm is not None or bool(output.text) or output.tool_call is not None
+        response = self.output.active
+        if response is None:
+            if has_content and self.caps.hears_stream:
+                events += self._open_response(None, now)
+                response = self.output.active
+            elif output.decision == "listen" and not output.end_of_turn:
+                events.append(ResponseListen(event_id=new_event_id(), epoch=self.epoch))
+                return self._journal(events, now)
+            elif has_content:
+                self.stale_outputs += 1  # a turn chunk after its response ended
+                return self._journal(events, now)
+        if response is not None:
+            if response.paced:
+                fmt = self.settings.output_format
+                data = (
+                    self.output.encode(pcm, output.sample_rate, fmt)
+                    if pcm is not None and response.audio
+                    else None
+                )
+                self.output.queue(response, output, data, fmt)
+                events += self._release(now)
+            else:
+                events += self._content(response, output, pcm, now)
+        return self._journal(events, now)
+
+    def _content(
+        self, response: ActiveResponse, output: SlotOutput, pcm: np.ndarray | None, now: float
+    ) -> list[Event]:
+        """One output's content into the active response now: audio and text, a tool call, the end."""
+        events: list[Event] = []
+        has_content = pcm is not None or bool(output.text) or output.tool_call is not None
+        if has_content:
+            response.wait_until = None  # a requested response is filled
+        if pcm is not None or output.text:
+            data = None
+            duration_ms = 0.0
+            if pcm is not None and response.audio:
+                duration_ms = len(pcm) * 1000.0 / output.sample_rate
+                data = self.output.encode(pcm, output.sample_rate, self.settings.output_format)
+                self.audio_started = True
+            events += self._chunk(response, data, duration_ms, output.text, output.decision == "speak")
+        if output.tool_call is not None:
+            events += response.add_tool_call(output.tool_call, self.conversation.last_id)
+            self._store_new_items(response)
+        if output.end_of_turn:
+            events += self._finish("completed", EndReason.STOP, now)
+        elif output.decision == "listen" and not has_content and response.wait_until is None:
+            events += self._finish("completed", EndReason.MODEL_LISTEN, now)
+            events.append(ResponseListen(event_id=new_event_id(), epoch=self.epoch))
+        return events
+
+    def _chunk(
+        self,
+        response: ActiveResponse,
+        data: bytes | None,
+        duration_ms: float,
+        text: str,
+        speak: bool,
+        hold_text: bool = False,
+    ) -> list[Event]:
+        events = response.add_chunk(
+            audio_bytes=data,
+            duration_ms=duration_ms,
+            text=text,
+            speak=speak,
+            # Only the chunk that opens the message reads it (the conversation's last item).
+            previous_item_id=None if response.message_open else self.conversation.last_id,
+            hold_text=hold_text,
+        )
+        if response.new_items:
+            self._store_new_items(response)
+        return events
+
+    def _store_new_items(self, response: ActiveResponse) -> None:
+        for item, previous in response.new_items:
+            if getattr(item, "id", None) not in self.conversation:
+                self.conversation.add(item, previous)
+        response.new_items.clear()
+
+    def _release(self, now: float) -> list[Event]:
+        """Send the paced pieces of the active response that are due at ``now`` (``OutputStream.due``)
+        and ask to be woken for the next one."""
+        response = self.output.active
+        if response is None or not response.pending:
+            return []
+        pieces, next_at = self.output.due(response, now)
+        events: list[Event] = []
+        for piece in pieces:
+            if piece.data is not None:
+                self.audio_started = True
+                events += self._chunk(
+                    response, piece.data, piece.duration_ms, piece.text, False, hold_text=not piece.last
+                )
+            else:
+                assert piece.output is not None
+                events += self._content(response, piece.output, None, now)
+                if response.closed:
+                    return events
+        if next_at is not None:
+            self._actions.append(WakeAt(next_at))
+        return events
+
+    def _user_transcript(self, transcript: str) -> list[Event]:
+        for item_id in reversed(self.conversation.ids()):
+            item = self.conversation.get(item_id)
+            if isinstance(item, MessageItem) and item.role == "user":
+                self.conversation.replace(
+                    msgspec.structs.replace(item, content=[InputAudioPart(transcript=transcript)])
+                )
+                return [
+                    ConversationItemInputAudioTranscriptionCompleted(
+                        event_id=new_event_id(), item_id=item_id, content_index=0, transcript=transcript
+                    )
+                ]
+        return []
+
+    def on_timer(self, now: float) -> list[Event]:
+        """A ``WakeAt`` came due: send the paced audio now due, or end a requested response the
+        model has not filled by its deadline (``model_silent``). Harmless when nothing is due."""
+        response = self.output.active
+        if self.closed or response is None:
+            return []
+        if response.pending:
+            events = self._release(now)
+        elif response.wait_until is not None and now >= response.wait_until:
+            events = self._finish("completed", EndReason.MODEL_SILENT, now)
+        else:
+            if response.wait_until is not None:
+                self._actions.append(WakeAt(response.wait_until))
+            return []
+        return self._journal(events, now) if events else events
+
+    # ------------------------------------------------------------------ the end
 
     def fail(self, code: str, message: str, now: float) -> list[Event]:
         """A model failure: ``error``, then the active response ends as failed."""
@@ -433,10 +766,10 @@ class Session:
             return []
         error = ProtocolError(code, message)
         events = [error.to_event(new_event_id())]
-        if self.response is not None:
+        if self.output.active is not None:
             self._advance_epoch()
             events += self._finish(
-                "failed", "error", ResponseError(type="server_error", code=code, message=message)
+                "failed", EndReason.ERROR, now, ResponseError(type="server_error", code=code, message=message)
             )
         return self._journal(events, now)
 
@@ -445,9 +778,9 @@ class Session:
         if self.closed:
             return []
         events: list[Event] = []
-        if self.response is not None:
+        if self.output.active is not None:
             self._advance_epoch()
-            events += self._finish("cancelled", "session_closed")
+            events += self._finish("cancelled", EndReason.SESSION_CLOSED, now)
         self.closed = True
         if expired:
             events.append(SessionExpired(event_id=new_event_id(), session_id=self.session_id, reason=reason))
@@ -463,9 +796,5 @@ class Session:
         self.closed = True
         self.journal.clear()
         self.conversation.clear()
-        self.recent.clear()
-        self.response = None
-        self._deferred.clear()
-        self._reset_input()
-        self._committed_audio = None
-        self._out_resampler = None
+        self.output.clear()
+        self.user.reset()

@@ -139,6 +139,14 @@ class Capabilities(msgspec.Struct, frozen=True, kw_only=True):
             raise ValueError("input_dtype 'int16' applies to frame and unit plugins only")
 
     @property
+    def hears_stream(self) -> bool:
+        """The model hears the input as it arrives and decides itself when to speak (``frame``,
+        ``unit``); otherwise it answers requests: a committed turn or a ``response.create``
+        (``turn``), a text or prompt (``batch``). The one place the session layer derives
+        behaviour from the kind."""
+        return self.kind in (PluginKind.FRAME, PluginKind.UNIT)
+
+    @property
     def chunk_samples(self) -> int:
         """Input samples per frame or unit at ``input_sample_rate`` (0 for turn/batch)."""
         return self.input_sample_rate * self.chunk_period_ms // 1000

@@ -6,7 +6,7 @@ from __future__ import annotations
 
 import numpy as np
 
-from duplex.engine.model_output import RESAMPLE_QUALITY
+from duplex.engine.input import RESAMPLE_QUALITY
 from duplex.plugins.base import SlotOutput
 from duplex.protocol.audio import StreamResampler, pcm16_encode, resampled_length
 from duplex.protocol.realtime.commands import ResponseCancel

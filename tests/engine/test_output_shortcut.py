@@ -1,5 +1,5 @@
-"""``model_output.on_output`` takes a shortcut for the per-frame output (one more audio delta of an
-open message); for any sequence of outputs it gives exactly what the general ``apply_output`` gives."""
+"""``Session.on_output`` takes a shortcut for the per-frame output (one more audio delta of an open
+message); for any sequence of outputs it gives exactly what the general ``_apply_output`` gives."""
 
 from __future__ import annotations
 
@@ -11,7 +11,6 @@ import numpy as np
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from duplex.engine import model_output
 from duplex.plugins.base import SlotOutput
 from duplex.protocol.audio import float_to_int16
 from tests.engine.conftest import make_session
@@ -78,8 +77,8 @@ def test_the_shortcut_gives_what_the_general_path_gives(steps: list[tuple], seed
             for s in (fast, general)
         ]
         now = k * 0.08
-        got = model_output.on_output(fast, outputs[0], now)
-        want = model_output.apply_output(general, outputs[1], now)
+        got = fast.on_output(outputs[0], now)
+        want = general._apply_output(outputs[1], now)
         assert _normalised(got, names_fast) == _normalised(want, names_general)
     assert (fast.stale_outputs, fast.audio_started) == (general.stale_outputs, general.audio_started)
     assert fast.journal.head == general.journal.head

@@ -7,7 +7,7 @@ import pydantic
 import pytest
 from openai.types.realtime import RealtimeServerEvent
 
-from duplex.engine.response import WIRE_REASONS, ActiveResponse, wire_reason, zero_usage
+from duplex.engine.response import WIRE_REASONS, ActiveResponse, EndReason, wire_reason, zero_usage
 from duplex.protocol import Mode, encode
 from duplex.protocol.formats import AudioFormat
 from duplex.protocol.realtime.responses import ResponseError
@@ -16,6 +16,7 @@ SDK = pydantic.TypeAdapter(RealtimeServerEvent)
 ENDINGS = [
     ("completed", "stop"),
     ("completed", "model_listen"),
+    ("completed", "model_silent"),
     ("cancelled", "client_cancelled"),
     ("cancelled", "output_audio_buffer_clear"),
     ("cancelled", "barge_in"),
@@ -54,7 +55,7 @@ def test_response_created_carries_no_usage() -> None:
     SDK.validate_json(encode(created, Mode.GA))
 
 
-def test_reasons_outside_the_table_are_not_sent() -> None:
-    assert wire_reason("something_new") is None and wire_reason(None) is None
+def test_every_end_reason_has_its_wire_reason_and_only_openai_reasons_are_sent() -> None:
+    assert set(WIRE_REASONS) == set(EndReason) and wire_reason(None) is None
     assert set(WIRE_REASONS.values()) <= {None, "turn_detected", "client_cancelled", "max_output_tokens",
                                           "content_filter"}

@@ -131,10 +131,10 @@ class SessionMachine(RuleBasedStateMachine):
     def playback_ack(self, played: int, truncate: bool) -> None:
         self._handle(PlaybackAck(played_ms=played, truncate=truncate))
 
-    @precondition(lambda self: bool(self.session.recent))
+    @precondition(lambda self: bool(self.session.output.recent))
     @rule(ms=st.integers(0, 2000), data=st.data())
     def truncate(self, ms: int, data) -> None:
-        response = data.draw(st.sampled_from(list(self.session.recent)))
+        response = data.draw(st.sampled_from(list(self.session.output.recent)))
         self._handle(ConversationItemTruncate(item_id=response.item_id, audio_end_ms=ms))
 
     @precondition(lambda self: bool(self.stream))
@@ -171,7 +171,8 @@ class SessionMachine(RuleBasedStateMachine):
 
     @invariant()
     def history_holds_no_text_beyond_committed_ms(self) -> None:
-        responses = [*self.session.recent, *([self.session.response] if self.session.response else [])]
+        output = self.session.output
+        responses = [*output.recent, *([output.active] if output.active else [])]
         for response in responses:
             if response.item_id not in self.session.conversation:
                 continue

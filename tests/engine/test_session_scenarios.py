@@ -114,7 +114,7 @@ def test_unit_model_listen_mid_response_ends_it_then_listens() -> None:
     events = s.on_output(SlotOutput(slot=0, epoch=0, decision="listen"), 2)
     assert types(events)[-3:] == ["response.done", "rate_limits.updated", "response.listen"]
     assert done_of(events).response.status_details.reason is None  # OpenAI has no reason for it
-    assert s.recent[-1].reason == "model_listen"
+    assert s.output.recent[-1].reason == "model_listen"
 
 
 # --------------------------------------------------------------------------- epochs, cancel, barge-in
@@ -135,7 +135,7 @@ def test_barge_in_during_audio_cancels_in_order_and_fences_stale_output() -> Non
     ]
     done = done_of(events)
     assert (done.response.status, done.response.status_details.reason) == ("cancelled", "turn_detected")
-    assert s.recent[-1].reason == "barge_in"
+    assert s.output.recent[-1].reason == "barge_in"
     assert s.epoch == 1 and s.take_actions() == [CancelSlot(1)]
     assert s.on_output(speak(epoch=0), 0.3) == [] and s.stale_outputs == 1
     again = s.on_output(speak(epoch=1), 0.4)
@@ -172,7 +172,7 @@ def test_input_clear_drops_input_but_not_the_response() -> None:
     s = make_session("echo")
     s.on_output(speak(), 0.1)
     assert types(s.handle(InputAudioBufferClear(), 0.2)) == ["input_audio_buffer.cleared"]
-    assert s.take_actions() == [ClearFeed()] and s.epoch == 0 and s.response is not None
+    assert s.take_actions() == [ClearFeed()] and s.epoch == 0 and s.output.active is not None
 
 
 def test_barge_in_is_refused_by_a_model_without_it() -> None:
@@ -246,14 +246,14 @@ def test_short_overlap_commit_is_an_acknowledgement_without_a_response() -> None
     s = _turn_with_active_response(300)
     events = s.handle(DuplexInputAudioBufferCommit(create_response=True), 1.0)
     assert "response.created" not in types(events) and "input_audio_buffer.committed" in types(events)
-    assert not s._deferred
+    assert not s.user.deferred
 
 
 def test_meaningful_overlap_commit_is_deferred_until_the_response_ends() -> None:
     s = _turn_with_active_response(1000)
     events = s.handle(DuplexInputAudioBufferCommit(create_response=True), 2.0)
     assert "response.created" not in types(events)
-    first_id = s.response.response_id
+    first_id = s.output.active.response_id
     end = s.on_output(SlotOutput(slot=0, epoch=0, pcm=VOICED, text="ok", end_of_turn=True), 2.1)
     assert types(end)[-3:] == ["response.done", "rate_limits.updated", "response.created"]
     assert end[-1].response.id != first_id
@@ -262,7 +262,7 @@ def test_meaningful_overlap_commit_is_deferred_until_the_response_ends() -> None
 
 def test_after_a_cancelled_response_a_commit_gets_a_new_response() -> None:
     s = _turn_with_active_response(0)
-    old = s.response.response_id
+    old = s.output.active.response_id
     s.handle(ResponseCancel(), 0.5)
     s.handle(append(), 0.6, decoded(rate=16000))
     events = s.handle(DuplexInputAudioBufferCommit(create_response=True), 0.7)
@@ -320,7 +320,7 @@ def test_barge_in_on_speech_by_accumulated_overlap() -> None:
     for i in range(20):
         events = s.handle(append(), 0.2 + i * 0.08, decoded(100))
         reasons += [(e.action, e.reason) for e in events if types([e]) == ["overlap.decision"]]
-        if s.response is None:
+        if s.output.active is None:
             assert types(events)[-2:] == ["response.done", "rate_limits.updated"]
             break
     assert reasons == [
@@ -345,7 +345,7 @@ def test_vad_barge_in_is_listen_when_the_model_cannot_barge_in() -> None:
     s.caps = msgspec.structs.replace(CAPS["echo"], supports_barge_in=False)
     s.on_output(speak(), 0.1)
     events = s.handle(append(), 0.2, decoded(vad=[SpeechStarted(audio_start_ms=0)], in_speech=True))
-    assert (events[1].action, events[1].reason) == ("listen", "barge_in_unsupported") and s.response
+    assert (events[1].action, events[1].reason) == ("listen", "barge_in_unsupported") and s.output.active
 
 
 def test_server_vad_stop_commits_and_starts_a_turn() -> None:
@@ -491,7 +491,7 @@ def test_created_event_is_not_journaled_and_carries_capabilities(kind: str) -> N
 
 def test_deferred_turns_are_bounded_and_the_next_one_is_refused_before_committing() -> None:
     s = _turn_with_active_response(1000)
-    limit = s._deferred.maxlen
+    limit = s.user.deferred.maxlen
     for i in range(limit):
         s.handle(append(), 3.0 + i, decoded(1000, rate=16000))
         s.handle(DuplexInputAudioBufferCommit(create_response=True), 3.5 + i)

@@ -223,6 +223,35 @@ async def test_speaking_while_it_answers_cancels_at_once_and_history_keeps_only_
     assert log.events[log.index("response.done", first_done + 1)].response.status == "completed"
 
 
+async def test_a_client_that_never_truncates_cuts_a_paced_reply_by_speaking_and_the_history_is_what_it_heard(
+    models: tuple[WhisperTranscriber, PiperSpeaker], voice: Callable[[str], np.ndarray], chat: ChatStub
+) -> None:
+    # The reply is made at once, several seconds of speech; the server paces it out at playback
+    # speed. One second into playback the user speaks over it; the client never truncates or acks.
+    chat.replies = [LONG_REPLY, "London is calm."]
+    plugin = plugin_with(models, reply="openai", reply_url=chat.url)
+    async with session(plugin) as log:
+        await speak(log.ws, voice(QUESTION))
+        await log.wait_for(log.count("response.output_audio.delta"))
+        await asyncio.sleep(1.0)  # the listener hears one second of the reply
+        await speak(log.ws, voice(INTERRUPTION))
+        await log.wait_for(log.count("response.done", 2))
+
+    first_done = log.index("response.done")
+    done = log.events[first_done]
+    assert done.response.status == "cancelled" and done.response.status_details.reason == "turn_detected"
+    speech_started = log.index("input_audio_buffer.speech_started", log.index("response.output_audio.delta"))
+    assert "response.output_audio.delta" not in log.types()[speech_started:first_done]
+    audio, texts = response_audio(log.events[:first_done])
+    sent_ms = len(b"".join(audio)) / 2 / 24
+    assert 1000 < sent_ms < 1000 + 2000  # paced: far less than the whole reply went out
+    # The history the model reads next holds the reply's sentences the listener heard to their end.
+    heard = chat.requests[1]["messages"][-2]
+    assert heard["role"] == "assistant"
+    assert heard["content"] and LONG_REPLY.startswith(heard["content"])
+    assert len(heard["content"]) < len("".join(texts)) <= len(LONG_REPLY)
+
+
 async def test_silence_and_noise_never_start_a_turn(models: tuple[WhisperTranscriber, PiperSpeaker]) -> None:
     rng = np.random.default_rng(11)
     t = np.arange(48000) / 24000

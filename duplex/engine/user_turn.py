@@ -1,0 +1,145 @@
+"""The user's side of a session: what was said since the last commit, and how it overlaps a response.
+
+``UserTurn`` owns the input state of one session: the audio of the current turn (buffered for a
+model that answers whole turns; a model that hears the stream gets it fed instead), how much of it
+was speech, the item id the server VAD gave the utterance, the overlapping speech while a response
+plays (and the last ``overlap.decision`` reported), the audio of a commit that waits for a
+``response.create``, the turns deferred until the active response ends, and how many turns the
+user committed. It changes only through its methods, and decides nothing about responses: the
+session reads ``overlap`` and ``commit_action`` and turns them into events (``session.Session``).
+"""
+
+from __future__ import annotations
+
+from collections import deque
+
+import numpy as np
+
+from duplex.engine.input import DecodedAppend
+from duplex.engine.overlap import CommitAction, OverlapAction, decide_commit, decide_overlap
+from duplex.engine.settings import SessionSettings
+from duplex.plugins.base import Capabilities, TurnRequest
+from duplex.protocol.errors import ProtocolError
+from duplex.protocol.ids import new_item_id
+
+__all__ = ["MAX_TURN_AUDIO_S", "UserTurn"]
+
+#: User audio a turn may buffer, in seconds of model-rate audio.
+MAX_TURN_AUDIO_S = 300
+
+
+class UserTurn:
+    """The input state of one session (see the module docstring)."""
+
+    def __init__(self, sample_rate: int, max_deferred: int) -> None:
+        self._max_samples = MAX_TURN_AUDIO_S * sample_rate
+        self._audio: list[np.ndarray] = []
+        self._samples = 0
+        self.input_ms = 0.0  # heard since the last commit
+        self.speech_ms = 0.0  # of which speech
+        self.speech_item_id: str | None = None  # the utterance the server VAD saw start
+        self.overlap_ms = 0.0  # speech heard while the active response plays
+        self._last_overlap: tuple[OverlapAction, str] | None = None
+        self.committed_audio: np.ndarray | None = None  # a commit that waits for response.create
+        self.deferred: deque[TurnRequest] = deque(maxlen=max_deferred)
+        self.turns = 0  # user turns committed
+
+    # ------------------------------------------------------------------ the current turn
+
+    @property
+    def has_input(self) -> bool:
+        return self.input_ms > 0 or self._samples > 0
+
+    def speech_started(self) -> str:
+        """The server VAD saw speech start: a new utterance item id."""
+        self.speech_item_id = new_item_id()
+        return self.speech_item_id
+
+    def hear(self, decoded: DecodedAppend, is_speech: bool) -> None:
+        """Count one append's audio (and its speech) into the current turn."""
+        self.input_ms += decoded.duration_ms
+        if is_speech:
+            self.speech_ms += decoded.duration_ms
+
+    def buffer(self, pcm: np.ndarray) -> None:
+        """Keep ``pcm`` for the turn's request; refused past ``MAX_TURN_AUDIO_S`` (nothing kept)."""
+        if self._samples + len(pcm) > self._max_samples:
+            raise ProtocolError("input_backpressure", f"a turn holds at most {MAX_TURN_AUDIO_S} s of audio")
+        self._audio.append(pcm)
+        self._samples += len(pcm)
+
+    def commit(self) -> np.ndarray | None:
+        """End the turn (its item is in the conversation): its buffered audio; the next turn
+        starts empty."""
+        pcm = np.concatenate(self._audio) if self._audio else None
+        self.speech_item_id = None
+        self.clear()
+        self.turns += 1
+        return pcm
+
+    def clear(self) -> None:
+        """Forget the uncommitted input (``input_audio_buffer.clear``, a commit)."""
+        self._audio = []
+        self._samples = 0
+        self.input_ms = 0.0
+        self.speech_ms = 0.0
+
+    # ------------------------------------------------------------------ overlap with a response
+
+    def overlap(
+        self,
+        settings: SessionSettings,
+        caps: Capabilities,
+        decoded: DecodedAppend,
+        *,
+        is_speech: bool,
+        vad_started: bool,
+    ) -> tuple[OverlapAction, str, bool]:
+        """The overlap decision for one append heard while a response is active
+        (``overlap.decide_overlap``), and whether it differs from the last one reported."""
+        if is_speech:
+            self.overlap_ms += decoded.duration_ms
+        vad = settings.vad
+        decision = decide_overlap(
+            policy=settings.overlap_policy,
+            is_speech=is_speech,
+            vad_speech_started=vad_started,
+            vad_in_speech=decoded.vad_in_speech,
+            overlap_speech_ms=self.overlap_ms,
+            short_ack_ms=settings.overlap_short_ack_ms,
+            barge_in_ms=settings.overlap_barge_in_ms,
+            supports_barge_in=caps.supports_barge_in,
+            interrupt_response=vad.interrupt_response if vad is not None else True,
+        )
+        changed = decision != self._last_overlap
+        self._last_overlap = decision
+        return decision[0], decision[1], changed
+
+    def response_changed(self) -> None:
+        """A response began or ended: overlapping speech counts from zero again."""
+        self.overlap_ms = 0.0
+        self._last_overlap = None
+
+    def commit_action(
+        self,
+        settings: SessionSettings,
+        *,
+        is_speech: bool | None,
+        create_response: bool,
+        response_active: bool,
+    ) -> CommitAction:
+        """The row of the commit table for a commit now (``overlap.decide_commit``)."""
+        return decide_commit(
+            has_audio=self.has_input,
+            is_speech=is_speech,
+            create_response=create_response,
+            response_active=response_active,
+            overlap_speech_ms=self.overlap_ms,
+            short_ack_ms=settings.overlap_short_ack_ms,
+        )
+
+    def reset(self) -> None:
+        """Forget everything (the session ended)."""
+        self.clear()
+        self.deferred.clear()
+        self.committed_audio = None
