@@ -55,22 +55,14 @@ from duplex.protocol.ext.events import SessionClosed, SessionExpired, SessionRep
 from duplex.protocol.realtime.commands import SessionUpdate
 from duplex.server.app import AppState
 from duplex.server.auth import api_key_ok, origin_ok, presented_api_key
+from duplex.server.close_codes import CloseCode, CloseReason, close_reason_for_code
 from duplex.server.handshake import HandshakePlan, HandshakeRefusal, OpenHow, plan_handshake
 from duplex.server.ratelimit import TokenBucket
 from duplex.server.ws_protocol import transport_extension
 
-__all__ = ["CloseCode", "realtime_endpoint"]
+__all__ = ["CloseCode", "CloseReason", "realtime_endpoint"]
 
 log = logging.getLogger("duplex.server.realtime")
-
-
-class CloseCode:
-    """WebSocket close codes we send (RFC 6455 §7.4.1)."""
-
-    NORMAL = 1000
-    POLICY = 1008  # handshake refused after accept (bad resume, bad first message)
-    SERVICE_RESTART = 1012  # draining for shutdown: retry later (the openai SDK reconnects)
-    TRY_AGAIN_LATER = 1013  # over capacity or detached as a slow reader: retry / resume
 
 
 _RETRYABLE_OPEN_CODES = frozenset({"resource_exhausted", "input_backpressure"})
@@ -89,7 +81,7 @@ async def realtime_endpoint(websocket: WebSocket) -> None:
     state: AppState = websocket.app.state.duplex
     refusal = _admission(websocket, state)
     if refusal is not None:
-        state.metrics.refused[str(refusal.status_code)] += 1
+        state.metrics.refused.bump(str(refusal.status_code))
         await websocket.send_denial_response(refusal)
         return
     plan = plan_handshake(
@@ -201,18 +193,20 @@ class _Connection:
         self.metrics.server_events += 1
 
     async def _send_error(self, err: ProtocolError) -> None:
-        self.metrics.errors[err.code] += 1
+        self.metrics.errors.bump(err.code)
         await self._send(err.to_event(new_event_id()))
 
-    async def _close(self, code: int, reason: str = "") -> None:
+    async def _close(self, code: CloseCode, reason: str) -> None:
+        """Close with ``code`` and ``reason``, a ``CloseReason`` or an error code from our table
+        (``close_codes``: a close frame never carries client text and always fits its 123 bytes)."""
         with contextlib.suppress(Exception):  # the peer may be gone already; closing is best effort
             await self.ws.close(code, reason)
 
-    async def fail(self, err: ProtocolError, close_code: int) -> None:
+    async def fail(self, err: ProtocolError, close_code: CloseCode) -> None:
         """Send one error and close: the handshake or open failed."""
         with contextlib.suppress(Exception):
             await self._send_error(err)
-        await self._close(close_code, err.code)
+        await self._close(close_code, close_reason_for_code(err.code))
 
     # -- receiving -------------------------------------------------------------------------
 
@@ -251,16 +245,16 @@ class _Connection:
                 if att is None:
                     return
         except ProtocolError as err:
-            await self.fail(err, CloseCode.POLICY)
+            await self.fail(err, CloseCode.POLICY_VIOLATION)
             return
         except Exception as exc:
             code, message, param = _session_error_parts(exc)
             if code == "server_error":
                 log.exception("opening a session failed")
-            close = CloseCode.TRY_AGAIN_LATER if code in _RETRYABLE_OPEN_CODES else CloseCode.POLICY
+            close = CloseCode.TRY_AGAIN_LATER if code in _RETRYABLE_OPEN_CODES else CloseCode.POLICY_VIOLATION
             await self.fail(ProtocolError(code, message, param=param), close)
             return
-        self.metrics.sessions_opened[how] += 1
+        self.metrics.sessions_opened.bump(how)
         await self._serve(att, first)
 
     async def _open_from_first_message(self, plan: HandshakePlan) -> tuple[Any, str, Any]:
@@ -269,7 +263,8 @@ class _Connection:
                 data = await self._receive()
         except TimeoutError:
             await self.fail(
-                ProtocolError("config_timeout", "Timeout waiting for session.update"), CloseCode.POLICY
+                ProtocolError("config_timeout", "Timeout waiting for session.update"),
+                CloseCode.POLICY_VIOLATION,
             )
             return None, "", None
         if data is None:
@@ -291,7 +286,7 @@ class _Connection:
 
     # -- running ---------------------------------------------------------------------------
 
-    async def release(self, code: int, reason: str) -> None:
+    async def release(self, code: CloseCode, reason: CloseReason) -> None:
         """Close this socket with ``code``; the session is detached, not closed (see ``AppState``)."""
         await self._close(code, reason)
 
@@ -302,7 +297,7 @@ class _Connection:
         if self._stalled or self._att is None or self._writer is None:
             return
         self._stalled = True  # ``_send_now`` writes nothing from here on
-        self.metrics.detached["slow_reader"] += 1
+        self.metrics.detached.bump(CloseReason.SLOW_READER)
         await asyncio.shield(self._att.detach())
         self._writer.cancel()
 
@@ -333,7 +328,7 @@ class _Connection:
             if not self._writer_ended and not self._stalled:
                 # The client left (or we are cancelled): the session waits for a resume.
                 await asyncio.shield(att.detach())
-                self.metrics.detached["client_gone"] += 1
+                self.metrics.detached.bump("client_gone")
         if self._stalled:
             await self._close_stalled()
 
@@ -357,7 +352,7 @@ class _Connection:
         self.state.connections.discard(asyncio.current_task())  # type: ignore[arg-type]
         try:
             async with asyncio.timeout(self.cfg.shutdown_timeout_s):
-                await self._close(CloseCode.TRY_AGAIN_LATER, "slow_reader")
+                await self._close(CloseCode.TRY_AGAIN_LATER, CloseReason.SLOW_READER)
         except TimeoutError:
             if self._transport is not None:
                 self.metrics.aborted_stalled += 1
@@ -450,8 +445,8 @@ class _Connection:
                 try:
                     events = await att.next_events()  # a tick's events, sent back to back
                 except Detached as d:
-                    code, reason = self._close_for(self._last_event, str(getattr(d, "reason", "") or ""))
-                    self.metrics.detached[reason or "detached"] += 1
+                    code, reason = _close_for(self._last_event, str(getattr(d, "reason", "") or ""))
+                    self.metrics.detached.bump(reason)
                     break
                 self._last_event = events[-1]
                 await self._send_batch(events)
@@ -462,20 +457,41 @@ class _Connection:
         self._writer_ended = True
         await self._close(code, reason)
 
-    @staticmethod
-    def _close_for(last: Any, reason: str) -> tuple[int, str]:
-        if isinstance(last, SessionClosed):
-            if last.reason == "shutdown":
-                return CloseCode.SERVICE_RESTART, "shutdown"
-            return CloseCode.NORMAL, last.reason
-        if isinstance(last, SessionExpired):
-            return CloseCode.NORMAL, "session_expired"
-        if isinstance(last, SessionReplaced):
-            return CloseCode.NORMAL, "session_replaced"
-        if reason in ("shutdown", "draining"):
-            return CloseCode.SERVICE_RESTART, reason
-        if reason in ("replaced", "session_replaced"):
-            return CloseCode.NORMAL, "session_replaced"
-        if reason in ("closed", "expired", "session_closed", "session_expired", "resync_required"):
-            return CloseCode.NORMAL, reason
-        return CloseCode.TRY_AGAIN_LATER, reason or "slow_reader"
+
+
+# What a session's socket is closed with once its attachment ends (``Detached.reason``: the lease
+# state ``closed`` / ``expired``, or ``replaced``, ``resync_required``, ``slow_reader``, ``detached``).
+_DETACH_CLOSES: dict[str, tuple[CloseCode, CloseReason]] = {
+    "shutdown": (CloseCode.SERVICE_RESTART, CloseReason.SHUTDOWN),
+    "draining": (CloseCode.SERVICE_RESTART, CloseReason.DRAINING),
+    "replaced": (CloseCode.NORMAL, CloseReason.SESSION_REPLACED),
+    "session_replaced": (CloseCode.NORMAL, CloseReason.SESSION_REPLACED),
+    "closed": (CloseCode.NORMAL, CloseReason.SESSION_CLOSED),
+    "session_closed": (CloseCode.NORMAL, CloseReason.SESSION_CLOSED),
+    "expired": (CloseCode.NORMAL, CloseReason.SESSION_EXPIRED),
+    "session_expired": (CloseCode.NORMAL, CloseReason.SESSION_EXPIRED),
+    "resync_required": (CloseCode.NORMAL, CloseReason.RESYNC_REQUIRED),
+    "slow_reader": (CloseCode.TRY_AGAIN_LATER, CloseReason.SLOW_READER),
+}
+
+# ``session.closed`` reasons the engine chooses that a close frame repeats; any other reason came
+# from the client's ``session.close`` and is never echoed: the frame says ``client_close``.
+_SESSION_CLOSED_REASONS: frozenset[str] = frozenset(
+    {CloseReason.CLIENT_CLOSE, CloseReason.SERVER_ERROR, CloseReason.SLOW_READER}
+)
+
+
+def _close_for(last: Any, reason: str) -> tuple[CloseCode, CloseReason]:
+    """The close code and reason for a socket whose attachment ended with ``reason``, after
+    ``last`` (the last event written); both from closed sets, whatever the client sent."""
+    if isinstance(last, SessionClosed):
+        if last.reason == "shutdown":
+            return CloseCode.SERVICE_RESTART, CloseReason.SHUTDOWN
+        if last.reason in _SESSION_CLOSED_REASONS:
+            return CloseCode.NORMAL, CloseReason(last.reason)
+        return CloseCode.NORMAL, CloseReason.CLIENT_CLOSE
+    if isinstance(last, SessionExpired):
+        return CloseCode.NORMAL, CloseReason.SESSION_EXPIRED
+    if isinstance(last, SessionReplaced):
+        return CloseCode.NORMAL, CloseReason.SESSION_REPLACED
+    return _DETACH_CLOSES.get(reason, (CloseCode.TRY_AGAIN_LATER, CloseReason.SLOW_READER))
