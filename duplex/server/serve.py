@@ -18,6 +18,7 @@ from duplex.plugins import registry
 from duplex.plugins.base import Plugin, PluginError
 from duplex.server.config import ConfigError, ServeConfig
 from duplex.server.http_protocol import DuplexHttpProtocol
+from duplex.server.log_redaction import install_log_redaction
 from duplex.server.transport_limits import TransportLimits, raise_fd_limit
 from duplex.server.ws_protocol import DuplexWebSocketProtocol
 
@@ -131,7 +132,9 @@ def uvicorn_config(app: Any, cfg: ServeConfig, *, log_level: str = "info") -> uv
     connection, WebSockets included, starts there) and ``DuplexWebSocketProtocol`` (uvicorn's sans-IO
     one with cheaper messages, an abort, and the server-wide budget of unfinished frames). Building
     it raises this process's soft file-descriptor limit to the hard one and keeps the connection cap
-    ``reserved_file_descriptors`` below it (``transport_limits``).
+    ``reserved_file_descriptors`` below it (``transport_limits``), and, once uvicorn has configured
+    its loggers, installs the filter that keeps API keys and resume tokens out of every log line
+    (``log_redaction``).
     """
     s = cfg.server
     state = _find_state(app)
@@ -147,7 +150,7 @@ def uvicorn_config(app: Any, cfg: ServeConfig, *, log_level: str = "info") -> uv
     limits.fit_to_fd_limit(raise_fd_limit(), s.reserved_file_descriptors)
     # uvicorn calls these as ``protocol(config=..., server_state=..., app_state=...)``; a partial
     # carries the limits (a class is what it documents, any such callable is what it needs).
-    return uvicorn.Config(
+    config = uvicorn.Config(
         app,
         host=s.host,
         port=s.port,
@@ -162,6 +165,8 @@ def uvicorn_config(app: Any, cfg: ServeConfig, *, log_level: str = "info") -> uv
         log_level=log_level,
         timeout_graceful_shutdown=s.shutdown_timeout_s,
     )
+    install_log_redaction(("duplex",))
+    return config
 
 
 def serve(cfg: ServeConfig, *, log_level: str = "info") -> None:
