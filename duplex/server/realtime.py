@@ -54,7 +54,7 @@ from duplex.protocol.ext.commands import SessionEventAck, SessionResume
 from duplex.protocol.ext.events import SessionClosed, SessionExpired, SessionReplaced
 from duplex.protocol.realtime.commands import SessionUpdate
 from duplex.server.app import AppState
-from duplex.server.auth import api_key_ok, origin_ok, presented_api_key
+from duplex.server.auth import api_key_id, api_key_ok, origin_ok, presented_api_key
 from duplex.server.close_codes import CloseCode, CloseReason, close_reason_for_code
 from duplex.server.handshake import HandshakePlan, HandshakeRefusal, OpenHow, plan_handshake
 from duplex.server.ratelimit import TokenBucket
@@ -79,7 +79,8 @@ def _session_error_parts(exc: BaseException) -> tuple[str, str, str | None]:
 async def realtime_endpoint(websocket: WebSocket) -> None:
     """The WebSocket route. Cancel-safe: cancellation detaches the session and re-raises."""
     state: AppState = websocket.app.state.duplex
-    refusal = _admission(websocket, state)
+    presented = presented_api_key(websocket.headers, websocket.query_params)
+    refusal = _admission(websocket, state, presented)
     if refusal is not None:
         state.metrics.refused.bump(str(refusal.status_code))
         await websocket.send_denial_response(refusal)
@@ -95,19 +96,20 @@ async def realtime_endpoint(websocket: WebSocket) -> None:
         await websocket.accept(subprotocol=plan.subprotocol)
         if isinstance(plan, HandshakeRefusal):
             conn = _Connection(websocket, state, plan.mode)
-            await conn.fail(ProtocolError(plan.code, plan.message), plan.close_code)
+            await conn.fail(ProtocolError(plan.code, plan.message), CloseCode(plan.close_code))
             return
-        await _Connection(websocket, state, plan.mode).run(plan)
+        key_id = api_key_id(presented, state.config.api_keys)
+        await _Connection(websocket, state, plan.mode, key_id).run(plan)
     finally:
         state.metrics.connections -= 1
         state.connections.discard(task)
 
 
-def _admission(websocket: WebSocket, state: AppState) -> Response | None:
+def _admission(websocket: WebSocket, state: AppState, presented_key: str | None) -> Response | None:
     cfg = state.config
     if state.draining or not state.ready:
         return Response("server is not accepting sessions", status_code=503)
-    if not api_key_ok(presented_api_key(websocket.headers, websocket.query_params), cfg.api_keys):
+    if not api_key_ok(presented_key, cfg.api_keys):
         return Response("missing or unknown API key", status_code=401)
     if not origin_ok(websocket.headers.get("origin"), cfg.allowed_origins):
         return Response("origin not allowed", status_code=403)
@@ -117,8 +119,11 @@ def _admission(websocket: WebSocket, state: AppState) -> Response | None:
 class _Connection:
     """One accepted socket: open the session, then pump frames both ways (see the module docstring)."""
 
-    def __init__(self, websocket: WebSocket, state: AppState, mode: Mode) -> None:
+    def __init__(
+        self, websocket: WebSocket, state: AppState, mode: Mode, api_key_id: bytes | None = None
+    ) -> None:
         self.ws = websocket
+        self.api_key_id = api_key_id  # the session is bound to it (``auth.api_key_id``)
         self.state = state
         self.mode = mode
         self.cfg = state.config
@@ -234,7 +239,7 @@ class _Connection:
         first: Any = None
         try:
             if plan.how is OpenHow.AUTOSTART:
-                att = await engine.open(model=plan.model)
+                att = await engine.open(model=plan.model, api_key_id=self.api_key_id)
                 how = "autostart"
             elif plan.how is OpenHow.RESUME_QUERY:
                 assert plan.session_id is not None and plan.resume_token is not None
@@ -275,14 +280,16 @@ class _Connection:
             seq = cmd.last_received_alias if cmd.last_received_alias is not None else cmd.last_event_seq
             return await self._resume(cmd.session_id, cmd.resume_token, seq), "resume", None
         if isinstance(cmd, SessionUpdate):
-            return await engine.open(model=plan.model, update=cmd), "session.update", None
+            att = await engine.open(model=plan.model, update=cmd, api_key_id=self.api_key_id)
+            return att, "session.update", None
         # Any other first command: open a default session, then handle the command as the first one.
-        return await engine.open(model=plan.model), "autostart", cmd
+        return await engine.open(model=plan.model, api_key_id=self.api_key_id), "autostart", cmd
 
     async def _resume(self, session_id: str, token: str, last_event_seq: int) -> Any:
         """``engine.resume``. The engine keeps the presented token valid until the client speaks
-        on the new socket, so a ``session.resumed`` lost with its socket does not lock it out."""
-        return await self.state.engine.resume(session_id, token, last_event_seq)
+        on the new socket, so a ``session.resumed`` lost with its socket does not lock it out.
+        A key other than the one that opened the session fails like a wrong token."""
+        return await self.state.engine.resume(session_id, token, last_event_seq, api_key_id=self.api_key_id)
 
     # -- running ---------------------------------------------------------------------------
 
