@@ -90,9 +90,11 @@ class ServerConfig(msgspec.Struct, frozen=True, kw_only=True, forbid_unknown_fie
     # A request's headers (the WebSocket handshake included) must arrive within this many seconds of
     # the connection opening or of the previous response; else the connection is dropped.
     header_timeout_s: float = 10.0
-    # Open connections, HTTP and WebSocket alike. A connection over it is answered with HTTP 503 and
-    # closed. The server raises its soft file-descriptor limit to the hard one at start and keeps
-    # the cap ``reserved_file_descriptors`` below it (lowering it, with a warning, where needed).
+    # Open connections, HTTP and WebSocket alike. At the cap a new connection takes the place of the
+    # oldest one still waiting for its request headers (a slow or idle one); when every one is busy
+    # it is answered with HTTP 503 and closed. The server raises its soft file-descriptor limit to
+    # the hard one at start and keeps the cap ``reserved_file_descriptors`` below it (lowering it,
+    # with a warning, where needed); half of that reserve lets refused connections get their 503.
     max_connections: int = 4096
     reserved_file_descriptors: int = 256
     # Graceful shutdown: how long to wait for sockets to flush ``session.closed``.

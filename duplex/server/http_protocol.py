@@ -6,14 +6,17 @@ this protocol hands over to the WebSocket protocol), so both are bounded the sam
 
 * **Connection cap.** uvicorn keeps every live protocol object, HTTP and WebSocket, in one set
   (``server_state.connections``). A connection that arrives while ``max_connections`` of them are
-  open is refused and counted (``refused_connections``): it is answered ``503`` with a short body
-  and closed as soon as its request headers are in (or at the header timeout), never reaching the
-  app, WebSocket upgrades included. Answering before the request is read would be quicker, but a
-  socket closed with unread data is reset, and the client may then lose the 503 (a WebSocket
-  client mid-handshake sees only a reset). Such a refusal holds a descriptor until then, so at most
-  ``TransportLimits.max_refusing`` wait at once (half the reserved descriptors); past that a
-  connection gets the 503 and is closed at once. uvicorn's own ``limit_concurrency`` is not enough:
-  it too answers once a request's headers have arrived, but it bounds nothing until then, so
+  open first takes the place of the oldest connection still waiting for its request's head (a slow
+  or idle one; ``TransportLimits.make_room``, counted in ``evicted_connections``; it gets the 503 if
+  it had sent part of a request, else it is just closed, as an expired keep-alive is). When none
+  waits, the newcomer is refused and counted (``refused_connections``): it is answered ``503`` with
+  a short body and closed as soon as its request headers are in (or at the header timeout), never
+  reaching the app, WebSocket upgrades included. Answering before the request is read would be
+  quicker, but a socket closed with unread data is reset, and the client may then lose the 503 (a
+  WebSocket client mid-handshake sees only a reset). Such a refusal holds a descriptor until then,
+  so at most ``TransportLimits.max_refusing`` wait at once (half the reserved descriptors); past
+  that a connection gets the 503 and is closed at once. uvicorn's own ``limit_concurrency`` is not
+  enough: it too answers once a request's headers have arrived, but it bounds nothing until then, so
   connections that never send them pile up until the process runs out of file descriptors.
 * **Header timeout.** A request's headers must arrive within ``header_timeout_s`` of the connection
   opening or of the previous response completing (a keep-alive connection's next request); else the
@@ -71,7 +74,7 @@ class DuplexHttpProtocol(H11Protocol):
             super().connection_made(transport)
             return
         limits.connections = self.connections
-        if limits.over_cap():
+        if limits.over_cap() and not limits.make_room():
             limits.refused_connections += 1
             if limits.refusing >= limits.max_refusing:
                 self._refused = True  # never in ``connections``; closed once the 503 is written
@@ -131,17 +134,31 @@ class DuplexHttpProtocol(H11Protocol):
         if event is not h11.NEED_DATA:
             self._answer_and_close(OVER_CAPACITY)
 
+    def evict(self) -> None:
+        """``TransportLimits.make_room`` chose this waiting connection: leave the count now, say 503
+        if part of a request had arrived (else close silently, like an expired keep-alive)."""
+        self.connections.discard(self)  # ``connection_lost`` discards it again, harmlessly
+        started = bool(self.conn.trailing_data[0])
+        self._answer_and_close(OVER_CAPACITY if started else b"")
+
     def _arm_header_timer(self) -> None:
-        if self.limits is not None and self._header_timer is None:
-            self._header_timer = self.loop.call_later(self.limits.header_timeout_s, self._header_timeout)
+        limits = self.limits
+        if limits is not None and self._header_timer is None:
+            self._header_timer = self.loop.call_later(limits.header_timeout_s, self._header_timeout)
+            if not self._refusing:
+                limits.waiting[self] = None
 
     def _cancel_header_timer(self) -> None:
         if self._header_timer is not None:
             self._header_timer.cancel()
             self._header_timer = None
+            if self.limits is not None:
+                self.limits.waiting.pop(self, None)
 
     def _header_timeout(self) -> None:
         self._header_timer = None
+        if self.limits is not None:
+            self.limits.waiting.pop(self, None)
         if self.transport.is_closing():
             return
         if self._refusing:
@@ -156,5 +173,6 @@ class DuplexHttpProtocol(H11Protocol):
     def _answer_and_close(self, response: bytes) -> None:
         self._cancel_header_timer()
         if not self.transport.is_closing():
-            self.transport.write(response)
+            if response:
+                self.transport.write(response)
             self.transport.close()

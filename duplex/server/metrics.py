@@ -151,6 +151,11 @@ def _transport_limit_families(limits: TransportLimits) -> Iterator[Metric]:
         value=limits.refused_connections,
     )
     yield CounterMetricFamily(
+        "duplex_connections_evicted",
+        "connections still waiting for a request's head, closed at the cap to admit a new one",
+        value=limits.evicted_connections,
+    )
+    yield CounterMetricFamily(
         "duplex_http_header_timeouts",
         "connections closed because a request's headers did not arrive within header_timeout_s",
         value=limits.header_timeouts,

@@ -17,7 +17,7 @@ from __future__ import annotations
 
 import logging
 from collections.abc import Sized
-from typing import Final
+from typing import Final, Protocol
 
 __all__ = ["FrameBudget", "TransportLimits", "raise_fd_limit"]
 
@@ -54,11 +54,25 @@ class FrameBudget:
         return True
 
 
+class Evictable(Protocol):
+    """A connection that may be dropped to make room (``TransportLimits.make_room``)."""
+
+    def evict(self) -> None:
+        """Close now, the caller having counted it; it leaves uvicorn's connection set at once."""
+
+
 class TransportLimits:
     """The bounds every connection of one server shares (see the module docstring).
 
     ``max_connections`` is the cap in force: the configured one, or less when the file-descriptor
     limit is lower (``fit_to_fd_limit``). Counters are plain integers, bumped by the protocols.
+
+    A connection that has sent no complete request head yet (just opened, or kept alive between
+    requests) is *waiting*; ``waiting`` holds them oldest first. When the cap is reached, a new
+    connection takes the place of the oldest waiting one (``make_room``) before anyone is refused:
+    a client that sends its request at once is served even while slow or idle connections fill the
+    cap, and only connections that are all busy (WebSocket sessions, requests in progress) make the
+    server refuse.
     """
 
     def __init__(
@@ -75,6 +89,8 @@ class TransportLimits:
         self.connections: Sized = _NO_CONNECTIONS
         self.refusing = 0  # refused connections waiting for their request's head, to answer 503
         self.max_refusing = 0  # set by ``fit_to_fd_limit``; until then every refusal is immediate
+        self.waiting: dict[Evictable, None] = {}  # served connections with no request head yet, oldest first
+        self.evicted_connections = 0
 
     @property
     def open_connections(self) -> int:
@@ -82,8 +98,18 @@ class TransportLimits:
         return len(self.connections) - self.refusing
 
     def over_cap(self) -> bool:
-        """Whether a new connection must be refused: ``max_connections`` are open."""
+        """Whether a new connection finds ``max_connections`` open."""
         return len(self.connections) - self.refusing >= self.max_connections
+
+    def make_room(self) -> bool:
+        """Evict the oldest waiting connection; False when none waits (the newcomer is refused)."""
+        if not self.waiting:
+            return False
+        victim = next(iter(self.waiting))
+        del self.waiting[victim]
+        self.evicted_connections += 1
+        victim.evict()
+        return True
 
     def fit_to_fd_limit(self, fd_limit: int | None, reserved: int) -> None:
         """Keep the cap ``reserved`` descriptors below ``fd_limit`` (``None``: no limit known), and

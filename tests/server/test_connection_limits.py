@@ -15,10 +15,11 @@ import websockets
 from websockets.exceptions import InvalidStatus
 
 from clients.collector import event_type
+from duplex.protocol import SessionHeartbeat
 from duplex.server.config import ServerConfig
 from duplex.server.transport_limits import TransportLimits
 from tests.server.harness import Running, running_server
-from tests.server.wire import recv
+from tests.server.wire import recv, send
 
 PARTIAL_HEADERS = b"GET /health HTTP/1.1\r\nHost: 127.0.0.1\r\nX-Slow: "
 
@@ -97,14 +98,36 @@ async def test_a_complete_request_on_a_kept_alive_connection_is_not_timed_out():
         assert srv.app.state.duplex.limits.header_timeouts == 0
 
 
-async def test_connections_over_the_cap_get_503_and_are_counted_http_and_websocket_alike():
-    async with running_server(ServerConfig(max_connections=4, header_timeout_s=30.0)) as srv:
+async def test_at_the_cap_a_new_connection_takes_the_place_of_the_oldest_one_waiting_for_headers():
+    async with running_server(ServerConfig(max_connections=3, header_timeout_s=30.0)) as srv:
+        limits = srv.app.state.duplex.limits
+        ws = await websockets.connect(srv.url + "?model=m", proxy=None)
+        assert event_type(await recv(ws)) == "session.created"
+        oldest, newer = await _partial(srv), await _partial(srv)
+        await _until(lambda: limits.open_connections == 3)
+
+        assert (await _get(srv, "/health")).status_code == 200  # served while slow sockets fill the cap
+        assert (await _answer(oldest[0])).startswith(b"HTTP/1.1 503 ")
+        youngest = await _partial(srv)  # the cap is full again; ``newer`` is now the oldest waiting
+        await _until(lambda: limits.open_connections == 3)
+        assert (await _get(srv, "/health")).status_code == 200
+        assert (await _answer(newer[0])).startswith(b"HTTP/1.1 503 ")
+        assert (limits.evicted_connections, limits.refused_connections) == (2, 0)
+        await send(ws, SessionHeartbeat())  # the session was never a candidate
+        assert event_type(await recv(ws)) == "session.heartbeat_ack"
+        assert "duplex_connections_evicted_total 2.0" in (await _get(srv, "/metrics")).text
+        await ws.close()
+        for _, writer in (oldest, newer, youngest):
+            writer.close()
+
+
+async def test_when_every_connection_is_busy_a_new_one_gets_503_http_and_websocket_alike():
+    async with running_server(ServerConfig(max_connections=2, header_timeout_s=30.0)) as srv:
         limits = srv.app.state.duplex.limits
         sockets = [await websockets.connect(srv.url + "?model=m", proxy=None) for _ in range(2)]
         for ws in sockets:
             assert event_type(await recv(ws)) == "session.created"
-        slow = [await _partial(srv) for _ in range(2)]
-        await _until(lambda: limits.open_connections == 4)
+        await _until(lambda: limits.open_connections == 2)
 
         refused = await _get(srv, "/health")
         assert refused.status_code == 503 and refused.text == "server at its connection limit; retry later\n"
@@ -112,32 +135,30 @@ async def test_connections_over_the_cap_get_503_and_are_counted_http_and_websock
             await websockets.connect(srv.url + "?model=m", proxy=None)
         assert exc.value.response.status_code == 503
         assert limits.refused_connections == 2
-        assert limits.open_connections == 4  # the refused ones never counted
+        await _until(lambda: limits.refusing == 0)
+        assert limits.open_connections == 2  # the refused ones never counted
 
         await sockets.pop().close()  # a WebSocket leaves: its place is free again
-        await _until(lambda: limits.open_connections == 3)
+        await _until(lambda: limits.open_connections == 1)
         metrics = await _get(srv, "/metrics")
         assert metrics.status_code == 200
         assert "duplex_connections_refused_total 2.0" in metrics.text
-        assert "duplex_connections_limit 4.0" in metrics.text
-        for ws in sockets:
-            await ws.close()
-        for _, writer in slow:
-            writer.close()
+        assert "duplex_connections_limit 2.0" in metrics.text
+        await sockets[0].close()
 
 
 async def test_with_no_room_to_wait_a_refused_connection_is_closed_at_once():
     config = ServerConfig(max_connections=1, reserved_file_descriptors=0, header_timeout_s=30.0)
     async with running_server(config) as srv:
         limits = srv.app.state.duplex.limits
-        held = await _partial(srv)
-        await _until(lambda: limits.open_connections == 1)
+        ws = await websockets.connect(srv.url + "?model=m", proxy=None)
+        assert event_type(await recv(ws)) == "session.created"
         reader, writer = await asyncio.open_connection("127.0.0.1", srv.port)
         answer = await _answer(reader)  # the 503, unless a reset overtook it (the request was unread)
         assert answer == b"" or answer.startswith(b"HTTP/1.1 503 ")
         assert limits.refused_connections == 1 and limits.refusing == 0
         writer.close()
-        held[1].close()
+        await ws.close()
 
 
 def test_the_cap_is_kept_below_the_file_descriptor_limit():
