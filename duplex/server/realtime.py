@@ -465,7 +465,6 @@ class _Connection:
         await self._close(code, reason)
 
 
-
 # What a session's socket is closed with once its attachment ends (``Detached.reason``: the lease
 # state ``closed`` / ``expired``, or ``replaced``, ``resync_required``, ``slow_reader``, ``detached``).
 _DETACH_CLOSES: dict[str, tuple[CloseCode, CloseReason]] = {
