@@ -222,7 +222,9 @@ class _TransportOnly:
     async def __aexit__(self, *exc: object) -> None:
         pass
 
-    async def open(self, model: str | None = None, update: Any = None) -> _AnswerEachAppend:
+    async def open(
+        self, model: str | None = None, update: Any = None, *, api_key_id: bytes | None = None
+    ) -> _AnswerEachAppend:
         return _AnswerEachAppend()
 
 

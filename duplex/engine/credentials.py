@@ -17,6 +17,11 @@ Consequence: two resumes presenting one token both succeed while the rotation is
 later one takes the session over (the earlier transport gets ``session.replaced``), so the session
 still has exactly one attachment. Tokens issued but never presented stop working at the next
 rotation.
+
+A credential may also be bound to an *owner*: an opaque digest of the API key that opened the
+session (the server passes it; the key itself is never held). ``verify`` then also requires the
+same owner, and a resume presenting another key fails exactly like a wrong token. Without an
+owner (no keys configured, or an in-process client) only ``None`` matches, as before.
 """
 
 from __future__ import annotations
@@ -38,7 +43,8 @@ class ResumeCredential:
     """The digests of the current resume token of one session and of the previous one, while the
     client has not yet shown that it holds the current one (see the module docstring)."""
 
-    def __init__(self) -> None:
+    def __init__(self, owner: bytes | None = None) -> None:
+        self._owner = owner or b""  # the opening key's digest; b"": not bound to a key
         self._digest = b""
         self._previous = b""
         #: True while the previous token is still accepted (an attribute, not a property: the
@@ -69,12 +75,13 @@ class ResumeCredential:
             self._previous = b""
             self.unconfirmed = False
 
-    def verify(self, token: str) -> bool:
-        """True when ``token`` is the current one, or the unconfirmed previous one. Both digests
-        are always compared, in constant time."""
+    def verify(self, token: str, owner: bytes | None = None) -> bool:
+        """True when ``token`` is the current one, or the unconfirmed previous one, and ``owner`` is
+        the one the credential was made for. Every digest is always compared, in constant time."""
         if not self._digest:
             return False
         candidate = _digest(token)
         current = hmac.compare_digest(candidate, self._digest)
         previous = hmac.compare_digest(candidate, self._previous or self._digest)
-        return current | previous
+        same_owner = hmac.compare_digest(owner or b"", self._owner)
+        return (current | previous) & same_owner

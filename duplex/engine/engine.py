@@ -165,25 +165,36 @@ class Engine:
 
     # ------------------------------------------------------------------ public API
 
-    async def open(self, model: str | None = None, update: SessionUpdate | None = None) -> Attachment:
+    async def open(
+        self,
+        model: str | None = None,
+        update: SessionUpdate | None = None,
+        *,
+        api_key_id: bytes | None = None,
+    ) -> Attachment:
         """Open a session; its attachment starts with ``session.created`` (and ``session.updated``
         when ``update`` opened it). ``session.model`` is the served model name whatever ``model`` says.
+        ``api_key_id``: an opaque digest of the API key that opens it (never the key); the session
+        is bound to it, and ``resume`` must present the same. ``None``: not bound to a key.
 
         Raises ``SessionError``: ``resource_exhausted`` (retryable), a settings code for a refused
         ``update``, the plugin's code when it refuses the slot. Not cancel-safe while the plugin
         opens the slot (the slot is released if it fails).
         """
-        return await self.manager.open(update)
+        return await self.manager.open(update, api_key_id=api_key_id)
 
-    async def resume(self, session_id: str, resume_token: str, last_event_seq: int) -> Attachment:
+    async def resume(
+        self, session_id: str, resume_token: str, last_event_seq: int, *, api_key_id: bytes | None = None
+    ) -> Attachment:
         """Attach to a live session: ``session.resumed`` (rotated token), then the journal after
         ``last_event_seq`` with the original event ids; the previous attachment gets
         ``session.replaced``. A journal gap gives an attachment that only carries
         ``session.resync_required``. Raises ``SessionError``: ``session_resume_expired``,
-        ``unsupported_session_resume``, ``invalid_resume_token``, ``session_resume_conflict``.
+        ``unsupported_session_resume``, ``invalid_resume_token`` (also for an ``api_key_id`` other
+        than the opening one), ``session_resume_conflict``.
         Cancel-safe: it never suspends, so it either happened entirely or not at all.
         """
-        return await self.manager.resume(session_id, resume_token, last_event_seq)
+        return await self.manager.resume(session_id, resume_token, last_event_seq, api_key_id=api_key_id)
 
     def reap(self, now: float | None = None) -> list[str]:
         """One reaper pass at ``now`` (default: the engine clock); returns the expired ids."""

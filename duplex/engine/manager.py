@@ -263,8 +263,9 @@ class SessionManager:
 
     # ------------------------------------------------------------------ open
 
-    async def open(self, update: SessionUpdate | None) -> Attachment:
-        """Admit, open the plugin slot, start the runner; returns the first attachment."""
+    async def open(self, update: SessionUpdate | None, *, api_key_id: bytes | None = None) -> Attachment:
+        """Admit, open the plugin slot, start the runner; returns the first attachment.
+        ``api_key_id``: the opening key's digest; a resume must present the same (``resume``)."""
         if self.open_count >= self.limit or not self._free_slots:
             self.metrics.admission_refused.inc()
             raise SessionError("resource_exhausted", f"duplex_session_capacity_exhausted: limit={self.limit}")
@@ -274,14 +275,14 @@ class SessionManager:
         slot = self._free_slots.pop()
         self._admitting += 1
         try:
-            return await self._open(slot, update)
+            return await self._open(slot, update, api_key_id)
         except BaseException:
             self._free_slots.append(slot)
             raise
         finally:
             self._admitting -= 1
 
-    async def _open(self, slot: int, update: SessionUpdate | None) -> Attachment:
+    async def _open(self, slot: int, update: SessionUpdate | None, api_key_id: bytes | None) -> Attachment:
         caps, config = self.capabilities, self.config
         settings = SessionSettings.defaults(self.model_name, caps)
         if update is not None:
@@ -307,7 +308,7 @@ class SessionManager:
         lease = Lease(
             session_id, now, idle_ttl_s=config.idle_ttl_s, disconnect_grace_s=config.disconnect_grace_s
         )
-        credential = ResumeCredential() if caps.supports_resume else None
+        credential = ResumeCredential(api_key_id) if caps.supports_resume else None
         record = SessionRecord(self, session, lease, credential, slot)
         if settings.vad is not None:
             try:
@@ -397,14 +398,17 @@ class SessionManager:
             if record.lease.detach(self.now(), att.generation) and record.credential is None:
                 self.close(record, "slow_reader")
 
-    async def resume(self, session_id: str, resume_token: str, last_event_seq: int) -> Attachment:
-        """Attach a new transport to a live session (see the module docstring)."""
+    async def resume(
+        self, session_id: str, resume_token: str, last_event_seq: int, *, api_key_id: bytes | None = None
+    ) -> Attachment:
+        """Attach a new transport to a live session (see the module docstring). ``api_key_id`` must
+        be the one the session was opened with; another fails like a wrong token."""
         record = self.records.get(session_id)
         if record is None or not record.lease.live:
             raise SessionError("session_resume_expired", f"Unknown or expired duplex session: {session_id}")
         if record.credential is None:
             raise SessionError("unsupported_session_resume", "this model does not support session resume")
-        if not record.credential.verify(resume_token):
+        if not record.credential.verify(resume_token, api_key_id):
             raise SessionError("invalid_resume_token", "the resume token is not valid for this session")
         session = record.session
         try:

@@ -1,5 +1,8 @@
 """The ASGI application: ``/v1/realtime`` (WebSocket), ``/health``, ``/v1/models``, ``/metrics``.
 
+With ``api_keys`` configured, every route but ``/health`` needs a key (``/metrics`` too, unless
+``metrics_public``): a refused HTTP request gets 401 with OpenAI's error body.
+
 ``create_app(engine, config, model_name=...)`` builds a Starlette app around one engine. The app's
 lifespan enters the engine (``async with engine``) on startup and leaves it on shutdown; leaving
 drains: every session gets ``session.closed{reason:"shutdown"}``. ``AppState.drain()`` does the same
@@ -23,8 +26,10 @@ from starlette.routing import Route, WebSocketRoute
 
 from duplex.protocol import ErrorDetail, ProtocolError
 from duplex.server.auth import api_key_ok, presented_api_key
+from duplex.server.close_codes import CloseCode, CloseReason
 from duplex.server.config import ServerConfig
 from duplex.server.metrics import CONTENT_TYPE, ServerMetrics
+from duplex.server.transport_limits import TransportLimits
 from duplex.server.webui import web_routes
 
 __all__ = ["AppState", "ModelCard", "ModelList", "create_app"]
@@ -66,7 +71,12 @@ class AppState:
         self.engine = engine
         self.config = config
         self.model_name = model_name
-        self.metrics = ServerMetrics(getattr(engine, "metrics", None))
+        self.limits = TransportLimits(
+            max_connections=config.max_connections,
+            header_timeout_s=config.header_timeout_s,
+            max_incomplete_frame_bytes_total=config.max_incomplete_frame_bytes_total,
+        )
+        self.metrics = ServerMetrics(getattr(engine, "metrics", None), self.limits)
         self.ready = False
         self.draining = False
         self.connections: set[asyncio.Task[Any]] = set()
@@ -103,7 +113,9 @@ class AppState:
             for conn in stuck:
                 await conn.stall()
 
-    async def release_sockets(self, code: int = 1012, reason: str = "service_restart") -> int:
+    async def release_sockets(
+        self, code: CloseCode = CloseCode.SERVICE_RESTART, reason: CloseReason = CloseReason.SERVICE_RESTART
+    ) -> int:
         """Close every session's socket with ``code`` but keep the sessions: each enters its
         disconnect grace and its client resumes (the ``openai`` SDK reconnects on 1012 and can
         resume from its ``on_reconnecting`` hook). Returns how many sockets were released.
@@ -166,14 +178,24 @@ def create_app(
             media_type="application/json",
         )
 
+    def unauthorized(request: Request) -> Response | None:
+        """401 with OpenAI's error body when keys are configured and none of them was presented."""
+        if api_key_ok(presented_api_key(request.headers, request.query_params), config.api_keys):
+            return None
+        body = HttpError(error=ProtocolError("invalid_api_key", "missing or unknown API key").to_detail())
+        return Response(msgspec.json.encode(body), status_code=401, media_type="application/json")
+
     async def models(request: Request) -> Response:
-        if not api_key_ok(presented_api_key(request.headers, request.query_params), config.api_keys):
-            body = HttpError(error=ProtocolError("invalid_api_key", "missing or unknown API key").to_detail())
-            return Response(msgspec.json.encode(body), status_code=401, media_type="application/json")
+        refused = unauthorized(request)
+        if refused is not None:
+            return refused
         body = ModelList(data=[ModelCard(id=name, capabilities=_capabilities(engine))])
         return Response(msgspec.json.encode(body), media_type="application/json")
 
     async def metrics(request: Request) -> Response:
+        refused = None if config.metrics_public else unauthorized(request)
+        if refused is not None:
+            return refused
         return Response(state.metrics.render(), media_type=CONTENT_TYPE)
 
     @contextlib.asynccontextmanager

@@ -2,14 +2,19 @@
 
 Both checks read only the handshake (headers and query), so a refused client is answered with
 a plain HTTP status (401, 403) and never reaches a session. Keys are compared in constant time.
+
+A session is bound to the key that opened it (DESIGN §9: a resume needs the token and the same
+key): the engine keeps ``api_key_id``, the key's SHA-256, never the key itself, and a resume with
+another configured key fails exactly like a wrong token.
 """
 
 from __future__ import annotations
 
+import hashlib
 import hmac
 from collections.abc import Mapping
 
-__all__ = ["api_key_ok", "origin_ok", "presented_api_key"]
+__all__ = ["api_key_id", "api_key_ok", "origin_ok", "presented_api_key"]
 
 
 def presented_api_key(headers: Mapping[str, str], query: Mapping[str, str]) -> str | None:
@@ -37,6 +42,14 @@ def api_key_ok(presented: str | None, keys: tuple[str, ...]) -> bool:
     for key in keys:
         ok |= hmac.compare_digest(given, key.encode())
     return ok
+
+
+def api_key_id(presented: str | None, keys: tuple[str, ...]) -> bytes | None:
+    """The identity a session opened with ``presented`` is bound to: the key's SHA-256 when keys
+    are configured (``presented`` passed ``api_key_ok``), else ``None`` (nothing to bind to)."""
+    if not keys or presented is None:
+        return None
+    return hashlib.sha256(presented.encode()).digest()
 
 
 def origin_ok(origin: str | None, allowed: tuple[str, ...]) -> bool:

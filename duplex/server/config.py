@@ -54,6 +54,9 @@ class ServerConfig(msgspec.Struct, frozen=True, kw_only=True, forbid_unknown_fie
     # Authentication: an empty tuple accepts every client. A key is read from
     # ``Authorization: Bearer <key>`` or, for browsers that cannot set headers, ``?api_key=``.
     api_keys: tuple[str, ...] = ()
+    # ``/metrics`` follows ``api_keys``: with keys configured a scrape must present one, unless this
+    # opens it (a scraper on a private network). ``/health`` is always open.
+    metrics_public: bool = False
     # Browser origin allow-list. Empty: any origin. A request without an Origin header (a
     # non-browser client) is always allowed; the API key is what protects it.
     allowed_origins: tuple[str, ...] = ()
@@ -79,6 +82,21 @@ class ServerConfig(msgspec.Struct, frozen=True, kw_only=True, forbid_unknown_fie
     ws_ping_timeout_s: float | None = 20.0
     # permessage-deflate costs CPU per frame; off by default (base64 audio barely compresses).
     ws_per_message_deflate: bool = False
+    # Bytes held by unfinished WebSocket messages (frames not fully arrived, fragments of a message),
+    # summed over every connection; a connection that would take the total over it is closed with
+    # 1013 ``incomplete_frames_over_budget``. Each connection is also bounded by ``max_frame_bytes``.
+    # Must be at least ``max_message_bytes``, so one largest event always fits.
+    max_incomplete_frame_bytes_total: int = 128 * MIB
+    # A request's headers (the WebSocket handshake included) must arrive within this many seconds of
+    # the connection opening or of the previous response; else the connection is dropped.
+    header_timeout_s: float = 10.0
+    # Open connections, HTTP and WebSocket alike. At the cap a new connection takes the place of the
+    # oldest one still waiting for its request headers (a slow or idle one); when every one is busy
+    # it is answered with HTTP 503 and closed. The server raises its soft file-descriptor limit to
+    # the hard one at start and keeps the cap ``reserved_file_descriptors`` below it (lowering it,
+    # with a warning, where needed); half of that reserve lets refused connections get their 503.
+    max_connections: int = 4096
+    reserved_file_descriptors: int = 256
     # Graceful shutdown: how long to wait for sockets to flush ``session.closed``.
     shutdown_timeout_s: float = 5.0
     # The event loop the server runs on: ``uvloop`` (libuv: socket reads, writes and callbacks in
@@ -91,6 +109,14 @@ class ServerConfig(msgspec.Struct, frozen=True, kw_only=True, forbid_unknown_fie
             raise ValueError("max_message_bytes must not exceed max_frame_bytes")
         if self.send_queue_max_events < 1:
             raise ValueError("send_queue_max_events must be at least 1")
+        if self.max_incomplete_frame_bytes_total < self.max_message_bytes:
+            raise ValueError("max_incomplete_frame_bytes_total must be at least max_message_bytes")
+        if not self.header_timeout_s > 0:
+            raise ValueError("header_timeout_s must be positive")
+        if self.max_connections < 1:
+            raise ValueError("max_connections must be at least 1")
+        if self.reserved_file_descriptors < 0:
+            raise ValueError("reserved_file_descriptors must not be negative")
 
 
 class ServeConfig(msgspec.Struct, frozen=True, kw_only=True, forbid_unknown_fields=True):

@@ -5,21 +5,76 @@ global registry would refuse the second set of names). Nothing on the per-messag
 Prometheus object: the socket handler bumps plain integers here, the engine updates its own plain
 metrics (``duplex.engine.metrics.EngineMetrics``: sessions, ticks, tick durations, batch sizes,
 lateness, append-to-step latency), and both are translated into metric families at scrape time.
+
+Every label value comes from a closed set (``LabelTally``): a value outside it is counted as
+``other``. Clients choose none of the text in ``/metrics``, so its size does not grow with what they
+send (a ``session.close`` reason, an error code a plugin made up, ...).
 """
 
 from __future__ import annotations
 
-from collections import Counter as Tally
-from collections.abc import Iterator
-from typing import Any
+from collections.abc import Iterable, Iterator, Mapping
+from typing import TYPE_CHECKING, Any, Final
 
 from prometheus_client import CollectorRegistry, generate_latest
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, HistogramMetricFamily, Metric
 from prometheus_client.registry import Collector
 
-__all__ = ["CONTENT_TYPE", "ServerMetrics"]
+from duplex.protocol.errors import ERROR_TYPES
+from duplex.server.close_codes import CloseReason
+
+if TYPE_CHECKING:
+    from duplex.server.transport_limits import TransportLimits
+
+__all__ = [
+    "CONTENT_TYPE",
+    "DETACH_REASONS",
+    "OPEN_PATHS",
+    "OTHER",
+    "REFUSAL_STATUSES",
+    "LabelTally",
+    "ServerMetrics",
+]
 
 CONTENT_TYPE = "text/plain; version=0.0.4; charset=utf-8"
+
+OTHER: Final = "other"
+"""The label value of everything outside a family's closed set."""
+
+OPEN_PATHS: Final = frozenset({"autostart", "resume", "session.update"})
+"""How a session came to a socket (``duplex_ws_sessions_opened_total{how}``)."""
+
+DETACH_REASONS: Final = frozenset({*(r.value for r in CloseReason), "client_gone"})
+"""Why a socket left its session (``duplex_ws_detached_total{reason}``): the close reasons we send,
+and ``client_gone`` when the client left first."""
+
+REFUSAL_STATUSES: Final = frozenset({"401", "403", "503"})
+"""HTTP statuses of refused handshakes (``duplex_ws_refused_total{status}``)."""
+
+
+class LabelTally(Mapping[str, int]):
+    """Counts by label value over a closed set: ``bump(value)`` counts a value outside ``allowed``
+    as ``other``. Read like a dict (``tally["slow_reader"]``, ``dict(tally)``); a value never
+    counted reads 0."""
+
+    __slots__ = ("_counts", "allowed")
+
+    def __init__(self, allowed: Iterable[str]) -> None:
+        self.allowed = frozenset(allowed)
+        self._counts: dict[str, int] = {}
+
+    def bump(self, value: str, n: int = 1) -> None:
+        key = value if value in self.allowed else OTHER
+        self._counts[key] = self._counts.get(key, 0) + n
+
+    def __getitem__(self, value: str) -> int:
+        return self._counts.get(value, 0)
+
+    def __iter__(self) -> Iterator[str]:
+        return iter(self._counts)
+
+    def __len__(self) -> int:
+        return len(self._counts)
 
 
 class _EngineCollector(Collector):
@@ -59,6 +114,9 @@ class _TransportCollector(Collector):
             "stalled sockets aborted: their close could not be flushed within shutdown_timeout_s",
             value=m.aborted_stalled,
         )
+        limits = m.transport
+        if limits is not None:
+            yield from _transport_limit_families(limits)
         for name, help_, label, tally in (
             (
                 "duplex_ws_sessions_opened",
@@ -76,18 +134,60 @@ class _TransportCollector(Collector):
             yield family
 
 
-class ServerMetrics:
-    """The transport's figures: plain numbers, bumped by the socket handler, read at scrape time."""
+def _transport_limit_families(limits: TransportLimits) -> Iterator[Metric]:
+    """The connection cap, the header timeout and the unfinished-frame budget (``TransportLimits``)."""
+    frames = limits.frames
+    yield GaugeMetricFamily(
+        "duplex_connections", "open connections, HTTP and WebSocket", value=limits.open_connections
+    )
+    yield GaugeMetricFamily(
+        "duplex_connections_limit",
+        "connection cap in force (max_connections, kept below the file-descriptor limit)",
+        value=limits.max_connections,
+    )
+    yield CounterMetricFamily(
+        "duplex_connections_refused",
+        "connections refused with 503 because the server held max_connections",
+        value=limits.refused_connections,
+    )
+    yield CounterMetricFamily(
+        "duplex_connections_evicted",
+        "connections still waiting for a request's head, closed at the cap to admit a new one",
+        value=limits.evicted_connections,
+    )
+    yield CounterMetricFamily(
+        "duplex_http_header_timeouts",
+        "connections closed because a request's headers did not arrive within header_timeout_s",
+        value=limits.header_timeouts,
+    )
+    yield GaugeMetricFamily(
+        "duplex_ws_incomplete_frame_bytes",
+        "bytes held by unfinished WebSocket messages, all connections",
+        value=frames.held_bytes,
+    )
+    yield CounterMetricFamily(
+        "duplex_ws_incomplete_frame_budget_closes",
+        "sockets closed with 1013 because their unfinished message would exceed "
+        "max_incomplete_frame_bytes_total",
+        value=frames.closes,
+    )
 
-    def __init__(self, engine_metrics: Any = None) -> None:
+
+class ServerMetrics:
+    """The transport's figures: plain numbers, bumped by the socket handler, read at scrape time.
+
+    ``transport`` (set by the app) adds the server-wide connection limits' figures."""
+
+    def __init__(self, engine_metrics: Any = None, transport: TransportLimits | None = None) -> None:
         self.connections = 0
         self.client_events = 0
         self.server_events = 0
         self.aborted_stalled = 0  # stalled sockets dropped because their 1013 could not be flushed
-        self.sessions_opened: Tally[str] = Tally()
-        self.errors: Tally[str] = Tally()
-        self.detached: Tally[str] = Tally()
-        self.refused: Tally[str] = Tally()
+        self.sessions_opened = LabelTally(OPEN_PATHS)
+        self.errors = LabelTally(ERROR_TYPES)
+        self.detached = LabelTally(DETACH_REASONS)
+        self.refused = LabelTally(REFUSAL_STATUSES)
+        self.transport = transport
         self.registry = CollectorRegistry()
         self.registry.register(_TransportCollector(self))
         if engine_metrics is not None:

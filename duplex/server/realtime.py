@@ -54,23 +54,15 @@ from duplex.protocol.ext.commands import SessionEventAck, SessionResume
 from duplex.protocol.ext.events import SessionClosed, SessionExpired, SessionReplaced
 from duplex.protocol.realtime.commands import SessionUpdate
 from duplex.server.app import AppState
-from duplex.server.auth import api_key_ok, origin_ok, presented_api_key
+from duplex.server.auth import api_key_id, api_key_ok, origin_ok, presented_api_key
+from duplex.server.close_codes import CloseCode, CloseReason, close_reason_for_code
 from duplex.server.handshake import HandshakePlan, HandshakeRefusal, OpenHow, plan_handshake
 from duplex.server.ratelimit import TokenBucket
 from duplex.server.ws_protocol import transport_extension
 
-__all__ = ["CloseCode", "realtime_endpoint"]
+__all__ = ["CloseCode", "CloseReason", "realtime_endpoint"]
 
 log = logging.getLogger("duplex.server.realtime")
-
-
-class CloseCode:
-    """WebSocket close codes we send (RFC 6455 §7.4.1)."""
-
-    NORMAL = 1000
-    POLICY = 1008  # handshake refused after accept (bad resume, bad first message)
-    SERVICE_RESTART = 1012  # draining for shutdown: retry later (the openai SDK reconnects)
-    TRY_AGAIN_LATER = 1013  # over capacity or detached as a slow reader: retry / resume
 
 
 _RETRYABLE_OPEN_CODES = frozenset({"resource_exhausted", "input_backpressure"})
@@ -87,9 +79,10 @@ def _session_error_parts(exc: BaseException) -> tuple[str, str, str | None]:
 async def realtime_endpoint(websocket: WebSocket) -> None:
     """The WebSocket route. Cancel-safe: cancellation detaches the session and re-raises."""
     state: AppState = websocket.app.state.duplex
-    refusal = _admission(websocket, state)
+    presented = presented_api_key(websocket.headers, websocket.query_params)
+    refusal = _admission(websocket, state, presented)
     if refusal is not None:
-        state.metrics.refused[str(refusal.status_code)] += 1
+        state.metrics.refused.bump(str(refusal.status_code))
         await websocket.send_denial_response(refusal)
         return
     plan = plan_handshake(
@@ -103,19 +96,20 @@ async def realtime_endpoint(websocket: WebSocket) -> None:
         await websocket.accept(subprotocol=plan.subprotocol)
         if isinstance(plan, HandshakeRefusal):
             conn = _Connection(websocket, state, plan.mode)
-            await conn.fail(ProtocolError(plan.code, plan.message), plan.close_code)
+            await conn.fail(ProtocolError(plan.code, plan.message), CloseCode(plan.close_code))
             return
-        await _Connection(websocket, state, plan.mode).run(plan)
+        key_id = api_key_id(presented, state.config.api_keys)
+        await _Connection(websocket, state, plan.mode, key_id).run(plan)
     finally:
         state.metrics.connections -= 1
         state.connections.discard(task)
 
 
-def _admission(websocket: WebSocket, state: AppState) -> Response | None:
+def _admission(websocket: WebSocket, state: AppState, presented_key: str | None) -> Response | None:
     cfg = state.config
     if state.draining or not state.ready:
         return Response("server is not accepting sessions", status_code=503)
-    if not api_key_ok(presented_api_key(websocket.headers, websocket.query_params), cfg.api_keys):
+    if not api_key_ok(presented_key, cfg.api_keys):
         return Response("missing or unknown API key", status_code=401)
     if not origin_ok(websocket.headers.get("origin"), cfg.allowed_origins):
         return Response("origin not allowed", status_code=403)
@@ -125,8 +119,11 @@ def _admission(websocket: WebSocket, state: AppState) -> Response | None:
 class _Connection:
     """One accepted socket: open the session, then pump frames both ways (see the module docstring)."""
 
-    def __init__(self, websocket: WebSocket, state: AppState, mode: Mode) -> None:
+    def __init__(
+        self, websocket: WebSocket, state: AppState, mode: Mode, api_key_id: bytes | None = None
+    ) -> None:
         self.ws = websocket
+        self.api_key_id = api_key_id  # the session is bound to it (``auth.api_key_id``)
         self.state = state
         self.mode = mode
         self.cfg = state.config
@@ -201,18 +198,20 @@ class _Connection:
         self.metrics.server_events += 1
 
     async def _send_error(self, err: ProtocolError) -> None:
-        self.metrics.errors[err.code] += 1
+        self.metrics.errors.bump(err.code)
         await self._send(err.to_event(new_event_id()))
 
-    async def _close(self, code: int, reason: str = "") -> None:
+    async def _close(self, code: CloseCode, reason: str) -> None:
+        """Close with ``code`` and ``reason``, a ``CloseReason`` or an error code from our table
+        (``close_codes``: a close frame never carries client text and always fits its 123 bytes)."""
         with contextlib.suppress(Exception):  # the peer may be gone already; closing is best effort
             await self.ws.close(code, reason)
 
-    async def fail(self, err: ProtocolError, close_code: int) -> None:
+    async def fail(self, err: ProtocolError, close_code: CloseCode) -> None:
         """Send one error and close: the handshake or open failed."""
         with contextlib.suppress(Exception):
             await self._send_error(err)
-        await self._close(close_code, err.code)
+        await self._close(close_code, close_reason_for_code(err.code))
 
     # -- receiving -------------------------------------------------------------------------
 
@@ -240,7 +239,7 @@ class _Connection:
         first: Any = None
         try:
             if plan.how is OpenHow.AUTOSTART:
-                att = await engine.open(model=plan.model)
+                att = await engine.open(model=plan.model, api_key_id=self.api_key_id)
                 how = "autostart"
             elif plan.how is OpenHow.RESUME_QUERY:
                 assert plan.session_id is not None and plan.resume_token is not None
@@ -251,16 +250,16 @@ class _Connection:
                 if att is None:
                     return
         except ProtocolError as err:
-            await self.fail(err, CloseCode.POLICY)
+            await self.fail(err, CloseCode.POLICY_VIOLATION)
             return
         except Exception as exc:
             code, message, param = _session_error_parts(exc)
             if code == "server_error":
                 log.exception("opening a session failed")
-            close = CloseCode.TRY_AGAIN_LATER if code in _RETRYABLE_OPEN_CODES else CloseCode.POLICY
+            close = CloseCode.TRY_AGAIN_LATER if code in _RETRYABLE_OPEN_CODES else CloseCode.POLICY_VIOLATION
             await self.fail(ProtocolError(code, message, param=param), close)
             return
-        self.metrics.sessions_opened[how] += 1
+        self.metrics.sessions_opened.bump(how)
         await self._serve(att, first)
 
     async def _open_from_first_message(self, plan: HandshakePlan) -> tuple[Any, str, Any]:
@@ -269,7 +268,8 @@ class _Connection:
                 data = await self._receive()
         except TimeoutError:
             await self.fail(
-                ProtocolError("config_timeout", "Timeout waiting for session.update"), CloseCode.POLICY
+                ProtocolError("config_timeout", "Timeout waiting for session.update"),
+                CloseCode.POLICY_VIOLATION,
             )
             return None, "", None
         if data is None:
@@ -280,18 +280,20 @@ class _Connection:
             seq = cmd.last_received_alias if cmd.last_received_alias is not None else cmd.last_event_seq
             return await self._resume(cmd.session_id, cmd.resume_token, seq), "resume", None
         if isinstance(cmd, SessionUpdate):
-            return await engine.open(model=plan.model, update=cmd), "session.update", None
+            att = await engine.open(model=plan.model, update=cmd, api_key_id=self.api_key_id)
+            return att, "session.update", None
         # Any other first command: open a default session, then handle the command as the first one.
-        return await engine.open(model=plan.model), "autostart", cmd
+        return await engine.open(model=plan.model, api_key_id=self.api_key_id), "autostart", cmd
 
     async def _resume(self, session_id: str, token: str, last_event_seq: int) -> Any:
         """``engine.resume``. The engine keeps the presented token valid until the client speaks
-        on the new socket, so a ``session.resumed`` lost with its socket does not lock it out."""
-        return await self.state.engine.resume(session_id, token, last_event_seq)
+        on the new socket, so a ``session.resumed`` lost with its socket does not lock it out.
+        A key other than the one that opened the session fails like a wrong token."""
+        return await self.state.engine.resume(session_id, token, last_event_seq, api_key_id=self.api_key_id)
 
     # -- running ---------------------------------------------------------------------------
 
-    async def release(self, code: int, reason: str) -> None:
+    async def release(self, code: CloseCode, reason: CloseReason) -> None:
         """Close this socket with ``code``; the session is detached, not closed (see ``AppState``)."""
         await self._close(code, reason)
 
@@ -302,7 +304,7 @@ class _Connection:
         if self._stalled or self._att is None or self._writer is None:
             return
         self._stalled = True  # ``_send_now`` writes nothing from here on
-        self.metrics.detached["slow_reader"] += 1
+        self.metrics.detached.bump(CloseReason.SLOW_READER)
         await asyncio.shield(self._att.detach())
         self._writer.cancel()
 
@@ -333,7 +335,7 @@ class _Connection:
             if not self._writer_ended and not self._stalled:
                 # The client left (or we are cancelled): the session waits for a resume.
                 await asyncio.shield(att.detach())
-                self.metrics.detached["client_gone"] += 1
+                self.metrics.detached.bump("client_gone")
         if self._stalled:
             await self._close_stalled()
 
@@ -357,7 +359,7 @@ class _Connection:
         self.state.connections.discard(asyncio.current_task())  # type: ignore[arg-type]
         try:
             async with asyncio.timeout(self.cfg.shutdown_timeout_s):
-                await self._close(CloseCode.TRY_AGAIN_LATER, "slow_reader")
+                await self._close(CloseCode.TRY_AGAIN_LATER, CloseReason.SLOW_READER)
         except TimeoutError:
             if self._transport is not None:
                 self.metrics.aborted_stalled += 1
@@ -450,8 +452,8 @@ class _Connection:
                 try:
                     events = await att.next_events()  # a tick's events, sent back to back
                 except Detached as d:
-                    code, reason = self._close_for(self._last_event, str(getattr(d, "reason", "") or ""))
-                    self.metrics.detached[reason or "detached"] += 1
+                    code, reason = _close_for(self._last_event, str(getattr(d, "reason", "") or ""))
+                    self.metrics.detached.bump(reason)
                     break
                 self._last_event = events[-1]
                 await self._send_batch(events)
@@ -462,20 +464,40 @@ class _Connection:
         self._writer_ended = True
         await self._close(code, reason)
 
-    @staticmethod
-    def _close_for(last: Any, reason: str) -> tuple[int, str]:
-        if isinstance(last, SessionClosed):
-            if last.reason == "shutdown":
-                return CloseCode.SERVICE_RESTART, "shutdown"
-            return CloseCode.NORMAL, last.reason
-        if isinstance(last, SessionExpired):
-            return CloseCode.NORMAL, "session_expired"
-        if isinstance(last, SessionReplaced):
-            return CloseCode.NORMAL, "session_replaced"
-        if reason in ("shutdown", "draining"):
-            return CloseCode.SERVICE_RESTART, reason
-        if reason in ("replaced", "session_replaced"):
-            return CloseCode.NORMAL, "session_replaced"
-        if reason in ("closed", "expired", "session_closed", "session_expired", "resync_required"):
-            return CloseCode.NORMAL, reason
-        return CloseCode.TRY_AGAIN_LATER, reason or "slow_reader"
+
+# What a session's socket is closed with once its attachment ends (``Detached.reason``: the lease
+# state ``closed`` / ``expired``, or ``replaced``, ``resync_required``, ``slow_reader``, ``detached``).
+_DETACH_CLOSES: dict[str, tuple[CloseCode, CloseReason]] = {
+    "shutdown": (CloseCode.SERVICE_RESTART, CloseReason.SHUTDOWN),
+    "draining": (CloseCode.SERVICE_RESTART, CloseReason.DRAINING),
+    "replaced": (CloseCode.NORMAL, CloseReason.SESSION_REPLACED),
+    "session_replaced": (CloseCode.NORMAL, CloseReason.SESSION_REPLACED),
+    "closed": (CloseCode.NORMAL, CloseReason.SESSION_CLOSED),
+    "session_closed": (CloseCode.NORMAL, CloseReason.SESSION_CLOSED),
+    "expired": (CloseCode.NORMAL, CloseReason.SESSION_EXPIRED),
+    "session_expired": (CloseCode.NORMAL, CloseReason.SESSION_EXPIRED),
+    "resync_required": (CloseCode.NORMAL, CloseReason.RESYNC_REQUIRED),
+    "slow_reader": (CloseCode.TRY_AGAIN_LATER, CloseReason.SLOW_READER),
+}
+
+# ``session.closed`` reasons the engine chooses that a close frame repeats; any other reason came
+# from the client's ``session.close`` and is never echoed: the frame says ``client_close``.
+_SESSION_CLOSED_REASONS: frozenset[str] = frozenset(
+    {CloseReason.CLIENT_CLOSE, CloseReason.SERVER_ERROR, CloseReason.SLOW_READER}
+)
+
+
+def _close_for(last: Any, reason: str) -> tuple[CloseCode, CloseReason]:
+    """The close code and reason for a socket whose attachment ended with ``reason``, after
+    ``last`` (the last event written); both from closed sets, whatever the client sent."""
+    if isinstance(last, SessionClosed):
+        if last.reason == "shutdown":
+            return CloseCode.SERVICE_RESTART, CloseReason.SHUTDOWN
+        if last.reason in _SESSION_CLOSED_REASONS:
+            return CloseCode.NORMAL, CloseReason(last.reason)
+        return CloseCode.NORMAL, CloseReason.CLIENT_CLOSE
+    if isinstance(last, SessionExpired):
+        return CloseCode.NORMAL, CloseReason.SESSION_EXPIRED
+    if isinstance(last, SessionReplaced):
+        return CloseCode.NORMAL, CloseReason.SESSION_REPLACED
+    return _DETACH_CLOSES.get(reason, (CloseCode.TRY_AGAIN_LATER, CloseReason.SLOW_READER))

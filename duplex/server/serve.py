@@ -8,6 +8,7 @@ restart, which the ``openai`` SDK retries) before uvicorn tears the connections 
 from __future__ import annotations
 
 import asyncio
+import functools
 import logging
 from typing import Any
 
@@ -16,6 +17,9 @@ import uvicorn
 from duplex.plugins import registry
 from duplex.plugins.base import Plugin, PluginError
 from duplex.server.config import ConfigError, ServeConfig
+from duplex.server.http_protocol import DuplexHttpProtocol
+from duplex.server.log_redaction import install_log_redaction
+from duplex.server.transport_limits import TransportLimits, raise_fd_limit
 from duplex.server.ws_protocol import DuplexWebSocketProtocol
 
 __all__ = [
@@ -120,15 +124,38 @@ def event_loop_name(requested: str) -> str:
 
 
 def uvicorn_config(app: Any, cfg: ServeConfig, *, log_level: str = "info") -> uvicorn.Config:
-    """The uvicorn settings for our app (limits from ``cfg.server``), with our WebSocket protocol
-    (``DuplexWebSocketProtocol``: uvicorn's sans-IO one with cheaper messages and an abort) and the
-    event loop ``cfg.server.event_loop`` selects (``event_loop_name``)."""
+    """The uvicorn settings for our app (limits from ``cfg.server``), with our protocols and the
+    event loop ``cfg.server.event_loop`` selects (``event_loop_name``).
+
+    The protocols share the app's ``TransportLimits`` (a fresh one for an app that is not ours):
+    ``DuplexHttpProtocol`` (uvicorn's h11 one, with the connection cap and the header timeout; every
+    connection, WebSockets included, starts there) and ``DuplexWebSocketProtocol`` (uvicorn's sans-IO
+    one with cheaper messages, an abort, and the server-wide budget of unfinished frames). Building
+    it raises this process's soft file-descriptor limit to the hard one and keeps the connection cap
+    ``reserved_file_descriptors`` below it (``transport_limits``), and, once uvicorn has configured
+    its loggers, installs the filter that keeps API keys and resume tokens out of every log line
+    (``log_redaction``).
+    """
     s = cfg.server
-    return uvicorn.Config(
+    state = _find_state(app)
+    limits: TransportLimits = (
+        state.limits
+        if state is not None
+        else TransportLimits(
+            max_connections=s.max_connections,
+            header_timeout_s=s.header_timeout_s,
+            max_incomplete_frame_bytes_total=s.max_incomplete_frame_bytes_total,
+        )
+    )
+    limits.fit_to_fd_limit(raise_fd_limit(), s.reserved_file_descriptors)
+    # uvicorn calls these as ``protocol(config=..., server_state=..., app_state=...)``; a partial
+    # carries the limits (a class is what it documents, any such callable is what it needs).
+    config = uvicorn.Config(
         app,
         host=s.host,
         port=s.port,
-        ws=DuplexWebSocketProtocol,
+        http=functools.partial(DuplexHttpProtocol, limits=limits),
+        ws=functools.partial(DuplexWebSocketProtocol, frame_budget=limits.frames),
         loop=event_loop_name(s.event_loop),
         ws_max_size=s.max_frame_bytes,
         ws_ping_interval=s.ws_ping_interval_s,
@@ -138,6 +165,8 @@ def uvicorn_config(app: Any, cfg: ServeConfig, *, log_level: str = "info") -> uv
         log_level=log_level,
         timeout_graceful_shutdown=s.shutdown_timeout_s,
     )
+    install_log_redaction(("duplex",))
+    return config
 
 
 def serve(cfg: ServeConfig, *, log_level: str = "info") -> None:

@@ -36,6 +36,17 @@ uvicorn's semantics (the handshake and subprotocol negotiation, denial responses
   nothing is queued ahead of an offered message, and a message that arrives while the reader is
   busy is queued behind what it is doing.
 
+* **A server-wide budget for unfinished messages.** With a ``FrameBudget`` (``uvicorn_config`` binds
+  the server's), the bytes a connection holds for a message that has not fully arrived (the start
+  of a frame, websockets' unparsed buffer, the fragments of a fragmented message) are reported to
+  it after every read. ``max_size`` bounds one connection; the budget bounds their sum. A
+  connection whose growth the budget refuses is failed with 1013
+  ``incomplete_frames_over_budget``: its bytes are released at once, the close frame is written
+  and the write side shut, everything the client still sends is discarded, and the transport
+  closes when the client does (or after uvicorn's close timeout). Its app sees a disconnect;
+  every other connection is untouched. A complete message is never counted (the inbox bounds
+  those, above).
+
 The counters ``read_pauses`` and ``peak_queued_messages`` / ``peak_queued_bytes`` say how often
 reading paused and how full the inbox got; they are for tests and diagnostics.
 """
@@ -53,6 +64,9 @@ from uvicorn.protocols.websockets.websockets_sansio_impl import WebSocketsSansIO
 from websockets.exceptions import InvalidState
 from websockets.frames import apply_mask  # websockets' C speedup where built, else its fallback
 from websockets.protocol import State
+
+from duplex.server.close_codes import CloseCode, CloseReason
+from duplex.server.transport_limits import FrameBudget
 
 __all__ = [
     "HIGH_WATER_BYTES",
@@ -212,8 +226,10 @@ class DuplexWebSocketProtocol(WebSocketsSansIOProtocol):
     """uvicorn's ``websockets-sansio`` protocol with watermark flow control, direct framing and
     the ``duplex.transport`` extension (see the module docstring)."""
 
-    def __init__(self, *args: Any, **kwargs: Any) -> None:
+    def __init__(self, *args: Any, frame_budget: FrameBudget | None = None, **kwargs: Any) -> None:
         super().__init__(*args, **kwargs)
+        self.frame_budget = frame_budget
+        self.held_bytes = 0  # bytes of unfinished messages counted against ``frame_budget``
         self.queue = _Inbox(self.loop)  # type: ignore[assignment]
         self._framing = _UNDECIDED
         self._partial = bytearray()  # the start of a frame that has not fully arrived
@@ -249,6 +265,16 @@ class DuplexWebSocketProtocol(WebSocketsSansIOProtocol):
             self._read_frames(data)
         else:
             super().data_received(data)
+        budget = self.frame_budget
+        if budget is not None:
+            held = len(self._partial) + len(self.conn.reader.buffer)
+            if self.frames:  # the fragments of a message not yet complete
+                held += sum(map(len, self.frames))
+            if held != self.held_bytes:
+                if not budget.change(self.held_bytes, held):
+                    self._fail_over_budget(budget)
+                    return
+                self.held_bytes = held
         queue = self.queue
         count = queue.qsize()
         if count > self.peak_queued_messages:
@@ -264,6 +290,39 @@ class DuplexWebSocketProtocol(WebSocketsSansIOProtocol):
             self.read_paused = True
             self.read_pauses += 1
             self.transport.pause_reading()
+
+    def _fail_over_budget(self, budget: FrameBudget) -> None:
+        """This connection's unfinished message would take ``budget`` over its limit: release what
+        it holds and fail it with 1013 (the module docstring)."""
+        budget.closes += 1
+        budget.change(self.held_bytes, 0)
+        self.held_bytes = 0
+        self._partial = bytearray()
+        self._partial_needs = 0
+        self.frames = []
+        self._framing = _WEBSOCKETS  # from now on websockets discards whatever arrives
+        self.stop_keepalive()
+        code, reason = CloseCode.TRY_AGAIN_LATER, CloseReason.INCOMPLETE_FRAMES_OVER_BUDGET.value
+        self.queue.put_nowait({"type": "websocket.disconnect", "code": code, "reason": reason})
+        self.close_sent = True
+        if self.conn.state is not _OPEN:  # no handshake yet (or closing already): nothing to say
+            self.transport.close()
+            return
+        self.conn.fail(code, reason)  # the close frame, then websockets discards every byte
+        self.transport.write(b"".join(self.conn.data_to_send()))
+        if self.read_paused:
+            self.read_paused = False
+            self.transport.resume_reading()  # keep reading (and discarding) until the client closes
+        if self.transport.can_write_eof():
+            self.transport.write_eof()
+        if self.close_timer is None:
+            self.close_timer = self.loop.call_later(self.close_timeout, self.transport.close)
+
+    def connection_lost(self, exc: Exception | None) -> None:
+        if self.frame_budget is not None and self.held_bytes:
+            self.frame_budget.change(self.held_bytes, 0)
+            self.held_bytes = 0
+        super().connection_lost(exc)
 
     def _choose_framing(self) -> int:
         """Once the handshake is done: our frame reader, unless a frame extension is negotiated

@@ -115,16 +115,32 @@ async def test_the_replaced_attachment_cannot_retire_the_old_token() -> None:
 
 
 def test_the_credential_keeps_only_sha256_digests() -> None:
-    cred = ResumeCredential()
+    owner = hashlib.sha256(b"sk-key").digest()
+    cred = ResumeCredential(owner)
     first = cred.issue()
     second = cred.rotate(first)
     stored = [v for v in vars(cred).values() if not isinstance(v, bool)]  # beside the flag: digests only
-    assert stored == [hashlib.sha256(second.encode()).digest(), hashlib.sha256(first.encode()).digest()]
+    digests = [owner, hashlib.sha256(second.encode()).digest(), hashlib.sha256(first.encode()).digest()]
+    assert stored == digests
+    cred = ResumeCredential()
+    first = cred.issue()
+    second = cred.rotate(first)
     assert cred.verify(first) and cred.verify(second) and cred.unconfirmed
     assert not cred.verify("") and not cred.verify(first + "x")
     cred.confirm()
     assert not cred.verify(first) and cred.verify(second) and not cred.unconfirmed
     assert not ResumeCredential().verify("")
+
+
+def test_a_credential_bound_to_an_owner_verifies_only_for_that_owner() -> None:
+    alice, bob = hashlib.sha256(b"sk-alice").digest(), hashlib.sha256(b"sk-bob").digest()
+    cred = ResumeCredential(alice)
+    token = cred.issue()
+    assert cred.verify(token, alice)
+    assert not cred.verify(token, bob) and not cred.verify(token)
+    unbound = ResumeCredential()
+    token = unbound.issue()
+    assert unbound.verify(token) and not unbound.verify(token, alice)
 
 
 async def drain_until_quiet(att) -> list:
