@@ -3,11 +3,11 @@
 ::
 
     engine = Engine(plugin, EngineConfig(...))      # the plugin is loaded by its owner
-    async with engine:                               # starts the scheduler and the reaper
+    async with engine:                               # starts the kind's driver and the reaper
         att = await engine.open(model="m", update=session_update_or_None)
         att = await engine.resume(session_id, resume_token, last_event_seq)
 
-``async with engine`` owns every background task (scheduler, reaper, one runner
+``async with engine`` owns every background task (the driver's loop, reaper, one runner
 per session) in one ``asyncio.TaskGroup``; leaving it drains: every session gets
 ``session.closed{reason: "shutdown"}`` and is cleaned up, then the tasks stop.
 The plugin is called only on the engine's single model thread (or on the loop, for a
@@ -30,11 +30,11 @@ from typing import Any
 from duplex.engine import collector
 from duplex.engine.attachment import Attachment
 from duplex.engine.config import EngineConfig
+from duplex.engine.drivers import Driver, driver_for
 from duplex.engine.errors import SessionError
 from duplex.engine.manager import SessionManager, SessionRecord
 from duplex.engine.metrics import EngineMetrics
 from duplex.engine.model_thread import ModelThread
-from duplex.engine.scheduler import FrameScheduler
 from duplex.plugins.base import (
     BatchPlugin,
     Capabilities,
@@ -84,7 +84,7 @@ class Engine:
         self.metrics = EngineMetrics()
         self._clock = clock
         self._manager: SessionManager | None = None
-        self._scheduler: FrameScheduler | None = None
+        self._driver: Driver | None = None
         self._tg: asyncio.TaskGroup | None = None
         self._background: list[asyncio.Task[None]] = []
         self._model_thread: ModelThread | None = None
@@ -102,11 +102,9 @@ class Engine:
         self._workers = concurrent.futures.ThreadPoolExecutor(
             self.config.worker_threads, thread_name_prefix="duplex-worker"
         )
-        if self.capabilities.kind in (PluginKind.FRAME, PluginKind.UNIT):
-            assert isinstance(self.plugin, FramePlugin)
-            self._scheduler = FrameScheduler(
-                self.plugin, self.capabilities, self.config, self.metrics, self._model_thread
-            )
+        self._driver = driver_for(
+            self.plugin, self.capabilities, self.config, self.metrics, self._model_thread
+        )
         self._manager = SessionManager(
             self.plugin,
             self.capabilities,
@@ -116,15 +114,14 @@ class Engine:
             clock=clock,
             model_thread=self._model_thread,
             workers=self._workers,
-            scheduler=self._scheduler,
+            driver=self._driver,
         )
         self._gc_token = collector.apply(self.config.gc_thresholds)
         tg = asyncio.TaskGroup()
         await tg.__aenter__()
         self._tg = tg
         self._manager.bind_spawner(self._spawn)
-        if self._scheduler is not None:
-            self._background.append(tg.create_task(self._scheduler.run(), name="duplex-scheduler"))
+        self._background.append(tg.create_task(self._driver.run(), name="duplex-driver"))
         self._background.append(tg.create_task(self._reaper(), name="duplex-reaper"))
         return self
 

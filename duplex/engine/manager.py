@@ -38,6 +38,7 @@ from typing import Any
 from duplex.engine.attachment import Attachment
 from duplex.engine.config import EngineConfig
 from duplex.engine.credentials import ResumeCredential
+from duplex.engine.drivers import Driver
 from duplex.engine.errors import SessionError
 from duplex.engine.feed import SlotFeed
 from duplex.engine.input import InputPipeline
@@ -48,7 +49,7 @@ from duplex.engine.memory import MemoryBudget, default_limit_bytes
 from duplex.engine.metrics import EngineMetrics
 from duplex.engine.model_thread import ModelThread
 from duplex.engine.runner import AckItem, CloseItem, CommandItem, FailItem, SessionRunner
-from duplex.engine.scheduler import FrameScheduler, SlotBinding
+from duplex.engine.scheduler import SlotBinding
 from duplex.engine.session import Session
 from duplex.engine.settings import SessionSettings
 from duplex.engine.transitions import LIVE_STATES
@@ -94,6 +95,7 @@ class SessionRecord:
         caps = manager.capabilities
         self.pipeline = InputPipeline(caps.input_sample_rate, int16=caps.input_dtype == "int16")
         self.feed: SlotFeed | None = None
+        self.binding: SlotBinding | None = None  # how the driver reaches the session (``_binding``)
         self.attachment: Attachment | None = None
         self.runner = SessionRunner(self, manager)
         self.task: asyncio.Task[None] | None = None
@@ -211,6 +213,7 @@ class SessionRecord:
         self.session.discard()
         self.mailbox.close()
         self.feed = None
+        self.binding = None
         self.finished.set()
 
 
@@ -228,7 +231,7 @@ class SessionManager:
         clock: Callable[[], float],
         model_thread: ModelThread,
         workers: concurrent.futures.Executor,
-        scheduler: FrameScheduler | None,
+        driver: Driver,
     ) -> None:
         self.plugin = plugin
         self.capabilities = capabilities
@@ -238,7 +241,7 @@ class SessionManager:
         self.now = clock
         self.model_thread = model_thread
         self.workers = workers
-        self.scheduler = scheduler
+        self.driver = driver
         self.limit = min(config.max_sessions, capabilities.max_sessions)
         budget = config.memory_budget_bytes
         self.memory = MemoryBudget(default_limit_bytes() if budget is None else budget)
@@ -326,8 +329,8 @@ class SessionManager:
         if update is not None:
             att.push(session.updated_events(now), preload=True)
         record.attachment = att
-        if self.scheduler is not None:
-            record.feed = self.scheduler.join(slot, self._binding(record))
+        record.binding = self._binding(record)
+        record.feed = self.driver.join(slot, record.binding)
         self.records[session_id] = record
         self.metrics.sessions_opened.inc()
         self.metrics.sessions_open.set(len(self.records))
@@ -356,17 +359,30 @@ class SessionManager:
             except MailboxFull:
                 log.error("session %s: mailbox full, step failure not delivered", record.session_id)
 
+        if self.capabilities.hears_stream:  # read per slot and tick: as little as it takes
+
+            def paused() -> bool:
+                return mailbox.pending_outputs >= limit
+
+        else:  # a model faster than real time also waits for its paced audio to go out
+            backlog_ms = self.config.max_output_backlog_ms
+            output = session.output
+
+            def paused() -> bool:
+                return mailbox.pending_outputs >= limit or output.backlog_ms() > backlog_ms
+
         return SlotBinding(
             epoch=functools.partial(_EPOCH, session),  # read per slot and tick: no Python frame
             deliver=record.runner.deliver,  # handed to the runner at once when it is parked
             fail=fail,
-            paused=lambda: mailbox.pending_outputs >= limit,
+            paused=paused,
+            drained=record.runner.drained,
         )
 
     async def release_slot(self, record: SessionRecord) -> None:
-        """Cleanup of a closing session: leave the scheduler, close the plugin slot."""
-        if self.scheduler is not None:
-            self.scheduler.leave(record.slot)
+        """Cleanup of a closing session: its request stopped, its slot left, the plugin slot closed."""
+        await self.driver.stop(record.slot)
+        self.driver.leave(record.slot)
         try:
             await self.on_model_thread(self.plugin.close_slot, record.slot)
         except Exception:

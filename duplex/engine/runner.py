@@ -41,7 +41,6 @@ session id, the session gets ``server_error`` and is closed; the others go on.
 from __future__ import annotations
 
 import asyncio
-import contextlib
 import logging
 import time
 from typing import TYPE_CHECKING, Any
@@ -60,7 +59,7 @@ from duplex.engine.actions import (
 from duplex.engine.mailbox import MailboxFull
 from duplex.engine.transitions import LIVE_STATES
 from duplex.engine.vad import VadUnavailableError
-from duplex.plugins.base import PluginError, SlotOutput, TurnRequest
+from duplex.plugins.base import PluginError, SlotOutput
 from duplex.protocol.errors import ProtocolError
 from duplex.protocol.realtime.commands import InputAudioBufferAppend
 
@@ -137,8 +136,10 @@ class SessionRunner:
         self.session = record.session
         self.mailbox = record.mailbox
         self.done = False
-        self._turn_task: asyncio.Task[None] | None = None
-        self._drained = asyncio.Event()
+        # Set each time the session caught up on its outputs (``SlotBinding.drained``): a driver
+        # that answers requests waits on it while the session is behind.
+        self.drained = asyncio.Event()
+        self._signal_drained = not record.session.caps.hears_stream
         self._offload_min_bytes = manager.config.offload_min_bytes
         self._timer: asyncio.TimerHandle | None = None  # the session's next ``WakeAt``
         self._timer_at = float("inf")
@@ -155,9 +156,10 @@ class SessionRunner:
                     if self.done:
                         break
                     await self._apply(item)
-                self._drained.set()
+                if self._signal_drained:
+                    self.drained.set()
         except asyncio.CancelledError:
-            await self._stop_turn()
+            await self.manager.driver.stop(self.record.slot)
             raise
         except Exception:
             log.exception("session %s: runner failed", self.session.session_id)
@@ -191,7 +193,8 @@ class SessionRunner:
             return
         elif isinstance(item, TimerItem):
             self._emit(self.session.on_timer(now))
-            self._drained.set()  # paced audio went out: a turn task waiting on the backlog may go on
+            if self._signal_drained:  # paced audio went out: a request waiting on it may go on
+                self.drained.set()
         elif isinstance(item, CrashItem):
             raise item.exc
         await self._run_actions()
@@ -256,8 +259,8 @@ class SessionRunner:
             self._push_and_act(session.on_output(output, now), now)
         except Exception as exc:
             self.mailbox.put_internal(CrashItem(exc))
-        if self._turn_task is not None:  # only a turn task waits for outputs to drain
-            self._drained.set()
+        if self._signal_drained:  # only a driver that answers requests waits for outputs to drain
+            self.drained.set()
 
     def _inline(self, item: Any) -> bool:
         """The mailbox's inline handler: an output (of a turn plugin) or an ack (see the module
@@ -374,13 +377,13 @@ class SessionRunner:
             if self._sync_action(action, self.manager.now()):
                 continue
             if isinstance(action, CancelSlot):
-                await self._stop_turn()
+                await self.manager.driver.stop(self.record.slot)
                 await self._model(self.manager.plugin.cancel_slot, self.record.slot, action.epoch)
             elif isinstance(action, StartTurn):
-                await self._stop_turn()
-                self._turn_task = asyncio.create_task(
-                    self._drive_turn(action.request), name=f"turn-{self.session.session_id}"
-                )
+                driver = self.manager.driver
+                await driver.stop(self.record.slot)
+                assert self.record.binding is not None
+                driver.start(self.record.slot, action.request, self.record.binding)
             elif isinstance(action, ConfigureVad):
                 try:
                     await self.manager.offload(self.record.pipeline.configure_vad, action.config)
@@ -393,47 +396,6 @@ class SessionRunner:
 
     async def _model(self, fn: Any, *args: Any) -> Any:
         return await self.manager.on_model_thread(fn, *args)
-
-    # ------------------------------------------------------------------ turns
-
-    async def _drive_turn(self, request: TurnRequest) -> None:
-        """Pull one reply from a turn plugin into the mailbox (owned and awaited by the runner)."""
-        plugin = self.manager.plugin
-        mailbox = self.mailbox
-        limit = self.manager.config.max_pending_outputs
-        backlog_ms = self.manager.config.max_output_backlog_ms
-        gen = None
-        try:
-            gen = await self._model(plugin.respond, request)
-            while True:
-                out = await self._model(next, gen, None)
-                if out is None:  # ended without end_of_turn: end the response anyway
-                    out = SlotOutput(slot=request.slot, epoch=request.epoch, end_of_turn=True)
-                mailbox.put_internal(OutputItem(out), is_output=True)
-                if out.end_of_turn:
-                    return
-                # Pull the next chunk only when the session took this one, and when the audio still
-                # waiting to be paced out is under the bound (a long reply is made as it is played).
-                output = self.session.output
-                while mailbox.pending_outputs >= limit or output.backlog_ms() > backlog_ms:
-                    self._drained.clear()
-                    await self._drained.wait()
-        except asyncio.CancelledError:
-            raise
-        except Exception as exc:
-            mailbox.put_internal(FailItem(exc))
-        finally:
-            if gen is not None:
-                close = getattr(gen, "close", None)
-                if close is not None:
-                    await asyncio.shield(self._model(close))
-
-    async def _stop_turn(self) -> None:
-        task, self._turn_task = self._turn_task, None
-        if task is not None and not task.done():
-            task.cancel()
-            with contextlib.suppress(asyncio.CancelledError):
-                await task
 
     # ------------------------------------------------------------------ failure and close
 
@@ -461,7 +423,6 @@ class SessionRunner:
         self._emit(self.session.close(reason, self.manager.now(), expired=expired))
         t0 = time.perf_counter()
         try:
-            await self._stop_turn()
             await self.manager.release_slot(record)
         finally:
             record.finish()

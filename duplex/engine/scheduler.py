@@ -55,14 +55,16 @@ MAX_BUFFERED_PERIODS = 32
 
 
 class SlotBinding:
-    """What the scheduler knows of the session in a slot.
+    """What a driver knows of the session in a slot (``duplex.engine.drivers``).
 
     ``epoch()`` gives the session's current epoch (inputs are tagged with it),
     ``deliver(output)`` puts an output into the session's mailbox, ``fail(exc)``
-    puts a step failure there, ``paused()`` says the session is behind.
+    puts a step failure there, ``paused()`` says the session is behind, and
+    ``drained`` is set each time it has caught up on something (for a driver
+    that waits while ``paused()``).
     """
 
-    __slots__ = ("deliver", "epoch", "fail", "paused")
+    __slots__ = ("deliver", "drained", "epoch", "fail", "paused")
 
     def __init__(
         self,
@@ -71,11 +73,13 @@ class SlotBinding:
         deliver: Callable[[SlotOutput], None],
         fail: Callable[[BaseException], None],
         paused: Callable[[], bool],
+        drained: asyncio.Event | None = None,
     ) -> None:
         self.epoch = epoch
         self.deliver = deliver
         self.fail = fail
         self.paused = paused
+        self.drained = drained if drained is not None else asyncio.Event()
 
 
 class Batch:

@@ -389,6 +389,8 @@ class Session:
     def _append(self, cmd: InputAudioBufferAppend, decoded: DecodedAppend, now: float) -> list[Event]:
         """One decoded append: VAD events, overlap with the active response, and the audio itself
         fed to the model or buffered for the turn; the VAD's speech stop commits the turn."""
+        if not self.caps.audio_input:
+            raise ProtocolError("invalid_input_modality", "this model takes no audio input; send text items")
         events: list[Event] = []
         settings = self.settings
         user = self.user

@@ -34,7 +34,7 @@ import msgspec
 from msgspec import UNSET
 
 from duplex.engine.vad_config import VadConfig
-from duplex.plugins.base import Capabilities, PluginKind
+from duplex.plugins.base import Capabilities
 from duplex.protocol.errors import ProtocolError
 from duplex.protocol.ext.capabilities import SessionCapabilities
 from duplex.protocol.ext.events import DuplexSession
@@ -298,7 +298,7 @@ def wire_capabilities(caps: Capabilities) -> SessionCapabilities:
         supports_image_input=caps.supports_video_input,
         supports_text_only_turn=caps.supports_text_input,
         supports_tools=caps.supports_tools,
-        supports_input_append=caps.kind is not PluginKind.BATCH,
+        supports_input_append=caps.audio_input,
         optional_input_modalities=["video"] if caps.supports_video_input else [],
         output_modalities=list(caps.output_modalities),
         signal_sources=sources,

@@ -111,6 +111,7 @@ class Capabilities(msgspec.Struct, frozen=True, kw_only=True):
     supports_truncate: bool = True
     supports_playback_ack: bool = True
     # Inputs and outputs.
+    audio_input: bool = True  # the model listens (``input_audio_buffer.append``); batch models do not
     supports_video_input: bool = False
     supports_text_input: bool = False
     supports_tools: bool = False

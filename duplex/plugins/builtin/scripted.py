@@ -1,4 +1,4 @@
-"""Scripted ``unit`` and ``turn`` plugins: real plugins whose replies come from a script.
+"""Scripted ``unit``, ``turn`` and ``batch`` plugins: real plugins whose replies come from a script.
 
 They exercise every engine path that a real model reaches (speak/listen decisions,
 end of turn, streamed turn replies, tool calls, cancellation) with fully
@@ -18,6 +18,14 @@ n-th script entry (cycling). A reply text is streamed one word per chunk, each
 chunk ``ms_per_char`` ms of tone per character; the last chunk sets
 ``end_of_turn``. ``{text}`` in a reply is replaced by the request's text, and an
 entry ``"tool:<name>:<json arguments>"`` answers with one tool call instead.
+
+``ScriptedBatchPlugin`` (kind ``batch``) speaks a request's text one word per step:
+``advance(slots)`` gives every active request its next word (``ms_per_char`` ms of
+tone per character, with the word as transcript and ``progress`` = words done /
+words), the last word ends the request. Requests of different lengths and start
+times share every step, as a batched decoder's would; ``steps`` counts the calls
+and ``batch_sizes`` their sizes. An empty text is refused (``response_create_without_input``),
+and so is an option ``voice`` other than ``"tone"``.
 """
 
 from __future__ import annotations
@@ -27,6 +35,8 @@ from collections.abc import Iterator, Sequence
 import numpy as np
 
 from duplex.plugins.base import (
+    BatchPlugin,
+    BatchRequest,
     Capabilities,
     FramePlugin,
     PluginError,
@@ -39,7 +49,7 @@ from duplex.plugins.base import (
     TurnRequest,
 )
 
-__all__ = ["ScriptedTurnPlugin", "ScriptedUnitPlugin", "tone"]
+__all__ = ["ScriptedBatchPlugin", "ScriptedTurnPlugin", "ScriptedUnitPlugin", "tone"]
 
 OUTPUT_RATE = 24000
 
@@ -222,3 +232,89 @@ class ScriptedTurnPlugin(TurnPlugin):
                 text=text,
                 end_of_turn=i == len(words) - 1,
             )
+
+
+class ScriptedBatchPlugin(BatchPlugin):
+    """See the module docstring."""
+
+    name = "scripted-batch"
+
+    def __init__(self, max_sessions: int = 64, ms_per_char: int = 60) -> None:
+        self.max_sessions = max_sessions
+        self.ms_per_char = ms_per_char
+        self.steps = 0
+        self.batch_sizes: list[int] = []
+
+    @classmethod
+    def from_options(cls, model_path: str | None = None, **options: object) -> ScriptedBatchPlugin:
+        _options(cls.name, model_path, options, {"max_sessions", "ms_per_char"})
+        return cls(**options)  # type: ignore[arg-type]
+
+    def capabilities(self) -> Capabilities:
+        return Capabilities(
+            kind=PluginKind.BATCH,
+            audio_input=False,
+            output_sample_rate=OUTPUT_RATE,
+            max_sessions=self.max_sessions,
+            supports_text_input=True,
+            supports_barge_in=True,
+            voices=("tone",),
+            default_voice="tone",
+        )
+
+    def load(self) -> None:
+        self._words: list[list[str]] = [[] for _ in range(self.max_sessions)]
+        self._done = [0] * self.max_sessions
+        self._epoch = [0] * self.max_sessions
+
+    def open_slot(self, slot: int, options: SlotOptions) -> None:
+        self._check_slot_index(slot, self.max_sessions)
+        self._words[slot] = []
+
+    def cancel_slot(self, slot: int, epoch: int) -> None:
+        self._check_slot_index(slot, self.max_sessions)
+        self._words[slot] = []
+        self._epoch[slot] = epoch
+
+    def close_slot(self, slot: int) -> None:
+        self._check_slot_index(slot, self.max_sessions)
+        self._words[slot] = []
+
+    def begin(self, request: BatchRequest) -> None:
+        self._check_slot_index(request.slot, self.max_sessions)
+        words = request.text.split()
+        if not words:
+            raise PluginError("response_create_without_input", "scripted-batch: the text is empty")
+        voice = request.options.get("voice", "tone")
+        if voice not in (None, "tone"):
+            raise PluginError("voice_not_found", f"scripted-batch: unknown voice {voice!r}")
+        self._words[request.slot] = words
+        self._done[request.slot] = 0
+        self._epoch[request.slot] = request.epoch
+
+    def advance(self, slots: Sequence[int]) -> Sequence[SlotOutput]:
+        self.steps += 1
+        self.batch_sizes.append(len(slots))
+        outputs = []
+        for slot in slots:
+            words = self._words[slot]
+            if not words:
+                raise PluginError("invalid_slot", f"scripted-batch: slot {slot} has no request")
+            i = self._done[slot]
+            self._done[slot] = i + 1
+            last = i + 1 == len(words)
+            text = words[i] if last else words[i] + " "
+            outputs.append(
+                SlotOutput(
+                    slot=slot,
+                    epoch=self._epoch[slot],
+                    pcm=tone(self.ms_per_char * len(text)),
+                    sample_rate=OUTPUT_RATE,
+                    text=text,
+                    progress=(i + 1) / len(words),
+                    end_of_turn=last,
+                )
+            )
+            if last:
+                self._words[slot] = []
+        return outputs

@@ -1,0 +1,162 @@
+"""``BatchDriver``: the requests of every session stepped together (continuous batching, DESIGN §7).
+
+Theory of operation
+-------------------
+A ``batch`` plugin (TTS, image and video generation) takes requests without a microphone. Each
+session has at most one request at a time (its response); the driver keeps the active ones and
+runs one loop for the engine's lifetime:
+
+1. **plan**: the requests that asked to start since the last step join (``begin``), and every
+   active request whose session is not behind (``SlotBinding.paused``: its outputs or its paced
+   audio have not been taken yet) is planned;
+2. **step**: one call on the model thread does the joins and one ``advance(slots)`` for every
+   planned slot together (a TTS decode step, a denoising step: requests at different positions
+   share one batched model call);
+3. **apply**: each output goes to its session (``deliver``), unless its request was stopped
+   meanwhile (the epoch moved on); a request whose output sets ``end_of_turn`` leaves.
+
+Requests join and leave only between steps, and ``stop`` takes effect at once on the loop side (a
+stopped request's outputs of the step in flight are dropped; the runner then calls
+``cancel_slot``, serialised after the step on the model thread). A ``PluginError`` from ``begin``
+fails that one request; any other exception from ``advance`` fails every request of the step, and
+the loop goes on for the others (DESIGN §2.7). The loop waits, costing nothing, while no request
+is active; while every active request is paused it waits for one of their sessions to catch up.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import time
+from collections.abc import Sequence
+
+from duplex.engine.drivers import Driver
+from duplex.engine.metrics import EngineMetrics
+from duplex.engine.model_thread import ModelThread
+from duplex.engine.scheduler import SlotBinding
+from duplex.plugins.base import BatchPlugin, BatchRequest, PluginError, SlotOutput, TurnRequest
+
+__all__ = ["BatchDriver", "batch_request"]
+
+log = logging.getLogger(__name__)
+
+#: How long the loop waits for a paused session before it looks again (its ``drained`` wakes it sooner).
+PAUSED_POLL_S = 0.05
+
+
+def batch_request(request: TurnRequest) -> BatchRequest:
+    """The batch plugin's request for a session's ``TurnRequest``: its text and its options."""
+    return BatchRequest(
+        slot=request.slot, epoch=request.epoch, text=request.text or "", options=dict(request.options)
+    )
+
+
+class _Request:
+    __slots__ = ("binding", "request", "started")
+
+    def __init__(self, request: BatchRequest, binding: SlotBinding) -> None:
+        self.request = request
+        self.binding = binding
+        self.started = False
+
+
+class BatchDriver(Driver):
+    """See the module docstring."""
+
+    def __init__(self, plugin: BatchPlugin, metrics: EngineMetrics, model_thread: ModelThread) -> None:
+        self.plugin = plugin
+        self.metrics = metrics
+        self.model_thread = model_thread
+        self._requests: dict[int, _Request] = {}  # slot -> its current request (joining or active)
+        self._wake = asyncio.Event()
+
+    # ------------------------------------------------------------------ the session side
+
+    def start(self, slot: int, request: TurnRequest, binding: SlotBinding) -> None:
+        assert slot not in self._requests, f"slot {slot} already has a request"
+        self._requests[slot] = _Request(batch_request(request), binding)
+        self._wake.set()
+
+    async def stop(self, slot: int) -> None:
+        self._requests.pop(slot, None)
+
+    @property
+    def active(self) -> int:
+        """Requests joining or in progress."""
+        return len(self._requests)
+
+    # ------------------------------------------------------------------ the loop
+
+    async def run(self) -> None:
+        while True:
+            if not self._requests:
+                self._wake.clear()
+                await self._wake.wait()
+                continue
+            joining = [r for r in self._requests.values() if not r.started]
+            planned = [r for r in self._requests.values() if r.started and not r.binding.paused()]
+            if not joining and not planned:  # every request waits for its session to catch up
+                self._wake.clear()
+                paused = [asyncio.ensure_future(r.binding.drained.wait()) for r in self._requests.values()]
+                paused.append(asyncio.ensure_future(self._wake.wait()))
+                try:
+                    await asyncio.wait(paused, timeout=PAUSED_POLL_S, return_when=asyncio.FIRST_COMPLETED)
+                finally:
+                    for waiter in paused:
+                        waiter.cancel()
+                continue
+            await self._step(joining, planned)
+
+    async def _step(self, joining: list[_Request], planned: list[_Request]) -> None:
+        begun, refused, outputs, failure, step_s = await self.model_thread.call(self._call, joining, planned)
+        for entry, exc in refused:
+            if self._requests.get(entry.request.slot) is entry:
+                del self._requests[entry.request.slot]
+                entry.binding.fail(exc)
+        for entry in begun:
+            entry.started = True
+        stepped = [*planned, *begun]
+        if failure is not None:
+            log.error("batch step failed for slots %s", [e.request.slot for e in stepped], exc_info=failure)
+            for entry in stepped:
+                if self._requests.get(entry.request.slot) is entry:
+                    del self._requests[entry.request.slot]
+                    entry.binding.fail(failure)
+            return
+        self.metrics.ticks.inc()
+        self.metrics.tick_duration_s.observe(step_s)
+        self.metrics.batch_size.observe(len(stepped))
+        by_slot = {e.request.slot: e for e in stepped}
+        for output in outputs:
+            entry = by_slot.get(output.slot)
+            if entry is None or self._requests.get(output.slot) is not entry:
+                self.metrics.stale_outputs_dropped.inc()  # stopped meanwhile, or a slot not stepped
+                continue
+            if output.end_of_turn:
+                del self._requests[output.slot]
+            entry.binding.deliver(output)
+
+    def _call(
+        self, joining: list[_Request], planned: list[_Request]
+    ) -> tuple[
+        list[_Request], list[tuple[_Request, PluginError]], Sequence[SlotOutput], Exception | None, float
+    ]:
+        """On the model thread: the joins, then one ``advance`` for every planned and joined slot."""
+        begun: list[_Request] = []
+        refused: list[tuple[_Request, PluginError]] = []
+        for entry in joining:
+            try:
+                self.plugin.begin(entry.request)
+            except PluginError as exc:
+                refused.append((entry, exc))
+            else:
+                begun.append(entry)
+        slots = [e.request.slot for e in (*planned, *begun)]
+        if not slots:
+            return begun, refused, (), None, 0.0
+        t0 = time.perf_counter()
+        try:
+            outputs = self.plugin.advance(slots)
+        except Exception as exc:  # fails this step's requests; the loop goes on
+            return begun, refused, (), exc, time.perf_counter() - t0
+        return begun, refused, outputs, None, time.perf_counter() - t0

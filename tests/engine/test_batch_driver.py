@@ -1,0 +1,103 @@
+"""The batch driver: requests of many sessions stepped together, joining and leaving between steps.
+
+Real engine, real sessions, the scripted batch plugin (one word per step). Output pacing is off here
+(``output_lead_ms=None``) so the tests wait for events, not for playback time; pacing has its own
+tests (``test_output_stream.py``).
+"""
+
+from __future__ import annotations
+
+import asyncio
+
+import pytest
+
+from duplex.engine import Engine, EngineConfig
+from duplex.plugins.builtin.scripted import ScriptedBatchPlugin
+from duplex.protocol.ext.commands import SessionHeartbeat
+from duplex.protocol.realtime.commands import (
+    ConversationItemCreate,
+    InputAudioBufferAppend,
+    ResponseCancel,
+    ResponseCreate,
+)
+from duplex.protocol.realtime.items import InputTextPart, MessageItem
+
+from .conftest import types, until
+
+pytestmark = pytest.mark.timeout(30)
+
+
+def engine(plugin: ScriptedBatchPlugin | None = None, **config: object) -> tuple[Engine, ScriptedBatchPlugin]:
+    plugin = plugin or ScriptedBatchPlugin()
+    plugin.load()
+    config.setdefault("output_lead_ms", None)
+    config.setdefault("reaper_interval_s", 3600)
+    return Engine(plugin, EngineConfig(**config), model_name="batch"), plugin  # type: ignore[arg-type]
+
+
+def ask(att, text: str) -> None:
+    item = MessageItem(role="user", content=[InputTextPart(text=text)])
+    att.submit(ConversationItemCreate(item=item))
+    att.submit(ResponseCreate())
+
+
+def transcript(events) -> str:
+    return "".join(e.delta for e in events if types([e]) == ["response.output_audio_transcript.delta"])
+
+
+async def test_requests_of_two_sessions_share_steps_and_each_completes_with_its_own_text() -> None:
+    eng, plugin = engine()
+    async with eng:
+        a, b = await eng.open(), await eng.open()
+        ask(a, "one two three four five six")
+        ask(b, "alpha beta gamma")
+        got_a, got_b = await asyncio.gather(until(a, "response.done"), until(b, "response.done"))
+    assert transcript(got_a) == "one two three four five six" and transcript(got_b) == "alpha beta gamma"
+    assert got_a[-1].response.status == got_b[-1].response.status == "completed"
+    assert max(plugin.batch_sizes) == 2  # the two requests advanced in the same calls
+    assert sum(plugin.batch_sizes) == 9  # one slot-step per word, nothing stepped twice
+
+
+async def test_a_cancelled_request_leaves_at_the_next_step_and_the_others_go_on() -> None:
+    eng, plugin = engine(ScriptedBatchPlugin(ms_per_char=60))
+    async with eng:
+        a, b = await eng.open(), await eng.open()
+        ask(a, " ".join(f"w{i}" for i in range(200)))
+        ask(b, " ".join(f"v{i}" for i in range(40)))
+        await until(a, "response.output_audio.delta")
+        a.submit(ResponseCancel())
+        cancelled = await until(a, "response.done")
+        steps_at_cancel = plugin.steps
+        done_b = await until(b, "response.done")
+        a.submit(SessionHeartbeat())
+        after = await until(a, "session.heartbeat_ack")
+    assert cancelled[-1].response.status == "cancelled"
+    assert done_b[-1].response.status == "completed" and transcript(done_b).split()[-1] == "v39"
+    assert "response.output_audio.delta" not in types(after)  # nothing of the cancelled request follows
+    # At most the step already in flight at the cancel carried the cancelled request; none after it.
+    assert plugin.steps > steps_at_cancel + 1 and max(plugin.batch_sizes[steps_at_cancel + 1 :]) == 1
+
+
+async def test_a_refused_request_fails_its_response_with_the_plugins_code_and_the_session_goes_on() -> None:
+    eng, _ = engine()
+    async with eng:
+        att = await eng.open()
+        att.submit(ResponseCreate())  # no text at all
+        events = await until(att, "response.done")
+        ask(att, "now with words")
+        retry = await until(att, "response.done")
+    errors = [e for e in events if types([e]) == ["error"]]
+    assert [e.error.code for e in errors] == ["response_create_without_input"]
+    assert events[-1].response.status == "failed"
+    assert retry[-1].response.status == "completed" and transcript(retry) == "now with words"
+
+
+async def test_a_batch_model_refuses_audio_appends_and_stays_usable() -> None:
+    eng, _ = engine()
+    async with eng:
+        att = await eng.open()
+        att.submit(InputAudioBufferAppend(audio=b"\x00\x00" * 2400))
+        att.submit(SessionHeartbeat())
+        events = await until(att, "session.heartbeat_ack")
+    (error,) = [e for e in events if types([e]) == ["error"]]
+    assert error.error.code == "invalid_input_modality"
