@@ -8,8 +8,10 @@ restart, which the ``openai`` SDK retries) before uvicorn tears the connections 
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import functools
 import logging
+from collections.abc import AsyncIterator
 from typing import Any
 
 import uvicorn
@@ -29,6 +31,7 @@ __all__ = [
     "build_plugin",
     "event_loop_name",
     "serve",
+    "serve_in_background",
     "uvicorn_config",
 ]
 
@@ -94,6 +97,32 @@ class DrainingServer(uvicorn.Server):
         if state is not None:
             await state.drain()
         await super().shutdown(sockets)
+
+
+@contextlib.asynccontextmanager
+async def serve_in_background(
+    app: Any, config: ServeConfig, *, log_level: str = "warning", ws: Any = None
+) -> AsyncIterator[DrainingServer]:
+    """Serve ``app`` on the running loop for the duration of the block (tests, benchmarks, an
+    in-process server): yields the started ``DrainingServer`` (``.port`` is the bound port, so
+    ``config.server.port`` may be 0), and drains and stops it on exit. ``ws``: a uvicorn WebSocket
+    protocol to use instead of ours. Raises ``RuntimeError`` when the server cannot start."""
+    uv = uvicorn_config(app, config, log_level=log_level)
+    if ws is not None:
+        uv.ws = ws
+    server = DrainingServer(uv)
+    serving = asyncio.create_task(server.serve())
+    ready = asyncio.create_task(server.ready.wait())
+    await asyncio.wait({serving, ready}, return_when=asyncio.FIRST_COMPLETED)
+    if serving.done():
+        ready.cancel()
+        serving.result()  # raises what stopped it
+        raise RuntimeError("the server did not start")
+    try:
+        yield server
+    finally:
+        server.should_exit = True
+        await serving
 
 
 def _find_state(app: Any) -> Any:

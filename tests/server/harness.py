@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import asyncio
 import contextlib
 from collections.abc import AsyncIterator
 from dataclasses import dataclass
@@ -12,7 +11,7 @@ from duplex.engine import Engine, EngineConfig
 from duplex.plugins.builtin.echo import EchoPlugin
 from duplex.server.app import create_app
 from duplex.server.config import ServeConfig, ServerConfig
-from duplex.server.serve import DrainingServer, uvicorn_config
+from duplex.server.serve import DrainingServer, serve_in_background
 
 
 @dataclass
@@ -46,22 +45,10 @@ async def running_server(
     cfg = ServeConfig(server=server_config or ServerConfig())
     cfg = ServeConfig(server=ServerConfig(**{**_fields(cfg.server), "port": 0}))
     app = create_app(engine, cfg.server)
-    config = uvicorn_config(app, cfg, log_level="warning")
-    if ws is not None:
-        config.ws = ws
-    server = DrainingServer(config)
-    task = asyncio.create_task(server.serve())
-    ready = asyncio.create_task(server.ready.wait())
-    await asyncio.wait({task, ready}, return_when=asyncio.FIRST_COMPLETED)
-    if task.done():
-        ready.cancel()
-        task.result()
-        raise RuntimeError("server did not start")
     try:
-        yield Running(server, engine, app, server.port)
+        async with serve_in_background(app, cfg, ws=ws) as server:
+            yield Running(server, engine, app, server.port)
     finally:
-        server.should_exit = True
-        await task
         plugin.close()
 
 

@@ -8,7 +8,6 @@ page exposes (``window.duplexUI.snapshot()``) and its DOM; the browser console s
 
 from __future__ import annotations
 
-import asyncio
 import contextlib
 import json
 from collections.abc import AsyncIterator
@@ -18,7 +17,7 @@ from duplex.engine import Engine, EngineConfig
 from duplex.plugins.builtin.echo import EchoPlugin
 from duplex.server.app import create_app
 from duplex.server.config import ServeConfig, ServerConfig
-from duplex.server.serve import DrainingServer, uvicorn_config
+from duplex.server.serve import serve_in_background
 from tests.server.harness import running_server
 from tests.server.web.conftest import needs_chromium
 
@@ -162,16 +161,10 @@ async def served_below(prefix: str) -> AsyncIterator[tuple[str, list[str]]]:
         await send({"type": "http.response.start", "status": 404, "headers": []})
         await send({"type": "http.response.body", "body": b""})
 
-    server = DrainingServer(uvicorn_config(proxy, cfg, log_level="warning"))
-    task = asyncio.create_task(server.serve())
-    ready = asyncio.create_task(server.ready.wait())
-    await asyncio.wait({task, ready}, return_when=asyncio.FIRST_COMPLETED)
     try:
-        assert ready.done(), "server did not start"
-        yield f"http://127.0.0.1:{server.port}{prefix}/", refused
+        async with serve_in_background(proxy, cfg) as server:
+            yield f"http://127.0.0.1:{server.port}{prefix}/", refused
     finally:
-        server.should_exit = True
-        await task
         plugin.close()
 
 
