@@ -3,7 +3,8 @@
 Exception tree::
 
     Exception
-     +-- SessionError   a request the engine refuses, with a wire error code
+     +-- DuplexError (duplex.protocol.errors)
+     |    +-- SessionError   a request the engine refuses, with a wire error code
      +-- Detached       an attachment's event stream ended (``reason`` says why)
 
 ``SessionError.code`` comes from the wire error table (``duplex.protocol.errors``):
@@ -15,26 +16,19 @@ Exception tree::
 
 from __future__ import annotations
 
+from duplex.protocol.errors import DuplexError
+
 __all__ = ["Detached", "SessionError"]
 
 RETRYABLE = frozenset({"resource_exhausted", "input_backpressure"})
 
 
-class SessionError(Exception):
+class SessionError(DuplexError):
     """The engine refused a request; nothing was applied. ``param`` names the field at fault."""
-
-    def __init__(self, code: str, message: str, *, param: str | None = None) -> None:
-        super().__init__(message)
-        self.code = code
-        self.message = message
-        self.param = param
 
     @property
     def retryable(self) -> bool:
         return self.code in RETRYABLE
-
-    def __repr__(self) -> str:
-        return f"SessionError({self.code!r}, {self.message!r})"
 
 
 class Detached(Exception):

@@ -16,6 +16,8 @@ from __future__ import annotations
 
 from typing import Generic, TypeVar
 
+from duplex.protocol.errors import DuplexError
+
 __all__ = ["Journal", "JournalCursorError", "JournalGap"]
 
 E = TypeVar("E")
@@ -33,12 +35,8 @@ class JournalGap(Exception):
         self.reason = reason
 
 
-class JournalCursorError(Exception):
+class JournalCursorError(DuplexError):
     """A seq beyond the head (an ack or resume cursor the server never sent)."""
-
-    def __init__(self, code: str, message: str) -> None:
-        super().__init__(message)
-        self.code = code
 
 
 class Journal(Generic[E]):

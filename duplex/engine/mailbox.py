@@ -48,13 +48,16 @@ from collections import deque
 from collections.abc import Callable
 from typing import Any
 
+from duplex.protocol.errors import DuplexError
+
 __all__ = ["Mailbox", "MailboxFull"]
 
 
-class MailboxFull(Exception):
-    """The mailbox refused an item (see the module docstring)."""
+class MailboxFull(DuplexError):
+    """The mailbox refused an item (see the module docstring); code ``input_backpressure``."""
 
-    code = "input_backpressure"
+    def __init__(self, message: str) -> None:
+        super().__init__("input_backpressure", message)
 
 
 class Mailbox:

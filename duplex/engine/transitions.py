@@ -17,6 +17,8 @@ from __future__ import annotations
 
 import enum
 
+from duplex.protocol.errors import DuplexError
+
 __all__ = ["TRANSITIONS", "LifecycleInput", "SessionState", "TransitionError", "TurnState", "next_state"]
 
 
@@ -67,13 +69,12 @@ LIVE_STATES = frozenset({S.OPEN, S.ATTACHED, S.DETACHED})
 TERMINAL_STATES = frozenset({S.CLOSED, S.EXPIRED})
 
 
-class TransitionError(Exception):
-    """An illegal (state, input) pair: a bug in the caller, named precisely."""
-
-    code = "invalid_state_transition"
+class TransitionError(DuplexError):
+    """An illegal (state, input) pair: a bug in the caller, named precisely (``internal_error``)."""
 
     def __init__(self, state: SessionState, event: LifecycleInput, session_id: str) -> None:
-        super().__init__(f"session {session_id}: input {event.value!r} is illegal in state {state.value!r}")
+        message = f"session {session_id}: input {event.value!r} is illegal in state {state.value!r}"
+        super().__init__("internal_error", message)
         self.state = state
         self.event = event
         self.session_id = session_id

@@ -54,6 +54,7 @@ import msgspec
 import numpy as np
 
 from duplex.engine.vad_config import VadConfig
+from duplex.protocol.errors import DuplexError
 
 __all__ = [
     "SileroModel",
@@ -84,11 +85,12 @@ class SpeechStopped(msgspec.Struct, frozen=True):
 VadEvent = SpeechStarted | SpeechStopped
 
 
-class VadUnavailableError(RuntimeError):
+class VadUnavailableError(DuplexError):
     """The Silero model could not be loaded (its package or ONNX Runtime is missing, or the
-    file is unreadable). ``code`` is the wire error code the engine reports."""
+    file is unreadable): ``server_vad_unavailable``."""
 
-    code = "server_vad_unavailable"
+    def __init__(self, message: str) -> None:
+        super().__init__("server_vad_unavailable", message)
 
 
 class VadModel(Protocol):

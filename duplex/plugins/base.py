@@ -45,8 +45,8 @@ a code from the wire error table (``invalid_session_config``, ``voice_not_found`
 ``server_error``; the engine then calls ``close_slot`` for them, and the other
 sessions continue (DESIGN §2.7).
 
-Layering: this module imports only numpy, msgspec and the standard library; it
-never imports the engine (DESIGN §3).
+Layering: this module imports only numpy, msgspec, the standard library and the
+error base of ``duplex.protocol``; it never imports the engine (DESIGN §3).
 """
 
 from __future__ import annotations
@@ -58,6 +58,8 @@ from typing import ClassVar
 
 import msgspec
 import numpy as np
+
+from duplex.protocol.errors import DuplexError
 
 __all__ = [
     "BatchPlugin",
@@ -270,17 +272,15 @@ class BatchRequest(msgspec.Struct, kw_only=True):
     options: dict[str, object] = {}
 
 
-class PluginError(Exception):
+class PluginError(DuplexError):
     """A request the plugin refuses, with a code from the wire error table.
 
     The engine sends ``error{code, message}`` to the one session concerned and
     leaves the session open unless the error happened while opening its slot.
     """
 
-    def __init__(self, code: str, message: str) -> None:
-        super().__init__(message)
-        self.code = code
-        self.message = message
+    def __init__(self, code: str, message: str, *, param: str | None = None) -> None:
+        super().__init__(code, message, param=param)
 
 
 class Plugin(ABC):

@@ -1,9 +1,17 @@
 """Protocol errors and the code -> OpenAI ``error.type`` table.
 
-Exception tree::
+Exception tree (every error that reaches a client carries a wire code: one base class)::
 
     Exception
-     +-- ProtocolError        a client frame or command broke the wire contract
+     +-- DuplexError          an error with a wire ``code``, a ``message`` safe to send, a ``param``
+          +-- ProtocolError            a client frame or command broke the wire contract (this module)
+          +-- SessionError             the engine refused a request (``duplex.engine.errors``)
+          +-- PluginError              a plugin refused a request or failed (``duplex.plugins.base``)
+          |    +-- ... a plugin's or the worker proxy's own subclasses
+          +-- MailboxFull, JournalCursorError, TransitionError, VadUnavailableError (the engine)
+
+``DuplexError.to_event`` renders any of them as the OpenAI error envelope, so the code is mapped to
+the wire exactly once whatever raised it.
 
 Every error our code sends toward a client carries a *code* from ``ERROR_TYPES`` (the table of
 ``reference/wire_protocol.md`` §12, with OpenAI's own spellings where the two differ) and is rendered
@@ -19,7 +27,7 @@ from typing import TYPE_CHECKING, Final, Literal
 if TYPE_CHECKING:
     from duplex.protocol.realtime.events import ErrorDetail, ErrorEvent
 
-__all__ = ["ERROR_TYPES", "ErrorType", "ProtocolError", "error_type"]
+__all__ = ["ERROR_TYPES", "DuplexError", "ErrorType", "ProtocolError", "error_type"]
 
 ErrorType = Literal["invalid_request_error", "server_error", "rate_limit_error"]
 
@@ -124,42 +132,58 @@ def error_type(code: str) -> ErrorType:
     return ERROR_TYPES.get(code, "invalid_request_error")
 
 
-class ProtocolError(Exception):
-    """A client frame or command that breaks the wire contract.
+class DuplexError(Exception):
+    """An error with a wire code: ``code`` from ``ERROR_TYPES``, ``message`` human-readable and safe to
+    send, ``param`` the field at fault (a dotted path such as ``session.audio.input.format``) or None.
+    Subclasses say who raised it; ``to_event`` renders every one the same way."""
 
-    ``code`` comes from ``ERROR_TYPES``; ``message`` is human-readable and safe to send; ``param``
-    names the field at fault (dotted path, e.g. ``session.audio.input.format``) and ``event_id``
-    echoes the client's ``event_id`` of the rejected command, when it had one. Raising it never
-    changes any session state: the codec raises it before a command exists.
-    """
-
-    def __init__(
-        self, code: str, message: str, *, param: str | None = None, event_id: str | None = None
-    ) -> None:
+    def __init__(self, code: str, message: str, *, param: str | None = None) -> None:
         super().__init__(message)
         self.code = code
         self.message = message
         self.param = param
-        self.event_id = event_id
 
     @property
     def type(self) -> ErrorType:
         """OpenAI's error class for this code."""
         return error_type(self.code)
 
-    def to_detail(self) -> ErrorDetail:
-        """The ``error`` payload of the OpenAI envelope."""
+    def to_detail(self, event_id: str | None = None) -> ErrorDetail:
+        """The ``error`` payload of the OpenAI envelope (``event_id``: the rejected client event's)."""
         from duplex.protocol.realtime.events import ErrorDetail  # events import formats, which import us
 
         return ErrorDetail(
-            type=self.type, code=self.code, message=self.message, param=self.param, event_id=self.event_id
+            type=self.type, code=self.code, message=self.message, param=self.param, event_id=event_id
         )
 
-    def to_event(self, event_id: str) -> ErrorEvent:
+    def to_event(self, event_id: str, client_event_id: str | None = None) -> ErrorEvent:
         """The ``error`` server event; ``event_id`` is the new server event's id (``ids.new_event_id``)."""
         from duplex.protocol.realtime.events import ErrorEvent
 
-        return ErrorEvent(event_id=event_id, error=self.to_detail())
+        return ErrorEvent(event_id=event_id, error=self.to_detail(client_event_id))
+
+    def __repr__(self) -> str:
+        return f"{type(self).__name__}({self.code!r}, {self.message!r}, param={self.param!r})"
+
+
+class ProtocolError(DuplexError):
+    """A client frame or command that breaks the wire contract.
+
+    ``event_id`` echoes the client's ``event_id`` of the rejected command, when it had one. Raising
+    it never changes any session state: the codec raises it before a command exists.
+    """
+
+    def __init__(
+        self, code: str, message: str, *, param: str | None = None, event_id: str | None = None
+    ) -> None:
+        super().__init__(code, message, param=param)
+        self.event_id = event_id
+
+    def to_detail(self, event_id: str | None = None) -> ErrorDetail:
+        return super().to_detail(event_id if event_id is not None else self.event_id)
+
+    def to_event(self, event_id: str, client_event_id: str | None = None) -> ErrorEvent:
+        return super().to_event(event_id, client_event_id if client_event_id is not None else self.event_id)
 
     def __repr__(self) -> str:
         where = f", param={self.param!r}, event_id={self.event_id!r}"

@@ -50,6 +50,7 @@ from starlette.websockets import WebSocket, WebSocketDisconnect
 
 from duplex.protocol import Mode, ProtocolError, decode, encode, new_event_id
 from duplex.protocol.codec import command_decoder, event_encoder
+from duplex.protocol.errors import DuplexError
 from duplex.protocol.ext.commands import SessionEventAck, SessionResume
 from duplex.protocol.ext.events import SessionClosed, SessionExpired, SessionReplaced
 from duplex.protocol.realtime.commands import SessionUpdate
@@ -69,10 +70,10 @@ _RETRYABLE_OPEN_CODES = frozenset({"resource_exhausted", "input_backpressure"})
 
 
 def _session_error_parts(exc: BaseException) -> tuple[str, str, str | None]:
-    """(code, message, param) of an engine or plugin error; unknown exceptions are ``server_error``."""
-    code = getattr(exc, "code", None)
-    if isinstance(code, str) and code:
-        return code, str(getattr(exc, "message", None) or exc), getattr(exc, "param", None)
+    """(code, message, param) of an engine or plugin error; any other exception is ``server_error``
+    (a bug: its details stay in the log)."""
+    if isinstance(exc, DuplexError):
+        return exc.code, exc.message, exc.param
     return "server_error", "internal server error", None
 
 
