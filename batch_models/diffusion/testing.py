@@ -28,7 +28,7 @@ PRESETS = ("tiny", "tiny-xl", "sd-turbo", "sdxl-turbo")
 _MERGES = ("a t</w>", "c at</w>", "o g</w>", "d og</w>", "t h", "th e</w>", "i n", "o n</w>")
 
 
-def _byte_symbols() -> list[str]:
+def byte_symbols() -> list[str]:
     """The 256 printable stand-ins for bytes that byte-level BPE (GPT-2, CLIP) uses."""
     printable = {*range(ord("!"), ord("~") + 1), *range(ord("¡"), ord("¬") + 1)}
     printable |= set(range(ord("®"), ord("ÿ") + 1))
@@ -41,7 +41,7 @@ def write_tokenizer(directory: Path, max_length: int = 77) -> tuple[int, int, in
     from transformers import CLIPTokenizer
 
     directory.mkdir(parents=True, exist_ok=True)
-    symbols = _byte_symbols()
+    symbols = byte_symbols()
     vocab: dict[str, int] = {}
     for symbol in symbols + [s + "</w>" for s in symbols]:
         vocab.setdefault(symbol, len(vocab))

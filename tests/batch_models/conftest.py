@@ -41,3 +41,11 @@ def sdxl_checkpoint(tmp_path_factory: pytest.TempPathFactory) -> Path:
     from batch_models.diffusion.testing import write_checkpoint
 
     return write_checkpoint(tmp_path_factory.mktemp("sdxl"), preset="tiny-xl", seed=2)
+
+
+@pytest.fixture(scope="session")
+def tts_checkpoint(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """A tiny Qwen3-TTS CustomVoice checkpoint (public layout, random weights)."""
+    from batch_models.qwen3_tts.testing import write_checkpoint
+
+    return write_checkpoint(tmp_path_factory.mktemp("qwen3_tts"), seed=4)
