@@ -121,6 +121,18 @@ class Qwen3TTSConfig:
         if "talker_config" not in model:
             raise ValueError("config.json has no talker_config")
         talker = dict(model["talker_config"])
+        # Speaker and language names are matched lower-case (as the reference code does); a speaker
+        # id may be written as a one-element list.
+        talker["spk_id"] = {
+            str(k).lower(): int(v[0] if isinstance(v, list) else v)
+            for k, v in (talker.get("spk_id") or {}).items()
+        }
+        talker["spk_is_dialect"] = {
+            str(k).lower(): v for k, v in (talker.get("spk_is_dialect") or {}).items()
+        }
+        talker["codec_language_id"] = {
+            str(k).lower(): int(v) for k, v in (talker.get("codec_language_id") or {}).items()
+        }
         predictor = _pick(CodePredictorConfig, talker.pop("code_predictor_config", {}) or {})
         decoder = dict(codec.get("decoder_config") or {})
         for key in ("upsample_rates", "upsampling_ratios"):

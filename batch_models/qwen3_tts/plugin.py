@@ -284,7 +284,11 @@ class Qwen3TTSPlugin(BatchPlugin):
         cfg = self._loaded.config.talker
         self._slots.check_idle(request.slot)
         text = check_text(self.name, request.text, self._max_input_chars)
-        reader = OptionReader(self.name, request.options)
+        options = dict(request.options)
+        for key in ("voice", "language"):  # names are matched lower-case, as the reference code does
+            if isinstance(options.get(key), str):
+                options[key] = str(options[key]).lower()
+        reader = OptionReader(self.name, options)
         voice = reader.take_voice(self._default_voice, self._voices)
         language = reader.take_choice("language", "auto", ("auto", *sorted(cfg.codec_language_id)))
         instructions = reader.take_str("instructions", "", self._max_input_chars)

@@ -112,6 +112,8 @@ def test_the_seed_voice_and_language_shape_the_audio(tts_checkpoint: Path) -> No
     plugin = loaded(tts_checkpoint, slots=1, max_audio_s=1.2)
     base = audio(drive(plugin, {0: [request(0)]})[0])
     np.testing.assert_array_equal(base, audio(drive(plugin, {0: [request(0)]})[0]))
+    spelled = request(0, voice="Ryan", language="Auto")  # names match lower-case
+    np.testing.assert_array_equal(base, audio(drive(plugin, {0: [spelled]})[0]))
     changes = ({"seed": 12}, {"voice": "vivian"}, {"language": "english"}, {"instructions": "Speak softly."})
     for options in changes:
         other = audio(drive(plugin, {0: [request(0, **options)]})[0])
