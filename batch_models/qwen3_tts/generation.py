@@ -164,14 +164,15 @@ class BatchedTalker:
     # -- the step ---------------------------------------------------------
 
     @torch.inference_mode()
-    def step(self, exec_mask: torch.Tensor) -> torch.Tensor:
+    def step(self, exec_mask: torch.Tensor, rows: list[int]) -> torch.Tensor:
         """One frame for each row in ``exec_mask [slots]`` (bool, on the device); returns ``[slots, G]``.
 
-        Codes of rows not in ``exec_mask`` are meaningless. The caller reads row b's end of speech
+        ``rows`` lists the same rows on the host (no device read is needed to find them). Codes of
+        rows not in ``exec_mask`` are meaningless. The caller reads row b's end of speech
         as ``codes[b, 0] == codec_eos_token_id``.
         """
         t = self.cfg.talker
-        for slot in torch.nonzero(exec_mask).flatten().tolist():  # per-request random streams
+        for slot in rows:  # per-request random streams
             torch.rand(self.noise[slot].shape, generator=self.generators[slot], device=self.device,
                        out=self.noise[slot])  # fmt: skip
         logits = self.talker.codec_head(self.hidden).float()

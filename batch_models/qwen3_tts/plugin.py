@@ -354,9 +354,10 @@ class Qwen3TTSPlugin(BatchPlugin):
         """One frame for every request in ``slots``; each gets an output (audio when a chunk is due)."""
         gen = self.generator
         batch = self._slots.batch(slots)
+        rows = [slot for slot, _ in batch]
         exec_mask = torch.zeros(self._max_sessions, dtype=torch.bool)
-        exec_mask[[slot for slot, _ in batch]] = True
-        codes = gen.step(exec_mask.to(self._device))
+        exec_mask[rows] = True
+        codes = gen.step(exec_mask.to(self._device), rows)
         eos = (codes[:, 0] == gen.cfg.talker.codec_eos_token_id).cpu().tolist()
         outputs = []
         for slot, request in batch:
