@@ -21,7 +21,7 @@ from __future__ import annotations
 from collections.abc import Iterator, Sequence
 from typing import Generic, TypeVar
 
-from duplex.plugins.base import PluginError
+from duplex.plugins.base import PluginError, SlotOptions
 
 __all__ = ["SlotTable"]
 
@@ -34,23 +34,33 @@ class SlotTable(Generic[R]):
     def __init__(self, plugin: str, max_slots: int) -> None:
         self._plugin = plugin
         self._max = max_slots
-        self._open: set[int] = set()
+        self._open: dict[int, SlotOptions] = {}
         self._active: dict[int, R] = {}
 
     def _check_index(self, slot: int) -> None:
         if not isinstance(slot, int) or not 0 <= slot < self._max:
             raise PluginError("invalid_slot", f"{self._plugin}: slot {slot} is outside 0..{self._max - 1}")
 
-    def open(self, slot: int) -> None:
-        """``slot`` is open and idle (a request left from an earlier session is dropped)."""
+    def open(self, slot: int, options: SlotOptions) -> None:
+        """``slot`` is open and idle (a request left from an earlier session is dropped).
+
+        ``options`` are the session's (its voice is the default voice of its requests).
+        """
         self._check_index(slot)
-        self._open.add(slot)
+        self._open[slot] = options
         self._active.pop(slot, None)
+
+    def options(self, slot: int) -> SlotOptions:
+        """The options ``slot`` was opened with."""
+        self._check_index(slot)
+        if slot not in self._open:
+            raise PluginError("invalid_slot", f"{self._plugin}: slot {slot} is not open")
+        return self._open[slot]
 
     def close(self, slot: int) -> R | None:
         """``slot`` is closed; returns the request it was running, if any."""
         self._check_index(slot)
-        self._open.discard(slot)
+        self._open.pop(slot, None)
         return self._active.pop(slot, None)
 
     def check_idle(self, slot: int) -> None:

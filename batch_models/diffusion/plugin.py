@@ -262,7 +262,7 @@ class StableDiffusionPlugin(BatchPlugin):
 
     def open_slot(self, slot: int, options: SlotOptions) -> None:
         self.model  # noqa: B018 - raises plugin_not_loaded
-        self._slots.open(slot)
+        self._slots.open(slot, options)
 
     def cancel_slot(self, slot: int, epoch: int) -> None:
         self._slots.drop(slot)

@@ -31,8 +31,8 @@ voice by name), ``noise_scale`` / ``noise_w_scale`` (None: the voice's own), ``v
 synthesise one step's pieces side by side; default: the CPU count, at most 8; 1 = one after
 another).
 
-Request options (``BatchRequest.options``): ``voice`` (default: ``default_voice``), ``speed`` (0.25 to
-4.0, default 1.0).
+Request options (``BatchRequest.options``): ``voice`` (default: the session's voice, given when its
+slot opened, else ``default_voice``), ``speed`` (0.25 to 4.0, default 1.0).
 """
 
 from __future__ import annotations
@@ -242,7 +242,7 @@ class PiperTTSPlugin(BatchPlugin):
         self._check_loaded()
         if options.voice is not None and options.voice not in self._voices:
             raise PluginError("voice_not_found", f"piper_tts: voice {options.voice!r} is not installed")
-        self._slots.open(slot)
+        self._slots.open(slot, options)
 
     def cancel_slot(self, slot: int, epoch: int) -> None:
         self._slots.drop(slot)
@@ -261,7 +261,8 @@ class PiperTTSPlugin(BatchPlugin):
         self._slots.check_idle(request.slot)
         text = check_text(self.name, request.text, self._max_input_chars)
         reader = OptionReader(self.name, request.options)
-        voice = reader.take_voice(self._default_voice, self._voices)
+        session_voice = self._slots.options(request.slot).voice
+        voice = reader.take_voice(session_voice or self._default_voice, self._voices)
         speed = reader.take_float("speed", 1.0, MIN_SPEED, MAX_SPEED)
         reader.done()
         voice_config = self._voices[voice].config  # type: ignore[attr-defined]

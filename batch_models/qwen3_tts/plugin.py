@@ -31,7 +31,8 @@ with random weights, for benchmarks), ``default_voice`` (the first speaker by na
 ``max_audio_s`` (120), ``first_chunk_frames`` (2), ``chunk_frames`` (10), ``left_context_frames``
 (the codec's attention window, 72).
 
-Request options: ``voice`` (a speaker of ``config.json``; default ``default_voice``), ``language``
+Request options: ``voice`` (a speaker of ``config.json``; default: the session's voice, given when
+its slot opened, else ``default_voice``), ``language``
 (``auto`` or one of the checkpoint's languages), ``instructions`` (a style instruction, for
 checkpoints trained with them), ``seed``, ``speed`` (1.0 only: the model has no speed control).
 """
@@ -261,10 +262,10 @@ class Qwen3TTSPlugin(BatchPlugin):
 
     def open_slot(self, slot: int, options: SlotOptions) -> None:
         self.generator  # noqa: B018 - raises plugin_not_loaded
-        if options.voice is not None and options.voice not in self._voices:
+        if options.voice is not None and options.voice.lower() not in self._voices:
             message = f"qwen3_tts: voice {options.voice!r} is not a speaker of the model"
             raise PluginError("voice_not_found", message)
-        self._slots.open(slot)
+        self._slots.open(slot, options)
 
     def cancel_slot(self, slot: int, epoch: int) -> None:
         if self._slots.drop(slot) is not None:
@@ -289,7 +290,9 @@ class Qwen3TTSPlugin(BatchPlugin):
             if isinstance(options.get(key), str):
                 options[key] = str(options[key]).lower()
         reader = OptionReader(self.name, options)
-        voice = reader.take_voice(self._default_voice, self._voices)
+        session_voice = self._slots.options(request.slot).voice
+        default = session_voice.lower() if session_voice else self._default_voice
+        voice = reader.take_voice(default, self._voices)
         language = reader.take_choice("language", "auto", ("auto", *sorted(cfg.codec_language_id)))
         instructions = reader.take_str("instructions", "", self._max_input_chars)
         seed = reader.take_int("seed", None, 0, MAX_SEED)

@@ -114,6 +114,11 @@ def test_the_seed_voice_and_language_shape_the_audio(tts_checkpoint: Path) -> No
     np.testing.assert_array_equal(base, audio(drive(plugin, {0: [request(0)]})[0]))
     spelled = request(0, voice="Ryan", language="Auto")  # names match lower-case
     np.testing.assert_array_equal(base, audio(drive(plugin, {0: [spelled]})[0]))
+    plugin.open_slot(0, SlotOptions(voice="Vivian"))  # the session's voice is its requests' default
+    np.testing.assert_array_equal(
+        audio(drive(plugin, {0: [request(0)]})[0]), audio(drive(plugin, {0: [request(0, voice="vivian")]})[0])
+    )
+    plugin.open_slot(0, SlotOptions())
     changes = ({"seed": 12}, {"voice": "vivian"}, {"language": "english"}, {"instructions": "Speak softly."})
     for options in changes:
         other = audio(drive(plugin, {0: [request(0, **options)]})[0])
