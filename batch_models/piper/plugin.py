@@ -40,10 +40,12 @@ from __future__ import annotations
 import json
 import logging
 import os
+import threading
 from collections.abc import Sequence
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import Any
 
 import numpy as np
 
@@ -139,6 +141,7 @@ class PiperTTSPlugin(BatchPlugin):
         self._threads = threads
         self._workers = min(8, os.cpu_count() or 1) if workers is None else workers
         self._pool: ThreadPoolExecutor | None = None
+        self._phonemize_lock = threading.Lock()
         self._voices: dict[str, object] = {}  # name -> piper.PiperVoice
         self._default_voice: str | None = None
         self._slots: SlotTable[_Request] = SlotTable(self.name, max_sessions)
@@ -320,9 +323,22 @@ class PiperTTSPlugin(BatchPlugin):
         text = speakable(piece)
         if not text.strip():
             return np.zeros(0, dtype=np.float32)
-        voice = self._voices[request.voice]
-        parts = [chunk.audio_float_array for chunk in voice.synthesize(text, syn_config=request.config)]  # type: ignore[attr-defined]
+        voice: Any = self._voices[request.voice]
+        config: Any = request.config
+        # What PiperVoice.synthesize does, with the phonemizer under a lock: espeak-ng keeps global
+        # state, while the ONNX calls of a step's pieces may run side by side.
+        with self._phonemize_lock:
+            sentences = voice.phonemize(text)
+        parts = []
+        for phonemes in sentences:
+            if not phonemes:
+                continue
+            audio = voice.phoneme_ids_to_audio(voice.phonemes_to_ids(phonemes), config)
+            if config.normalize_audio:  # each sentence to full scale, as Piper does
+                peak = float(np.max(np.abs(audio))) if audio.size else 0.0
+                audio = audio / peak if peak >= 1e-8 else np.zeros_like(audio)
+            parts.append(np.clip(audio * config.volume, -1.0, 1.0).astype(np.float32))
         if not parts:
             return np.zeros(0, dtype=np.float32)
-        return np.concatenate(parts).astype(np.float32, copy=False)
+        return np.concatenate(parts)
 
