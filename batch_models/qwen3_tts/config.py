@@ -39,7 +39,7 @@ class TransformerConfig:
     num_key_value_heads: int = 8
     head_dim: int = 128
     rms_norm_eps: float = 1e-6
-    rope_theta: float = 1_000_000.0
+    rope_theta: float = 10000.0  # the reference config classes' default, when a config omits it
     attention_bias: bool = False
 
 
@@ -133,8 +133,9 @@ class Qwen3TTSConfig:
         talker["codec_language_id"] = {
             str(k).lower(): int(v) for k, v in (talker.get("codec_language_id") or {}).items()
         }
-        predictor = _pick(CodePredictorConfig, talker.pop("code_predictor_config", {}) or {})
-        decoder = dict(codec.get("decoder_config") or {})
+        predictor = _pick(CodePredictorConfig, _transformer(talker.pop("code_predictor_config", {}) or {}))
+        talker = _transformer(talker)
+        decoder = _transformer(dict(codec.get("decoder_config") or {}))
         for key in ("upsample_rates", "upsampling_ratios"):
             if key in decoder:
                 decoder[key] = tuple(decoder[key])
@@ -181,6 +182,21 @@ class Qwen3TTSConfig:
 _TEXT_TOKENS = ("tts_bos_token_id", "tts_eos_token_id", "tts_pad_token_id")
 
 
+def _transformer(values: dict) -> dict:
+    """The transformer fields as the reference code reads them: ``head_dim`` defaults to
+    ``hidden_size // num_attention_heads``, and ``rope_theta`` may sit in ``rope_parameters`` or
+    ``rope_scaling`` (newer transformers move it there)."""
+    values = dict(values)
+    if "head_dim" not in values and "hidden_size" in values and "num_attention_heads" in values:
+        values["head_dim"] = int(values["hidden_size"]) // int(values["num_attention_heads"])
+    if "rope_theta" not in values:
+        for nested in ("rope_parameters", "rope_scaling"):
+            if isinstance(values.get(nested), dict) and "rope_theta" in values[nested]:
+                values["rope_theta"] = float(values[nested]["rope_theta"])
+                break
+    return values
+
+
 def _pick(cls: type, values: dict, **extra: object) -> object:
     names = {f.name for f in dataclasses.fields(cls)}
     return cls(**{k: v for k, v in values.items() if k in names}, **extra)
@@ -198,6 +214,8 @@ def full_config(size: str = "0.6b") -> Qwen3TTSConfig:
     talker = TalkerConfig(
         hidden_size=hidden,
         intermediate_size=inner,
+        rope_theta=1_000_000.0,
+        code_predictor=CodePredictorConfig(rope_theta=1_000_000.0),
         spk_id=dict(_SPEAKERS),
         spk_is_dialect=dict.fromkeys(_SPEAKERS, False),
         codec_language_id=dict(_LANGUAGES),

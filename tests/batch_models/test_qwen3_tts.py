@@ -269,3 +269,19 @@ def test_plugin_options_are_checked(tts_checkpoint: Path, options: dict) -> None
     with pytest.raises(PluginError) as err:
         loaded(tts_checkpoint, default_voice="nobody")
     assert err.value.code == "voice_not_found"
+
+
+def test_configs_are_read_as_the_reference_code_reads_them() -> None:
+    from batch_models.qwen3_tts.config import Qwen3TTSConfig, full_config
+
+    model, codec = full_config("1.7b").to_json()
+    assert Qwen3TTSConfig.from_json(model, codec) == full_config("1.7b")  # written and read back
+    talker = model["talker_config"]
+    del talker["head_dim"], talker["rope_theta"]
+    talker["rope_parameters"] = {"rope_type": "default", "rope_theta": 5e5}
+    talker["spk_id"] = {"Vivian": [3065]}
+    cfg = Qwen3TTSConfig.from_json(model, codec)
+    assert cfg.talker.head_dim == 2048 // 16 and cfg.talker.rope_theta == 5e5
+    assert cfg.talker.spk_id == {"vivian": 3065}
+    with pytest.raises(ValueError):
+        Qwen3TTSConfig.from_json({}, codec)
