@@ -115,13 +115,19 @@ class _Client:
 
 
 def serve(
-    plugin: Any, clients_jobs: Sequence[Sequence[Job]], *, clock: Callable[[], float] = time.perf_counter
+    plugin: Any,
+    clients_jobs: Sequence[Sequence[Job]],
+    *,
+    clock: Callable[[], float] = time.perf_counter,
+    sync: Callable[[], None] | None = None,
 ) -> tuple[list[Record], list[float]]:
     """Serve each client's jobs in turn through ``plugin`` with continuous batching.
 
     The plugin must be loaded, with at least ``len(clients_jobs)`` slots (slot i serves client i).
     A client submits its next job when its last one ends (a job held back to step k is submitted
-    at the start of step k). Returns every request's ``Record`` and every step's duration (s).
+    at the start of step k). ``sync`` (``torch.cuda.synchronize``) is called after every step, so
+    that a step's time is the accelerator's too, not only the launch of its work. Returns every
+    request's ``Record`` and every step's duration (seconds).
     """
     from duplex.plugins.base import BatchRequest, SlotOptions
 
@@ -145,6 +151,8 @@ def serve(
         if active:
             t0 = clock()
             outputs = plugin.advance(sorted(active))
+            if sync is not None:
+                sync()
             t1 = clock()
             steps.append(t1 - t0)
             for out in outputs:
@@ -188,8 +196,14 @@ def _row(model: str, mode: str, n: int, records: list[Record], wall_s: float, st
     }
 
 
-def _run_plugin(model: str, plugin: Any, n: int, jobs: list[list[Job]]) -> dict:
-    records, steps = serve(plugin, jobs)
+def _sync(device: str) -> Callable[[], None] | None:
+    import torch
+
+    return torch.cuda.synchronize if device.startswith("cuda") else None
+
+
+def _run_plugin(model: str, plugin: Any, n: int, jobs: list[list[Job]], device: str) -> dict:
+    records, steps = serve(plugin, jobs, sync=_sync(device))
     wall = max(r.finished for r in records) - min(r.submitted for r in records)
     return _row(model, "plugin", n, records, wall, steps)
 
@@ -297,7 +311,7 @@ def run_images(args: argparse.Namespace, levels: list[int], status: list[str]) -
         )
         for n in levels:
             status[0] = f"{model}: plugin N={n}"
-            rows.append(_run_plugin(model, plugin, n, _image_jobs(args, n)))
+            rows.append(_run_plugin(model, plugin, n, _image_jobs(args, n), args.device))
             status[0] = f"{model}: diffusers batch N={n}"
             t = time.perf_counter()
             _diffusers(pipe, [PROMPTS[i % len(PROMPTS)] for i in range(n)], args, 0)
@@ -380,7 +394,7 @@ def run_tts(args: argparse.Namespace, levels: list[int], status: list[str]) -> l
             rows.append(_piper_one_by_one(args, args.baseline_requests))
         for n in levels:
             status[0] = f"{model}: plugin N={n}"
-            rows.append(_run_plugin(model, plugin, n, _tts_jobs(args, n)))
+            rows.append(_run_plugin(model, plugin, n, _tts_jobs(args, n), args.device))
     return rows
 
 
