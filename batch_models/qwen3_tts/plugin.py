@@ -218,6 +218,8 @@ class Qwen3TTSPlugin(BatchPlugin):
             self._left_context_opt if self._left_context_opt is not None else cfg.codec.sliding_window
         )
         self._loaded = loaded
+        self._exec_host = torch.zeros(self._max_sessions, dtype=torch.bool)
+        self._exec = torch.zeros(self._max_sessions, dtype=torch.bool, device=self._device)
         self._gen = BatchedTalker(
             loaded.model.talker,
             loaded.codec.decoder,
@@ -358,9 +360,11 @@ class Qwen3TTSPlugin(BatchPlugin):
         gen = self.generator
         batch = self._slots.batch(slots)
         rows = [slot for slot, _ in batch]
-        exec_mask = torch.zeros(self._max_sessions, dtype=torch.bool)
-        exec_mask[rows] = True
-        codes = gen.step(exec_mask.to(self._device), rows)
+        self._exec_host.zero_()
+        self._exec_host[rows] = True
+        self._exec.copy_(self._exec_host)
+        codes = gen.step(self._exec, rows)
+        # The one read back per step: which rows said end-of-speech (the host decides chunks and ends).
         eos = (codes[:, 0] == gen.cfg.talker.codec_eos_token_id).cpu().tolist()
         outputs = []
         for slot, request in batch:
