@@ -1,0 +1,462 @@
+"""``sd_turbo``: text-to-image diffusion (Stable Diffusion family, diffusers layout) as a ``batch``
+plugin, with requests at different timesteps sharing one batched UNet call.
+
+Theory of operation
+-------------------
+A request is a prompt plus its options (``n`` images, ``size``, ``seed``, ``steps``,
+``guidance_scale``, ``negative_prompt``). ``begin`` checks it and sets up its own scheduler
+(a fresh instance of the checkpoint's scheduler, with the request's number of steps) and its own
+``torch.Generator`` (on the CPU, seeded with the request's seed: the same seed gives the same
+image on any device, alone or batched; no global random state is used).
+
+Each ``advance`` takes one denoising step for every active request:
+
+1. requests new since the last step get their prompts encoded, all in one text-encoder call, and
+   their initial latents drawn from their own generators;
+2. the active requests are grouped by image size; each group's latents (two rows per image with
+   classifier-free guidance) go through ONE UNet call, each row with its own request's timestep
+   and prompt embedding, so a request on its first step and another on its last share the call;
+   each request's scheduler then takes its step on its own rows;
+3. the requests that have just finished their last step are decoded by the VAE, one call per
+   size, and become uint8 ``H x W x 3`` images.
+
+Each step returns one output per slot: ``progress`` (steps done / steps) while denoising; then one
+image per step (``n`` of them, the first in the step that finished denoising), the last with
+``end_of_turn``. Encoding the images (PNG) is the route's job.
+
+The model calls are padded to a small set of batch sizes (``batching``): with one bucket a
+request's image is bit-identical alone or batched; with the default buckets it may differ in the
+last bits of a float. The denoising math is diffusers' own (the scheduler's ``scale_model_input``
+and ``step``, the pipeline's guidance and VAE scaling), so a request's image matches
+``StableDiffusionPipeline`` (or ``StableDiffusionXLPipeline``) with the same seed.
+
+Plugin options (``from_options``): ``max_sessions`` (32), ``device`` ("cpu", "cuda[:N]"), ``dtype``
+(bfloat16 on CUDA, float32 on a CPU), ``random_weights`` (False: the configs of the model path
+with random weights, for benchmarks), ``sizes`` (comma-separated ``WIDTHxHEIGHT``; default: the
+model's native square size), ``max_images`` (4, the most ``n``), ``default_steps`` (1),
+``max_steps`` (50), ``default_guidance`` (0.0: SD-Turbo and SDXL-Turbo use none),
+``max_prompt_chars`` (1000), ``max_batch_rows`` (64, the most rows in one model call),
+``batch_buckets`` (comma-separated row counts; default powers of two up to ``max_batch_rows``).
+"""
+
+from __future__ import annotations
+
+import logging
+import secrets
+from collections.abc import Sequence
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import numpy as np
+import torch
+
+from batch_models.diffusion.batching import pad_rows, parse_buckets, split_rows
+from batch_models.diffusion.loading import DiffusionModel, load_model
+from batch_models.plugin_options import parse_options
+from batch_models.requests import OptionReader, check_text
+from batch_models.slots import SlotTable
+from duplex.plugins.base import (
+    BatchPlugin,
+    BatchRequest,
+    Capabilities,
+    PluginError,
+    PluginKind,
+    SlotOptions,
+    SlotOutput,
+)
+
+__all__ = ["StableDiffusionPlugin"]
+
+log = logging.getLogger(__name__)
+
+MAX_GUIDANCE = 30.0
+MAX_SEED = 2**63 - 1
+_DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
+_OPTION_TYPES: dict[str, type] = {
+    "max_sessions": int,
+    "device": str,
+    "dtype": str,
+    "random_weights": bool,
+    "sizes": str,
+    "max_images": int,
+    "default_steps": int,
+    "max_steps": int,
+    "default_guidance": float,
+    "max_prompt_chars": int,
+    "max_batch_rows": int,
+    "batch_buckets": str,
+}
+
+
+@dataclass
+class _Request:
+    """One image request: its parameters, its scheduler and generator, and where it is."""
+
+    epoch: int
+    prompt: str
+    negative_prompt: str
+    n: int
+    width: int
+    height: int
+    steps: int
+    guidance: float
+    seed: int
+    scheduler: object
+    generator: torch.Generator
+    step: int = 0  # denoising steps done
+    latents: torch.Tensor | None = None  # [n, C, h, w]; None until the first step
+    embeds: torch.Tensor | None = None  # [1 or 2, L, D]: (uncond,) cond
+    pooled: torch.Tensor | None = None  # SDXL: [1 or 2, P]
+    images: list[np.ndarray] = field(default_factory=list)  # decoded, waiting to be sent
+
+    @property
+    def guided(self) -> bool:
+        return self.guidance > 1.0
+
+    @property
+    def rows(self) -> int:
+        return self.n * (2 if self.guided else 1)
+
+
+class StableDiffusionPlugin(BatchPlugin):
+    """A diffusers text-to-image checkpoint served with continuous batching (module docstring)."""
+
+    name = "sd_turbo"
+
+    @classmethod
+    def write_tiny_checkpoint(cls, directory: str, *, seed: int = 0) -> None:
+        from batch_models.diffusion.testing import write_checkpoint
+
+        write_checkpoint(directory, preset="tiny", seed=seed)
+
+    def __init__(
+        self,
+        model_path: str | Path | None = None,
+        *,
+        max_sessions: int = 32,
+        device: str = "cpu",
+        dtype: str | None = None,
+        random_weights: bool = False,
+        sizes: str = "",
+        max_images: int = 4,
+        default_steps: int = 1,
+        max_steps: int = 50,
+        default_guidance: float = 0.0,
+        max_prompt_chars: int = 1000,
+        max_batch_rows: int = 64,
+        batch_buckets: str = "",
+    ) -> None:
+        if model_path is None:
+            raise PluginError("invalid_plugin_config", "sd_turbo needs a model path (a diffusers directory)")
+        for key, value, lo in (
+            ("max_sessions", max_sessions, 1),
+            ("max_images", max_images, 1),
+            ("default_steps", default_steps, 1),
+            ("max_steps", max_steps, default_steps),
+            ("max_prompt_chars", max_prompt_chars, 1),
+            ("max_batch_rows", max_batch_rows, 1),
+        ):
+            if value < lo:
+                message = f"sd_turbo: {key} must be at least {lo}, got {value}"
+                raise PluginError("invalid_plugin_config", message)
+        if dtype is not None and dtype not in _DTYPES:
+            raise PluginError("invalid_plugin_config", f"sd_turbo: dtype must be one of {sorted(_DTYPES)}")
+        if not 0.0 <= default_guidance <= MAX_GUIDANCE:
+            message = f"sd_turbo: default_guidance must be in 0..{MAX_GUIDANCE:g}"
+            raise PluginError("invalid_plugin_config", message)
+        try:
+            self._device = torch.device(device)
+            self._buckets = parse_buckets(batch_buckets, max_batch_rows)
+        except (RuntimeError, ValueError) as exc:
+            raise PluginError("invalid_plugin_config", f"sd_turbo: {exc}") from exc
+        self._model_path = Path(model_path)
+        self._max_sessions = max_sessions
+        cuda = self._device.type == "cuda"
+        self._dtype = _DTYPES[dtype] if dtype else (torch.bfloat16 if cuda else torch.float32)
+        self._random = random_weights
+        self._sizes_text = sizes
+        self._max_images = max_images
+        self._default_steps = default_steps
+        self._max_steps = max_steps
+        self._default_guidance = default_guidance
+        self._max_prompt_chars = max_prompt_chars
+        self._model: DiffusionModel | None = None
+        self._sizes: dict[str, tuple[int, int]] = {}
+        self._default_size = ""
+        self._slots: SlotTable[_Request] = SlotTable(self.name, max_sessions)
+        self._closed = False
+
+    @classmethod
+    def from_options(cls, model_path: str | None = None, **options: object) -> StableDiffusionPlugin:
+        """Build from serve-time options; strings (``--plugin-option max_sessions=32``) are parsed."""
+        return cls(model_path, **parse_options(cls.name, options, _OPTION_TYPES))  # type: ignore[arg-type]
+
+    # -- lifetime ---------------------------------------------------------
+
+    @property
+    def model(self) -> DiffusionModel:
+        """The loaded components (for benchmarks that run diffusers' own pipeline on the same weights)."""
+        if self._model is None:
+            raise PluginError("plugin_not_loaded", "sd_turbo: load() has not been called or close() was")
+        return self._model
+
+    @property
+    def image_sizes(self) -> tuple[str, ...]:
+        """The accepted ``size`` values (``WIDTHxHEIGHT``), the default first; ``"auto"`` is the default."""
+        return (self._default_size, *sorted(s for s in self._sizes if s != self._default_size))
+
+    def load(self) -> None:
+        if self._closed:
+            raise PluginError("plugin_closed", "sd_turbo: the plugin was closed")
+        if self._model is not None:
+            return
+        model = load_model(
+            self._model_path, device=self._device, dtype=self._dtype, random_weights=self._random
+        )
+        self._sizes, self._default_size = self._parse_sizes(model)
+        self._model = model
+        log.info(
+            "sd_turbo loaded: %s on %s (%s), sizes %s, %d slots",
+            "SDXL" if model.xl else "SD",
+            self._device,
+            self._dtype,
+            ", ".join(self.image_sizes),
+            self._max_sessions,
+        )
+
+    def _parse_sizes(self, model: DiffusionModel) -> tuple[dict[str, tuple[int, int]], str]:
+        native = f"{model.native_size}x{model.native_size}"
+        texts = [t.strip() for t in self._sizes_text.split(",") if t.strip()] or [native]
+        sizes = {}
+        for text in texts:
+            width, _, height = text.partition("x")
+            if not (width.isdigit() and height.isdigit()):
+                raise PluginError("invalid_plugin_config", f"sd_turbo: size {text!r} is not WIDTHxHEIGHT")
+            w, h = int(width), int(height)
+            step = model.size_multiple
+            if w < step or h < step or w % step or h % step:
+                raise PluginError(
+                    "invalid_plugin_config",
+                    f"sd_turbo: size {text!r}: sides must be positive multiples of {model.size_multiple}",
+                )
+            sizes[f"{w}x{h}"] = (w, h)
+        return sizes, texts[0].replace(" ", "")
+
+    def close(self) -> None:
+        self._model = None
+        self._slots.clear()
+        self._closed = True
+
+    def capabilities(self) -> Capabilities:
+        return Capabilities(
+            kind=PluginKind.BATCH,
+            max_sessions=self._max_sessions,
+            supports_text_input=True,
+            supports_barge_in=True,
+            supports_truncate=False,
+            supports_playback_ack=False,
+            output_modalities=("image",),
+        )
+
+    # -- slots and requests -----------------------------------------------
+
+    def open_slot(self, slot: int, options: SlotOptions) -> None:
+        self.model  # noqa: B018 - raises plugin_not_loaded
+        self._slots.open(slot, options)
+
+    def cancel_slot(self, slot: int, epoch: int) -> None:
+        self._slots.drop(slot)
+
+    def close_slot(self, slot: int) -> None:
+        self._slots.close(slot)
+
+    def begin(self, request: BatchRequest) -> None:
+        """Check the request and set up its scheduler and generator; it denoises from the next step.
+
+        Raises ``PluginError`` (codes in ``batch_models.requests``) with nothing changed.
+        """
+        model = self.model
+        self._slots.check_idle(request.slot)
+        prompt = check_text(self.name, request.text, self._max_prompt_chars, what="prompt")
+        reader = OptionReader(self.name, request.options)
+        n = reader.take_int("n", 1, 1, self._max_images)
+        size = reader.take_choice("size", "auto", ("auto", *self._sizes))
+        seed = reader.take_int("seed", None, 0, MAX_SEED)
+        steps = reader.take_int("steps", self._default_steps, 1, self._max_steps)
+        guidance = reader.take_float("guidance_scale", self._default_guidance, 0.0, MAX_GUIDANCE)
+        negative = reader.take_str("negative_prompt", "", self._max_prompt_chars)
+        reader.done()
+        width, height = self._sizes[self._default_size if size == "auto" else size]
+        seed = secrets.randbits(63) if seed is None else seed  # unseeded: a fresh image every time
+        scheduler = model.scheduler_class.from_config(model.scheduler_config)
+        try:
+            scheduler.set_timesteps(steps, device=self._device)
+        except ValueError as exc:  # e.g. more steps than the scheduler's training steps allow
+            raise PluginError("invalid_session_config", f"sd_turbo: steps={steps}: {exc}") from exc
+        self._slots.start(
+            request.slot,
+            _Request(
+                epoch=request.epoch,
+                prompt=prompt,
+                negative_prompt=negative,
+                n=n or 1,
+                width=width,
+                height=height,
+                steps=steps or 1,
+                guidance=guidance,
+                seed=seed,
+                scheduler=scheduler,
+                generator=torch.Generator("cpu").manual_seed(seed),
+            ),
+        )
+
+    # -- the step ---------------------------------------------------------
+
+    @torch.inference_mode()
+    def advance(self, slots: Sequence[int]) -> Sequence[SlotOutput]:
+        """One denoising step for every request in ``slots`` (see the module docstring)."""
+        model = self.model
+        batch = self._slots.batch(slots)
+        requests = [request for _, request in batch]
+        fresh = [r for r in requests if r.embeds is None]
+        if fresh:
+            self._prepare(model, fresh)
+        denoising = [r for r in requests if r.step < r.steps]
+        for group in _by_size(denoising):
+            self._denoise(model, group)
+        finished = [r for r in denoising if r.step == r.steps]
+        for group in _by_size(finished):
+            self._decode(model, group)
+        outputs = []
+        for slot, request in batch:
+            image = request.images.pop(0) if request.step == request.steps else None
+            done = image is not None and not request.images
+            outputs.append(
+                SlotOutput(
+                    slot=slot,
+                    epoch=request.epoch,
+                    image=image,
+                    progress=request.step / request.steps,
+                    end_of_turn=done,
+                )
+            )
+            if done:
+                self._slots.drop(slot)
+        return outputs
+
+    def _prepare(self, model: DiffusionModel, fresh: list[_Request]) -> None:
+        """Encode the prompts of ``fresh`` in one call per text encoder; draw their initial latents."""
+        prompts: list[str] = []
+        for r in fresh:
+            if r.guided:
+                prompts.append(r.negative_prompt)
+            prompts.append(r.prompt)
+        embeds, pooled = self._encode(model, prompts)
+        row = 0
+        channels = model.unet.config.in_channels
+        for r in fresh:
+            count = 2 if r.guided else 1
+            r.embeds = embeds[row : row + count]
+            r.pooled = pooled[row : row + count] if pooled is not None else None
+            if r.guided and model.xl and model.force_zeros_for_empty_prompt and not r.negative_prompt:
+                r.embeds[0].zero_()  # SDXL's pipeline uses zeros, not the empty prompt, when none is given
+                r.pooled[0].zero_()  # type: ignore[index]
+            row += count
+            shape = (r.n, channels, r.height // model.vae_scale_factor, r.width // model.vae_scale_factor)
+            noise = torch.randn(shape, generator=r.generator, dtype=model.dtype)
+            r.latents = noise.to(model.device) * r.scheduler.init_noise_sigma
+
+    def _encode(self, model: DiffusionModel, prompts: list[str]) -> tuple[torch.Tensor, torch.Tensor | None]:
+        """Prompt embeddings ``[B, L, D]`` (SDXL: and pooled ``[B, P]``) as diffusers' pipelines make them."""
+        hidden: list[torch.Tensor] = []
+        pooled: torch.Tensor | None = None
+        for tokenizer, encoder in zip(model.tokenizers, model.text_encoders, strict=True):
+            ids = tokenizer(  # type: ignore[operator]
+                prompts,
+                padding="max_length",
+                max_length=tokenizer.model_max_length,  # type: ignore[attr-defined]
+                truncation=True,  # longer prompts are cut at the encoder's context, as diffusers does
+                return_tensors="pt",
+            ).input_ids.to(model.device)
+            parts_hidden, parts_pooled = [], []
+            for start, stop in split_rows(len(prompts), self._buckets):
+                out = encoder(pad_rows(ids[start:stop], self._buckets), output_hidden_states=model.xl)
+                rows = stop - start
+                if model.xl:
+                    parts_hidden.append(out.hidden_states[-2][:rows])
+                    parts_pooled.append(out[0][:rows])
+                else:
+                    parts_hidden.append(out[0][:rows])
+            hidden.append(torch.cat(parts_hidden))
+            if parts_pooled:
+                pooled = torch.cat(parts_pooled)
+        return torch.cat(hidden, dim=-1), pooled
+
+    def _denoise(self, model: DiffusionModel, group: list[_Request]) -> None:
+        """One step for every request of ``group`` (all of one size): one UNet call per bucket of rows."""
+        xs, ts, cs, ps = [], [], [], []
+        for r in group:
+            assert r.latents is not None and r.embeds is not None
+            t = r.scheduler.timesteps[r.step]  # type: ignore[attr-defined]
+            x = torch.cat([r.latents] * 2) if r.guided else r.latents
+            xs.append(r.scheduler.scale_model_input(x, t))  # type: ignore[attr-defined]
+            ts.append(t.reshape(1).expand(r.rows))
+            cs.append(r.embeds.repeat_interleave(r.n, dim=0))
+            if r.pooled is not None:
+                ps.append(r.pooled.repeat_interleave(r.n, dim=0))
+        x, t, c = torch.cat(xs), torch.cat(ts), torch.cat(cs)
+        pooled = torch.cat(ps) if ps else None
+        eps = torch.empty_like(x)
+        for start, stop in split_rows(x.shape[0], self._buckets):
+            extra = None
+            if pooled is not None:
+                h, w = group[0].height, group[0].width  # original and target size, no crop
+                time_ids = torch.tensor([[h, w, 0, 0, h, w]], dtype=c.dtype, device=c.device)
+                extra = {
+                    "text_embeds": pad_rows(pooled[start:stop], self._buckets),
+                    "time_ids": time_ids.expand(pad_rows(pooled[start:stop], self._buckets).shape[0], -1),
+                }
+            out = model.unet(
+                pad_rows(x[start:stop], self._buckets),
+                pad_rows(t[start:stop], self._buckets),
+                encoder_hidden_states=pad_rows(c[start:stop], self._buckets),
+                added_cond_kwargs=extra,
+                return_dict=False,
+            )[0]
+            eps[start:stop] = out[: stop - start]
+        row = 0
+        for r in group:
+            e = eps[row : row + r.rows]
+            row += r.rows
+            if r.guided:
+                uncond, cond = e.chunk(2)
+                e = uncond + r.guidance * (cond - uncond)
+            t = r.scheduler.timesteps[r.step]  # type: ignore[attr-defined]
+            r.latents = r.scheduler.step(e, t, r.latents, generator=r.generator, return_dict=False)[0]  # type: ignore[attr-defined]
+            r.step += 1
+
+    def _decode(self, model: DiffusionModel, group: list[_Request]) -> None:
+        """VAE-decode the latents of ``group`` (all of one size) into uint8 ``H x W x 3`` images."""
+        vae = model.vae
+        latents = torch.cat([r.latents for r in group]).to(model.vae_dtype)  # type: ignore[misc]
+        latents = latents / vae.config.scaling_factor
+        if getattr(vae.config, "shift_factor", None) is not None:
+            latents = latents + vae.config.shift_factor
+        images = []
+        for start, stop in split_rows(latents.shape[0], self._buckets):
+            out = vae.decode(pad_rows(latents[start:stop], self._buckets), return_dict=False)[0]
+            images.append(out[: stop - start])
+        pixels = (torch.cat(images) * 0.5 + 0.5).clamp(0, 1).float()
+        pixels = (pixels * 255).round().to(torch.uint8).permute(0, 2, 3, 1).cpu().numpy()
+        row = 0
+        for r in group:
+            r.images = [np.ascontiguousarray(pixels[row + i]) for i in range(r.n)]
+            r.latents = None  # freed: the images are what is left to send
+            row += r.n
+
+
+def _by_size(requests: list[_Request]) -> list[list[_Request]]:
+    groups: dict[tuple[int, int], list[_Request]] = {}
+    for r in requests:
+        groups.setdefault((r.width, r.height), []).append(r)
+    return list(groups.values())

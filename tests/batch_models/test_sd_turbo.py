@@ -1,0 +1,263 @@
+"""``sd_turbo`` at the plugin level on tiny random-weight checkpoints (SD and SDXL layouts).
+
+What is proved: a request's images are diffusers' own for the same seed; progress per step and
+one image per output; a request's images are bit-identical alone or batched with requests that
+join at other steps (one batch bucket) and equal to a level of 1 with the default buckets; cancel
+frees the slot for the next step; bad requests are refused with codes; weights load strictly.
+"""
+
+from __future__ import annotations
+
+import shutil
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+from batch_models.diffusion.plugin import StableDiffusionPlugin
+from duplex.plugins.base import BatchRequest, PluginError, PluginKind, SlotOptions
+from tests.batch_models.driver import drive
+
+torch = pytest.importorskip("torch")
+pytest.importorskip("diffusers")
+
+SIZES = "32x32,48x32"
+
+
+def loaded(path: Path, slots: int = 4, **options: object) -> StableDiffusionPlugin:
+    plugin = StableDiffusionPlugin.from_options(str(path), max_sessions=slots, sizes=SIZES, **options)
+    plugin.load()
+    for slot in range(slots):
+        plugin.open_slot(slot, SlotOptions())
+    return plugin
+
+
+def request(slot: int, prompt: str = "a cat on a mat", **options: object) -> BatchRequest:
+    return BatchRequest(slot=slot, epoch=2, text=prompt, options={"seed": 7, **options})
+
+
+def images(trace) -> list[np.ndarray]:
+    return [o.image for o in trace.outputs if o.image is not None]
+
+
+@pytest.mark.parametrize("xl", [False, True], ids=["sd", "sdxl"])
+@pytest.mark.parametrize(
+    "options",
+    [{"steps": 2, "n": 2}, {"steps": 3, "guidance_scale": 3.0, "negative_prompt": "a dog", "size": "48x32"}],
+    ids=["turbo", "guided"],
+)
+def test_images_are_the_ones_diffusers_pipeline_makes_with_the_same_seed(
+    sd_checkpoint: Path, sdxl_checkpoint: Path, xl: bool, options: dict
+) -> None:
+    from diffusers import StableDiffusionPipeline, StableDiffusionXLPipeline
+
+    path = sdxl_checkpoint if xl else sd_checkpoint
+    plugin = loaded(path, slots=1)
+    ours = images(drive(plugin, {0: [request(0, **options)]})[0])
+    pipe = (StableDiffusionXLPipeline if xl else StableDiffusionPipeline).from_pretrained(
+        str(path), local_files_only=True
+    )
+    pipe.set_progress_bar_config(disable=True)
+    width, height = (int(v) for v in options.get("size", "32x32").split("x"))
+    theirs = pipe(
+        "a cat on a mat",
+        num_inference_steps=options["steps"],
+        guidance_scale=options.get("guidance_scale", 0.0),
+        negative_prompt=options.get("negative_prompt"),
+        num_images_per_prompt=options.get("n", 1),
+        generator=torch.Generator("cpu").manual_seed(7),
+        width=width,
+        height=height,
+        output_type="np",
+    ).images
+    assert len(ours) == options.get("n", 1)
+    for mine, ref in zip(ours, theirs, strict=True):
+        assert mine.shape == (height, width, 3) and mine.dtype == np.uint8
+        np.testing.assert_array_equal(mine, (ref * 255).round().astype(np.uint8))
+
+
+def test_a_request_reports_progress_each_step_then_sends_one_image_per_output(sd_checkpoint: Path) -> None:
+    plugin = loaded(sd_checkpoint, slots=1)
+    caps = plugin.capabilities()
+    assert caps.kind is PluginKind.BATCH and caps.output_modalities == ("image",)
+    assert plugin.image_sizes == ("32x32", "48x32")
+    outs = drive(plugin, {0: [request(0, steps=3, n=2)]})[0].outputs
+    assert [o.progress for o in outs] == pytest.approx([1 / 3, 2 / 3, 1.0, 1.0])
+    assert [o.image is not None for o in outs] == [False, False, True, True]
+    assert [o.end_of_turn for o in outs] == [False, False, False, True]
+    assert all(o.epoch == 2 and o.pcm is None for o in outs)
+    assert not np.array_equal(outs[2].image, outs[3].image)  # n images, each from its own noise
+    again = drive(plugin, {0: [request(0, steps=3, n=2)]})[0].outputs  # the slot is free again
+    np.testing.assert_array_equal(again[3].image, outs[3].image)
+
+
+def _mixed_batch(plugin: StableDiffusionPlugin) -> dict:
+    """Request 0 of ``test_..._alone`` beside others that join at other steps, sizes and settings."""
+    joins = {
+        0: [request(1, "a red house", steps=4, seed=1, guidance_scale=2.0)],
+        1: [request(0, steps=3, n=2), request(2, "a boat", steps=1, size="48x32")],
+        2: [request(3, "a tree", steps=2, n=3, seed=5)],
+    }
+    return drive(plugin, joins)
+
+
+@pytest.mark.parametrize("xl", [False, True], ids=["sd", "sdxl"])
+def test_a_request_is_bit_identical_alone_or_batched_with_one_bucket(
+    sd_checkpoint: Path, sdxl_checkpoint: Path, xl: bool
+) -> None:
+    plugin = loaded(sdxl_checkpoint if xl else sd_checkpoint, batch_buckets="8", max_batch_rows=8)
+    alone = drive(plugin, {0: [request(0, steps=3, n=2)]})[0]
+    batched = _mixed_batch(plugin)
+    assert batched[0].steps == [1, 2, 3, 4] and batched[3].steps[0] == 2  # joined at different steps
+    for mine, ref in zip(images(batched[0]), images(alone), strict=True):
+        np.testing.assert_array_equal(mine, ref)
+    assert len(images(batched[3])) == 3 and images(batched[2])[0].shape == (32, 48, 3)
+
+
+def test_with_the_default_buckets_batching_changes_a_pixel_by_one_level_at_most(sd_checkpoint: Path) -> None:
+    plugin = loaded(sd_checkpoint)
+    alone = drive(plugin, {0: [request(0, steps=3, n=2)]})[0]
+    for mine, ref in zip(images(_mixed_batch(plugin)[0]), images(alone), strict=True):
+        assert np.abs(mine.astype(int) - ref.astype(int)).max() <= 1
+
+
+def test_cancel_mid_generation_frees_the_slot_for_the_next_step(sd_checkpoint: Path) -> None:
+    plugin = loaded(sd_checkpoint, batch_buckets="4", max_batch_rows=4)
+    b_alone = drive(plugin, {0: [request(1, "a boat", steps=3)]})[1]
+    plugin.begin(request(0, steps=4))
+    plugin.begin(request(1, "a boat", steps=3))
+    plugin.advance([0, 1])
+    plugin.cancel_slot(0, epoch=3)
+    with pytest.raises(PluginError) as err:
+        plugin.advance([0, 1])
+    assert err.value.code == "invalid_batch"
+    plugin.begin(request(0, "a tree", steps=1))  # the cancelled request's slot takes a new one at once
+    outs = plugin.advance([0, 1])
+    assert outs[0].end_of_turn and outs[0].image is not None and not outs[1].end_of_turn
+    last = plugin.advance([1])[0]
+    assert last.end_of_turn
+    np.testing.assert_array_equal(last.image, images(b_alone)[0])
+
+
+@pytest.mark.parametrize(
+    ("prompt", "options", "code"),
+    [
+        ("", {}, "response_create_without_input"),
+        ("  ", {}, "response_create_without_input"),
+        ("x" * 1001, {}, "event_too_large"),
+        ("a cat", {"n": 5}, "invalid_session_config"),
+        ("a cat", {"n": 0}, "invalid_session_config"),
+        ("a cat", {"n": "2"}, "invalid_session_config"),
+        ("a cat", {"n": True}, "invalid_session_config"),
+        ("a cat", {"size": "1024x1024"}, "invalid_session_config"),
+        ("a cat", {"steps": 0}, "invalid_session_config"),
+        ("a cat", {"steps": 51}, "invalid_session_config"),
+        ("a cat", {"guidance_scale": -1}, "invalid_session_config"),
+        ("a cat", {"seed": -1}, "invalid_session_config"),
+        ("a cat", {"negative_prompt": "y" * 1001}, "event_too_large"),
+        ("a cat", {"quality": "hd"}, "invalid_session_config"),
+    ],
+)
+def test_bad_requests_are_refused_with_a_code_and_leave_the_slot_idle(
+    sd_checkpoint: Path, prompt: str, options: dict, code: str
+) -> None:
+    plugin = loaded(sd_checkpoint, slots=1)
+    with pytest.raises(PluginError) as err:
+        plugin.begin(BatchRequest(slot=0, epoch=0, text=prompt, options=options))
+    assert err.value.code == code
+    assert drive(plugin, {0: [request(0, size="auto")]})[0].outputs[-1].image.shape == (32, 32, 3)
+
+
+def test_calls_out_of_order_are_refused(sd_checkpoint: Path) -> None:
+    plugin = loaded(sd_checkpoint, slots=2)
+    plugin.begin(request(0, steps=2))
+    with pytest.raises(PluginError) as err:
+        plugin.begin(request(0))
+    assert err.value.code == "conversation_already_has_active_response"
+    with pytest.raises(PluginError) as err:
+        plugin.advance([1])
+    assert err.value.code == "invalid_batch"
+    plugin.close_slot(1)
+    with pytest.raises(PluginError) as err:
+        plugin.begin(request(1))
+    assert err.value.code == "invalid_slot"
+    plugin.close()
+    with pytest.raises(PluginError) as err:
+        plugin.advance([0])
+    assert err.value.code == "plugin_not_loaded"
+    with pytest.raises(PluginError) as err:
+        plugin.load()
+    assert err.value.code == "plugin_closed"
+
+
+def _copy(src: Path, dst: Path) -> Path:
+    shutil.copytree(src, dst)
+    return dst
+
+
+def test_weights_load_strictly_and_a_wrong_key_is_named(sd_checkpoint: Path, tmp_path: Path) -> None:
+    from safetensors.torch import load_file, save_file
+
+    for change, expected in (
+        ("drop", "missing keys: conv_in.bias"),
+        ("extra", "unexpected keys: conv_in.extra"),
+        ("shape", "shape mismatch: conv_in.bias (3,) != (32,)"),
+    ):
+        root = _copy(sd_checkpoint, tmp_path / change)
+        weights = root / "unet" / "diffusion_pytorch_model.safetensors"
+        state = load_file(str(weights))
+        if change == "drop":
+            del state["conv_in.bias"]
+        elif change == "extra":
+            state["conv_in.extra"] = torch.zeros(1)
+        else:
+            state["conv_in.bias"] = torch.zeros(3)
+        save_file(state, str(weights))
+        with pytest.raises(PluginError) as err:
+            loaded(root)
+        assert err.value.code == "model_load_failed"
+        assert err.value.message.startswith("unet: ") and expected in err.value.message
+    root = _copy(sd_checkpoint, tmp_path / "no-vae")
+    shutil.rmtree(root / "vae")
+    with pytest.raises(PluginError) as err:
+        loaded(root)
+    assert err.value.code == "model_path_unavailable" and "vae/" in err.value.message
+    (root / "vae").mkdir()
+    shutil.copy(sd_checkpoint / "vae" / "config.json", root / "vae")
+    with pytest.raises(PluginError) as err:
+        loaded(root)
+    assert err.value.code == "model_path_unavailable"
+    assert "diffusion_pytorch_model.safetensors" in err.value.message
+
+
+def test_random_weights_need_only_the_configs(tmp_path: Path) -> None:
+    from batch_models.diffusion.testing import write_checkpoint
+
+    root = write_checkpoint(tmp_path / "configs", preset="tiny", weights=False)
+    assert not list(root.rglob("*.safetensors"))
+    plugin = loaded(root, random_weights="true")
+    assert drive(plugin, {0: [request(0)]})[0].outputs[-1].image.shape == (32, 32, 3)
+    StableDiffusionPlugin.write_tiny_checkpoint(str(tmp_path / "tiny"), seed=3)
+    assert (tmp_path / "tiny" / "unet" / "diffusion_pytorch_model.safetensors").is_file()
+
+
+@pytest.mark.parametrize(
+    "options",
+    [
+        {"sizes": "33x32"},
+        {"sizes": "big"},
+        {"dtype": "int8"},
+        {"batch_buckets": "0,4"},
+        {"max_sessions": 0},
+        {"colour": "red"},
+        {"default_guidance": 99.0},
+    ],
+)
+def test_plugin_options_are_checked(sd_checkpoint: Path, options: dict) -> None:
+    with pytest.raises(PluginError) as err:
+        plugin = StableDiffusionPlugin.from_options(str(sd_checkpoint), **options)
+        plugin.load()
+    assert err.value.code == "invalid_plugin_config"
+    with pytest.raises(PluginError) as err:
+        StableDiffusionPlugin.from_options(None)
+    assert err.value.code == "invalid_plugin_config"
