@@ -40,6 +40,8 @@ RULES: dict[str, tuple[tuple[str, ...], tuple[str, ...]]] = {
     "duplex.server": (("duplex.protocol", *PLUGIN_CONTRACT, "duplex.engine", "duplex.server"), ()),
     "clients": (("duplex.protocol", "clients"), ("torch",)),
     "bench": (("duplex.protocol", "clients", "bench"), ()),
+    # Batch models are plugins: the plugin layer and the wire codec, never the engine or the server.
+    "batch_models": (("duplex.protocol", "duplex.plugins", "batch_models"), ()),
 }
 
 _PROBE = r"""
