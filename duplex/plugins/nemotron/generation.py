@@ -46,11 +46,13 @@ log = logging.getLogger(__name__)
 class StepResult:
     """Host copies of one step for the first ``n`` rows (rows outside the exec mask are meaningless).
 
-    ``text [n]`` and ``function [n]`` token ids, ``pcm [n, samples_per_frame]`` float32.
+    ``text [n]`` and ``function [n]`` token ids, ``codes [n, Q]`` the talker's codec codes,
+    ``pcm [n, samples_per_frame]`` float32.
     """
 
     text: np.ndarray
     function: np.ndarray
+    codes: np.ndarray
     pcm: np.ndarray
 
 
@@ -94,7 +96,8 @@ class BatchedVoiceChat:
         self._exec = torch.zeros(max_slots, dtype=torch.bool, device=dev)
         self._pcm = torch.zeros(max_slots, FRAME_SAMPLES, dtype=torch.float32, device=dev)
         self._forced = torch.full((max_slots,), -1, dtype=torch.long, device=dev)
-        self._out = torch.zeros(max_slots, 2 + self.spf, dtype=torch.float32, device=dev)
+        self.Q = model.cfg.codec.num_quantizers
+        self._out = torch.zeros(max_slots, 2 + self.Q + self.spf, dtype=torch.float32, device=dev)
         self.buckets = buckets(max_slots)
         self._graphs: dict[int, torch.cuda.CUDAGraph] = {}
         self._use_graphs = cuda_graphs and dev.type == "cuda"
@@ -129,7 +132,8 @@ class BatchedVoiceChat:
         self.counter[:n] += e.long()
         self._out[:n, 0] = text.float()
         self._out[:n, 1] = func.float()
-        self._out[:n, 2:] = wav
+        self._out[:n, 2 : 2 + self.Q] = codes.float()
+        self._out[:n, 2 + self.Q :] = wav
 
     def _run(self, n: int) -> None:
         if not self._use_graphs:
@@ -199,9 +203,11 @@ class BatchedVoiceChat:
         self._forced.copy_(torch.from_numpy(forced.astype(np.int64, copy=False)))
         self._run(n)
         out = self._out[:n].cpu().numpy()
-        # Token ids are exact in float32 (below 2**24).
+        # Token ids and codes are exact in float32 (below 2**24).
+        q = self.Q
         return StepResult(
             text=out[:, 0].astype(np.int64),
             function=out[:, 1].astype(np.int64),
-            pcm=np.ascontiguousarray(out[:, 2:]),
+            codes=out[:, 2 : 2 + q].astype(np.int64),
+            pcm=np.ascontiguousarray(out[:, 2 + q :]),
         )

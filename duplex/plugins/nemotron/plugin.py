@@ -60,7 +60,7 @@ from duplex.plugins.base import (
     ToolCall,
 )
 from duplex.plugins.nemotron.config import FRAME_SAMPLES, INPUT_RATE, VoiceChatConfig
-from duplex.plugins.nemotron.generation import BatchedVoiceChat
+from duplex.plugins.nemotron.generation import BatchedVoiceChat, StepResult
 from duplex.plugins.nemotron.talker import VoicePrefill
 from duplex.plugins.nemotron.tokens import Detokenizer, TextTokenizer
 from duplex.plugins.nemotron.tools import ToolCallParser, system_prompt, tool_response_text
@@ -172,6 +172,7 @@ class NemotronVoiceChatPlugin(FramePlugin):
         self._voices: dict[str, VoicePrefill] = {}
         self._default_voice: str | None = None
         self._slots: dict[int, _Slot] = {}
+        self.last_step: StepResult | None = None  # host copy of the latest step's tokens and audio
         self._opens = 0
         self._closed = False
         self.tool_results_truncated = 0
@@ -408,6 +409,7 @@ class NemotronVoiceChatPlugin(FramePlugin):
             if state.forced:
                 forced_host[item.slot] = state.forced.popleft()
         result = gen.step(exec_host, pcm_host, forced_host)
+        self.last_step = result
         audio = np.clip(result.pcm * 32767.0, -32768, 32767).astype(np.int16)
         special = self.tokenizer.special
         rate = self.config.codec.sample_rate

@@ -145,7 +145,9 @@ def random_model(
     """A model of the given architecture with random weights (see the module docstring)."""
     cfg = parse_config(nemo, llm)
     device = torch.device(device)
-    model = build_model(cfg, tokenizer, voices, device, torch.float32, torch.float32)
+    with torch.random.fork_rng(devices=[device] if device.type == "cuda" else []):
+        torch.manual_seed(seed)  # what transformers' initialisers draw, and the weights _randomize keeps
+        model = build_model(cfg, tokenizer, voices, device, torch.float32, torch.float32)
     gen = torch.Generator(device=device).manual_seed(seed)
     _randomize(model, gen)
     p = cfg.perception
