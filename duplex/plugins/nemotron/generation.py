@@ -101,6 +101,8 @@ class BatchedVoiceChat:
         self.buckets = buckets(max_slots)
         self._graphs: dict[int, torch.cuda.CUDAGraph] = {}
         self._use_graphs = cuda_graphs and dev.type == "cuda"
+        # One memory pool for every bucket's graph: they replay one at a time.
+        self._pool = torch.cuda.graph_pool_handle() if self._use_graphs else None
 
     # -- slots ----------------------------------------------------------------------------------
 
@@ -159,7 +161,7 @@ class BatchedVoiceChat:
                     self._forward(n)
             torch.cuda.current_stream().wait_stream(stream)
             graph = torch.cuda.CUDAGraph()
-            with torch.cuda.graph(graph):
+            with torch.cuda.graph(graph, pool=self._pool):
                 self._forward(n)
             self._graphs[n] = graph
             return graph

@@ -249,7 +249,14 @@ class Perception(nn.Module):
         return (torch.arange(t, device=x.device) == t - 1).view(1, 1, t, 1).to(x.dtype)
 
     def _attention(
-        self, i: int, layer: nn.Module, x: torch.Tensor, state: PerceptionState, n: int, valid: torch.Tensor
+        self,
+        i: int,
+        layer: nn.Module,
+        x: torch.Tensor,
+        state: PerceptionState,
+        n: int,
+        valid: torch.Tensor,
+        exec_mask: torch.Tensor,
     ) -> torch.Tensor:
         attn = layer.self_attn
         h, d = self._heads, self._head_dim
@@ -263,7 +270,7 @@ class Perception(nn.Module):
         scores = (qu @ keys.transpose(-1, -2) + qv @ self.rel_keys[i].transpose(-1, -2)[None]) * attn.scaling
         scores = scores.float().masked_fill(~valid, float("-inf"))
         out = torch.softmax(scores, dim=-1).to(values.dtype) @ values  # [n, h, 1, d]
-        e = self._exec_view
+        e = exec_mask[:, None, None, None]
         state.keys[i, :n] = torch.where(e, keys[:, :, 1:], state.keys[i, :n])
         state.values[i, :n] = torch.where(e, values[:, :, 1:], state.values[i, :n])
         return attn.o_proj(out.transpose(1, 2).reshape(n, 1, h * d))
@@ -279,7 +286,6 @@ class Perception(nn.Module):
             f"pcm should be [{n}, {FRAME_SAMPLES}], got {tuple(pcm.shape)}"
         )
         enc = self.encoder
-        self._exec_view = exec_mask[:, None, None, None]
         state.conv.bind(n, exec_mask)
         mel = self._mel(state, n, pcm, exec_mask)
         x = self._subsample(state, n, mel) * enc.input_scale
@@ -289,7 +295,7 @@ class Perception(nn.Module):
         valid = (j[None, :] >= left - seen[:, None])[:, None, None, :]  # [n, 1, 1, left + 1]
         for i, layer in enumerate(enc.layers):
             x = x + 0.5 * layer.feed_forward1(layer.norm_feed_forward1(x))
-            x = x + self._attention(i, layer, layer.norm_self_att(x), state, n, valid)
+            x = x + self._attention(i, layer, layer.norm_self_att(x), state, n, valid, exec_mask)
             x = x + layer.conv(layer.norm_conv(x), padding_cache=state.conv)
             x = x + 0.5 * layer.feed_forward2(layer.norm_feed_forward2(x))
             x = layer.norm_out(x)

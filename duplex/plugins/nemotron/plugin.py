@@ -20,7 +20,8 @@ Slot lifecycle, as the engine sees it:
     on the first frame of a turn, ``end_of_turn`` on the frame of its EOS;
   - while it listens: nothing (an empty output);
   - a tool call the function channel closed: ``tool_call`` (a fresh
-    ``call_id``); the response ends with it unless the model is speaking;
+    ``call_id``; the calls of one span on consecutive frames); the response
+    ends with the last of them unless the model is speaking;
   - ``SlotInput.tool_results`` are queued and fed to the function channel one
     token per frame (the model listens meanwhile), then the model continues.
 * ``cancel_slot(slot, epoch)`` restarts the conversation (fresh state, same prompt).
@@ -31,7 +32,7 @@ Options (``from_options``): ``max_sessions`` (4), ``device`` ("cpu" /
 CPU), ``talker_dtype`` (float32), ``seed`` (0; a session without its own seed
 gets ``seed + n`` for its n-th open), ``cuda_graphs`` (True), ``warm_up``
 (capture the graphs in ``load``; CUDA: on), ``context_frames`` (8192: the
-thinker's attention positions per slot), ``talker_context_frames`` (4096),
+thinker's attention positions per slot), ``talker_context_frames`` (2048),
 ``guidance`` (the checkpoint's ``inference_guidance_enabled`` when unset),
 ``llm_path`` (the backbone's config and tokenizer, when not in ``llm/``),
 ``default_voice``, ``max_tool_result_tokens`` (2048), ``random_weights`` (build
@@ -128,7 +129,7 @@ class NemotronVoiceChatPlugin(FramePlugin):
         cuda_graphs: bool = True,
         warm_up: bool | None = None,
         context_frames: int = 8192,
-        talker_context_frames: int = 4096,
+        talker_context_frames: int = 2048,
         guidance: bool | None = None,
         llm_path: str | None = None,
         default_voice: str | None = None,
@@ -440,7 +441,8 @@ class NemotronVoiceChatPlugin(FramePlugin):
                     out.decision = "speak"
             if state.calls:
                 out.tool_call = state.calls.popleft()
-            out.end_of_turn = ended or (out.tool_call is not None and not state.speaking)
+            # The calls of one span share a response; it ends with the last unless the model speaks.
+            out.end_of_turn = ended or (out.tool_call is not None and not state.calls and not state.speaking)
             outputs.append(out)
         return outputs
 

@@ -276,6 +276,6 @@ class GatedFusion(nn.Module):
 
 def unmask_schedule(num_iter: int, exponent: float, num_quantizers: int) -> list[int]:
     """How many codebooks each MoG iteration fills (a power-law masking schedule; zeros are skipped)."""
-    rates = torch.linspace(0.0, 1.0, num_iter + 1)[:-1]  # float32, as the checkpoint's own schedule
+    rates = torch.linspace(0.0, 1.0, num_iter + 1, device="cpu")[:-1]  # float32, as the checkpoint's
     masked = torch.ceil((1 - rates.pow(exponent)).pow(1 / exponent) * num_quantizers).long().tolist()
     return [m - (masked[i + 1] if i + 1 < len(masked) else 0) for i, m in enumerate(masked)]
