@@ -43,8 +43,8 @@ PERSONA = "You are a friendly voice assistant. Answer questions about the weathe
 
 def write_assets(root: Path, tiny: bool) -> Path:
     """A model folder without weights: the NeMo config, the backbone's config and a tokenizer."""
-    from duplex.plugins.nemotron.config import full_config, tiny_config
     from duplex.plugins.nemotron.loading import CONFIG_FILE, LLM_DIR
+    from duplex.plugins.nemotron.presets import full_config, tiny_config
     from duplex.plugins.nemotron.testing import train_tokenizer
     from duplex.plugins.nemotron.tokens import TextTokenizer
 

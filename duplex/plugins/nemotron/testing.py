@@ -24,9 +24,10 @@ from typing import Any
 import numpy as np
 import torch
 
-from duplex.plugins.nemotron.config import parse_config, tiny_config
+from duplex.plugins.nemotron.config import parse_config
 from duplex.plugins.nemotron.loading import CONFIG_FILE, LLM_DIR, WEIGHTS_FILE, build_model
 from duplex.plugins.nemotron.model import VoiceChatModel
+from duplex.plugins.nemotron.presets import tiny_config
 from duplex.plugins.nemotron.tokens import TextTokenizer
 
 __all__ = ["TINY_VOICES", "make_tiny_checkpoint", "random_model", "slaney_mel", "train_tokenizer"]

@@ -52,8 +52,8 @@ def test_cuda_graphs_and_batching_change_no_token(nemotron_ckpt):
 
 
 def test_the_full_architecture_steps_with_random_weights(tmp_path):
-    from duplex.plugins.nemotron.config import full_config
     from duplex.plugins.nemotron.loading import LLM_DIR
+    from duplex.plugins.nemotron.presets import full_config
     from duplex.plugins.nemotron.testing import train_tokenizer
 
     nemo, llm = full_config()

@@ -13,9 +13,10 @@ import pytest
 from safetensors.torch import load_file, save_file
 
 from duplex.plugins.base import PluginError, SlotInput, SlotOptions
-from duplex.plugins.nemotron.config import parse_config, tiny_config
+from duplex.plugins.nemotron.config import parse_config
 from duplex.plugins.nemotron.loading import find_checkpoint
 from duplex.plugins.nemotron.plugin import NemotronVoiceChatPlugin
+from duplex.plugins.nemotron.presets import tiny_config
 
 pytestmark = pytest.mark.usefixtures("one_torch_thread")
 
@@ -179,7 +180,7 @@ def test_no_weights_or_no_folder_is_model_path_unavailable(tmp_path):
 def test_the_full_size_preset_is_the_published_architecture():
     cfg = parse_config(*copy.deepcopy(tiny_config()))
     assert cfg.perception.left_context == 70 and cfg.codec.samples_per_frame == 1764
-    from duplex.plugins.nemotron.config import full_config
+    from duplex.plugins.nemotron.presets import full_config
 
     full = parse_config(*full_config())
     assert full.hidden_size == 4480 and full.vocab_size == 131072

@@ -16,9 +16,10 @@ import pytest
 import torch
 from torch.nn import functional as F
 
-from duplex.plugins.nemotron.config import parse_config, tiny_config
+from duplex.plugins.nemotron.config import parse_config
 from duplex.plugins.nemotron.perception import Perception
 from duplex.plugins.nemotron.plugin import NemotronVoiceChatPlugin
+from duplex.plugins.nemotron.presets import tiny_config
 from duplex.plugins.nemotron.talker import TalkerState, talker_step
 from duplex.plugins.nemotron.testing import slaney_mel
 from duplex.plugins.nemotron.thinker import ThinkerState
