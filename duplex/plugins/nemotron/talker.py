@@ -34,7 +34,7 @@ import torch
 from torch import nn
 from torch.nn import functional as F
 
-from duplex.plugins.nemotron import noise
+from duplex.plugins.nemotron import attention, noise
 from duplex.plugins.nemotron.caches import RingKVCache
 from duplex.plugins.nemotron.codec import RVQVAE
 from duplex.plugins.nemotron.config import VoiceChatConfig
@@ -65,7 +65,7 @@ class EarTts(nn.Module):
             "eos_token_id": 0,
         }  # no embeddings here
         config = AutoConfig.for_model(t.backbone_type, **{**t.backbone, **unused})
-        config._attn_implementation = "sdpa"
+        config._attn_implementation = attention.register()
         self.backbone = AutoModel.from_config(config)
         hidden = self.backbone.get_input_embeddings().weight.shape[-1]
         _delete_input_embeddings(self.backbone)

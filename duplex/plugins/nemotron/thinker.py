@@ -34,6 +34,7 @@ import torch
 from torch import nn
 from torch.nn import functional as F
 
+from duplex.plugins.nemotron import attention
 from duplex.plugins.nemotron.caches import RingKVCache
 from duplex.plugins.nemotron.config import VoiceChatConfig
 
@@ -51,7 +52,7 @@ def llm_config(cfg: VoiceChatConfig) -> object:
     kwargs.pop("torch_dtype", None)
     kwargs.pop("dtype", None)
     config = NemotronHConfig(**kwargs)
-    config._attn_implementation = "sdpa"
+    config._attn_implementation = attention.register()
     return config
 
 
@@ -176,7 +177,9 @@ class Thinker(nn.Module):
         heads, head_dim = mixer.num_heads, mixer.head_dim
         dt = F.softplus(dt.float() + mixer.dt_bias.float())
         lo, hi = mixer.time_step_limit
-        dt = dt.clamp(min=lo, max=hi)
+        # A frozen row gets a zero time step: its state is multiplied by exp(0) = 1 and gets 0 added,
+        # exactly unchanged, in place (the state is the largest per-slot tensor; no copy of it).
+        dt = torch.where(e[:, None], dt.clamp(min=lo, max=hi), 0.0)
         a = -torch.exp(mixer.A_log.float())
         decay = torch.exp(dt * a)  # [n, heads]
         rep = heads // g
@@ -184,9 +187,8 @@ class Thinker(nn.Module):
         c = c.float().view(n, g, 1, d_state).expand(n, g, rep, d_state).reshape(n, heads, d_state)
         xf = x.float().view(n, heads, head_dim)
         ssm = state.ssm[i][:n]
-        new = ssm * decay[:, :, None, None] + (dt[:, :, None] * xf)[..., None] * b[:, :, None, :]
-        state.ssm[i][:n] = torch.where(e[:, None, None, None], new, ssm)
-        y = (new @ c[..., None])[..., 0] + mixer.D.float()[None, :, None] * xf
+        ssm.mul_(decay[:, :, None, None]).add_((dt[:, :, None] * xf)[..., None] * b[:, :, None, :])
+        y = (ssm @ c[..., None])[..., 0] + mixer.D.float()[None, :, None] * xf
         y = mixer.norm(y.reshape(n, heads * head_dim), gate)
         return mixer.out_proj(y.to(h.dtype))
 
