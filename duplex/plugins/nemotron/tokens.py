@@ -8,7 +8,7 @@ Ids the per-frame loop relies on (the checkpoint's token strings):
 
 * ``pad`` (``<SPECIAL_12>`` by default): the text channel's "nothing said this
   frame"; the model listens;
-* ``bos`` / ``eos`` (``<s>`` / ``</s>``): the agent starts / ends a turn of speech;
+* ``bos`` / ``eos`` (``<s>`` / ``</s>``): the model starts / ends a turn of speech;
 * ``sotc`` / ``eotc`` (``<SPECIAL_20>`` / ``<SPECIAL_21>``): the function channel
   opens / closes a tool call (its tokens in between are the call's JSON);
 * ``eotr`` (``<SPECIAL_22>``): the end of a tool response.
