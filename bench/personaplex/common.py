@@ -3,6 +3,11 @@
 The model is the PersonaPlex architecture with random weights (full size, or the
 tiny one for a CPU smoke run): nothing is downloaded. ``write_assets`` writes the
 folder the plugin reads besides the weights (tokenizer, one voice, config).
+
+``ServedModel`` says what the step and server modes need to know of a model (the
+bench module its server child runs, its name, persona, frame size and plugin),
+so other frame models measure the same way (``bench.nemotron_capacity``);
+``PERSONAPLEX`` is this package's.
 """
 
 from __future__ import annotations
@@ -10,6 +15,8 @@ from __future__ import annotations
 import argparse
 import json
 import platform
+from collections.abc import Callable
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
@@ -19,7 +26,9 @@ __all__ = [
     "FRAME_MS",
     "FRAME_SAMPLES",
     "PERSONA",
+    "PERSONAPLEX",
     "VOICE_FRAMES",
+    "ServedModel",
     "device_name",
     "gpu_mem_gib",
     "gpu_reset",
@@ -134,3 +143,37 @@ def make_plugin(assets: Path, n: int, args: argparse.Namespace) -> Any:
         default_voice="BENCH",
         torch_compile=args.compile,
     )
+
+
+def _personaplex_flags(args: argparse.Namespace) -> list[str]:
+    flags = ["--tiny"] * args.tiny + ["--compile"] * args.compile + ["--no-cuda-graphs"] * args.no_cuda_graphs
+    return flags + (["--tick-ms", str(args.tick_ms)] if args.tick_ms is not None else [])
+
+
+@dataclass(frozen=True)
+class ServedModel:
+    """A frame model as the step and server modes see it.
+
+    ``module`` is the bench module whose ``--serve`` runs the server child (it is
+    given ``--port --sessions --assets --device`` and ``child_flags(args)``);
+    ``name`` the model name clients ask for; ``persona`` their instructions;
+    ``frame_samples`` one frame at the model's input rate (the step mode's input);
+    ``make_plugin(assets, n, args)`` builds the unloaded plugin with ``n`` slots.
+    """
+
+    module: str
+    name: str
+    persona: str
+    frame_samples: int
+    make_plugin: Callable[[Path, int, argparse.Namespace], Any]
+    child_flags: Callable[[argparse.Namespace], list[str]]
+
+
+PERSONAPLEX = ServedModel(
+    module="bench.personaplex_capacity",
+    name="personaplex",
+    persona=PERSONA,
+    frame_samples=FRAME_SAMPLES,
+    make_plugin=make_plugin,
+    child_flags=_personaplex_flags,
+)

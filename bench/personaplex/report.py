@@ -26,7 +26,7 @@ def table(rows: list[dict[str, Any]]) -> str:
     return "\n".join(lines)
 
 
-def plot(result: dict[str, Any], path: Path) -> Path:
+def plot(result: dict[str, Any], path: Path, title: str = "PersonaPlex") -> Path:
     """Tick time against sessions for every mode, the baselines and the deadline, into ``path`` (PNG)."""
     import matplotlib
 
@@ -58,7 +58,7 @@ def plot(result: dict[str, Any], path: Path) -> Path:
     ax.axhline(FRAME_MS, color="red", lw=1, label="80 ms frame deadline")
     ax.set_xlabel("concurrent sessions")
     ax.set_ylabel("tick time (ms)")
-    ax.set_title(f"PersonaPlex {result.get('model', '')} on {result.get('device_name', '')}")
+    ax.set_title(f"{title} {result.get('model', '')} on {result.get('device_name', '')}")
     ax.set_xscale("log", base=2)
     ax.legend(fontsize=8)
     ax.grid(alpha=0.3)

@@ -1,4 +1,7 @@
-"""``--mode server``: PersonaPlex behind the whole server, N paced WebSocket clients on loopback.
+"""``--mode server``: a frame model behind the whole server, N paced WebSocket clients on loopback.
+
+PersonaPlex by default; another frame model passes its ``ServedModel``
+(``bench.nemotron_capacity`` does).
 
 The driver (``run_server``) starts the server in a child process
 (``python -m bench.personaplex_capacity --serve``, which runs ``serve``): the
@@ -25,18 +28,19 @@ import sys
 import time
 import urllib.request
 from pathlib import Path
-from typing import Any
+from typing import Any, TextIO
 
 from bench.loopback import free_port, serve_engine, stop_process, streaming_session_update
 from bench.personaplex.common import (
     FRAME_MS,
-    PERSONA,
+    PERSONAPLEX,
+    ServedModel,
     gpu_mem_gib,
-    make_plugin,
     noise,
     percentile,
     tick_stats,
 )
+from bench.progress import Progress
 
 __all__ = ["run_server", "serve"]
 
@@ -44,7 +48,7 @@ ACK_EVERY = 25
 _SEQ_RE = re.compile(r'"server_event_seq":(\d+)')
 
 
-def serve(args: argparse.Namespace) -> None:
+def serve(args: argparse.Namespace, model: ServedModel = PERSONAPLEX) -> None:
     """Child process: the plugin behind the real engine and server, plus a stats route for the driver."""
     import msgspec
     import torch
@@ -55,10 +59,10 @@ def serve(args: argparse.Namespace) -> None:
     from duplex.engine import Engine, EngineConfig
 
     n = args.sessions_one
-    plugin = make_plugin(Path(args.assets), n, args)
+    plugin = model.make_plugin(Path(args.assets), n, args)
     plugin.load()
     engine = Engine(
-        plugin, EngineConfig(max_sessions=n, idle_ttl_s=None, tick_ms=args.tick_ms), model_name="personaplex"
+        plugin, EngineConfig(max_sessions=n, idle_ttl_s=None, tick_ms=args.tick_ms), model_name=model.name
     )
     metrics = engine.metrics
 
@@ -76,7 +80,7 @@ def serve(args: argparse.Namespace) -> None:
                 torch.cuda.reset_peak_memory_stats()
         return Response(msgspec.json.encode(body), media_type="application/json")
 
-    serve_engine(engine, args.port, "personaplex", routes=[Route("/bench/stats", stats)])
+    serve_engine(engine, args.port, model.name, routes=[Route("/bench/stats", stats)])
 
 
 class _ClientStats:
@@ -90,7 +94,13 @@ class _ClientStats:
 
 
 async def _client(
-    port: int, offset_s: float, go: Any, stop: Any, stats: _ClientStats, frames: list[Any]
+    port: int,
+    offset_s: float,
+    go: Any,
+    stop: Any,
+    stats: _ClientStats,
+    frames: list[Any],
+    model: ServedModel = PERSONAPLEX,
 ) -> None:
     """One session: open with a persona, wait for ``go`` (the common start time), then send one 80 ms
     append per frame period on an absolute schedule (shifted by ``offset_s``) until ``stop``."""
@@ -99,12 +109,12 @@ async def _client(
     from duplex.protocol import Mode, SessionEventAck, encode
 
     loop = asyncio.get_running_loop()
-    url = f"ws://127.0.0.1:{port}/v1/realtime?model=personaplex&autostart=0"
+    url = f"ws://127.0.0.1:{port}/v1/realtime?model={model.name}&autostart=0"
     try:
         async with websockets.connect(
             url, compression=None, max_size=2**24, open_timeout=120, ping_interval=None, proxy=None
         ) as ws:
-            await ws.send(encode(streaming_session_update(PERSONA), Mode.GA))
+            await ws.send(encode(streaming_session_update(model.persona), Mode.GA))
             while '"session.created"' not in (await ws.recv())[:40]:
                 pass
             stats.created = True
@@ -139,13 +149,15 @@ async def _client(
         stats.error = f"{type(exc).__name__}: {exc}"
 
 
-def _start_server(assets: Path, n: int, args: argparse.Namespace) -> tuple[subprocess.Popen[Any], int]:
+def _start_server(
+    assets: Path, n: int, args: argparse.Namespace, model: ServedModel = PERSONAPLEX
+) -> tuple[subprocess.Popen[Any], int]:
     """The child server for N sessions, on a free port, started with the driver's model flags."""
     port = free_port()
     cmd = [
         sys.executable,
         "-m",
-        "bench.personaplex_capacity",
+        model.module,
         "--serve",
         "--port",
         str(port),
@@ -156,17 +168,24 @@ def _start_server(assets: Path, n: int, args: argparse.Namespace) -> tuple[subpr
         "--device",
         args.device,
     ]
-    if args.tick_ms is not None:
-        cmd += ["--tick-ms", str(args.tick_ms)]
-    cmd += ["--tiny"] * args.tiny + ["--compile"] * args.compile + ["--no-cuda-graphs"] * args.no_cuda_graphs
+    cmd += model.child_flags(args)
     return subprocess.Popen(cmd, env={**os.environ, "PYTHONUNBUFFERED": "1"}), port
 
 
-def run_server(assets: Path, n: int, args: argparse.Namespace) -> dict[str, Any]:
-    """N paced WebSocket clients against the whole server in a child process; one result row."""
+def run_server(
+    assets: Path,
+    n: int,
+    args: argparse.Namespace,
+    model: ServedModel = PERSONAPLEX,
+    progress: TextIO | None = None,
+) -> dict[str, Any]:
+    """N paced WebSocket clients against the whole server in a child process; one result row.
+
+    ``progress`` (a stream) gets a progress line while the window is measured.
+    """
     from duplex.protocol import DuplexInputAudioBufferAppend, Mode, encode
 
-    proc, port = _start_server(assets, n, args)
+    proc, port = _start_server(assets, n, args, model)
 
     def get(path: str) -> dict[str, Any]:
         with urllib.request.urlopen(f"http://127.0.0.1:{port}{path}", timeout=30) as r:
@@ -194,7 +213,7 @@ def run_server(assets: Path, n: int, args: argparse.Namespace) -> dict[str, Any]
             clients = [_ClientStats() for _ in range(n)]
             period = FRAME_MS / 1000
             tasks = [
-                asyncio.create_task(_client(port, k * period / n, go, stop, c, frames))
+                asyncio.create_task(_client(port, k * period / n, go, stop, c, frames, model))
                 for k, c in enumerate(clients)
             ]
             # Every session opens (its prompt runs on the model thread, one after another) before
@@ -208,7 +227,11 @@ def run_server(assets: Path, n: int, args: argparse.Namespace) -> dict[str, Any]
             stop.set_result(measure_from + args.seconds)
             await asyncio.sleep(max(0.0, measure_from - loop.time()))
             await asyncio.to_thread(get, "/bench/stats?reset=1")
-            await asyncio.sleep(max(0.0, measure_from + args.seconds - loop.time()))
+            meter = Progress(f"{model.name} N={n}", total=args.seconds, stream=progress)
+            async with meter.running(
+                lambda: loop.time() - measure_from, lambda: f"{sum(c.deltas for c in clients)} audio deltas"
+            ):
+                await asyncio.sleep(max(0.0, measure_from + args.seconds - loop.time()))
             stats = await asyncio.to_thread(get, "/bench/stats")
             await asyncio.gather(*tasks)
             return clients, stats

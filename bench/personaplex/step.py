@@ -18,11 +18,10 @@ from typing import Any
 import numpy as np
 
 from bench.personaplex.common import (
-    FRAME_SAMPLES,
-    PERSONA,
+    PERSONAPLEX,
+    ServedModel,
     gpu_mem_gib,
     gpu_reset,
-    make_plugin,
     percentile,
     sync,
     tick_stats,
@@ -31,12 +30,14 @@ from bench.personaplex.common import (
 __all__ = ["run_step"]
 
 
-def run_step(assets: Path, n: int, args: argparse.Namespace) -> dict[str, Any]:
+def run_step(
+    assets: Path, n: int, args: argparse.Namespace, model: ServedModel = PERSONAPLEX
+) -> dict[str, Any]:
     """The raw batched step with N sessions (see the module docstring); one result row."""
     from duplex.plugins.base import SlotInput, SlotOptions
 
     gpu_reset(args.device)
-    plugin = make_plugin(assets, n, args)
+    plugin = model.make_plugin(assets, n, args)
     t0 = time.perf_counter()
     plugin.load()
     build_s = time.perf_counter() - t0
@@ -44,11 +45,11 @@ def run_step(assets: Path, n: int, args: argparse.Namespace) -> dict[str, Any]:
         opens = []
         for s in range(n):
             t0 = time.perf_counter()
-            plugin.open_slot(s, SlotOptions(instructions=PERSONA, seed=s))
+            plugin.open_slot(s, SlotOptions(instructions=model.persona, seed=s))
             sync(args.device)
             opens.append((time.perf_counter() - t0) * 1e3)
         rng = np.random.default_rng(0)
-        frames = [(rng.standard_normal((n, FRAME_SAMPLES)) * 0.05).astype(np.float32) for _ in range(8)]
+        frames = [(rng.standard_normal((n, model.frame_samples)) * 0.05).astype(np.float32) for _ in range(8)]
         ticks = []
         for t in range(args.warmup + args.ticks):
             pcm = frames[t % len(frames)]
