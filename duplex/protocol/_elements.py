@@ -10,9 +10,10 @@ An element is a value: the frame's top value and every item of a container (an o
 key and value, counts once). The counts:
 
 * JSON: ``1 + commas + opening brackets``, an upper bound (a container of n items has n - 1 commas)
-  that counts those inside strings too. It is found with ``str.find`` / ``str.count`` (C loops at
-  memory speed) and stops as soon as the budget is exceeded: well under a millisecond for any frame,
-  since base64 audio holds none of these characters.
+  that counts those inside strings too. The first few of each are found one by one with
+  ``str.find`` (``memchr``), the rest counted a chunk at a time with ``str.count``; it stops as soon
+  as the budget is exceeded: 0.1 ms for a 14 MiB frame of small values, and for a 15 MiB audio
+  append (base64 holds none of these characters) three ``memchr`` passes, ~0.7 ms.
 * msgpack: exact, by walking the headers (a string or binary value is skipped by its length, a
   container adds its count). A container that declares more items than the budget left is refused
   at its header. There is no C routine for this in msgspec (it has no element limit), so it is
@@ -27,6 +28,7 @@ from typing import Final
 
 __all__ = ["json_exceeds", "msgpack_exceeds"]
 
+_SPARSE: Final = 32  # occurrences found one by one before counting in chunks
 _CHUNK: Final = 1 << 16  # characters counted per str.count call between two finds
 
 
@@ -39,9 +41,15 @@ def json_exceeds(data: str | bytes, budget: int) -> bool:
     find, count = data.find, data.count
     for needle in needles:
         pos = find(needle)  # type: ignore[arg-type]
+        hits = 0
         while pos != -1:
-            end = pos + _CHUNK
-            total += count(needle, pos, end)  # type: ignore[arg-type]
+            if hits < _SPARSE:  # the usual frame: a few, each found by one memchr
+                hits += 1
+                total += 1
+                end = pos + 1
+            else:  # many: count them a chunk at a time
+                end = pos + _CHUNK
+                total += count(needle, pos, end)  # type: ignore[arg-type]
             if total > budget:
                 return True
             pos = find(needle, end)  # type: ignore[arg-type]

@@ -192,7 +192,6 @@ TEXTS = [
     (_session(tools=[_tool(description="get\x00weather")]), "session.tools[0].description"),
     (_session(voice="alloy\n"), "session.voice"),
     (_session(model="gpt\x00"), "session.model"),
-    ({"type": "conversation.item.delete", "item_id": "item\x00", "event_id": "evt_d"}, "item_id"),
 ]  # fmt: skip
 
 
@@ -211,9 +210,8 @@ def test_tab_newline_and_carriage_return_are_text() -> None:
     assert cmd.item.content[0].text == text
 
 
-@pytest.mark.parametrize("event_id", ["e\x00", "e\n", "x" * (limits.MAX_ID_CHARS + 1)])
-def test_an_event_id_out_of_bounds_is_refused_and_not_echoed(event_id: str) -> None:
-    err = _err({"type": "session.heartbeat", "event_id": event_id})
+def test_an_event_id_out_of_bounds_is_refused_and_not_echoed() -> None:
+    err = _err({"type": "session.heartbeat", "event_id": "x" * (limits.MAX_ID_CHARS + 1)})
     assert (err.code, err.param, err.event_id) == ("bad_event", "event_id", None)
 
 
