@@ -4,7 +4,8 @@ Public API (see ``docs/protocol.md`` for the wire reference):
 
 * ``decode(data, mode) -> ClientCommand``, ``decode_event(data, mode) -> ServerEvent``,
   ``encode(event_or_command, mode) -> str | bytes``, ``Mode`` (GA, BETA, MSGPACK),
-  ``MSGPACK_SUBPROTOCOL``, ``MAX_EVENT_BYTES``;
+  ``MSGPACK_SUBPROTOCOL``, ``MAX_EVENT_BYTES``, ``MAX_EVENT_ELEMENTS``;
+* ``duplex.protocol.limits``: the bound of every length, count and number a client sends;
 * ``ProtocolError``, ``ERROR_TYPES``, ``error_type``;
 * ``AudioFormat``, ``AudioFormatSpec``, ``parse_format``;
 * ``new_event_id``, ``new_item_id``, ``new_response_id``, ``new_call_id``, ``new_session_id``;
@@ -17,9 +18,10 @@ and soxr, which a pure codec user does not need.
 
 from __future__ import annotations
 
-from duplex.protocol import ext, realtime
+from duplex.protocol import ext, limits, realtime
 from duplex.protocol.codec import (
     MAX_EVENT_BYTES,
+    MAX_EVENT_ELEMENTS,
     MSGPACK_SUBPROTOCOL,
     TYPE_ALIASES,
     Mode,
@@ -38,6 +40,7 @@ __all__ = [
     "CLIENT_COMMAND_TYPES",
     "ERROR_TYPES",
     "MAX_EVENT_BYTES",
+    "MAX_EVENT_ELEMENTS",
     "MSGPACK_SUBPROTOCOL",
     "SERVER_EVENT_TYPES",
     "TYPE_ALIASES",
@@ -52,6 +55,7 @@ __all__ = [
     "encode",
     "error_type",
     "ext",
+    "limits",
     "new_call_id",
     "new_event_id",
     "new_item_id",

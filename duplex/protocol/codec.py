@@ -8,13 +8,20 @@ Three renderings of the same structs (``Mode``):
 * ``BETA``: the beta names and shapes for clients that sent ``OpenAI-Beta: realtime=v1``;
 * ``MSGPACK``: msgpack binary frames with raw audio bytes (subprotocol ``duplex.msgpack.v1``).
 
-``decode`` takes the fast path first: one typed msgspec decode into the ``ClientCommand`` union. Only
-when that fails does it read the frame as plain data, fold the accepted alternative spellings
-(``input.commit``, ``close``, a flat ``session.update`` without its ``session`` wrapper, ``delta`` for
-``audio``, a frames-only append) into the canonical ones and try again. If that fails too, the
-validation error becomes a ``ProtocolError`` with a precise code, the field at fault as ``param``
-(a dotted path such as ``session.audio.input.format``) and the client's ``event_id``. Unknown fields
-are ignored; a wrong type is ``bad_event`` naming the field.
+``decode`` bounds the frame before it builds anything: its size in bytes (``max_bytes``) and, for a
+frame longer than the element budget, the number of elements it may hold (``max_elements``,
+``_elements``: building objects is what a decode costs). Then one typed msgspec decode into the
+``ClientCommand`` union, whose field types bound every length, count and number
+(``duplex.protocol.limits``). Only when that fails is the frame read again, as an outline of raw
+member slices that builds no values (``_aliases``): it gives the client's ``event_id`` and ``type``
+for the error and, when an alternative spelling explains the failure (``input.commit``, ``close``,
+a flat ``session.update`` without its ``session`` wrapper, a beta ``turn_detection`` without
+``type``), the folded frame is decoded typed once more. (An append's spellings, ``delta`` for
+``audio`` and the frames-only form, are read by its struct in the first decode.)
+A validation error becomes a ``ProtocolError`` with a precise code, the field at fault as ``param``
+(a dotted path such as ``session.audio.input.format``) and the client's ``event_id``. Unknown
+fields are ignored (skipped, not built); a wrong type or a value out of bounds is ``bad_event``
+naming the field.
 
 ``decode`` accepts GA and beta client spellings in every mode (their client event names are the same;
 the session and response shapes carry both spellings). ``encode`` never fails for a valid struct.
@@ -31,13 +38,17 @@ from typing import Any, Final
 
 import msgspec
 
+from duplex.protocol._aliases import TYPE_ALIASES, Rendering, fold
 from duplex.protocol._beta import from_beta_event, to_beta_event
+from duplex.protocol._elements import json_exceeds, msgpack_exceeds
 from duplex.protocol.errors import ERROR_TYPES, ProtocolError
+from duplex.protocol.limits import MAX_EVENT_ELEMENTS, PATTERN_WORDS
 from duplex.protocol.realtime._base import Command, Event
 from duplex.protocol.types import ClientCommand, ServerEvent
 
 __all__ = [
     "MAX_EVENT_BYTES",
+    "MAX_EVENT_ELEMENTS",
     "MSGPACK_SUBPROTOCOL",
     "TYPE_ALIASES",
     "Mode",
@@ -53,19 +64,12 @@ MSGPACK_SUBPROTOCOL: Final = "duplex.msgpack.v1"
 MAX_EVENT_BYTES: Final = 15 * 1024 * 1024
 """Largest inbound frame (UTF-8 bytes for text frames) before ``event_too_large``."""
 
-TYPE_ALIASES: Final[dict[str, str]] = {
-    "input.commit": "input_audio_buffer.commit",
-    "close": "session.close",
-    "close_session": "session.close",
-    "audio.playback_ack": "playback.ack",
-}
-"""Alternative client spellings of a command type (vLLM-Omni's), folded at decode."""
-
 # Commands whose every shape error has its own code (wire_protocol.md §4.2, §10.5).
 _SHAPE_CODES: Final = {"session.resume": "invalid_session_resume", "session.event_ack": "invalid_event_ack"}
 _FORMAT_FIELDS: Final = frozenset({"format", "input_audio_format", "output_audio_format", "response_format"})
-_ERROR_RE: Final = re.compile(r"^(?P<msg>.*?)(?: - at `\$(?P<path>[^`]*)`)?$", re.DOTALL)
-_CODED_RE: Final = re.compile(r"^(?P<code>[a-z_]+)(?:@(?P<field>[\w.\[\]]+))?: (?P<msg>.*)$", re.DOTALL)
+_ERROR_RE: Final = re.compile(r"^(?P<msg>.*?)(?: - at (?P<key>`key` in )?`\$(?P<path>[^`]*)`)?$", re.DOTALL)
+_REGEX_RE: Final = re.compile(r"matching regex (?P<pattern>'.*')", re.DOTALL)
+_CODED_RE: Final = re.compile(r"^(?P<code>[a-z_]+)(?:@(?P<field>[\w.\[\]$-]+))?: (?P<msg>.*)$", re.DOTALL)
 
 
 class Mode(enum.Enum):
@@ -80,8 +84,10 @@ _JSON_COMMANDS = msgspec.json.Decoder(ClientCommand)
 _MSGPACK_COMMANDS = msgspec.msgpack.Decoder(ClientCommand)
 _JSON_EVENTS = msgspec.json.Decoder(ServerEvent)
 _MSGPACK_EVENTS = msgspec.msgpack.Decoder(ServerEvent)
-_JSON_ANY = msgspec.json.Decoder()
+_JSON_ANY = msgspec.json.Decoder()  # server events, for clients (``decode_event``)
 _MSGPACK_ANY = msgspec.msgpack.Decoder()
+_JSON = Rendering(msgspec.json)
+_MSGPACK = Rendering(msgspec.msgpack)
 _JSON_ENCODER = msgspec.json.Encoder()
 _MSGPACK_ENCODER = msgspec.msgpack.Encoder()
 
@@ -89,45 +95,55 @@ _MSGPACK_ENCODER = msgspec.msgpack.Encoder()
 # -- decoding --------------------------------------------------------------------------------------
 
 
-def decode(data: str | bytes, mode: Mode = Mode.GA, *, max_bytes: int = MAX_EVENT_BYTES) -> ClientCommand:
+def decode(
+    data: str | bytes,
+    mode: Mode = Mode.GA,
+    *,
+    max_bytes: int = MAX_EVENT_BYTES,
+    max_elements: int = MAX_EVENT_ELEMENTS,
+) -> ClientCommand:
     """Decode one client frame into a command.
 
     ``data`` is a text frame (``str``) or its bytes for the JSON modes, a binary frame for ``MSGPACK``
     (where a ``str`` is still read as JSON: a text frame is JSON on any connection).
-    Raises ``ProtocolError`` (and nothing else) with code ``event_too_large`` (over ``max_bytes``),
-    ``invalid_json`` (not JSON / msgpack), ``bad_event`` (not an object, no string ``type``, wrong
-    field type or value), ``unknown_event``, ``bad_audio`` (bad base64), ``unsupported_audio_format``,
-    ``unsupported_turn_detection``, ``invalid_video_frames``, ``invalid_session_resume`` or
-    ``invalid_event_ack``. A rejected frame changes nothing; the session stays usable.
+    Raises ``ProtocolError`` (and nothing else) with code ``event_too_large`` (over ``max_bytes``, or
+    more than ``max_elements`` elements in a frame longer than that; no ``event_id``: the frame is
+    refused unread), ``invalid_json`` (not JSON / msgpack), ``bad_event`` (not an object, no string
+    ``type``, wrong field type or value, a value out of bounds), ``unknown_event``, ``bad_audio`` (bad
+    base64), ``unsupported_audio_format``, ``unsupported_turn_detection``, ``invalid_video_frames``,
+    ``invalid_session_resume`` or ``invalid_event_ack``. A rejected frame changes nothing; the session
+    stays usable.
     """
     _check_size(data, max_bytes)
     # A text frame is JSON whatever the connection's mode: a msgpack client may still send JSON text.
     binary = mode is Mode.MSGPACK and not isinstance(data, str)
-    typed, raw = (_MSGPACK_COMMANDS, _MSGPACK_ANY) if binary else (_JSON_COMMANDS, _JSON_ANY)
+    _check_elements(data, max_elements, binary=binary)
+    typed = _MSGPACK_COMMANDS if binary else _JSON_COMMANDS
     try:
         return typed.decode(data)
     except msgspec.ValidationError as exc:
         first = exc
-    except msgspec.DecodeError:
+    except (msgspec.DecodeError, UnicodeEncodeError):  # UnicodeEncodeError: a str with lone surrogates
         kind = "msgpack" if binary else "JSON"
         raise ProtocolError("invalid_json", f"The frame is not valid {kind}") from None
     except RecursionError:
         raise ProtocolError("bad_event", "The event is nested too deeply") from None
-    return _decode_slow(raw, data, first, binary=binary)
+    return _decode_outline(data, first, _MSGPACK if binary else _JSON)
 
 
 def command_decoder(
-    mode: Mode, *, max_bytes: int = MAX_EVENT_BYTES
+    mode: Mode, *, max_bytes: int = MAX_EVENT_BYTES, max_elements: int = MAX_EVENT_ELEMENTS
 ) -> Callable[[str | bytes], ClientCommand]:
     """``decode`` for one connection: ``decoder(data)`` gives exactly what
-    ``decode(data, mode, max_bytes=max_bytes)`` gives, command or ``ProtocolError``. A frame of the
-    connection's own kind (binary on ``MSGPACK``, text otherwise) well within the size limit that
-    decodes cleanly costs one C call; anything else takes ``decode``'s full path."""
+    ``decode(data, mode, max_bytes=max_bytes, max_elements=max_elements)`` gives, command or
+    ``ProtocolError``. A frame of the connection's own kind (binary on ``MSGPACK``, text otherwise)
+    too short to exceed either limit that decodes cleanly costs one C call; anything else takes
+    ``decode``'s full path."""
     binary = mode is Mode.MSGPACK
     typed = (_MSGPACK_COMMANDS if binary else _JSON_COMMANDS).decode
     # A text frame's UTF-8 length is at most 4 bytes a character: under this many characters it
-    # cannot exceed the limit.
-    limit = max_bytes if binary else max_bytes // 4
+    # cannot exceed the limit. A frame holds at most as many elements as it has bytes (characters).
+    limit = min(max_bytes if binary else max_bytes // 4, max_elements)
     own = bytes if binary else str
 
     def decoder(data: str | bytes) -> ClientCommand:
@@ -136,14 +152,16 @@ def command_decoder(
                 return typed(data)
             except Exception:
                 pass  # decode below raises the precise error
-        return decode(data, mode, max_bytes=max_bytes)
+        return decode(data, mode, max_bytes=max_bytes, max_elements=max_elements)
 
     return decoder
 
 
 def _check_size(data: str | bytes, max_bytes: int) -> None:
     size = len(data)
-    if isinstance(data, str) and size * 4 > max_bytes:  # only then can the UTF-8 length exceed it
+    # Only when it has more than a quarter as many characters can a text's UTF-8 length exceed the
+    # limit, and only when it is not ASCII (a flag, not a scan) can that length differ from ``size``.
+    if isinstance(data, str) and size * 4 > max_bytes and not data.isascii():
         size = len(data.encode("utf-8", "surrogatepass"))
     if size > max_bytes:
         raise ProtocolError(
@@ -151,78 +169,53 @@ def _check_size(data: str | bytes, max_bytes: int) -> None:
         )
 
 
-def _decode_slow(
-    raw: Any, data: str | bytes, first: msgspec.ValidationError, *, binary: bool
-) -> ClientCommand:
+def _check_elements(data: str | bytes, max_elements: int, *, binary: bool) -> None:
+    if len(data) <= max_elements:
+        return  # every element takes at least one byte (character)
+    if msgpack_exceeds(data, max_elements) if binary else json_exceeds(data, max_elements):  # type: ignore[arg-type]
+        what = "values" if binary else "commas and brackets, counted inside strings too"
+        raise ProtocolError(
+            "event_too_large",
+            f"Event holds more than {max_elements} elements ({what}), the limit for a frame of more "
+            f"than {max_elements} bytes",
+        )
+
+
+def _decode_outline(data: str | bytes, first: msgspec.ValidationError, r: Rendering) -> ClientCommand:
+    """The second reading of a frame the typed decode refused (see the module doc): its outline
+    gives ``event_id`` and ``type``; an alternative spelling is folded and decoded typed again;
+    otherwise ``first`` becomes the error."""
     try:
-        obj = raw.decode(data)
-    except msgspec.DecodeError:  # the typed pass stopped at a type error before reaching the damage
-        kind = "msgpack" if binary else "JSON"
+        frame = r.members(data)
+    except msgspec.ValidationError:  # (a DecodeError too: this clause first)
+        raise ProtocolError("bad_event", "An event must be an object with a string `type`") from None
+    except msgspec.DecodeError:  # the typed decode stopped at a wrong value before the damage
+        kind = "msgpack" if r.binary else "JSON"
         raise ProtocolError("invalid_json", f"The frame is not valid {kind}") from None
     except RecursionError:
         raise ProtocolError("bad_event", "The event is nested too deeply") from None
-    if not isinstance(obj, dict):
-        raise ProtocolError("bad_event", "An event must be an object with a string `type`")
-    event_id = obj.get("event_id") if isinstance(obj.get("event_id"), str) else None
-    kind = obj.get("type")
-    if not isinstance(kind, str):
-        raise ProtocolError(
-            "bad_event", "An event must have a string `type`", param="type", event_id=event_id
-        )
-    folded = _fold_aliases(obj, binary=binary)
-    if folded is None:
+    event_id = r.id(frame.get("event_id"))
+    kind = r.name(frame.get("type"))
+    if kind is None:
+        message = "An event must have a string `type` naming a command"
+        raise ProtocolError("bad_event", message, param="type", event_id=event_id)
+    if not fold(frame, kind, r):
         raise _to_protocol_error(first, kind, event_id)
+    typed = _MSGPACK_COMMANDS if r.binary else _JSON_COMMANDS
     try:
-        return msgspec.convert(folded, ClientCommand)
+        return typed.decode(r.frame(frame))
     except msgspec.ValidationError as exc:
-        raise _to_protocol_error(exc, folded["type"], event_id) from None
-
-
-def _fold_aliases(obj: dict[str, Any], *, binary: bool) -> dict[str, Any] | None:
-    """Rewrite alternative spellings into canonical ones; ``None`` when there was nothing to fold."""
-    out = dict(obj)
-    kind = TYPE_ALIASES.get(obj["type"], obj["type"])
-    out["type"] = kind
-    if obj["type"] == "input.commit" and "create_response" not in obj and "response_create" not in obj:
-        out["create_response"] = True  # input.commit asks for a response unless told otherwise
-    if kind == "session.update" and "session" not in obj:
-        out = {"type": kind, "session": {k: v for k, v in obj.items() if k not in ("type", "event_id")}}
-        if "event_id" in obj:
-            out["event_id"] = obj["event_id"]
-    if kind == "session.update" and isinstance(out.get("session"), dict):
-        out["session"] = _fold_turn_detection(out["session"])
-    if kind == "input_audio_buffer.append" and "audio" not in obj:
-        if "delta" in obj:
-            out["audio"] = obj["delta"]
-        elif obj.get("video_frames"):
-            out["audio"] = b"" if binary else ""  # a frames-only append
-    return None if out == obj else out
-
-
-def _fold_turn_detection(session: dict[str, Any]) -> dict[str, Any]:
-    """Beta clients may leave out ``turn_detection.type``; OpenAI's beta default is ``server_vad``."""
-    out = dict(session)
-    td = out.get("turn_detection")
-    if isinstance(td, dict) and "type" not in td:
-        out["turn_detection"] = {**td, "type": "server_vad"}
-    audio = out.get("audio")
-    inp = audio.get("input") if isinstance(audio, dict) else None
-    if (
-        isinstance(inp, dict)
-        and isinstance(inp.get("turn_detection"), dict)
-        and "type" not in inp["turn_detection"]
-    ):
-        out["audio"] = {
-            **audio,
-            "input": {**inp, "turn_detection": {**inp["turn_detection"], "type": "server_vad"}},
-        }
-    return out
+        raise _to_protocol_error(exc, TYPE_ALIASES.get(kind, kind), event_id) from None
+    except (msgspec.DecodeError, RecursionError):  # the outline decoded, so this cannot happen
+        raise ProtocolError("bad_event", f"Invalid {kind}", event_id=event_id) from None
 
 
 def _to_protocol_error(exc: msgspec.ValidationError, kind: str, event_id: str | None) -> ProtocolError:
     match = _ERROR_RE.match(str(exc))
     assert match is not None  # the pattern matches any string
-    message, path = match["msg"], match["path"]
+    message, path = _plain_words(match["msg"]), match["path"]
+    if match["key"]:
+        message = f"{message} (an object key)"
     param = path.lstrip(".") if path else None
     coded = _CODED_RE.match(message)
     if coded and coded["code"] in ERROR_TYPES:
@@ -253,6 +246,18 @@ def _to_protocol_error(exc: msgspec.ValidationError, kind: str, event_id: str | 
         )
     where = f" at {param}" if param else ""
     return ProtocolError("bad_event", f"Invalid {kind}{where}: {message}", param=param, event_id=event_id)
+
+
+_PATTERN_REPRS: Final = {repr(pattern): words for pattern, words in PATTERN_WORDS.items()}
+
+
+def _plain_words(message: str) -> str:
+    """msgspec's message with a character pattern (``limits``) said in words."""
+    found = _REGEX_RE.search(message)
+    if found is None:
+        return message
+    words = _PATTERN_REPRS.get(found["pattern"], "of the allowed characters")
+    return message[: found.start()] + words + message[found.end() :]
 
 
 def decode_event(data: str | bytes, mode: Mode = Mode.GA, *, max_bytes: int = MAX_EVENT_BYTES) -> ServerEvent:

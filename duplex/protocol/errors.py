@@ -27,7 +27,7 @@ from typing import TYPE_CHECKING, Final, Literal
 if TYPE_CHECKING:
     from duplex.protocol.realtime.events import ErrorDetail, ErrorEvent
 
-__all__ = ["ERROR_TYPES", "DuplexError", "ErrorType", "ProtocolError", "error_type"]
+__all__ = ["ERROR_TYPES", "DuplexError", "ErrorType", "ProtocolError", "error_type", "field_error"]
 
 ErrorType = Literal["invalid_request_error", "server_error", "rate_limit_error"]
 
@@ -188,3 +188,10 @@ class ProtocolError(DuplexError):
     def __repr__(self) -> str:
         where = f", param={self.param!r}, event_id={self.event_id!r}"
         return f"ProtocolError({self.code!r}, {self.message!r}{where})"
+
+
+def field_error(code: str, message: str, field: str | None = None) -> ValueError:
+    """The error a wire struct's ``__post_init__`` raises for a bad value: ``ValueError("code@field:
+    message")``. msgspec adds where the struct sits in the frame, and the codec turns it into
+    ``ProtocolError(code, message, param=<that path>.field)``. ``code`` must be in ``ERROR_TYPES``."""
+    return ValueError(f"{code}@{field}: {message}" if field else f"{code}: {message}")

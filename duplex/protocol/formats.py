@@ -24,6 +24,7 @@ from typing import Final, Literal
 import msgspec
 
 from duplex.protocol.errors import ProtocolError
+from duplex.protocol.limits import Name
 
 __all__ = [
     "DEFAULT_RATES",
@@ -160,9 +161,9 @@ class AudioFormatSpec(msgspec.Struct, frozen=True, kw_only=True, omit_defaults=T
     ``ValueError("unsupported_audio_format: ...")``.
     """
 
-    type: str | None = None
+    type: Name | None = None
     rate: int | None = None
-    format_alias: str | None = msgspec.field(default=None, name="format")
+    format_alias: Name | None = msgspec.field(default=None, name="format")
     sample_rate_hz: int | None = None
     sample_rate: int | None = None
 

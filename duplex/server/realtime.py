@@ -34,7 +34,9 @@ Under another ASGI server the same code runs on plain ASGI ``receive`` / ``send`
 peer cannot be aborted.
 
 Bad input never ends a session: an oversized frame, a frame that does not decode or a command the
-engine refuses gets one ``error`` with the precise code and the client's ``event_id``.
+engine refuses gets one ``error`` with the precise code and the client's ``event_id``. Every frame is
+decoded once: a message ``_receive_now`` declines keeps what its decode gave (the command, or the
+``ProtocolError``) for the reader, which answers it without decoding it again.
 """
 
 from __future__ import annotations
@@ -139,6 +141,9 @@ class _Connection:
         self._stalled = False
         self._bucket = TokenBucket(self.cfg.max_messages_per_s, self.cfg.max_message_burst)
         self._decode_own = command_decoder(mode, max_bytes=self.cfg.max_message_bytes)
+        # The payload ``_receive_now`` last declined and what decoding it gave (a command or the
+        # ``ProtocolError``): the reader takes that payload next and must not decode it again.
+        self._declined: tuple[str | bytes, Any] | None = None
         self._encode = event_encoder(mode)
         # Under our uvicorn protocol the data path skips the ASGI message dicts and Starlette's
         # per-message state checks, and a stalled peer can be aborted; elsewhere, plain ASGI.
@@ -232,6 +237,19 @@ class _Connection:
         if isinstance(data, bytes) == self._binary:
             return self._decode_own(data)  # the connection's own kind of frame: ``decode``, bound
         return decode(data, Mode.GA, max_bytes=self.cfg.max_message_bytes)
+
+    def _decode_once(self, data: str | bytes) -> Any:
+        """``_decode`` for the reader: a payload ``_receive_now`` declined was decoded there
+        already; its command is returned (or its ``ProtocolError`` raised) without a second decode,
+        which for a large hostile frame would cost as much again."""
+        declined = self._declined
+        if declined is not None:
+            self._declined = None
+            if declined[0] is data:  # the very payload the transport queued after declining it
+                if isinstance(declined[1], ProtocolError):
+                    raise declined[1]
+                return declined[1]
+        return self._decode(data)
 
     # -- opening ---------------------------------------------------------------------------
 
@@ -387,7 +405,7 @@ class _Connection:
                 )
                 continue
             try:
-                cmd = self._decode(data)
+                cmd = self._decode_once(data)
             except ProtocolError as err:
                 await self._send_error(err)
                 continue
@@ -402,23 +420,31 @@ class _Connection:
         that does not decode, a ``session.resume``, and a command the engine refuses all need an
         ``error`` sent, so they are declined (``False``) with nothing done (a refused command
         changed nothing, the bucket's token is given back) and the reader handles them in order,
-        exactly as without this path. Never raises.
+        exactly as without this path; what the decode gave is kept for it (``_decode_once``), so
+        no frame is decoded twice. Never raises.
         """
         att = self._att
         bucket = self._bucket
         if bucket.rate_per_s > 0 and not bucket.allow(time.monotonic()):
             return False  # a refusal takes no token: the reader asks again and answers it
+        cmd: Any = None
         try:
             cmd = self._decode(data)
             if isinstance(cmd, SessionEventAck):
                 att.ack(cmd.server_event_seq)
             elif isinstance(cmd, SessionResume):
                 bucket.refund()
+                self._declined = (data, cmd)
                 return False
             else:
                 att.submit(cmd)
+        except ProtocolError as err:
+            bucket.refund()
+            self._declined = (data, err if cmd is None else cmd)
+            return False
         except Exception:
             bucket.refund()
+            self._declined = (data, cmd) if cmd is not None else None
             return False
         self.metrics.client_events += 1
         return True

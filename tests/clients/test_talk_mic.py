@@ -86,9 +86,12 @@ def nonzero(pcm: np.ndarray) -> np.ndarray:
 
 
 def reply_audio(events: list[Any], response_id: str) -> tuple[np.ndarray, list[tuple[float, str]]]:
-    """A response's audio, and per audio delta its end (ms) and the transcript that came with it."""
+    """A response's audio, and its text marks: per chunk of the model's reply, where its audio ends
+    (ms) and its transcript. The server paces a chunk out in pieces; the chunk's transcript follows
+    its first piece, and the chunk runs until the piece that the next transcript follows."""
     pcm: list[np.ndarray] = []
-    marks: list[tuple[float, str]] = []
+    ends: list[float] = []  # per audio delta, where it ends
+    starts: dict[int, str] = {}  # audio delta index -> the transcript of the chunk it begins
     end_ms = 0.0
     for event in events:
         if getattr(event, "response_id", None) != response_id:
@@ -97,9 +100,14 @@ def reply_audio(events: list[Any], response_id: str) -> tuple[np.ndarray, list[t
         if kind == "response.output_audio.delta":
             pcm.append(decode_audio(event.delta, PCM16))
             end_ms += len(pcm[-1]) / 24
-            marks.append((end_ms, ""))
-        elif kind == "response.output_audio_transcript.delta" and marks:
-            marks[-1] = (marks[-1][0], marks[-1][1] + event.delta)
+            ends.append(end_ms)
+        elif kind == "response.output_audio_transcript.delta" and ends:
+            starts[len(ends) - 1] = starts.get(len(ends) - 1, "") + event.delta
+    firsts = sorted(starts)
+    marks = [
+        (ends[(firsts[k + 1] if k + 1 < len(firsts) else len(ends)) - 1], starts[i])
+        for k, i in enumerate(firsts)
+    ]
     return (np.concatenate(pcm) if pcm else np.zeros(0, np.float32)), marks
 
 

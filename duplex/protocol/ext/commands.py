@@ -13,19 +13,40 @@ Tier 3 commands exist only here: ``session.resume`` (``last_event_seq``, alias
 ``last_received_server_event_seq``), ``session.event_ack``, ``session.heartbeat``, ``session.close``,
 ``barge_in``, ``playback.ack``. Alias spellings are folded into the canonical field when decoded and
 never rendered.
+
+Every field is bounded by its type (``duplex.protocol.limits``): ``extra_body`` is free-form JSON,
+but the keys the engine reads are typed (``ExtraBodySettings``); ``played_ms`` and the other audio
+positions are finite, non-negative and at most a day; a ``session.close`` reason is printable ASCII.
 """
 
 from __future__ import annotations
 
-from typing import Any, Final
+import re
+from typing import Annotated, Final
 
 import msgspec
+from msgspec import UNSET, Meta, UnsetType
 
-from duplex.protocol.errors import ProtocolError
+from duplex.protocol.errors import ProtocolError, field_error
 from duplex.protocol.formats import AudioFormat, check_rate, parse_format
+from duplex.protocol.limits import (
+    MAX_IDLE_TIMEOUT_S,
+    MAX_OVERLAP_MS,
+    AudioMs,
+    AudioMsInt,
+    Id,
+    JsonObject,
+    Metadata,
+    Name,
+    Probability,
+    Reason,
+    Seq,
+    Text,
+    check_json,
+)
 from duplex.protocol.realtime._base import Command
 from duplex.protocol.realtime.commands import InputAudioBufferAppend, InputAudioBufferCommit, SessionUpdate
-from duplex.protocol.realtime.session import FormatValue, SessionConfig
+from duplex.protocol.realtime.session import FormatValue, SessionConfig, max_tokens
 
 __all__ = [
     "MAX_VIDEO_FRAMES",
@@ -35,6 +56,7 @@ __all__ = [
     "DuplexInputAudioBufferCommit",
     "DuplexSessionConfig",
     "DuplexSessionUpdate",
+    "ExtraBodySettings",
     "PlaybackAck",
     "SessionClose",
     "SessionEventAck",
@@ -49,30 +71,57 @@ MAX_VIDEO_FRAME_BYTES: Final = 3_000_000
 
 _JPEG: Final = b"\xff\xd8\xff"
 _PNG: Final = b"\x89PNG\r\n\x1a\n"
+_ERROR_AT: Final = re.compile(r"^(?P<msg>.*?) - at `\$\.(?P<key>\w+)`$", re.DOTALL)
+
+_fail = field_error
+OverlapMs = Annotated[float, Meta(ge=0, le=MAX_OVERLAP_MS)]
 
 
-def _fail(code: str, message: str, field: str | None = None) -> ValueError:
-    # "code@field: message": the codec turns it into ProtocolError(code, message, param=<path>.field)
-    return ValueError(f"{code}@{field}: {message}" if field else f"{code}: {message}")
+class ExtraBodySettings(msgspec.Struct, frozen=True, kw_only=True):
+    """The keys of ``extra_body`` the engine reads, typed: a value of another type or out of range
+    is refused at decode (``bad_event``, ``param`` e.g. ``session.extra_body.overlap_barge_in_ms``).
+    Every other key is free-form JSON (``check_json``)."""
+
+    overlap_policy: Name | None = None
+    playback_commit_policy: Name | None = None
+    overlap_short_ack_ms: OverlapMs | None = None
+    overlap_barge_in_ms: OverlapMs | None = None
+    overlap_silence_rms: Probability | None = None
 
 
 class DuplexSessionConfig(SessionConfig, kw_only=True):
-    """``SessionConfig`` plus the vLLM-Omni session keys (its clients switch to us unmodified)."""
+    """``SessionConfig`` plus the vLLM-Omni session keys (its clients switch to us unmodified).
+
+    ``ref_audio`` (a data URI) is bounded by the frame's size only. The overlap keys may be given
+    here or in ``extra_body``."""
 
     sample_rate_hz: int | None = None
     sample_rate: int | None = None
-    extra_body: dict[str, Any] | None = None
+    extra_body: JsonObject | None = None
     ref_audio: str | None = None
-    overlap_policy: str | None = None
-    playback_commit_policy: str | None = None
-    idle_timeout_s: float | None = None
-    initial_user_text: str | None = None
-    max_tokens: int | str | None = None
+    overlap_policy: Name | None = None
+    playback_commit_policy: Name | None = None
+    overlap_short_ack_ms: OverlapMs | None = None
+    overlap_barge_in_ms: OverlapMs | None = None
+    overlap_silence_rms: Probability | None = None
+    idle_timeout_s: Annotated[float, Meta(ge=0, le=MAX_IDLE_TIMEOUT_S)] | None = None
+    initial_user_text: Text | None = None
+    max_tokens: int | Name | None = None
     response_format: FormatValue | None = None
-    metadata: dict[str, Any] | None = None
+    metadata: Metadata | None = None
 
     def __post_init__(self) -> None:
         super().__post_init__()
+        msgspec.structs.force_setattr(self, "max_tokens", max_tokens(self.max_tokens, "max_tokens"))
+        if self.extra_body is not None:
+            check_json(self.extra_body, "extra_body")
+            try:
+                msgspec.convert(self.extra_body, ExtraBodySettings)
+            except msgspec.ValidationError as exc:
+                found = _ERROR_AT.match(str(exc))
+                key = f"extra_body.{found['key']}" if found else "extra_body"
+                message = found["msg"] if found else str(exc)
+                raise _fail("bad_event", f"{key}: {message}", key) from None
         rate = self.sample_rate_hz if self.sample_rate_hz is not None else self.sample_rate
         if rate is not None:
             try:
@@ -115,22 +164,35 @@ class DuplexInputAudioBufferAppend(InputAudioBufferAppend, tag="input_audio_buff
 
     ``format`` / ``sample_rate_hz`` override the session's input format for this append only.
     ``is_speech`` is the client's VAD verdict (``speech`` is accepted as its alias). ``video_frames``
-    are encoded JPEG or PNG images bound to this append's audio.
+    are encoded JPEG or PNG images bound to this append's audio. ``audio`` may be spelled ``delta``
+    (vLLM-Omni), and left out when ``video_frames`` are given (a frames-only append: ``b""``); both
+    are read here, in the one typed decode, so an append never takes the codec's second reading.
+    After decoding, ``audio`` is always ``bytes``.
     """
 
+    audio: bytes | UnsetType = UNSET  # type: ignore[assignment]
     format: FormatValue | None = None
     sample_rate_hz: int | None = None
     is_speech: bool | None = None
-    speech_probability: float | None = None
-    audio_start_ms: int | None = None
-    audio_end_ms: int | None = None
-    video_frames: list[bytes] | None = None
+    speech_probability: Probability | None = None
+    audio_start_ms: AudioMsInt | None = None
+    audio_end_ms: AudioMsInt | None = None
+    video_frames: Annotated[list[bytes], Meta(max_length=MAX_VIDEO_FRAMES)] | None = None
     max_slice_nums: int | None = None
     speech_alias: bool | None = msgspec.field(default=None, name="speech")
     sample_rate_alias: int | None = msgspec.field(default=None, name="sample_rate")
+    delta_alias: bytes | None = msgspec.field(default=None, name="delta")
 
     def __post_init__(self) -> None:
         set_ = msgspec.structs.force_setattr
+        if self.audio is UNSET:  # ``delta``, or a frames-only append
+            if self.delta_alias is not None:
+                set_(self, "audio", self.delta_alias)
+            elif self.video_frames is not None:
+                set_(self, "audio", b"")
+            else:
+                raise _fail("bad_event", "Object missing required field `audio`", "audio")
+        set_(self, "delta_alias", None)
         if self.speech_alias is not None:  # folded into ``is_speech``, then dropped
             if self.is_speech is None:
                 set_(self, "is_speech", self.speech_alias)
@@ -211,10 +273,10 @@ class SessionResume(Command, tag="session.resume", kw_only=True):
     replays every journaled event after it. ``last_received_server_event_seq`` is accepted as an alias.
     """
 
-    session_id: str
-    resume_token: str
-    last_event_seq: int = 0
-    last_received_alias: int | None = msgspec.field(default=None, name="last_received_server_event_seq")
+    session_id: Id
+    resume_token: Id
+    last_event_seq: Seq = 0
+    last_received_alias: Seq | None = msgspec.field(default=None, name="last_received_server_event_seq")
 
     def __post_init__(self) -> None:
         if self.last_received_alias is not None and self.last_event_seq == 0:
@@ -231,7 +293,7 @@ class SessionResume(Command, tag="session.resume", kw_only=True):
 class SessionEventAck(Command, tag="session.event_ack", kw_only=True):
     """The client processed every server event up to ``server_event_seq``; trims the journal."""
 
-    server_event_seq: int
+    server_event_seq: Seq
 
     def __post_init__(self) -> None:
         if self.server_event_seq < 0:
@@ -247,30 +309,30 @@ class SessionHeartbeat(Command, tag="session.heartbeat", kw_only=True):
 
 
 class SessionClose(Command, tag="session.close", kw_only=True):
-    """Close the session after every earlier command; the last event is ``session.closed``."""
+    """Close the session after every earlier command; the last event is ``session.closed``.
 
-    reason: str | None = None
+    ``reason`` (at most ``MAX_REASON_CHARS`` printable ASCII characters) becomes the reason of
+    ``session.closed`` and of the WebSocket close frame."""
+
+    reason: Reason | None = None
 
 
 class BargeIn(Command, tag="barge_in", kw_only=True):
     """Hard interrupt: cancel the active response (or ``response_id``) and keep the user's audio."""
 
-    response_id: str | None = None
+    response_id: Id | None = None
 
 
 class PlaybackAck(Command, tag="playback.ack", kw_only=True):
     """What the listener actually heard of a response, in ms of its audio.
 
     ``committed_ms`` (default ``played_ms``) is where the conversation history is cut; ``truncate``
-    lets it move backwards (the rest was not heard and never will be).
+    lets it move backwards (the rest was not heard and never will be). Both are finite, in
+    [0, ``MAX_AUDIO_MS``]: NaN, infinity and negative values are refused at decode.
     """
 
-    played_ms: float
-    committed_ms: float | None = None
-    response_id: str | None = None
-    item_id: str | None = None
+    played_ms: AudioMs
+    committed_ms: AudioMs | None = None
+    response_id: Id | None = None
+    item_id: Id | None = None
     truncate: bool = False
-
-    def __post_init__(self) -> None:
-        if self.played_ms < 0 or (self.committed_ms is not None and self.committed_ms < 0):
-            raise _fail("bad_event", "played_ms and committed_ms must not be negative", "played_ms")

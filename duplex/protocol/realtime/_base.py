@@ -15,6 +15,8 @@ from __future__ import annotations
 
 import msgspec
 
+from duplex.protocol.limits import Id
+
 __all__ = ["Command", "Event", "Wire"]
 
 
@@ -23,9 +25,10 @@ class Wire(msgspec.Struct, frozen=True, kw_only=True, omit_defaults=True):
 
 
 class Command(msgspec.Struct, frozen=True, kw_only=True, omit_defaults=True, tag_field="type"):
-    """A client -> server event. ``event_id`` is the client's own id, echoed in ``error.event_id``."""
+    """A client -> server event. ``event_id`` is the client's own id, echoed in ``error.event_id``
+    (at most ``MAX_ID_CHARS`` characters, no control characters)."""
 
-    event_id: str | None = None
+    event_id: Id | None = None
 
 
 class Event(msgspec.Struct, frozen=True, kw_only=True, omit_defaults=True, tag_field="type"):

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import msgspec
 
+from duplex.protocol.limits import AudioMsInt, ContentIndex, Id
 from duplex.protocol.realtime._base import Command
 from duplex.protocol.realtime.items import ConversationItem
 from duplex.protocol.realtime.responses import ResponseCreateParams
@@ -52,20 +53,20 @@ class InputAudioBufferClear(Command, tag="input_audio_buffer.clear", kw_only=Tru
 class OutputAudioBufferClear(Command, tag="output_audio_buffer.clear", kw_only=True):
     """Stop the audio being played (and cancel the response that produces it)."""
 
-    response_id: str | None = None
+    response_id: Id | None = None
 
 
 class ConversationItemCreate(Command, tag="conversation.item.create", kw_only=True):
     """Add an item after ``previous_item_id`` (``"root"`` = first; ``None`` = last)."""
 
     item: ConversationItem
-    previous_item_id: str | None = None
+    previous_item_id: Id | None = None
 
 
 class ConversationItemRetrieve(Command, tag="conversation.item.retrieve", kw_only=True):
     """Ask for the server's copy of an item."""
 
-    item_id: str
+    item_id: Id
 
 
 def _zero() -> int:
@@ -78,15 +79,15 @@ class ConversationItemTruncate(Command, tag="conversation.item.truncate", kw_onl
     ``content_index`` defaults to 0 and is always rendered (OpenAI's schema requires it).
     """
 
-    item_id: str
-    content_index: int = msgspec.field(default_factory=_zero)
-    audio_end_ms: int
+    item_id: Id
+    content_index: ContentIndex = msgspec.field(default_factory=_zero)
+    audio_end_ms: AudioMsInt
 
 
 class ConversationItemDelete(Command, tag="conversation.item.delete", kw_only=True):
     """Remove an item from the conversation."""
 
-    item_id: str
+    item_id: Id
 
 
 class ResponseCreate(Command, tag="response.create", kw_only=True):
@@ -98,4 +99,4 @@ class ResponseCreate(Command, tag="response.create", kw_only=True):
 class ResponseCancel(Command, tag="response.cancel", kw_only=True):
     """Cancel the active response (or ``response_id``)."""
 
-    response_id: str | None = None
+    response_id: Id | None = None

@@ -3,24 +3,31 @@
 ``Response`` is what ``response.created`` / ``response.done`` carry (GA shape; ``object`` always
 rendered). ``ResponseCreateParams`` is the optional ``response`` of a ``response.create``: GA fields plus
 the beta spellings (``modalities``, ``voice``, ``output_audio_format``, ``temperature``,
-``max_response_output_tokens``); ``metadata`` is echoed in ``response.created`` (DESIGN §4).
+``max_response_output_tokens``); ``metadata`` is echoed in ``response.created`` (DESIGN §4). What a
+client sends is bounded by its types (``duplex.protocol.limits``): ``metadata`` as OpenAI bounds it
+(16 string pairs), at most ``MAX_INPUT_ITEMS`` input items and ``MAX_TOOLS`` tools.
 """
 
 from __future__ import annotations
 
-from typing import Any, Literal
+from typing import Annotated, Any, Literal
 
 import msgspec
+from msgspec import Meta
 
+from duplex.protocol.limits import MAX_INPUT_ITEMS, Metadata, Name, Temperature, Text
 from duplex.protocol.realtime._base import Wire
 from duplex.protocol.realtime.items import ConversationItem, ItemReference
 from duplex.protocol.realtime.session import (
     FormatValue,
+    Modalities,
     Prompt,
     Reasoning,
-    Tool,
     ToolChoiceFunction,
     ToolChoiceMcp,
+    Tools,
+    VoiceRef,
+    max_tokens,
 )
 
 __all__ = [
@@ -76,7 +83,7 @@ class ResponseAudioOutput(Wire, kw_only=True):
     """``audio.output`` of a response: its format and voice."""
 
     format: FormatValue | None = None
-    voice: str | dict[str, Any] | None = None
+    voice: Name | VoiceRef | None = None
 
 
 class ResponseAudio(Wire, kw_only=True):
@@ -105,21 +112,30 @@ class Response(Wire, kw_only=True):
 class ResponseCreateParams(Wire, kw_only=True):
     """The optional ``response`` of ``response.create``: per-response overrides."""
 
-    conversation: str | None = None
-    input: list[ConversationItem | ItemReference] | None = None
-    instructions: str | None = None
-    output_modalities: list[Literal["text", "audio"]] | None = None
+    conversation: Name | None = None
+    input: Annotated[list[ConversationItem | ItemReference], Meta(max_length=MAX_INPUT_ITEMS)] | None = None
+    instructions: Text | None = None
+    output_modalities: Modalities | None = None
     audio: ResponseAudio | None = None
-    max_output_tokens: int | str | None = None
-    metadata: dict[str, Any] | None = None
+    max_output_tokens: int | Name | None = None
+    metadata: Metadata | None = None
     prompt: Prompt | None = None
-    tools: list[Tool] | None = None
-    tool_choice: str | ToolChoiceFunction | ToolChoiceMcp | None = None
+    tools: Tools | None = None
+    tool_choice: Name | ToolChoiceFunction | ToolChoiceMcp | None = None
     parallel_tool_calls: bool | None = None
     reasoning: Reasoning | None = None
     # beta spellings
-    modalities: list[Literal["text", "audio"]] | None = None
-    voice: str | None = None
+    modalities: Modalities | None = None
+    voice: Name | None = None
     output_audio_format: FormatValue | None = None
-    temperature: float | None = None
-    max_response_output_tokens: int | str | None = None
+    temperature: Temperature | None = None
+    max_response_output_tokens: int | Name | None = None
+
+    def __post_init__(self) -> None:
+        set_ = msgspec.structs.force_setattr
+        set_(self, "max_output_tokens", max_tokens(self.max_output_tokens, "max_output_tokens"))
+        set_(
+            self,
+            "max_response_output_tokens",
+            max_tokens(self.max_response_output_tokens, "max_response_output_tokens"),
+        )

@@ -14,18 +14,40 @@ Two structs, because a request and a report differ:
 
 Validation at decode: formats (``unsupported_audio_format``) and turn detection values
 (``unsupported_turn_detection``) raise ``ValueError("<code>: <message>")``, which the codec turns into
-a ``ProtocolError`` naming the field.
+a ``ProtocolError`` naming the field. Every length, count and number a client sends is bounded by
+its type (``duplex.protocol.limits``); free-form JSON (tool parameters, tracing metadata, prompt
+variables) is checked by ``check_json``.
 """
 
 from __future__ import annotations
 
-from typing import Any, Final, Literal
+from typing import Annotated, Final, Literal
 
 import msgspec
-from msgspec import UNSET, UnsetType
+from msgspec import UNSET, Meta, UnsetType
 
-from duplex.protocol.errors import ProtocolError
+from duplex.protocol.errors import ProtocolError, field_error
 from duplex.protocol.formats import AudioFormat, AudioFormatSpec, check_rate, parse_format
+from duplex.protocol.limits import (
+    MAX_MAP_PAIRS,
+    MAX_TOKENS,
+    MAX_TOOLS,
+    MAX_VAD_IDLE_TIMEOUT_MS,
+    MAX_VAD_PREFIX_PADDING_MS,
+    MAX_VAD_SILENCE_MS,
+    FunctionName,
+    Id,
+    JsonObject,
+    Line,
+    Name,
+    NameList,
+    Probability,
+    ShortText,
+    Speed,
+    Temperature,
+    Text,
+    check_json,
+)
 from duplex.protocol.realtime._base import Wire
 
 __all__ = [
@@ -35,7 +57,10 @@ __all__ = [
     "FormatValue",
     "FunctionTool",
     "InputAudioTranscription",
+    "McpApprovalFilter",
     "McpTool",
+    "McpToolFilter",
+    "Modalities",
     "NoiseReduction",
     "Prompt",
     "Reasoning",
@@ -44,22 +69,24 @@ __all__ = [
     "ServerVad",
     "Session",
     "SessionConfig",
+    "TokenLimits",
     "Tool",
     "ToolChoiceFunction",
     "ToolChoiceMcp",
+    "Tools",
     "TracingConfig",
     "TurnDetection",
+    "VoiceRef",
 ]
 
-FormatValue = AudioFormatSpec | str
+FormatValue = AudioFormatSpec | Name
 """A format on the wire: a GA object or a legacy string (``pcm16``, ``g711_ulaw`` ...)."""
+
+Modalities = Annotated[list[Literal["text", "audio"]], Meta(max_length=2)]
 
 INFINITE_TOKENS: Final = ("inf", "infinity", "unlimited")
 
-
-def _fail(code: str, message: str, field: str | None = None) -> ValueError:
-    # "code@field: message": the codec turns it into ProtocolError(code, message, param=<path>.field)
-    return ValueError(f"{code}@{field}: {message}" if field else f"{code}: {message}")
+_fail = field_error
 
 
 class ServerVad(Wire, tag="server_vad", tag_field="type", kw_only=True):
@@ -73,16 +100,25 @@ class ServerVad(Wire, tag="server_vad", tag_field="type", kw_only=True):
     idle_timeout_ms: int | None = None
 
     def __post_init__(self) -> None:
-        if self.threshold is not None and not 0.0 <= self.threshold <= 1.0:
+        if self.threshold is not None and not 0.0 <= self.threshold <= 1.0:  # NaN fails too
             raise _fail(
                 "unsupported_turn_detection",
                 f"threshold must be within [0, 1], got {self.threshold}",
                 "threshold",
             )
-        for name in ("prefix_padding_ms", "silence_duration_ms", "idle_timeout_ms"):
+        for name, most in _VAD_MS_LIMITS:
             value = getattr(self, name)
-            if value is not None and value < 0:
-                raise _fail("unsupported_turn_detection", f"{name} must not be negative, got {value}", name)
+            if value is not None and not 0 <= value <= most:
+                raise _fail(
+                    "unsupported_turn_detection", f"{name} must be within [0, {most}] ms, got {value}", name
+                )
+
+
+_VAD_MS_LIMITS: Final = (
+    ("prefix_padding_ms", MAX_VAD_PREFIX_PADDING_MS),
+    ("silence_duration_ms", MAX_VAD_SILENCE_MS),
+    ("idle_timeout_ms", MAX_VAD_IDLE_TIMEOUT_MS),
+)
 
 
 class SemanticVad(Wire, tag="semantic_vad", tag_field="type", kw_only=True):
@@ -99,19 +135,19 @@ TurnDetection = ServerVad | SemanticVad
 class NoiseReduction(Wire, kw_only=True):
     """``audio.input.noise_reduction``: accepted and echoed; ``type`` is ``near_field`` or ``far_field``."""
 
-    type: str | None = None
-    strength: float | None = None
+    type: Name | None = None
+    strength: Probability | None = None
 
 
 class InputAudioTranscription(Wire, kw_only=True):
     """``audio.input.transcription``: any model name is accepted (DESIGN §4)."""
 
-    model: str | None = None
-    language: str | None = None
-    prompt: str | None = None
-    languages: list[str] | None = None
-    keywords: list[str] | None = None
-    delay: str | None = None
+    model: Name | None = None
+    language: Name | None = None
+    prompt: ShortText | None = None
+    languages: NameList | None = None
+    keywords: NameList | None = None
+    delay: Name | None = None
 
 
 class AudioInputConfig(Wire, kw_only=True):
@@ -124,12 +160,18 @@ class AudioInputConfig(Wire, kw_only=True):
     sample_rate_hz: int | None = None
 
 
+class VoiceRef(Wire, kw_only=True):
+    """A voice given as an object: ``{"id": "voice_1234"}`` (OpenAI's custom voices)."""
+
+    id: Name
+
+
 class AudioOutputConfig(Wire, kw_only=True):
     """``audio.output``. ``voice`` is a name or ``{"id": ...}``; ``speed`` a playback speed factor."""
 
     format: FormatValue | None = None
-    voice: str | dict[str, Any] | None = None
-    speed: float | None = None
+    voice: Name | VoiceRef | None = None
+    speed: Speed | None = None
     sample_rate_hz: int | None = None
 
 
@@ -143,76 +185,117 @@ class AudioConfig(Wire, kw_only=True):
 class FunctionTool(Wire, tag="function", tag_field="type", kw_only=True):
     """A function the model may call; ``parameters`` is a JSON schema object."""
 
-    name: str | None = None
-    description: str | None = None
-    parameters: Any = None
+    name: FunctionName | None = None
+    description: ShortText | None = None
+    parameters: JsonObject | None = None
+
+    def __post_init__(self) -> None:
+        if self.parameters is not None:
+            check_json(self.parameters, "parameters")
+
+
+class McpToolFilter(Wire, kw_only=True):
+    """Which tools of an MCP server: by name, or the read-only ones."""
+
+    read_only: bool | None = None
+    tool_names: NameList | None = None
+
+
+class McpApprovalFilter(Wire, kw_only=True):
+    """``require_approval`` object form: the tools that always or never need approval."""
+
+    always: McpToolFilter | None = None
+    never: McpToolFilter | None = None
 
 
 class McpTool(Wire, tag="mcp", tag_field="type", kw_only=True):
     """A remote MCP server tool (accepted and echoed; the engine may refuse to use it)."""
 
-    server_label: str
-    server_url: str | None = None
-    server_description: str | None = None
-    connector_id: str | None = None
-    authorization: str | None = None
-    headers: dict[str, str] | None = None
-    allowed_tools: Any = None
-    require_approval: Any = None
-    allowed_callers: list[str] | None = None
+    server_label: Name
+    server_url: Line | None = None
+    server_description: ShortText | None = None
+    connector_id: Name | None = None
+    authorization: Line | None = None
+    headers: Annotated[dict[Name, Line], Meta(max_length=MAX_MAP_PAIRS)] | None = None
+    allowed_tools: NameList | McpToolFilter | None = None
+    require_approval: Name | McpApprovalFilter | None = None
+    allowed_callers: NameList | None = None
     defer_loading: bool | None = None
-    tunnel_id: str | None = None
+    tunnel_id: Name | None = None
 
 
 Tool = FunctionTool | McpTool
+Tools = Annotated[list[Tool], Meta(max_length=MAX_TOOLS)]
 
 
 class ToolChoiceFunction(Wire, tag="function", tag_field="type", kw_only=True):
     """``tool_choice`` forcing one function."""
 
-    name: str
+    name: FunctionName
 
 
 class ToolChoiceMcp(Wire, tag="mcp", tag_field="type", kw_only=True):
     """``tool_choice`` forcing one MCP server (optionally one of its tools)."""
 
-    server_label: str
-    name: str | None = None
+    server_label: Name
+    name: Name | None = None
 
 
 class TracingConfig(Wire, kw_only=True):
     """``tracing`` object form (``"auto"`` and ``null`` are the other forms)."""
 
-    workflow_name: str | None = None
-    group_id: str | None = None
-    metadata: Any = None
+    workflow_name: Name | None = None
+    group_id: Name | None = None
+    metadata: JsonObject | None = None
+
+    def __post_init__(self) -> None:
+        if self.metadata is not None:
+            check_json(self.metadata, "metadata")
+
+
+class TokenLimits(Wire, kw_only=True):
+    """``truncation.token_limits``: tokens kept after the instructions when truncating."""
+
+    post_instructions: Annotated[int, Meta(ge=0, le=MAX_TOKENS)] | None = None
 
 
 class RetentionRatioTruncation(Wire, tag="retention_ratio", tag_field="type", kw_only=True):
     """``truncation`` object form (``"auto"`` and ``"disabled"`` are the string forms)."""
 
-    retention_ratio: float
-    token_limits: dict[str, Any] | None = None
+    retention_ratio: Probability
+    token_limits: TokenLimits | None = None
 
 
 class Prompt(Wire, kw_only=True):
-    """A stored prompt reference."""
+    """A stored prompt reference; a variable is a string or an input object (text, image, file)."""
 
-    id: str
-    variables: dict[str, Any] | None = None
-    version: str | None = None
+    id: Id
+    variables: Annotated[dict[Name, Text | JsonObject], Meta(max_length=MAX_MAP_PAIRS)] | None = None
+    version: Name | None = None
+
+    def __post_init__(self) -> None:
+        for value in (self.variables or {}).values():
+            if isinstance(value, dict):
+                check_json(value, "variables")
 
 
 class Reasoning(Wire, kw_only=True):
     """``reasoning`` options; ``effort`` is ``minimal`` ... ``xhigh``."""
 
-    effort: str | None = None
+    effort: Name | None = None
 
 
-def _max_tokens(value: int | str | None, field: str) -> int | str | None:
-    if value is None or isinstance(value, int):
-        if isinstance(value, int) and value < 1:
-            raise _fail("bad_event", f"{field} must be a positive integer or 'inf', got {value}", field)
+def max_tokens(value: int | str | None, field: str) -> int | str | None:
+    """A token limit as sent (``max_output_tokens`` and its spellings): an integer in
+    [1, ``MAX_TOKENS``] as it is, an unlimited spelling (``INFINITE_TOKENS``) as ``"inf"``;
+    anything else raises ``bad_event`` naming ``field`` (``field_error``)."""
+    if value is None:
+        return None
+    if isinstance(value, int):
+        if not 1 <= value <= MAX_TOKENS:
+            raise _fail(
+                "bad_event", f"{field} must be an integer in [1, {MAX_TOKENS}] or 'inf', got {value}", field
+            )
         return value
     if value.lower() in INFINITE_TOKENS:
         return "inf"
@@ -228,38 +311,38 @@ class SessionConfig(Wire, kw_only=True):
 
     # GA
     type: Literal["realtime", "transcription"] | None = None
-    model: str | None = None
-    instructions: str | None = None
-    output_modalities: list[Literal["text", "audio"]] | None = None
+    model: Name | None = None
+    instructions: Text | None = None
+    output_modalities: Modalities | None = None
     audio: AudioConfig | None = None
-    tools: list[Tool] | None = None
-    tool_choice: str | ToolChoiceFunction | ToolChoiceMcp | None = None
+    tools: Tools | None = None
+    tool_choice: Name | ToolChoiceFunction | ToolChoiceMcp | None = None
     parallel_tool_calls: bool | None = None
-    max_output_tokens: int | str | None = None
-    tracing: str | TracingConfig | UnsetType | None = UNSET
-    truncation: str | RetentionRatioTruncation | None = None
+    max_output_tokens: int | Name | None = None
+    tracing: Name | TracingConfig | UnsetType | None = UNSET
+    truncation: Name | RetentionRatioTruncation | None = None
     prompt: Prompt | None = None
     reasoning: Reasoning | None = None
-    include: list[str] | None = None
+    include: NameList | None = None
     # beta spellings (OpenAI-Beta: realtime=v1, vLLM-Omni clients)
-    modalities: list[Literal["text", "audio"]] | None = None
-    voice: str | None = None
-    speed: float | None = None
-    temperature: float | None = None
+    modalities: Modalities | None = None
+    voice: Name | None = None
+    speed: Speed | None = None
+    temperature: Temperature | None = None
     input_audio_format: FormatValue | None = None
     output_audio_format: FormatValue | None = None
     turn_detection: TurnDetection | UnsetType | None = UNSET
     input_audio_transcription: InputAudioTranscription | UnsetType | None = UNSET
     input_audio_noise_reduction: NoiseReduction | UnsetType | None = UNSET
-    max_response_output_tokens: int | str | None = None
+    max_response_output_tokens: int | Name | None = None
 
     def __post_init__(self) -> None:
         set_ = msgspec.structs.force_setattr
-        set_(self, "max_output_tokens", _max_tokens(self.max_output_tokens, "max_output_tokens"))
+        set_(self, "max_output_tokens", max_tokens(self.max_output_tokens, "max_output_tokens"))
         set_(
             self,
             "max_response_output_tokens",
-            _max_tokens(self.max_response_output_tokens, "max_response_output_tokens"),
+            max_tokens(self.max_response_output_tokens, "max_response_output_tokens"),
         )
         if isinstance(self.tool_choice, str) and self.tool_choice not in ("auto", "none", "required"):
             raise _fail(
@@ -330,10 +413,7 @@ class SessionConfig(Wire, kw_only=True):
         """``audio.output.voice`` (a name, or the ``id`` of a voice object) if given, else ``voice``."""
         out = self.audio.output if self.audio is not None else None
         voice = out.voice if out is not None and out.voice is not None else self.voice
-        if isinstance(voice, dict):
-            ident = voice.get("id")
-            return ident if isinstance(ident, str) else None
-        return voice
+        return voice.id if isinstance(voice, VoiceRef) else voice
 
     def resolved_speed(self) -> float | None:
         """``audio.output.speed`` if given, else ``speed``."""

@@ -8,6 +8,7 @@ from pathlib import Path
 import pytest
 
 import duplex.protocol as p
+from duplex.protocol import limits
 
 DOC = (Path(__file__).resolve().parents[3] / "docs" / "protocol.md").read_text()
 TYPES = [*p.CLIENT_COMMAND_TYPES, *p.SERVER_EVENT_TYPES]
@@ -22,6 +23,11 @@ def test_every_wire_type_is_documented(cls: type) -> None:
 @pytest.mark.parametrize("code", sorted(p.ERROR_TYPES))
 def test_every_error_code_is_documented(code: str) -> None:
     assert f"`{code}`" in DOC
+
+
+@pytest.mark.parametrize("name", [n for n in limits.__all__ if n.startswith("MAX_")])
+def test_every_limit_is_documented(name: str) -> None:
+    assert f"`{name}`" in DOC[DOC.index("## 9. Limits") :]
 
 
 @pytest.mark.parametrize("alias", sorted(p.TYPE_ALIASES))

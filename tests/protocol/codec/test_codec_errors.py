@@ -247,10 +247,10 @@ def test_negative_playback_ack_is_bad_event() -> None:
 
 
 def test_deep_nesting_is_a_protocol_error() -> None:
-    frame = (
-        '{"type": "response.create", "response": {"metadata": {"a": ' + "[" * 200_000 + "]" * 200_000 + "}}}"
-    )
-    assert _err(frame).code == "bad_event"
+    # Under the element budget the decoder meets the nesting; over it the frame is refused unread.
+    head = '{"type": "response.create", "response": {"metadata": {"a": '
+    assert _err(head + "[" * 5_000 + "]" * 5_000 + "}}}").code == "bad_event"
+    assert _err(head + "[" * 200_000 + "]" * 200_000 + "}}}").code == "event_too_large"
 
 
 def test_error_event_renders_the_openai_envelope() -> None:

@@ -2,8 +2,9 @@
 
 Strategies are derived from the structs themselves (``msgspec.inspect``), so a field added to any
 struct is exercised without touching this file. Values are kept inside what the structs accept
-(valid formats and rates, thresholds in [0, 1], non-negative integers); the point is the codec, not
-the validators, which ``test_codec_errors`` covers.
+(valid formats and rates, thresholds in [0, 1], the lengths, ranges and characters of
+``duplex.protocol.limits`` read from the types); the point is the codec, not the validators, which
+``test_codec_errors`` and ``test_limits`` cover.
 """
 
 from __future__ import annotations
@@ -25,6 +26,7 @@ _FOLDED = {
     "speech_alias",
     "response_create_alias",
     "last_received_alias",
+    "delta_alias",
 }
 _RATES = st.sampled_from([8000, 16000, 22050, 24000, 48000])
 _FORMAT_NAMES = st.sampled_from(["pcm16", "audio/pcm", "g711_ulaw", "audio/pcma", "pcm_f32le", "wav"])
@@ -40,6 +42,7 @@ _FRAMES = st.lists(
     ),
     max_size=2,
 )
+_PRINTABLE_ASCII = st.characters(min_codepoint=32, max_codepoint=126)
 _JSONISH = st.recursive(
     st.none() | st.booleans() | st.integers(-(2**53), 2**53) | st.text(max_size=8),
     lambda inner: st.lists(inner, max_size=3) | st.dictionaries(st.text(max_size=5), inner, max_size=3),
@@ -48,6 +51,9 @@ _JSONISH = st.recursive(
 
 _BY_NAME: dict[str, st.SearchStrategy[Any]] = {
     "threshold": st.floats(0.0, 1.0) | st.none(),
+    "prefix_padding_ms": st.none() | st.integers(0, 10_000),
+    "silence_duration_ms": st.none() | st.integers(0, 30_000),
+    "idle_timeout_ms": st.none() | st.integers(0, 3_600_000),
     "max_output_tokens": _TOKENS,
     "max_response_output_tokens": _TOKENS,
     "max_tokens": _TOKENS,
@@ -73,6 +79,8 @@ def strategy(t: mi.Type, name: str | None = None) -> st.SearchStrategy[Any]:
         return st.none() | st.sampled_from(["auto", "none", "required"])
     if _has_format_spec(t):
         return st.none() | _FORMAT_NAMES | _FORMAT_SPECS
+    if name == "format":  # a content part's format: a name only
+        return st.none() | _FORMAT_NAMES
     if name in _BY_NAME:
         return _BY_NAME[name]
     if isinstance(t, mi.UnionType):
@@ -80,15 +88,23 @@ def strategy(t: mi.Type, name: str | None = None) -> st.SearchStrategy[Any]:
     if isinstance(t, mi.StructType):
         return _struct(t)
     if isinstance(t, mi.ListType):
-        return st.lists(strategy(t.item_type), max_size=3)
+        return st.lists(strategy(t.item_type), max_size=min(3, t.max_length or 3))
     if isinstance(t, mi.DictType):
-        return st.dictionaries(st.text(max_size=6), strategy(t.value_type), max_size=3)
+        return st.dictionaries(strategy(t.key_type), strategy(t.value_type), max_size=3)
     if isinstance(t, mi.LiteralType):
         return st.sampled_from(t.values)
+    if isinstance(t, mi.StrType):
+        # Only the characters the type allows (``limits``: no control characters in ids and names).
+        most = min(12, t.max_length or 12)
+        if t.pattern:
+            return st.from_regex(t.pattern, fullmatch=True).map(lambda text: text[:most])
+        return st.text(max_size=most)
+    if isinstance(t, mi.IntType):
+        return st.integers(0 if t.ge is None else max(t.ge, 0), min(2**31, 2**31 if t.le is None else t.le))
+    if isinstance(t, mi.FloatType):
+        low, high = 0.0 if t.ge is None else max(t.ge, 0.0), 1e6 if t.le is None else min(t.le, 1e6)
+        return st.floats(low, high, allow_nan=False)
     simple: dict[type, st.SearchStrategy[Any]] = {
-        mi.StrType: st.text(max_size=12),
-        mi.IntType: st.integers(0, 2**31),
-        mi.FloatType: st.floats(0.0, 1e6, allow_nan=False),
         mi.BoolType: st.booleans(),
         mi.NoneType: st.none(),
         mi.BytesType: st.binary(max_size=64),
@@ -101,7 +117,8 @@ def _struct(t: mi.StructType) -> st.SearchStrategy[Any]:
     kwargs: dict[str, st.SearchStrategy[Any]] = {}
     for f in t.fields:
         value = strategy(f.type, f.name)
-        if f.required or f.default is msgspec.NODEFAULT:
+        if f.required or f.default is msgspec.NODEFAULT or (f.default is msgspec.UNSET and f.name == "audio"):
+            # (an append's ``audio`` defaults to UNSET only to tell "absent" apart; it is bytes)
             kwargs[f.name] = value
         else:  # includes UNSET, which msgspec.inspect leaves out of the field's type
             kwargs[f.name] = st.just(f.default) | value
@@ -144,7 +161,7 @@ def test_json_and_msgpack_renderings_agree(event: Any) -> None:
 
 
 @SETTINGS
-@given(st.binary(max_size=4096), st.integers(0, 2**31), st.text(max_size=8))
+@given(st.binary(max_size=4096), st.integers(0, 2**31), st.text(_PRINTABLE_ASCII, max_size=8))
 def test_audio_payloads_round_trip_exactly(pcm: bytes, seq: int, event_id: str) -> None:
     delta = p.DuplexResponseOutputAudioDelta(
         event_id=event_id,
