@@ -21,7 +21,8 @@ Theory of operation
 4. *End*: a client that goes away detaches its attachment (the session waits for a resume, or closes
    when it cannot resume). When the writer sees ``Detached`` the socket closes with a code that tells
    the client what to do: 1000 after ``session.closed`` / ``session.expired`` / ``session.replaced``,
-   1012 after a shutdown (the ``openai`` SDK reconnects on it), 1013 for a slow reader.
+   1012 after a shutdown or the death of the model's worker process (the ``openai`` SDK reconnects
+   on it), 1013 for a slow reader.
    ``AppState.release_sockets`` closes sockets with 1012 and keeps their sessions for a resume.
 
 Under our uvicorn protocol (``ws_protocol``) the per-message path skips Starlette and the ASGI
@@ -73,7 +74,10 @@ class CloseCode:
     TRY_AGAIN_LATER = 1013  # over capacity or detached as a slow reader: retry / resume
 
 
-_RETRYABLE_OPEN_CODES = frozenset({"resource_exhausted", "input_backpressure"})
+_RETRYABLE_OPEN_CODES = frozenset({"resource_exhausted", "input_backpressure", "model_worker_failed"})
+#: ``session.closed`` reasons after which the client should reconnect: the server is restarting,
+#: or the model's worker process died (a new one is starting).
+_RESTART_REASONS = frozenset({"shutdown", "model_worker_failed"})
 
 
 def _session_error_parts(exc: BaseException) -> tuple[str, str, str | None]:
@@ -465,8 +469,8 @@ class _Connection:
     @staticmethod
     def _close_for(last: Any, reason: str) -> tuple[int, str]:
         if isinstance(last, SessionClosed):
-            if last.reason == "shutdown":
-                return CloseCode.SERVICE_RESTART, "shutdown"
+            if last.reason in _RESTART_REASONS:
+                return CloseCode.SERVICE_RESTART, last.reason
             return CloseCode.NORMAL, last.reason
         if isinstance(last, SessionExpired):
             return CloseCode.NORMAL, "session_expired"
