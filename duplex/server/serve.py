@@ -45,6 +45,7 @@ __all__ = [
     "uvicorn_config",
     "watch_worker",
     "worker_config",
+    "worker_observer",
 ]
 
 log = logging.getLogger("duplex.server")
@@ -101,10 +102,10 @@ def worker_config(cfg: ServeConfig) -> WorkerConfig | None:
         raise ConfigError(f"worker_config: {exc}") from exc
 
 
-def watch_worker(supervisor: Supervisor, engine: Any) -> None:
-    """Tell ``engine`` when the worker dies (``Engine.model_lost``: every session ends with
-    ``model_worker_failed``, new ones are refused) and when a new one is ready
-    (``Engine.model_ready``). The observer is called at once with the current state."""
+def worker_observer(engine: Any) -> Callable[[WorkerEvent], None]:
+    """The worker observer that tells ``engine`` when the worker dies (``Engine.model_lost``: every
+    session ends with ``model_worker_failed``, new ones are refused) and when a new one is ready
+    (``Engine.model_ready``)."""
 
     def on_event(event: WorkerEvent) -> None:
         if event.kind is WorkerEventKind.DIED:
@@ -112,7 +113,13 @@ def watch_worker(supervisor: Supervisor, engine: Any) -> None:
         elif event.kind is WorkerEventKind.READY:
             engine.model_ready()
 
-    supervisor.set_observer(on_event)
+    return on_event
+
+
+def watch_worker(supervisor: Supervisor, engine: Any) -> None:
+    """Make ``worker_observer(engine)`` the supervisor's observer (called at once with the
+    current state, so nothing that happened before is missed)."""
+    supervisor.set_observer(worker_observer(engine))
 
 
 class DrainingServer(uvicorn.Server):

@@ -180,7 +180,7 @@ class WorkerPlugin(Plugin):
         return reply
 
     def _gone(self, conn: Connection) -> WorkerFailed:
-        return WorkerFailed(f"the model worker of {self.name!r} (pid {conn.pid}) died; it is being restarted")
+        return WorkerFailed(f"the model worker of {self.name!r} (pid {conn.pid}) died; reconnect to continue")
 
     def _output(self, area: memoryview, o: OutputMsg) -> SlotOutput:
         pcm, image, video = o.pcm, o.image, o.video

@@ -347,7 +347,7 @@ class Supervisor:
                     failures = 0
                 delay = config.restart_delay_s(failures)
                 failures += 1
-                message = f"the model worker (pid {conn.pid}) {describe_exit(status)}"
+                message = f"the model worker of {self.name!r} (pid {conn.pid}) died ({describe_exit(status)})"
                 log.error("worker %s: %s; restarting in %.1f s", self.name, message, delay)
                 self._emit(WorkerEventKind.DIED, conn, message)
                 if self._stopping.wait(delay):

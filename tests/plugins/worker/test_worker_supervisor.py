@@ -76,7 +76,7 @@ def test_a_killed_worker_fails_pending_and_later_calls_then_a_new_one_serves(eve
 
         died = events.next(WorkerEventKind.DIED)
         assert (died.pid, died.generation) == (pid, 0)
-        assert died.message == f"the model worker (pid {pid}) killed by SIGKILL"
+        assert died.message == f"the model worker of 'echo' (pid {pid}) died (killed by SIGKILL)"
         # Every call fails while the worker restarts.
         for call, args in (
             (plugin.step, ([_frame(2)],)),
@@ -147,7 +147,8 @@ def test_a_hung_worker_is_killed_after_the_call_timeout_and_restarted(events: Ev
         os.kill(pid, signal.SIGSTOP)  # alive, but answers nothing
         with pytest.raises(WorkerFailed, match="did not answer within 2 s and was killed"):
             plugin.step([_frame(0)])
-        assert events.next(WorkerEventKind.DIED).message == f"the model worker (pid {pid}) killed by SIGKILL"
+        died = events.next(WorkerEventKind.DIED)
+        assert died.message == f"the model worker of 'echo' (pid {pid}) died (killed by SIGKILL)"
         assert events.next(WorkerEventKind.READY).pid != pid
 
 
