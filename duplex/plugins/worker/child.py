@@ -23,7 +23,7 @@ import signal
 import socket
 import sys
 import traceback
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Iterator, Sequence
 from typing import Any
 
 import numpy as np
@@ -34,6 +34,7 @@ from duplex.plugins.worker.channel import Channel, ChannelClosed
 from duplex.plugins.worker.protocol import (
     MAX_MESSAGE_BYTES,
     Advance,
+    ArrayRef,
     Attach,
     Begin,
     CancelSlot,
@@ -52,7 +53,7 @@ from duplex.plugins.worker.protocol import (
     Respond,
     Step,
 )
-from duplex.plugins.worker.shm import AreaWriter, SharedAreas, read_array
+from duplex.plugins.worker.shm import AreaWriter, SharedAreas, view_array
 
 __all__ = ["WorkerServer", "main"]
 
@@ -183,29 +184,34 @@ class WorkerServer:
             for s, e, p, d in zip(slots, request.epochs, pcms, request.padded, strict=True)
         ]
         if request.extras:
-            assert self.areas is not None
-            area = self.areas.input
             for extra in request.extras:
                 item = inputs[extra.index]
                 if extra.pcm is not None:
-                    item.pcm = read_array(area, extra.pcm)
+                    item.pcm = self._read(extra.pcm)
                 item.video_frames = extra.video_frames
                 item.tool_results = extra.tool_results
-        return self._outputs(self.plugin.step(inputs))
+        return self._outputs(list(self.plugin.step(inputs)))
 
-    def _outputs(self, outputs: Any) -> Outputs:
+    def _read(self, ref: ArrayRef) -> np.ndarray:
+        """A private copy of an array the parent wrote into the input area (or inline)."""
+        assert self.areas is not None
+        return view_array(self.areas.input, ref).copy()
+
+    def _outputs(self, outputs: Sequence[SlotOutput]) -> Outputs:
+        """The outputs' audio into the output area (back to back, one copy), then their messages."""
         writer = self._writer
         assert writer is not None
         writer.reset()
+        pcms = writer.put_many([o.pcm for o in outputs])
         message = self._message
-        return Outputs([message(o) for o in outputs])
+        return Outputs([message(o, pcm) for o, pcm in zip(outputs, pcms, strict=True)], writer.cursor)
 
-    def _message(self, o: SlotOutput) -> OutputMsg:
+    def _message(self, o: SlotOutput, pcm: ArrayRef | None) -> OutputMsg:
         put = self._writer.put  # type: ignore[union-attr]
         return OutputMsg(
             o.slot,
             o.epoch,
-            None if o.pcm is None else put(o.pcm),
+            pcm,
             o.sample_rate,
             o.text,
             o.decision,
@@ -227,10 +233,7 @@ class WorkerServer:
             if slot == msg.slot:
                 del self._streams[stream]
                 _close_iterator(reply)
-        pcm = None
-        if msg.pcm is not None:
-            assert self.areas is not None
-            pcm = read_array(self.areas.input, msg.pcm)
+        pcm = None if msg.pcm is None else self._read(msg.pcm)
         turn = TurnRequest(
             slot=msg.slot,
             epoch=msg.epoch,
@@ -255,9 +258,11 @@ class WorkerServer:
         if output is None:
             del self._streams[request.stream]
             return Chunk(None)
-        assert self._writer is not None
-        self._writer.reset()
-        return Chunk(self._message(output))
+        writer = self._writer
+        assert writer is not None
+        writer.reset()
+        pcm = None if output.pcm is None else writer.put(output.pcm)
+        return Chunk(self._message(output, pcm), writer.cursor)
 
     def _close_stream(self, request: CloseStream) -> Done:
         entry = self._streams.pop(request.stream, None)
@@ -272,7 +277,7 @@ class WorkerServer:
         return _DONE
 
     def _advance(self, request: Advance) -> Outputs:
-        return self._outputs(self.plugin.advance(request.slots))
+        return self._outputs(list(self.plugin.advance(request.slots)))
 
 
 def _close_iterator(reply: Iterator[SlotOutput]) -> None:

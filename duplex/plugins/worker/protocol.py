@@ -207,13 +207,18 @@ class Done(_Msg, tag=64):
 
 
 class Outputs(_Msg, tag=65):
+    """A step's outputs; their arrays use the first ``area_bytes`` of the output area."""
+
     outputs: list[OutputMsg]
+    area_bytes: int = 0
 
 
 class Chunk(_Msg, tag=66):
-    """The next chunk of a reply stream; ``None``: the stream ended."""
+    """The next chunk of a reply stream (``None``: the stream ended); its arrays use the first
+    ``area_bytes`` of the output area."""
 
     output: OutputMsg | None = None
+    area_bytes: int = 0
 
 
 class Failure(_Msg, tag=67):

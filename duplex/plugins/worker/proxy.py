@@ -24,9 +24,10 @@ death from the supervisor). ``close_slot`` of a slot whose worker has just died 
 the slot is free either way.
 
 Per tick (``FrameWorkerPlugin.step``) the parent builds three columns of the batch, writes every
-frame into the shared input rows with one ``numpy.stack``, sends one small message, and turns
-each output back into a ``SlotOutput``, copying its audio out of the shared output area. Nothing
-is allocated in shared memory and nothing is pickled.
+frame into the shared input rows with one ``numpy.concatenate``, sends one small message, copies
+the used part of the shared output area once, and turns each output back into a ``SlotOutput``
+whose audio is a view of that copy. Per slot that is a few small Python objects and no copy of
+its own; nothing is allocated in shared memory and nothing is pickled.
 """
 
 from __future__ import annotations
@@ -74,7 +75,7 @@ from duplex.plugins.worker.protocol import (
     Step,
     TurnRequestMsg,
 )
-from duplex.plugins.worker.shm import AreaWriter, inline_array, read_array
+from duplex.plugins.worker.shm import AreaWriter, inline_array, view_array
 from duplex.plugins.worker.supervisor import Connection, Observer, Supervisor
 
 __all__ = ["BatchWorkerPlugin", "FrameWorkerPlugin", "TurnWorkerPlugin", "WorkerPlugin", "start_worker"]
@@ -182,27 +183,31 @@ class WorkerPlugin(Plugin):
     def _gone(self, conn: Connection) -> WorkerFailed:
         return WorkerFailed(f"the model worker of {self.name!r} (pid {conn.pid}) died; reconnect to continue")
 
-    def _output(self, area: memoryview, o: OutputMsg) -> SlotOutput:
+    @staticmethod
+    def _output(block: np.ndarray, o: OutputMsg) -> SlotOutput:
+        """``o`` as a ``SlotOutput``, its arrays views of ``block`` (this call's copy of the area)."""
         pcm, image, video = o.pcm, o.image, o.video
         return SlotOutput(
             slot=o.slot,
             epoch=o.epoch,
-            pcm=None if pcm is None else read_array(area, pcm),
+            pcm=None if pcm is None else view_array(block, pcm),
             sample_rate=o.sample_rate,
             text=o.text,
             decision=o.decision,
             end_of_turn=o.end_of_turn,
             tool_call=o.tool_call,
             user_transcript=o.user_transcript,
-            image=None if image is None else read_array(area, image),
-            video=None if video is None else read_array(area, video),
+            image=None if image is None else view_array(block, image),
+            video=None if video is None else view_array(block, video),
             progress=o.progress,
         )
 
     def _outputs(self, conn: Connection, reply: Outputs) -> list[SlotOutput]:
-        area = conn.areas.output
+        """The outputs of a step: the used part of the output area copied once, each output's
+        arrays views of that copy (the next call may overwrite the area)."""
+        block = conn.areas.output[: reply.area_bytes].copy()
         output = self._output
-        return [output(area, o) for o in reply.outputs]
+        return [output(block, o) for o in reply.outputs]
 
     # ------------------------------------------------------------------ slots
 
@@ -267,20 +272,22 @@ class FrameWorkerPlugin(WorkerPlugin, FramePlugin):
             return self._outputs(conn, reply)
 
     def _write_frames(self, batch: Sequence[SlotInput]) -> list[InputExtra]:
-        """The batch's frames into rows ``0 .. n-1`` of the input area: one ``numpy.stack`` when
-        every frame has the area's dtype and shape (the engine's always do); otherwise frame by
-        frame, and a frame that does not fit a row goes inline (``InputExtra.pcm``)."""
+        """The batch's frames into rows ``0 .. n-1`` of the input area: one ``numpy.concatenate``
+        when every frame has the area's dtype and shape (the engine's always do); otherwise frame
+        by frame, and a frame that does not fit a row goes inline (``InputExtra.pcm``)."""
         rows = self._rows
         assert rows is not None
         n = len(batch)
-        if n <= len(rows):
-            try:
-                np.stack([item.pcm for item in batch], out=rows[:n], casting="no")
-                return []
-            except (ValueError, TypeError):
-                pass  # a frame of another dtype or shape: one by one below
-        extras = []
         shape, dtype = rows.shape[1:], rows.dtype
+        if n <= len(rows):
+            pcms = [item.pcm for item in batch]
+            try:
+                if all(pcm.shape == shape for pcm in pcms):
+                    np.concatenate(pcms, out=rows[:n].reshape(-1), casting="no")
+                    return []
+            except (AttributeError, TypeError, ValueError):
+                pass  # a frame of another dtype or type: one by one below
+        extras = []
         for i, item in enumerate(batch):
             pcm = np.asarray(item.pcm)
             if i < len(rows) and pcm.shape == shape and pcm.dtype == dtype:
@@ -358,7 +365,7 @@ class _RemoteReply(Iterator[SlotOutput]):
                 if reply.output is None:
                     self._done = True
                     raise StopIteration
-                return proxy._output(conn.areas.output, reply.output)
+                return proxy._output(conn.areas.output[: reply.area_bytes].copy(), reply.output)
         except BaseException:
             self._done = True  # a reply that raised has ended
             raise

@@ -39,7 +39,7 @@ from duplex.plugins.worker.protocol import (
     Step,
     TurnRequestMsg,
 )
-from duplex.plugins.worker.shm import AreaWriter, SharedAreas, area_sizes, read_array
+from duplex.plugins.worker.shm import AreaWriter, SharedAreas, area_sizes, view_array
 
 REQUESTS = [
     Init("echo", None, {"max_sessions": 4, "nested": {"a": [1, 2.5, "x"]}}),
@@ -168,16 +168,40 @@ def test_area_writer_packs_arrays_and_goes_inline_when_the_area_is_full() -> Non
         big = np.linspace(-1, 1, 2000, dtype=np.float32)  # 8000 bytes: more than the area
         refs = [writer.put(pcm), writer.put(video), writer.put(big)]
         assert [r.offset for r in refs] == [0, 2048, -1]  # 64-byte aligned, then inline
-        assert refs[2].data == big.tobytes()
-        out = [read_array(areas.output, r) for r in refs]
-        areas.output[:] = bytes(len(areas.output))  # the next call may overwrite the area: copies
+        assert refs[2].data == big.tobytes() and writer.cursor == 2048 + 128
+        block = areas.output[: writer.cursor].copy()  # what a reader does with the call's bytes
+        out = [view_array(block, r) for r in refs]
+        areas.output[:] = 0  # the next call may overwrite the area
         for got, want in zip(out, (pcm, video, big), strict=True):
             assert got.dtype == want.dtype and got.shape == want.shape and np.array_equal(got, want)
             assert got.flags.writeable
         writer.reset()
         assert writer.put(big[:10]).offset == 0
-        with pytest.raises(ValueError, match="outside"):
-            read_array(areas.output, ArrayRef("<f4", (2000,), 0))
+        with pytest.raises(TypeError, match="too small"):
+            view_array(block, ArrayRef("<f4", (2000,), 0))
+    finally:
+        areas.close()
+
+
+def test_put_many_writes_a_steps_audio_back_to_back_or_one_by_one() -> None:
+    areas = SharedAreas.create(0, 8192)
+    try:
+        writer = AreaWriter(areas.output)
+        a, b = np.arange(100, dtype=np.int16), np.arange(50, dtype=np.int16)
+        refs = writer.put_many([a, None, b])
+        assert refs[1] is None and [(r.offset, r.shape) for r in (refs[0], refs[2])] == [
+            (0, (100,)),
+            (200, (50,)),
+        ]
+        assert writer.cursor == 320  # 300 bytes, aligned
+        mixed = writer.put_many([np.ones(4, np.float32), a])  # two dtypes: one by one
+        assert [r.offset for r in mixed] == [320, 384]
+        block = areas.output[: writer.cursor].copy()
+        assert np.array_equal(view_array(block, refs[2]), b) and np.array_equal(
+            view_array(block, mixed[1]), a
+        )
+        spill = writer.put_many([np.zeros(4000, np.int16)])  # more than is left: inline
+        assert spill[0].offset == -1 and writer.put_many([None]) == [None]
     finally:
         areas.close()
 
@@ -188,7 +212,7 @@ def test_input_rows_are_the_input_area_as_frames() -> None:
         rows = areas.input_rows("int16", 1920)
         assert rows.shape == (4, 1920) and rows.dtype == np.int16
         rows[1] = 7
-        assert bytes(areas.input[1920 * 2 : 1920 * 2 + 4]) == b"\x07\x00\x07\x00"
+        assert areas.input[1920 * 2 : 1920 * 2 + 4].tobytes() == b"\x07\x00\x07\x00"
         del rows
     finally:
         areas.close()
@@ -199,8 +223,8 @@ import sys, msgspec
 from duplex.plugins.worker.protocol import Attach
 from duplex.plugins.worker.shm import SharedAreas
 areas = SharedAreas.attach(msgspec.json.decode(sys.argv[1], type=Attach))
-print(bytes(areas.input[:3]).decode())
-areas.output[5:7] = b"zz"
+print(areas.input[:3].tobytes().decode())
+areas.output[5:7] = (122, 122)
 areas.close()
 """
 
@@ -208,14 +232,14 @@ areas.close()
 def test_another_process_attaches_by_name_and_the_creator_alone_unlinks() -> None:
     created = SharedAreas.create(128, 128)
     try:
-        created.input[:3] = b"abc"
+        created.input[:3] = np.frombuffer(b"abc", np.uint8)
         message = msgspec.json.encode(created.attach_message).decode()
         done = subprocess.run(
             [sys.executable, "-c", _ATTACH, message], capture_output=True, text=True, timeout=60, check=True
         )
         assert done.stdout.strip() == "abc"
         assert done.stderr == ""  # no resource-tracker complaint: the attacher does not own it
-        assert bytes(created.output[5:7]) == b"zz"
+        assert created.output[5:7].tobytes() == b"zz"
     finally:
         created.close()
     with pytest.raises(FileNotFoundError):
