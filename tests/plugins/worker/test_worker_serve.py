@@ -31,8 +31,11 @@ import websockets
 
 from bench.loopback import free_port
 from clients.collector import event_type
+from duplex.plugins.worker import WorkerConfig
 from duplex.protocol.audio import pcm16_encode
 from duplex.protocol.realtime.commands import InputAudioBufferAppend
+from duplex.server.config import ConfigError, ServeConfig
+from duplex.server.serve import worker_config
 from tests.server.wire import recv, send, until
 
 from .conftest import ONE_THREAD
@@ -48,7 +51,7 @@ VOICE = pcm16_encode((0.2 * np.sin(np.arange(1920) / 7)).astype(np.float32))
 class Served:
     """``duplex serve`` in a child process; its output lines, queued as they come."""
 
-    def __init__(self, config: Path) -> None:
+    def __init__(self, config: Path, *flags: str) -> None:
         self.port = free_port()
         args = [
             sys.executable,
@@ -59,6 +62,7 @@ class Served:
             str(self.port),
             "--config",
             str(config),
+            *flags,
         ]
         self.proc = subprocess.Popen(
             args,
@@ -166,9 +170,9 @@ async def _echoed_session_then_sigterm(proc: subprocess.Popen[str], url: str) ->
         return types, ws.close_code
 
 
-def _config(tmp_path: Path, model: str, request: pytest.FixtureRequest) -> Path:
+def _serve(tmp_path: Path, model: str, request: pytest.FixtureRequest) -> Served:
+    """echo with ``--plugin echo --worker``; PersonaPlex with ``worker: true`` in the file."""
     lines = [
-        "worker: true",
         "worker_config:",
         f"  restart_delay_initial_s: {RESTART_DELAY_S}",
         "server:",
@@ -176,29 +180,30 @@ def _config(tmp_path: Path, model: str, request: pytest.FixtureRequest) -> Path:
         "engine:",
         f"  max_sessions: {SESSIONS + 2}",
     ]
-    if model == "echo":
-        lines = ["plugin: echo", *lines]
-    else:
+    flags: tuple[str, ...] = ("--plugin", "echo", "--worker")
+    if model != "echo":
         pytest.importorskip("moshi")
         pytest.importorskip("sentencepiece")
         ckpt = request.getfixturevalue("ckpt")
+        flags = ()
         lines = [
             "plugin: personaplex",
             f"model_path: {ckpt}",
+            "worker: true",
             "plugin_options:",
             f"  max_sessions: {SESSIONS + 2}",
             *lines,
         ]
     path = tmp_path / "serve.yaml"
     path.write_text("\n".join(lines) + "\n")
-    return path
+    return Served(path, *flags)
 
 
 @pytest.mark.parametrize("model", ["echo", "personaplex"])
 def test_sigkill_of_the_worker_ends_its_sessions_with_1012_and_a_new_worker_serves(
     tmp_path: Path, model: str, request: pytest.FixtureRequest
 ) -> None:
-    served = Served(_config(tmp_path, model, request))
+    served = _serve(tmp_path, model, request)
     try:
         served.wait_for("Uvicorn running on", 180)
         worker = served.health()["workers"][0]
@@ -241,3 +246,39 @@ def test_sigkill_of_the_worker_ends_its_sessions_with_1012_and_a_new_worker_serv
         assert all("step failed for" in line for line in after), "".join(served.output)
     finally:
         served.close()
+
+
+def test_worker_settings_of_the_serve_config() -> None:
+    assert worker_config(ServeConfig()) is None
+    assert worker_config(ServeConfig(worker=True)) == WorkerConfig()
+    # ``worker_python`` implies ``worker``; the section's keys reach ``WorkerConfig``.
+    cfg = ServeConfig(
+        worker_python="/opt/venv/bin/python", worker_config={"call_timeout_s": 5, "env": {"A": "1"}}
+    )
+    assert worker_config(cfg) == WorkerConfig(python="/opt/venv/bin/python", call_timeout_s=5, env={"A": "1"})
+    with pytest.raises(ConfigError, match=r"worker_config: .*colour"):
+        worker_config(ServeConfig(worker=True, worker_config={"colour": "blue"}))
+    with pytest.raises(ConfigError, match=r"worker_config: .*must be positive"):
+        worker_config(ServeConfig(worker=True, worker_config={"call_timeout_s": 0}))
+
+
+@pytest.mark.parametrize(
+    ("flags", "message"),
+    [
+        (("--plugin", "no-such-plugin", "--worker"), "no plugin named 'no-such-plugin'"),
+        (
+            ("--plugin", "echo", "--worker-python", "/nonexistent/python"),
+            "cannot run the worker with /nonexistent",
+        ),
+    ],
+)
+def test_serve_with_a_worker_that_cannot_start_exits_2_naming_why(flags, message) -> None:
+    done = subprocess.run(
+        [sys.executable, "-m", "duplex.cli", "serve", "--port", str(free_port()), *flags],
+        capture_output=True,
+        text=True,
+        timeout=120,
+        check=False,
+    )
+    assert done.returncode == 2
+    assert message in done.stderr
