@@ -44,7 +44,7 @@ from .test_worker_supervisor import _wait_exit
 pytestmark = pytest.mark.timeout(240)
 
 SESSIONS = 10
-RESTART_DELAY_S = 2.0  # the window in which a new session must be refused
+RESTART_DELAY_S = 3.0  # the window in which a new session must be refused
 VOICE = pcm16_encode((0.2 * np.sin(np.arange(1920) / 7)).astype(np.float32))
 
 

@@ -55,7 +55,7 @@ def _wait_exit(pid: int, timeout_s: float) -> bool:
 
 def test_a_killed_worker_fails_pending_and_later_calls_then_a_new_one_serves(events: Events) -> None:
     # A backoff long enough that the calls below meet the worker while it is down.
-    config = WorkerConfig(restart_delay_initial_s=2.0, stop_timeout_s=5.0)
+    config = WorkerConfig(restart_delay_initial_s=3.0, stop_timeout_s=5.0)
     with start_worker("echo", options={"max_sessions": 8}, config=config, observer=events) as plugin:
         first = events.next(WorkerEventKind.READY)
         for slot in (1, 2):
