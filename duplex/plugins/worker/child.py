@@ -1,8 +1,9 @@
 """The worker process: one plugin, answering the server over the worker protocol.
 
-The supervisor runs ``python -m duplex.plugins.worker.child --fd N --parent PID`` (with the
-interpreter of ``WorkerConfig.python``), with one end of a connected socket pair as descriptor
-``N``. The child builds the plugin exactly as the server would in-process
+The supervisor runs ``python -m duplex.plugins.worker.child --fd N --parent PID --log-level L``
+(with the interpreter of ``WorkerConfig.python``), with one end of a connected socket pair as
+descriptor ``N``; it logs to the server's standard error at the server's level. The child
+builds the plugin exactly as the server would in-process
 (``registry.load_class(name).from_options(model_path, **options)``, then ``load()``), reports its
 capabilities, maps the shared memory the parent sized from them, and then answers one request at
 a time (``WorkerServer.run``) until the parent goes away.
@@ -301,12 +302,13 @@ def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog="duplex.plugins.worker.child")
     parser.add_argument("--fd", type=int, required=True, help="descriptor of the connected socket")
     parser.add_argument("--parent", type=int, required=True, help="the supervising process's pid")
+    parser.add_argument("--log-level", default="INFO", help="the server's log level")
     args = parser.parse_args(argv)
     _die_with_parent(args.parent)
     signal.signal(signal.SIGINT, signal.SIG_IGN)
     signal.signal(signal.SIGTERM, _terminate)
     logging.basicConfig(
-        level=os.environ.get("DUPLEX_WORKER_LOG_LEVEL", "INFO").upper(),
+        level=args.log_level.upper(),
         format=f"%(asctime)s %(levelname)s worker[{os.getpid()}] %(name)s: %(message)s",
     )
     sock = socket.socket(fileno=args.fd)

@@ -395,6 +395,8 @@ class Supervisor:
             str(child_sock.fileno()),
             "--parent",
             str(os.getpid()),
+            "--log-level",
+            logging.getLevelName(logging.getLogger().getEffectiveLevel()),
         ]
         try:
             process = subprocess.Popen(

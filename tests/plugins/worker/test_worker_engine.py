@@ -76,7 +76,7 @@ def _assert_ended_by_the_worker(name: str, events: list, reason: str) -> None:
 
 
 async def test_a_dead_worker_ends_every_session_and_new_ones_wait_for_the_next(events: Events) -> None:
-    config = WorkerConfig(restart_delay_initial_s=1.0, stop_timeout_s=5.0)
+    config = WorkerConfig(restart_delay_initial_s=3.0, stop_timeout_s=5.0)
     with start_worker("echo", options={"max_sessions": 8}, config=config) as plugin:
         engine = Engine(plugin, EngineConfig(max_sessions=8, reaper_interval_s=3600))
         async with engine:
