@@ -6,6 +6,8 @@ what comes back, field by field and byte for byte (audio dtype included).
 
 from __future__ import annotations
 
+import os
+
 import numpy as np
 import pytest
 
@@ -238,3 +240,49 @@ def test_the_engine_takes_the_proxy_for_its_kind() -> None:
     with pytest.raises(PluginError) as err:
         remote.load()
     assert err.value.code == "plugin_closed"
+
+
+def _batch_script(plugin) -> list:
+    from duplex.plugins.base import BatchRequest
+
+    for slot in (0, 1, 3):
+        plugin.open_slot(slot, SlotOptions())
+    plugin.begin(BatchRequest(slot=0, epoch=0, text="a red fox"))
+    plugin.begin(BatchRequest(slot=3, epoch=2, text="hi", options={"steps": 3}))
+    seen = [[_fields(o) for o in plugin.advance([0, 3])]]
+    plugin.begin(BatchRequest(slot=1, epoch=0, text="late joiner"))
+    seen.append([_fields(o) for o in plugin.advance([3, 0, 1])])
+    plugin.cancel_slot(0, 1)
+    seen.append([_fields(o) for o in plugin.advance([1, 3])])
+    seen.append([_fields(o) for o in plugin.advance([1])])
+    with pytest.raises(PluginError) as err:
+        plugin.begin(BatchRequest(slot=0, epoch=1, text=""))
+    seen.append(err.value.code)
+    return seen
+
+
+def test_a_batch_plugin_through_a_worker_gives_the_same_chunks_and_images(tmp_path) -> None:
+    """``toy-batch`` (a test plugin) is registered for the worker through a distribution's entry
+    point on the worker's ``PYTHONPATH``, the way an installed plugin package is."""
+    from duplex.plugins.base import BatchPlugin
+    from duplex.plugins.worker import BatchWorkerPlugin, WorkerConfig
+    from tests.plugins.worker.toy_batch import ToyBatchPlugin
+
+    dist = tmp_path / "toy_batch-0.dist-info"
+    dist.mkdir()
+    (dist / "METADATA").write_text("Metadata-Version: 2.1\nName: toy-batch\nVersion: 0\n")
+    (dist / "entry_points.txt").write_text(
+        "[duplex.plugins]\ntoy-batch = tests.plugins.worker.toy_batch:ToyBatchPlugin\n"
+    )
+    path = os.pathsep.join(p for p in (str(tmp_path), os.environ.get("PYTHONPATH", "")) if p)
+    local = ToyBatchPlugin()
+    local.load()
+    want = _batch_script(local)
+    config = WorkerConfig(env={"PYTHONPATH": path})
+    with start_worker("toy-batch", config=config) as remote:
+        assert isinstance(remote, BatchWorkerPlugin) and isinstance(remote, BatchPlugin)
+        got = _batch_script(remote)
+    assert got == want
+    images = [o[9] for step in want[:4] for o in step if o[9] is not None]
+    assert len(images) == 2 and images[0][1] == (4, 6, 3)  # slot 0 was cancelled before its image
+    assert want[4] == "invalid_request"
