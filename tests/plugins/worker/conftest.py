@@ -3,7 +3,9 @@ observer that queues the supervisor's events so a test waits for them (bounded) 
 
 from __future__ import annotations
 
+import os
 import queue
+import select
 from collections.abc import Iterator
 
 import pytest
@@ -14,6 +16,20 @@ from duplex.plugins.worker import WorkerConfig, WorkerEvent, WorkerEventKind, Wo
 ONE_THREAD = {"OMP_NUM_THREADS": "1", "MKL_NUM_THREADS": "1"}
 #: Restarts without a backoff wait (the schedule itself is tested on ``WorkerConfig``).
 FAST = WorkerConfig(env=ONE_THREAD, restart_delay_initial_s=0.0, restart_delay_max_s=0.0, stop_timeout_s=5.0)
+
+
+def wait_exit(pid: int, timeout_s: float) -> bool:
+    """True once process ``pid`` (not necessarily our child) has ended, within ``timeout_s``:
+    its pidfd becomes readable when it exits."""
+    try:
+        fd = os.pidfd_open(pid)
+    except ProcessLookupError:
+        return True
+    try:
+        readable, _, _ = select.select([fd], [], [], timeout_s)
+        return bool(readable)
+    finally:
+        os.close(fd)
 
 
 class Events:

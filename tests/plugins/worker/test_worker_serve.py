@@ -38,8 +38,7 @@ from duplex.server.config import ConfigError, ServeConfig
 from duplex.server.serve import worker_config
 from tests.server.wire import recv, send, until
 
-from .conftest import ONE_THREAD
-from .test_worker_supervisor import _wait_exit
+from .conftest import ONE_THREAD, wait_exit
 
 pytestmark = pytest.mark.timeout(240)
 
@@ -239,7 +238,7 @@ def test_sigkill_of_the_worker_ends_its_sessions_with_1012_and_a_new_worker_serv
         served.proc.wait(60)
         served._reader.join(30)
         assert served.proc.returncode == -signal.SIGTERM
-        assert _wait_exit(worker["pid"], 10)
+        assert wait_exit(worker["pid"], 10)
         assert any("stopping (SIGTERM)" in line for line in served.output)  # the worker closed its plugin
         # The one traceback allowed: the engine logs the step that the kill failed (if one ran).
         after = [served.output[i - 1] for i, line in enumerate(served.output) if line.startswith("Traceback")]

@@ -8,7 +8,6 @@ from __future__ import annotations
 
 import logging
 import os
-import select
 import signal
 import subprocess
 import sys
@@ -29,7 +28,7 @@ from duplex.plugins.worker import (
     start_worker,
 )
 
-from .conftest import FAST, Events
+from .conftest import FAST, Events, wait_exit
 
 pytestmark = pytest.mark.timeout(120)
 
@@ -38,19 +37,6 @@ FRAME = np.zeros(1920, np.int16)
 
 def _frame(slot: int) -> SlotInput:
     return SlotInput(slot=slot, epoch=0, pcm=FRAME.copy())
-
-
-def _wait_exit(pid: int, timeout_s: float) -> bool:
-    """True once process ``pid`` (not necessarily our child) has ended, within ``timeout_s``."""
-    try:
-        fd = os.pidfd_open(pid)
-    except ProcessLookupError:
-        return True
-    try:
-        readable, _, _ = select.select([fd], [], [], timeout_s)
-        return bool(readable)
-    finally:
-        os.close(fd)
 
 
 def test_a_killed_worker_fails_pending_and_later_calls_then_a_new_one_serves(events: Events) -> None:
@@ -224,7 +210,7 @@ def test_a_worker_dies_with_its_parent_and_leaves_no_shared_memory() -> None:
         worker_pid = int(parent.stdout.readline())
         segment = parent.stdout.readline().strip()
         os.kill(parent.pid, signal.SIGKILL)
-        assert _wait_exit(worker_pid, 30)
+        assert wait_exit(worker_pid, 30)
         # The parent's resource tracker outlives it for a moment and unlinks its segment; the
         # pipes reach their end once it and the worker are gone.
         _, stderr = parent.communicate(timeout=30)
