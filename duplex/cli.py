@@ -46,6 +46,16 @@ def build_parser() -> argparse.ArgumentParser:
         metavar="KEY=VALUE",
         help="plugin option (repeatable); overrides plugin_options of the config file",
     )
+    serve.add_argument(
+        "--worker",
+        action="store_true",
+        help="run the plugin in a supervised worker process (restarted if it dies; the server lives on)",
+    )
+    serve.add_argument(
+        "--worker-python",
+        metavar="PATH",
+        help="run the worker with this interpreter (another virtual environment's; implies --worker)",
+    )
     serve.add_argument("--api-key", action="append", dest="api_keys", help="accepted API key (repeatable)")
     serve.add_argument("--config", help="YAML file with server, engine and plugin settings")
     serve.add_argument("--log-level", default="info", choices=["debug", "info", "warning", "error"])
@@ -147,6 +157,8 @@ def _cmd_serve(args: argparse.Namespace) -> int:
             model_path=args.model_path or cfg.model_path,
             model_name=args.model_name or cfg.model_name,
             plugin_options=options,
+            worker=args.worker or cfg.worker,
+            worker_python=args.worker_python or cfg.worker_python,
             server=server,
             engine=engine,
         )

@@ -90,6 +90,8 @@ class Engine:
         self._model_thread: ModelThread | None = None
         self._workers: concurrent.futures.ThreadPoolExecutor | None = None
         self._gc_token: tuple[collector.Thresholds, collector.Thresholds] | None = None
+        self._loop: asyncio.AbstractEventLoop | None = None
+        self._model_error: PluginError | None = None  # ``model_lost`` before the engine started
 
     # ------------------------------------------------------------------ lifetime
 
@@ -116,6 +118,8 @@ class Engine:
             workers=self._workers,
             driver=self._driver,
         )
+        self._manager.model_error = self._model_error
+        self._loop = loop
         self._gc_token = collector.apply(self.config.gc_thresholds)
         tg = asyncio.TaskGroup()
         await tg.__aenter__()
@@ -129,6 +133,7 @@ class Engine:
         tg, self._tg = self._tg, None
         if tg is None:
             return
+        self._loop = None
         try:
             if self._manager is not None:
                 await self._manager.shutdown()
@@ -192,6 +197,44 @@ class Engine:
         Cancel-safe: it never suspends, so it either happened entirely or not at all.
         """
         return await self.manager.resume(session_id, resume_token, last_event_seq, api_key_id=api_key_id)
+
+    def model_lost(self, error: PluginError) -> None:
+        """The model behind the plugin is gone (its worker process died; ``error`` is a ``fatal``
+        ``PluginError`` saying so): every session is failed with it and ends with its code as the
+        close reason, and new sessions are refused with ``resource_exhausted`` (retryable) until
+        ``model_ready()``. Thread-safe: a worker's supervisor calls it from its own thread; the
+        work is done on the engine's loop, in the order of the calls."""
+        self._model_error = error
+        self._on_loop(self._model_lost, error)
+
+    def model_ready(self) -> None:
+        """The model is back (a new worker is ready): sessions are accepted again. Thread-safe."""
+        self._model_error = None
+        self._on_loop(self._model_ready)
+
+    def _model_lost(self, error: PluginError) -> None:
+        if self._manager is not None:
+            self._manager.model_lost(error)
+
+    def _model_ready(self) -> None:
+        if self._manager is not None:
+            self._manager.model_ready()
+
+    def _on_loop(self, fn: Callable[..., None], *args: Any) -> None:
+        """``fn(*args)`` on the engine's loop: now when called there, else scheduled (thread-safe).
+        Dropped when the engine is not running (then it has no sessions)."""
+        loop = self._loop
+        if loop is None:
+            return
+        try:
+            running: asyncio.AbstractEventLoop | None = asyncio.get_running_loop()
+        except RuntimeError:
+            running = None
+        if running is loop:
+            fn(*args)
+            return
+        with contextlib.suppress(RuntimeError):  # the loop has closed: the engine has stopped
+            loop.call_soon_threadsafe(fn, *args)
 
     def reap(self, now: float | None = None) -> list[str]:
         """One reaper pass at ``now`` (default: the engine clock); returns the expired ids."""

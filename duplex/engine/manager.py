@@ -249,6 +249,8 @@ class SessionManager:
         self._free_slots = list(range(capabilities.max_sessions - 1, -1, -1))
         self._admitting = 0
         self._spawn: Callable[[SessionRecord], asyncio.Task[None]] | None = None
+        #: Set while the model is unavailable (``model_lost``): opens are refused meanwhile.
+        self.model_error: PluginError | None = None
 
     def bind_spawner(self, spawn: Callable[[SessionRecord], asyncio.Task[None]]) -> None:
         """How runner tasks are started (the engine's task group owns them)."""
@@ -269,6 +271,8 @@ class SessionManager:
     async def open(self, update: SessionUpdate | None, *, api_key_id: bytes | None = None) -> Attachment:
         """Admit, open the plugin slot, start the runner; returns the first attachment.
         ``api_key_id``: the opening key's digest; a resume must present the same (``resume``)."""
+        if self.model_error is not None:
+            self._refuse_unavailable()
         if self.open_count >= self.limit or not self._free_slots:
             self.metrics.admission_refused.inc()
             raise SessionError("resource_exhausted", f"duplex_session_capacity_exhausted: limit={self.limit}")
@@ -322,6 +326,9 @@ class SessionManager:
             await self.on_model_thread(self.plugin.open_slot, slot, session.slot_options())
         except PluginError as exc:
             raise SessionError(exc.code, exc.message) from None
+        if self.model_error is not None:  # the model was lost while the slot opened
+            await self.on_model_thread(self.plugin.close_slot, slot)
+            self._refuse_unavailable()
         generation = lease.attach(now)
         token = credential.issue() if credential is not None else None
         att = self._attachment(record, generation, token)
@@ -396,6 +403,35 @@ class SessionManager:
                 self.metrics.sessions_expired.inc()
             self.metrics.sessions_closed.inc()
             self.metrics.sessions_open.set(len(self.records))
+
+    # ------------------------------------------------------------------ the model's availability
+
+    def model_lost(self, error: PluginError) -> int:
+        """The model behind the plugin is gone (its worker process died): every live session gets
+        ``error`` as a step failure (being ``fatal``, it ends the session with its code as the
+        reason), and opens are refused with ``resource_exhausted`` until ``model_ready``.
+        Returns how many sessions were failed."""
+        self.model_error = error
+        failed = 0
+        for record in list(self.records.values()):
+            if record.lease.live:
+                try:
+                    record.mailbox.put_internal(FailItem(error))
+                    failed += 1
+                except MailboxFull:
+                    log.error("session %s: mailbox full, model loss not delivered", record.session_id)
+        return failed
+
+    def model_ready(self) -> None:
+        """The model is back (a new worker is ready): opens are accepted again."""
+        self.model_error = None
+
+    def _refuse_unavailable(self) -> None:
+        assert self.model_error is not None
+        self.metrics.admission_refused.inc()
+        raise SessionError(
+            "resource_exhausted", f"the model is unavailable ({self.model_error.message}); retry later"
+        )
 
     # ------------------------------------------------------------------ detach and resume
 

@@ -9,8 +9,9 @@ out the session's actions:
 * client command -> (decode append audio on the worker pool when large or under
   VAD) -> ``session.handle`` -> release the command's input budget;
 * model output -> ``session.on_output`` (a stale epoch is dropped there);
-* step failure -> ``session.fail`` (a ``PluginError`` keeps the session; any other
-  exception ends it with ``server_error``, DESIGN §2.7);
+* step failure -> ``session.fail`` (a ``PluginError`` keeps the session, unless it is
+  ``fatal``: then the session is closed with its code as the reason; any other exception ends it
+  with ``server_error``, DESIGN §2.7);
 * close -> ``session.close`` (``session.closed`` / ``session.expired`` last), then
   cleanup: stop the turn task, leave the scheduler, ``plugin.close_slot`` on the
   model thread; only then does the manager free the admission slot.
@@ -378,7 +379,12 @@ class SessionRunner:
                 continue
             if isinstance(action, CancelSlot):
                 await self.manager.driver.stop(self.record.slot)
-                await self._model(self.manager.plugin.cancel_slot, self.record.slot, action.epoch)
+                try:
+                    await self._model(self.manager.plugin.cancel_slot, self.record.slot, action.epoch)
+                except PluginError as exc:  # refused, or the slot's worker died: the session hears why
+                    await self._fail(exc, self.manager.now())
+                    if self.done:
+                        return
             elif isinstance(action, StartTurn):
                 driver = self.manager.driver
                 await driver.stop(self.record.slot)
@@ -402,6 +408,10 @@ class SessionRunner:
     async def _fail(self, exc: BaseException, now: float) -> None:
         if isinstance(exc, PluginError):
             self._emit(self.session.fail(exc.code, exc.message, now))
+            if exc.fatal:  # the session's model state is gone (its worker died): it ends here
+                self.manager.metrics.session_failures.inc()
+                await self._close(exc.code, expired=False)
+                return
             await self._run_actions()
             return
         log.error("session %s: model failed", self.session.session_id, exc_info=exc)

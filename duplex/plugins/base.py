@@ -277,7 +277,13 @@ class PluginError(DuplexError):
 
     The engine sends ``error{code, message}`` to the one session concerned and
     leaves the session open unless the error happened while opening its slot.
+
+    ``fatal`` (a class attribute) marks an error after which the session cannot go on with
+    this model at all (its worker process died, ``duplex.plugins.worker.WorkerFailed``): the
+    engine sends the error and then closes the session with the code as the close reason.
     """
+
+    fatal: ClassVar[bool] = False
 
     def __init__(self, code: str, message: str, *, param: str | None = None) -> None:
         super().__init__(code, message, param=param)

@@ -99,6 +99,7 @@ _SERVER: Final = (
     "engine_error",
     "plugin_error",
     "worker_died",
+    "model_worker_failed",  # the model's worker process died: the session ends (close 1012), reconnect
     "commit_aborted",
     "server_vad_unavailable",
     "runtime_resume_failed",

@@ -15,7 +15,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import logging
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Sequence
 from typing import Any
 
 import msgspec
@@ -24,6 +24,7 @@ from starlette.requests import Request
 from starlette.responses import Response
 from starlette.routing import Route, WebSocketRoute
 
+from duplex.plugins.worker import Supervisor, WorkerState, WorkerStatus
 from duplex.protocol import ErrorDetail, ProtocolError
 from duplex.server.auth import api_key_ok, presented_api_key
 from duplex.server.close_codes import CloseCode, CloseReason
@@ -58,16 +59,23 @@ class HttpError(msgspec.Struct, frozen=True, kw_only=True):
     error: ErrorDetail
 
 
-class HealthStatus(msgspec.Struct, frozen=True, kw_only=True):
+class HealthStatus(msgspec.Struct, frozen=True, kw_only=True, omit_defaults=True):
+    """``GET /health``. ``status``: ``ok``; ``degraded`` while a model worker is not ready (it is
+    restarting: new sessions are refused meanwhile; still HTTP 200, the server itself is up);
+    ``starting`` / ``draining`` with 503. ``workers``: each model worker process (none: in-process)."""
+
     status: str
     model: str
     sessions: int | None = None
+    workers: tuple[WorkerStatus, ...] = ()
 
 
 class AppState:
     """What the routes share: the engine, the limits, the metrics, the live connections."""
 
-    def __init__(self, engine: Any, config: ServerConfig, model_name: str) -> None:
+    def __init__(
+        self, engine: Any, config: ServerConfig, model_name: str, workers: Sequence[Supervisor] = ()
+    ) -> None:
         self.engine = engine
         self.config = config
         self.model_name = model_name
@@ -76,7 +84,8 @@ class AppState:
             header_timeout_s=config.header_timeout_s,
             max_incomplete_frame_bytes_total=config.max_incomplete_frame_bytes_total,
         )
-        self.metrics = ServerMetrics(getattr(engine, "metrics", None), self.limits)
+        self.workers = tuple(workers)  # the model's worker processes (``/health``, ``/metrics``)
+        self.metrics = ServerMetrics(getattr(engine, "metrics", None), self.limits, self.workers)
         self.ready = False
         self.draining = False
         self.connections: set[asyncio.Task[Any]] = set()
@@ -157,23 +166,30 @@ def _capabilities(engine: Any) -> dict[str, Any] | None:
 
 
 def create_app(
-    engine: Any, config: ServerConfig | None = None, *, model_name: str | None = None
+    engine: Any,
+    config: ServerConfig | None = None,
+    *,
+    model_name: str | None = None,
+    workers: Sequence[Supervisor] = (),
 ) -> Starlette:
-    """The Starlette app serving ``engine``. ``model_name``: the name clients see (default: plugin name)."""
+    """The Starlette app serving ``engine``. ``model_name``: the name clients see (default: plugin
+    name). ``workers``: the supervisors of the model's worker processes, shown by ``/health`` and
+    ``/metrics``."""
     from duplex.server.realtime import realtime_endpoint
 
     config = config or ServerConfig()
     name = model_name or getattr(engine, "plugin_name", None) or "duplex"
-    state = AppState(engine, config, name)
+    state = AppState(engine, config, name, workers)
 
     async def health(request: Request) -> Response:
-        status = HealthStatus(
-            status="ok" if state.ready else ("draining" if state.draining else "starting"),
-            model=name,
-            sessions=len(state.connections),
-        )
+        workers = tuple(w.status() for w in state.workers)
+        if state.ready:
+            word = "ok" if all(w.state is WorkerState.READY for w in workers) else "degraded"
+        else:
+            word = "draining" if state.draining else "starting"
+        body = HealthStatus(status=word, model=name, sessions=len(state.connections), workers=workers)
         return Response(
-            msgspec.json.encode(status),
+            msgspec.json.encode(body),
             status_code=200 if state.ready else 503,
             media_type="application/json",
         )

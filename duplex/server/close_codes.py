@@ -37,6 +37,7 @@ class CloseReason(enum.StrEnum):
     CLIENT_CLOSE = "client_close"  # session.close: the session ended at the client's request
     SESSION_CLOSED = "session_closed"  # the session ended otherwise (its reason is in session.closed)
     SERVER_ERROR = "server_error"
+    MODEL_WORKER_FAILED = "model_worker_failed"  # the model's worker process died: reconnect
     SHUTDOWN = "shutdown"
     DRAINING = "draining"
     SERVICE_RESTART = "service_restart"  # the socket was released; the session waits for a resume

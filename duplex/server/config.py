@@ -10,6 +10,8 @@ A configuration file is YAML::
 
     plugin: echo
     model_name: my-duplex        # name reported in session.model (default: the plugin name)
+    worker: true                 # run the plugin in a supervised worker process
+    worker_python: /opt/venv/bin/python   # ... with this interpreter (implies worker)
     server:
       port: 8000
       api_keys: [sk-local]
@@ -126,6 +128,12 @@ class ServeConfig(msgspec.Struct, frozen=True, kw_only=True, forbid_unknown_fiel
     model_path: str | None = None
     model_name: str | None = None
     plugin_options: dict[str, object] = {}
+    # Run the plugin in a supervised worker process (``duplex.plugins.worker``); ``worker_python``
+    # (which implies ``worker``) runs it with another interpreter, e.g. another virtual
+    # environment's; ``worker_config`` is handed to ``WorkerConfig`` (timeouts, restart backoff).
+    worker: bool = False
+    worker_python: str | None = None
+    worker_config: dict[str, object] = {}
     server: ServerConfig = ServerConfig()
     engine: dict[str, object] = {}
 

@@ -4,7 +4,9 @@ Each app owns its own ``CollectorRegistry`` (tests start several servers in one 
 global registry would refuse the second set of names). Nothing on the per-message path touches a
 Prometheus object: the socket handler bumps plain integers here, the engine updates its own plain
 metrics (``duplex.engine.metrics.EngineMetrics``: sessions, ticks, tick durations, batch sizes,
-lateness, append-to-step latency), and both are translated into metric families at scrape time.
+lateness, append-to-step latency), and both are translated into metric families at scrape time, as is
+the status of each model worker process (``duplex_worker_up``, ``_state``, ``_pid``, ``_restarts``;
+labelled by worker name, which the operator chose).
 
 Every label value comes from a closed set (``LabelTally``): a value outside it is counted as
 ``other``. Clients choose none of the text in ``/metrics``, so its size does not grow with what they
@@ -13,13 +15,14 @@ send (a ``session.close`` reason, an error code a plugin made up, ...).
 
 from __future__ import annotations
 
-from collections.abc import Iterable, Iterator, Mapping
+from collections.abc import Iterable, Iterator, Mapping, Sequence
 from typing import TYPE_CHECKING, Any, Final
 
 from prometheus_client import CollectorRegistry, generate_latest
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, HistogramMetricFamily, Metric
 from prometheus_client.registry import Collector
 
+from duplex.plugins.worker import Supervisor, WorkerState
 from duplex.protocol.errors import ERROR_TYPES
 from duplex.server.close_codes import CloseReason
 
@@ -96,6 +99,60 @@ class _EngineCollector(Collector):
                     cumulative += count
                     buckets.append(("+Inf" if bound == float("inf") else repr(float(bound)), cumulative))
                 yield HistogramMetricFamily(m.name, m.help, buckets=buckets, sum_value=m.sum)
+
+
+class _WorkerCollector(Collector):
+    """Each model worker process (``Supervisor.status()``), read at scrape time."""
+
+    def __init__(self, workers: Sequence[Supervisor]) -> None:
+        self._workers = workers
+
+    def collect(self) -> Iterator[Metric]:
+        up = GaugeMetricFamily("duplex_worker_up", "1 while the model worker is ready", labels=["worker"])
+        state = GaugeMetricFamily(
+            "duplex_worker_state", "1 for the model worker's current state", labels=["worker", "state"]
+        )
+        pid = GaugeMetricFamily(
+            "duplex_worker_pid", "the model worker's process id (0: none)", labels=["worker"]
+        )
+        restarts = CounterMetricFamily(
+            "duplex_worker_restarts", "model worker processes started after the first", labels=["worker"]
+        )
+        for worker in self._workers:
+            status = worker.status()
+            up.add_metric([status.name], 1 if status.state is WorkerState.READY else 0)
+            for each in WorkerState:
+                state.add_metric([status.name, each.value], 1 if status.state is each else 0)
+            pid.add_metric([status.name], status.pid or 0)
+            restarts.add_metric([status.name], status.restarts)
+        yield from (up, state, pid, restarts)
+
+
+class _WorkerCollector(Collector):
+    """Each model worker process (``Supervisor.status()``), read at scrape time."""
+
+    def __init__(self, workers: Sequence[Supervisor]) -> None:
+        self._workers = workers
+
+    def collect(self) -> Iterator[Metric]:
+        up = GaugeMetricFamily("duplex_worker_up", "1 while the model worker is ready", labels=["worker"])
+        state = GaugeMetricFamily(
+            "duplex_worker_state", "1 for the model worker's current state", labels=["worker", "state"]
+        )
+        pid = GaugeMetricFamily(
+            "duplex_worker_pid", "the model worker's process id (0: none)", labels=["worker"]
+        )
+        restarts = CounterMetricFamily(
+            "duplex_worker_restarts", "model worker processes started after the first", labels=["worker"]
+        )
+        for worker in self._workers:
+            status = worker.status()
+            up.add_metric([status.name], 1 if status.state is WorkerState.READY else 0)
+            for each in WorkerState:
+                state.add_metric([status.name, each.value], 1 if status.state is each else 0)
+            pid.add_metric([status.name], status.pid or 0)
+            restarts.add_metric([status.name], status.restarts)
+        yield from (up, state, pid, restarts)
 
 
 class _TransportCollector(Collector):
@@ -178,7 +235,12 @@ class ServerMetrics:
 
     ``transport`` (set by the app) adds the server-wide connection limits' figures."""
 
-    def __init__(self, engine_metrics: Any = None, transport: TransportLimits | None = None) -> None:
+    def __init__(
+        self,
+        engine_metrics: Any = None,
+        transport: TransportLimits | None = None,
+        workers: Sequence[Supervisor] = (),
+    ) -> None:
         self.connections = 0
         self.client_events = 0
         self.server_events = 0
@@ -192,6 +254,8 @@ class ServerMetrics:
         self.registry.register(_TransportCollector(self))
         if engine_metrics is not None:
             self.registry.register(_EngineCollector(engine_metrics))
+        if workers:
+            self.registry.register(_WorkerCollector(workers))
 
     def render(self) -> bytes:
         """The exposition text of every metric of this server."""

@@ -21,7 +21,8 @@ Theory of operation
 4. *End*: a client that goes away detaches its attachment (the session waits for a resume, or closes
    when it cannot resume). When the writer sees ``Detached`` the socket closes with a code that tells
    the client what to do: 1000 after ``session.closed`` / ``session.expired`` / ``session.replaced``,
-   1012 after a shutdown (the ``openai`` SDK reconnects on it), 1013 for a slow reader.
+   1012 after a shutdown or the death of the model's worker process (the ``openai`` SDK reconnects
+   on it), 1013 for a slow reader.
    ``AppState.release_sockets`` closes sockets with 1012 and keeps their sessions for a resume.
 
 Under our uvicorn protocol (``ws_protocol``) the per-message path skips Starlette and the ASGI
@@ -68,7 +69,7 @@ __all__ = ["CloseCode", "CloseReason", "realtime_endpoint"]
 log = logging.getLogger("duplex.server.realtime")
 
 
-_RETRYABLE_OPEN_CODES = frozenset({"resource_exhausted", "input_backpressure"})
+_RETRYABLE_OPEN_CODES = frozenset({"resource_exhausted", "input_backpressure", "model_worker_failed"})
 
 
 def _session_error_parts(exc: BaseException) -> tuple[str, str, str | None]:
@@ -520,6 +521,8 @@ def _close_for(last: Any, reason: str) -> tuple[CloseCode, CloseReason]:
     if isinstance(last, SessionClosed):
         if last.reason == "shutdown":
             return CloseCode.SERVICE_RESTART, CloseReason.SHUTDOWN
+        if last.reason == "model_worker_failed":  # a new worker is starting: reconnect
+            return CloseCode.SERVICE_RESTART, CloseReason.MODEL_WORKER_FAILED
         if last.reason in _SESSION_CLOSED_REASONS:
             return CloseCode.NORMAL, CloseReason(last.reason)
         return CloseCode.NORMAL, CloseReason.CLIENT_CLOSE

@@ -3,6 +3,12 @@
 ``serve(config)`` is what ``duplex serve`` calls. Shutdown (SIGINT/SIGTERM) drains first: every
 session gets ``session.closed{reason:"shutdown"}`` and its socket is closed with 1012 (service
 restart, which the ``openai`` SDK retries) before uvicorn tears the connections down.
+
+With ``worker`` (``--worker``) the plugin runs in a supervised worker process
+(``duplex.plugins.worker``): the engine drives its proxy, ``watch_worker`` tells the engine when
+the worker dies (its sessions end with ``model_worker_failed`` and close 1012; new sessions are
+refused with ``resource_exhausted`` while a new worker starts) and when it is back, and the worker
+is stopped after the drain.
 """
 
 from __future__ import annotations
@@ -11,13 +17,23 @@ import asyncio
 import contextlib
 import functools
 import logging
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Callable
 from typing import Any
 
+import msgspec
 import uvicorn
 
 from duplex.plugins import registry
 from duplex.plugins.base import Plugin, PluginError
+from duplex.plugins.worker import (
+    Supervisor,
+    WorkerConfig,
+    WorkerEvent,
+    WorkerEventKind,
+    WorkerFailed,
+    WorkerPlugin,
+    start_worker,
+)
 from duplex.server.config import ConfigError, ServeConfig
 from duplex.server.http_protocol import DuplexHttpProtocol
 from duplex.server.log_redaction import install_log_redaction
@@ -33,6 +49,9 @@ __all__ = [
     "serve",
     "serve_in_background",
     "uvicorn_config",
+    "watch_worker",
+    "worker_config",
+    "worker_observer",
 ]
 
 log = logging.getLogger("duplex.server")
@@ -41,22 +60,29 @@ DEFAULT_PLUGIN = "default"
 FALLBACK_PLUGIN = "echo"
 
 
-def build_plugin(name: str | None, model_path: str | None, options: dict[str, Any]) -> tuple[Plugin, str]:
+def build_plugin(
+    name: str | None, model_path: str | None, options: dict[str, Any], *, worker: WorkerConfig | None = None
+) -> tuple[Plugin, str]:
     """Build and load the plugin to serve; returns it (loaded) and its name.
 
     With no ``name``: ``default`` when it is installed and loads, else ``echo``. A named plugin that
     fails to build or load raises (``PluginError`` or the plugin's own exception): asking for a
-    model and silently getting another would be worse than not starting.
+    model and silently getting another would be worse than not starting. With ``worker`` the plugin
+    is built and loaded in a supervised worker process and the proxy is returned (``start_worker``).
     """
-    if name is not None:
-        plugin = registry.load_class(name).from_options(model_path, **options)
+
+    def load(plugin_name: str, path: str | None, opts: dict[str, Any]) -> Plugin:
+        if worker is not None:
+            return start_worker(plugin_name, path, opts, worker)
+        plugin = registry.load_class(plugin_name).from_options(path, **opts)
         plugin.load()
-        return plugin, name
+        return plugin
+
+    if name is not None:
+        return load(name, model_path, options), name
     if DEFAULT_PLUGIN in registry.available():
         try:
-            plugin = registry.load_class(DEFAULT_PLUGIN).from_options(model_path, **options)
-            plugin.load()
-            return plugin, DEFAULT_PLUGIN
+            return load(DEFAULT_PLUGIN, model_path, options), DEFAULT_PLUGIN
         except Exception as exc:  # any failure of an optional model: fall back, loudly
             log.warning(
                 "plugin %r did not load (%s: %s); serving %r",
@@ -65,9 +91,41 @@ def build_plugin(name: str | None, model_path: str | None, options: dict[str, An
                 exc,
                 FALLBACK_PLUGIN,
             )
-    plugin = registry.load_class(FALLBACK_PLUGIN).from_options(None)
-    plugin.load()
-    return plugin, FALLBACK_PLUGIN
+    return load(FALLBACK_PLUGIN, None, {}), FALLBACK_PLUGIN
+
+
+def worker_config(cfg: ServeConfig) -> WorkerConfig | None:
+    """The ``WorkerConfig`` of ``cfg`` (its ``worker_config`` section, ``worker_python``), or
+    ``None`` when the plugin runs in-process. Raises ``ConfigError`` naming a bad key."""
+    if not (cfg.worker or cfg.worker_python):
+        return None
+    fields = dict(cfg.worker_config)
+    if cfg.worker_python:
+        fields["python"] = cfg.worker_python
+    try:
+        return msgspec.convert(fields, WorkerConfig, strict=False)
+    except (msgspec.ValidationError, ValueError) as exc:
+        raise ConfigError(f"worker_config: {exc}") from exc
+
+
+def worker_observer(engine: Any) -> Callable[[WorkerEvent], None]:
+    """The worker observer that tells ``engine`` when the worker dies (``Engine.model_lost``: every
+    session ends with ``model_worker_failed``, new ones are refused) and when a new one is ready
+    (``Engine.model_ready``)."""
+
+    def on_event(event: WorkerEvent) -> None:
+        if event.kind is WorkerEventKind.DIED:
+            engine.model_lost(WorkerFailed(f"{event.message}; reconnect to continue"))
+        elif event.kind is WorkerEventKind.READY:
+            engine.model_ready()
+
+    return on_event
+
+
+def watch_worker(supervisor: Supervisor, engine: Any) -> None:
+    """Make ``worker_observer(engine)`` the supervisor's observer (called at once with the
+    current state, so nothing that happened before is missed)."""
+    supervisor.set_observer(worker_observer(engine))
 
 
 class DrainingServer(uvicorn.Server):
@@ -75,12 +133,15 @@ class DrainingServer(uvicorn.Server):
 
     uvicorn closes every WebSocket (code 1012) before the lifespan shutdown runs, which would cut
     sessions off before they could be told why; draining here first lets each session send
-    ``session.closed{reason:"shutdown"}``.
+    ``session.closed{reason:"shutdown"}``. ``after_drain`` (blocking; run in a thread) follows the
+    drain: ``serve`` stops a worker process there, because after a SIGTERM uvicorn re-raises the
+    signal once it has shut down, and the process ends before any code after ``run()``.
     """
 
-    def __init__(self, config: uvicorn.Config) -> None:
+    def __init__(self, config: uvicorn.Config, *, after_drain: Callable[[], None] | None = None) -> None:
         super().__init__(config)
         self.ready = asyncio.Event()
+        self._after_drain = after_drain
 
     async def startup(self, sockets: Any = None) -> None:
         await super().startup(sockets)
@@ -96,6 +157,8 @@ class DrainingServer(uvicorn.Server):
         state = _find_state(app)
         if state is not None:
             await state.drain()
+        if self._after_drain is not None:
+            await asyncio.to_thread(self._after_drain)
         await super().shutdown(sockets)
 
 
@@ -208,19 +271,28 @@ def serve(cfg: ServeConfig, *, log_level: str = "info") -> None:
     except (TypeError, ValueError) as exc:
         raise ConfigError(f"engine: {exc}") from exc
     loop = event_loop_name(cfg.server.event_loop)  # before a model load that may take minutes
-    plugin, name = build_plugin(cfg.plugin, cfg.model_path, dict(cfg.plugin_options))
+    worker = worker_config(cfg)
+    plugin, name = build_plugin(cfg.plugin, cfg.model_path, dict(cfg.plugin_options), worker=worker)
     try:
         engine = Engine(plugin, engine_config, model_name=cfg.model_name or name)
-        app = create_app(engine, cfg.server, model_name=cfg.model_name or name)
+        workers: tuple[Supervisor, ...] = ()
+        where = ""
+        if isinstance(plugin, WorkerPlugin):
+            watch_worker(plugin.supervisor, engine)
+            workers = (plugin.supervisor,)
+            where = f"; in a worker process, pid {plugin.supervisor.status().pid}"
+        app = create_app(engine, cfg.server, model_name=cfg.model_name or name, workers=workers)
         log.info(
-            "serving plugin %r as model %r on %s:%d (event loop: %s)",
+            "serving plugin %r as model %r on %s:%d (event loop: %s%s)",
             name,
             cfg.model_name or name,
             cfg.server.host,
             cfg.server.port,
             loop,
+            where,
         )
-        DrainingServer(uvicorn_config(app, cfg, log_level=log_level)).run()
+        after_drain = plugin.close if workers else None  # the worker stops once its sessions are drained
+        DrainingServer(uvicorn_config(app, cfg, log_level=log_level), after_drain=after_drain).run()
     finally:
         plugin.close()
 
