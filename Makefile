@@ -5,7 +5,7 @@ BIN := $(VENV)/bin
 TORCH ?= torch==2.13.0
 STAMP := $(VENV)/.installed
 
-.PHONY: serve test lint bench-codec clean
+.PHONY: serve test lint bench-codec clean thirdparty-envs
 
 $(BIN)/python:
 	$(PY) -m venv $(VENV)
@@ -32,5 +32,27 @@ test: $(STAMP)
 lint: $(STAMP)
 	$(BIN)/ruff check .
 
+# The third-party realtime clients that tests/thirdparty drives our server with (`pytest -m slow
+# tests/thirdparty`). Each gets its own venv next to .venv: they pull large dependency trees
+# (aiohttp, pydantic, livekit's native SDK, ...) that must not enter the server's.
+PIPECAT_VENV := .venv-pipecat
+LIVEKIT_VENV := .venv-livekit
+PIPECAT_PKGS ?= 'pipecat-ai[openai]==1.14.0'
+LIVEKIT_PKGS ?= livekit-agents==1.8.9 livekit-plugins-openai==1.8.9
+
+thirdparty-envs: $(PIPECAT_VENV)/.installed $(LIVEKIT_VENV)/.installed
+
+$(PIPECAT_VENV)/.installed:
+	$(PY) -m venv $(PIPECAT_VENV)
+	$(PIPECAT_VENV)/bin/pip install -q --upgrade pip
+	$(PIPECAT_VENV)/bin/pip install -q $(PIPECAT_PKGS)
+	touch $@
+
+$(LIVEKIT_VENV)/.installed:
+	$(PY) -m venv $(LIVEKIT_VENV)
+	$(LIVEKIT_VENV)/bin/pip install -q --upgrade pip
+	$(LIVEKIT_VENV)/bin/pip install -q $(LIVEKIT_PKGS)
+	touch $@
+
 clean:
-	rm -rf $(VENV)
+	rm -rf $(VENV) $(PIPECAT_VENV) $(LIVEKIT_VENV)

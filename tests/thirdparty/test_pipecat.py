@@ -1,0 +1,78 @@
+"""Pipecat's ``OpenAIRealtimeLLMService`` (pipecat-ai 1.14, its own venv) drives ``duplex serve``.
+
+The service is used as Pipecat ships it: ``base_url`` is our bare ``/v1/realtime`` (Pipecat
+appends ``?model=``), it answers ``session.created`` with its ``session.update``, waits for
+``session.updated``, sends the context kick-off as ``response.create``, then streams the user's
+audio; every server event goes through its pydantic models, and any ``error`` event but two
+ends its receive loop. See ``pipecat_client.py`` for the program and its summary.
+"""
+
+from __future__ import annotations
+
+import re
+
+import pytest
+
+from duplex.plugins.default.reply import echo_text
+from tests.thirdparty.harness import QUESTION, run_client
+
+pytestmark = pytest.mark.slow
+
+PROGRAM = "pipecat_client.py"
+ECHO_TRANSCRIPT = re.compile(r"(w\d+ )+")  # the echo model's token per word-length of audio
+
+
+def assert_clean(summary: dict) -> None:
+    """No error frame, no event Pipecat's models refused, and the run ended before its bound."""
+    assert summary["errors"] == []
+    assert summary["parse_failures"] == []
+    assert summary["timed_out"] is False
+    assert summary["server_events"][:2] == ["session.created", "session.updated"]
+    assert summary["output_format"] == {"type": "audio/pcm", "rate": 24000}
+
+
+def test_pipecat_kickoff_response_is_filled_by_the_echoed_speech(pipecat_python, echo_server, speech):
+    summary = run_client(
+        pipecat_python, PROGRAM, "--url", echo_server.ws_url, "--speech", str(speech),
+        "--speak-after", "response.created", "--replies", "1",
+    )  # fmt: skip
+    assert_clean(summary)
+    # One session.update answers session.created, the other comes with the kick-off.
+    assert summary["client_events"] == ["session.update", "session.update", "response.create"]
+    assert summary["appends"] > 0
+    # The kick-off's response is opened at once and the echo of the user's speech fills it.
+    events = summary["server_events"]
+    assert events.count("response.created") == 1
+    assert events.index("response.created") < events.index("response.output_audio.delta")
+    [done] = summary["responses"]
+    assert (done["status"], done["reason"]) == ("completed", None)
+    [reply] = summary["replies"]
+    assert reply["audio_bytes"] > 0 and reply["audio_bytes"] % 3840 == 0  # whole 80 ms frames
+    assert ECHO_TRANSCRIPT.fullmatch(reply["transcript"]), reply
+    assert reply["audio_rates"] == [24000] and reply["tts"] == ["started", "stopped"]
+
+
+@pytest.mark.xfail(
+    strict=True,
+    reason=(
+        "session.created reports audio.output.format {'type': 'audio/pcm', 'rate': 22050} (the default "
+        "plugin's native rate); Pipecat's SessionCreatedEvent (like OpenAI's GA schema) admits audio/pcm "
+        "at rate 24000 only, the validation error ends its receive loop and no reply ever arrives"
+    ),
+)
+def test_pipecat_gets_spoken_replies_on_default(pipecat_python, default_server, speech):
+    summary = run_client(
+        pipecat_python, PROGRAM, "--url", default_server.ws_url, "--speech", str(speech),
+        "--kickoff-text", "Say hello.", "--speak-after", "response.done", "--replies", "2",
+    )  # fmt: skip
+    assert_clean(summary)
+    assert summary["client_events"][:4] == [
+        "session.update",
+        "conversation.item.create",  # the kick-off context's user message
+        "session.update",
+        "response.create",
+    ]
+    kickoff, answer = summary["replies"]
+    assert kickoff["transcript"] == echo_text("Say hello.") and kickoff["audio_bytes"] > 0
+    assert answer["transcript"] == echo_text(QUESTION) and answer["audio_bytes"] > 0
+    assert [(r["status"], r["reason"]) for r in summary["responses"]] == [("completed", None)] * 2
