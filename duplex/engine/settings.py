@@ -17,6 +17,12 @@ Decisions (DESIGN §4-§6):
   that default (liberal in);
 * ``playback_commit_policy`` defaults to ``commit_all_on_done`` (stock clients never
   ack); ``ack_only`` is opt-in;
+* the output format starts as pcm16 at 24 kHz, what OpenAI's GA schema allows for ``audio/pcm``
+  (strict clients, the ``openai`` SDK and Pipecat among them, refuse a ``session.created`` with
+  another rate); a model with another rate is resampled to it. A client may ask for any rate;
+* OpenAI's own voice names (``OPENAI_VOICES``: stock clients send one by default) map onto the
+  model's default voice when the model has no voice of that name; any other unknown voice is
+  ``voice_not_found``;
 * the voice may not change once the session produced audio;
 * once the plugin's slot is open, instructions, voice and tools change only where the plugin
   says so (``Capabilities.updatable_options``); a change to one it fixed at open is refused
@@ -62,6 +68,26 @@ class Lane(enum.StrEnum):
     CLIENT = "client"
 
 
+#: The output rate a session starts with: OpenAI's (its GA schema allows no other for ``audio/pcm``).
+DEFAULT_OUTPUT_RATE = 24000
+#: OpenAI's built-in voices. A stock client asks for one of them without knowing the model.
+OPENAI_VOICES = frozenset(
+    {
+        "alloy",
+        "ash",
+        "ballad",
+        "cedar",
+        "coral",
+        "echo",
+        "fable",
+        "marin",
+        "nova",
+        "onyx",
+        "sage",
+        "shimmer",
+        "verse",
+    }
+)
 OVERLAP_POLICIES = ("listen_only", "barge_in_on_speech")
 #: The settings a plugin receives as ``SlotOptions`` when its slot opens (``Capabilities.updatable_options``).
 _SLOT_OPTIONS = ("instructions", "voice", "tools")
@@ -105,7 +131,7 @@ class SessionSettings(msgspec.Struct, frozen=True, kw_only=True):
             voice=caps.default_voice,
             output_modalities=("audio",) if audio else ("text",),
             input_format=AudioFormat("pcm16", 24000),
-            output_format=AudioFormat("pcm16", caps.output_sample_rate),
+            output_format=AudioFormat("pcm16", DEFAULT_OUTPUT_RATE),
             vad=vad,
             overlap_policy="barge_in_on_speech" if vad is not None else "listen_only",
         )
@@ -134,6 +160,8 @@ class SessionSettings(msgspec.Struct, frozen=True, kw_only=True):
                 )
             changes["instructions"] = patch.instructions
         voice = patch.resolved_voice()
+        if voice is not None and caps.voices and voice not in caps.voices and voice in OPENAI_VOICES:
+            voice = caps.default_voice or caps.voices[0]  # a stock client's default: the model's own
         if voice is not None and voice != self.voice:
             if "voice" in fixed:
                 raise ProtocolError(

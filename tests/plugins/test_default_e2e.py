@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import itertools
 import re
 from collections.abc import AsyncIterator, Callable
 from typing import Any
@@ -127,17 +128,21 @@ async def speak(ws: Any, pcm: np.ndarray, *, realtime: bool = True) -> None:
 
 
 def response_audio(events: list[Any]) -> tuple[list[bytes], list[str]]:
-    """Audio deltas and, for each, the transcript deltas that follow it (the text of that audio)."""
-    audio: list[bytes] = []
-    texts: list[str] = []
+    """The reply's audio and text per chunk of the model's reply. The server paces a chunk out in
+    pieces (audio deltas); the chunk's transcript follows its first piece, and the chunk runs until
+    the piece that the next transcript follows."""
+    pieces: list[bytes] = []
+    texts: dict[int, str] = {}  # piece index -> the transcript of the chunk it begins
     for event in events:
         kind = event_type(event)
         if kind == "response.output_audio.delta":
-            audio.append(event.delta)
-            texts.append("")
-        elif kind == "response.output_audio_transcript.delta" and texts:
-            texts[-1] += event.delta
-    return audio, texts
+            pieces.append(event.delta)
+        elif kind == "response.output_audio_transcript.delta" and pieces:
+            texts[len(pieces) - 1] = texts.get(len(pieces) - 1, "") + event.delta
+    starts = sorted(set(texts) | ({0} if pieces else set()))
+    bounds = [*starts, len(pieces)]
+    audio = [b"".join(pieces[a:b]) for a, b in itertools.pairwise(bounds)]
+    return audio, [texts.get(a, "") for a in starts]
 
 
 def plugin_with(models: tuple[WhisperTranscriber, PiperSpeaker], **options: Any) -> DefaultPlugin:

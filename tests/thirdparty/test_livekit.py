@@ -116,16 +116,6 @@ def test_livekit_default_session_on_default_greets_then_answers_the_turn(
     assert second["transcript"] == echo_text(QUESTION) and second["audio_bytes"] > 0
 
 
-@pytest.mark.xfail(
-    strict=True,
-    reason=(
-        "LiveKit's default voice 'marin' is not among the default model's voices ('joe'): the server "
-        "answers its session.update with error voice_not_found (param session.voice) and applies none "
-        "of it, so turn detection stays server_vad (the VAD answers the turn itself and generate_reply "
-        "fails with conversation_already_has_active_response) and the output stays pcm at 22050 Hz, "
-        "which LiveKit plays as 24 kHz"
-    ),
-)
 def test_livekit_with_its_default_voice_gets_the_manual_turn_reply_on_default(
     livekit_python, default_server, speech
 ):

@@ -52,14 +52,6 @@ def test_pipecat_kickoff_response_is_filled_by_the_echoed_speech(pipecat_python,
     assert reply["audio_rates"] == [24000] and reply["tts"] == ["started", "stopped"]
 
 
-@pytest.mark.xfail(
-    strict=True,
-    reason=(
-        "session.created reports audio.output.format {'type': 'audio/pcm', 'rate': 22050} (the default "
-        "plugin's native rate); Pipecat's SessionCreatedEvent (like OpenAI's GA schema) admits audio/pcm "
-        "at rate 24000 only, the validation error ends its receive loop and no reply ever arrives"
-    ),
-)
 def test_pipecat_gets_spoken_replies_on_default(pipecat_python, default_server, speech):
     summary = run_client(
         pipecat_python, PROGRAM, "--url", default_server.ws_url, "--speech", str(speech),
