@@ -25,9 +25,10 @@ initials are never sentence ends.
 
 One bound is never passed: no piece is longer than ``max_piece_chars``. Each
 piece is synthesised in one call on the model thread that every session shares,
-and a voice's time and memory grow with the length of what it is given (Piper:
-about 0.25 s and 50 MB more for each 80 characters on 2 CPU cores; a 3,000
-character paragraph without punctuation took 18 s in one call). A piece that
+and a voice's time and memory grow with the length of what it is given (Piper
+on 2 CPU cores: about 0.25 s and up to 100 MB of peak memory for each 80
+characters; a 3,000 character paragraph without punctuation took 18 s and 3.9 GB
+in one call). A piece that
 reaches the bound without a sentence end is cut after the last clause mark
 inside it, else after its last whitespace (a word boundary), else, for a run
 without whitespace, at the bound itself (moved back so that a combining mark

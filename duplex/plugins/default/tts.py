@@ -15,8 +15,8 @@ transcript keeps the text as written; only the voice skips the markup. Control
 characters never reach espeak-ng either (a NUL made its phonemiser raise).
 
 The time and memory of one ``speak`` grow with its text (Piper on 2 CPU cores:
-about 0.25 s and 50 MB more for each 80 characters), so the caller bounds the
-pieces it passes (``SentenceSplitter``'s ``max_piece_chars``).
+about 0.25 s and up to 100 MB of peak memory for each 80 characters), so the
+caller bounds the pieces it passes (``SentenceSplitter``'s ``max_piece_chars``).
 """
 
 from __future__ import annotations
