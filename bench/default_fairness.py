@@ -8,14 +8,16 @@ then ``response.create``; the echo reply speaks "You said: <text>." back.
 
 * ``alone``: the short turn ("Good morning") with nothing else running, ``--turns`` times.
   *first audio*: from sending ``response.create`` to the turn's first
-  ``response.output_audio.delta`` at the client.
+  ``response.output_audio.delta`` at the client; *answered*: to its ``response.done``.
 * ``fairness``: session A types ``--fair-chars`` characters without punctuation (the attack: the
-  splitter used to make it one Piper call); once A's ``response.created`` arrives, session B
-  takes ``--turns`` short turns one after the other. Reports B's first audio, A's first audio
-  (from its ``response.create``), and whether A was still speaking when B's last turn ended.
+  splitter used to make it one Piper call); ``--start-after-s`` after A's first audio, session
+  B takes ``--turns`` short turns one after the other. Reports B's first audio and answered
+  times, A's first audio (from its ``response.create``), and whether A was still speaking when
+  B's last turn ended.
 * ``cancel``: A types ``--cancel-chars`` characters; ``--cancel-after-s`` after A's
   ``response.created`` it sends ``response.cancel``. Reports the cancel to
-  ``response.done{cancelled}`` time, then B's first audio on a short turn sent right after.
+  ``response.done{cancelled}`` time, then B's first audio and answered times on a short turn
+  sent right after.
 * ``memory``: A's ``--cancel-chars`` reply spoken to its end. Reports how long it took.
 
 For every scenario the server's resident memory is read from ``/proc`` (Linux): after warm-up
@@ -123,13 +125,28 @@ async def _typed(client: Any, text: str) -> float:
     return sent
 
 
-async def _short_turn(watch: Watch) -> tuple[float, str]:
-    """One short typed turn to its ``response.done``: (first audio in s, status)."""
+async def _short_turn(watch: Watch) -> tuple[float, float, str]:
+    """One short typed turn to its ``response.done``: (first audio in s, answered in s, status)."""
     n = len(watch.ids)
     sent = await _typed(watch.client, SHORT)
     await watch.until(lambda: len(watch.ids) > n and watch.ids[n] in watch.done, TIMEOUT_S)
     response_id = watch.ids[n]
-    return watch.first_audio[response_id] - sent, watch.done[response_id][1]
+    done_at, status = watch.done[response_id]
+    return watch.first_audio[response_id] - sent, done_at - sent, status
+
+
+async def _sleep_until(t: float) -> None:
+    """Sleep until ``time.perf_counter()`` reaches ``t``."""
+    await asyncio.sleep(max(0.0, t - time.perf_counter()))
+
+
+def _turns_summary(turns: list[tuple[float, float, str]]) -> dict[str, Any]:
+    return {
+        "b_first_audio_s": _percentiles([first for first, _, _ in turns]),
+        "b_answered_s": _percentiles([answered for _, answered, _ in turns]),
+        "b_first_audio_each_s": [round(first, 3) for first, _, _ in turns],
+        "b_statuses": sorted({status for _, _, status in turns}),
+    }
 
 
 def _memory_mb(pid: int) -> dict[str, float]:
@@ -151,19 +168,16 @@ async def _scenario(name: str, url: str, pid: int, args: argparse.Namespace) -> 
         talker, other = Watch(a), Watch(b)
         try:
             if name == "alone":
-                turns = [await _short_turn(other) for _ in range(args.turns)]
-                result["b_first_audio_s"] = _percentiles([first for first, _ in turns])
-                result["b_statuses"] = sorted({status for _, status in turns})
+                result.update(_turns_summary([await _short_turn(other) for _ in range(args.turns)]))
             elif name == "fairness":
                 sent = await _typed(a, paragraph(args.fair_chars))
-                await talker.until(lambda: talker.ids, TIMEOUT_S)
-                turns = [await _short_turn(other) for _ in range(args.turns)]
+                await talker.until(lambda: talker.ids and talker.ids[0] in talker.first_audio, TIMEOUT_S)
                 long_id = talker.ids[0]
+                await _sleep_until(talker.first_audio[long_id] + args.start_after_s)
+                turns = [await _short_turn(other) for _ in range(args.turns)]
                 result["a_chars"] = args.fair_chars
-                result["b_first_audio_s"] = _percentiles([first for first, _ in turns])
-                result["b_statuses"] = sorted({status for _, status in turns})
+                result.update(_turns_summary(turns))
                 result["a_still_speaking_after_b"] = long_id not in talker.done
-                await talker.until(lambda: long_id in talker.first_audio, TIMEOUT_S)
                 result["a_first_audio_s"] = round(talker.first_audio[long_id] - sent, 3)
                 await a.send(ResponseCancel())
                 await talker.until(lambda: long_id in talker.done, TIMEOUT_S)
@@ -171,17 +185,18 @@ async def _scenario(name: str, url: str, pid: int, args: argparse.Namespace) -> 
                 await _typed(a, paragraph(args.cancel_chars))
                 await talker.until(lambda: talker.ids, TIMEOUT_S)
                 long_id = talker.ids[0]
-                await asyncio.sleep(max(0.0, talker.created[0] + args.cancel_after_s - time.perf_counter()))
+                await _sleep_until(talker.created[0] + args.cancel_after_s)
                 cancelled = time.perf_counter()
                 await a.send(ResponseCancel())
                 await talker.until(lambda: long_id in talker.done, TIMEOUT_S)
                 done_at, status = talker.done[long_id]
-                first, b_status = await _short_turn(other)
+                first, answered, b_status = await _short_turn(other)
                 result["a_chars"] = args.cancel_chars
                 result["cancel_after_s"] = args.cancel_after_s
                 result["a_status"] = status
                 result["cancel_to_done_s"] = round(done_at - cancelled, 3)
                 result["b_first_audio_after_cancel_s"] = round(first, 3)
+                result["b_answered_after_cancel_s"] = round(answered, 3)
                 result["b_statuses"] = [b_status]
             elif name == "memory":
                 sent = await _typed(a, paragraph(args.cancel_chars))
@@ -225,15 +240,19 @@ def _print_table(rows: list[dict[str, Any]]) -> None:
         return "" if stats is None else f"{stats['p50']:.2f} / {stats['max']:.2f}"
 
     print(
-        f"{'scenario':<10}{'A chars':>8}{'B first audio p50/max s':>26}{'A first audio s':>17}"
-        f"{'cancel->done s':>16}{'B after cancel s':>18}{'RSS start/peak/end MB':>24}"
+        f"{'scenario':<10}{'A chars':>8}{'B first audio p50/max s':>25}{'B answered p50/max s':>22}"
+        f"{'A first audio s':>17}{'cancel->done s':>16}{'B after cancel s':>18}{'RSS start/peak/end MB':>24}"
     )
     for row in rows:
         memory = f"{row['rss_start_mb']:.0f} / {row['rss_peak_mb']:.0f} / {row['rss_end_mb']:.0f}"
+        after_cancel = ""
+        if "b_first_audio_after_cancel_s" in row:
+            first, answered = row["b_first_audio_after_cancel_s"], row["b_answered_after_cancel_s"]
+            after_cancel = f"{first:.2f} / {answered:.2f}"
         print(
-            f"{row['scenario']:<10}{row.get('a_chars', ''):>8}{p50_max(row.get('b_first_audio_s')):>26}"
-            f"{row.get('a_first_audio_s', ''):>17}{row.get('cancel_to_done_s', ''):>16}"
-            f"{row.get('b_first_audio_after_cancel_s', ''):>18}{memory:>24}"
+            f"{row['scenario']:<10}{row.get('a_chars', ''):>8}{p50_max(row.get('b_first_audio_s')):>25}"
+            f"{p50_max(row.get('b_answered_s')):>22}{row.get('a_first_audio_s', ''):>17}"
+            f"{row.get('cancel_to_done_s', ''):>16}{after_cancel:>18}{memory:>24}"
         )
 
 
@@ -242,6 +261,7 @@ def main(argv: list[str] | None = None) -> dict[str, Any] | None:
     parser.add_argument("--scenarios", nargs="+", choices=SCENARIOS, default=list(SCENARIOS))
     parser.add_argument("--turns", type=int, default=5, help="short turns of session B per scenario")
     parser.add_argument("--fair-chars", type=int, default=3000)
+    parser.add_argument("--start-after-s", type=float, default=1.0, help="B's start after A's first audio")
     parser.add_argument("--cancel-chars", type=int, default=6000)
     parser.add_argument("--cancel-after-s", type=float, default=1.0)
     parser.add_argument("--max-input-text-chars", type=int, default=8000)

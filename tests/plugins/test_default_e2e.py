@@ -301,7 +301,7 @@ async def test_another_session_is_answered_while_a_long_typed_reply_is_spoken_an
     after = talker.events[talker.index("response.done") + 1 :]
     assert [e for e in after if getattr(e, "response_id", None) == cancelled.response.id] == []
     audio, texts = response_audio(talker.events)
-    assert all(audio) and all(0 < len(text) <= 160 for text in texts)
+    assert all(audio) and all(0 < len(text) <= 120 for text in texts)
     assert echo_text(paragraph).startswith("".join(texts))
 
 

@@ -185,6 +185,30 @@ def test_short_and_long_turns_are_heard_whole(
             assert sum(a != b for a, b in zip(question_words, words(QUESTION), strict=True)) <= 1
 
 
+def test_transcriptions_stepped_in_turn_hear_what_each_hears_alone(
+    models: tuple[WhisperTranscriber, PiperSpeaker], question: np.ndarray
+) -> None:
+    """Two sessions' long turns share the model thread step by step; each speech-gate scan keeps
+    its own VAD state, so neither changes what the other hears."""
+    asr, _ = models
+    late = np.concatenate([np.zeros(16000 * 12, np.float32), question])  # the gate finds it in step 2
+    noise = np.random.default_rng(3).normal(0.0, 0.05, 16000 * 25).astype(np.float32)
+    alone = [asr.transcribe(late), asr.transcribe(noise)]
+    heard: list[list[str | None]] = [[], []]
+    streams: list[Iterator[str | None] | None] = [asr.transcription(late), asr.transcription(noise)]
+    while streams[0] is not None or streams[1] is not None:
+        for i, stream in enumerate(streams):
+            if stream is not None:
+                step = next(stream, "<end>")
+                if step == "<end>":
+                    streams[i] = None
+                else:
+                    heard[i].append(step)
+    assert [steps[-1] for steps in heard] == alone
+    assert alone[0] == QUESTION and alone[1] == ""
+    assert all(step is None for steps in heard for step in steps[:-1]) and len(heard[1]) == 3
+
+
 def test_a_sentence_said_twice_in_a_row_is_a_possible_repetition_loop() -> None:
     assert repeats_a_sentence("What time is it in pairs? What time is it in pairs?")
     assert repeats_a_sentence("Hello there.  hello   THERE. Bye.")

@@ -32,19 +32,23 @@ a sentence costs one more encoder pass; nobody hears words that were never said.
 Steps
 -----
 The engine runs every session's plugin calls on one model thread, so a long turn
-must not hold it in one call: a 300 s turn took 46 s in faster-whisper's
-``transcribe`` on 2 CPU cores (a repetitive one: each 30 s window tried six
-temperatures, five samples each). ``transcription`` therefore works in steps
-and yields between them; the plugin hands the model thread back at each one. A
-step is the speech gate over ``gate_step_s`` of audio, the short-window pass (with
-the gate of a short turn), the encoder over one 30 s window, or one decoding
-attempt of a window. The 30 s path follows faster-whisper's rules (the same
-features, prompt, thresholds and temperatures) with one difference: a fallback
-temperature draws one sample, not five, so no attempt costs more than the greedy
-one. Measured on 2 shared CPU cores, a gate step takes about 0.06 s, encoding a
-window about 0.5 s, and a decoding attempt up to about 1.6 s (a window that
-decodes to Whisper's 224-token limit, as a repetition loop does); a short
-question's single step about 0.2 s.
+must not hold it in one call: a 300 s turn took 46 s in one call of
+faster-whisper's ``transcribe`` on 2 CPU cores (a repetitive one: each 30 s window
+tried six temperatures, five samples each). ``transcription`` therefore works in
+steps and yields between them; the plugin hands the model thread back at each
+one. A step is the speech gate over ``SpeechGate``'s ``step_s`` (10 s) of audio, the
+short-window pass (with the gate of a short turn), the features and encoder of
+one 30 s window, or one decoding attempt of a window. The 30 s path follows
+faster-whisper's rules (prompt, ``max_length`` 448, thresholds, temperatures and
+five samples at each fallback temperature) with two differences: the samples are
+drawn one per step, and the first that passes the checks is kept (faster-whisper
+draws five in one call and checks the likeliest); and a turn longer than 30 s has
+its log-mel features computed window by window rather than for the whole turn.
+Measured on 2 CPU cores shared with other work, a gate step takes about 0.05 s,
+a window's encoder about 0.5 s, and a decoding attempt up to 2.4 s (one that runs
+to its length limit, 224 tokens, as a repetition loop does); a short question is one step
+of about 0.3 s. The worst turn costs 26 decoding attempts per 30 s window (a
+repetitive 30 s took 23 s in 26 steps).
 """
 
 from __future__ import annotations
@@ -160,8 +164,10 @@ class SpeechGate:
 class WhisperTranscriber:
     """Turns one user turn (mono float32, 16 kHz) into text.
 
-    Build it, call ``load()`` once (about a second), then ``transcribe`` as often
-    as needed from one thread at a time. ``cpu_threads`` 0 means one per CPU,
+    Build it, call ``load()`` once (about a second), then ``transcribe`` (or
+    ``transcription``, in steps) as often as needed from one thread at a time;
+    the steps of several transcriptions may be interleaved on that thread.
+    ``cpu_threads`` 0 means one per CPU,
     at most 4 (measured on 2 cores: 2 threads transcribe a short question in
     0.32 s, 1 thread in 0.45 s, 4 threads no faster than 2). Decoding is
     greedy (``beam_size`` 1) without timestamps: the fastest setting, and exact

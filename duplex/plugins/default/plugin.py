@@ -110,9 +110,10 @@ class DefaultPluginConfig(msgspec.Struct, frozen=True, kw_only=True):
     Speaking
         ``max_sentence_chars``: a spoken piece longer than this is cut at a clause
         mark. ``max_piece_chars``: no piece is longer than this (characters; cut at
-        a word boundary, or inside a run without whitespace): it bounds one Piper
-        call, which holds the model thread every session shares (0.45 s for 160
-        characters on 2 CPU cores). ``first_clause``: the first piece of a reply ends
+        a word boundary, or inside a run without whitespace). It bounds one Piper call,
+        which holds the model thread every session shares (about 0.33 s for 120
+        characters on 2 idle CPU cores): another session's turn waits for about one
+        such call per chunk it needs. ``first_clause``: the first piece of a reply ends
         at its first clause mark (earlier first audio). ``tts_length_scale``: > 1 speaks slower.
         ``tts_noise_scale`` / ``tts_noise_w_scale``: the voice's randomness (both 0:
         the same text always sounds the same). None keeps the voice's defaults.
@@ -133,7 +134,7 @@ class DefaultPluginConfig(msgspec.Struct, frozen=True, kw_only=True):
     reply_poll_ms: int = 50
     max_input_text_chars: int = 4000
     max_sentence_chars: int = 80
-    max_piece_chars: int = 160
+    max_piece_chars: int = 120
     first_clause: bool = True
     tts_length_scale: float | None = None
     tts_noise_scale: float | None = None
