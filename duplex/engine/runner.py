@@ -42,6 +42,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import inspect
 import logging
 import time
 from typing import TYPE_CHECKING, Any
@@ -365,7 +366,12 @@ class SessionRunner:
         limit = self.manager.config.max_pending_outputs
         gen = None
         try:
-            gen = await self._model(plugin.respond, request)
+            if inspect.isgeneratorfunction(plugin.respond):
+                # Calling a generator function runs none of its body: no model-thread hop, so the
+                # first chunk waits behind one call of the other sessions instead of two.
+                gen = plugin.respond(request)
+            else:
+                gen = await self._model(plugin.respond, request)
             while True:
                 out = await self._model(next, gen, None)
                 if out is None:  # ended without end_of_turn: end the response anyway
