@@ -38,17 +38,19 @@ tried six temperatures, five samples each). ``transcription`` therefore works in
 steps and yields between them; the plugin hands the model thread back at each
 one. A step is the speech gate over ``SpeechGate``'s ``step_s`` (10 s) of audio, the
 short-window pass (with the gate of a short turn), the features and encoder of
-one 30 s window, or one decoding attempt of a window. The 30 s path follows
-faster-whisper's rules (prompt, ``max_length`` 448, thresholds, temperatures and
-five samples at each fallback temperature) with two differences: the samples are
-drawn one per step, and the first that passes the checks is kept (faster-whisper
-draws five in one call and checks the likeliest); and a turn longer than 30 s has
-its log-mel features computed window by window rather than for the whole turn.
-Measured on 2 CPU cores shared with other work, a gate step takes about 0.05 s,
-a window's encoder about 0.5 s, and a decoding attempt up to 2.4 s (one that runs
-to its length limit, 224 tokens, as a repetition loop does); a short question is one step
-of about 0.3 s. The worst turn costs 26 decoding attempts per 30 s window (a
-repetitive 30 s took 23 s in 26 steps).
+one 30 s window, or one decoding (greedy, or one sample) of a window. The 30 s path follows
+faster-whisper's rules (prompt, ``max_length`` 448, thresholds, temperatures, and
+the likeliest of five samples checked at each fallback temperature) with two
+differences: the five samples are drawn one per step rather than in one call, and
+a turn longer than 30 s has its log-mel features computed window by window rather
+than for the whole turn.
+Measured on 2 CPU cores shared with other work: a gate step takes about 0.05 s,
+a window's encoder about 0.5 s, a decoding step up to 2 s (a sample that runs to
+its length limit, 224 tokens, as a repetition loop does); a short question is one
+step of about 0.2 s. The price is batching: a window that fails every check costs
+26 decoding steps (six temperatures, 1 + 5 x 5 samples), and 300 s of repetitive
+speech took 99 s in 211 steps (the longest 2.0 s) where faster-whisper took 46 s
+in one call, hearing about as much (1,160 and 1,094 characters of transcript).
 """
 
 from __future__ import annotations
@@ -79,9 +81,8 @@ _FULL_MAX_LENGTH = 448  # max_length of a 30 s window's pass, as faster-whisper 
 _NO_SPEECH_PROB = 0.6
 _MIN_AVG_LOGPROB = -1.0
 _MAX_COMPRESSION_RATIO = 2.4
-# A window's decoding attempts, in order: greedy, then five samples (faster-whisper's best_of) at
-# each of its fallback temperatures.
-_ATTEMPTS = (0.0, *(t for t in (0.2, 0.4, 0.6, 0.8, 1.0) for _ in range(5)))
+_TEMPERATURES = (0.0, 0.2, 0.4, 0.6, 0.8, 1.0)  # greedy first, then the fallback temperatures
+_BEST_OF = 5  # samples drawn at a fallback temperature; the likeliest is checked
 _SENTENCE_END = re.compile(r"(?<=[.?!])\s+")
 
 
@@ -318,29 +319,36 @@ class WhisperTranscriber:
         return " ".join(texts)
 
     def _decode_window(self, encoded: Any) -> Generator[None, None, str]:
-        """Decode one encoded window with faster-whisper's temperature fallback, one attempt a step;
+        """Decode one encoded window with faster-whisper's temperature fallback, one decoding a step;
         ``""`` for a window its no-speech rule skips."""
         from faster_whisper.transcribe import get_compression_ratio
 
         attempts: list[tuple[float, float, float, str]] = []  # (avg logprob, ratio, no-speech p, text)
         chosen = None
-        for temperature in _ATTEMPTS:
-            if attempts:
-                yield None
+        drawn = 0
+        for temperature in _TEMPERATURES:
             if temperature == 0:
                 sampling: dict[str, Any] = {"beam_size": self._beam_size}
             else:
                 sampling = {"beam_size": 1, "sampling_topk": 0, "sampling_temperature": temperature}
-            result = self._model.model.generate(
-                encoded,
-                [self._prompt],
-                max_length=_FULL_MAX_LENGTH,
-                return_scores=True,
-                return_no_speech_prob=True,
-                suppress_blank=True,
-                suppress_tokens=list(self._suppress),
-                **sampling,
-            )[0]
+            samples = []
+            for _ in range(1 if temperature == 0 else _BEST_OF):
+                if drawn:
+                    yield None
+                drawn += 1
+                samples.append(
+                    self._model.model.generate(
+                        encoded,
+                        [self._prompt],
+                        max_length=_FULL_MAX_LENGTH,
+                        return_scores=True,
+                        return_no_speech_prob=True,
+                        suppress_blank=True,
+                        suppress_tokens=list(self._suppress),
+                        **sampling,
+                    )[0]
+                )
+            result = max(samples, key=lambda r: r.scores[0])  # the likeliest, as CTranslate2 ranks them
             tokens = result.sequences_ids[0]
             text = self._tokenizer.decode(tokens).strip()
             attempt = (
@@ -355,7 +363,7 @@ class WhisperTranscriber:
             if silent or (ratio <= _MAX_COMPRESSION_RATIO and avg_logprob >= _MIN_AVG_LOGPROB):
                 chosen = attempt
                 break
-        if chosen is None:  # every attempt failed: the likeliest one that is not a loop, if any
+        if chosen is None:  # every temperature failed: the likeliest result that is not a loop, if any
             below = [a for a in attempts if a[1] <= _MAX_COMPRESSION_RATIO]
             chosen = max(below or attempts, key=lambda a: a[0])
         avg_logprob, _, no_speech, text = chosen
