@@ -125,11 +125,14 @@ def bench_models(repeats: int, threads: int) -> dict[str, object]:
         for reply in (REPLY, *(echo_text(s) for s in SENTENCES)):
             t0 = time.perf_counter()
             splitter = SentenceSplitter(
-                max_chars=plugin.config.max_sentence_chars, first_clause=plugin.config.first_clause
+                max_chars=plugin.config.max_sentence_chars,
+                max_piece_chars=plugin.config.max_piece_chars,
+                first_clause=plugin.config.first_clause,
             )
             pieces = splitter.feed(reply) + splitter.flush()
             audio_s = 0.0
-            for i, piece in enumerate(tts.speak_all(pieces)):
+            spoken = (piece for piece in tts.speak_all(pieces) if piece is not None)  # None: silent
+            for i, piece in enumerate(spoken):
                 if i == 0:
                     tts_first.append(time.perf_counter() - t0)
                 audio_s += len(piece.pcm) / tts.sample_rate

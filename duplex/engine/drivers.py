@@ -37,6 +37,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import inspect
 from abc import ABC, abstractmethod
 from collections.abc import Callable
 
@@ -122,7 +123,12 @@ class TurnDriver(Driver):
         call = self.model_thread.call
         gen = None
         try:
-            gen = await call(self.plugin.respond, request)
+            if inspect.isgeneratorfunction(self.plugin.respond):
+                # Calling a generator function runs none of its body: no model-thread hop, so the
+                # first chunk waits behind one call of the other sessions instead of two.
+                gen = self.plugin.respond(request)
+            else:
+                gen = await call(self.plugin.respond, request)
             while True:
                 out = await call(next, gen, None)
                 if out is None:  # ended without end_of_turn: end the response anyway

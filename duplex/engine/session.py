@@ -770,9 +770,8 @@ class Session:
         events = [error.to_event(new_event_id())]
         if self.output.active is not None:
             self._advance_epoch()
-            events += self._finish(
-                "failed", EndReason.ERROR, now, ResponseError(type="server_error", code=code, message=message)
-            )
+            detail = ResponseError(type=error.type, code=code, message=message)
+            events += self._finish("failed", EndReason.ERROR, now, detail)
         return self._journal(events, now)
 
     def close(self, reason: str, now: float, *, expired: bool = False) -> list[Event]:

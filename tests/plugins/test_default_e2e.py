@@ -34,6 +34,7 @@ from duplex.protocol import (
     InputAudioBufferAppend,
     InputTextPart,
     MessageItem,
+    ResponseCancel,
     ResponseCreate,
     SessionHeartbeat,
 )
@@ -100,23 +101,42 @@ class Transcript:
 
 
 @contextlib.asynccontextmanager
-async def session(plugin: DefaultPlugin) -> AsyncIterator[Transcript]:
-    """A server around ``plugin`` and one connected session (server VAD, the default) reading events."""
+async def sessions(plugin: DefaultPlugin, n: int) -> AsyncIterator[list[Transcript]]:
+    """A server around ``plugin`` and ``n`` connected sessions (server VAD, the default) reading events."""
     config = EngineConfig(max_sessions=2)
     async with (
         running_server(plugin=plugin, engine_config=config, model_name="default") as srv,
-        websockets.connect(srv.url + "?model=default", proxy=None) as ws,
+        contextlib.AsyncExitStack() as stack,
     ):
-        log = Transcript(ws)
-        reader = asyncio.create_task(log.read_forever())
+        logs: list[Transcript] = []
+        readers: list[asyncio.Task[None]] = []
         try:
-            await log.wait_for(lambda events: bool(events))
-            assert event_type(log.events[0]) == "session.created"
-            yield log
+            for _ in range(n):
+                connecting = websockets.connect(srv.url + "?model=default", proxy=None)
+                ws = await stack.enter_async_context(connecting)
+                log = Transcript(ws)
+                logs.append(log)
+                readers.append(asyncio.create_task(log.read_forever()))
+                await log.wait_for(lambda events: bool(events))
+                assert event_type(log.events[0]) == "session.created"
+            yield logs
         finally:
-            reader.cancel()
-            with contextlib.suppress(asyncio.CancelledError):
-                await reader
+            for reader in readers:
+                reader.cancel()
+                with contextlib.suppress(asyncio.CancelledError):
+                    await reader
+
+
+@contextlib.asynccontextmanager
+async def session(plugin: DefaultPlugin) -> AsyncIterator[Transcript]:
+    """A server around ``plugin`` and one connected session (server VAD, the default) reading events."""
+    async with sessions(plugin, 1) as (log,):
+        yield log
+
+
+def typed(text: str) -> ConversationItemCreate:
+    """A typed user message."""
+    return ConversationItemCreate(item=MessageItem(role="user", content=[InputTextPart(text=text)]))
 
 
 async def speak(ws: Any, pcm: np.ndarray, *, realtime: bool = True) -> None:
@@ -288,3 +308,58 @@ async def test_a_typed_message_is_answered_aloud_with_its_transcript(
     assert done.response.status == "completed"
     audio, texts = response_audio(log.events)
     assert "".join(texts) == "You said: Good morning." and all(audio)
+
+
+async def test_another_session_is_answered_while_a_long_typed_reply_is_spoken_and_a_cancel_stops_it(
+    models: tuple[WhisperTranscriber, PiperSpeaker],
+) -> None:
+    """3,000 typed characters without punctuation are spoken piece by piece; the model thread is
+    shared, so another session's short answer is complete long before, and a cancel ends it."""
+    paragraph = ("many blue cars drive home slowly after the long day " * 60)[:3000]
+    async with sessions(plugin_with(models), 2) as (talker, other):
+        await send(talker.ws, typed(paragraph))
+        await send(talker.ws, ResponseCreate())
+        await talker.wait_for(talker.count("response.output_audio.delta"))
+        await send(other.ws, typed("Good morning"))
+        await send(other.ws, ResponseCreate())
+        await other.wait_for(other.count("response.done"))
+        assert talker.of("response.done") == []  # still speaking the paragraph
+        await send(talker.ws, ResponseCancel())
+        await talker.wait_for(talker.count("response.done"))
+
+    (done,) = other.of("response.done")
+    assert done.response.status == "completed"
+    assert "".join(response_audio(other.events)[1]) == "You said: Good morning."
+    (cancelled,) = talker.of("response.done")
+    assert cancelled.response.status == "cancelled"
+    after = talker.events[talker.index("response.done") + 1 :]
+    assert [e for e in after if getattr(e, "response_id", None) == cancelled.response.id] == []
+    audio, texts = response_audio(talker.events)
+    assert all(audio) and all(0 < len(text) <= 120 for text in texts)
+    assert echo_text(paragraph).startswith("".join(texts))
+
+
+async def test_a_typed_message_too_long_or_with_a_nul_fails_its_response_and_the_session_goes_on(
+    models: tuple[WhisperTranscriber, PiperSpeaker],
+) -> None:
+    async with session(plugin_with(models, max_input_text_chars=100)) as log:
+        await send(log.ws, typed("a" * 101))
+        await send(log.ws, ResponseCreate())
+        await log.wait_for(log.count("response.done"))
+        # A NUL never reaches the plugin: the codec refuses the item itself (nothing is added).
+        await send(log.ws, typed("Good\x00morning"))
+        await log.wait_for(log.count("error", 2))
+        await send(log.ws, typed("Good morning"))
+        await send(log.ws, ResponseCreate())
+        await log.wait_for(log.count("response.done", 2))
+
+    refused = ["conversation.item.added", "conversation.item.done", "response.created"]
+    refused += ["error", "response.done"]
+    kinds = [k for k in log.types() if k != "rate_limits.updated"]
+    assert kinds[1:7] == [*refused, "error"]
+    assert [(e.error.code, e.error.param) for e in log.of("error")] == [
+        ("invalid_item", None),
+        ("bad_event", "item.content[0].text"),
+    ]
+    assert [d.response.status for d in log.of("response.done")] == ["failed", "completed"]
+    assert "".join(response_audio(log.events)[1]) == "You said: Good morning."

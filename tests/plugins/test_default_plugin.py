@@ -20,7 +20,7 @@ from duplex.plugins.base import PluginError, PluginKind, SlotOptions, SlotOutput
 from duplex.plugins.default.asr import WhisperTranscriber, repeats_a_sentence
 from duplex.plugins.default.plugin import DefaultPlugin, DefaultPluginConfig
 from duplex.plugins.default.reply import echo_text
-from duplex.plugins.default.tts import PiperSpeaker
+from duplex.plugins.default.tts import PiperSpeaker, speakable
 from tests.plugins.test_default_reply import ChatStub, installed_fake_vllm
 
 QUESTION = "What time is it in Paris?"
@@ -62,6 +62,25 @@ def question(models: tuple[WhisperTranscriber, PiperSpeaker]) -> np.ndarray:
     return np.concatenate([pad, to_16k(tts.speak(QUESTION)), pad])
 
 
+@pytest.fixture(scope="module")
+def long_question(question: np.ndarray) -> np.ndarray:
+    """The question twice, 10 s apart (14.3 s): a turn for the 30 s path."""
+    return np.concatenate([question, np.zeros(16000 * 10, np.float32), question])
+
+
+@pytest.fixture
+def bounded_plugin(models: tuple[WhisperTranscriber, PiperSpeaker]) -> Iterator[DefaultPlugin]:
+    """Small bounds, so that a short text shows them: pieces of at most 40 characters, typed
+    messages of at most 120."""
+    asr, tts = models
+    config = DefaultPluginConfig(
+        max_sentence_chars=20, max_piece_chars=40, max_input_text_chars=120, warm_up=False
+    )
+    with DefaultPlugin(config, asr=asr, tts=tts) as p:
+        p.open_slot(0, SlotOptions())
+        yield p
+
+
 @pytest.fixture
 def slot(plugin: DefaultPlugin) -> Iterator[int]:
     plugin.open_slot(0, SlotOptions(instructions="Be brief."))
@@ -99,6 +118,8 @@ def test_from_options_converts_strings_and_refuses_unknown_options() -> None:
         ({"max_sessions": "many"}, None, "max_sessions"),
         ({"max_sessions": 0}, None, "max_sessions must be positive"),
         ({"reply_poll_ms": -5}, None, "reply_poll_ms"),
+        ({"max_input_text_chars": 0}, None, "max_input_text_chars must be positive"),
+        ({"max_piece_chars": 40}, None, "max_piece_chars (40) must be at least max_sentence_chars (80)"),
     ],
 )
 def test_bad_options_are_refused_with_invalid_plugin_config(
@@ -139,28 +160,53 @@ def test_speak_all_passes_none_through_and_carries_silent_pieces(
     assert [None if o is None else o.text for o in out] == [
         "Hello there.",
         None,
+        None,  # in place of the silent piece: one speak per item
         None,
         " ... Goodbye.",  # the silent piece rides on the next spoken one, after the Nones
+        None,
         " ...",  # the last silent piece comes out alone, with no audio
     ]
-    assert [0 if o is None else o.pcm.size > 0 for o in out] == [True, 0, 0, True, False]
+    assert [0 if o is None else o.pcm.size > 0 for o in out] == [True, 0, 0, 0, True, 0, False]
 
 
 def test_short_and_long_turns_are_heard_whole(
-    models: tuple[WhisperTranscriber, PiperSpeaker], question: np.ndarray
+    models: tuple[WhisperTranscriber, PiperSpeaker], question: np.ndarray, long_question: np.ndarray
 ) -> None:
     """Both questions are heard, each once and whole. Whisper tiny.en hears "Paris" as "pairs"
     in the joined clip on some CPUs (on both windows), so a question may differ by one word;
     a lost, cut or repeated question still fails."""
     asr, _ = models
     twice = np.concatenate([question, np.zeros(16000 * 2, np.float32), question])  # 6.3 s: short window
-    apart = np.concatenate([question, np.zeros(16000 * 10, np.float32), question])  # 14.3 s: the 30 s path
-    for clip in (twice, apart):
+    for clip in (twice, long_question):
         heard = [words(q) for q in asr.transcribe(clip).split("?") if q.strip()]
         assert len(heard) == 2, heard
         for question_words in heard:
             assert len(question_words) == len(words(QUESTION)), question_words
             assert sum(a != b for a, b in zip(question_words, words(QUESTION), strict=True)) <= 1
+
+
+def test_transcriptions_stepped_in_turn_hear_what_each_hears_alone(
+    models: tuple[WhisperTranscriber, PiperSpeaker], question: np.ndarray
+) -> None:
+    """Two sessions' long turns share the model thread step by step; each speech-gate scan keeps
+    its own VAD state, so neither changes what the other hears."""
+    asr, _ = models
+    late = np.concatenate([np.zeros(16000 * 12, np.float32), question])  # the gate finds it in step 2
+    noise = np.random.default_rng(3).normal(0.0, 0.05, 16000 * 25).astype(np.float32)
+    alone = [asr.transcribe(late), asr.transcribe(noise)]
+    heard: list[list[str | None]] = [[], []]
+    streams: list[Iterator[str | None] | None] = [asr.transcription(late), asr.transcription(noise)]
+    while streams[0] is not None or streams[1] is not None:
+        for i, stream in enumerate(streams):
+            if stream is not None:
+                step = next(stream, "<end>")
+                if step == "<end>":
+                    streams[i] = None
+                else:
+                    heard[i].append(step)
+    assert [steps[-1] for steps in heard] == alone
+    assert alone[0] == QUESTION and alone[1] == ""
+    assert all(step is None for steps in heard for step in steps[:-1]) and len(heard[1]) == 3
 
 
 def test_a_sentence_said_twice_in_a_row_is_a_possible_repetition_loop() -> None:
@@ -194,6 +240,77 @@ def test_markdown_and_emoji_are_not_read_aloud(models: tuple[WhisperTranscriber,
     plain = tts.speak("Hello there.")
     assert np.array_equal(tts.speak("**Hello** there 😀."), plain)
     assert tts.speak("** 😀 #").size == 0
+
+
+def test_control_and_format_characters_never_reach_the_voice(
+    models: tuple[WhisperTranscriber, PiperSpeaker],
+) -> None:
+    assert speakable("Hello\x00there\x07\u200b\u202e.\n") == "Hello there . "
+    _, tts = models
+    assert np.array_equal(tts.speak("Hello\x00 there."), tts.speak("Hello  there."))
+
+
+def test_a_long_reply_is_spoken_in_pieces_within_max_piece_chars_that_join_to_the_reply(
+    bounded_plugin: DefaultPlugin,
+) -> None:
+    """A typed paragraph without punctuation: each pull of the response synthesises one piece."""
+    text = " ".join(f"w{i}" for i in range(20)) + " " + "x" * 50
+    outputs = list(bounded_plugin.respond(TurnRequest(slot=0, epoch=0, text=text)))
+    spoken = outputs[:-1]
+    assert "".join(o.text for o in outputs) == echo_text(text)
+    assert all(o.pcm is not None and 0 < len(o.text) <= 40 for o in spoken)
+    assert len(spoken) >= len(echo_text(text)) // 40
+    assert outputs[-1].end_of_turn and outputs[-1].pcm is None
+
+
+def test_a_typed_message_over_max_input_text_chars_is_refused_with_invalid_item(
+    bounded_plugin: DefaultPlugin,
+) -> None:
+    with pytest.raises(PluginError) as exc:
+        next(bounded_plugin.respond(TurnRequest(slot=0, epoch=0, text="ab " * 40 + "c")))
+    assert exc.value.code == "invalid_item"
+    assert "121 characters" in exc.value.message and "max_input_text_chars" in exc.value.message
+    answer = list(bounded_plugin.respond(TurnRequest(slot=0, epoch=1, text="ab " * 40)))
+    assert "".join(o.text for o in answer) == echo_text("ab " * 40)
+
+
+def test_a_typed_nul_is_refused_with_invalid_item(bounded_plugin: DefaultPlugin) -> None:
+    with pytest.raises(PluginError) as exc:
+        next(bounded_plugin.respond(TurnRequest(slot=0, epoch=0, text="Good\x00morning")))
+    assert exc.value.code == "invalid_item" and "NUL" in exc.value.message
+
+
+def test_control_characters_of_a_reply_are_dropped_before_it_is_spoken(
+    openai_plugin: DefaultPlugin, chat: ChatStub
+) -> None:
+    chat.reply = "Hello\x00 there.\x07 It is\x1b noon.\tBye."
+    outputs = list(openai_plugin.respond(TurnRequest(slot=0, epoch=1, text="Time?")))
+    assert "".join(o.text for o in outputs) == "Hello there. It is noon.\tBye."
+    assert [o.text for o in outputs if o.pcm is not None] == ["Hello there. ", "It is noon.\t", "Bye."]
+
+
+def test_a_long_turn_hands_the_model_thread_back_between_transcription_steps(
+    plugin: DefaultPlugin, slot: int, long_question: np.ndarray
+) -> None:
+    stream = plugin.respond(TurnRequest(slot=slot, epoch=1, pcm=long_question))
+    waiting = []
+    out = next(stream)
+    while out.user_transcript is None:
+        waiting.append(out)
+        out = next(stream)
+    assert len(waiting) >= 2  # the 30 s path: the encoder and the decoding are steps of their own
+    assert all((o.pcm, o.text, o.end_of_turn, o.epoch) == (None, "", False, 1) for o in waiting)
+    assert len(words(out.user_transcript)) == 2 * len(words(QUESTION))
+    stream.close()
+
+
+def test_a_cancel_during_a_long_transcription_stops_it_at_the_next_step(
+    plugin: DefaultPlugin, slot: int, long_question: np.ndarray
+) -> None:
+    stream = plugin.respond(TurnRequest(slot=slot, epoch=1, pcm=long_question))
+    assert next(stream).user_transcript is None  # still transcribing
+    plugin.cancel_slot(slot, 2)
+    assert list(stream) == []
 
 
 def test_text_turn_is_answered_without_a_transcript_chunk(plugin: DefaultPlugin, slot: int) -> None:

@@ -32,6 +32,7 @@ from duplex.plugins.default.reply import (
     ReplyPrompt,
     VLLMReply,
     chat_messages,
+    without_controls,
     without_thinking,
 )
 
@@ -182,6 +183,29 @@ def test_thinking_spans_are_dropped_from_the_stream(deltas: list[str], spoken: l
 def test_text_without_thinking_passes_through_as_it_comes() -> None:
     stream = without_thinking(iter(["Hello", " there. ", "<", "b>"]))
     assert next(stream) == "Hello" and next(stream) == " there. "
+
+
+# --- control characters are not spoken ---
+
+
+def test_control_characters_are_dropped_from_the_stream_but_tabs_and_line_breaks_stay() -> None:
+    deltas = ["Hello\x00 there.", "\x07", "\x1b[31mRed\x7f\x85.\r\n", "\tBye."]
+    assert list(without_controls(deltas)) == ["Hello there.", "[31mRed.\r\n", "\tBye."]
+
+
+def test_closing_the_stream_without_controls_closes_its_source() -> None:
+    closed = []
+
+    def source() -> Iterator[str]:
+        try:
+            yield from ("a", "b", "c")
+        finally:
+            closed.append(True)
+
+    stream = without_controls(source())
+    assert next(stream) == "a"
+    stream.close()
+    assert closed == [True]
 
 
 # --- the openai strategy ---

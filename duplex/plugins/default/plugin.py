@@ -8,20 +8,35 @@ client's commit) cuts the microphone stream into user turns and calls
 generator that streams the answer:
 
 1. Understand: Whisper tiny.en transcribes the turn (16 kHz). The first chunk
-   carries only ``user_transcript``, so the engine can send
+   with content carries only ``user_transcript``, so the engine can send
    ``conversation.item.input_audio_transcription.completed`` before any audio.
    A turn without speech (silence, noise) ends there: one chunk with an empty
-   transcript and ``end_of_turn``, no reply.
+   transcript and ``end_of_turn``, no reply. A typed turn (``TurnRequest.text``)
+   skips this step; it is refused with ``invalid_item`` when it is longer than
+   ``max_input_text_chars`` or holds a NUL (the response fails, the session goes on).
 2. Answer: the reply strategy (``echo``, ``openai``, ``vllm``; see ``reply.py``)
-   streams text deltas (a reasoning model's ``<think>`` spans are dropped).
+   streams text deltas (a reasoning model's ``<think>`` spans are dropped, and so
+   are control characters other than tabs and line breaks).
    Its system prompt is the session's instructions and its history is
    ``TurnRequest.history``: what the listener actually heard.
-3. Speak: the deltas are cut into sentences (long ones at clause marks) and
+3. Speak: the deltas are cut into sentences (long ones at clause marks, and none
+   longer than ``max_piece_chars``) and
    each is synthesised with Piper as soon as it is complete (the first piece
    ends at the reply's first clause mark, so the first audio comes sooner). Every audio chunk
    carries exactly the text it speaks, so a truncated response leaves exactly
    the heard sentences in the transcript. A last chunk with no audio sets
    ``end_of_turn``.
+
+Sharing the model thread: the engine pulls ``respond``'s chunks one at a time
+on one model thread shared by every session, first come first served, so one
+pull must never be long. Each pull does a bounded amount of work: one step of
+the transcription (``WhisperTranscriber.transcription``: at most one encoder
+pass or one decoding attempt), or the synthesis of one piece of at most
+``max_piece_chars`` characters, or a wait of at most ``reply_poll_ms`` for the
+reply backend. Where a pull has nothing to send it yields an empty chunk (valid,
+and ignored by the session), so other sessions' calls run in between, and a
+cancelled response stops at the next pull. ``max_input_text_chars`` bounds the
+total work of a typed turn.
 
 Interruption: the engine closes the generator on cancel or barge-in. The echo
 reply simply stops; a remote or in-process LLM reply is read by a
@@ -65,6 +80,7 @@ from duplex.plugins.default.reply import (
     ReplyPrompt,
     ReplyStrategy,
     make_strategy,
+    without_controls,
     without_thinking,
 )
 from duplex.plugins.default.sentences import SentenceSplitter
@@ -87,10 +103,18 @@ class DefaultPluginConfig(msgspec.Struct, frozen=True, kw_only=True):
         ``reply_timeout_s``: connection and read timeout. ``reply_max_tokens``: reply
         length limit. ``reply_poll_ms``: while a remote reply has nothing new, the
         plugin hands the model thread back this often (see ``DeltaPump``).
+    Typed input
+        ``max_input_text_chars``: a typed user message longer than this (characters)
+        is refused with ``invalid_item`` (it bounds the work of one typed turn:
+        4,000 characters are about four minutes of speech).
     Speaking
         ``max_sentence_chars``: a spoken piece longer than this is cut at a clause
-        mark. ``first_clause``: the first piece of a reply ends at its first clause
-        mark (earlier first audio). ``tts_length_scale``: > 1 speaks slower.
+        mark. ``max_piece_chars``: no piece is longer than this (characters; cut at
+        a word boundary, or inside a run without whitespace). It bounds one Piper call,
+        which holds the model thread every session shares (about 0.33 s for 120
+        characters on 2 idle CPU cores): another session's turn waits for about one
+        such call per chunk it needs. ``first_clause``: the first piece of a reply ends
+        at its first clause mark (earlier first audio). ``tts_length_scale``: > 1 speaks slower.
         ``tts_noise_scale`` / ``tts_noise_w_scale``: the voice's randomness (both 0:
         the same text always sounds the same). None keeps the voice's defaults.
     Resources
@@ -108,7 +132,9 @@ class DefaultPluginConfig(msgspec.Struct, frozen=True, kw_only=True):
     reply_timeout_s: float = 30.0
     reply_max_tokens: int = 256
     reply_poll_ms: int = 50
+    max_input_text_chars: int = 4000
     max_sentence_chars: int = 80
+    max_piece_chars: int = 120
     first_clause: bool = True
     tts_length_scale: float | None = None
     tts_noise_scale: float | None = None
@@ -127,13 +153,21 @@ class DefaultPluginConfig(msgspec.Struct, frozen=True, kw_only=True):
             "reply_timeout_s",
             "reply_max_tokens",
             "reply_poll_ms",
+            "max_input_text_chars",
             "max_sentence_chars",
+            "max_piece_chars",
             "max_sessions",
         ):
             if getattr(self, name) <= 0:
                 raise PluginError(
                     "invalid_plugin_config", f"{name} must be positive, got {getattr(self, name)}"
                 )
+        if self.max_piece_chars < self.max_sentence_chars:
+            raise PluginError(
+                "invalid_plugin_config",
+                f"max_piece_chars ({self.max_piece_chars}) must be at least "
+                f"max_sentence_chars ({self.max_sentence_chars})",
+            )
         if self.asr_threads < 0:
             raise PluginError(
                 "invalid_plugin_config", f"asr_threads must not be negative, got {self.asr_threads}"
@@ -294,9 +328,17 @@ class DefaultPlugin(TurnPlugin):
         if epoch < state.min_epoch:
             return
         if request.pcm is None:
-            user_text = (request.text or "").strip()  # a typed message, or nothing new to answer
+            user_text = self._typed(request.text or "").strip()  # a typed message, or nothing to answer
         else:
-            user_text = self.asr.transcribe(request.pcm)
+            user_text = ""
+            with closing(self.asr.transcription(request.pcm)) as steps:
+                for step in steps:
+                    if step is not None:
+                        user_text = step
+                        continue
+                    yield SlotOutput(slot=slot, epoch=epoch, sample_rate=OUTPUT_RATE)  # between steps
+                    if epoch < state.min_epoch:
+                        return
             if not user_text:
                 yield SlotOutput(slot=slot, epoch=epoch, user_transcript="", end_of_turn=True)
                 return
@@ -316,7 +358,7 @@ class DefaultPlugin(TurnPlugin):
             for piece in self._spoken(deltas):
                 if epoch < state.min_epoch:
                     return
-                if piece is None:  # the reply backend is still thinking: give the model thread back
+                if piece is None:  # nothing to send yet (a silent piece, a thinking backend)
                     yield SlotOutput(slot=slot, epoch=epoch, sample_rate=OUTPUT_RATE)
                     continue
                 pcm_out = piece.pcm if piece.pcm.size else None
@@ -325,9 +367,23 @@ class DefaultPlugin(TurnPlugin):
                 )
         yield SlotOutput(slot=slot, epoch=epoch, sample_rate=OUTPUT_RATE, end_of_turn=True)
 
+    def _typed(self, text: str) -> str:
+        """``text``, a typed user message, if the plugin reads it; else ``PluginError("invalid_item")``."""
+        limit = self.config.max_input_text_chars
+        if len(text) > limit:
+            raise PluginError(
+                "invalid_item",
+                f"the user message has {len(text)} characters; this model reads at most {limit} "
+                "(max_input_text_chars)",
+            )
+        if "\x00" in text:
+            raise PluginError("invalid_item", "the user message contains a NUL character (U+0000)")
+        return text
+
     def _deltas(self, prompt: ReplyPrompt) -> Iterator[str | None]:
-        """The reply's text deltas, thoughts removed; ``None`` where a blocking backend had nothing yet."""
-        deltas = without_thinking(self.reply_strategy.reply(prompt))
+        """The reply's text deltas, thoughts and control characters removed; ``None`` where a
+        blocking backend had nothing yet."""
+        deltas = without_controls(without_thinking(self.reply_strategy.reply(prompt)))
         if not self.reply_strategy.blocking:
             return deltas
         return DeltaPump(deltas, poll_s=self.config.reply_poll_ms / 1000).deltas()
@@ -344,7 +400,9 @@ class DefaultPlugin(TurnPlugin):
     def _pieces(self, deltas: Iterator[str | None]) -> Iterator[str | None]:
         """The stream cut into sentences (or a first clause) as they complete; ``None`` passes through."""
         splitter = SentenceSplitter(
-            max_chars=self.config.max_sentence_chars, first_clause=self.config.first_clause
+            max_chars=self.config.max_sentence_chars,
+            max_piece_chars=self.config.max_piece_chars,
+            first_clause=self.config.first_clause,
         )
         for delta in deltas:
             if delta is None:

@@ -48,6 +48,7 @@ __all__ = [
     "chat_messages",
     "echo_text",
     "make_strategy",
+    "without_controls",
     "without_thinking",
 ]
 
@@ -432,6 +433,29 @@ def _filter_thinking(deltas: Iterable[str]) -> Iterator[str]:
             break
     if buffer and not thinking:
         yield buffer
+
+
+_CONTROLS = dict.fromkeys(c for c in (*range(0x20), *range(0x7F, 0xA0)) if chr(c) not in "\t\n\r")
+"""C0 and C1 control characters other than tab and line breaks, for ``str.translate`` (dropped)."""
+
+
+def without_controls(deltas: Iterable[str]) -> Iterator[str]:
+    """Drop control characters (NUL and the rest of C0 and C1, but not tabs and line breaks) from a
+    delta stream.
+
+    A model may write them (or repeat them from the conversation); they mean nothing to a
+    listener, and a NUL made the voice's phonemiser (espeak-ng) raise. A delta left empty is
+    skipped. Closing this generator closes ``deltas``.
+    """
+    try:
+        for delta in deltas:
+            clean = delta.translate(_CONTROLS)
+            if clean:
+                yield clean
+    finally:
+        close = getattr(deltas, "close", None)
+        if close is not None:
+            close()
 
 
 STRATEGIES = ("echo", "openai", "vllm")
