@@ -1,0 +1,88 @@
+"""Tiny MiniCPM-o 4.5 checkpoints with random weights, for tests and CPU serving.
+
+``make_tiny_checkpoint(root, seed)`` writes a directory in the public layout (``config.json``,
+``model.safetensors.index.json`` and two shards with the public tensor keys, ``tokenizer.json`` with
+the special tokens of the duplex loop) for ``config.TINY_CONFIG``. The same seed writes the same files.
+Nothing is downloaded: the tokenizer is a byte-level BPE trained on a short built-in text.
+"""
+
+from __future__ import annotations
+
+import copy
+import json
+from pathlib import Path
+
+import torch
+from safetensors.torch import save_file
+from tokenizers import Tokenizer, decoders, models, pre_tokenizers, trainers
+
+from duplex.plugins.minicpmo.config import TINY_CONFIG, MiniCPMOConfig
+from duplex.plugins.minicpmo.loading import INDEX_FILE, TOKENIZER_FILE
+from duplex.plugins.minicpmo.modules import MiniCPMOModel
+from duplex.plugins.minicpmo.tokens import SPECIAL_TOKENS
+
+__all__ = ["make_tiny_checkpoint", "train_tokenizer"]
+
+_CORPUS = """\
+you are a helpful assistant who answers questions about the weather
+hello there how are you doing today my friend
+i can see a cup of coffee on the table next to the window
+the quick brown fox jumps over the lazy dog near the river bank
+thank you for calling how can i help you today
+what a lovely picture of the mountains in the morning light
+""".splitlines()
+
+
+def train_tokenizer(vocab_size: int = 300) -> Tokenizer:
+    """A byte-level BPE with MiniCPM-o's special tokens (ids right after the learned pieces)."""
+    tok = Tokenizer(models.BPE())
+    tok.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False)
+    tok.decoder = decoders.ByteLevel()
+    trainer = trainers.BpeTrainer(
+        vocab_size=vocab_size,
+        special_tokens=["<|endoftext|>"],
+        initial_alphabet=pre_tokenizers.ByteLevel.alphabet(),
+        show_progress=False,
+    )
+    tok.train_from_iterator(_CORPUS * 4, trainer=trainer)
+    tok.add_special_tokens(list(SPECIAL_TOKENS.values()))
+    return tok
+
+
+def make_tiny_checkpoint(root: str | Path, seed: int = 0) -> Path:
+    """Write a tiny random-weight checkpoint directory under ``root``; return ``root``."""
+    root = Path(root)
+    root.mkdir(parents=True, exist_ok=True)
+    tok = train_tokenizer()
+    vocab = tok.get_vocab_size(with_added_tokens=True)
+    raw = copy.deepcopy(TINY_CONFIG)
+    raw["vocab_size"] = vocab
+    raw["tts_config"].update(
+        num_text_tokens=vocab,
+        audio_bos_token_id=tok.token_to_id(SPECIAL_TOKENS["tts_bos"]),
+        text_eos_token_id=tok.token_to_id(SPECIAL_TOKENS["tts_eos"]),
+    )
+    cfg = MiniCPMOConfig.from_json(raw)
+    torch.manual_seed(seed)
+    model = MiniCPMOModel.random(cfg, torch.device("cpu"), torch.float32, seed=seed)
+    state = {key: value.detach().contiguous().clone() for key, value in model.state_dict().items()}
+    shards = {
+        "model-00001-of-00002.safetensors": {k: v for k, v in state.items() if k.startswith("llm.")},
+        "model-00002-of-00002.safetensors": {k: v for k, v in state.items() if not k.startswith("llm.")},
+    }
+    weight_map = {}
+    for name, part in shards.items():
+        save_file(part, str(root / name), metadata={"format": "pt"})
+        weight_map.update({key: name for key in part})
+    total = sum(v.numel() * v.element_size() for v in state.values())
+    (root / INDEX_FILE).write_text(
+        json.dumps({"metadata": {"total_size": total}, "weight_map": weight_map}, indent=1)
+    )
+    (root / "config.json").write_text(json.dumps(raw, indent=1))
+    tok.save(str(root / TOKENIZER_FILE))
+    (root / "tokenizer_config.json").write_text(
+        json.dumps(
+            {"model_max_length": 8192, "eos_token": "<|im_end|>", "pad_token": "<|endoftext|>"}, indent=1
+        )
+    )
+    return root
