@@ -109,12 +109,13 @@ class SpeechGenerator:
         speaking: torch.Tensor,
         seed: torch.Tensor,
         counter: torch.Tensor,
-        greedy: bool,
+        sampled: torch.Tensor,
     ) -> tuple[torch.Tensor, torch.Tensor]:
         """Codes ``[B, CODES_PER_UNIT]`` for the ``speaking`` rows and the rows' new cache lengths.
 
         ``condition [B, C, H]`` with ``cond_len [B]`` valid rows (text + audio_bos), ``lengths [B]`` the
-        cache entries each row holds (the turn so far). Rows not speaking are frozen.
+        cache entries each row holds (the turn so far). Rows not speaking are frozen; rows where
+        ``sampled [B]`` is False take the most likely code (greedy sessions).
         """
         cache = self.cache
         b, c, _ = condition.shape
@@ -138,11 +139,9 @@ class SpeechGenerator:
             logits = head_code(last).float()
             logits[:, eos] = float("-inf")
             logits = penalize_frequency(logits, history, REPETITION_PENALTY)
-            if greedy:
-                code = logits.argmax(dim=-1)
-            else:
-                filtered = filter_top_k_top_p(logits / TEMPERATURE, TOP_K, TOP_P)
-                code = (filtered + gumbel(seed, counter + i, logits.shape[-1], _SALT)).argmax(dim=-1)
+            filtered = filter_top_k_top_p(logits / TEMPERATURE, TOP_K, TOP_P)
+            drawn = (filtered + gumbel(seed, counter + i, logits.shape[-1], _SALT)).argmax(dim=-1)
+            code = torch.where(sampled, drawn, logits.argmax(dim=-1))
             codes.append(code)
             history = torch.cat([history[:, 1:], code[:, None]], dim=1)
             if i == CODES_PER_UNIT - 1:
