@@ -210,7 +210,7 @@ class UnitGenerator:
         if n > limit:
             raise PluginError(
                 "invalid_session_config",
-                f"the instructions and reference voice take {n} tokens; at most {limit} fit the context window",
+                f"the instructions and reference voice take {n} tokens; the context window fits {limit}",
             )
         pos = torch.arange(n, device=self.device)[None]
         self.thinker.forward(embeds, pos, pos, pos + 1, rows=rows)
@@ -255,10 +255,11 @@ class UnitGenerator:
 
     # -- the step ---------------------------------------------------------
 
-    def _layout(
+    def layout(
         self, batch: dict[int, tuple[np.ndarray, list[bytes]]]
     ) -> tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray, list[PreparedFrame]]:
-        """Host side of step 1: ``ids, kind, src [slots, unit_width]``, ``valid [slots]`` and the frames."""
+        """Step 1 on the host: ``ids, kind, src [slots, unit_width]`` (kind: 0 token, 1 audio, 2 vision;
+        src: the embedding a position takes), ``valid [slots]`` and the decoded frames."""
         w, sp, q = self.unit_width, self.sp, self.cfg.query_num
         ids = np.zeros((self.slots, w), dtype=np.int64)
         kind = np.zeros((self.slots, w), dtype=np.int64)
@@ -330,7 +331,7 @@ class UnitGenerator:
         """Advance every slot in ``batch`` (slot -> (16000 float32 samples, encoded frames)) by one unit."""
         dev, w = self.device, self.unit_width
         cap = self.thinker.cache.capacity
-        ids_h, kind_h, src_h, valid_h, frames = self._layout(batch)
+        ids_h, kind_h, src_h, valid_h, frames = self.layout(batch)
         exec_h = np.zeros(self.slots, dtype=bool)
         audio_h = np.zeros((self.slots, CONTEXT_SAMPLES + UNIT_SAMPLES), dtype=np.float32)
         for slot, (pcm, _frames) in batch.items():

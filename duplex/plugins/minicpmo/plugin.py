@@ -264,7 +264,7 @@ class MiniCPMOPlugin(FramePlugin):
         if pcm.size > self._max_ref_samples:
             raise PluginError(
                 "invalid_session_config",
-                f"ref_audio is {pcm.size / SAMPLE_RATE:.1f} s; at most {self._max_ref_samples / SAMPLE_RATE:.1f} s",
+                f"ref_audio is {pcm.size / SAMPLE_RATE:.1f} s, over max_ref_audio_s",
             )
         return np.clip(pcm, -1.0, 1.0)
 

@@ -33,7 +33,7 @@ what a lovely picture of the mountains in the morning light
 """.splitlines()
 
 
-def train_tokenizer(vocab_size: int = 300) -> Tokenizer:
+def train_tokenizer(vocab_size: int = 420) -> Tokenizer:
     """A byte-level BPE with MiniCPM-o's special tokens (ids right after the learned pieces)."""
     tok = Tokenizer(models.BPE())
     tok.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False)
@@ -85,4 +85,55 @@ def make_tiny_checkpoint(root: str | Path, seed: int = 0) -> Path:
             {"model_max_length": 8192, "eos_token": "<|im_end|>", "pad_token": "<|endoftext|>"}, indent=1
         )
     )
+    return root
+
+
+def script_checkpoint(root: str | Path, script: dict[str, str]) -> Path:
+    """Turn the tiny checkpoint at ``root`` into a bigram model whose next token is ``script[token]``.
+
+    The language model's attention and MLP outputs are zeroed, so its last hidden state is the normed
+    input embedding; each scripted successor's ``lm_head`` row is set to that direction, so greedy
+    decoding follows the script exactly. ``script["audio"]`` is what follows a unit's audio (every
+    audio embedding is made one constant vector). For tests that need known decisions from a real
+    checkpoint (listen, speak, end of turn) without a trained model.
+    """
+    from safetensors.torch import load_file
+
+    root = Path(root)
+    index = json.loads((root / INDEX_FILE).read_text())["weight_map"]
+    tok = Tokenizer.from_file(str(root / TOKENIZER_FILE))
+    files = sorted(set(index.values()))
+    state = {name: load_file(str(root / name)) for name in files}
+
+    def get(key: str) -> torch.Tensor:
+        return state[index[key]][key]
+
+    for key in index:
+        if key.startswith("llm.model.layers.") and key.endswith(("o_proj.weight", "down_proj.weight")):
+            get(key).zero_()
+    bias = get("audio_projection_layer.linear2.bias")
+    get("audio_projection_layer.linear2.weight").zero_()
+    gen = torch.Generator().manual_seed(1)
+    bias.copy_(torch.randn(bias.shape, generator=gen))
+    embed = get("llm.model.embed_tokens.weight")
+    head = get("llm.lm_head.weight")
+    head.mul_(0.01)
+    norm = get("llm.model.norm.weight")
+
+    def direction(vec: torch.Tensor) -> torch.Tensor:
+        return vec / vec.pow(2).mean().sqrt() * norm
+
+    for before, after in script.items():
+        target = tok.token_to_id(after)
+        if target is None:
+            raise ValueError(f"{after!r} is not one token")
+        if before == "audio":
+            head[target] = direction(bias)
+        else:
+            source = tok.token_to_id(before)
+            if source is None:
+                raise ValueError(f"{before!r} is not one token")
+            head[target] = direction(embed[source])
+    for name, part in state.items():
+        save_file(part, str(root / name), metadata={"format": "pt"})
     return root
