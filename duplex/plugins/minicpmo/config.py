@@ -6,7 +6,10 @@ nests the other towers: ``vision_config`` (SigLIP, NaViT positions), ``audio_con
 ``tts_config`` (the speech head: a Llama backbone over text conditions and speech codes) and
 ``slice_config``. ``MiniCPMOConfig.from_json`` reads exactly those fields; a field the architecture needs
 and the file lacks takes the public model's value (``FULL_CONFIG``), and a malformed one is a
-``ValueError`` naming it.
+``ValueError`` naming it. The code-to-wave stage (``assets/token2wav``: a flow-matching decoder and a
+HiFT vocoder) has no fields in the public ``config.json``: ``token2wav_config`` holds its architecture,
+by default the public assets' (as vLLM-Omni's and Step-Audio2's builders construct it; loading checks
+every tensor's shape against it); tiny checkpoints write their own.
 
 Duplex constants (``SAMPLE_RATE`` ... ``CODES_PER_UNIT``) are the serving contract, not checkpoint fields:
 16 kHz audio in units of one second, ten audio embeddings per unit (Whisper's 50 frames per second pooled
@@ -34,6 +37,7 @@ __all__ = [
     "UNIT_SAMPLES",
     "MiniCPMOConfig",
     "TTSConfig",
+    "Token2WavConfig",
 ]
 
 SAMPLE_RATE = 16000
@@ -105,6 +109,39 @@ FULL_CONFIG: dict[str, Any] = {
         "rms_norm_eps": 1e-6,
         "backbone_vocab_size": 32000,
     },
+    "token2wav_config": {
+        "mel_bins": 80,
+        "speaker_dim": 192,
+        "vocab_size": 6561,
+        "encoder_size": 512,
+        "encoder_heads": 8,
+        "encoder_ffn": 2048,
+        "encoder_blocks": 6,
+        "encoder_up_blocks": 4,
+        "lookahead_tokens": 3,
+        "up_rate": 2,
+        "dit_size": 512,
+        "dit_depth": 16,
+        "dit_heads": 8,
+        "dit_head_dim": 64,
+        "dit_mlp_ratio": 4.0,
+        "flow_steps": 10,
+        "cfg_rate": 0.7,
+        "history_tokens": 50,
+        "hift_channels": 512,
+        "hift_harmonics": 8,
+        "hift_upsample_rates": [8, 5, 3],
+        "hift_upsample_kernels": [16, 11, 7],
+        "hift_resblock_kernels": [3, 7, 11],
+        "hift_resblock_dilations": [[1, 3, 5], [1, 3, 5], [1, 3, 5]],
+        "hift_source_kernels": [7, 7, 11],
+        "hift_source_dilations": [[1, 3, 5], [1, 3, 5], [1, 3, 5]],
+        "hift_n_fft": 16,
+        "hift_hop": 4,
+        "f0_channels": 512,
+        "f0_layers": 5,
+        "mel_cache_frames": 8,
+    },
 }
 
 # A tiny model of the same architecture (tests, CPU serving); vocabulary sizes come from its tokenizer.
@@ -135,6 +172,21 @@ TINY_CONFIG["tts_config"].update(
     max_position_embeddings=1024,
     num_audio_tokens=6562,
     backbone_vocab_size=64,
+)
+TINY_CONFIG["token2wav_config"].update(
+    encoder_size=32,
+    encoder_heads=2,
+    encoder_ffn=64,
+    encoder_blocks=2,
+    encoder_up_blocks=2,
+    dit_size=32,
+    dit_depth=2,
+    dit_heads=2,
+    dit_head_dim=16,
+    dit_mlp_ratio=2.0,
+    flow_steps=3,
+    hift_channels=16,
+    f0_channels=16,
 )
 
 
@@ -178,6 +230,109 @@ class TTSConfig:
 
 
 @dataclass(frozen=True)
+class Token2WavConfig:
+    """The code-to-wave stage (``token2wav_config``): speech codes -> mel (flow) -> 24 kHz audio (HiFT).
+
+    Flow: codes are embedded (``vocab_size`` x ``encoder_size``), encoded by a conformer of
+    ``encoder_blocks`` layers at the code rate (25 Hz, ``lookahead_tokens`` of right context), upsampled
+    ``up_rate`` times to the mel rate (50 Hz) and encoded by ``encoder_up_blocks`` more; a DiT of
+    ``dit_depth`` blocks then integrates ``flow_steps`` Euler steps of classifier-free-guided flow
+    matching (``cfg_rate``) from noise to ``mel_bins`` mel channels, conditioned on the speaker
+    embedding (``speaker_dim``). HiFT: an F0 predictor (``f0_layers`` convolutions), a harmonic source
+    (``hift_harmonics`` overtones) and an upsampling network (``hift_upsample_rates`` x the ISTFT hop
+    ``hift_hop`` = 480 samples per mel frame) whose output is an ISTFT of ``hift_n_fft`` points.
+    Streaming keeps ``history_tokens`` codes (twice as many mel frames) of attention history after the
+    voice prompt, and overlaps vocoder windows by ``mel_cache_frames``.
+    """
+
+    mel_bins: int
+    speaker_dim: int
+    vocab_size: int
+    encoder_size: int
+    encoder_heads: int
+    encoder_ffn: int
+    encoder_blocks: int
+    encoder_up_blocks: int
+    lookahead_tokens: int
+    up_rate: int
+    dit_size: int
+    dit_depth: int
+    dit_heads: int
+    dit_head_dim: int
+    dit_mlp_ratio: float
+    flow_steps: int
+    cfg_rate: float
+    history_tokens: int
+    hift_channels: int
+    hift_harmonics: int
+    hift_upsample_rates: tuple[int, ...]
+    hift_upsample_kernels: tuple[int, ...]
+    hift_resblock_kernels: tuple[int, ...]
+    hift_resblock_dilations: tuple[tuple[int, ...], ...]
+    hift_source_kernels: tuple[int, ...]
+    hift_source_dilations: tuple[tuple[int, ...], ...]
+    hift_n_fft: int
+    hift_hop: int
+    f0_channels: int
+    f0_layers: int
+    mel_cache_frames: int
+
+    @property
+    def samples_per_frame(self) -> int:
+        """Output samples per mel frame (the product of the upsampling rates and the ISTFT hop)."""
+        n = self.hift_hop
+        for rate in self.hift_upsample_rates:
+            n *= rate
+        return n
+
+    @classmethod
+    def from_dict(cls, t: dict[str, Any]) -> Token2WavConfig:
+        """Read ``token2wav_config``; ``ValueError`` names a field that is missing or inconsistent."""
+        names = cls.__dataclass_fields__
+        missing = sorted(set(names) - set(t))
+        if missing:
+            raise ValueError(f"config.json: token2wav_config lacks {missing}")
+        values: dict[str, Any] = {}
+        for name in names:
+            value = t[name]
+            if name in ("hift_resblock_dilations", "hift_source_dilations"):
+                values[name] = tuple(tuple(int(d) for d in row) for row in value)
+            elif name.startswith("hift_") and isinstance(value, list):
+                values[name] = tuple(int(v) for v in value)
+            elif name in ("dit_mlp_ratio", "cfg_rate"):
+                values[name] = float(value)
+            else:
+                values[name] = int(value)
+        cfg = cls(**values)
+        stages = len(cfg.hift_upsample_rates)
+        if (
+            not (
+                len(cfg.hift_upsample_kernels)
+                == len(cfg.hift_source_kernels)
+                == len(cfg.hift_source_dilations)
+            )
+            or len(cfg.hift_upsample_kernels) != stages
+        ):
+            raise ValueError("config.json: token2wav_config's HiFT stage lists differ in length")
+        if cfg.samples_per_frame * 50 != OUTPUT_RATE:
+            raise ValueError(
+                f"config.json: token2wav_config gives {cfg.samples_per_frame} samples per mel frame; "
+                f"24 kHz audio at 50 mel frames a second needs {OUTPUT_RATE // 50}"
+            )
+        if cfg.up_rate * CODES_PER_UNIT != 50:
+            raise ValueError(
+                "config.json: token2wav_config.up_rate must turn 25 codes a second into 50 frames"
+            )
+        if cfg.encoder_size % cfg.encoder_heads:
+            raise ValueError("config.json: token2wav_config.encoder_size must divide by encoder_heads")
+        if cfg.flow_steps < 1 or cfg.lookahead_tokens < 1 or cfg.mel_cache_frames < 1:
+            raise ValueError(
+                "config.json: token2wav_config needs flow_steps, lookahead_tokens, mel_cache_frames >= 1"
+            )
+        return cfg
+
+
+@dataclass(frozen=True)
 class MiniCPMOConfig:
     """The whole model: ``llm`` (Qwen3), ``vision`` (SigLIP), ``audio`` (Whisper encoder), ``tts``."""
 
@@ -186,6 +341,7 @@ class MiniCPMOConfig:
     vision: SiglipVisionConfig
     audio: WhisperConfig
     tts: TTSConfig
+    token2wav: Token2WavConfig
     query_num: int
     image_size: int
     patch_size: int
@@ -210,9 +366,13 @@ class MiniCPMOConfig:
             raise ValueError("config.json must hold an object")
         merged = copy.deepcopy(FULL_CONFIG)
         for key, value in data.items():
-            if key in ("vision_config", "audio_config", "tts_config", "slice_config") and isinstance(
-                value, dict
-            ):
+            if key in (
+                "vision_config",
+                "audio_config",
+                "tts_config",
+                "slice_config",
+                "token2wav_config",
+            ) and isinstance(value, dict):
                 merged[key] = {**merged[key], **value}
             else:
                 merged[key] = value
@@ -299,12 +459,19 @@ class MiniCPMOConfig:
             raise ValueError(
                 f"config.json: tts_config.llm_dim {tts.llm_dim} != hidden_size {llm.hidden_size}"
             )
+        token2wav = Token2WavConfig.from_dict(m["token2wav_config"])
+        if token2wav.vocab_size + 1 != tts.num_audio_tokens:
+            raise ValueError(
+                f"config.json: token2wav_config.vocab_size {token2wav.vocab_size} must be "
+                f"tts_config.num_audio_tokens - 1 ({tts.num_audio_tokens - 1}: every code but end-of-speech)"
+            )
         return cls(
             raw=m,
             llm=llm,
             vision=vision,
             audio=audio,
             tts=tts,
+            token2wav=token2wav,
             query_num=int(m["query_num"]),
             image_size=int(m.get("slice_config", {}).get("scale_resolution", m["image_size"])),
             patch_size=int(v["patch_size"]),

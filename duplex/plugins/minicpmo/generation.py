@@ -21,7 +21,9 @@ A step, for the rows that have a unit:
 4. host: one copy of the sampled tokens; per row the decision (``listen`` when the unit's first token
    is ``<|listen|>``, else ``speak``), the text, the end of the turn.
 5. device: the speech head turns each speaking row's text (tokens + their hidden states) into one
-   second of speech codes; the code-to-wave stage turns codes into 24 kHz audio.
+   second of speech codes; the code-to-wave stage (``token2wav``) turns the codes of every speaking
+   row into 24 kHz audio, streaming per turn (a turn of N units is N seconds of audio; its first unit
+   is 280 ms shorter and its last 280 ms longer, see ``token2wav``).
 
 The context window: when a row's language-model cache passes ``window_high_tokens``, its oldest whole
 units after the system context are dropped until it holds at most ``window_low_tokens``; the kept
@@ -461,13 +463,15 @@ class UnitGenerator:
         codes, self.tts_len = self.speech.generate(
             cond, count + 1, self.tts_len, speaking, self.seed, self.counter, self.temperature > 0
         )
-        pcm = self.code_to_wave.decode(codes, speaking)
+        last_h = np.zeros(self.slots, dtype=bool)
+        for slot, res in results.items():
+            last_h[slot] = res.decision == "speak" and res.end_of_turn
+        pcm = self.code_to_wave.decode(codes, speaking_h, last_h)
         codes_h = codes.cpu().numpy()
-        pcm_h = pcm.float().cpu().numpy()
         for slot, res in results.items():
             if speaking_h[slot]:
                 res.codes = codes_h[slot]
-                res.pcm = pcm_h[slot]
+                res.pcm = pcm[slot]
 
     def _apply_window(self, batch: dict) -> None:
         """Cut rows past ``window_high_tokens`` down to ``window_low_tokens`` (module docstring)."""

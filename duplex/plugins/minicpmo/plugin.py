@@ -24,7 +24,10 @@ n-th open), ``temperature`` (0.7), ``max_new_tokens`` (20 per unit), ``top_p`` (
 ``repetition_penalty`` (1.05), ``context_tokens`` (8192), ``window_high_tokens`` (8000),
 ``window_low_tokens`` (6000), ``max_frames_per_unit`` (2), ``max_ref_audio_s`` (10),
 ``early_exit`` (True), ``random_weights`` (False; the architecture with random weights, for
-benchmarks) with ``config`` ("full" or "tiny").
+benchmarks) with ``config`` ("full" or "tiny"), ``code_to_wave`` ("flow": the checkpoint's
+``assets/token2wav``; "silent": one second of silence per speaking unit, to measure the rest alone),
+``voice`` (a voice-prompt file for the code-to-wave stage; default
+``assets/token2wav/prompt_voice.safetensors`` when present, see ``token2wav``).
 """
 
 from __future__ import annotations
@@ -56,7 +59,7 @@ from duplex.plugins.minicpmo.config import (
     MiniCPMOConfig,
 )
 from duplex.plugins.minicpmo.generation import GenerationOptions, UnitGenerator, UnitResult
-from duplex.plugins.minicpmo.token2wav import SilentCodeToWave
+from duplex.plugins.minicpmo.token2wav import CodeToWave, SilentCodeToWave
 
 __all__ = ["MiniCPMOPlugin"]
 
@@ -81,6 +84,8 @@ _OPTION_TYPES: dict[str, type] = {
     "early_exit": bool,
     "random_weights": bool,
     "config": str,
+    "code_to_wave": str,
+    "voice": str,
 }
 _GENERATION_OPTIONS = (
     "max_new_tokens",
@@ -118,6 +123,8 @@ class MiniCPMOPlugin(FramePlugin):
         max_ref_audio_s: float = 10.0,
         random_weights: bool = False,
         config: str | None = None,
+        code_to_wave: str = "flow",
+        voice: str | None = None,
         **generation: object,
     ) -> None:
         if max_sessions < 1:
@@ -134,6 +141,10 @@ class MiniCPMOPlugin(FramePlugin):
             )
         if temperature < 0:
             raise PluginError("invalid_plugin_config", "temperature must be >= 0")
+        if code_to_wave not in ("flow", "silent"):
+            raise PluginError(
+                "invalid_plugin_config", f"code_to_wave must be 'flow' or 'silent', got {code_to_wave!r}"
+            )
         unknown = sorted(set(generation) - set(_GENERATION_OPTIONS))
         if unknown:
             raise PluginError("invalid_plugin_config", f"minicpmo_4_5: unknown options {unknown}")
@@ -148,6 +159,8 @@ class MiniCPMOPlugin(FramePlugin):
         self._max_ref_samples = int(max_ref_audio_s * SAMPLE_RATE)
         self._random = random_weights
         self._config_name = config
+        self._code_to_wave = code_to_wave
+        self._voice = voice
         self._gen_options = GenerationOptions(**generation)  # type: ignore[arg-type]
         self._gen: UnitGenerator | None = None
         self._epochs: dict[int, int] = {}
@@ -180,23 +193,29 @@ class MiniCPMOPlugin(FramePlugin):
         from duplex.plugins.minicpmo.loading import find_checkpoint, load_model
         from duplex.plugins.minicpmo.modules import MiniCPMOModel
         from duplex.plugins.minicpmo.testing import train_tokenizer
+        from duplex.plugins.minicpmo.token2wav import load_code_to_wave, random_code_to_wave
         from duplex.plugins.minicpmo.tokens import SPECIAL_TOKENS, SpecialTokens, load_tokenizer
 
+        slots, device = self._max_sessions, self._device
+        wave: CodeToWave = SilentCodeToWave()
         if self._random:
-            raw = TINY_CONFIG if self._config_name == "tiny" else FULL_CONFIG
-            cfg = MiniCPMOConfig.from_json(raw)
-            model = MiniCPMOModel.random(cfg, self._device, self._dtype, seed=self._seed)
+            tiny = self._config_name == "tiny"
+            cfg = MiniCPMOConfig.from_json(TINY_CONFIG if tiny else FULL_CONFIG)
+            model = MiniCPMOModel.random(cfg, device, self._dtype, seed=self._seed)
             tok = train_tokenizer()
             special = SpecialTokens(**{k: int(tok.token_to_id(v)) for k, v in SPECIAL_TOKENS.items()})
+            if self._code_to_wave == "flow":
+                codes = 12 if tiny else 150
+                wave = random_code_to_wave(cfg.token2wav, slots, device, self._seed, voice_codes=codes)
         else:
             assert self._model_path is not None
             files = find_checkpoint(self._model_path)
             cfg = files.config
-            model = load_model(files, self._device, self._dtype)
+            if self._code_to_wave == "flow":
+                wave = load_code_to_wave(files.root, cfg.token2wav, slots, device, self._voice)
+            model = load_model(files, device, self._dtype)
             tok, special = load_tokenizer(files.tokenizer)
-        self._gen = UnitGenerator(
-            model, cfg, tok, special, self._max_sessions, self._gen_options, SilentCodeToWave()
-        )
+        self._gen = UnitGenerator(model, cfg, tok, special, slots, self._gen_options, wave)
         log.info("minicpmo_4_5 loaded on %s (%s), %d slots", self._device, self._dtype, self._max_sessions)
 
     def close(self) -> None:

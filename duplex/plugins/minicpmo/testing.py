@@ -2,7 +2,9 @@
 
 ``make_tiny_checkpoint(root, seed)`` writes a directory in the public layout (``config.json``,
 ``model.safetensors.index.json`` and two shards with the public tensor keys, ``tokenizer.json`` with
-the special tokens of the duplex loop) for ``config.TINY_CONFIG``. The same seed writes the same files.
+the special tokens of the duplex loop, ``assets/token2wav/flow.pt`` and ``hift.pt`` in the public key
+layout, and a small random ``prompt_voice.safetensors``) for ``config.TINY_CONFIG``. The same seed
+writes the same files.
 Nothing is downloaded: the tokenizer is a byte-level BPE trained on a short built-in text.
 """
 
@@ -21,7 +23,7 @@ from duplex.plugins.minicpmo.loading import INDEX_FILE, TOKENIZER_FILE
 from duplex.plugins.minicpmo.modules import MiniCPMOModel
 from duplex.plugins.minicpmo.tokens import SPECIAL_TOKENS
 
-__all__ = ["make_tiny_checkpoint", "train_tokenizer"]
+__all__ = ["make_tiny_checkpoint", "train_tokenizer", "write_token2wav_assets"]
 
 _CORPUS = """\
 you are a helpful assistant who answers questions about the weather
@@ -80,12 +82,29 @@ def make_tiny_checkpoint(root: str | Path, seed: int = 0) -> Path:
     )
     (root / "config.json").write_text(json.dumps(raw, indent=1))
     tok.save(str(root / TOKENIZER_FILE))
+    write_token2wav_assets(root, cfg, seed)
     (root / "tokenizer_config.json").write_text(
         json.dumps(
             {"model_max_length": 8192, "eos_token": "<|im_end|>", "pad_token": "<|endoftext|>"}, indent=1
         )
     )
     return root
+
+
+def write_token2wav_assets(root: Path, cfg: MiniCPMOConfig, seed: int, voice_codes: int = 12) -> None:
+    """Random ``assets/token2wav/flow.pt``, ``hift.pt`` and ``prompt_voice.safetensors`` for ``cfg``."""
+    from duplex.plugins.minicpmo.token2wav import ASSETS_DIR, VOICE_FILE, random_state, random_voice
+
+    assets = root / ASSETS_DIR
+    assets.mkdir(parents=True, exist_ok=True)
+    flow, hift = random_state(cfg.token2wav, seed)
+    torch.save(flow, str(assets / "flow.pt"))
+    torch.save(hift, str(assets / "hift.pt"))
+    voice = random_voice(cfg.token2wav, voice_codes, seed)
+    save_file(
+        {"speech_tokens": voice.tokens, "mel": voice.mel, "speaker_embedding": voice.speaker},
+        str(assets / VOICE_FILE),
+    )
 
 
 def script_checkpoint(root: str | Path, script: dict[str, str]) -> Path:

@@ -3,7 +3,8 @@
 The client streams 16 kHz PCM16 in 200 ms appends (the ``minicpmo_4_5`` preset) with one camera frame
 a second on the append that closes each unit; the engine's scheduler steps the tiny scripted model
 once per unit. A listening model answers every unit with ``response.listen``; a speaking one opens a
-response whose transcript and 24 kHz audio come back, one second of audio per unit.
+response whose transcript and 24 kHz speech (the code-to-wave stage's, from the tiny checkpoint's
+random ``assets/token2wav``) come back, one second of audio per unit.
 """
 
 from __future__ import annotations
@@ -65,4 +66,7 @@ async def test_a_speaking_model_streams_text_and_24khz_audio_through_the_server(
         assert handle.transcript == "hello"
         assert handle.status == "completed"
         assert handle.audio_format is not None and handle.audio_format.rate == 24000
-        assert handle.audio_ms == 1000.0  # one unit: one second of speech
+        assert handle.audio_format.encoding == "pcm16"
+        assert handle.audio_ms == 1000.0  # a turn of one unit: one second of speech
+        speech = np.frombuffer(bytes(handle.audio), dtype="<i2").astype(np.float32) / 32768.0
+        assert np.sqrt(np.mean(speech**2)) > 1e-2  # the code-to-wave stage's audio, not silence

@@ -77,13 +77,15 @@ def test_listen_units_carry_a_listen_decision_and_no_audio(listen_ckpt):
         assert (out.decision, out.pcm, out.text, out.end_of_turn) == ("listen", None, "", False)
 
 
-def test_speak_units_carry_text_and_one_second_of_24khz_audio(speak_ckpt):
+def test_speak_units_carry_text_and_24khz_speech_a_second_each_after_the_first(speak_ckpt):
     plugin = _plugin(speak_ckpt)
     plugin.open_slot(0, GREEDY)
-    outs = [plugin.step([SlotInput(slot=0, epoch=0, pcm=_pcm(u))])[0] for u in range(2)]
-    assert [o.decision for o in outs] == ["speak", "speak"]
-    assert [o.text for o in outs] == ["hello", "hello"]
-    assert all(o.pcm is not None and o.pcm.shape == (24000,) and o.sample_rate == 24000 for o in outs)
+    outs = [plugin.step([SlotInput(slot=0, epoch=0, pcm=_pcm(u))])[0] for u in range(3)]
+    assert [o.decision for o in outs] == ["speak", "speak", "speak"]
+    assert [o.text for o in outs] == ["hello", "hello", "hello"]
+    # The turn's first unit waits 280 ms for look-ahead and overlap (token2wav); then a second a unit.
+    assert [o.pcm.shape for o in outs] == [(17280,), (24000,), (24000,)]
+    assert all(o.sample_rate == 24000 and np.sqrt(np.mean(o.pcm**2)) > 1e-3 for o in outs)
     assert plugin.last_results[0].codes.shape == (25,)
     assert not any(o.end_of_turn for o in outs)
 
