@@ -10,7 +10,9 @@ turn of one unit gives 24000. So a turn of N units is exactly N seconds of audio
 Assets (``<model>/assets/token2wav``), loaded strictly by key (``load_code_to_wave``):
 
 * ``flow.pt``, ``hift.pt``: state dicts (``token2wav_modules`` names every key). A missing, unexpected
-  or misshapen tensor is ``PluginError("model_load_failed")`` naming it.
+  or misshapen tensor is ``PluginError("model_load_failed")`` naming it. Where ``hift_original.pt`` is
+  present it is the vocoder: minicpmo-utils 1.0.7's asset layout ships a causal CosyVoice3 vocoder as
+  ``hift.pt`` and this (CosyVoice2) HiFT as ``hift_original.pt``.
 * the voice prompt: ``prompt_voice.safetensors`` (or the plugin option ``voice``): ``speech_tokens``
   (int, ``[n]``: the reference's 25 Hz speech codes), ``mel`` (``[2n, mel_bins]``: its 24 kHz log-mel,
   hop 480, window 1920, 0-8 kHz, as upstream's ``mel_spectrogram``) and ``speaker_embedding``
@@ -50,6 +52,7 @@ __all__ = [
 ASSETS_DIR = Path("assets") / "token2wav"
 FLOW_FILE = "flow.pt"
 HIFT_FILE = "hift.pt"
+HIFT_ORIGINAL_FILE = "hift_original.pt"
 VOICE_FILE = "prompt_voice.safetensors"
 
 
@@ -119,7 +122,8 @@ def load_code_to_wave(
         if not (assets / name).is_file():
             raise PluginError("model_path_unavailable", f"no {ASSETS_DIR / name} in {str(root)!r}")
     flow = _load_flow(assets / FLOW_FILE, cfg)
-    hift = _load_hift(assets / HIFT_FILE, cfg)
+    original = assets / HIFT_ORIGINAL_FILE
+    hift = _load_hift(original if original.is_file() else assets / HIFT_FILE, cfg)
     if voice is None and (assets / VOICE_FILE).is_file():
         voice = assets / VOICE_FILE
     prompt = read_voice(Path(voice), cfg) if voice is not None else unprompted_voice(cfg)

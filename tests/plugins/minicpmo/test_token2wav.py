@@ -178,6 +178,10 @@ def test_hift_loads_with_a_generator_prefix_and_either_weight_norm_spelling(mini
         renamed["generator." + key] = value
     torch.save(renamed, assets / "hift.pt")
     np.testing.assert_array_equal(_first_unit(_load(root)), plain)
+    # minicpmo-utils 1.0.7's layout: hift.pt is another (causal) vocoder, hift_original.pt this one.
+    (assets / "hift.pt").rename(assets / "hift_original.pt")
+    torch.save({"conv_pre.weight_v": torch.zeros(512, 80, 5)}, assets / "hift.pt")
+    np.testing.assert_array_equal(_first_unit(_load(root)), plain)
 
 
 def test_the_voice_prompt_shapes_the_speech_and_a_bad_voice_file_is_named(minicpmo_ckpt, tmp_path):
