@@ -14,7 +14,9 @@ speaking unit of every client, from the append that closed the unit to the unit'
 
 Run: ``python -m bench.minicpmo_capacity --sessions 1,4,8,16 --seconds 20 --json
 bench/results/minicpmo_capacity_h200.json --plot``. CPU smoke run: ``--model-path DIR --device cpu
---sessions 1,2 --seconds 3``.
+--sessions 1,2 --seconds 3``. ``--cuda-graphs`` replays the language model's decode step (per
+batch-size bucket) and the speech head's code step from CUDA graphs; ``--code-to-wave silent`` skips
+the code-to-wave stage (silence per speaking unit) to measure the rest alone.
 """
 
 from __future__ import annotations
@@ -70,6 +72,10 @@ def _parser() -> argparse.ArgumentParser:
     ap.add_argument(
         "--spread-ms", type=float, default=0.0, help="spread the clients' unit boundaries over this many ms"
     )
+    ap.add_argument("--cuda-graphs", action="store_true", help="replay the decode steps from CUDA graphs")
+    ap.add_argument(
+        "--code-to-wave", choices=("flow", "silent"), default="flow", help="code-to-wave stage or silence"
+    )
     ap.add_argument("--json", default=None, help="write the result here")
     ap.add_argument("--plot", action="store_true", help="draw unit time against sessions beside the JSON")
     ap.add_argument("--serve", action="store_true", help=argparse.SUPPRESS)
@@ -84,6 +90,8 @@ def _plugin(args: argparse.Namespace, n: int) -> Any:
         "max_sessions": n,
         "device": args.device,
         "context_tokens": args.context_tokens,
+        "cuda_graphs": args.cuda_graphs,
+        "code_to_wave": args.code_to_wave,
     }
     if args.context_tokens < 8192:
         options["window_high_tokens"] = args.context_tokens * 5 // 8
@@ -230,6 +238,8 @@ def run(n: int, args: argparse.Namespace) -> dict[str, Any]:
     cmd = [sys.executable, "-m", "bench.minicpmo_capacity", "--serve", "--port", str(port)]
     cmd += ["--sessions", str(n), "--device", args.device, "--context-tokens", str(args.context_tokens)]
     cmd += ["--model-path", args.model_path] if args.model_path else []
+    cmd += ["--cuda-graphs"] if args.cuda_graphs else []
+    cmd += ["--code-to-wave", args.code_to_wave]
     proc = subprocess.Popen(cmd, env={**os.environ, "PYTHONUNBUFFERED": "1"})
 
     def get(path: str) -> dict[str, Any]:
@@ -313,7 +323,8 @@ def plot(result: dict[str, Any], path: Path) -> Path:
     ax.axhline(UNIT_MS, color="red", lw=1, label="1 s unit")
     ax.set_xlabel("sessions")
     ax.set_ylabel("ms")
-    ax.set_title(f"MiniCPM-o 4.5 through the server ({result['device']})")
+    graphs = ", CUDA graphs" if result.get("cuda_graphs") else ""
+    ax.set_title(f"MiniCPM-o 4.5 through the server ({result['device']}{graphs})")
     ax.legend()
     return save_figure(fig, path)
 
@@ -335,6 +346,8 @@ def main(argv: list[str] | None = None) -> dict[str, Any] | None:
         "benchmark": "minicpmo_capacity",
         "device": device_name(args.device),
         "model": args.model_path or "random full-size weights",
+        "cuda_graphs": args.cuda_graphs,
+        "code_to_wave": args.code_to_wave,
         "seconds": args.seconds,
         "machine": machine(),
         "rows": rows,

@@ -19,7 +19,9 @@ def test_the_capacity_bench_measures_units_through_the_server(tmp_path):
     args = ["--model-path", str(ckpt), "--device", "cpu", "--sessions", "1,2", "--seconds", "2"]
     result = main([*args, "--warmup", "1", "--context-tokens", "1024", "--json", str(out)])
     assert result is not None
-    rows = json.loads(out.read_text())["rows"]
+    saved = json.loads(out.read_text())
+    assert (saved["cuda_graphs"], saved["code_to_wave"]) == (False, "flow")
+    rows = saved["rows"]
     assert [r["sessions"] for r in rows] == [1, 2]
     for row in rows:
         assert row["opened"] == row["held"] == row["sessions"]

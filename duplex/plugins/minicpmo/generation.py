@@ -15,9 +15,10 @@ A step, for the rows that have a unit:
    embeddings; padded to one width ``unit_width``. Frames are decoded and patched here.
 2. device: the unit's audio through the streaming encoder, its frames through the vision tower,
    the input embeddings assembled by ``torch.where`` over gathers, one prefill of the whole block.
-3. device: up to ``max_new_tokens`` decode steps in lockstep (``sample_next``: MiniCPM-o's stage-0
-   policy), rows leaving as they sample a unit terminator; the loop ends early once every row has
-   (one host read of a flag per decode step, for the whole batch).
+3. device: up to ``max_new_tokens`` decode steps in lockstep for the step's slots (``decode``: the
+   batch compacted to a bucket, MiniCPM-o's stage-0 policy, a CUDA graph per bucket with
+   ``cuda_graphs``), rows leaving as they sample a unit terminator; the loop ends early once every row
+   has (one host read of a flag per decode step, for the whole batch).
 4. host: one copy of the sampled tokens; per row the decision (``listen`` when the unit's first token
    is ``<|listen|>``, else ``speak``), the text, the end of the turn.
 5. device: the speech head turns each speaking row's text (tokens + their hidden states) into one
@@ -42,8 +43,8 @@ from duplex.plugins.base import PluginError
 from duplex.plugins.minicpmo.attention import SlotCache
 from duplex.plugins.minicpmo.audio import CONTEXT_SAMPLES, ENCODER_FRAMES_PER_UNIT, AudioEncoder
 from duplex.plugins.minicpmo.config import AUDIO_TOKENS_PER_UNIT, UNIT_SAMPLES, MiniCPMOConfig
+from duplex.plugins.minicpmo.decode import DecodeOptions, LMDecoder, SlotSampling
 from duplex.plugins.minicpmo.modules import MiniCPMOModel
-from duplex.plugins.minicpmo.sampling import gumbel, penalize_presence, sample
 from duplex.plugins.minicpmo.speech import SpeechGenerator
 from duplex.plugins.minicpmo.thinker import Thinker
 from duplex.plugins.minicpmo.token2wav import CodeToWave
@@ -53,7 +54,6 @@ from duplex.plugins.minicpmo.vision import PreparedFrame, VisionEncoder
 __all__ = ["GenerationOptions", "UnitGenerator", "UnitResult"]
 
 _KIND_TOKEN, _KIND_AUDIO, _KIND_VISION = 0, 1, 2
-_SALT_BOUNDARY, _SALT_TOKEN = 1, 2
 
 
 @dataclass(frozen=True)
@@ -70,6 +70,7 @@ class GenerationOptions:
     window_low_tokens: int = 6000
     max_frames_per_unit: int = 2
     early_exit: bool = True
+    cuda_graphs: bool = False
 
 
 @dataclass
@@ -131,6 +132,8 @@ class UnitGenerator:
             )
         if not 0 < options.window_low_tokens < options.window_high_tokens:
             raise PluginError("invalid_plugin_config", "window_low_tokens must be in (0, window_high_tokens)")
+        if options.cuda_graphs and dev.type != "cuda":
+            raise PluginError("invalid_plugin_config", f"cuda_graphs needs a CUDA device, not {dev.type!r}")
         llm = cfg.llm
         lm_cache = SlotCache(
             llm.num_hidden_layers,
@@ -168,7 +171,7 @@ class UnitGenerator:
             dev,
             dt,
         )
-        self.speech = SpeechGenerator(model.tts, t, tts_cache, max_condition)
+        self.speech = SpeechGenerator(model.tts, t, tts_cache, max_condition, capture=options.cuda_graphs)
         zeros = torch.zeros(slots, dtype=torch.long, device=dev)
         self.lm_len = zeros.clone()
         self.audio_len = zeros.clone()
@@ -180,10 +183,17 @@ class UnitGenerator:
         self.history = torch.full((slots, options.repetition_history), -1, dtype=torch.long, device=dev)
         self.hosts: dict[int, _SlotHost] = {}
         self._special_ids = set(special.all_ids())
-        self._special_t = torch.tensor(sorted(self._special_ids), device=dev)
-        self._terminators = torch.tensor(special.terminators, device=dev)
-        self._forbidden = torch.tensor(special.forbidden, device=dev)
         self.frames_dropped = 0
+        decode = DecodeOptions(
+            options.max_new_tokens,
+            options.top_k,
+            options.top_p,
+            options.repetition_penalty,
+            options.early_exit,
+        )
+        self.decoder = LMDecoder(
+            self.thinker, special, decode, slots, options.repetition_history, capture=options.cuda_graphs
+        )
 
     # -- slots ------------------------------------------------------------
 
@@ -298,36 +308,6 @@ class UnitGenerator:
             valid[slot] = n
         return ids, kind, src, valid, frames
 
-    def sample_next(self, logits: torch.Tensor, step: int, active: torch.Tensor) -> torch.Tensor:
-        """MiniCPM-o's stage-0 policy for one decode step of every row (``-1`` for inactive rows).
-
-        First a draw from the raw distribution decides only whether the unit ends here with
-        ``<|chunk_eos|>``; otherwise the banned tokens are masked, the repetition penalty applied and a
-        token drawn (temperature, top-k, top-p). At ``max_new_tokens - 1`` the unit ends with
-        ``<|chunk_eos|>``. A ``<|listen|>`` while the assistant's turn is open becomes ``<|tts_bos|>``:
-        the model keeps speaking until it ends its turn with ``<|turn_eos|>``.
-        """
-        sp, opts = self.sp, self.opts
-        temp = self.temperature
-        boundary_draw = logits + gumbel(self.seed, self.counter, logits.shape[-1], _SALT_BOUNDARY)
-        boundary = torch.where(temp > 0, boundary_draw.argmax(-1), logits.argmax(-1))
-        masked = logits.index_fill(1, self._forbidden, float("-inf"))
-        masked = penalize_presence(masked, self.history, opts.repetition_penalty)
-        token = sample(masked, temp, opts.top_k, opts.top_p, self.seed, self.counter, _SALT_TOKEN)
-        token = torch.where(boundary == sp.chunk_eos, torch.full_like(token, sp.chunk_eos), token)
-        if step >= opts.max_new_tokens - 1:
-            token = torch.full_like(token, sp.chunk_eos)
-        token = torch.where((token == sp.listen) & self.turn_open, torch.full_like(token, sp.tts_bos), token)
-        token = torch.where(active, token, torch.full_like(token, -1))
-        self.counter += active.long()
-        record = active & ~torch.isin(token, self._terminators)
-        self.history = torch.where(
-            record[:, None], torch.cat([self.history[:, 1:], token[:, None]], dim=1), self.history
-        )
-        speaking_token = record & (token != sp.turn_eos)
-        self.turn_open = torch.where(active & (token == sp.turn_eos), False, self.turn_open | speaking_token)
-        return token
-
     @torch.no_grad()
     def step(self, batch: dict[int, tuple[np.ndarray, list[bytes]]]) -> dict[int, UnitResult]:
         """Advance every slot in ``batch`` (slot -> (16000 float32 samples, encoded frames)) by one unit."""
@@ -368,29 +348,10 @@ class UnitGenerator:
         last = hidden.gather(1, (valid - 1).clamp(min=0)[:, None, None].expand(-1, 1, hidden.shape[-1]))[:, 0]
         logits = self.thinker.logits(last)
         self.lm_len = torch.where(exec_t, self.lm_len + valid, self.lm_len)
-        # Decode in lockstep.
-        max_new = self.opts.max_new_tokens
-        generated = torch.full((self.slots, max_new), -1, dtype=torch.long, device=dev)
-        fed_hidden = torch.zeros(self.slots, max_new, hidden.shape[-1], device=dev, dtype=hidden.dtype)
-        active = exec_t.clone()
-        zero = torch.zeros(1, dtype=torch.long, device=dev)
-        for t in range(max_new):
-            token = self.sample_next(logits, t, active)
-            generated[:, t] = token
-            feed = active & ~torch.isin(token, self._terminators)
-            active = feed
-            if t == max_new - 1 or (self.opts.early_exit and not bool(active.any())):
-                break
-            pos = self.lm_len[:, None]
-            h = self.thinker.forward(
-                self.thinker.embed_tokens(token.clamp(min=0))[:, None],
-                pos,
-                torch.where(feed[:, None], pos, cap + zero[:, None]),
-                torch.where(feed[:, None], pos + 1, cap + 1 + zero[:, None]),
-            )[:, 0]
-            fed_hidden[:, t] = h
-            logits = self.thinker.logits(h)
-            self.lm_len = torch.where(feed, self.lm_len + 1, self.lm_len)
+        state = SlotSampling(
+            self.lm_len, self.seed, self.counter, self.temperature, self.history, self.turn_open
+        )
+        generated, fed_hidden = self.decoder.run(sorted(batch), logits, state)
         gen_h = generated.cpu().numpy()
         starts_h = unit_start.cpu().numpy()
         results = self._parse(batch, gen_h, starts_h)

@@ -23,7 +23,9 @@ Plugin options (``from_options``): ``max_sessions`` (4), ``device`` ("cpu", "cud
 n-th open), ``temperature`` (0.7), ``max_new_tokens`` (20 per unit), ``top_p`` (0.8), ``top_k`` (20),
 ``repetition_penalty`` (1.05), ``context_tokens`` (8192), ``window_high_tokens`` (8000),
 ``window_low_tokens`` (6000), ``max_frames_per_unit`` (2), ``max_ref_audio_s`` (10),
-``early_exit`` (True), ``random_weights`` (False; the architecture with random weights, for
+``early_exit`` (True), ``cuda_graphs`` (False; CUDA only: the decode step of the language model, per
+batch-size bucket, and the speech head's code step replay CUDA graphs captured at load),
+``random_weights`` (False; the architecture with random weights, for
 benchmarks) with ``config`` ("full" or "tiny"), ``code_to_wave`` ("flow": the checkpoint's
 ``assets/token2wav``; "silent": one second of silence per speaking unit, to measure the rest alone),
 ``voice`` (a voice-prompt file for the code-to-wave stage; default
@@ -82,6 +84,7 @@ _OPTION_TYPES: dict[str, type] = {
     "max_frames_per_unit": int,
     "max_ref_audio_s": float,
     "early_exit": bool,
+    "cuda_graphs": bool,
     "random_weights": bool,
     "config": str,
     "code_to_wave": str,
@@ -97,6 +100,7 @@ _GENERATION_OPTIONS = (
     "window_low_tokens",
     "max_frames_per_unit",
     "early_exit",
+    "cuda_graphs",
 )
 
 

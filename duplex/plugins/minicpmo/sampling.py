@@ -5,7 +5,7 @@ penalty, banned tokens) with Gumbel noise that is a pure function of the slot's 
 counter and the token id (a counter-based hash, ``gumbel``). So a slot's draws do not depend on which
 other slots share the step: its outputs are the same alone or batched, sampled or greedy. Rows whose
 temperature is 0 take the argmax. Everything is a tensor operation over the batch: no per-row Python,
-no host syncs.
+no host syncs and no tensor made from a host value, so the sampling can run inside a CUDA graph.
 """
 
 from __future__ import annotations
@@ -55,7 +55,7 @@ def penalize_frequency(logits: torch.Tensor, history: torch.Tensor, penalty: flo
     counts = torch.zeros(b, v + 1, device=logits.device, dtype=logits.dtype)
     idx = torch.where(history < 0, torch.full_like(history, v), history)
     counts.scatter_add_(1, idx, torch.ones_like(idx, dtype=logits.dtype))
-    alpha = torch.pow(torch.tensor(penalty, device=logits.device, dtype=logits.dtype), counts[:, :v])
+    alpha = torch.pow(penalty, counts[:, :v])  # a Python base: no host-to-device copy (graph-capturable)
     return torch.where(logits < 0, logits * alpha, logits / alpha)
 
 

@@ -10,6 +10,10 @@ empty when the next unit would not fit.
 
 Sampling (upstream's TTS defaults): temperature 0.8, top-p 0.85, top-k 25, a repetition penalty of 1.05
 over the last 16 codes; the end-of-speech code is masked so every speaking unit yields its full second.
+
+The code loop is one fixed step over static ``[slots]`` buffers repeated ``CODES_PER_UNIT`` times (sample a
+code, feed it), so with ``capture`` it is one CUDA graph (``graphs.Step``), captured with every row
+frozen; without, the same step runs eagerly.
 """
 
 from __future__ import annotations
@@ -19,6 +23,7 @@ import torch.nn.functional as F
 
 from duplex.plugins.minicpmo.attention import Rope, SlotCache, attend, visible_mask
 from duplex.plugins.minicpmo.config import CODES_PER_UNIT, TTSConfig
+from duplex.plugins.minicpmo.graphs import Step, graph_pool
 from duplex.plugins.minicpmo.modules import SpeechHead
 from duplex.plugins.minicpmo.sampling import filter_top_k_top_p, gumbel, penalize_frequency
 
@@ -40,7 +45,9 @@ def _rms(x: torch.Tensor, weight: torch.Tensor, eps: float) -> torch.Tensor:
 class SpeechGenerator:
     """Batched speech-code generation over a per-slot cache (see the module docstring)."""
 
-    def __init__(self, head: SpeechHead, cfg: TTSConfig, cache: SlotCache, max_condition: int) -> None:
+    def __init__(
+        self, head: SpeechHead, cfg: TTSConfig, cache: SlotCache, max_condition: int, *, capture: bool = False
+    ) -> None:
         self.head = head
         self.cfg = cfg
         self.cache = cache
@@ -50,9 +57,24 @@ class SpeechGenerator:
         self.kv_heads = int(backbone.num_key_value_heads)
         self.head_dim = int(backbone.hidden_size) // self.heads
         self.eps = float(backbone.rms_norm_eps)
-        device = head.emb_text.weight.device
+        weight = head.emb_text.weight
+        device = weight.device
         theta = float((getattr(backbone, "rope_parameters", None) or {}).get("rope_theta", 10000.0))
         self.rope = Rope(self.head_dim, theta, device)
+        # The code loop's static buffers (``_code_step``); every row frozen until ``generate`` fills them.
+        slots = cache.k.shape[1]
+        self._last = torch.zeros(slots, int(backbone.hidden_size), device=device, dtype=weight.dtype)
+        self._history = torch.full((slots, PENALTY_WINDOW), -1, device=device, dtype=torch.long)
+        self._length = torch.zeros(slots, device=device, dtype=torch.long)
+        self._codes = torch.zeros(slots, CODES_PER_UNIT, device=device, dtype=torch.long)
+        self._index = torch.zeros(1, device=device, dtype=torch.long)
+        self._speaking = torch.zeros(slots, device=device, dtype=torch.bool)
+        self._sampled = torch.zeros(slots, device=device, dtype=torch.bool)
+        self._seed = torch.zeros(slots, device=device, dtype=torch.long)
+        self._counter = torch.zeros(slots, device=device, dtype=torch.long)
+        self._eos = torch.tensor([cfg.eos_code], device=device)
+        pool = graph_pool() if capture else None
+        self._step = Step(self._code_step, capture=capture, pool=pool, reset=self._index.zero_)
 
     @property
     def unit_tokens(self) -> int:
@@ -118,7 +140,7 @@ class SpeechGenerator:
         ``sampled [B]`` is False take the most likely code (greedy sessions).
         """
         cache = self.cache
-        b, c, _ = condition.shape
+        c = condition.shape[1]
         fits = lengths + c + CODES_PER_UNIT <= cache.capacity
         start = torch.where(fits, lengths, torch.zeros_like(lengths))
         steps = torch.arange(c, device=condition.device)
@@ -129,33 +151,34 @@ class SpeechGenerator:
         last = hidden.gather(1, (cond_len - 1).clamp(min=0)[:, None, None].expand(-1, 1, hidden.shape[-1]))[
             :, 0
         ]
-        length = start + cond_len
-        head_code = self.head.head_code[0]
-        eos = self.cfg.eos_code
-        history = torch.full((b, PENALTY_WINDOW), -1, device=condition.device, dtype=torch.long)
-        codes = []
-        zero = torch.zeros(1, device=condition.device, dtype=torch.long)
-        for i in range(CODES_PER_UNIT):
-            logits = head_code(last).float()
-            logits[:, eos] = float("-inf")
-            logits = penalize_frequency(logits, history, REPETITION_PENALTY)
-            filtered = filter_top_k_top_p(logits / TEMPERATURE, TOP_K, TOP_P)
-            drawn = (filtered + gumbel(seed, counter + i, logits.shape[-1], _SALT)).argmax(dim=-1)
-            code = torch.where(sampled, drawn, logits.argmax(dim=-1))
-            codes.append(code)
-            history = torch.cat([history[:, 1:], code[:, None]], dim=1)
-            if i == CODES_PER_UNIT - 1:
-                break
-            pos = length[:, None]
-            write = torch.where(speaking[:, None], pos, cache.capacity + zero[:, None])
-            lim = torch.where(speaking[:, None], pos + 1, cache.capacity + 1 + zero[:, None])
-            x = self.head.emb_code[0](code)[:, None]
-            last = self._forward(x, pos, write, lim)[:, 0]
-            length = length + 1
-        # Feed the last code too, so the cache holds every code of the turn before the next condition.
-        pos = length[:, None]
-        write = torch.where(speaking[:, None], pos, cache.capacity + zero[:, None])
-        lim = torch.where(speaking[:, None], pos + 1, cache.capacity + 1 + zero[:, None])
-        self._forward(self.head.emb_code[0](codes[-1])[:, None], pos, write, lim)
-        length = length + 1
-        return torch.stack(codes, dim=1), torch.where(speaking, length, lengths)
+        for buf, value in (
+            (self._last, last),
+            (self._length, start + cond_len),
+            (self._speaking, speaking),
+            (self._sampled, sampled),
+            (self._seed, seed),
+            (self._counter, counter),
+        ):
+            buf.copy_(value)
+        self._history.fill_(-1)
+        self._index.zero_()
+        for _ in range(CODES_PER_UNIT):
+            self._step()
+        return self._codes.clone(), torch.where(speaking, self._length, lengths)
+
+    def _code_step(self) -> None:
+        """Sample every row's next code and feed it (frozen rows write to scratch); in place, capturable."""
+        cache = self.cache
+        logits = self.head.head_code[0](self._last).float().index_fill(1, self._eos, float("-inf"))
+        logits = penalize_frequency(logits, self._history, REPETITION_PENALTY)
+        filtered = filter_top_k_top_p(logits / TEMPERATURE, TOP_K, TOP_P)
+        noise = gumbel(self._seed, self._counter + self._index, logits.shape[-1], _SALT)
+        code = torch.where(self._sampled, (filtered + noise).argmax(dim=-1), logits.argmax(dim=-1))
+        self._codes.index_copy_(1, self._index, code[:, None])
+        self._history.copy_(torch.cat([self._history[:, 1:], code[:, None]], dim=1))
+        pos = self._length[:, None]
+        write = torch.where(self._speaking[:, None], pos, cache.capacity)
+        limit = torch.where(self._speaking[:, None], pos + 1, cache.capacity + 1)
+        self._last.copy_(self._forward(self.head.emb_code[0](code)[:, None], pos, write, limit)[:, 0])
+        self._length.add_(1)
+        self._index.add_(1)
