@@ -79,6 +79,21 @@ def test_every_bucket_decodes_the_same_tokens_as_the_full_batch(minicpmo_ckpt):
         assert torch.equal(getattr(bucketed.generator, name), getattr(full.generator, name)), name
 
 
+def test_the_captured_steps_read_nothing_back_to_the_host(minicpmo_ckpt):
+    """What a CUDA graph capture refuses, checked on a CPU: a step traced with fake tensors raises on
+    any read of a tensor's value (``.item()``, ``bool()``, data-dependent shapes)."""
+    from torch._subclasses.fake_tensor import DataDependentOutputException, FakeTensorMode
+
+    gen = _plugin(minicpmo_ckpt).generator
+    for size in gen.decoder.buckets:
+        with FakeTensorMode(allow_non_fake_inputs=True):
+            gen.decoder._step(gen.decoder._rows[size])
+    with FakeTensorMode(allow_non_fake_inputs=True):
+        gen.speech._code_step()
+    with pytest.raises(DataDependentOutputException), FakeTensorMode(allow_non_fake_inputs=True):
+        bool(gen.decoder._rows[1].active.any())  # the early-exit read, which stays outside the graph
+
+
 def test_cuda_graphs_need_a_cuda_device(minicpmo_ckpt):
     plugin = MiniCPMOPlugin.from_options(
         str(minicpmo_ckpt),
