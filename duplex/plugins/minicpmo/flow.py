@@ -76,22 +76,22 @@ def _last_valid(seq: torch.Tensor, end: torch.Tensor, width: int) -> torch.Tenso
     return seq.gather(2, idx.expand(-1, seq.shape[1], -1))
 
 
-def _compact(
-    hist: torch.Tensor, hist_len: torch.Tensor, chunk: torch.Tensor, n: torch.Tensor
-) -> torch.Tensor:
-    """The most recent ``hist.shape[-2]`` entries of ``hist[:hist_len] ++ chunk[:n]`` per row.
-
-    ``hist [B, ..., H, D]``, ``chunk [B, ..., T, D]``; the result is left-aligned like ``hist``.
-    """
-    cap = hist.shape[-2]
+def _keep_index(hist_len: torch.Tensor, n: torch.Tensor, cap: int, width: int) -> torch.Tensor:
+    """``[B, cap]``: where each entry of the new history comes from in ``history (cap) ++ chunk (width)``:
+    the most recent ``cap`` of each row's ``hist_len`` history entries and ``n`` chunk entries, oldest
+    first (the same for every layer, so computed once per chunk)."""
     total = hist_len + n
     start = total - total.clamp(max=cap)
-    src = start[:, None] + torch.arange(cap, device=hist.device)
+    src = start[:, None] + torch.arange(cap, device=hist_len.device)
     idx = torch.where(src < hist_len[:, None], src, cap + src - hist_len[:, None])
-    idx = idx.clamp(max=cap + chunk.shape[-2] - 1)
+    return idx.clamp(max=cap + width - 1)
+
+
+def _compact(hist: torch.Tensor, chunk: torch.Tensor, keep: torch.Tensor) -> torch.Tensor:
+    """The new history ``[B, ..., cap, D]`` from ``hist [B, ..., cap, D]`` and ``chunk [B, ..., T, D]``."""
     both = torch.cat([hist, chunk], dim=-2)
-    shape = [idx.shape[0]] + [1] * (both.dim() - 3) + [cap, 1]
-    return both.gather(-2, idx.view(shape).expand(*both.shape[:-2], cap, both.shape[-1]))
+    shape = [keep.shape[0]] + [1] * (both.dim() - 3) + [keep.shape[1], 1]
+    return both.gather(-2, keep.view(shape).expand(*both.shape[:-2], keep.shape[1], both.shape[-1]))
 
 
 def _modulate(x: torch.Tensor, shift: torch.Tensor, scale: torch.Tensor) -> torch.Tensor:
@@ -282,12 +282,14 @@ class FlowStream:
             up_ctx=(self._rows(self.up_k, self.up_v, rows), hist_len * 2, 2 * self.hist, self.p_up),
         )
         self.pre_cache[rows], self.up_cache[rows] = pre, up
+        keep = _keep_index(hist_len, n_out, self.hist, w)
         for i, (k, v) in enumerate(enc_kv):
-            self.enc_k[i, rows] = _compact(self.enc_k[i, rows], hist_len, k, n_out)
-            self.enc_v[i, rows] = _compact(self.enc_v[i, rows], hist_len, v, n_out)
+            self.enc_k[i, rows] = _compact(self.enc_k[i, rows], k, keep)
+            self.enc_v[i, rows] = _compact(self.enc_v[i, rows], v, keep)
+        keep = _keep_index(hist_len * 2, n_out * 2, 2 * self.hist, 2 * w)
         for i, (k, v) in enumerate(up_kv):
-            self.up_k[i, rows] = _compact(self.up_k[i, rows], hist_len * 2, k, n_out * 2)
-            self.up_v[i, rows] = _compact(self.up_v[i, rows], hist_len * 2, v, n_out * 2)
+            self.up_k[i, rows] = _compact(self.up_k[i, rows], k, keep)
+            self.up_v[i, rows] = _compact(self.up_v[i, rows], v, keep)
         mel, _, conv = self._estimate(
             mu,
             n_out * 2,
@@ -427,6 +429,7 @@ class FlowStream:
         )
         mask = keys_ok.repeat(2, 1)[:, None, None, :]
         frames2 = frames.repeat(2)
+        keep = _keep_index(hist_len, frames, cap, t) if rows is not None else None
         new_conv = conv.clone()
         collected: list[list[tuple[torch.Tensor, torch.Tensor]]] | None = [] if rows is None else None
         for step in range(cfg.flow_steps):
@@ -435,7 +438,7 @@ class FlowStream:
             for layer, block in enumerate(est.blocks):
                 assert isinstance(block, DiTBlock)
                 h, kv, new_conv[step, layer] = self._block(
-                    block, h, step, layer, mask, rows, hist_len, frames2, new_conv[step, layer]
+                    block, h, step, layer, mask, rows, keep, frames2, new_conv[step, layer]
                 )
                 kvs.append(kv)
             if collected is not None:
@@ -455,7 +458,7 @@ class FlowStream:
         layer: int,
         mask: torch.Tensor,
         rows: torch.Tensor | None,
-        hist_len: torch.Tensor,
+        keep: torch.Tensor | None,
         frames2: torch.Tensor,
         conv: torch.Tensor,
     ) -> tuple[torch.Tensor, tuple[torch.Tensor, torch.Tensor], torch.Tensor]:
@@ -486,11 +489,10 @@ class FlowStream:
             q, torch.cat(parts_k, dim=2), torch.cat(parts_v, dim=2), attn_mask=mask
         )
         h = h + gate_a * att.proj(o.transpose(1, 2).reshape(b2, t, heads * hd))
-        if rows is not None:
-            n = frames2[:b]
+        if rows is not None and keep is not None:
             ck, cv = k.view(2, b, heads, t, hd).transpose(0, 1), v.view(2, b, heads, t, hd).transpose(0, 1)
-            self.est_k[step, layer, rows] = _compact(self.est_k[step, layer, rows], hist_len, ck, n)
-            self.est_v[step, layer, rows] = _compact(self.est_v[step, layer, rows], hist_len, cv, n)
+            self.est_k[step, layer, rows] = _compact(self.est_k[step, layer, rows], ck, keep)
+            self.est_v[step, layer, rows] = _compact(self.est_v[step, layer, rows], cv, keep)
         # The causal convolution block; each row keeps the last two valid input frames of both convs.
         cache = halves(conv.transpose(0, 1))  # [2B, conv1/conv2, C, 2]
         c = _modulate(F.layer_norm(h, (size,), eps=1e-6), shift_c, scale_c).transpose(1, 2)

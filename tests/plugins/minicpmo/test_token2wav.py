@@ -76,6 +76,18 @@ def test_a_reset_starts_the_turn_from_the_voice_prompt_again():
         np.testing.assert_allclose(b, a, atol=1e-6, rtol=0)
 
 
+def test_the_history_keeps_each_rows_most_recent_entries_oldest_first():
+    from duplex.plugins.minicpmo.flow import _compact, _keep_index
+
+    hist = torch.tensor([[10, 11, 12], [20, 21, 22], [30, 31, 32]], dtype=torch.float32)[:, :, None]
+    chunk = torch.tensor([[13, 14, 15], [23, 24, 25], [33, 34, 35]], dtype=torch.float32)[:, :, None]
+    hist_len, n = torch.tensor([2, 0, 3]), torch.tensor([2, 1, 3])
+    new = _compact(hist, chunk, _keep_index(hist_len, n, 3, 3))[:, :, 0]
+    assert new[0].tolist() == [11, 13, 14]  # history 10 11, chunk 13 14: the last three
+    assert new[1, :1].tolist() == [23]  # one entry so far (the rest is not read)
+    assert new[2].tolist() == [33, 34, 35]  # a full chunk pushes the whole history out
+
+
 def test_each_unit_cross_fades_the_audio_held_back_from_the_unit_before_over_the_same_mel_frames():
     voc = _stage(1).vocoder
     rows = torch.tensor([0])
