@@ -1,0 +1,105 @@
+"""Attention over per-slot KV caches with per-row positions (every batched transformer here uses it).
+
+Theory of operation
+-------------------
+A ``SlotCache`` holds keys and values for every layer and every slot at a fixed shape
+``[layers, slots, kv_heads, capacity + scratch, head_dim]``, allocated once. A forward pass over a block
+of ``T`` new tokens takes, per row, the cache positions the block is written to (``write_pos [B, T]``)
+and the number of cache entries each query may see (``limit [B, T]``: key ``j`` is visible to query
+``i`` when ``j < limit[b, i]``). So rows at different lengths run in one call, with one shape:
+
+* a row that executes writes at ``length + arange(T)`` and its query ``i`` sees ``length + i + 1`` keys
+  (causal), or ``length + valid`` keys for an encoder block that attends within itself;
+* a frozen row (no input this step) writes into the scratch region past ``capacity``, which no
+  visible range ever covers, so its cache and length are untouched ("as if the step never happened").
+
+transformers' ``StaticCache`` shares one ``cache_position`` across the batch, which is why this module
+exists. The attention itself is ``scaled_dot_product_attention`` over the whole cache with a boolean
+mask: fixed shapes, no host syncs, graph-capturable.
+"""
+
+from __future__ import annotations
+
+import torch
+import torch.nn.functional as F
+
+__all__ = ["Rope", "SlotCache", "attend", "visible_mask"]
+
+
+class Rope:
+    """Rotary position embedding (the "rotate half" layout of Llama/Qwen), for positions ``[B, T]``."""
+
+    def __init__(self, head_dim: int, theta: float, device: torch.device) -> None:
+        self.inv_freq = 1.0 / (
+            theta ** (torch.arange(0, head_dim, 2, device=device, dtype=torch.float32) / head_dim)
+        )
+
+    def cos_sin(self, positions: torch.Tensor, dtype: torch.dtype) -> tuple[torch.Tensor, torch.Tensor]:
+        """``cos, sin`` of shape ``[B, 1, T, head_dim]`` for integer ``positions [B, T]``."""
+        freqs = positions.to(torch.float32)[..., None] * self.inv_freq
+        emb = torch.cat([freqs, freqs], dim=-1)[:, None]
+        return emb.cos().to(dtype), emb.sin().to(dtype)
+
+    @staticmethod
+    def apply(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor:
+        half = x.shape[-1] // 2
+        rotated = torch.cat([-x[..., half:], x[..., :half]], dim=-1)
+        return x * cos + rotated * sin
+
+
+class SlotCache:
+    """Keys and values of every layer for every slot (see the module docstring).
+
+    ``capacity`` positions per slot are real; ``scratch`` more at the end take the writes of frozen rows.
+    """
+
+    def __init__(
+        self,
+        layers: int,
+        slots: int,
+        kv_heads: int,
+        capacity: int,
+        head_dim: int,
+        scratch: int,
+        device: torch.device,
+        dtype: torch.dtype,
+    ) -> None:
+        self.capacity = capacity
+        self.scratch = scratch
+        shape = (layers, slots, kv_heads, capacity + scratch, head_dim)
+        self.k = torch.zeros(shape, device=device, dtype=dtype)
+        self.v = torch.zeros(shape, device=device, dtype=dtype)
+        self.rows = torch.arange(slots, device=device)[:, None]
+
+    @property
+    def total(self) -> int:
+        return self.capacity + self.scratch
+
+    def write(
+        self, layer: int, k: torch.Tensor, v: torch.Tensor, write_pos: torch.Tensor, rows: torch.Tensor
+    ) -> None:
+        """Store ``k, v [B, H, T, D]`` at ``write_pos [B, T]`` of the slots ``rows [B, 1]``."""
+        self.k[layer][rows, :, write_pos] = k.transpose(1, 2)
+        self.v[layer][rows, :, write_pos] = v.transpose(1, 2)
+
+    def layer(self, layer: int, rows: torch.Tensor | None) -> tuple[torch.Tensor, torch.Tensor]:
+        """The cache of ``layer`` for ``rows`` (all slots when ``rows`` is None): ``[B, H, S, D]`` each."""
+        if rows is None:
+            return self.k[layer], self.v[layer]
+        flat = rows[:, 0]
+        return self.k[layer].index_select(0, flat), self.v[layer].index_select(0, flat)
+
+
+def visible_mask(limit: torch.Tensor, total: int) -> torch.Tensor:
+    """``[B, 1, T, total]`` boolean: key ``j`` visible to query ``(b, i)`` when ``j < limit[b, i]``."""
+    keys = torch.arange(total, device=limit.device)
+    return (keys[None, None, :] < limit[:, :, None])[:, None]
+
+
+def attend(
+    q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, mask: torch.Tensor, scale: float | None = None
+) -> torch.Tensor:
+    """``softmax(q k^T) v`` over the cache: ``q [B, Hq, T, D]``, ``k, v [B, Hkv, S, D]``, grouped heads."""
+    return F.scaled_dot_product_attention(
+        q, k, v, attn_mask=mask, scale=scale, enable_gqa=q.shape[1] != k.shape[1]
+    )

@@ -1,0 +1,223 @@
+"""The decode loop of a unit step: the step's slots, compacted to a batch-size bucket, one token a step.
+
+Theory of operation
+-------------------
+The prefill runs every slot's row; the decode that follows only needs the slots that have a unit this
+step. ``LMDecoder.plan`` puts them in a batch of the smallest bucket that holds them (powers of two
+below ``slots``, then ``slots``), padded with idle slots. A padded row is frozen from the start: it
+samples nothing (``-1``), writes its keys into the cache's scratch region and never writes its state
+back, so its slot is left as it was. The full bucket keeps slot order (row ``i`` is slot ``i``) and
+attends to the cache in place; a smaller one reads its rows' caches by index.
+
+Each bucket owns static buffers (its rows, their sampling state, the tokens, the generated ids and
+the fed tokens' hidden states) and one ``graphs.Step``: embed the last token, run the language model
+one position for every row, sample the next token under MiniCPM-o's stage-0 policy (``_sample``),
+all as tensor operations with in-place updates. With ``capture`` it is a CUDA graph per bucket, captured
+once at start-up with every row frozen; without, the same code runs eagerly (CPU, tests). Between
+steps the host reads one flag (does any row still decode) for the early exit.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import torch
+
+from duplex.plugins.minicpmo.graphs import Step, graph_pool
+from duplex.plugins.minicpmo.sampling import gumbel, penalize_presence, sample
+from duplex.plugins.minicpmo.thinker import Thinker
+from duplex.plugins.minicpmo.tokens import SpecialTokens
+
+__all__ = ["LMDecoder", "SlotSampling", "buckets_for"]
+
+SALT_BOUNDARY, SALT_TOKEN = 1, 2
+
+
+@dataclass(frozen=True)
+class SlotSampling:
+    """The generator's per-slot sampling state (``[slots]`` tensors), updated in place by the decoder."""
+
+    lm_len: torch.Tensor
+    seed: torch.Tensor
+    counter: torch.Tensor
+    temperature: torch.Tensor
+    history: torch.Tensor
+    turn_open: torch.Tensor
+
+
+@dataclass(frozen=True)
+class DecodeOptions:
+    max_new_tokens: int
+    top_k: int
+    top_p: float
+    repetition_penalty: float
+    early_exit: bool
+
+
+def buckets_for(slots: int) -> list[int]:
+    """Batch sizes the decode runs at: 1, 2, 4, ... below ``slots``, then ``slots``."""
+    out, size = [], 1
+    while size < slots:
+        out.append(size)
+        size *= 2
+    return [*out, slots]
+
+
+class _Rows:
+    """The static buffers of one bucket."""
+
+    def __init__(
+        self, size: int, history: int, max_new: int, hidden: int, device: torch.device, dtype
+    ) -> None:
+        def longs(*shape: int) -> torch.Tensor:
+            return torch.zeros(shape, dtype=torch.long, device=device)
+
+        self.rows = longs(size)
+        self.token = longs(size)
+        self.step = longs(1)
+        self.lm_len = longs(size)
+        self.seed = longs(size)
+        self.counter = longs(size)
+        self.history = torch.full((size, history), -1, dtype=torch.long, device=device)
+        self.temperature = torch.zeros(size, device=device)
+        self.active = torch.zeros(size, dtype=torch.bool, device=device)
+        self.turn_open = torch.zeros(size, dtype=torch.bool, device=device)
+        self.generated = torch.full((size, max_new), -1, dtype=torch.long, device=device)
+        self.fed_hidden = torch.zeros(size, max_new, hidden, device=device, dtype=dtype)
+
+
+class LMDecoder:
+    """The unit's decode loop over bucketed batches (see the module docstring)."""
+
+    def __init__(
+        self,
+        thinker: Thinker,
+        special: SpecialTokens,
+        options: DecodeOptions,
+        slots: int,
+        history: int,
+        *,
+        capture: bool,
+    ) -> None:
+        self.thinker = thinker
+        self.sp = special
+        self.opts = options
+        self.slots = slots
+        weight = thinker.embed_tokens.weight
+        device, dtype = weight.device, weight.dtype
+        self.device = device
+        self._terminators = torch.tensor(special.terminators, device=device)
+        self._forbidden = torch.tensor(special.forbidden, device=device)
+        self.buckets = buckets_for(slots)
+        hidden = int(weight.shape[1])
+        self._rows = {
+            b: _Rows(b, history, options.max_new_tokens, hidden, device, dtype) for b in self.buckets
+        }
+        pool = graph_pool() if capture else None
+        self._steps: dict[int, Step] = {}
+        for size in self.buckets:
+            rows = self._rows[size]
+            rows.rows.copy_(torch.arange(size, device=device))  # every row frozen while capturing
+            self._steps[size] = Step(
+                lambda r=rows: self._step(r), capture=capture, pool=pool, reset=rows.step.zero_
+            )
+
+    @property
+    def captured(self) -> bool:
+        return all(step.captured for step in self._steps.values())
+
+    def plan(self, batch: list[int]) -> tuple[list[int], list[bool]]:
+        """The bucket's rows for the slots in ``batch`` and which rows are live.
+
+        The full bucket is every slot in order; a smaller one is the batch's slots, then idle slots.
+        """
+        n = len(batch)
+        size = next(b for b in self.buckets if b >= n)
+        if size == self.slots:
+            members = set(batch)
+            return list(range(self.slots)), [s in members for s in range(self.slots)]
+        idle = [s for s in range(self.slots) if s not in set(batch)]
+        return sorted(batch) + idle[: size - n], [True] * n + [False] * (size - n)
+
+    @torch.no_grad()
+    def run(
+        self, batch: list[int], logits: torch.Tensor, state: SlotSampling
+    ) -> tuple[torch.Tensor, torch.Tensor]:
+        """Decode one unit for the slots in ``batch`` from the prefill's ``logits [slots, vocab]``.
+
+        Returns the sampled ids ``[slots, max_new_tokens]`` (``-1`` where nothing was sampled) and the
+        hidden states of the tokens fed ``[slots, max_new_tokens, hidden]``; ``state`` is updated in
+        place for the batch's slots only.
+        """
+        rows_h, live_h = self.plan(batch)
+        r = self._rows[len(rows_h)]
+        dev = self.device
+        rows = torch.tensor(rows_h, device=dev)
+        r.rows.copy_(rows)
+        for name in ("lm_len", "seed", "counter", "temperature", "history", "turn_open"):
+            getattr(r, name).copy_(getattr(state, name)[rows])
+        r.active.copy_(torch.tensor(live_h, device=dev))
+        r.step.zero_()
+        r.generated.fill_(-1)
+        self._sample(r, logits[rows])
+        step = self._steps[len(rows_h)]
+        for _ in range(self.opts.max_new_tokens - 1):
+            if self.opts.early_exit and not bool(r.active.any()):
+                break
+            step()
+        pos = torch.tensor([i for i, live in enumerate(live_h) if live], device=dev)
+        slots = rows[pos]
+        for name in ("lm_len", "counter", "history", "turn_open"):
+            getattr(state, name).index_copy_(0, slots, getattr(r, name)[pos])
+        generated = torch.full((self.slots, r.generated.shape[1]), -1, dtype=torch.long, device=dev)
+        generated.index_copy_(0, slots, r.generated[pos])
+        fed = torch.zeros(self.slots, *r.fed_hidden.shape[1:], device=dev, dtype=r.fed_hidden.dtype)
+        fed.index_copy_(0, slots, r.fed_hidden[pos])
+        return generated, fed
+
+    def _step(self, r: _Rows) -> None:
+        """Feed every live row's last token, then sample the next (all in place; capturable)."""
+        thinker, cap = self.thinker, self.thinker.cache.capacity
+        feed = r.active
+        pos = r.lm_len[:, None]
+        write = torch.where(feed[:, None], pos, cap)
+        limit = torch.where(feed[:, None], pos + 1, cap + 1)
+        rows = None if r.rows.shape[0] == self.slots else r.rows[:, None]
+        embeds = thinker.embed_tokens(r.token.clamp(min=0))[:, None]
+        h = thinker.forward(embeds, pos, write, limit, rows=rows)[:, 0]
+        r.fed_hidden.index_copy_(1, r.step, h[:, None])
+        r.lm_len.copy_(torch.where(feed, r.lm_len + 1, r.lm_len))
+        r.step.add_(1)
+        self._sample(r, thinker.logits(h))
+
+    def _sample(self, r: _Rows, logits: torch.Tensor) -> None:
+        """MiniCPM-o's stage-0 policy for one token of every row (``-1`` for frozen rows), in place.
+
+        First a draw from the raw distribution decides only whether the unit ends here with
+        ``<|chunk_eos|>``; otherwise the banned tokens are masked, the repetition penalty applied and a
+        token drawn (temperature, top-k, top-p). At ``max_new_tokens - 1`` the unit ends with
+        ``<|chunk_eos|>``. A ``<|listen|>`` while the assistant's turn is open becomes ``<|tts_bos|>``:
+        the model keeps speaking until it ends its turn with ``<|turn_eos|>``. A row stops decoding at a
+        unit terminator.
+        """
+        sp, opts = self.sp, self.opts
+        temp = r.temperature
+        boundary_draw = logits + gumbel(r.seed, r.counter, logits.shape[-1], SALT_BOUNDARY)
+        boundary = torch.where(temp > 0, boundary_draw.argmax(-1), logits.argmax(-1))
+        masked = logits.index_fill(1, self._forbidden, float("-inf"))
+        masked = penalize_presence(masked, r.history, opts.repetition_penalty)
+        token = sample(masked, temp, opts.top_k, opts.top_p, r.seed, r.counter, SALT_TOKEN)
+        token = torch.where(boundary == sp.chunk_eos, sp.chunk_eos, token)
+        token = torch.where(r.step >= opts.max_new_tokens - 1, sp.chunk_eos, token)
+        token = torch.where((token == sp.listen) & r.turn_open, sp.tts_bos, token)
+        token = torch.where(r.active, token, -1)
+        r.counter.add_(r.active.long())
+        record = r.active & ~(token[:, None] == self._terminators).any(-1)
+        r.history.copy_(
+            torch.where(record[:, None], torch.cat([r.history[:, 1:], token[:, None]], 1), r.history)
+        )
+        speaking = record & (token != sp.turn_eos)
+        r.turn_open.copy_(torch.where(r.active & (token == sp.turn_eos), False, r.turn_open | speaking))
+        r.generated.index_copy_(1, r.step, token[:, None])
+        r.token.copy_(token)
+        r.active.copy_(record)

@@ -1,0 +1,507 @@
+"""Speech codes -> mel, streamed one unit at a time for every speaking slot at once (the flow stage).
+
+Theory of operation
+-------------------
+Per slot the stream is a turn: it starts from the voice prompt's state (``reset``) and takes one
+unit of ``CODES_PER_UNIT`` codes per call. The encoder looks ``lookahead`` codes ahead, so a unit's
+last ``lookahead`` codes wait for the next unit (``pending``) unless the turn ends with it (``last``:
+they are padded with zeros and flushed). A chunk therefore holds ``pending + 25`` codes in a fixed
+width of ``lookahead + 25`` and yields ``n_out`` codes' worth of mel (twice as many frames):
+
+    first unit of a turn       25 in, 22 out       first and last    25 in, 25 out
+    later unit                 28 in, 25 out       last              28 in, 28 out
+
+Attention is streaming attention over a bounded context: the voice prompt (shared by every slot,
+computed once), the slot's most recent ``history_tokens`` codes (twice as many mel frames), and the
+chunk itself (all positions see each other, as upstream's chunked inference does). Every per-slot
+tensor is preallocated at ``[.., slots, ..]``; a call gathers the speaking rows, runs them in one batch
+at fixed widths with masks for what is not there (history not yet filled, padding past ``n_out``),
+and writes the rows back. Convolution caches take the last *valid* frames of each row, so a row's
+result does not depend on the other rows or on the padding.
+
+The DiT integrates ``flow_steps`` Euler steps of classifier-free-guided flow matching (cosine time
+schedule) from a fixed noise table, read at each row's context length as upstream reads its
+per-process random buffer. Its time embeddings and adaLN modulations depend only on the step, so
+they are computed once.
+
+Differences from upstream (``stepaudio2``): the history kept after the prompt is the most recent
+``history_tokens`` codes for the encoder and ``2 * history_tokens`` frames for the DiT (upstream's
+trim keeps the estimator cache's newest ``prompt`` and oldest 100 entries, as its cache is stored
+newest-first); the noise tables are drawn from a fixed seed instead of per process.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+
+import torch
+import torch.nn.functional as F
+
+from duplex.plugins.minicpmo.config import CODES_PER_UNIT, Token2WavConfig
+from duplex.plugins.minicpmo.token2wav_modules import TIME_EMBED_DIM, ConformerLayer, DiTBlock, FlowModel
+
+__all__ = ["FlowStream", "Voice"]
+
+NOISE_FRAMES = 30000  # the DiT's noise table: upstream's 600 s at 50 frames a second
+NOISE_SEED = 0
+
+
+@dataclass(frozen=True)
+class Voice:
+    """The voice prompt: its speech codes ``[n]``, its 24 kHz log-mel ``[2n, mel_bins]`` and its
+    speaker embedding ``[speaker_dim]``. ``n == 0`` is the unprompted voice (zero embedding)."""
+
+    tokens: torch.Tensor
+    mel: torch.Tensor
+    speaker: torch.Tensor
+
+
+def _rel_table(size: int, lo: int, hi: int, device: torch.device) -> torch.Tensor:
+    """Relative position encodings ``[hi - lo + 1, size]`` for distances ``lo..hi`` (query - key):
+    ``sin`` in the even channels, ``cos`` in the odd ones (ESPnet's relative encoding)."""
+    r = torch.arange(lo, hi + 1, dtype=torch.float32, device=device)[:, None]
+    div = torch.exp(
+        torch.arange(0, size, 2, dtype=torch.float32, device=device) * -(math.log(10000.0) / size)
+    )
+    table = torch.zeros(hi - lo + 1, size, device=device)
+    table[:, 0::2] = torch.sin(r * div)
+    table[:, 1::2] = torch.cos(r * div)
+    return table
+
+
+def _last_valid(seq: torch.Tensor, end: torch.Tensor, width: int) -> torch.Tensor:
+    """``seq[b, :, end[b] - width : end[b]]`` for every row of ``seq [B, C, T]``."""
+    idx = (end[:, None] - width + torch.arange(width, device=seq.device))[:, None, :]
+    return seq.gather(2, idx.expand(-1, seq.shape[1], -1))
+
+
+def _keep_index(hist_len: torch.Tensor, n: torch.Tensor, cap: int, width: int) -> torch.Tensor:
+    """``[B, cap]``: where each entry of the new history comes from in ``history (cap) ++ chunk (width)``:
+    the most recent ``cap`` of each row's ``hist_len`` history entries and ``n`` chunk entries, oldest
+    first (the same for every layer, so computed once per chunk)."""
+    total = hist_len + n
+    start = total - total.clamp(max=cap)
+    src = start[:, None] + torch.arange(cap, device=hist_len.device)
+    idx = torch.where(src < hist_len[:, None], src, cap + src - hist_len[:, None])
+    return idx.clamp(max=cap + width - 1)
+
+
+def _compact(hist: torch.Tensor, chunk: torch.Tensor, keep: torch.Tensor) -> torch.Tensor:
+    """The new history ``[B, ..., cap, D]`` from ``hist [B, ..., cap, D]`` and ``chunk [B, ..., T, D]``."""
+    both = torch.cat([hist, chunk], dim=-2)
+    shape = [keep.shape[0]] + [1] * (both.dim() - 3) + [keep.shape[1], 1]
+    return both.gather(-2, keep.view(shape).expand(*both.shape[:-2], keep.shape[1], both.shape[-1]))
+
+
+def _modulate(x: torch.Tensor, shift: torch.Tensor, scale: torch.Tensor) -> torch.Tensor:
+    return x * (1 + scale) + shift
+
+
+class _Context:
+    """One batch's attention context for a stack of layers: prompt length, history and chunk validity."""
+
+    def __init__(self, prompt: int, cap: int, hist_len: torch.Tensor, width: int, n: torch.Tensor) -> None:
+        device = hist_len.device
+        j = torch.arange(prompt + cap + width, device=device)
+        in_hist = (j >= prompt) & (j < prompt + cap)
+        in_chunk = j >= prompt + cap
+        self.valid = (
+            (j < prompt)[None]
+            | (in_hist[None] & ((j - prompt)[None] < hist_len[:, None]))
+            | (in_chunk[None] & ((j - prompt - cap)[None] < n[:, None]))
+        )  # [B, S]
+        key_pos = torch.where(in_chunk[None], prompt + hist_len[:, None] + (j - prompt - cap)[None], j[None])
+        query_pos = prompt + hist_len[:, None] + torch.arange(width, device=device)[None]
+        self.lo = -(width - 1)
+        self.hi = prompt + cap + width - 1
+        rel = query_pos[:, :, None] - key_pos[:, None, :]
+        self.rel_index = (rel - self.lo).clamp(0, self.hi - self.lo)  # [B, T, S]
+
+
+class FlowStream:
+    """The flow stage with per-slot streaming state (see the module docstring)."""
+
+    def __init__(
+        self, model: FlowModel, cfg: Token2WavConfig, slots: int, voice: Voice, device: torch.device
+    ) -> None:
+        self.model = model
+        self.cfg = cfg
+        self.slots = slots
+        self.device = device
+        self.dtype = dtype = model.input_embedding.weight.dtype
+        self.la = cfg.lookahead_tokens
+        self.width = self.la + CODES_PER_UNIT  # codes in a chunk (pending + one unit)
+        self.hist = cfg.history_tokens
+        heads, size = cfg.encoder_heads, cfg.encoder_size
+        dk = size // heads
+        enc = model.encoder
+        n_enc, n_up = len(enc.encoders), len(enc.up_encoders)
+
+        def zeros(*shape: int) -> torch.Tensor:
+            return torch.zeros(shape, device=device, dtype=dtype)
+
+        steps, depth = cfg.flow_steps, cfg.dit_depth
+        dh, hd, dsz = cfg.dit_heads, cfg.dit_head_dim, cfg.dit_size
+        self.enc_k, self.enc_v = (
+            zeros(n_enc, slots, heads, self.hist, dk),
+            zeros(n_enc, slots, heads, self.hist, dk),
+        )
+        hm = 2 * self.hist
+        self.up_k, self.up_v = zeros(n_up, slots, heads, hm, dk), zeros(n_up, slots, heads, hm, dk)
+        self.est_k = zeros(steps, depth, slots, 2, dh, hm, hd)
+        self.est_v = zeros(steps, depth, slots, 2, dh, hm, hd)
+        self.est_conv = zeros(steps, depth, slots, 2, 2, dsz, 2)  # [.., cfg half, conv1/conv2 input, C, 2]
+        self.pre_cache = zeros(slots, size, 2)
+        self.up_cache = zeros(slots, size, 2 * cfg.up_rate)
+        self.hist_len = torch.zeros(slots, dtype=torch.long, device=device)
+        self.pending = torch.zeros(slots, self.la, dtype=torch.long, device=device)
+        gen = torch.Generator().manual_seed(NOISE_SEED)
+        self.noise = torch.randn(cfg.mel_bins, NOISE_FRAMES, generator=gen).to(device, dtype)
+        # The Euler schedule, its time embeddings and every block's modulation depend on the step only.
+        est = model.decoder.estimator
+        span = 1 - torch.cos(torch.linspace(0, 1, steps + 1, dtype=torch.float32) * 0.5 * torch.pi)
+        t, dt = span[0], span[1] - span[0]
+        self.dts: list[float] = []
+        temb = []
+        for k in range(1, steps + 1):
+            temb.append(self._time_embedding(t))
+            self.dts.append(float(dt))
+            t = t + dt
+            if k < steps:
+                dt = span[k + 1] - t
+        with torch.no_grad():
+            temb_t = torch.stack(temb).to(device, dtype)  # [steps, D]
+            self.mods = torch.stack(
+                [blk.adaLN_modulation[1](F.silu(temb_t)) for blk in est.blocks], dim=1
+            ).view(steps, depth, 9, dsz)
+            self.final_mods = est.final_layer.adaLN_modulation[1](F.silu(temb_t)).view(steps, 2, dsz)
+        self._setup(voice)
+
+    def _time_embedding(self, t: torch.Tensor) -> torch.Tensor:
+        est = self.model.decoder.estimator
+        half = TIME_EMBED_DIM // 2
+        freqs = torch.exp(-math.log(10000) * torch.arange(half, dtype=torch.float32) / half)
+        args = (t * 1000)[None] * freqs
+        emb = torch.cat([torch.cos(args), torch.sin(args)])[None].to(self.device, self.dtype)
+        with torch.no_grad():
+            return est.t_embedder.mlp(emb)[0]
+
+    # -- the voice prompt -------------------------------------------------
+
+    @torch.no_grad()
+    def _setup(self, voice: Voice) -> None:
+        """Run the prompt through the encoder and the DiT once: its keys, values and convolution caches
+        become the start of every slot's stream (upstream's ``setup_cache``, with the prompt's first
+        codes as the look-ahead of its last ones)."""
+        cfg, dev, dt = self.cfg, self.device, self.dtype
+        n = int(voice.tokens.shape[0])
+        self.prompt_tokens = n
+        heads, size = cfg.encoder_heads, cfg.encoder_size
+        dk = size // heads
+        steps, depth, dh, hd = cfg.flow_steps, cfg.dit_depth, cfg.dit_heads, cfg.dit_head_dim
+        enc = self.model.encoder
+        n_enc, n_up = len(enc.encoders), len(enc.up_encoders)
+        self.speaker = self.model.spk_embed_affine_layer(F.normalize(voice.speaker.to(dev, dt)[None], dim=1))
+        zeros = torch.zeros
+        self.p_enc = (zeros(n_enc, 1, heads, 0, dk, device=dev, dtype=dt),) * 2
+        self.p_up = (zeros(n_up, 1, heads, 0, dk, device=dev, dtype=dt),) * 2
+        self.p_est = (zeros(steps, depth, 2, dh, 0, hd, device=dev, dtype=dt),) * 2
+        self.p_pre_cache = zeros(size, 2, device=dev, dtype=dt)
+        self.p_up_cache = zeros(size, 2 * cfg.up_rate, device=dev, dtype=dt)
+        self.p_conv = zeros(steps, depth, 2, 2, cfg.dit_size, 2, device=dev, dtype=dt)
+        if n == 0:
+            return
+        tokens = torch.cat([voice.tokens, voice.tokens[: self.la]])[None].to(dev)
+        out = torch.tensor([n], device=dev)
+        none = torch.zeros(1, dtype=torch.long, device=dev)
+        empty = [zeros(1, heads, 0, dk, device=dev, dtype=dt)] * 2
+        mu, (pre, up, enc_kv, up_kv) = self._encode(
+            tokens,
+            torch.tensor([n + self.la], device=dev),
+            out,
+            pre_cache=self.p_pre_cache[None],
+            up_cache=self.p_up_cache[None],
+            enc_ctx=([empty] * n_enc, none, 0, self.p_enc),
+            up_ctx=([empty] * n_up, none, 0, self.p_up),
+        )
+        self.p_pre_cache, self.p_up_cache = pre[0], up[0]
+        self.p_enc = tuple(torch.stack([kv[j][:, :, :n] for kv in enc_kv]) for j in (0, 1))
+        self.p_up = tuple(torch.stack([kv[j][:, :, : 2 * n] for kv in up_kv]) for j in (0, 1))
+        cond = F.pad(voice.mel.to(dev, dt).T[None], (0, mu.shape[2] - 2 * n))
+        _, est_kv, conv = self._estimate(
+            mu,
+            out * 2,
+            cond,
+            noise_start=none,
+            rows=None,
+            hist_len=none,
+            conv=self.p_conv[:, :, None],
+        )
+        assert est_kv is not None
+        self.p_est = tuple(
+            torch.stack([torch.stack([kv[j][:, :, : 2 * n] for kv in row]) for row in est_kv]) for j in (0, 1)
+        )  # [steps, depth, cfg half, heads, 2n, head_dim]
+        self.p_conv = conv[:, :, 0]
+
+    def reset(self, slot: int) -> None:
+        """Start ``slot``'s stream at the end of the voice prompt (a new turn)."""
+        self.hist_len[slot] = 0
+        self.pre_cache[slot] = self.p_pre_cache
+        self.up_cache[slot] = self.p_up_cache
+        self.est_conv[:, :, slot] = self.p_conv
+
+    # -- one chunk --------------------------------------------------------
+
+    @torch.no_grad()
+    def chunk(
+        self, rows: torch.Tensor, codes: torch.Tensor, pending: list[bool], last: list[bool]
+    ) -> tuple[torch.Tensor, list[int]]:
+        """One unit of ``codes [B, 25]`` for the slots ``rows [B]``: mel ``[B, mel_bins, 2 * width]``
+        and each row's number of valid frames. ``pending[i]``: the row holds look-ahead codes from its
+        previous unit; ``last[i]``: the turn ends with this unit (everything is flushed)."""
+        dev, la, w = self.device, self.la, self.width
+        b = rows.shape[0]
+        pend = torch.tensor(pending, device=dev)
+        held = torch.cat([self.pending[rows], codes], dim=1)
+        fresh = torch.cat([codes, torch.zeros(b, la, dtype=codes.dtype, device=dev)], dim=1)
+        tokens = torch.where(pend[:, None], held, fresh)
+        n_in = [w if p else CODES_PER_UNIT for p in pending]
+        n_out_h = [n if end else n - la for n, end in zip(n_in, last, strict=True)]
+        count = torch.tensor(n_in, device=dev)
+        n_out = torch.tensor(n_out_h, device=dev)
+        self.pending[rows] = tokens.gather(1, count[:, None] - la + torch.arange(la, device=dev))
+        hist_len = self.hist_len[rows]
+        mu, (pre, up, enc_kv, up_kv) = self._encode(
+            tokens,
+            count,
+            n_out,
+            pre_cache=self.pre_cache[rows],
+            up_cache=self.up_cache[rows],
+            enc_ctx=(self._rows(self.enc_k, self.enc_v, rows), hist_len, self.hist, self.p_enc),
+            up_ctx=(self._rows(self.up_k, self.up_v, rows), hist_len * 2, 2 * self.hist, self.p_up),
+        )
+        self.pre_cache[rows], self.up_cache[rows] = pre, up
+        keep = _keep_index(hist_len, n_out, self.hist, w)
+        for i, (k, v) in enumerate(enc_kv):
+            self.enc_k[i, rows] = _compact(self.enc_k[i, rows], k, keep)
+            self.enc_v[i, rows] = _compact(self.enc_v[i, rows], v, keep)
+        keep = _keep_index(hist_len * 2, n_out * 2, 2 * self.hist, 2 * w)
+        for i, (k, v) in enumerate(up_kv):
+            self.up_k[i, rows] = _compact(self.up_k[i, rows], k, keep)
+            self.up_v[i, rows] = _compact(self.up_v[i, rows], v, keep)
+        mel, _, conv = self._estimate(
+            mu,
+            n_out * 2,
+            torch.zeros_like(mu),
+            noise_start=(self.prompt_tokens + hist_len) * 2,
+            rows=rows,
+            hist_len=hist_len * 2,
+            conv=self.est_conv[:, :, rows],
+        )
+        self.est_conv[:, :, rows] = conv
+        self.hist_len[rows] = (hist_len + n_out).clamp(max=self.hist)
+        return mel, [2 * n for n in n_out_h]
+
+    @staticmethod
+    def _rows(k: torch.Tensor, v: torch.Tensor, rows: torch.Tensor) -> list[list[torch.Tensor]]:
+        return [[k[i, rows], v[i, rows]] for i in range(k.shape[0])]
+
+    # -- the encoder ------------------------------------------------------
+
+    def _embed(self, embed: torch.nn.Module, x: torch.Tensor) -> torch.Tensor:
+        return embed.out(x) * math.sqrt(self.cfg.encoder_size)
+
+    def _encode(
+        self,
+        tokens: torch.Tensor,
+        count: torch.Tensor,
+        n_out: torch.Tensor,
+        *,
+        pre_cache: torch.Tensor,
+        up_cache: torch.Tensor,
+        enc_ctx: tuple[list[list[torch.Tensor]], torch.Tensor, int, tuple[torch.Tensor, torch.Tensor]],
+        up_ctx: tuple[list[list[torch.Tensor]], torch.Tensor, int, tuple[torch.Tensor, torch.Tensor]],
+    ) -> tuple[torch.Tensor, tuple[torch.Tensor, torch.Tensor, list, list]]:
+        """Codes ``tokens [B, W]`` (``count`` valid) -> ``mu [B, mel, up_rate * W]`` (``up_rate * n_out``
+        frames valid, the rest zero) and the new caches: the tails of the look-ahead and upsampling
+        convolutions, each layer's chunk keys/values. A context is ``(per-layer history [k, v],
+        history length, history capacity, prompt (k, v) [layers, 1, H, P, dk])``."""
+        enc, la = self.model.encoder, self.la
+        width = tokens.shape[1]
+        x = self._embed(enc.embed, self.model.input_embedding(tokens))
+        x = x * (torch.arange(width, device=x.device)[None] < count[:, None])[..., None]
+        look = enc.pre_lookahead_layer
+        h1 = F.leaky_relu(look.conv1(F.pad(x, (0, 0, 0, la)).transpose(1, 2)))
+        both = torch.cat([pre_cache, h1], dim=2)
+        new_pre = _last_valid(both, n_out + 2, 2)
+        x = look.conv2(both).transpose(1, 2) + x
+        x, enc_kv = self._conformer(enc.encoders, x, *enc_ctx, n_out)
+        rate = self.cfg.up_rate
+        xs = F.interpolate(x.transpose(1, 2), scale_factor=float(rate), mode="nearest")
+        both = torch.cat([up_cache, xs], dim=2)
+        new_up = _last_valid(both, n_out * rate + up_cache.shape[2], up_cache.shape[2])
+        x = self._embed(enc.up_embed, enc.up_layer.conv(both).transpose(1, 2))
+        x, up_kv = self._conformer(enc.up_encoders, x, *up_ctx, n_out * rate)
+        mu = self.model.encoder_proj(enc.after_norm(x)).transpose(1, 2)
+        valid = torch.arange(mu.shape[2], device=mu.device)[None] < (n_out * rate)[:, None]
+        return mu * valid[:, None], (new_pre, new_up, enc_kv, up_kv)
+
+    def _conformer(
+        self,
+        layers: torch.nn.ModuleList,
+        x: torch.Tensor,
+        hist_kv: list[list[torch.Tensor]],
+        hist_len: torch.Tensor,
+        cap: int,
+        prompt: tuple[torch.Tensor, torch.Tensor],
+        n: torch.Tensor,
+    ) -> tuple[torch.Tensor, list[tuple[torch.Tensor, torch.Tensor]]]:
+        """Conformer layers over ``x [B, T, C]`` attending to prompt + history + the chunk (``n`` valid),
+        with relative positions counted in that sequence (the chunk's queries at its end)."""
+        b, t, size = x.shape
+        heads = self.cfg.encoder_heads
+        dk = size // heads
+        ctx = _Context(prompt[0].shape[3], cap, hist_len, t, n)
+        table = _rel_table(size, ctx.lo, ctx.hi, x.device).to(x.dtype)
+        mask = ctx.valid[:, None, None, :]
+        index = ctx.rel_index[:, None].expand(b, heads, t, -1)
+        chunk_kv = []
+        for i, layer in enumerate(layers):
+            assert isinstance(layer, ConformerLayer)
+            att = layer.self_attn
+            h = layer.norm_mha(x)
+            q = att.linear_q(h).view(b, t, heads, dk).transpose(1, 2)
+            k = att.linear_k(h).view(b, t, heads, dk).transpose(1, 2)
+            v = att.linear_v(h).view(b, t, heads, dk).transpose(1, 2)
+            chunk_kv.append((k, v))
+            keys = torch.cat([prompt[0][i].expand(b, -1, -1, -1), hist_kv[i][0], k], dim=2)
+            values = torch.cat([prompt[1][i].expand(b, -1, -1, -1), hist_kv[i][1], v], dim=2)
+            ac = (q + att.pos_bias_u[None, :, None]) @ keys.transpose(-2, -1)
+            pos = att.linear_pos(table).view(-1, heads, dk).permute(1, 2, 0)  # [H, dk, distances]
+            bd = ((q + att.pos_bias_v[None, :, None]) @ pos).gather(-1, index)
+            scores = ((ac + bd) / math.sqrt(dk)).masked_fill(~mask, float("-inf"))
+            o = torch.softmax(scores, dim=-1) @ values
+            x = x + att.linear_out(o.transpose(1, 2).reshape(b, t, size))
+            ff = layer.feed_forward
+            x = x + ff.w_2(F.silu(ff.w_1(layer.norm_ff(x))))
+        return x, chunk_kv
+
+    # -- the DiT ----------------------------------------------------------
+
+    def _estimate(
+        self,
+        mu: torch.Tensor,
+        frames: torch.Tensor,
+        cond: torch.Tensor,
+        *,
+        noise_start: torch.Tensor,
+        rows: torch.Tensor | None,
+        hist_len: torch.Tensor,
+        conv: torch.Tensor,
+    ) -> tuple[torch.Tensor, list[list[tuple[torch.Tensor, torch.Tensor]]] | None, torch.Tensor]:
+        """Integrate the flow from noise to mel for ``mu [B, mel, T]`` (``frames`` valid per row).
+
+        ``rows``: the slots whose history the DiT attends to and updates in place (``None``: no
+        history, the prompt's own pass, whose chunk keys/values are returned per step and block);
+        ``conv [steps, depth, B, 2, 2, C, 2]``: the convolution caches. Returns the mel (zero past
+        ``frames``), the keys/values (prompt pass only) and the new convolution caches.
+        """
+        cfg = self.cfg
+        b, _, t = mu.shape
+        est = self.model.decoder.estimator
+        idx = noise_start[:, None] + torch.arange(t, device=mu.device)
+        x = self.noise[:, idx].permute(1, 0, 2)  # [B, mel, T]
+        spk = self.speaker.expand(b, -1)[:, :, None].expand(-1, -1, t)
+        zero = torch.zeros_like(mu)
+        static = torch.cat(
+            [torch.cat([mu, spk, cond], dim=1), torch.cat([zero, torch.zeros_like(spk), zero], dim=1)], dim=0
+        )
+        prompt_len = self.p_est[0].shape[4]
+        cap = 2 * self.hist if rows is not None else 0
+        j = torch.arange(prompt_len + cap + t, device=mu.device)
+        in_hist = (j >= prompt_len) & (j < prompt_len + cap)
+        in_chunk = j >= prompt_len + cap
+        keys_ok = (
+            (j < prompt_len)[None]
+            | (in_hist[None] & ((j - prompt_len)[None] < hist_len[:, None]))
+            | (in_chunk[None] & ((j - prompt_len - cap)[None] < frames[:, None]))
+        )
+        mask = keys_ok.repeat(2, 1)[:, None, None, :]
+        frames2 = frames.repeat(2)
+        keep = _keep_index(hist_len, frames, cap, t) if rows is not None else None
+        new_conv = conv.clone()
+        collected: list[list[tuple[torch.Tensor, torch.Tensor]]] | None = [] if rows is None else None
+        for step in range(cfg.flow_steps):
+            h = est.in_proj(torch.cat([torch.cat([x, x], dim=0), static], dim=1).transpose(1, 2))
+            kvs = []
+            for layer, block in enumerate(est.blocks):
+                assert isinstance(block, DiTBlock)
+                h, kv, new_conv[step, layer] = self._block(
+                    block, h, step, layer, mask, rows, keep, frames2, new_conv[step, layer]
+                )
+                kvs.append(kv)
+            if collected is not None:
+                collected.append(kvs)
+            shift, scale = self.final_mods[step]
+            out = est.final_layer.linear(_modulate(F.layer_norm(h, (h.shape[-1],), eps=1e-6), shift, scale))
+            guided, free = out.transpose(1, 2).chunk(2, dim=0)
+            x = x + self.dts[step] * ((1.0 + cfg.cfg_rate) * guided - cfg.cfg_rate * free)
+        valid = torch.arange(t, device=mu.device)[None] < frames[:, None]
+        return x * valid[:, None], collected, new_conv
+
+    def _block(
+        self,
+        block: DiTBlock,
+        h: torch.Tensor,
+        step: int,
+        layer: int,
+        mask: torch.Tensor,
+        rows: torch.Tensor | None,
+        keep: torch.Tensor | None,
+        frames2: torch.Tensor,
+        conv: torch.Tensor,
+    ) -> tuple[torch.Tensor, tuple[torch.Tensor, torch.Tensor], torch.Tensor]:
+        """One DiT block over ``h [2B, T, C]`` (the guided rows, then the unguided ones); updates the
+        rows' history of this step and block in place. ``conv [B, 2, 2, C, 2]`` (per guidance half, the
+        two convolutions' input tails) -> the new tails."""
+        cfg = self.cfg
+        b2, t, size = h.shape
+        b = b2 // 2
+        heads, hd = cfg.dit_heads, cfg.dit_head_dim
+        shift_a, scale_a, gate_a, shift_m, scale_m, gate_m, shift_c, scale_c, gate_c = self.mods[step, layer]
+        att = block.attn
+        a = _modulate(F.layer_norm(h, (size,), eps=1e-6), shift_a, scale_a)
+        q = att.q_norm(att.to_q(a).view(b2, t, heads, hd)).transpose(1, 2)
+        k = att.k_norm(att.to_k(a).view(b2, t, heads, hd)).transpose(1, 2)
+        v = att.to_v(a).view(b2, t, heads, hd).transpose(1, 2)
+
+        def halves(x: torch.Tensor) -> torch.Tensor:  # [cfg half, B, ...] -> [2B, ...]
+            return x.reshape(b2, *x.shape[2:])
+
+        pk = halves(self.p_est[0][step, layer][:, None].expand(-1, b, -1, -1, -1))
+        pv = halves(self.p_est[1][step, layer][:, None].expand(-1, b, -1, -1, -1))
+        parts_k, parts_v = [pk, k], [pv, v]
+        if rows is not None:
+            parts_k.insert(1, halves(self.est_k[step, layer, rows].transpose(0, 1)))
+            parts_v.insert(1, halves(self.est_v[step, layer, rows].transpose(0, 1)))
+        o = F.scaled_dot_product_attention(
+            q, torch.cat(parts_k, dim=2), torch.cat(parts_v, dim=2), attn_mask=mask
+        )
+        h = h + gate_a * att.proj(o.transpose(1, 2).reshape(b2, t, heads * hd))
+        if rows is not None and keep is not None:
+            ck, cv = k.view(2, b, heads, t, hd).transpose(0, 1), v.view(2, b, heads, t, hd).transpose(0, 1)
+            self.est_k[step, layer, rows] = _compact(self.est_k[step, layer, rows], ck, keep)
+            self.est_v[step, layer, rows] = _compact(self.est_v[step, layer, rows], cv, keep)
+        # The causal convolution block; each row keeps the last two valid input frames of both convs.
+        cache = halves(conv.transpose(0, 1))  # [2B, conv1/conv2, C, 2]
+        c = _modulate(F.layer_norm(h, (size,), eps=1e-6), shift_c, scale_c).transpose(1, 2)
+        seq = block.conv.block
+        both1 = torch.cat([cache[:, 0], c], dim=2)
+        y = F.mish(seq[3](seq[1](both1).transpose(1, 2))).transpose(1, 2)
+        both2 = torch.cat([cache[:, 1], y], dim=2)
+        h = h + gate_c * seq[6](both2).transpose(1, 2)
+        tails = torch.stack([_last_valid(both1, frames2 + 2, 2), _last_valid(both2, frames2 + 2, 2)], dim=1)
+        m = _modulate(F.layer_norm(h, (size,), eps=1e-6), shift_m, scale_m)
+        h = h + gate_m * block.mlp.fc2(F.gelu(block.mlp.fc1(m), approximate="tanh"))
+        return h, (k, v), tails.view(2, b, 2, size, 2).transpose(0, 1)

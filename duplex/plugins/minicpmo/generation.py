@@ -1,0 +1,459 @@
+"""One batched unit step for every slot: hear a second, see its frame, decide, say it.
+
+Theory of operation
+-------------------
+All per-slot model state is preallocated at a fixed batch of ``slots`` rows (STYLE rule 12): the
+language model's, the audio encoder's and the speech head's KV caches (``SlotCache``), and per-row
+tensors (lengths, turn state, seeds, the repetition history). ``step`` runs every row at once; a row
+without a unit this step is frozen: it writes into scratch, its lengths do not move, and what it
+samples is discarded (``exec`` mask). A slot's outputs therefore do not depend on the other rows.
+
+A step, for the rows that have a unit:
+
+1. host: the unit's input layout per row (``UnitLayout``): the previous unit's terminator and
+   ``</unit>``, ``<unit>``, ``<image>`` + vision embeddings + ``</image>`` per frame, ten audio
+   embeddings; padded to one width ``unit_width``. Frames are decoded and patched here.
+2. device: the unit's audio through the streaming encoder, its frames through the vision tower,
+   the input embeddings assembled by ``torch.where`` over gathers, one prefill of the whole block.
+3. device: up to ``max_new_tokens`` decode steps in lockstep for the step's slots (``decode``: the
+   batch compacted to a bucket, MiniCPM-o's stage-0 policy, a CUDA graph per bucket with
+   ``cuda_graphs``), rows leaving as they sample a unit terminator; the loop ends early once every row
+   has (one host read of a flag per decode step, for the whole batch).
+4. host: one copy of the sampled tokens; per row the decision (``listen`` when the unit's first token
+   is ``<|listen|>``, else ``speak``), the text, the end of the turn.
+5. device: the speech head turns each speaking row's text (tokens + their hidden states) into one
+   second of speech codes; the code-to-wave stage (``token2wav``) turns the codes of every speaking
+   row into 24 kHz audio, streaming per turn (a turn of N units is N seconds of audio; its first unit
+   is 280 ms shorter and its last 280 ms longer, see ``token2wav``).
+
+The context window: when a row's language-model cache passes ``window_high_tokens``, its oldest whole
+units after the system context are dropped until it holds at most ``window_low_tokens``; the kept
+entries move down with their keys re-rotated (``Thinker.shift_keys``), so no recomputation is needed.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+import numpy as np
+import torch
+from tokenizers import Tokenizer
+
+from duplex.plugins.base import PluginError
+from duplex.plugins.minicpmo.attention import SlotCache
+from duplex.plugins.minicpmo.audio import CONTEXT_SAMPLES, ENCODER_FRAMES_PER_UNIT, AudioEncoder
+from duplex.plugins.minicpmo.config import AUDIO_TOKENS_PER_UNIT, UNIT_SAMPLES, MiniCPMOConfig
+from duplex.plugins.minicpmo.decode import DecodeOptions, LMDecoder, SlotSampling
+from duplex.plugins.minicpmo.modules import MiniCPMOModel
+from duplex.plugins.minicpmo.speech import SpeechGenerator
+from duplex.plugins.minicpmo.thinker import Thinker
+from duplex.plugins.minicpmo.token2wav import CodeToWave
+from duplex.plugins.minicpmo.tokens import SpecialTokens, session_texts
+from duplex.plugins.minicpmo.vision import PreparedFrame, VisionEncoder
+
+__all__ = ["GenerationOptions", "UnitGenerator", "UnitResult"]
+
+_KIND_TOKEN, _KIND_AUDIO, _KIND_VISION = 0, 1, 2
+
+
+@dataclass(frozen=True)
+class GenerationOptions:
+    """Stage-0 sampling and the context window (plugin options; see the plugin docstring)."""
+
+    max_new_tokens: int = 20
+    top_p: float = 0.8
+    top_k: int = 20
+    repetition_penalty: float = 1.05
+    repetition_history: int = 512
+    context_tokens: int = 8192
+    window_high_tokens: int = 8000
+    window_low_tokens: int = 6000
+    max_frames_per_unit: int = 2
+    early_exit: bool = True
+    cuda_graphs: bool = False
+
+
+@dataclass
+class UnitResult:
+    """What one slot's unit produced (host side)."""
+
+    tokens: list[int]
+    decision: str
+    text: str
+    end_of_turn: bool
+    codes: np.ndarray | None = None
+    pcm: np.ndarray | None = None
+
+
+@dataclass
+class _SlotHost:
+    """Host bookkeeping of one open slot."""
+
+    prefix_len: int
+    units: int = 0
+    pending_terminator: int | None = None
+    unit_starts: list[int] = field(default_factory=list)
+    turn_ids: list[int] = field(default_factory=list)
+    turn_text: str = ""
+    speaking: bool = False
+    tail: np.ndarray = field(default_factory=lambda: np.zeros(CONTEXT_SAMPLES, dtype=np.float32))
+
+
+class UnitGenerator:
+    """The model, its per-slot state, and ``step`` (see the module docstring)."""
+
+    def __init__(
+        self,
+        model: MiniCPMOModel,
+        cfg: MiniCPMOConfig,
+        tokenizer: Tokenizer,
+        special: SpecialTokens,
+        slots: int,
+        options: GenerationOptions,
+        code_to_wave: CodeToWave,
+    ) -> None:
+        self.model = model
+        self.cfg = cfg
+        self.tok = tokenizer
+        self.sp = special
+        self.slots = slots
+        self.opts = options
+        self.code_to_wave = code_to_wave
+        weight = model.llm.model.embed_tokens.weight
+        self.device, self.dtype = weight.device, weight.dtype
+        dev, dt = self.device, self.dtype
+        q = cfg.query_num
+        self.unit_width = 3 + options.max_frames_per_unit * (q + 2) + AUDIO_TOKENS_PER_UNIT
+        if options.window_high_tokens + self.unit_width + options.max_new_tokens > options.context_tokens:
+            raise PluginError(
+                "invalid_plugin_config",
+                f"window_high_tokens ({options.window_high_tokens}) + a unit ({self.unit_width}) + "
+                f"max_new_tokens ({options.max_new_tokens}) exceed context_tokens ({options.context_tokens})",
+            )
+        if not 0 < options.window_low_tokens < options.window_high_tokens:
+            raise PluginError("invalid_plugin_config", "window_low_tokens must be in (0, window_high_tokens)")
+        if options.cuda_graphs and dev.type != "cuda":
+            raise PluginError("invalid_plugin_config", f"cuda_graphs needs a CUDA device, not {dev.type!r}")
+        llm = cfg.llm
+        lm_cache = SlotCache(
+            llm.num_hidden_layers,
+            slots,
+            llm.num_key_value_heads,
+            options.context_tokens,
+            llm.head_dim,
+            self.unit_width,
+            dev,
+            dt,
+        )
+        self.thinker = Thinker(model.llm, lm_cache, cfg.rope_theta)
+        a = cfg.audio
+        audio_cache = SlotCache(
+            a.encoder_layers,
+            slots,
+            a.encoder_attention_heads,
+            a.max_source_positions,
+            a.d_model // a.encoder_attention_heads,
+            ENCODER_FRAMES_PER_UNIT,
+            dev,
+            dt,
+        )
+        self.audio = AudioEncoder(model.apm, model.audio_projection_layer, cfg.audio_pool_step, audio_cache)
+        self.vision = VisionEncoder(model.vpm, model.resampler, cfg.image_size, cfg.patch_size)
+        t = cfg.tts
+        max_condition = options.max_new_tokens + 1
+        tts_cache = SlotCache(
+            t.num_hidden_layers,
+            slots,
+            t.num_key_value_heads,
+            t.max_position_embeddings,
+            t.hidden_size // t.num_attention_heads,
+            max_condition,
+            dev,
+            dt,
+        )
+        self.speech = SpeechGenerator(model.tts, t, tts_cache, max_condition, capture=options.cuda_graphs)
+        zeros = torch.zeros(slots, dtype=torch.long, device=dev)
+        self.lm_len = zeros.clone()
+        self.audio_len = zeros.clone()
+        self.tts_len = zeros.clone()
+        self.seed = zeros.clone()
+        self.counter = zeros.clone()
+        self.turn_open = torch.zeros(slots, dtype=torch.bool, device=dev)
+        self.temperature = torch.zeros(slots, dtype=torch.float32, device=dev)
+        self.history = torch.full((slots, options.repetition_history), -1, dtype=torch.long, device=dev)
+        self.hosts: dict[int, _SlotHost] = {}
+        self._special_ids = set(special.all_ids())
+        self.frames_dropped = 0
+        decode = DecodeOptions(
+            options.max_new_tokens,
+            options.top_k,
+            options.top_p,
+            options.repetition_penalty,
+            options.early_exit,
+        )
+        self.decoder = LMDecoder(
+            self.thinker, special, decode, slots, options.repetition_history, capture=options.cuda_graphs
+        )
+
+    # -- slots ------------------------------------------------------------
+
+    def _embed_ids(self, ids: list[int]) -> torch.Tensor:
+        return self.thinker.embed_tokens(torch.tensor(ids, dtype=torch.long, device=self.device))
+
+    @torch.no_grad()
+    def open_slot(
+        self, slot: int, instructions: str, ref_audio: np.ndarray | None, seed: int, temperature: float
+    ) -> None:
+        """Reset ``slot`` and prefill its system context (instructions, reference voice) into its row.
+
+        The slot is ready when this returns; no other row is touched.
+        """
+        rows = torch.tensor([[slot]], device=self.device)
+        self.audio_len[slot] = 0
+        parts: list[torch.Tensor] = []
+        prefix, suffix = session_texts(instructions, ref_audio is not None)
+        parts.append(self._embed_ids(self.tok.encode(prefix, add_special_tokens=False).ids))
+        if ref_audio is not None:
+            parts.append(self._encode_reference(ref_audio, rows))
+        parts.append(self._embed_ids(self.tok.encode(suffix, add_special_tokens=False).ids))
+        embeds = torch.cat(parts, dim=0)[None].to(self.dtype)
+        n = embeds.shape[1]
+        limit = self.opts.window_low_tokens
+        if n > limit:
+            raise PluginError(
+                "invalid_session_config",
+                f"the instructions and reference voice take {n} tokens; the context window fits {limit}",
+            )
+        pos = torch.arange(n, device=self.device)[None]
+        self.thinker.forward(embeds, pos, pos, pos + 1, rows=rows)
+        self.lm_len[slot] = n
+        self.audio_len[slot] = 0
+        self.tts_len[slot] = 0
+        self.turn_open[slot] = False
+        self.seed[slot] = seed
+        self.counter[slot] = 0
+        self.temperature[slot] = temperature
+        self.history[slot] = -1
+        self.code_to_wave.reset(slot)
+        self.hosts[slot] = _SlotHost(prefix_len=n)
+
+    def _encode_reference(self, ref_audio: np.ndarray, rows: torch.Tensor) -> torch.Tensor:
+        """Audio embeddings of a reference clip (whole seconds, zero-padded), through the slot's encoder."""
+        units = max(1, -(-len(ref_audio) // UNIT_SAMPLES))
+        padded = np.zeros(units * UNIT_SAMPLES + CONTEXT_SAMPLES, dtype=np.float32)
+        padded[CONTEXT_SAMPLES : CONTEXT_SAMPLES + len(ref_audio)] = ref_audio
+        out = []
+        length = torch.zeros(1, dtype=torch.long, device=self.device)
+        run = torch.ones(1, dtype=torch.bool, device=self.device)
+        for i in range(units):
+            chunk = padded[i * UNIT_SAMPLES : (i + 1) * UNIT_SAMPLES + CONTEXT_SAMPLES]
+            audio = torch.from_numpy(chunk)[None].to(self.device)
+            emb, length = self.audio.encode(audio, length, run, rows=rows)
+            out.append(emb[0])
+        return torch.cat(out, dim=0)
+
+    def cancel_slot(self, slot: int) -> None:
+        """Barge-in: the current reply is void; the conversation (and what the model heard) stays."""
+        host = self.hosts[slot]
+        host.turn_ids.clear()
+        host.turn_text = ""
+        host.speaking = False
+        self.turn_open[slot] = False
+        self.tts_len[slot] = 0
+        self.code_to_wave.reset(slot)
+
+    def close_slot(self, slot: int) -> None:
+        self.hosts.pop(slot, None)
+
+    # -- the step ---------------------------------------------------------
+
+    def layout(
+        self, batch: dict[int, tuple[np.ndarray, list[bytes]]]
+    ) -> tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray, list[PreparedFrame]]:
+        """Step 1 on the host: ``ids, kind, src [slots, unit_width]`` (kind: 0 token, 1 audio, 2 vision;
+        src: the embedding a position takes), ``valid [slots]`` and the decoded frames."""
+        w, sp, q = self.unit_width, self.sp, self.cfg.query_num
+        ids = np.zeros((self.slots, w), dtype=np.int64)
+        kind = np.zeros((self.slots, w), dtype=np.int64)
+        src = np.zeros((self.slots, w), dtype=np.int64)
+        valid = np.zeros(self.slots, dtype=np.int64)
+        frames: list[PreparedFrame] = []
+        for slot, (_pcm, raw_frames) in batch.items():
+            host = self.hosts[slot]
+            seq: list[tuple[int, int, int]] = []
+            if host.units > 0:
+                if host.pending_terminator is not None:
+                    seq.append((_KIND_TOKEN, host.pending_terminator, 0))
+                seq.append((_KIND_TOKEN, sp.unit_end, 0))
+            seq.append((_KIND_TOKEN, sp.unit, 0))
+            kept = raw_frames[: self.opts.max_frames_per_unit]
+            self.frames_dropped += len(raw_frames) - len(kept)
+            for data in kept:
+                try:
+                    frame = self.vision.prepare(data)
+                except PluginError:
+                    self.frames_dropped += 1
+                    continue
+                base = len(frames) * q
+                frames.append(frame)
+                seq.append((_KIND_TOKEN, sp.image, 0))
+                seq.extend((_KIND_VISION, 0, base + j) for j in range(q))
+                seq.append((_KIND_TOKEN, sp.image_end, 0))
+            seq.extend(
+                (_KIND_AUDIO, 0, slot * AUDIO_TOKENS_PER_UNIT + j) for j in range(AUDIO_TOKENS_PER_UNIT)
+            )
+            n = len(seq)
+            arr = np.asarray(seq, dtype=np.int64)
+            kind[slot, :n], ids[slot, :n], src[slot, :n] = arr[:, 0], arr[:, 1], arr[:, 2]
+            valid[slot] = n
+        return ids, kind, src, valid, frames
+
+    @torch.no_grad()
+    def step(self, batch: dict[int, tuple[np.ndarray, list[bytes]]]) -> dict[int, UnitResult]:
+        """Advance every slot in ``batch`` (slot -> (16000 float32 samples, encoded frames)) by one unit."""
+        dev, w = self.device, self.unit_width
+        cap = self.thinker.cache.capacity
+        ids_h, kind_h, src_h, valid_h, frames = self.layout(batch)
+        exec_h = np.zeros(self.slots, dtype=bool)
+        audio_h = np.zeros((self.slots, CONTEXT_SAMPLES + UNIT_SAMPLES), dtype=np.float32)
+        for slot, (pcm, _frames) in batch.items():
+            exec_h[slot] = True
+            host = self.hosts[slot]
+            audio_h[slot, :CONTEXT_SAMPLES] = host.tail
+            audio_h[slot, CONTEXT_SAMPLES:] = pcm
+            host.tail = audio_h[slot, -CONTEXT_SAMPLES:].copy()
+            host.unit_starts.append(0)  # set below from the device length
+        exec_t = torch.from_numpy(exec_h).to(dev)
+        audio_emb, self.audio_len = self.audio.encode(
+            torch.from_numpy(audio_h).to(dev), self.audio_len, exec_t
+        )
+        ids = torch.from_numpy(ids_h).to(dev)
+        kind = torch.from_numpy(kind_h).to(dev)
+        src = torch.from_numpy(src_h).to(dev)
+        valid = torch.from_numpy(valid_h).to(dev)
+        embeds = self.thinker.embed_tokens(ids)
+        flat_audio = audio_emb.reshape(-1, audio_emb.shape[-1]).to(embeds.dtype)
+        a_idx = torch.where(kind == _KIND_AUDIO, src, 0)
+        embeds = torch.where((kind == _KIND_AUDIO)[..., None], flat_audio[a_idx], embeds)
+        if frames:
+            vis = self.vision.encode(frames).reshape(-1, embeds.shape[-1]).to(embeds.dtype)
+            v_idx = torch.where(kind == _KIND_VISION, src, 0)
+            embeds = torch.where((kind == _KIND_VISION)[..., None], vis[v_idx], embeds)
+        steps = torch.arange(w, device=dev)
+        positions = self.lm_len[:, None] + steps
+        write = torch.where(exec_t[:, None], positions, cap + steps)
+        limit = torch.where(exec_t[:, None], positions + 1, cap + steps + 1)
+        unit_start = self.lm_len.clone()
+        hidden = self.thinker.forward(embeds, positions, write, limit)
+        last = hidden.gather(1, (valid - 1).clamp(min=0)[:, None, None].expand(-1, 1, hidden.shape[-1]))[:, 0]
+        logits = self.thinker.logits(last)
+        self.lm_len = torch.where(exec_t, self.lm_len + valid, self.lm_len)
+        state = SlotSampling(
+            self.lm_len, self.seed, self.counter, self.temperature, self.history, self.turn_open
+        )
+        generated, fed_hidden = self.decoder.run(sorted(batch), logits, state)
+        gen_h = generated.cpu().numpy()
+        starts_h = unit_start.cpu().numpy()
+        results = self._parse(batch, gen_h, starts_h)
+        self._speak(results, gen_h, fed_hidden)
+        self._apply_window(batch)
+        return results
+
+    def _parse(self, batch: dict, gen_h: np.ndarray, starts_h: np.ndarray) -> dict[int, UnitResult]:
+        sp = self.sp
+        results: dict[int, UnitResult] = {}
+        for slot in batch:
+            host = self.hosts[slot]
+            host.units += 1
+            host.unit_starts[-1] = int(starts_h[slot])
+            tokens = [int(x) for x in gen_h[slot] if x >= 0]
+            host.pending_terminator = tokens[-1] if tokens and tokens[-1] in sp.terminators else None
+            decision = "listen" if not tokens or tokens[0] == sp.listen else "speak"
+            end_of_turn = sp.turn_eos in tokens
+            text = ""
+            if decision == "speak":
+                if not host.speaking:
+                    host.turn_ids.clear()
+                    host.turn_text = ""
+                host.turn_ids.extend(x for x in tokens if x not in self._special_ids)
+                # A byte-level token can end inside a character: hold the partial character back.
+                full = self.tok.decode(host.turn_ids, skip_special_tokens=True).rstrip("\ufffd")
+                text = full[len(host.turn_text) :] if full.startswith(host.turn_text) else full
+                host.turn_text = full
+            results[slot] = UnitResult(tokens=tokens, decision=decision, text=text, end_of_turn=end_of_turn)
+        return results
+
+    def _speak(self, results: dict[int, UnitResult], gen_h: np.ndarray, fed_hidden: torch.Tensor) -> None:
+        """Steps 5: speech codes and audio for every speaking row, in one batched pass."""
+        speaking_h = np.zeros(self.slots, dtype=bool)
+        max_new = self.opts.max_new_tokens
+        text_h = np.zeros((self.slots, max_new), dtype=np.int64)
+        where_h = np.zeros((self.slots, max_new), dtype=np.int64)
+        count_h = np.zeros(self.slots, dtype=np.int64)
+        starts: list[int] = []
+        for slot, res in results.items():
+            if res.decision != "speak":
+                self.hosts[slot].speaking = False
+                continue
+            host = self.hosts[slot]
+            if not host.speaking:
+                starts.append(slot)
+            host.speaking = not res.end_of_turn
+            speaking_h[slot] = True
+            spoken = [
+                (t, x)
+                for t, x in enumerate(gen_h[slot][: len(res.tokens)])
+                if int(x) not in self._special_ids
+            ][: max_new - 1]
+            count_h[slot] = len(spoken)
+            for j, (t, x) in enumerate(spoken):
+                text_h[slot, j] = x
+                where_h[slot, j] = t
+        if not speaking_h.any():
+            return
+        dev = self.device
+        for slot in starts:
+            self.tts_len[slot] = 0
+            self.code_to_wave.reset(slot)
+        text = torch.from_numpy(text_h[:, : max_new - 1]).to(dev)
+        idx = torch.from_numpy(where_h[:, : max_new - 1]).to(dev)
+        hidden = fed_hidden.gather(1, idx[..., None].expand(-1, -1, fed_hidden.shape[-1]))
+        count = torch.from_numpy(count_h).to(dev)
+        speaking = torch.from_numpy(speaking_h).to(dev)
+        cond = self.speech.condition(text, hidden, count)
+        codes, self.tts_len = self.speech.generate(
+            cond, count + 1, self.tts_len, speaking, self.seed, self.counter, self.temperature > 0
+        )
+        last_h = np.zeros(self.slots, dtype=bool)
+        for slot, res in results.items():
+            last_h[slot] = res.decision == "speak" and res.end_of_turn
+        pcm = self.code_to_wave.decode(codes, speaking_h, last_h)
+        codes_h = codes.cpu().numpy()
+        for slot, res in results.items():
+            if speaking_h[slot]:
+                res.codes = codes_h[slot]
+                res.pcm = pcm[slot]
+
+    def _apply_window(self, batch: dict) -> None:
+        """Cut rows past ``window_high_tokens`` down to ``window_low_tokens`` (module docstring)."""
+        opts = self.opts
+        lengths = None
+        for slot in batch:
+            host = self.hosts[slot]
+            if not host.unit_starts:
+                continue
+            if lengths is None:
+                lengths = self.lm_len.cpu().numpy()
+            length = int(lengths[slot])
+            if length <= opts.window_high_tokens:
+                continue
+            keep_from = len(host.unit_starts) - 1
+            for i, start in enumerate(host.unit_starts):
+                if host.prefix_len + length - start <= opts.window_low_tokens:
+                    keep_from = i
+                    break
+            cut = host.unit_starts[keep_from]
+            self.thinker.shift_keys(slot, cut, length, host.prefix_len)
+            shift = cut - host.prefix_len
+            host.unit_starts = [s - shift for s in host.unit_starts[keep_from:]]
+            self.lm_len[slot] = length - shift

@@ -1,0 +1,376 @@
+"""``minicpmo_4_5``: MiniCPM-o 4.5 as a batched ``unit`` plugin.
+
+Once a second the model hears one unit (16 kHz) of every session, sees the camera frame that came
+with it, and decides: listen (``SlotOutput.decision = "listen"``) or speak (``"speak"``, with the
+unit's transcript delta and one second of 24 kHz audio). ``<|turn_eos|>`` ends the response
+(``end_of_turn``). Every session with a unit ready is stepped in one batched call
+(``generation.UnitGenerator``).
+
+Slot lifecycle, as the engine sees it:
+
+* ``open_slot(slot, options)`` resets the slot and prefills its system context in its own row:
+  ``instructions`` (fixed for the session) and, when ``options.extra["ref_audio"]`` is given, the
+  reference voice (a WAV as bytes, base64 or a ``data:`` URL, or float32 samples at 16 kHz). The slot
+  is ready when it returns. ``temperature`` (default 0.7; 0 is greedy) and ``seed`` are per session.
+* ``step(batch)``: one unit per slot; frames beyond ``max_frames_per_unit`` and frames that do not
+  decode are skipped and counted (``frames_dropped``), the unit still runs.
+* ``cancel_slot(slot, epoch)`` (barge-in): the reply in progress is void; the model keeps what it
+  heard and keeps listening.
+* ``close_slot(slot)`` frees the slot.
+
+Plugin options (``from_options``): ``max_sessions`` (4), ``device`` ("cpu", "cuda[:N]"), ``dtype``
+(bfloat16 on CUDA, float32 on a CPU), ``seed`` (0; a session without a seed gets ``seed + n`` for its
+n-th open), ``temperature`` (0.7), ``max_new_tokens`` (20 per unit), ``top_p`` (0.8), ``top_k`` (20),
+``repetition_penalty`` (1.05), ``context_tokens`` (8192), ``window_high_tokens`` (8000),
+``window_low_tokens`` (6000), ``max_frames_per_unit`` (2), ``max_ref_audio_s`` (10),
+``early_exit`` (True), ``cuda_graphs`` (False; CUDA only: the decode step of the language model, per
+batch-size bucket, and the speech head's code step replay CUDA graphs captured at load),
+``random_weights`` (False; the architecture with random weights, for
+benchmarks) with ``config`` ("full" or "tiny"), ``code_to_wave`` ("flow": the checkpoint's
+``assets/token2wav``; "silent": one second of silence per speaking unit, to measure the rest alone),
+``voice`` (a voice-prompt file for the code-to-wave stage; default
+``assets/token2wav/prompt_voice.safetensors`` when present, see ``token2wav``).
+"""
+
+from __future__ import annotations
+
+import base64
+import io
+import logging
+from collections.abc import Sequence
+from pathlib import Path
+
+import numpy as np
+import torch
+
+from duplex.plugins.base import (
+    Capabilities,
+    FramePlugin,
+    PluginError,
+    PluginKind,
+    SlotInput,
+    SlotOptions,
+    SlotOutput,
+)
+from duplex.plugins.minicpmo.config import (
+    FULL_CONFIG,
+    OUTPUT_RATE,
+    SAMPLE_RATE,
+    TINY_CONFIG,
+    UNIT_SAMPLES,
+    MiniCPMOConfig,
+)
+from duplex.plugins.minicpmo.generation import GenerationOptions, UnitGenerator, UnitResult
+from duplex.plugins.minicpmo.token2wav import CodeToWave, SilentCodeToWave
+
+__all__ = ["MiniCPMOPlugin"]
+
+log = logging.getLogger(__name__)
+
+_DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
+_OPTION_TYPES: dict[str, type] = {
+    "max_sessions": int,
+    "device": str,
+    "dtype": str,
+    "seed": int,
+    "temperature": float,
+    "max_new_tokens": int,
+    "top_p": float,
+    "top_k": int,
+    "repetition_penalty": float,
+    "context_tokens": int,
+    "window_high_tokens": int,
+    "window_low_tokens": int,
+    "max_frames_per_unit": int,
+    "max_ref_audio_s": float,
+    "early_exit": bool,
+    "cuda_graphs": bool,
+    "random_weights": bool,
+    "config": str,
+    "code_to_wave": str,
+    "voice": str,
+}
+_GENERATION_OPTIONS = (
+    "max_new_tokens",
+    "top_p",
+    "top_k",
+    "repetition_penalty",
+    "context_tokens",
+    "window_high_tokens",
+    "window_low_tokens",
+    "max_frames_per_unit",
+    "early_exit",
+    "cuda_graphs",
+)
+
+
+class MiniCPMOPlugin(FramePlugin):
+    """MiniCPM-o 4.5 served as a batched ``unit`` plugin (see the module docstring)."""
+
+    name = "minicpmo_4_5"
+
+    @classmethod
+    def write_tiny_checkpoint(cls, directory: str, *, seed: int = 0) -> None:
+        from duplex.plugins.minicpmo.testing import make_tiny_checkpoint
+
+        make_tiny_checkpoint(directory, seed=seed)
+
+    def __init__(
+        self,
+        model_path: str | Path | None = None,
+        *,
+        max_sessions: int = 4,
+        device: str = "cpu",
+        dtype: str | None = None,
+        seed: int = 0,
+        temperature: float = 0.7,
+        max_ref_audio_s: float = 10.0,
+        random_weights: bool = False,
+        config: str | None = None,
+        code_to_wave: str = "flow",
+        voice: str | None = None,
+        **generation: object,
+    ) -> None:
+        if max_sessions < 1:
+            raise PluginError("invalid_plugin_config", "max_sessions must be at least 1")
+        if model_path is None and not random_weights:
+            raise PluginError(
+                "invalid_plugin_config", "minicpmo_4_5 needs a model path (or random_weights=True)"
+            )
+        if config not in (None, "full", "tiny"):
+            raise PluginError("invalid_plugin_config", f"config must be 'full' or 'tiny', got {config!r}")
+        if dtype is not None and dtype not in _DTYPES:
+            raise PluginError(
+                "invalid_plugin_config", f"dtype must be one of {sorted(_DTYPES)}, got {dtype!r}"
+            )
+        if temperature < 0:
+            raise PluginError("invalid_plugin_config", "temperature must be >= 0")
+        if code_to_wave not in ("flow", "silent"):
+            raise PluginError(
+                "invalid_plugin_config", f"code_to_wave must be 'flow' or 'silent', got {code_to_wave!r}"
+            )
+        unknown = sorted(set(generation) - set(_GENERATION_OPTIONS))
+        if unknown:
+            raise PluginError("invalid_plugin_config", f"minicpmo_4_5: unknown options {unknown}")
+        self._model_path = Path(model_path) if model_path is not None else None
+        self._max_sessions = max_sessions
+        self._device = torch.device(device)
+        self._dtype = (
+            _DTYPES[dtype] if dtype else (torch.bfloat16 if self._device.type == "cuda" else torch.float32)
+        )
+        self._seed = seed
+        self._temperature = temperature
+        self._max_ref_samples = int(max_ref_audio_s * SAMPLE_RATE)
+        self._random = random_weights
+        self._config_name = config
+        self._code_to_wave = code_to_wave
+        self._voice = voice
+        self._gen_options = GenerationOptions(**generation)  # type: ignore[arg-type]
+        self._gen: UnitGenerator | None = None
+        self._epochs: dict[int, int] = {}
+        self._opens = 0
+        self._closed = False
+        self.last_results: dict[int, UnitResult] = {}
+
+    @classmethod
+    def from_options(cls, model_path: str | None = None, **options: object) -> MiniCPMOPlugin:
+        """Build from serve-time options; strings (``--plugin-option max_sessions=16``) are parsed."""
+        unknown = sorted(set(options) - set(_OPTION_TYPES))
+        if unknown:
+            raise PluginError("invalid_plugin_config", f"minicpmo_4_5: unknown options {unknown}")
+        parsed = {key: _parse_option(key, value) for key, value in options.items()}
+        return cls(model_path, **parsed)  # type: ignore[arg-type]
+
+    # -- lifetime ---------------------------------------------------------
+
+    @property
+    def generator(self) -> UnitGenerator:
+        if self._gen is None:
+            raise PluginError("plugin_not_loaded", "minicpmo_4_5: load() has not been called or close() was")
+        return self._gen
+
+    def load(self) -> None:
+        if self._closed:
+            raise PluginError("plugin_closed", "minicpmo_4_5: the plugin was closed")
+        if self._gen is not None:
+            return
+        from duplex.plugins.minicpmo.loading import find_checkpoint, load_model
+        from duplex.plugins.minicpmo.modules import MiniCPMOModel
+        from duplex.plugins.minicpmo.testing import train_tokenizer
+        from duplex.plugins.minicpmo.token2wav import load_code_to_wave, random_code_to_wave
+        from duplex.plugins.minicpmo.tokens import SPECIAL_TOKENS, SpecialTokens, load_tokenizer
+
+        slots, device = self._max_sessions, self._device
+        wave: CodeToWave = SilentCodeToWave()
+        if self._random:
+            tiny = self._config_name == "tiny"
+            cfg = MiniCPMOConfig.from_json(TINY_CONFIG if tiny else FULL_CONFIG)
+            model = MiniCPMOModel.random(cfg, device, self._dtype, seed=self._seed)
+            tok = train_tokenizer()
+            special = SpecialTokens(**{k: int(tok.token_to_id(v)) for k, v in SPECIAL_TOKENS.items()})
+            if self._code_to_wave == "flow":
+                codes = 12 if tiny else 150
+                wave = random_code_to_wave(cfg.token2wav, slots, device, self._seed, voice_codes=codes)
+        else:
+            assert self._model_path is not None
+            files = find_checkpoint(self._model_path)
+            cfg = files.config
+            if self._code_to_wave == "flow":
+                wave = load_code_to_wave(files.root, cfg.token2wav, slots, device, self._voice)
+            model = load_model(files, device, self._dtype)
+            tok, special = load_tokenizer(files.tokenizer)
+        self._gen = UnitGenerator(model, cfg, tok, special, slots, self._gen_options, wave)
+        log.info("minicpmo_4_5 loaded on %s (%s), %d slots", self._device, self._dtype, self._max_sessions)
+
+    def close(self) -> None:
+        self._gen = None
+        self._epochs.clear()
+        self._closed = True
+
+    def capabilities(self) -> Capabilities:
+        return Capabilities(
+            kind=PluginKind.UNIT,
+            chunk_period_ms=1000,
+            input_sample_rate=SAMPLE_RATE,
+            output_sample_rate=OUTPUT_RATE,
+            max_sessions=self._max_sessions,
+            model_native_turns=True,
+            supports_server_vad=False,
+            supports_client_commit=False,
+            supports_barge_in=True,
+            supports_resume=True,
+            supports_video_input=True,
+            output_modalities=("audio", "text"),
+        )
+
+    @property
+    def frames_dropped(self) -> int:
+        """Camera frames skipped (undecodable, or past ``max_frames_per_unit``) since load."""
+        return self.generator.frames_dropped
+
+    # -- slots ------------------------------------------------------------
+
+    def open_slot(self, slot: int, options: SlotOptions) -> None:
+        self._check_slot_index(slot, self._max_sessions)
+        gen = self.generator
+        temperature = self._temperature if options.temperature is None else float(options.temperature)
+        if temperature < 0:
+            raise PluginError("invalid_session_config", "temperature must be >= 0")
+        ref = self._reference_audio(options.extra.get("ref_audio"))
+        seed = options.seed if options.seed is not None else self._seed + self._opens
+        self._opens += 1
+        gen.open_slot(slot, options.instructions, ref, int(seed), temperature)
+        self._epochs[slot] = 0
+
+    def _reference_audio(self, value: object) -> np.ndarray | None:
+        """The reference voice as float32 mono 16 kHz samples (see the module docstring)."""
+        if value is None:
+            return None
+        if isinstance(value, np.ndarray):
+            pcm = value.astype(np.float32).reshape(-1)
+        else:
+            if isinstance(value, str):
+                text = value.split(",", 1)[1] if value.startswith("data:") else value
+                try:
+                    data = base64.b64decode(text, validate=True)
+                except ValueError as exc:
+                    raise PluginError("invalid_session_config", "ref_audio is not valid base64") from exc
+            elif isinstance(value, bytes | bytearray):
+                data = bytes(value)
+            else:
+                raise PluginError(
+                    "invalid_session_config", "ref_audio must be a WAV (bytes, base64 or data URL)"
+                )
+            pcm = _decode_wav(data)
+        if pcm.size == 0:
+            raise PluginError("invalid_session_config", "ref_audio is empty")
+        if pcm.size > self._max_ref_samples:
+            raise PluginError(
+                "invalid_session_config",
+                f"ref_audio is {pcm.size / SAMPLE_RATE:.1f} s, over max_ref_audio_s",
+            )
+        return np.clip(pcm, -1.0, 1.0)
+
+    def cancel_slot(self, slot: int, epoch: int) -> None:
+        self._check_slot_index(slot, self._max_sessions)
+        if slot not in self._epochs:
+            raise PluginError("invalid_slot", f"slot {slot} is not open")
+        self._epochs[slot] = epoch
+        self.generator.cancel_slot(slot)
+
+    def close_slot(self, slot: int) -> None:
+        self._check_slot_index(slot, self._max_sessions)
+        self._epochs.pop(slot, None)
+        if self._gen is not None:
+            self._gen.close_slot(slot)
+
+    # -- the step ---------------------------------------------------------
+
+    def step(self, batch: Sequence[SlotInput]) -> Sequence[SlotOutput]:
+        gen = self.generator
+        units: dict[int, tuple[np.ndarray, list[bytes]]] = {}
+        for item in batch:
+            slot = item.slot
+            if slot not in self._epochs:
+                raise PluginError("invalid_slot", f"slot {slot} is not open")
+            if slot in units:
+                raise PluginError("invalid_batch", f"slot {slot} appears twice in one batch")
+            pcm = item.pcm
+            if pcm.shape != (UNIT_SAMPLES,):
+                raise PluginError(
+                    "bad_audio", f"slot {slot}: expected {UNIT_SAMPLES} samples, got {pcm.shape}"
+                )
+            if pcm.dtype != np.float32:
+                pcm = pcm.astype(np.float32) / (32768.0 if pcm.dtype == np.int16 else 1.0)
+            units[slot] = (pcm, list(item.video_frames))
+        results = gen.step(units)
+        self.last_results = results
+        outputs = []
+        for item in batch:
+            res = results[item.slot]
+            speak = res.decision == "speak"
+            outputs.append(
+                SlotOutput(
+                    slot=item.slot,
+                    epoch=item.epoch,
+                    pcm=res.pcm if speak else None,
+                    sample_rate=OUTPUT_RATE,
+                    text=res.text,
+                    decision=res.decision,
+                    end_of_turn=speak and res.end_of_turn,
+                )
+            )
+        return outputs
+
+
+def _decode_wav(data: bytes) -> np.ndarray:
+    import soundfile
+    import soxr
+
+    try:
+        samples, rate = soundfile.read(io.BytesIO(data), dtype="float32", always_2d=True)
+    except (RuntimeError, soundfile.LibsndfileError) as exc:
+        raise PluginError("invalid_session_config", f"ref_audio could not be decoded: {exc}") from exc
+    pcm = samples.mean(axis=1)
+    if rate != SAMPLE_RATE:
+        pcm = soxr.resample(pcm, rate, SAMPLE_RATE)
+    return np.ascontiguousarray(pcm, dtype=np.float32)
+
+
+def _parse_option(key: str, value: object) -> object:
+    kind = _OPTION_TYPES[key]
+    if isinstance(value, str) and kind is not str:
+        text = value.strip().lower()
+        if kind is bool and text in ("1", "true", "yes", "on", "0", "false", "no", "off"):
+            return text in ("1", "true", "yes", "on")
+        try:
+            return kind(text)
+        except ValueError:
+            pass
+    if kind is float and isinstance(value, int) and not isinstance(value, bool):
+        return float(value)
+    if isinstance(value, kind) and not (kind is int and isinstance(value, bool)):
+        return value
+    raise PluginError(
+        "invalid_plugin_config", f"minicpmo_4_5: option {key!r} expects {kind.__name__}, got {value!r}"
+    )

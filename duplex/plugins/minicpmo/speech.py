@@ -1,0 +1,184 @@
+"""The speech head: what the language model says this unit, as ``CODES_PER_UNIT`` speech codes per slot.
+
+Per unit, a speaking slot's condition is one vector per spoken text token, ``emb_text(token) +
+normalize(projector_semantic(llm hidden state of that token))``, followed by ``emb_text(audio_bos)``.
+The Llama backbone runs the condition after everything the slot said earlier in the turn (its cache
+holds the turn: conditions and codes), then decodes ``CODES_PER_UNIT`` codes one at a time, each fed
+back through ``emb_code``. So one second of text gives one second of speech codes, and speech that
+continues across units stays one utterance. The cache is cleared when a turn starts, and starts again
+empty when the next unit would not fit.
+
+Sampling (upstream's TTS defaults): temperature 0.8, top-p 0.85, top-k 25, a repetition penalty of 1.05
+over the last 16 codes; the end-of-speech code is masked so every speaking unit yields its full second.
+
+The code loop is one fixed step over static ``[slots]`` buffers repeated ``CODES_PER_UNIT`` times (sample a
+code, feed it), so with ``capture`` it is one CUDA graph (``graphs.Step``), captured with every row
+frozen; without, the same step runs eagerly.
+"""
+
+from __future__ import annotations
+
+import torch
+import torch.nn.functional as F
+
+from duplex.plugins.minicpmo.attention import Rope, SlotCache, attend, visible_mask
+from duplex.plugins.minicpmo.config import CODES_PER_UNIT, TTSConfig
+from duplex.plugins.minicpmo.graphs import Step, graph_pool
+from duplex.plugins.minicpmo.modules import SpeechHead
+from duplex.plugins.minicpmo.sampling import filter_top_k_top_p, gumbel, penalize_frequency
+
+__all__ = ["SpeechGenerator"]
+
+TEMPERATURE = 0.8
+TOP_P = 0.85
+TOP_K = 25
+REPETITION_PENALTY = 1.05
+PENALTY_WINDOW = 16
+_SALT = 7
+
+
+def _rms(x: torch.Tensor, weight: torch.Tensor, eps: float) -> torch.Tensor:
+    x32 = x.to(torch.float32)
+    return weight * (x32 * torch.rsqrt(x32.pow(2).mean(-1, keepdim=True) + eps)).to(x.dtype)
+
+
+class SpeechGenerator:
+    """Batched speech-code generation over a per-slot cache (see the module docstring)."""
+
+    def __init__(
+        self, head: SpeechHead, cfg: TTSConfig, cache: SlotCache, max_condition: int, *, capture: bool = False
+    ) -> None:
+        self.head = head
+        self.cfg = cfg
+        self.cache = cache
+        self.max_condition = max_condition
+        backbone = head.model.config
+        self.heads = int(backbone.num_attention_heads)
+        self.kv_heads = int(backbone.num_key_value_heads)
+        self.head_dim = int(backbone.hidden_size) // self.heads
+        self.eps = float(backbone.rms_norm_eps)
+        weight = head.emb_text.weight
+        device = weight.device
+        theta = float((getattr(backbone, "rope_parameters", None) or {}).get("rope_theta", 10000.0))
+        self.rope = Rope(self.head_dim, theta, device)
+        # The code loop's static buffers (``_code_step``); every row frozen until ``generate`` fills them.
+        slots = cache.k.shape[1]
+        self._last = torch.zeros(slots, int(backbone.hidden_size), device=device, dtype=weight.dtype)
+        self._history = torch.full((slots, PENALTY_WINDOW), -1, device=device, dtype=torch.long)
+        self._length = torch.zeros(slots, device=device, dtype=torch.long)
+        self._codes = torch.zeros(slots, CODES_PER_UNIT, device=device, dtype=torch.long)
+        self._index = torch.zeros(1, device=device, dtype=torch.long)
+        self._speaking = torch.zeros(slots, device=device, dtype=torch.bool)
+        self._sampled = torch.zeros(slots, device=device, dtype=torch.bool)
+        self._seed = torch.zeros(slots, device=device, dtype=torch.long)
+        self._counter = torch.zeros(slots, device=device, dtype=torch.long)
+        self._eos = torch.tensor([cfg.eos_code], device=device)
+        pool = graph_pool() if capture else None
+        self._step = Step(self._code_step, capture=capture, pool=pool, reset=self._index.zero_)
+
+    @property
+    def unit_tokens(self) -> int:
+        """Cache positions one unit takes at most (condition + codes)."""
+        return self.max_condition + CODES_PER_UNIT
+
+    def _forward(
+        self, x: torch.Tensor, positions: torch.Tensor, write_pos: torch.Tensor, limit: torch.Tensor
+    ) -> torch.Tensor:
+        b, t, _ = x.shape
+        cos, sin = self.rope.cos_sin(positions, x.dtype)
+        mask = visible_mask(limit, self.cache.total)
+        for i, layer in enumerate(self.head.model.layers):
+            attn = layer.self_attn
+            h = _rms(x, layer.input_layernorm.weight, self.eps)
+            q = Rope.apply(attn.q_proj(h).view(b, t, self.heads, self.head_dim).transpose(1, 2), cos, sin)
+            k = Rope.apply(attn.k_proj(h).view(b, t, self.kv_heads, self.head_dim).transpose(1, 2), cos, sin)
+            v = attn.v_proj(h).view(b, t, self.kv_heads, self.head_dim).transpose(1, 2)
+            self.cache.write(i, k, v, write_pos, self.cache.rows)
+            kc, vc = self.cache.layer(i, None)
+            o = attend(q, kc, vc, mask).transpose(1, 2).reshape(b, t, -1)
+            x = x + attn.o_proj(o)
+            h = _rms(x, layer.post_attention_layernorm.weight, self.eps)
+            x = x + layer.mlp.down_proj(F.silu(layer.mlp.gate_proj(h)) * layer.mlp.up_proj(h))
+        return _rms(x, self.head.model.norm.weight, self.eps)
+
+    def condition(self, text_ids: torch.Tensor, hidden: torch.Tensor, count: torch.Tensor) -> torch.Tensor:
+        """``[B, max_condition, H]``: per row the ``count`` text conditions, then ``audio_bos``, then padding.
+
+        ``text_ids [B, N]`` are the unit's spoken token ids and ``hidden [B, N, llm_hidden]`` their
+        language-model hidden states; ``N + 1 <= max_condition``.
+        """
+        head = self.head
+        b, n = text_ids.shape
+        proj = head.projector_semantic(hidden.to(head.emb_text.weight.dtype))
+        if self.cfg.normalize_projected_hidden:
+            proj = F.normalize(proj, p=2, dim=-1)
+        text = head.emb_text(text_ids.clamp(min=0, max=self.cfg.num_text_tokens - 1)) + proj
+        bos = head.emb_text.weight[self.cfg.audio_bos_token_id]
+        steps = torch.arange(self.max_condition, device=text.device)
+        padded = torch.zeros(b, self.max_condition, text.shape[-1], device=text.device, dtype=text.dtype)
+        padded[:, :n] = text
+        is_bos = steps[None, :] == count[:, None]
+        return torch.where(
+            is_bos[..., None], bos, torch.where((steps[None, :] < count[:, None])[..., None], padded, 0)
+        )
+
+    @torch.no_grad()
+    def generate(
+        self,
+        condition: torch.Tensor,
+        cond_len: torch.Tensor,
+        lengths: torch.Tensor,
+        speaking: torch.Tensor,
+        seed: torch.Tensor,
+        counter: torch.Tensor,
+        sampled: torch.Tensor,
+    ) -> tuple[torch.Tensor, torch.Tensor]:
+        """Codes ``[B, CODES_PER_UNIT]`` for the ``speaking`` rows and the rows' new cache lengths.
+
+        ``condition [B, C, H]`` with ``cond_len [B]`` valid rows (text + audio_bos), ``lengths [B]`` the
+        cache entries each row holds (the turn so far). Rows not speaking are frozen; rows where
+        ``sampled [B]`` is False take the most likely code (greedy sessions).
+        """
+        cache = self.cache
+        c = condition.shape[1]
+        fits = lengths + c + CODES_PER_UNIT <= cache.capacity
+        start = torch.where(fits, lengths, torch.zeros_like(lengths))
+        steps = torch.arange(c, device=condition.device)
+        positions = start[:, None] + steps
+        write_pos = torch.where(speaking[:, None], positions, cache.capacity + steps)
+        limit = torch.where(speaking[:, None], positions + 1, cache.capacity + steps + 1)
+        hidden = self._forward(condition, positions, write_pos, limit)
+        last = hidden.gather(1, (cond_len - 1).clamp(min=0)[:, None, None].expand(-1, 1, hidden.shape[-1]))[
+            :, 0
+        ]
+        for buf, value in (
+            (self._last, last),
+            (self._length, start + cond_len),
+            (self._speaking, speaking),
+            (self._sampled, sampled),
+            (self._seed, seed),
+            (self._counter, counter),
+        ):
+            buf.copy_(value)
+        self._history.fill_(-1)
+        self._index.zero_()
+        for _ in range(CODES_PER_UNIT):
+            self._step()
+        return self._codes.clone(), torch.where(speaking, self._length, lengths)
+
+    def _code_step(self) -> None:
+        """Sample every row's next code and feed it (frozen rows write to scratch); in place, capturable."""
+        cache = self.cache
+        logits = self.head.head_code[0](self._last).float().index_fill(1, self._eos, float("-inf"))
+        logits = penalize_frequency(logits, self._history, REPETITION_PENALTY)
+        filtered = filter_top_k_top_p(logits / TEMPERATURE, TOP_K, TOP_P)
+        noise = gumbel(self._seed, self._counter + self._index, logits.shape[-1], _SALT)
+        code = torch.where(self._sampled, (filtered + noise).argmax(dim=-1), logits.argmax(dim=-1))
+        self._codes.index_copy_(1, self._index, code[:, None])
+        self._history.copy_(torch.cat([self._history[:, 1:], code[:, None]], dim=1))
+        pos = self._length[:, None]
+        write = torch.where(self._speaking[:, None], pos, cache.capacity)
+        limit = torch.where(self._speaking[:, None], pos + 1, cache.capacity + 1)
+        self._last.copy_(self._forward(self.head.emb_code[0](code)[:, None], pos, write, limit)[:, 0])
+        self._length.add_(1)
+        self._index.add_(1)

@@ -1,0 +1,104 @@
+"""The language model's batched forward over per-slot caches, on a transformers Qwen3's weights.
+
+``Thinker.forward(embeds, positions, write_pos, limit)`` runs ``T`` new tokens for every row at once:
+rows at different lengths, frozen rows writing into scratch (see ``attention``). It uses the parameters of
+``Qwen3ForCausalLM`` (q/k/v/o projections, per-head q/k RMS norms, SwiGLU MLP) but not its forward,
+whose cache shares one position across the batch.
+"""
+
+from __future__ import annotations
+
+import torch
+import torch.nn.functional as F
+from transformers import Qwen3ForCausalLM
+
+from duplex.plugins.minicpmo.attention import Rope, SlotCache, attend, visible_mask
+
+__all__ = ["Thinker"]
+
+
+def _rms(x: torch.Tensor, weight: torch.Tensor, eps: float) -> torch.Tensor:
+    dtype = x.dtype
+    x32 = x.to(torch.float32)
+    x32 = x32 * torch.rsqrt(x32.pow(2).mean(-1, keepdim=True) + eps)
+    return weight * x32.to(dtype)
+
+
+class Thinker:
+    """Qwen3 layers over a ``SlotCache`` (one row per slot)."""
+
+    def __init__(self, llm: Qwen3ForCausalLM, cache: SlotCache, rope_theta: float) -> None:
+        cfg = llm.config
+        self.llm = llm
+        self.cache = cache
+        self.layers = list(llm.model.layers)
+        self.eps = float(cfg.rms_norm_eps)
+        self.heads = int(cfg.num_attention_heads)
+        self.kv_heads = int(cfg.num_key_value_heads)
+        self.head_dim = int(cfg.head_dim)
+        device = llm.model.embed_tokens.weight.device
+        self.rope = Rope(self.head_dim, rope_theta, device)
+
+    @property
+    def embed_tokens(self) -> torch.nn.Embedding:
+        return self.llm.model.embed_tokens
+
+    def logits(self, hidden: torch.Tensor) -> torch.Tensor:
+        """Float32 logits of normed hidden states ``[..., hidden]``."""
+        return self.llm.lm_head(hidden).float()
+
+    @torch.no_grad()
+    def forward(
+        self,
+        embeds: torch.Tensor,
+        positions: torch.Tensor,
+        write_pos: torch.Tensor,
+        limit: torch.Tensor,
+        rows: torch.Tensor | None = None,
+    ) -> torch.Tensor:
+        """Normed last-layer hidden states ``[B, T, H]`` for ``embeds [B, T, H]``.
+
+        ``positions [B, T]`` are the rotary positions, ``write_pos [B, T]`` the cache positions written
+        (scratch for frozen rows), ``limit [B, T]`` how many cache entries each query sees. ``rows [B, 1]``
+        selects slots (``None``: the batch is every slot, in slot order).
+        """
+        b, t, _ = embeds.shape
+        cache = self.cache
+        all_rows = cache.rows if rows is None else rows
+        cos, sin = self.rope.cos_sin(positions, embeds.dtype)
+        mask = visible_mask(limit, cache.total)
+        x = embeds
+        for i, layer in enumerate(self.layers):
+            attn = layer.self_attn
+            h = _rms(x, layer.input_layernorm.weight, self.eps)
+            q = attn.q_proj(h).view(b, t, self.heads, self.head_dim)
+            k = attn.k_proj(h).view(b, t, self.kv_heads, self.head_dim)
+            v = attn.v_proj(h).view(b, t, self.kv_heads, self.head_dim)
+            q = _rms(q, attn.q_norm.weight, self.eps).transpose(1, 2)
+            k = _rms(k, attn.k_norm.weight, self.eps).transpose(1, 2)
+            v = v.transpose(1, 2)
+            q = Rope.apply(q, cos, sin)
+            k = Rope.apply(k, cos, sin)
+            cache.write(i, k, v, write_pos, all_rows)
+            kc, vc = cache.layer(i, rows)
+            o = attend(q, kc, vc, mask).transpose(1, 2).reshape(b, t, self.heads * self.head_dim)
+            x = x + attn.o_proj(o)
+            h = _rms(x, layer.post_attention_layernorm.weight, self.eps)
+            mlp = layer.mlp
+            x = x + mlp.down_proj(F.silu(mlp.gate_proj(h)) * mlp.up_proj(h))
+        return _rms(x, self.llm.model.norm.weight, self.eps)
+
+    @torch.no_grad()
+    def shift_keys(self, slot: int, start: int, stop: int, dest: int) -> None:
+        """Move slot ``slot``'s cache entries ``[start, stop)`` to ``[dest, ...)``, re-rotating the keys
+        by ``dest - start`` positions, so the entries keep consecutive positions after a window cut."""
+        cache = self.cache
+        n = stop - start
+        if n <= 0:
+            return
+        delta = torch.full((1, n), dest - start, device=cache.k.device)
+        cos, sin = self.rope.cos_sin(delta, cache.k.dtype)
+        k = cache.k[:, slot, :, start:stop].clone()
+        v = cache.v[:, slot, :, start:stop].clone()
+        cache.k[:, slot, :, dest : dest + n] = Rope.apply(k, cos[0], sin[0])
+        cache.v[:, slot, :, dest : dest + n] = v

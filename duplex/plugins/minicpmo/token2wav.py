@@ -1,0 +1,308 @@
+"""The code-to-wave stage: speech codes (25 a second) to 24 kHz audio, per speaking slot, per unit.
+
+``FlowCodeToWave`` is Step-Audio2's token2wav (the checkpoint's ``assets/token2wav``) on our own
+torch code: the flow-matching decoder (``flow``: codes -> mel) and the HiFT vocoder (``hift``: mel ->
+audio), both streaming per slot and batched across the slots that speak in a step. A turn's units
+come out as 17280, 24000, ..., 24000, 30720 samples (the encoder's three codes of look-ahead and the
+vocoder's eight frames of overlap delay the first unit by 280 ms and the last unit flushes them); a
+turn of one unit gives 24000. So a turn of N units is exactly N seconds of audio.
+
+Assets (``<model>/assets/token2wav``), loaded strictly by key (``load_code_to_wave``):
+
+* ``flow.pt``, ``hift.pt``: state dicts (``token2wav_modules`` names every key). A missing, unexpected
+  or misshapen tensor is ``PluginError("model_load_failed")`` naming it. Where ``hift_original.pt`` is
+  present it is the vocoder: minicpmo-utils 1.0.7's asset layout ships a causal CosyVoice3 vocoder as
+  ``hift.pt`` and this (CosyVoice2) HiFT as ``hift_original.pt``.
+* the voice prompt: ``prompt_voice.safetensors`` (or the plugin option ``voice``): ``speech_tokens``
+  (int, ``[n]``: the reference's 25 Hz speech codes), ``mel`` (``[2n, mel_bins]``: its 24 kHz log-mel,
+  hop 480, window 1920, 0-8 kHz, as upstream's ``mel_spectrogram``) and ``speaker_embedding``
+  (``[speaker_dim]``: its CAM++ embedding). Upstream computes these from a reference WAV with two ONNX
+  models (the S3 speech tokenizer, ``speech_tokenizer_v2_25hz.onnx``, and CAM++, ``campplus.onnx``)
+  that we do not run; without the file the stage speaks unprompted (no reference codes or mel, a
+  zero speaker embedding): intelligible speech needs the file (README).
+
+``SilentCodeToWave`` keeps the stage's contract with silence (plugin option ``code_to_wave=silent``).
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import numpy as np
+import torch
+
+from duplex.plugins.base import PluginError
+from duplex.plugins.minicpmo.config import CODES_PER_UNIT, OUTPUT_SAMPLES_PER_UNIT, Token2WavConfig
+from duplex.plugins.minicpmo.flow import FlowStream, Voice
+from duplex.plugins.minicpmo.hift import Vocoder
+from duplex.plugins.minicpmo.token2wav_modules import FlowModel, HiFTModel, weight_normed
+
+__all__ = [
+    "ASSETS_DIR",
+    "VOICE_FILE",
+    "CodeToWave",
+    "FlowCodeToWave",
+    "SilentCodeToWave",
+    "load_code_to_wave",
+    "random_code_to_wave",
+    "random_state",
+    "read_voice",
+]
+
+ASSETS_DIR = Path("assets") / "token2wav"
+FLOW_FILE = "flow.pt"
+HIFT_FILE = "hift.pt"
+HIFT_ORIGINAL_FILE = "hift_original.pt"
+VOICE_FILE = "prompt_voice.safetensors"
+
+
+class CodeToWave:
+    """Speech codes ``[slots, 25]`` -> audio per speaking slot, with per-slot streaming state."""
+
+    def reset(self, slot: int) -> None:
+        """Start ``slot``'s stream afresh (a new turn, a barge-in, a new session)."""
+
+    def decode(self, codes: torch.Tensor, speaking: np.ndarray, last: np.ndarray) -> dict[int, np.ndarray]:
+        """Audio (float32, 24 kHz) of every slot where ``speaking``; ``last``: its turn ends here."""
+        raise NotImplementedError
+
+
+class SilentCodeToWave(CodeToWave):
+    """One second of silence per speaking unit (for measuring the rest of the pipeline alone)."""
+
+    def decode(self, codes: torch.Tensor, speaking: np.ndarray, last: np.ndarray) -> dict[int, np.ndarray]:
+        return {int(s): np.zeros(OUTPUT_SAMPLES_PER_UNIT, np.float32) for s in np.flatnonzero(speaking)}
+
+
+class FlowCodeToWave(CodeToWave):
+    """The flow and the vocoder over per-slot streams (see the module docstring)."""
+
+    def __init__(self, flow: FlowStream, vocoder: Vocoder, slots: int) -> None:
+        self.flow = flow
+        self.vocoder = vocoder
+        self.pending = np.zeros(slots, dtype=bool)  # look-ahead codes wait in the flow
+        self.cached = np.zeros(slots, dtype=bool)  # the vocoder holds an overlap window
+
+    def reset(self, slot: int) -> None:
+        self.flow.reset(slot)
+        self.vocoder.reset(slot)
+        self.pending[slot] = False
+        self.cached[slot] = False
+
+    def decode(self, codes: torch.Tensor, speaking: np.ndarray, last: np.ndarray) -> dict[int, np.ndarray]:
+        slots = np.flatnonzero(speaking)
+        if len(slots) == 0:
+            return {}
+        if codes.shape[1] != CODES_PER_UNIT:
+            raise ValueError(f"expected {CODES_PER_UNIT} codes a unit, got {codes.shape[1]}")
+        rows = torch.from_numpy(slots).to(self.flow.device)
+        ends = [bool(last[s]) for s in slots]
+        mel, frames = self.flow.chunk(rows, codes[rows], [bool(self.pending[s]) for s in slots], ends)
+        audio, emit = self.vocoder.stream(rows, mel, frames, [bool(self.cached[s]) for s in slots], ends)
+        # Hamming halves overlap-add to up to 1.08: clip as upstream does when it writes int16.
+        audio_h = audio.clamp(-1.0, 1.0).cpu().numpy()
+        self.pending[slots] = ~last[slots]
+        self.cached[slots] = ~last[slots]
+        return {int(s): audio_h[i, : emit[i]].copy() for i, s in enumerate(slots)}
+
+
+# -- loading ----------------------------------------------------------------
+
+
+def load_code_to_wave(
+    root: Path, cfg: Token2WavConfig, slots: int, device: torch.device, voice: str | Path | None = None
+) -> FlowCodeToWave:
+    """Load ``root/assets/token2wav`` strictly and build the stage for ``slots`` slots on ``device``.
+
+    ``voice``: a voice file (default: ``prompt_voice.safetensors`` beside the weights, when present;
+    else the unprompted voice). Raises ``PluginError`` (``model_path_unavailable``, ``model_load_failed``).
+    """
+    assets = root / ASSETS_DIR
+    for name in (FLOW_FILE, HIFT_FILE):
+        if not (assets / name).is_file():
+            raise PluginError("model_path_unavailable", f"no {ASSETS_DIR / name} in {str(root)!r}")
+    flow = _load_flow(assets / FLOW_FILE, cfg)
+    original = assets / HIFT_ORIGINAL_FILE
+    hift = _load_hift(original if original.is_file() else assets / HIFT_FILE, cfg)
+    if voice is None and (assets / VOICE_FILE).is_file():
+        voice = assets / VOICE_FILE
+    prompt = read_voice(Path(voice), cfg) if voice is not None else unprompted_voice(cfg)
+    return _build(flow, hift, cfg, slots, device, prompt)
+
+
+def _build(
+    flow: FlowModel, hift: HiFTModel, cfg: Token2WavConfig, slots: int, device: torch.device, voice: Voice
+) -> FlowCodeToWave:
+    flow = flow.to(device=device, dtype=torch.float32).eval().requires_grad_(False)
+    hift = hift.to(device=device, dtype=torch.float32).eval().requires_grad_(False)
+    return FlowCodeToWave(
+        FlowStream(flow, cfg, slots, voice, device), Vocoder(hift, cfg, slots, device), slots
+    )
+
+
+def _read(path: Path) -> dict[str, torch.Tensor]:
+    try:
+        state = torch.load(str(path), map_location="cpu", weights_only=True)
+    except Exception as exc:
+        raise PluginError("model_load_failed", f"{path.name} could not be read: {exc}") from exc
+    if not isinstance(state, dict) or not all(isinstance(v, torch.Tensor) for v in state.values()):
+        raise PluginError("model_load_failed", f"{path.name} is not a state dict of tensors")
+    return state
+
+
+def _check(name: str, state: dict[str, torch.Tensor], expected: dict[str, tuple[int, ...]]) -> None:
+    missing = sorted(set(expected) - set(state))
+    unexpected = sorted(set(state) - set(expected))
+    if missing:
+        raise PluginError("model_load_failed", f"{name} lacks {len(missing)} tensor(s): {_names(missing)}")
+    if unexpected:
+        raise PluginError(
+            "model_load_failed", f"{name} has {len(unexpected)} unexpected tensor(s): {_names(unexpected)}"
+        )
+    for key, shape in expected.items():
+        if tuple(state[key].shape) != shape:
+            raise PluginError(
+                "model_load_failed",
+                f"{name}: tensor {key!r} has shape {tuple(state[key].shape)}, the model needs {shape}",
+            )
+
+
+def _names(keys: list[str], limit: int = 8) -> str:
+    shown = ", ".join(repr(k) for k in keys[:limit])
+    return shown + (f" and {len(keys) - limit} more" if len(keys) > limit else "")
+
+
+def _load_flow(path: Path, cfg: Token2WavConfig) -> FlowModel:
+    state = _read(path)
+    with torch.device("meta"):
+        model = FlowModel(cfg)
+    _check(path.name, state, {k: tuple(v.shape) for k, v in model.state_dict().items()})
+    model.load_state_dict({k: v.float() for k, v in state.items()}, strict=True, assign=True)
+    return model
+
+
+def hift_checkpoint_shapes(cfg: Token2WavConfig) -> dict[str, tuple[int, ...]]:
+    """``hift.pt``'s keys and shapes, weight-normed layers spelled ``weight_g``/``weight_v``."""
+    with torch.device("meta"):
+        model = HiFTModel(cfg)
+    shapes: dict[str, tuple[int, ...]] = {}
+    for key, value in model.state_dict().items():
+        module, _, leaf = key.rpartition(".")
+        if leaf == "weight" and weight_normed(module):
+            shapes[f"{module}.weight_g"] = (value.shape[0],) + (1,) * (value.dim() - 1)
+            shapes[f"{module}.weight_v"] = tuple(value.shape)
+        else:
+            shapes[key] = tuple(value.shape)
+    return shapes
+
+
+def _load_hift(path: Path, cfg: Token2WavConfig) -> HiFTModel:
+    state: dict[str, torch.Tensor] = {}
+    for key, value in _read(path).items():
+        key = key.removeprefix("generator.")
+        key = key.replace(".parametrizations.weight.original0", ".weight_g")
+        key = key.replace(".parametrizations.weight.original1", ".weight_v")
+        state[key] = value.float()
+    _check(path.name, state, hift_checkpoint_shapes(cfg))
+    with torch.device("meta"):
+        model = HiFTModel(cfg)
+    model.load_state_dict(_fold(state), strict=True, assign=True)
+    return model
+
+
+def _fold(state: dict[str, torch.Tensor]) -> dict[str, torch.Tensor]:
+    """Weight norm folded into plain weights: ``weight = g * v / |v|`` (norm over all but dim 0)."""
+    out = {}
+    for key, value in state.items():
+        if key.endswith(".weight_v"):
+            module = key.removesuffix(".weight_v")
+            g = state[module + ".weight_g"]
+            out[module + ".weight"] = value * (g / value.flatten(1).norm(dim=1).view(g.shape))
+        elif not key.endswith(".weight_g"):
+            out[key] = value
+    return out
+
+
+def read_voice(path: Path, cfg: Token2WavConfig) -> Voice:
+    """A voice file (module docstring); ``PluginError`` names what is wrong with it."""
+    from safetensors import SafetensorError
+    from safetensors.torch import load_file
+
+    if not path.is_file():
+        raise PluginError("model_path_unavailable", f"voice file {str(path)!r} does not exist")
+    try:
+        data = load_file(str(path))
+    except (SafetensorError, OSError) as exc:
+        raise PluginError("model_load_failed", f"{path.name} could not be read: {exc}") from exc
+    need = {"speech_tokens", "mel", "speaker_embedding"}
+    if set(data) != need:
+        raise PluginError(
+            "model_load_failed", f"{path.name} must hold exactly {sorted(need)}, has {sorted(data)}"
+        )
+    tokens, mel, speaker = (
+        data["speech_tokens"].long(),
+        data["mel"].float(),
+        data["speaker_embedding"].float(),
+    )
+    n = int(tokens.numel())
+    problems = []
+    if tokens.dim() != 1 or (0 < n < cfg.lookahead_tokens):
+        problems.append(f"speech_tokens must be [n] with n = 0 or n >= {cfg.lookahead_tokens}")
+    elif n and (int(tokens.min()) < 0 or int(tokens.max()) >= cfg.vocab_size):
+        problems.append(f"speech_tokens must lie in [0, {cfg.vocab_size})")
+    if tuple(mel.shape) != (2 * n, cfg.mel_bins):
+        problems.append(f"mel has shape {tuple(mel.shape)}, expected {(2 * n, cfg.mel_bins)}")
+    if tuple(speaker.shape) != (cfg.speaker_dim,):
+        problems.append(f"speaker_embedding has shape {tuple(speaker.shape)}, expected {(cfg.speaker_dim,)}")
+    if problems:
+        raise PluginError("model_load_failed", f"{path.name}: " + "; ".join(problems))
+    return Voice(tokens, mel, speaker)
+
+
+def unprompted_voice(cfg: Token2WavConfig) -> Voice:
+    return Voice(torch.zeros(0, dtype=torch.long), torch.zeros(0, cfg.mel_bins), torch.zeros(cfg.speaker_dim))
+
+
+# -- random weights (benchmarks, tiny checkpoints) ------------------------------
+
+
+def random_state(cfg: Token2WavConfig, seed: int) -> tuple[dict[str, torch.Tensor], dict[str, torch.Tensor]]:
+    """Random ``flow.pt`` and ``hift.pt`` state dicts of ``cfg`` (hift weight-normed as ``weight_g/v``)."""
+    gen = torch.Generator().manual_seed(seed)
+    with torch.device("meta"):
+        shapes = {k: v.shape for k, v in FlowModel(cfg).state_dict().items()}
+    flow = {k: _random(k, shape, gen) for k, shape in shapes.items()}
+    hift: dict[str, torch.Tensor] = {}
+    for key, shape in hift_checkpoint_shapes(cfg).items():
+        hift[key] = torch.ones(shape) if key.endswith((".weight_g", ".alpha")) else _random(key, shape, gen)
+    return flow, hift
+
+
+def _random(key: str, shape: torch.Size | tuple[int, ...], gen: torch.Generator) -> torch.Tensor:
+    if "norm" in key or ".ln_" in key or "embed.out.1" in key or "block.3" in key:
+        return torch.ones(shape) if key.endswith("weight") else torch.zeros(shape)
+    if key.endswith("bias"):
+        return torch.zeros(shape)
+    return torch.randn(shape, generator=gen) * 0.05
+
+
+def random_voice(cfg: Token2WavConfig, codes: int, seed: int) -> Voice:
+    gen = torch.Generator().manual_seed(seed)
+    return Voice(
+        torch.randint(0, cfg.vocab_size, (codes,), generator=gen),
+        torch.randn(2 * codes, cfg.mel_bins, generator=gen) - 5.0,
+        torch.randn(cfg.speaker_dim, generator=gen),
+    )
+
+
+def random_code_to_wave(
+    cfg: Token2WavConfig, slots: int, device: torch.device, seed: int = 0, voice_codes: int = 150
+) -> FlowCodeToWave:
+    """The stage with random weights and a random ``voice_codes``-code voice (6 s by default, like the
+    checkpoint's reference clip), for benchmarks."""
+    flow_state, hift_state = random_state(cfg, seed)
+    with torch.device("meta"):
+        flow, hift = FlowModel(cfg), HiFTModel(cfg)
+    flow.load_state_dict(flow_state, assign=True)
+    hift.load_state_dict(_fold(hift_state), assign=True)
+    return _build(flow, hift, cfg, slots, device, random_voice(cfg, voice_codes, seed))

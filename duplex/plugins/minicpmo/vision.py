@@ -1,0 +1,179 @@
+"""Camera frames in: decode, resize and patch on the host; SigLIP + resampler batched on the device.
+
+A frame (JPEG or PNG bytes) is decoded, converted to RGB and resized with its aspect ratio kept so
+that its area is about ``image_size``² and each side a multiple of the patch size (MiniCPM-o's
+``max_slice_nums=1``: one tile, no slices, no image ids), then normalised to [-1, 1] and cut into
+``patch_size``² patches, row-major. Every frame of a step is padded to ``max_patches`` patches and run
+through the vision tower together, with a key-padding mask; positions are NaViT's (each patch's
+fractional coordinates bucketed onto the ``image_size / patch_size`` grid of learned positions). The
+resampler's ``query_num`` queries then attend to each frame's patches (2-D sin-cos positions), giving
+``query_num`` embeddings of the language model's width per frame.
+"""
+
+from __future__ import annotations
+
+import io
+import math
+
+import numpy as np
+import torch
+import torch.nn.functional as F
+from PIL import Image, UnidentifiedImageError
+
+from duplex.plugins.base import PluginError
+from duplex.plugins.minicpmo.attention import attend
+from duplex.plugins.minicpmo.modules import Resampler, VisionTower
+
+__all__ = ["PreparedFrame", "VisionEncoder", "prepare_frame"]
+
+_MAX_FRAME_PIXELS = 16_000_000  # refuse decompression bombs before resizing
+
+
+class PreparedFrame:
+    """One frame on the host: ``patches [N, 3 * p * p]`` float32 and its grid ``(h, w)`` in patches."""
+
+    __slots__ = ("grid", "patches")
+
+    def __init__(self, patches: np.ndarray, grid: tuple[int, int]) -> None:
+        self.patches = patches
+        self.grid = grid
+
+
+def _ensure_divide(length: float, patch: int) -> int:
+    return max(round(length / patch) * patch, patch)
+
+
+def best_size(width: int, height: int, resolution: int, patch: int) -> tuple[int, int]:
+    """Resized ``(width, height)``: about ``resolution``², aspect kept, sides divisible by ``patch``."""
+    r = width / height
+    h = int(resolution / math.sqrt(r))
+    w = int(h * r)
+    return _ensure_divide(w, patch), _ensure_divide(h, patch)
+
+
+def max_patches_for(resolution: int, patch: int) -> int:
+    """An upper bound of the patches a resized frame has (rounding may add half a patch to each side)."""
+    side = resolution // patch + 1
+    return side * side
+
+
+def prepare_frame(data: bytes, resolution: int, patch: int, max_patches: int) -> PreparedFrame:
+    """Decode and patch one frame; raises ``PluginError("invalid_video_frames")`` for a bad image."""
+    if not data.startswith((b"\xff\xd8\xff", b"\x89PNG\r\n\x1a\n")):
+        raise PluginError("invalid_video_frames", "a video frame must be JPEG or PNG bytes")
+    try:
+        with Image.open(io.BytesIO(data)) as img:
+            if img.width * img.height > _MAX_FRAME_PIXELS:
+                raise PluginError(
+                    "invalid_video_frames", f"a video frame of {img.width}x{img.height} is too large"
+                )
+            img.load()
+            rgb = img.convert("RGB")
+    except (UnidentifiedImageError, OSError, ValueError) as exc:
+        raise PluginError("invalid_video_frames", f"a video frame could not be decoded: {exc}") from exc
+    width, height = best_size(rgb.width, rgb.height, resolution, patch)
+    rgb = rgb.resize((width, height), resample=Image.Resampling.BICUBIC)
+    pixels = (np.asarray(rgb, dtype=np.float32) / 255.0 - 0.5) / 0.5  # [H, W, 3]
+    gh, gw = height // patch, width // patch
+    if gh * gw > max_patches:
+        raise PluginError(
+            "invalid_video_frames", f"a video frame of aspect {rgb.width}:{rgb.height} is unsupported"
+        )
+    patches = (
+        pixels.reshape(gh, patch, gw, patch, 3).transpose(0, 2, 4, 1, 3).reshape(gh * gw, 3 * patch * patch)
+    )
+    return PreparedFrame(np.ascontiguousarray(patches), (gh, gw))
+
+
+def _sincos_2d(dim: int, h: int, w: int) -> np.ndarray:
+    """MiniCPM-V's 2-D sin-cos table ``[h, w, dim]``: half the channels encode the column, half the row."""
+
+    def one_d(d: int, pos: np.ndarray) -> np.ndarray:
+        omega = 1.0 / 10000 ** (np.arange(d // 2, dtype=np.float32) / (d / 2.0))
+        out = np.einsum("hw,d->hwd", pos, omega)
+        return np.concatenate([np.sin(out), np.cos(out)], axis=-1)
+
+    grid_w, grid_h = np.meshgrid(np.arange(w, dtype=np.float32), np.arange(h, dtype=np.float32))
+    return np.concatenate([one_d(dim // 2, grid_w), one_d(dim // 2, grid_h)], axis=-1)
+
+
+class VisionEncoder:
+    """Frames -> ``[F, query_num, llm_hidden]`` embeddings (see the module docstring)."""
+
+    def __init__(self, vpm: VisionTower, resampler: Resampler, resolution: int, patch: int) -> None:
+        self.vpm = vpm
+        self.resampler = resampler
+        self.resolution = resolution
+        self.patch = patch
+        self.max_patches = max_patches_for(resolution, patch)
+        self.side = vpm.embeddings.num_patches_per_side
+        self._pos_ids: dict[tuple[int, int], np.ndarray] = {}
+        self._sincos: dict[tuple[int, int], np.ndarray] = {}
+        layer0 = vpm.encoder.layers[0] if len(vpm.encoder.layers) else None
+        self.heads = int(layer0.self_attn.num_heads) if layer0 is not None else 1
+
+    def prepare(self, data: bytes) -> PreparedFrame:
+        return prepare_frame(data, self.resolution, self.patch, self.max_patches)
+
+    def _position_ids(self, grid: tuple[int, int]) -> np.ndarray:
+        ids = self._pos_ids.get(grid)
+        if ids is None:
+            h, w = grid
+            boundaries = np.arange(1 / self.side, 1.0, 1 / self.side)
+            fh = np.arange(0, 1 - 1e-6, 1 / h)[:h]
+            fw = np.arange(0, 1 - 1e-6, 1 / w)[:w]
+            bh = np.searchsorted(boundaries, fh, side="right")
+            bw = np.searchsorted(boundaries, fw, side="right")
+            ids = (bh[:, None] * self.side + bw).reshape(-1)
+            self._pos_ids[grid] = ids
+        return ids
+
+    def _resampler_pos(self, grid: tuple[int, int]) -> np.ndarray:
+        table = self._sincos.get(grid)
+        if table is None:
+            table = _sincos_2d(self.resampler.embed_dim, *grid).reshape(grid[0] * grid[1], -1)
+            self._sincos[grid] = table
+        return table
+
+    @torch.no_grad()
+    def encode(self, frames: list[PreparedFrame]) -> torch.Tensor:
+        """Embeddings ``[F, query_num, llm_hidden]`` of ``frames`` (one batched pass)."""
+        vpm, rs = self.vpm, self.resampler
+        weight = vpm.embeddings.patch_embedding.weight
+        device, dtype = weight.device, weight.dtype
+        n, p = len(frames), self.max_patches
+        patches = np.zeros((n, p, weight[0].numel()), dtype=np.float32)
+        pos_ids = np.zeros((n, p), dtype=np.int64)
+        rs_pos = np.zeros((n, p, rs.embed_dim), dtype=np.float32)
+        valid = np.zeros((n, p), dtype=bool)
+        for i, frame in enumerate(frames):
+            count = frame.patches.shape[0]
+            patches[i, :count] = frame.patches
+            pos_ids[i, :count] = self._position_ids(frame.grid)
+            rs_pos[i, :count] = self._resampler_pos(frame.grid)
+            valid[i, :count] = True
+        x = torch.from_numpy(patches).to(device=device, dtype=dtype)
+        keep = torch.from_numpy(valid).to(device)
+        x = F.linear(x, weight.reshape(weight.shape[0], -1), vpm.embeddings.patch_embedding.bias)
+        x = x + vpm.embeddings.position_embedding(torch.from_numpy(pos_ids).to(device))
+        mask = keep[:, None, None, :]
+        for layer in vpm.encoder.layers:
+            attn = layer.self_attn
+            h = layer.layer_norm1(x)
+            q = attn.q_proj(h).view(n, p, self.heads, -1).transpose(1, 2)
+            k = attn.k_proj(h).view(n, p, self.heads, -1).transpose(1, 2)
+            v = attn.v_proj(h).view(n, p, self.heads, -1).transpose(1, 2)
+            o = attend(q, k, v, mask).transpose(1, 2).reshape(n, p, -1)
+            x = x + attn.out_proj(o)
+            h = layer.layer_norm2(x)
+            x = x + layer.mlp.fc2(F.gelu(layer.mlp.fc1(h), approximate="tanh"))
+        x = vpm.post_layernorm(x)
+        # Resampler: queries attend to the frame's patches (padding masked out).
+        kv = rs.ln_kv(rs.kv_proj(x))
+        pos = torch.from_numpy(rs_pos).to(device=device, dtype=dtype)
+        q = rs.ln_q(rs.query)[:, None].expand(-1, n, -1)
+        out, _ = rs.attn(
+            q, (kv + pos).transpose(0, 1), kv.transpose(0, 1), key_padding_mask=~keep, need_weights=False
+        )
+        out = rs.ln_post(out.transpose(0, 1))
+        return out @ rs.proj

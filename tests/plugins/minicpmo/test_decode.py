@@ -1,0 +1,107 @@
+"""The unit's decode loop: batches compacted to buckets, padded rows frozen, the same tokens at any bucket."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+import torch
+
+from duplex.plugins.base import PluginError, SlotInput, SlotOptions
+from duplex.plugins.minicpmo.decode import buckets_for
+from duplex.plugins.minicpmo.plugin import MiniCPMOPlugin
+
+
+def _pcm(seed: int) -> np.ndarray:
+    return (0.1 * np.random.default_rng(seed).standard_normal(16000)).astype(np.float32)
+
+
+def _plugin(ckpt, slots: int = 5) -> MiniCPMOPlugin:
+    plugin = MiniCPMOPlugin.from_options(
+        str(ckpt),
+        max_sessions=slots,
+        context_tokens=1024,
+        window_high_tokens=700,
+        window_low_tokens=400,
+        code_to_wave="silent",
+    )
+    plugin.load()
+    for slot in range(slots):
+        plugin.open_slot(slot, SlotOptions(temperature=0.7, seed=10 + slot))
+    return plugin
+
+
+def _step(plugin: MiniCPMOPlugin, slots: list[int], unit: int) -> dict[int, list[int]]:
+    plugin.step([SlotInput(slot=s, epoch=0, pcm=_pcm(100 * s + unit)) for s in slots])
+    return {s: plugin.last_results[s].tokens for s in slots}
+
+
+def test_buckets_are_powers_of_two_below_the_slot_count_then_the_slot_count():
+    assert buckets_for(1) == [1]
+    assert buckets_for(5) == [1, 2, 4, 5]
+    assert buckets_for(16) == [1, 2, 4, 8, 16]
+
+
+def test_a_batch_is_compacted_to_its_bucket_and_padded_with_idle_slots(minicpmo_ckpt):
+    decoder = _plugin(minicpmo_ckpt).generator.decoder
+    assert decoder.plan([3, 1, 4]) == ([1, 3, 4, 0], [True, True, True, False])
+    assert decoder.plan([2]) == ([2], [True])
+    assert decoder.plan([4, 0]) == ([0, 4], [True, True])
+    # Past the largest smaller bucket: every slot in order, the batch's live.
+    assert decoder.plan([0, 1, 2, 4, 3]) == ([0, 1, 2, 3, 4], [True] * 5)
+    assert decoder.plan([4, 2, 3, 0]) == ([0, 2, 3, 4], [True] * 4)  # a full bucket of four: no padding
+
+
+def test_a_padded_row_leaves_its_slot_exactly_as_it_was(minicpmo_ckpt):
+    plugin = _plugin(minicpmo_ckpt)
+    gen = plugin.generator
+    _step(plugin, [0, 1, 2, 3, 4], 0)  # every slot has a history
+    assert gen.decoder.plan([1, 3, 4])[0] == [1, 3, 4, 0]  # slot 0 pads the batch of three
+    cap = gen.thinker.cache.capacity
+    names = ("lm_len", "seed", "counter", "temperature", "history", "turn_open", "audio_len", "tts_len")
+    before = {name: getattr(gen, name)[0].clone() for name in names}
+    keys = gen.thinker.cache.k[:, 0, :, :cap].clone()
+    values = gen.thinker.cache.v[:, 0, :, :cap].clone()
+    for unit in range(1, 4):
+        _step(plugin, [1, 3, 4], unit)
+    for name in names:
+        assert torch.equal(getattr(gen, name)[0], before[name]), name
+    assert torch.equal(gen.thinker.cache.k[:, 0, :, :cap], keys)
+    assert torch.equal(gen.thinker.cache.v[:, 0, :, :cap], values)
+
+
+def test_every_bucket_decodes_the_same_tokens_as_the_full_batch(minicpmo_ckpt):
+    bucketed, full = _plugin(minicpmo_ckpt), _plugin(minicpmo_ckpt)
+    full.generator.decoder.buckets = [5]  # never compact: every slot's row, in order
+    schedule = [[0, 1, 2, 3, 4], [2], [1, 3], [0, 2, 4], [4], [0, 1, 2, 3]]
+    for unit, slots in enumerate(schedule):
+        assert _step(bucketed, slots, unit) == _step(full, slots, unit)
+    for name in ("lm_len", "counter", "history", "turn_open"):
+        assert torch.equal(getattr(bucketed.generator, name), getattr(full.generator, name)), name
+
+
+def test_the_captured_steps_read_nothing_back_to_the_host(minicpmo_ckpt):
+    """What a CUDA graph capture refuses, checked on a CPU: a step traced with fake tensors raises on
+    any read of a tensor's value (``.item()``, ``bool()``, data-dependent shapes)."""
+    from torch._subclasses.fake_tensor import DataDependentOutputException, FakeTensorMode
+
+    gen = _plugin(minicpmo_ckpt).generator
+    for size in gen.decoder.buckets:
+        with FakeTensorMode(allow_non_fake_inputs=True):
+            gen.decoder._step(gen.decoder._rows[size])
+    with FakeTensorMode(allow_non_fake_inputs=True):
+        gen.speech._code_step()
+    with pytest.raises(DataDependentOutputException), FakeTensorMode(allow_non_fake_inputs=True):
+        bool(gen.decoder._rows[1].active.any())  # the early-exit read, which stays outside the graph
+
+
+def test_cuda_graphs_need_a_cuda_device(minicpmo_ckpt):
+    plugin = MiniCPMOPlugin.from_options(
+        str(minicpmo_ckpt),
+        cuda_graphs="true",
+        context_tokens=1024,
+        window_high_tokens=700,
+        window_low_tokens=400,
+    )
+    with pytest.raises(PluginError) as exc:
+        plugin.load()
+    assert exc.value.code == "invalid_plugin_config" and "cuda_graphs" in exc.value.message

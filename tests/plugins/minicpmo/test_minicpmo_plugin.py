@@ -1,0 +1,254 @@
+"""MiniCPM-o 4.5 as a unit plugin, stepped directly: layout, decisions, batching, loading, barge-in."""
+
+from __future__ import annotations
+
+import itertools
+import json
+import shutil
+
+import numpy as np
+import pytest
+
+from duplex.plugins.base import PluginError, PluginKind, SlotInput, SlotOptions
+from duplex.plugins.minicpmo.config import AUDIO_TOKENS_PER_UNIT
+from duplex.plugins.minicpmo.plugin import MiniCPMOPlugin
+from tests.plugins.minicpmo.conftest import jpeg
+
+GREEDY = SlotOptions(temperature=0.0, seed=3)
+
+
+def _pcm(seed: int) -> np.ndarray:
+    return (0.1 * np.random.default_rng(seed).standard_normal(16000)).astype(np.float32)
+
+
+def _plugin(ckpt, **options) -> MiniCPMOPlugin:
+    for key, value in (("max_sessions", 3), ("context_tokens", 1024), ("window_high_tokens", 700)):
+        options.setdefault(key, value)
+    options.setdefault("window_low_tokens", 400)
+    plugin = MiniCPMOPlugin.from_options(str(ckpt), **options)
+    plugin.load()
+    return plugin
+
+
+def test_capabilities_are_a_unit_model_with_camera_and_barge_in(minicpmo_ckpt):
+    caps = _plugin(minicpmo_ckpt).capabilities()
+    assert caps.kind is PluginKind.UNIT
+    assert (caps.chunk_period_ms, caps.input_sample_rate, caps.output_sample_rate) == (1000, 16000, 24000)
+    assert caps.chunk_samples == 16000
+    assert caps.supports_video_input and caps.model_native_turns and caps.supports_barge_in
+
+
+def test_a_unit_interleaves_terminator_unit_tokens_frames_then_audio(minicpmo_ckpt):
+    plugin = _plugin(minicpmo_ckpt)
+    gen = plugin.generator
+    sp, q = gen.sp, gen.cfg.query_num
+    plugin.open_slot(0, GREEDY)
+    ids, kind, _src, valid, frames = gen.layout({0: (_pcm(0), [jpeg()])})
+    first = [("t", sp.unit), ("t", sp.image), *[("v", 0)] * q, ("t", sp.image_end), *[("a", 0)] * 10]
+    assert _seq(ids[0], kind[0], int(valid[0])) == first
+    assert len(frames) == 1
+    plugin.step([SlotInput(slot=0, epoch=0, pcm=_pcm(0), video_frames=(jpeg(),))])
+    term = gen.hosts[0].pending_terminator
+    assert term in sp.terminators
+    ids, kind, _src, valid, frames = gen.layout({0: (_pcm(1), [jpeg(), jpeg((0, 0, 255))])})
+    block = [("t", sp.image), *[("v", 0)] * q, ("t", sp.image_end)]
+    expected = [
+        ("t", term),
+        ("t", sp.unit_end),
+        ("t", sp.unit),
+        *block,
+        *block,
+        *[("a", 0)] * AUDIO_TOKENS_PER_UNIT,
+    ]
+    assert _seq(ids[0], kind[0], int(valid[0])) == expected
+    assert len(frames) == 2
+
+
+def _seq(ids: np.ndarray, kind: np.ndarray, n: int) -> list[tuple[str, int]]:
+    names = {0: "t", 1: "a", 2: "v"}
+    return [(names[int(k)], int(i) if k == 0 else 0) for i, k in zip(ids[:n], kind[:n], strict=True)]
+
+
+def test_listen_units_carry_a_listen_decision_and_no_audio(listen_ckpt):
+    plugin = _plugin(listen_ckpt)
+    plugin.open_slot(0, GREEDY)
+    for u in range(3):
+        (out,) = plugin.step([SlotInput(slot=0, epoch=0, pcm=_pcm(u))])
+        assert (out.decision, out.pcm, out.text, out.end_of_turn) == ("listen", None, "", False)
+
+
+def test_speak_units_carry_text_and_24khz_speech_a_second_each_after_the_first(speak_ckpt):
+    plugin = _plugin(speak_ckpt)
+    plugin.open_slot(0, GREEDY)
+    outs = [plugin.step([SlotInput(slot=0, epoch=0, pcm=_pcm(u))])[0] for u in range(3)]
+    assert [o.decision for o in outs] == ["speak", "speak", "speak"]
+    assert [o.text for o in outs] == ["hello", "hello", "hello"]
+    # The turn's first unit waits 280 ms for look-ahead and overlap (token2wav); then a second a unit.
+    assert [o.pcm.shape for o in outs] == [(17280,), (24000,), (24000,)]
+    assert all(o.sample_rate == 24000 and np.sqrt(np.mean(o.pcm**2)) > 1e-3 for o in outs)
+    assert plugin.last_results[0].codes.shape == (25,)
+    assert not any(o.end_of_turn for o in outs)
+
+
+def test_turn_eos_ends_the_turn(speak_end_ckpt):
+    plugin = _plugin(speak_end_ckpt)
+    plugin.open_slot(0, GREEDY)
+    (out,) = plugin.step([SlotInput(slot=0, epoch=0, pcm=_pcm(0))])
+    sp = plugin.generator.sp
+    assert plugin.last_results[0].tokens == [
+        sp.tts_bos,
+        plugin.generator.tok.token_to_id("hello"),
+        sp.turn_eos,
+        sp.chunk_tts_eos,
+    ]
+    assert (out.decision, out.text, out.end_of_turn) == ("speak", "hello", True)
+
+
+def _run_alone(ckpt, units: int) -> list[list[int]]:
+    plugin = _plugin(ckpt)
+    plugin.open_slot(0, GREEDY)
+    tokens = []
+    for u in range(units):
+        frames = (jpeg(),) if u == 1 else ()
+        plugin.step([SlotInput(slot=0, epoch=0, pcm=_pcm(u), video_frames=frames)])
+        tokens.append(plugin.last_results[0].tokens)
+    return tokens
+
+
+def test_a_slot_says_the_same_alone_and_batched_with_joining_and_leaving_slots(minicpmo_ckpt):
+    alone = _run_alone(minicpmo_ckpt, 4)
+    plugin = _plugin(minicpmo_ckpt)
+    plugin.open_slot(1, SlotOptions(temperature=0.7, seed=9, instructions="be brief"))
+    plugin.step([SlotInput(slot=1, epoch=0, pcm=_pcm(50))])
+    plugin.open_slot(0, GREEDY)  # joins while slot 1 is mid-conversation
+    batched = []
+    for u in range(4):
+        batch = [SlotInput(slot=0, epoch=0, pcm=_pcm(u), video_frames=(jpeg(),) if u == 1 else ())]
+        if u < 2:
+            batch.append(SlotInput(slot=1, epoch=0, pcm=_pcm(60 + u), video_frames=(jpeg((0, 200, 0)),)))
+        if u == 1:
+            plugin.open_slot(2, SlotOptions(seed=4))
+        if u >= 1:
+            batch.append(SlotInput(slot=2, epoch=0, pcm=_pcm(70 + u)))
+        if u == 2:
+            plugin.close_slot(1)  # leaves
+        plugin.step(batch)
+        batched.append(plugin.last_results[0].tokens)
+    assert batched == alone
+
+
+def test_greedy_sessions_repeat_and_sampled_sessions_follow_their_seed(minicpmo_ckpt):
+    def run(options: SlotOptions) -> list[list[int]]:
+        plugin = _plugin(minicpmo_ckpt)
+        plugin.open_slot(0, options)
+        out = []
+        for u in range(2):
+            plugin.step([SlotInput(slot=0, epoch=0, pcm=_pcm(u))])
+            out.append(plugin.last_results[0].tokens)
+        return out
+
+    assert run(SlotOptions(temperature=0.7, seed=5)) == run(SlotOptions(temperature=0.7, seed=5))
+    assert run(SlotOptions(temperature=0.7, seed=5)) != run(SlotOptions(temperature=0.7, seed=6))
+
+
+def test_barge_in_voids_the_reply_and_outputs_carry_the_new_epoch(speak_ckpt):
+    plugin = _plugin(speak_ckpt)
+    plugin.open_slot(0, GREEDY)
+    plugin.step([SlotInput(slot=0, epoch=0, pcm=_pcm(0))])
+    gen = plugin.generator
+    assert bool(gen.turn_open[0]) and gen.hosts[0].speaking
+    plugin.cancel_slot(0, epoch=1)
+    assert not bool(gen.turn_open[0]) and not gen.hosts[0].speaking and int(gen.tts_len[0]) == 0
+    (out,) = plugin.step([SlotInput(slot=0, epoch=1, pcm=_pcm(1))])
+    assert out.epoch == 1 and out.text == "hello"  # a fresh reply, not the continuation of the old one
+
+
+def test_the_context_window_cuts_old_units_and_keeps_going(listen_ckpt):
+    plugin = _plugin(listen_ckpt, max_sessions=1, window_high_tokens=200, window_low_tokens=100)
+    plugin.open_slot(0, GREEDY)
+    gen = plugin.generator
+    lengths = []
+    for u in range(25):
+        plugin.step([SlotInput(slot=0, epoch=0, pcm=_pcm(u))])
+        lengths.append(int(gen.lm_len[0]))
+    assert max(lengths) <= 200 and min(lengths[5:]) > 0
+    assert any(b < a for a, b in itertools.pairwise(lengths))  # it was cut at least once
+
+
+def test_bad_audio_and_unknown_slots_are_refused(minicpmo_ckpt):
+    plugin = _plugin(minicpmo_ckpt)
+    with pytest.raises(PluginError) as exc:
+        plugin.step([SlotInput(slot=0, epoch=0, pcm=_pcm(0))])
+    assert exc.value.code == "invalid_slot"
+    plugin.open_slot(0, GREEDY)
+    with pytest.raises(PluginError) as exc:
+        plugin.step([SlotInput(slot=0, epoch=0, pcm=np.zeros(1600, np.float32))])
+    assert exc.value.code == "bad_audio"
+
+
+def test_an_undecodable_frame_is_skipped_and_counted(minicpmo_ckpt):
+    plugin = _plugin(minicpmo_ckpt)
+    plugin.open_slot(0, GREEDY)
+    (out,) = plugin.step([SlotInput(slot=0, epoch=0, pcm=_pcm(0), video_frames=(b"\xff\xd8\xff\xe0broken",))])
+    assert out.decision in ("listen", "speak") and plugin.frames_dropped == 1
+
+
+def test_a_reference_voice_is_prefilled_into_the_system_context(minicpmo_ckpt):
+    import base64
+    import io
+
+    import soundfile
+
+    buf = io.BytesIO()
+    soundfile.write(buf, _pcm(1)[:12000] * 0.5, 16000, format="WAV")
+    plugin = _plugin(minicpmo_ckpt)
+    plugin.open_slot(0, GREEDY)
+    plain = int(plugin.generator.lm_len[0])
+    url = "data:audio/wav;base64," + base64.b64encode(buf.getvalue()).decode()
+    plugin.open_slot(1, SlotOptions(temperature=0.0, extra={"ref_audio": url}))
+    # "\n<|audio_start|>", one second of voice, "<|audio_end|>"
+    assert int(plugin.generator.lm_len[1]) == plain + 3 + AUDIO_TOKENS_PER_UNIT
+    with pytest.raises(PluginError) as exc:
+        plugin.open_slot(2, SlotOptions(extra={"ref_audio": "not base64!"}))
+    assert exc.value.code == "invalid_session_config"
+
+
+def _copy(ckpt, tmp_path):
+    dest = tmp_path / "ckpt"
+    shutil.copytree(ckpt, dest)
+    return dest
+
+
+def test_a_missing_tensor_fails_loading_by_name(minicpmo_ckpt, tmp_path):
+    dest = _copy(minicpmo_ckpt, tmp_path)
+    index_path = dest / "model.safetensors.index.json"
+    index = json.loads(index_path.read_text())
+    del index["weight_map"]["apm.layers.1.fc2.bias"]
+    index_path.write_text(json.dumps(index))
+    with pytest.raises(PluginError) as exc:
+        _plugin(dest)
+    assert exc.value.code == "model_load_failed" and "apm.layers.1.fc2.bias" in exc.value.message
+
+
+def test_an_unexpected_tensor_fails_loading_by_name(minicpmo_ckpt, tmp_path):
+    import torch
+    from safetensors.torch import save_file
+
+    dest = _copy(minicpmo_ckpt, tmp_path)
+    save_file({"tts.spk_emb.weight": torch.zeros(2, 2)}, str(dest / "extra.safetensors"))
+    index_path = dest / "model.safetensors.index.json"
+    index = json.loads(index_path.read_text())
+    index["weight_map"]["tts.spk_emb.weight"] = "extra.safetensors"
+    index_path.write_text(json.dumps(index))
+    with pytest.raises(PluginError) as exc:
+        _plugin(dest)
+    assert exc.value.code == "model_load_failed" and "tts.spk_emb.weight" in exc.value.message
+
+
+def test_unknown_options_and_a_missing_path_are_config_errors(tmp_path):
+    with pytest.raises(PluginError) as exc:
+        MiniCPMOPlugin.from_options(str(tmp_path), colour="blue")
+    assert exc.value.code == "invalid_plugin_config"
+    with pytest.raises(PluginError) as exc:
+        MiniCPMOPlugin.from_options(str(tmp_path / "absent")).load()
+    assert exc.value.code == "model_path_unavailable"

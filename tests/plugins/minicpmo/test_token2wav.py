@@ -1,0 +1,216 @@
+"""The code-to-wave stage on the tiny configuration: streaming, batching, the vocoder's pieces, loading."""
+
+from __future__ import annotations
+
+import shutil
+
+import numpy as np
+import pytest
+import torch
+
+from duplex.plugins.base import PluginError
+from duplex.plugins.minicpmo.config import TINY_CONFIG, Token2WavConfig
+from duplex.plugins.minicpmo.token2wav import (
+    ASSETS_DIR,
+    VOICE_FILE,
+    FlowCodeToWave,
+    load_code_to_wave,
+    random_code_to_wave,
+)
+
+CFG = Token2WavConfig.from_dict(TINY_CONFIG["token2wav_config"])
+CPU = torch.device("cpu")
+
+
+def _stage(slots: int = 3) -> FlowCodeToWave:
+    stage = random_code_to_wave(CFG, slots, CPU, seed=0, voice_codes=12)
+    for slot in range(slots):
+        stage.reset(slot)
+    return stage
+
+
+def _codes(seed: int, slots: int = 3) -> torch.Tensor:
+    return torch.randint(0, CFG.vocab_size, (slots, 25), generator=torch.Generator().manual_seed(seed))
+
+
+def _units(stage: FlowCodeToWave, plan: list[dict[int, bool]], slots: int = 3) -> dict[int, list[np.ndarray]]:
+    """Run ``plan`` (per step: speaking slot -> last unit of its turn); each slot's unit k uses codes k."""
+    spoken = {s: 0 for s in range(slots)}
+    out: dict[int, list[np.ndarray]] = {s: [] for s in range(slots)}
+    for step in plan:
+        codes = torch.stack([_codes(100 * s + spoken[s], 1)[0] for s in range(slots)])
+        speaking = np.array([s in step for s in range(slots)])
+        last = np.array([step.get(s, False) for s in range(slots)])
+        for slot, pcm in stage.decode(codes, speaking, last).items():
+            out[slot].append(pcm)
+            spoken[slot] += 1
+    return out
+
+
+def test_a_turn_of_n_units_is_n_seconds_first_unit_late_by_the_lookahead_and_overlap():
+    stage = _stage()
+    out = _units(stage, [{0: False, 1: True}, {0: False}, {0: False}, {0: True}])
+    assert [len(p) for p in out[0]] == [17280, 24000, 24000, 30720]  # 4 s: 280 ms late, flushed at the end
+    assert [len(p) for p in out[1]] == [24000]  # a one-unit turn is flushed at once
+    for pcm in out[0] + out[1]:
+        assert pcm.dtype == np.float32 and np.isfinite(pcm).all()
+        assert np.sqrt(np.mean(pcm**2)) > 1e-3 and np.abs(pcm).max() <= 1.0
+
+
+def test_a_slot_sounds_the_same_alone_and_batched_with_slots_at_other_points_of_their_turns():
+    alone = _units(_stage(), [{1: False}, {1: False}, {1: True}])[1]
+    # Slot 1 shares its steps with a slot mid-turn, a slot starting and ending, and sits one step out.
+    plan = [{0: False}, {0: False, 1: False}, {0: False, 2: False}, {1: False, 2: True}, {0: True, 1: True}]
+    batched = _units(_stage(), plan)[1]
+    assert [len(p) for p in batched] == [len(p) for p in alone] == [17280, 24000, 30720]
+    for a, b in zip(alone, batched, strict=True):
+        np.testing.assert_allclose(b, a, atol=2e-5, rtol=0)
+
+
+def test_a_reset_starts_the_turn_from_the_voice_prompt_again():
+    stage = _stage()
+    first = _units(stage, [{0: False}, {0: False}])[0]
+    stage.reset(0)
+    again = _units(stage, [{0: False}, {0: False}])[0]
+    for a, b in zip(first, again, strict=True):
+        np.testing.assert_allclose(b, a, atol=1e-6, rtol=0)
+
+
+def test_the_history_keeps_each_rows_most_recent_entries_oldest_first():
+    from duplex.plugins.minicpmo.flow import _compact, _keep_index
+
+    hist = torch.tensor([[10, 11, 12], [20, 21, 22], [30, 31, 32]], dtype=torch.float32)[:, :, None]
+    chunk = torch.tensor([[13, 14, 15], [23, 24, 25], [33, 34, 35]], dtype=torch.float32)[:, :, None]
+    hist_len, n = torch.tensor([2, 0, 3]), torch.tensor([2, 1, 3])
+    new = _compact(hist, chunk, _keep_index(hist_len, n, 3, 3))[:, :, 0]
+    assert new[0].tolist() == [11, 13, 14]  # history 10 11, chunk 13 14: the last three
+    assert new[1, :1].tolist() == [23]  # one entry so far (the rest is not read)
+    assert new[2].tolist() == [33, 34, 35]  # a full chunk pushes the whole history out
+
+
+def test_each_unit_cross_fades_the_audio_held_back_from_the_unit_before_over_the_same_mel_frames():
+    voc = _stage(1).vocoder
+    rows = torch.tensor([0])
+    mel = torch.randn(2, 1, CFG.mel_bins, 56, generator=torch.Generator().manual_seed(3))
+    first, emit1 = voc.stream(rows, mel[0], [44], [False], [False])
+    held, source = voc.speech_cache[0].clone(), voc.source_cache[0].clone()
+    assert emit1 == [36 * 480]  # the last 8 frames (3840 samples) are held back ...
+    assert torch.equal(held, first[0, 36 * 480 : 44 * 480])
+    assert torch.equal(voc.mel_cache[0], mel[0][0, :, 36:44])  # ... and their mel starts the next window
+    second, emit2 = voc.stream(rows, mel[1], [50], [True], [False])
+    assert emit2 == [50 * 480]
+    # The second window on its own (replaying the held excitation), cross-faded with the held audio.
+    window = torch.cat([mel[0][:, :, 36:44], mel[1][:, :, :50]], dim=2)
+    alone, _ = voc._forward(
+        window, torch.tensor([58]), torch.tensor([36 * 480]), source[None], torch.tensor([True])
+    )
+    head = alone[0, :3840] * voc.fade_in + held * voc.fade_out
+    np.testing.assert_allclose(second[0, :3840].numpy(), head.numpy(), atol=1e-6)
+    np.testing.assert_allclose(second[0, 3840:].numpy(), alone[0, 3840:].numpy(), atol=1e-6)
+
+
+def test_the_vocoders_stft_and_istft_of_a_padded_row_are_torchs_of_the_row_alone():
+    voc = _stage(1).vocoder
+    rng = torch.Generator().manual_seed(5)
+    x = torch.randn(2, 4800, generator=rng)
+    lengths = torch.tensor([4800, 2400])
+    spec = voc._stft(x, lengths)
+    for row, n in enumerate(lengths.tolist()):
+        ref = torch.stft(x[row, :n], 16, 4, 16, window=voc.window, center=True, return_complex=True)
+        frames = ref.shape[1]
+        np.testing.assert_allclose(spec[row, :9, :frames].numpy(), ref.real.numpy(), atol=1e-5)
+        np.testing.assert_allclose(spec[row, 9:, :frames].numpy(), ref.imag.numpy(), atol=1e-5)
+    mag = torch.rand(2, 9, 1201, generator=rng) + 0.1
+    phase = torch.randn(2, 9, 1201, generator=rng)
+    frames = torch.tensor([1201, 601])
+    wave = voc._istft(mag, phase, frames)
+    for row, f in enumerate(frames.tolist()):
+        spec_c = torch.complex(
+            mag[row, :, :f] * torch.cos(phase[row, :, :f]), mag[row, :, :f] * torch.sin(phase[row, :, :f])
+        )
+        ref = torch.istft(spec_c, 16, 4, 16, window=voc.window, center=True)
+        np.testing.assert_allclose(wave[row, : ref.shape[0]].numpy(), ref.numpy(), atol=1e-5)
+
+
+# -- loading -----------------------------------------------------------------
+
+
+def _assets(ckpt, tmp_path):
+    dest = tmp_path / "ckpt"
+    shutil.copytree(ckpt, dest)
+    return dest, dest / ASSETS_DIR
+
+
+def _load(root) -> FlowCodeToWave:
+    from duplex.plugins.minicpmo.loading import read_config
+
+    return load_code_to_wave(root, read_config(root).token2wav, 1, CPU)
+
+
+def _first_unit(stage: FlowCodeToWave) -> np.ndarray:
+    stage.reset(0)
+    return stage.decode(_codes(9, 1), np.array([True]), np.array([False]))[0]
+
+
+def test_the_assets_load_strictly_a_missing_unexpected_or_misshapen_tensor_is_named(minicpmo_ckpt, tmp_path):
+    root, assets = _assets(minicpmo_ckpt, tmp_path)
+    flow = torch.load(assets / "flow.pt")
+    hift = torch.load(assets / "hift.pt")
+    cases = [
+        (
+            "flow.pt",
+            {k: v for k, v in flow.items() if k != "encoder.encoders.1.self_attn.pos_bias_u"},
+            "encoder.encoders.1.self_attn.pos_bias_u",
+        ),
+        ("hift.pt", {**hift, "m_source.l_sin_gen.extra": torch.zeros(1)}, "m_source.l_sin_gen.extra"),
+        ("hift.pt", {**hift, "ups.1.weight_v": torch.zeros(3, 3, 3)}, "ups.1.weight_v"),
+    ]
+    for name, state, key in cases:
+        torch.save(state, assets / name)
+        with pytest.raises(PluginError) as exc:
+            _load(root)
+        assert (
+            exc.value.code == "model_load_failed" and key in exc.value.message and name in exc.value.message
+        )
+        torch.save(flow if name == "flow.pt" else hift, assets / name)
+    (assets / "hift.pt").unlink()
+    with pytest.raises(PluginError) as exc:
+        _load(root)
+    assert exc.value.code == "model_path_unavailable" and "hift.pt" in exc.value.message
+
+
+def test_hift_loads_with_a_generator_prefix_and_either_weight_norm_spelling(minicpmo_ckpt, tmp_path):
+    root, assets = _assets(minicpmo_ckpt, tmp_path)
+    plain = _first_unit(_load(root))
+    hift = torch.load(assets / "hift.pt")
+    renamed = {}
+    for key, value in hift.items():
+        key = key.replace(".weight_g", ".parametrizations.weight.original0")
+        key = key.replace(".weight_v", ".parametrizations.weight.original1")
+        renamed["generator." + key] = value
+    torch.save(renamed, assets / "hift.pt")
+    np.testing.assert_array_equal(_first_unit(_load(root)), plain)
+    # minicpmo-utils 1.0.7's layout: hift.pt is another (causal) vocoder, hift_original.pt this one.
+    (assets / "hift.pt").rename(assets / "hift_original.pt")
+    torch.save({"conv_pre.weight_v": torch.zeros(512, 80, 5)}, assets / "hift.pt")
+    np.testing.assert_array_equal(_first_unit(_load(root)), plain)
+
+
+def test_the_voice_prompt_shapes_the_speech_and_a_bad_voice_file_is_named(minicpmo_ckpt, tmp_path):
+    from safetensors.torch import save_file
+
+    root, assets = _assets(minicpmo_ckpt, tmp_path)
+    prompted = _first_unit(_load(root))
+    (assets / VOICE_FILE).unlink()
+    unprompted = _first_unit(_load(root))  # no voice file: the unprompted voice
+    assert prompted.shape == unprompted.shape and not np.allclose(prompted, unprompted)
+    save_file(
+        {"speech_tokens": torch.arange(5), "mel": torch.zeros(9, 80), "speaker_embedding": torch.zeros(192)},
+        str(assets / VOICE_FILE),
+    )
+    with pytest.raises(PluginError) as exc:
+        _load(root)
+    assert (
+        exc.value.code == "model_load_failed"
+        and "mel has shape (9, 80), expected (10, 80)" in exc.value.message
+    )
