@@ -6,6 +6,7 @@ import asyncio
 import sys
 
 import numpy as np
+import pytest
 
 from duplex.cli import build_parser, main
 from duplex.protocol.audio import read_wav, write_wav
@@ -59,6 +60,17 @@ def test_tiny_checkpoint_writes_a_personaplex_directory_that_loads(tmp_path, cap
     plugin, _ = build_plugin("personaplex", str(out), {"config": "tiny", "max_sessions": 1})
     try:
         assert plugin.capabilities().kind == "frame"
+    finally:
+        plugin.close()
+
+
+@pytest.mark.parametrize("name", ["minicpmo_4_5", "nemotron_voicechat", "qwen3_tts", "sd_turbo"])
+def test_every_model_plugin_writes_a_tiny_checkpoint_that_serves(tmp_path, capsys, name):
+    out = tmp_path / name
+    assert main(["tiny-checkpoint", name, str(out)]) == 0
+    plugin, _ = build_plugin(name, str(out), {})
+    try:
+        assert plugin.capabilities().max_sessions >= 1
     finally:
         plugin.close()
 
