@@ -58,6 +58,9 @@ def _parser() -> argparse.ArgumentParser:
         "--compile", action="store_true", help="let moshi torch.compile its norms, rope and gating"
     )
     ap.add_argument("--baseline", action="store_true", help="also measure moshi's LMGen at batch 1")
+    ap.add_argument(
+        "--worker", action="store_true", help="server mode: the plugin in a worker process (serve --worker)"
+    )
     ap.add_argument("--out", type=Path, default=DEFAULT_OUT)
     ap.add_argument("--merge", action="store_true", help="keep the other modes already in --out")
     ap.add_argument("--moshi-server", action="store_true", help="also run python -m moshi.server (GPU only)")

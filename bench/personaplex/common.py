@@ -129,24 +129,30 @@ def make_plugin(assets: Path, n: int, args: argparse.Namespace) -> Any:
     """The PersonaPlex plugin with random weights and ``n`` slots, as the command line asks.
 
     float32 on the CPU, bfloat16 on a GPU; ``--no-cuda-graphs`` and ``--compile``
-    pass through. Not loaded yet.
+    pass through. Not loaded yet, unless ``--worker`` runs it in a worker process
+    (``duplex.plugins.worker``), whose proxy comes back loaded.
     """
     from duplex.plugins.personaplex.plugin import PersonaPlexPlugin
 
-    return PersonaPlexPlugin(
-        assets,
-        random_weights=True,
-        max_sessions=n,
-        device=args.device,
-        dtype="float32" if args.device == "cpu" else "bfloat16",
-        cuda_graphs=not args.no_cuda_graphs,
-        default_voice="BENCH",
-        torch_compile=args.compile,
-    )
+    options: dict[str, Any] = {
+        "random_weights": True,
+        "max_sessions": n,
+        "device": args.device,
+        "dtype": "float32" if args.device == "cpu" else "bfloat16",
+        "cuda_graphs": not args.no_cuda_graphs,
+        "default_voice": "BENCH",
+        "torch_compile": args.compile,
+    }
+    if getattr(args, "worker", False):
+        from duplex.plugins.worker import WorkerConfig, start_worker
+
+        return start_worker(PersonaPlexPlugin.name, str(assets), options, WorkerConfig())
+    return PersonaPlexPlugin(assets, **options)
 
 
 def _personaplex_flags(args: argparse.Namespace) -> list[str]:
     flags = ["--tiny"] * args.tiny + ["--compile"] * args.compile + ["--no-cuda-graphs"] * args.no_cuda_graphs
+    flags += ["--worker"] * getattr(args, "worker", False)
     return flags + (["--tick-ms", str(args.tick_ms)] if args.tick_ms is not None else [])
 
 

@@ -122,7 +122,10 @@ def decode(
     try:
         return typed.decode(data)
     except msgspec.ValidationError as exc:
-        first = exc
+        # Kept past the except block: without its traceback, whose frame (this one) holds ``data``
+        # and ``first`` in a cycle that only a full collection would free (a hostile frame's
+        # megabytes each time).
+        first = exc.with_traceback(None)
     except (msgspec.DecodeError, UnicodeEncodeError):  # UnicodeEncodeError: a str with lone surrogates
         kind = "msgpack" if binary else "JSON"
         raise ProtocolError("invalid_json", f"The frame is not valid {kind}") from None

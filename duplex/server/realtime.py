@@ -8,8 +8,8 @@ Theory of operation
    message (``session.update`` opens, ``session.resume`` resumes, anything else opens a default
    session and is then handled as the first command). A failure here sends one ``error`` and closes
    (``resource_exhausted`` with 1013 so clients retry later, others with 1008).
-3. *Run*: two sibling tasks per socket. The reader decodes frames and submits commands to the
-   engine's ``Attachment`` (``session.event_ack`` is handled here: it acks the journal). The writer
+3. *Run*: two sibling tasks per socket. The reader hands every message to ``_accept`` (rate limit,
+   decode once, ``Attachment.submit``; ``session.event_ack`` acks the journal). The writer
    drains ``Attachment.next_events()`` into the socket (every queued event per wake-up, written
    back to back). The socket has one bounded send queue: the attachment's outbox (plus the one batch
    the writer has taken). When the client reads too slowly the writer blocks on the socket, the outbox
@@ -27,17 +27,18 @@ Theory of operation
 
 Under our uvicorn protocol (``ws_protocol``) the per-message path skips Starlette and the ASGI
 message dicts: the reader takes payloads from ``TransportExtension.receive_data`` and the writer
-hands each batch of encoded events to ``send_frames`` (one socket write). Both tasks are usually
-bypassed: while the reader is parked, the protocol hands a message to ``_receive_now`` on its read
-callback (``on_data``), and while the writer is parked, the engine hands a tick's events to
-``_send_now`` (``Attachment.direct``); each falls back to its task whenever anything is queued.
-Under another ASGI server the same code runs on plain ASGI ``receive`` / ``send``, and a stalled
-peer cannot be aborted.
+hands each batch of encoded events to ``send_frames`` (one socket write). One route per direction:
+every message in goes through ``_accept`` (called by the reader, or by the protocol's read callback
+``on_data`` while the reader is parked: the same function, without the task wake-up), and every
+event out through ``_write`` (the writer's batches, a failed handshake's error), or ``_write_now``,
+the same write done at once by the engine (``Attachment.direct``) while the writer is parked and the
+socket takes it without waiting. Under another ASGI server the same code runs on plain ASGI
+``receive`` / ``send``, and a stalled peer cannot be aborted.
 
 Bad input never ends a session: an oversized frame, a frame that does not decode or a command the
-engine refuses gets one ``error`` with the precise code and the client's ``event_id``. Every frame is
-decoded once: a message ``_receive_now`` declines keeps what its decode gave (the command, or the
-``ProtocolError``) for the reader, which answers it without decoding it again.
+engine refuses gets one ``error`` with the precise code and the client's ``event_id``, queued in
+order behind the session's events (``_refuse``). Every frame is decoded once, and a refused frame's
+error is sent as an event, not kept as an exception (whose traceback would hold the frame).
 """
 
 from __future__ import annotations
@@ -51,7 +52,7 @@ from typing import Any
 from starlette.responses import Response
 from starlette.websockets import WebSocket, WebSocketDisconnect
 
-from duplex.protocol import Mode, ProtocolError, decode, encode, new_event_id
+from duplex.protocol import Mode, ProtocolError, decode, new_event_id
 from duplex.protocol.codec import command_decoder, event_encoder
 from duplex.protocol.errors import DuplexError
 from duplex.protocol.ext.commands import SessionEventAck, SessionResume
@@ -142,46 +143,49 @@ class _Connection:
         self._stalled = False
         self._bucket = TokenBucket(self.cfg.max_messages_per_s, self.cfg.max_message_burst)
         self._decode_own = command_decoder(mode, max_bytes=self.cfg.max_message_bytes)
-        # The payload ``_receive_now`` last declined and what decoding it gave (a command or the
-        # ``ProtocolError``): the reader takes that payload next and must not decode it again.
-        self._declined: tuple[str | bytes, Any] | None = None
         self._encode = event_encoder(mode)
         # Under our uvicorn protocol the data path skips the ASGI message dicts and Starlette's
         # per-message state checks, and a stalled peer can be aborted; elsewhere, plain ASGI.
         self._transport = transport_extension(websocket.scope)
 
-    # -- sending ---------------------------------------------------------------------------
+    # -- sending: one path, ``_write`` (``_write_now`` when it needs no wait) ---------------------
 
-    async def _send_batch(self, events: list[Any]) -> None:
-        """Write events back to back (one socket write under our protocol). A write that stays
-        blocked (the peer stopped reading) is found by the app's send watchdog, which detaches the
-        session and cancels the writer (``stall``): no timer per write, which would cost more than
-        the write itself. A cancelled write writes nothing."""
-        transport = self._transport
-        if transport is None:
-            for event in events:
-                await self._send(event)
-            return
+    def _payloads(self, events: list[Any]) -> list[Any]:
         encode = self._encode
-        payloads = [encode(event) for event in events]
+        if len(events) == 1:  # the usual tick: one audio delta
+            return [encode(events[0])]
+        return [encode(event) for event in events]
+
+    async def _write(self, events: list[Any]) -> None:
+        """Write events back to back: every event this socket sends goes through here (the
+        writer's batches, a failed handshake's error) or through ``_write_now``. One socket write
+        under our protocol. A write that stays blocked (the peer stopped reading) is found by the
+        app's send watchdog, which detaches the session and cancels the writer (``stall``): no
+        timer per write, which would cost more than the write itself. A cancelled write writes
+        nothing."""
+        transport = self._transport
+        payloads = self._payloads(events)
         self.sending_since = self._loop_time()
-        await transport.send_frames(payloads, binary=self._binary)
+        if transport is not None:
+            await transport.send_frames(payloads, binary=self._binary)
+        elif self._binary:
+            for payload in payloads:
+                await self.ws.send({"type": "websocket.send", "bytes": payload})
+        else:  # ASGI carries a text frame as ``str``; the encoder gives its UTF-8 bytes
+            for payload in payloads:
+                await self.ws.send({"type": "websocket.send", "text": payload.decode()})
         self.sending_since = None
         self.metrics.server_events += len(payloads)
 
-    def _send_now(self, events: list[Any]) -> bool:
-        """``Attachment.direct``: write a batch at once when the socket takes it without waiting
-        (the writer is parked and the write buffer is low); otherwise write nothing and say so,
-        and the attachment queues the batch for the writer. Never raises into the engine."""
+    def _write_now(self, events: list[Any]) -> bool:
+        """``Attachment.direct``: ``_write`` at once when the socket takes the batch without waiting
+        (the writer is parked and the write buffer is low); otherwise write nothing and say so, and
+        the attachment queues the batch for the writer. Never raises into the engine."""
         transport = self._transport
         if transport is None or self._stalled:
             return False
         try:
-            encode = self._encode
-            if len(events) == 1:  # the usual tick: one audio delta
-                payloads = [encode(events[0])]
-            else:
-                payloads = [encode(event) for event in events]
+            payloads = self._payloads(events)
             if not transport.try_send_frames(payloads, binary=self._binary):
                 return False
         except Exception:  # the writer's path reports what went wrong
@@ -190,23 +194,11 @@ class _Connection:
         self.metrics.server_events += len(payloads)
         return True
 
-    async def _send(self, event: Any) -> None:
-        """Write one event (see ``_send_batch``)."""
-        if self._transport is not None:
-            await self._send_batch([event])
-            return
-        data = encode(event, self.mode)
-        self.sending_since = self._loop_time()
-        if self._binary:
-            await self.ws.send({"type": "websocket.send", "bytes": data})
-        else:
-            await self.ws.send({"type": "websocket.send", "text": data})
-        self.sending_since = None
-        self.metrics.server_events += 1
-
-    async def _send_error(self, err: ProtocolError) -> None:
+    def _refuse(self, err: DuplexError, event_id: str | None) -> None:
+        """Answer a refused message with one ``error`` (the client's ``event_id``), queued behind the
+        session's events like any other (not journaled: it is about this socket's message)."""
         self.metrics.errors.bump(err.code)
-        await self._send(err.to_event(new_event_id()))
+        self._att.push([err.to_event(new_event_id(), event_id)])
 
     async def _close(self, code: CloseCode, reason: str) -> None:
         """Close with ``code`` and ``reason``, a ``CloseReason`` or an error code from our table
@@ -216,8 +208,9 @@ class _Connection:
 
     async def fail(self, err: ProtocolError, close_code: CloseCode) -> None:
         """Send one error and close: the handshake or open failed."""
+        self.metrics.errors.bump(err.code)
         with contextlib.suppress(Exception):
-            await self._send_error(err)
+            await self._write([err.to_event(new_event_id())])
         await self._close(close_code, close_reason_for_code(err.code))
 
     # -- receiving -------------------------------------------------------------------------
@@ -238,19 +231,6 @@ class _Connection:
         if isinstance(data, bytes) == self._binary:
             return self._decode_own(data)  # the connection's own kind of frame: ``decode``, bound
         return decode(data, Mode.GA, max_bytes=self.cfg.max_message_bytes)
-
-    def _decode_once(self, data: str | bytes) -> Any:
-        """``_decode`` for the reader: a payload ``_receive_now`` declined was decoded there
-        already; its command is returned (or its ``ProtocolError`` raised) without a second decode,
-        which for a large hostile frame would cost as much again."""
-        declined = self._declined
-        if declined is not None:
-            self._declined = None
-            if declined[0] is data:  # the very payload the transport queued after declining it
-                if isinstance(declined[1], ProtocolError):
-                    raise declined[1]
-                return declined[1]
-        return self._decode(data)
 
     # -- opening ---------------------------------------------------------------------------
 
@@ -323,7 +303,7 @@ class _Connection:
         closes the socket with 1013 (``_close_stalled``). Called by the watchdog."""
         if self._stalled or self._att is None or self._writer is None:
             return
-        self._stalled = True  # ``_send_now`` writes nothing from here on
+        self._stalled = True  # ``_write_now`` writes nothing from here on
         self.metrics.detached.bump(CloseReason.SLOW_READER)
         await asyncio.shield(self._att.detach())
         self._writer.cancel()
@@ -334,10 +314,10 @@ class _Connection:
         self._att = att
         writer = self._writer = asyncio.create_task(self._write_loop(att), name=f"writer-{att.session_id}")
         if self._transport is not None and hasattr(att, "direct"):
-            att.direct = self._send_now  # a tick's events go straight to an idle socket
+            att.direct = self._write_now  # a tick's events go straight to an idle socket
         reader = asyncio.create_task(self._read_loop(att, first), name=f"reader-{att.session_id}")
         if self._transport is not None:
-            self._transport.on_data = self._receive_now  # a message goes straight to the engine
+            self._transport.on_data = self._accept  # a message goes straight to the engine
         self.state.attached.add(self)
         try:
             await asyncio.wait({reader, writer}, return_when=asyncio.FIRST_COMPLETED)
@@ -386,90 +366,55 @@ class _Connection:
                 self._transport.abort()
 
     async def _read_loop(self, att: Any, first: Any) -> None:
+        """Feed every message the reader receives to ``_accept`` until the client goes away. Under
+        our protocol the transport hands messages to ``_accept`` itself while the reader is parked
+        (``TransportExtension.on_data``), so this loop mostly waits for the end."""
         if first is not None:
-            await self._handle_command(att, first)
+            self._command(first)
         transport = self._transport
         receive = transport.receive_data if transport is not None else self._receive
-        allow = self._bucket.allow if self._bucket.rate_per_s > 0 else None
-        now = time.monotonic  # the bucket's clock (the loop's clock is this one, without a frame)
-        metrics = self.metrics
+        accept = self._accept
         while True:
             data = await receive()
             if data is None:
                 return
-            if allow is not None and not allow(now()):
-                await self._send_error(
-                    ProtocolError(
-                        "input_backpressure",
-                        f"more than {self.cfg.max_messages_per_s:g} messages per second; message dropped",
-                    )
-                )
-                continue
-            try:
-                cmd = self._decode_once(data)
-            except ProtocolError as err:
-                await self._send_error(err)
-                continue
-            metrics.client_events += 1
-            await self._handle_command(att, cmd)
+            accept(data)
 
-    def _receive_now(self, data: str | bytes) -> bool:
-        """``TransportExtension.on_data``: what ``_read_loop`` would do with ``data`` next, done on
-        the read callback's stack while the reader is parked (no task wake-up per message).
-
-        Only the path that needs no await is taken here: a message the rate limit refuses, one
-        that does not decode, a ``session.resume``, and a command the engine refuses all need an
-        ``error`` sent, so they are declined (``False``) with nothing done (a refused command
-        changed nothing, the bucket's token is given back) and the reader handles them in order,
-        exactly as without this path; what the decode gave is kept for it (``_decode_once``), so
-        no frame is decoded twice. Never raises.
-        """
-        att = self._att
-        bucket = self._bucket
-        if bucket.rate_per_s > 0 and not bucket.allow(time.monotonic()):
-            return False  # a refusal takes no token: the reader asks again and answers it
-        cmd: Any = None
+    def _accept(self, data: str | bytes) -> bool:
+        """One client message, whichever way it came (the reader, or the transport's read
+        callback): rate limit, decode once, hand the command to the session. A refusal is answered
+        with one ``error``, in order behind the session's events (``_refuse``). Never raises; always
+        True (``on_data``: the message was taken)."""
+        if self._bucket.rate_per_s > 0 and not self._bucket.allow(time.monotonic()):
+            limit = f"more than {self.cfg.max_messages_per_s:g} messages per second; message dropped"
+            self._refuse(ProtocolError("input_backpressure", limit), None)
+            return True
         try:
             cmd = self._decode(data)
-            if isinstance(cmd, SessionEventAck):
-                att.ack(cmd.server_event_seq)
-            elif isinstance(cmd, SessionResume):
-                bucket.refund()
-                self._declined = (data, cmd)
-                return False
-            else:
-                att.submit(cmd)
         except ProtocolError as err:
-            bucket.refund()
-            self._declined = (data, err if cmd is None else cmd)
-            return False
-        except Exception:
-            bucket.refund()
-            self._declined = (data, cmd) if cmd is not None else None
-            return False
+            self._refuse(err, err.event_id)
+            return True
         self.metrics.client_events += 1
+        self._command(cmd)
         return True
 
-    async def _handle_command(self, att: Any, cmd: Any) -> None:
+    def _command(self, cmd: Any) -> None:
+        """Hand a decoded command to the session (an ack to the journal); a refusal is answered."""
+        att = self._att
         try:
-            if isinstance(cmd, SessionEventAck):
+            if type(cmd) is SessionEventAck:
                 att.ack(cmd.server_event_seq)
             elif isinstance(cmd, SessionResume):
-                raise ProtocolError(
-                    "unsupported_session_resume",
-                    "session.resume must be the first message of a new connection",
-                    event_id=cmd.event_id,
-                )
+                first_only = "session.resume must be the first message of a new connection"
+                raise ProtocolError("unsupported_session_resume", first_only)
             else:
                 att.submit(cmd)
-        except ProtocolError as err:
-            await self._send_error(err)
-        except Exception as exc:
-            code, message, param = _session_error_parts(exc)
-            if code == "server_error":
-                log.exception("session %s: command %s failed", att.session_id, type(cmd).__name__)
-            event_id = getattr(cmd, "event_id", None)
-            await self._send_error(ProtocolError(code, message, param=param, event_id=event_id))
+        except DuplexError as err:
+            self._refuse(err, getattr(cmd, "event_id", None))
+        except Exception:  # a bug: logged once with the session; the client hears server_error
+            log.exception("session %s: command %s failed", att.session_id, type(cmd).__name__)
+            bug = ProtocolError("server_error", "internal server error")
+            self._refuse(bug, getattr(cmd, "event_id", None))
 
     async def _write_loop(self, att: Any) -> None:
         """Drain the attachment into the socket until it is detached; then close the socket."""
@@ -484,7 +429,7 @@ class _Connection:
                     self.metrics.detached.bump(reason)
                     break
                 self._last_event = events[-1]
-                await self._send_batch(events)
+                await self._write(events)
         except (WebSocketDisconnect, ConnectionError, RuntimeError, OSError):
             # The socket failed under us (the peer is gone mid-write): the reader sees the
             # disconnect and the session is detached; nothing else to do here.
