@@ -52,6 +52,8 @@ QUICK = {
     "metadata_keys": 20_000,
     "item_bytes": 256 * 1024,
     "count": 5,
+    "limit_item_bytes": 100_000,
+    "limit_count": 100,
     "frame_bytes": 1024 * 1024,
     "hold_s": 0.5,
     "rounds": 2,

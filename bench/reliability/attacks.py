@@ -92,6 +92,7 @@ def judge(row: dict[str, Any], targets: tuple[str, ...]) -> str:
         "rss_back": lambda: row["rss_after_mb"] - row["rss_before_mb"] < 200,
         "outcome": lambda: bool(row.get("ok")),
         "first_audio": lambda: (row.get("bystander_first_audio_s") or 1e9) < 3.0,
+        "journal_overflow": lambda: row.get("replay_from_0") == "session.resync_required{journal_overflow}",
     }
     failed += [name for name in targets if not checks[name]()]
     return "pass" if not failed else "FAIL: " + ", ".join(failed)
@@ -175,6 +176,27 @@ async def big_items(srv: ServerProcess, opts: dict[str, Any]) -> dict[str, Any]:
     item = _text_item("x" * opts.get("item_bytes", 10 * MIB))
     return await _many_commands(
         srv, lambda i: {"type": "conversation.item.create", "item": item}, opts.get("count", 60)
+    )
+
+
+async def items_at_the_limit(srv: ServerProcess, opts: dict[str, Any]) -> dict[str, Any]:
+    """200 user text items just under the per-message text limit (24 MB in all): the conversation's
+    byte bound (16 MiB) must evict the oldest, so the server's memory stays bounded."""
+    item = _text_item("x" * opts.get("limit_item_bytes", 120_000))
+    return await _many_commands(
+        srv, lambda i: {"type": "conversation.item.create", "item": item}, opts.get("limit_count", 200)
+    )
+
+
+async def instructions_at_the_limit(srv: ServerProcess, opts: dict[str, Any]) -> dict[str, Any]:
+    """100 ``session.update`` with instructions just under the text limit (12 MB of events never
+    acked): the journal keeps at most ``journal_max_bytes`` (8 MiB), so a replay from seq 0 must be
+    refused as a gap (``journal_overflow``)."""
+    base = "i" * opts.get("limit_item_bytes", 120_000)
+    return await _many_commands(
+        srv,
+        lambda i: {"type": "session.update", "session": {"instructions": f"{base}{i}"}},
+        opts.get("limit_count", 100),
     )
 
 
@@ -469,6 +491,14 @@ ATTACKS: dict[str, Attack] = {
         Attack("frame_msgpack", "echo", frame_msgpack, FRAME_LIMITS, targets=("heartbeat", "outcome")),
         Attack("big_items", "echo", big_items, FRAME_LIMITS, targets=MEMORY),
         Attack("big_instructions", "echo", big_instructions, FRAME_LIMITS, targets=MEMORY),
+        Attack("items_at_the_limit", "echo", items_at_the_limit, FRAME_LIMITS, targets=MEMORY),
+        Attack(
+            "instructions_at_the_limit",
+            "echo",
+            instructions_at_the_limit,
+            FRAME_LIMITS,
+            targets=(*MEMORY, "journal_overflow"),
+        ),
         Attack("never_reads", "echo", never_reads, FRAME_LIMITS, targets=MEMORY),
         Attack("unfinished_frames", "echo", unfinished_frames, FRAME_LIMITS, targets=MEMORY),
         Attack("open_close_rounds", "echo", open_close_rounds, FRAME_LIMITS, targets=("rss_back",)),
