@@ -35,17 +35,14 @@ the middle of another item), and an item that arrives during the handling is que
 behind it (and resolves ``waiter``, so the restored value refuses later hand-offs until the
 consumer has drained the queue). A cancelled consumer's future is done too, so nothing is
 handed to it. Order and single ownership hold exactly as without the hand-off; what is
-saved is the item, its queueing and one task wake-up. The runner's per-frame methods
-(``SessionRunner.hand_append``, ``SessionRunner.deliver``) use it directly; other items
-go through ``put_internal``, which offers them to the consumer's ``inline(item) -> bool``
-handler the same way (True: handled, not queued; False: queued as usual).
+saved is queueing the item and one task wake-up. ``SessionRunner.offer`` is the one producer
+that does this: every item reaches the session through it.
 """
 
 from __future__ import annotations
 
 import asyncio
 from collections import deque
-from collections.abc import Callable
 from typing import Any
 
 from duplex.protocol.errors import DuplexError
@@ -73,27 +70,12 @@ class Mailbox:
         #: The consumer's pending wake-up while it is parked, nothing is queued and no hand-off
         #: runs; None or done otherwise (see the module docstring).
         self.parked: asyncio.Future[None] | None = None
-        self.inline: Callable[[Any], bool] | None = None  # see the module docstring
-
-    def _try_inline(self, item: Any) -> bool:
-        """Offer ``item`` to the parked consumer's ``inline`` handler (see the module docstring)."""
-        waiter = self.parked
-        if waiter is None or waiter.done() or self.inline is None:
-            return False
-        self.parked = None
-        try:
-            return self.inline(item)
-        finally:
-            self.parked = waiter
 
     def __len__(self) -> int:
         return len(self._items)
 
     def put_command(self, item: Any) -> None:
-        """Queue a client command; raises ``MailboxFull`` at ``max_commands``.
-
-        Never offered to ``inline``: the one command handed off (a small append) goes through
-        ``SessionRunner.hand_append`` before it would get here."""
+        """Queue a client command; raises ``MailboxFull`` at ``max_commands``."""
         if self._commands >= self.max_commands or len(self._items) >= self.max_items:
             raise MailboxFull(f"mailbox holds {self._commands} commands (limit {self.max_commands})")
         self._commands += 1
@@ -106,8 +88,6 @@ class Mailbox:
             raise MailboxFull(f"mailbox holds {len(self._items)} items (limit {self.max_items})")
         if is_output:
             self.pending_outputs += 1
-        if self._try_inline(item):
-            return
         self._items.append((False, item))
         self._wake()
 
@@ -131,11 +111,9 @@ class Mailbox:
         return batch
 
     def close(self) -> None:
-        """The consumer is gone for good: drop what is queued and the inline handler (a bound
-        method of the consumer, which would otherwise keep it and its owner alive in a cycle)."""
+        """The consumer is gone for good: drop what is queued."""
         self._items.clear()
         self._commands = 0
-        self.inline = None
 
     def output_done(self) -> None:
         """The runner handled one model output (the scheduler may step that slot again)."""

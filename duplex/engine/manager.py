@@ -119,7 +119,7 @@ class SessionRecord:
         if credential is not None and credential.unconfirmed:
             credential.confirm()  # the client read session.resumed: the old token retires
         if isinstance(command, InputAudioBufferAppend):  # the per-frame command first
-            n_bytes, turns, append = len(command.audio), 0, True
+            n_bytes, turns = len(command.audio), 0
         elif isinstance(command, SessionResume):
             raise SessionError(
                 "unsupported_session_resume", "session.resume must be the first message of a new connection"
@@ -128,7 +128,7 @@ class SessionRecord:
             self.ack(att, command.server_event_seq)
             return
         else:
-            n_bytes, append = 0, False
+            n_bytes = 0
             turns = 1 if isinstance(command, InputAudioBufferCommit | ResponseCreate) else 0
             memory = self.manager.memory
             if isinstance(command, ConversationItemCreate | ResponseCreate) and memory.exceeded():
@@ -149,19 +149,17 @@ class SessionRecord:
                 f"{config.max_pending_turns})",
             )
         now = self.manager.now()
-        if append and self.runner.hand_append(command, now):  # handed off: it never waits
-            lease = self.lease
-            if now > lease.last_activity and lease.state in LIVE_STATES:  # ``lease.touch(now)``, no call
-                lease.last_activity = now
-            return
+        lease = self.lease
+        if now > lease.last_activity and lease.state in LIVE_STATES:  # ``lease.touch(now)``, no call
+            lease.last_activity = now
         try:
-            self.mailbox.put_command(CommandItem(command, now, n_bytes, turns))
+            if self.runner.offer(CommandItem(command, now, n_bytes, turns)):
+                return  # handled at once: it never waited, so it took no budget
         except MailboxFull as exc:
             self.manager.metrics.backpressure_refused.inc()
             raise SessionError("input_backpressure", str(exc)) from None
         self.pending_bytes += n_bytes
         self.pending_turns += turns
-        self.lease.touch(now)
 
     def release(self, n_bytes: int, turns: int) -> None:
         """The runner processed a command: give its budget back."""
@@ -177,7 +175,7 @@ class SessionRecord:
         queued = self._ack_seq is not None
         self._ack_seq = seq if self._ack_seq is None else max(self._ack_seq, seq)
         if not queued:
-            self.mailbox.put_internal(AckItem())
+            self.runner.offer(AckItem())
 
     def take_ack(self) -> SessionEventAck:
         seq, self._ack_seq = self._ack_seq, None

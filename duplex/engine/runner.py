@@ -2,38 +2,34 @@
 
 Theory of operation
 -------------------
-The runner drains its session's ordered mailbox and, for each item, calls the
-sans-IO ``Session``, pushes the returned events to the attachment, and carries
-out the session's actions:
+Everything that changes a session reaches it as an item through one door, ``offer``: client
+commands (from ``SessionRecord.submit``), model outputs (a driver's ``SlotBinding.deliver``), event
+acks, timer wake-ups, failures and the close. ``offer`` either handles the item at once, on the
+caller's stack, or queues it in the session's ordered mailbox; the runner task drains the mailbox
+and handles each item with the same code, in order:
 
-* client command -> (decode append audio on the worker pool when large or under
-  VAD) -> ``session.handle`` -> release the command's input budget;
+* client command -> (decode append audio: on the worker pool when large or under VAD) ->
+  ``session.handle``; a queued command gives its input budget back once handled;
 * model output -> ``session.on_output`` (a stale epoch is dropped there);
-* step failure -> ``session.fail`` (a ``PluginError`` keeps the session, unless it is
-  ``fatal``: then the session is closed with its code as the reason; any other exception ends it
-  with ``server_error``, DESIGN §2.7);
-* close -> ``session.close`` (``session.closed`` / ``session.expired`` last), then
-  cleanup: stop the turn task, leave the scheduler, ``plugin.close_slot`` on the
-  model thread; only then does the manager free the admission slot.
+* ack -> ``session.handle(session.event_ack)``; timer -> ``session.on_timer``;
+* step failure -> ``session.fail`` (a ``PluginError`` keeps the session, unless it is ``fatal``:
+  then the session is closed with its code as the reason; any other exception ends it with
+  ``server_error``, DESIGN §2.7);
+* close -> ``session.close`` (``session.closed`` / ``session.expired`` last), then cleanup: the
+  driver stops the slot's request and leaves it, ``plugin.close_slot`` runs on the model thread;
+  only then does the manager free the admission slot.
 
-For ``turn`` plugins the runner also owns at most one turn task, which pulls
-``plugin.respond(request)`` chunk by chunk on the model thread and puts each
-chunk into the mailbox; it waits while ``max_pending_outputs`` chunks are
-unprocessed (pause, STYLE rule 6) and is cancelled (and its generator closed)
-when the epoch advances.
+After each item the session's events go to the attachment and its actions are carried out: the
+synchronous ones at once (``FeedAudio``, ``ClearFeed``, ``WakeAt``), the rest (they await: a slot
+cancel, a started request, a VAD change, a close) by the runner task.
 
-The per-frame fast path is the mailbox's hand-off (``Mailbox`` docstring): while the runner
-is parked on an empty mailbox, an append that decodes in place (small, no VAD), every model
-output and every event ack are handled on the producer's stack, exactly as the runner would
-handle them next; the actions they produce run there too when they are synchronous
-(``FeedAudio``, ``ClearFeed``), and the rest are queued as one ``ActionsItem`` the runner
-carries out next, before anything that arrives later. The two per-frame items have their own
-entry points, called by their producers: ``hand_append`` (from ``SessionRecord.submit``, after
-the budget checks) and ``deliver`` (the scheduler's ``SlotBinding.deliver``). Handed off, such
-an item is never built, queued or dispatched, and takes no budget (it never waits); otherwise
-it is queued as a ``CommandItem``/``OutputItem``. Acks and a turn plugin's outputs go through
-the mailbox's ``inline`` handler (``_inline``). This saves a task wake-up per frame in each
-direction (and one per ack).
+Handling at once (the mailbox's hand-off, ``Mailbox`` docstring) happens while the runner is parked
+on an empty mailbox and the item needs no await (``_now_ok``: an output, an ack, a timer, a command
+other than an append that must be decoded off the loop). It is exactly what the runner would do
+next, on the producer's stack, without the item being queued or a task waking up: one wake-up saved
+per frame in each direction. Actions that must await are then queued as one ``ActionsItem`` the
+runner carries out before anything that arrives later. A command handled at once never waits, so it
+takes no input budget.
 
 An unexpected exception inside the runner is a bug: it is logged once with the
 session id, the session gets ``server_error`` and is closed; the others go on.
@@ -67,7 +63,16 @@ from duplex.protocol.realtime.commands import InputAudioBufferAppend
 if TYPE_CHECKING:
     from duplex.engine.manager import SessionManager, SessionRecord
 
-__all__ = ["AckItem", "ActionsItem", "CloseItem", "CommandItem", "FailItem", "OutputItem", "SessionRunner"]
+__all__ = [
+    "AckItem",
+    "ActionsItem",
+    "CloseItem",
+    "CommandItem",
+    "FailItem",
+    "OutputItem",
+    "SessionRunner",
+    "TimerItem",
+]
 
 log = logging.getLogger(__name__)
 
@@ -144,7 +149,54 @@ class SessionRunner:
         self._offload_min_bytes = manager.config.offload_min_bytes
         self._timer: asyncio.TimerHandle | None = None  # the session's next ``WakeAt``
         self._timer_at = float("inf")
-        self.mailbox.inline = self._inline
+
+    # ------------------------------------------------------------------ the one way in
+
+    def offer(self, item: Any) -> bool:
+        """Give the session ``item`` (see the module docstring): handled at once when the runner is
+        parked with nothing queued and the item needs no await, else queued. True when it was
+        handled at once. Raises ``MailboxFull`` for a command the mailbox refuses (nothing was
+        applied); an internal item the mailbox refuses is dropped, counted and logged."""
+        mailbox = self.mailbox
+        waiter = mailbox.parked
+        if waiter is not None and not waiter.done() and not self.done and self._now_ok(item):
+            mailbox.parked = None  # items offered meanwhile are queued behind this one
+            try:
+                rest = self._handle(item, self.manager.now())
+                if rest:
+                    mailbox.put_internal(ActionsItem(rest))
+            except Exception as exc:
+                mailbox.put_internal(CrashItem(exc))
+            finally:
+                mailbox.parked = waiter
+            return True
+        kind = type(item)
+        if kind is CommandItem:
+            mailbox.put_command(item)
+            return False
+        try:
+            mailbox.put_internal(item, is_output=kind is OutputItem)
+        except MailboxFull:
+            self.manager.metrics.stale_outputs_dropped.inc()
+            log.error("session %s: mailbox full, %s dropped", self.record.session_id, kind.__name__)
+        return False
+
+    def deliver(self, output: SlotOutput) -> None:
+        """``SlotBinding.deliver``: a model output for this session."""
+        self.offer(OutputItem(output))
+
+    def _now_ok(self, item: Any) -> bool:
+        """Whether ``item`` can be handled without an await (see the module docstring)."""
+        kind = type(item)
+        if kind is CommandItem:
+            return not self._offloaded(item.command)
+        return kind is OutputItem or kind is AckItem or kind is TimerItem
+
+    def _offloaded(self, cmd: Any) -> bool:
+        """An append decoded on the worker pool: large, or heard by the VAD."""
+        if not isinstance(cmd, InputAudioBufferAppend):
+            return False
+        return len(cmd.audio) > self._offload_min_bytes or self.record.pipeline.detector is not None
 
     # ------------------------------------------------------------------ the loop
 
@@ -152,8 +204,7 @@ class SessionRunner:
         """Run until the session is closed. Never raises (except cancellation)."""
         try:
             while not self.done:
-                batch = await self.mailbox.get_batch()
-                for item in batch:
+                for item in await self.mailbox.get_batch():
                     if self.done:
                         break
                     await self._apply(item)
@@ -168,131 +219,82 @@ class SessionRunner:
             self._emit(self.session.fail("server_error", "internal server error", self.manager.now()))
             await self._close("server_error", expired=False)
 
-    def _emit(self, events: list[Any]) -> None:
-        if events:
-            self.record.emit(events)
-
     async def _apply(self, item: Any) -> None:
+        """A queued item: what ``offer`` would have done at once, and the items that await."""
+        kind = type(item)
         now = self.manager.now()
-        if isinstance(item, OutputItem):
-            self.mailbox.output_done()
-            self.record.lease.touch(now)
-            self._emit(self.session.on_output(item.output, now))
-        elif isinstance(item, CommandItem):
-            await self._command(item, now)
-        elif isinstance(item, AckItem):
-            self._emit(self.session.handle(self.record.take_ack(), now))
-            return
-        elif isinstance(item, FailItem):
+        if kind is CommandItem:
+            try:
+                decoded = None
+                if self._offloaded(item.command):
+                    try:
+                        decoded = await self.manager.offload(
+                            self.record.pipeline.process, *self._decode_args(item.command)
+                        )
+                    except ProtocolError as exc:
+                        self._emit(self.session.reject(exc, item.command, now))
+                        return
+                rest = self._handle(item, now, decoded)
+            finally:
+                self.record.release(item.n_bytes, item.turns)
+        elif kind is OutputItem or kind is AckItem or kind is TimerItem:
+            if kind is OutputItem:
+                self.mailbox.output_done()
+            rest = self._handle(item, now)
+        elif kind is ActionsItem:
+            rest = item.actions
+        elif kind is FailItem:
             await self._fail(item.exc, now)
             return
-        elif isinstance(item, CloseItem):
+        elif kind is CloseItem:
             await self._close(item.reason, expired=item.expired)
             return
-        elif isinstance(item, ActionsItem):
-            await self._run_actions(item.actions)
-            return
-        elif isinstance(item, TimerItem):
-            self._emit(self.session.on_timer(now))
-            if self._signal_drained:  # paced audio went out: a request waiting on it may go on
-                self.drained.set()
-        elif isinstance(item, CrashItem):
+        elif kind is CrashItem:
             raise item.exc
-        await self._run_actions()
+        else:
+            raise TypeError(f"not a mailbox item: {kind.__name__}")
+        if rest:
+            await self._run_actions(rest)
 
-    # ------------------------------------------------------------------ the inline fast path
+    # ------------------------------------------------------------------ handling an item
 
-    def hand_append(self, cmd: Any, now: float) -> bool:
-        """Handle an append at ``now`` (its submit time) if the mailbox may hand it off and it
-        decodes in place (small, no VAD); False, with nothing done, when it must be queued.
-
-        The caller (``SessionRecord.submit``) checked the budgets and knows ``cmd`` is an
-        ``InputAudioBufferAppend``. A handed-off append never waits, so it takes no budget."""
-        mailbox = self.mailbox
-        waiter = mailbox.parked
-        if waiter is None or waiter.done() or self.done:
-            return False
-        record = self.record
-        pipeline = record.pipeline
-        if len(cmd.audio) > self._offload_min_bytes or pipeline.detector is not None:
-            return False
-        mailbox.parked = None
+    def _handle(self, item: Any, now: float, decoded: Any = None) -> list[Any] | None:
+        """Handle an output, an ack, a timer or a command (``decoded``: an append's audio decoded
+        off the loop); push its events, carry out its synchronous actions. Returns the actions
+        that must await (from the first such one on), or None."""
         session = self.session
-        try:
-            try:
-                events = session.handle(cmd, now, pipeline.process(*self._decode_args(cmd)))
-            except ProtocolError as exc:
-                events = session.reject(exc, cmd, now)
-            self._push_and_act(events, now)
-        except Exception as exc:
-            mailbox.put_internal(CrashItem(exc))
-        finally:
-            mailbox.parked = waiter
-        return True
-
-    def deliver(self, output: SlotOutput) -> None:
-        """A model output for this session (``SlotBinding.deliver``): handled at once when the
-        mailbox may hand it off, else queued (a full mailbox drops it, counted and logged)."""
-        mailbox = self.mailbox
-        waiter = mailbox.parked
-        if waiter is None or waiter.done() or self.done:
-            try:
-                mailbox.put_internal(OutputItem(output), is_output=True)
-            except MailboxFull:
-                self.manager.metrics.stale_outputs_dropped.inc()
-                log.error("session %s: mailbox full, model output dropped", self.record.session_id)
-            return
-        mailbox.parked = None
-        try:
-            self._output_inline(output)
-        finally:
-            mailbox.parked = waiter
-
-    def _output_inline(self, output: SlotOutput) -> None:
-        """Handle a model output on a producer's stack (the mailbox is handing it off)."""
-        now = self.manager.now()
-        session = self.session
-        record = self.record
-        try:
-            lease = record.lease
+        kind = type(item)
+        if kind is OutputItem:
+            lease = self.record.lease
             if now > lease.last_activity and lease.state in LIVE_STATES:  # ``lease.touch(now)``, no call
                 lease.last_activity = now
-            self._push_and_act(session.on_output(output, now), now)
-        except Exception as exc:
-            self.mailbox.put_internal(CrashItem(exc))
-        if self._signal_drained:  # only a driver that answers requests waits for outputs to drain
-            self.drained.set()
-
-    def _inline(self, item: Any) -> bool:
-        """The mailbox's inline handler: an output (of a turn plugin) or an ack (see the module
-        docstring). Appends and the scheduler's outputs come through ``hand_append``/``deliver``."""
-        if self.done:
-            return False
-        if isinstance(item, OutputItem):
-            self.mailbox.pending_outputs -= 1  # output_done(), on the per-frame path
-            self._output_inline(item.output)
-            return True
-        if isinstance(item, AckItem):
-            try:
-                self._emit(self.session.handle(self.record.take_ack(), self.manager.now()))
-            except Exception as exc:
-                self.mailbox.put_internal(CrashItem(exc))
-            return True
-        return False
-
-    def _push_and_act(self, events: list[Any], now: float) -> None:
-        """The tail of a hand-off: push the session's events to the attachment, then carry out
-        the actions they came with (the synchronous ones now, the rest queued)."""
+            events = session.on_output(item.output, now)
+            if self._signal_drained:  # a driver that answers requests waits for outputs to drain
+                self.drained.set()
+        elif kind is CommandItem:
+            cmd = item.command
+            if isinstance(cmd, InputAudioBufferAppend):
+                try:
+                    if decoded is None:
+                        decoded = self.record.pipeline.process(*self._decode_args(cmd))
+                    events = session.handle(cmd, now, decoded)
+                except ProtocolError as exc:
+                    events = session.reject(exc, cmd, now)
+            else:
+                events = session.handle(cmd, now)
+        elif kind is AckItem:
+            events = session.handle(self.record.take_ack(), now)
+        else:  # TimerItem
+            events = session.on_timer(now)
+            if self._signal_drained:  # paced audio went out: a request waiting on it may go on
+                self.drained.set()
         if events:
             att = self.record.attachment
             if att is not None:
                 att.push(events)
-        actions = self.session.take_actions()
-        if actions:
-            self._actions_inline(actions, now)
-
-    def _actions_inline(self, actions: list[Any], now: float) -> None:
-        """Run the synchronous actions now; queue the first one that may await and the rest."""
+        actions = session.take_actions()
+        if not actions:
+            return None
         for i, action in enumerate(actions):
             if type(action) is FeedAudio:  # the per-frame action: ``_sync_action`` without the call
                 feed = self.record.feed
@@ -301,23 +303,12 @@ class SessionRunner:
                 ):
                     self._feed_refused(now)
             elif not self._sync_action(action, now):
-                self.mailbox.put_internal(ActionsItem(actions[i:]))
-                return
+                return actions[i:]
+        return None
 
-    async def _command(self, item: CommandItem, now: float) -> None:
-        cmd = item.command
-        session = self.session
-        try:
-            if isinstance(cmd, InputAudioBufferAppend):
-                try:
-                    events = session.handle(cmd, now, await self._decode(cmd))
-                except ProtocolError as exc:
-                    events = session.reject(exc, cmd, now)
-            else:
-                events = session.handle(cmd, now)
-        finally:
-            self.record.release(item.n_bytes, item.turns)
-        self._emit(events)
+    def _emit(self, events: list[Any]) -> None:
+        if events:
+            self.record.emit(events)
 
     def _decode_args(self, cmd: Any) -> tuple[bytes, Any, tuple[bytes, ...]]:
         fmt = self.session.settings.input_format
@@ -326,12 +317,6 @@ class SessionRunner:
             fmt = resolve(fmt)
         video = getattr(cmd, "video_frames", None)
         return cmd.audio, fmt, tuple(video) if video else ()
-
-    async def _decode(self, cmd: Any) -> Any:
-        pipeline = self.record.pipeline
-        if len(cmd.audio) > self.manager.config.offload_min_bytes or pipeline.detector is not None:
-            return await self.manager.offload(pipeline.process, *self._decode_args(cmd))
-        return pipeline.process(*self._decode_args(cmd))
 
     def _sync_action(self, action: Any, now: float) -> bool:
         """Carry out a ``FeedAudio``/``ClearFeed``/``WakeAt`` at ``now``; False for any other action
@@ -363,7 +348,7 @@ class SessionRunner:
         self._timer = None
         self._timer_at = float("inf")
         if not self.done:
-            self.mailbox.put_internal(TimerItem())
+            self.offer(TimerItem())
 
     def _feed_refused(self, now: float) -> None:
         """The feed is full: the append's audio is dropped, and the client told so."""

@@ -1,8 +1,10 @@
-"""The per-frame fast path: inline mailbox hand-off, growing feed buffers, collector setting."""
+"""The per-frame fast path: growing feed buffers, the collector setting, frame conversions.
+
+The hand-off of items to a parked runner is tested end to end in ``test_hand_off.py``.
+"""
 
 from __future__ import annotations
 
-import asyncio
 import gc
 
 import numpy as np
@@ -10,59 +12,8 @@ import pytest
 
 from duplex.engine import collector
 from duplex.engine.feed import INITIAL_FRAMES, SlotFeed
-from duplex.engine.mailbox import Mailbox
 
 CHUNK = 1920
-
-
-async def test_mailbox_hands_items_to_a_parked_consumer_and_queues_what_arrives_meanwhile() -> None:
-    box = Mailbox(max_commands=4)
-    seen: list[str] = []
-
-    def inline(item: str) -> bool:
-        seen.append(item)
-        if item == "a":
-            box.put_internal("during-a")  # arrives while "a" is handled: queued behind it
-        return item != "decline"
-
-    box.inline = inline
-    box.put_internal("before")  # nobody parked: queued, not offered
-    assert seen == [] and box.parked is None and await box.get_batch() == ["before"]
-
-    getter = asyncio.create_task(box.get_batch())
-    await asyncio.sleep(0)  # the consumer parks
-    waiter = box.parked
-    assert waiter is not None and not waiter.done()
-    box.put_internal("a")
-    assert box.parked is waiter and waiter.done()  # restored, but refuses: "during-a" is queued
-    assert await getter == ["during-a"]
-    assert seen == ["a"]  # the re-entrant item was never offered
-
-    getter = asyncio.create_task(box.get_batch())
-    await asyncio.sleep(0)
-    box.put_command("command")  # commands are never offered (the runner hands appends off itself)
-    assert await getter == ["command"] and seen == ["a"]
-
-    getter = asyncio.create_task(box.get_batch())
-    await asyncio.sleep(0)
-    box.put_internal("decline", is_output=True)  # declined: queued, counted, consumer woken
-    box.put_internal("after")  # something is queued: not offered, queued behind
-    assert await getter == ["decline", "after"]
-    assert seen == ["a", "decline"] and box.pending_outputs == 1 and box.parked is None
-
-
-async def test_mailbox_hands_nothing_to_a_cancelled_consumer() -> None:
-    box = Mailbox(max_commands=4)
-    seen: list[str] = []
-    box.inline = lambda item: seen.append(item) is None
-    getter = asyncio.create_task(box.get_batch())
-    await asyncio.sleep(0)
-    getter.cancel()  # its wake-up is cancelled now; the task resumes later
-    box.put_internal("x")
-    assert seen == [] and len(box) == 1
-    with pytest.raises(asyncio.CancelledError):
-        await getter
-    assert box.parked is None and await box.get_batch() == ["x"]
 
 
 def test_feed_buffer_grows_for_a_client_ahead_and_keeps_its_bound() -> None:
