@@ -227,6 +227,9 @@ class _TransportOnly:
     ) -> _AnswerEachAppend:
         return _AnswerEachAppend()
 
+    def has_session(self, session_id: str) -> bool:
+        return False
+
 
 def _run_bare(port: int, event_loop: str) -> None:
     """The bare server on uvloop when ``event_loop`` is ``uvloop``, else on asyncio."""

@@ -236,6 +236,10 @@ class Engine:
         with contextlib.suppress(RuntimeError):  # the loop has closed: the engine has stopped
             loop.call_soon_threadsafe(fn, *args)
 
+    def has_session(self, session_id: str) -> bool:
+        """Whether ``session_id`` is one of this engine's sessions (open, attached, detached or closing)."""
+        return self._manager is not None and session_id in self._manager.records
+
     def reap(self, now: float | None = None) -> list[str]:
         """One reaper pass at ``now`` (default: the engine clock); returns the expired ids."""
         manager = self.manager

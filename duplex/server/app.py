@@ -30,6 +30,7 @@ from duplex.server.auth import api_key_ok, presented_api_key
 from duplex.server.close_codes import CloseCode, CloseReason
 from duplex.server.config import ServerConfig
 from duplex.server.metrics import CONTENT_TYPE, ServerMetrics
+from duplex.server.models import ServedModel, ServedModels
 from duplex.server.transport_limits import TransportLimits
 from duplex.server.webui import web_routes
 
@@ -71,21 +72,21 @@ class HealthStatus(msgspec.Struct, frozen=True, kw_only=True, omit_defaults=True
 
 
 class AppState:
-    """What the routes share: the engine, the limits, the metrics, the live connections."""
+    """What the routes share: the served models, the limits, the metrics, the live connections."""
 
-    def __init__(
-        self, engine: Any, config: ServerConfig, model_name: str, workers: Sequence[Supervisor] = ()
-    ) -> None:
-        self.engine = engine
+    def __init__(self, models: ServedModels, config: ServerConfig) -> None:
+        self.models = models
+        self.engine = models.default.engine  # the default model's (``ServedModels.pick``)
         self.config = config
-        self.model_name = model_name
+        self.model_name = models.default.name
         self.limits = TransportLimits(
             max_connections=config.max_connections,
             header_timeout_s=config.header_timeout_s,
             max_incomplete_frame_bytes_total=config.max_incomplete_frame_bytes_total,
         )
-        self.workers = tuple(workers)  # the model's worker processes (``/health``, ``/metrics``)
-        self.metrics = ServerMetrics(getattr(engine, "metrics", None), self.limits, self.workers)
+        self.workers = models.workers  # the models' worker processes (``/health``, ``/metrics``)
+        engines = [(m.name, m.engine.metrics) for m in models if getattr(m.engine, "metrics", None)]
+        self.metrics = ServerMetrics(engines, self.limits, self.workers)
         self.ready = False
         self.draining = False
         self.connections: set[asyncio.Task[Any]] = set()
@@ -94,9 +95,10 @@ class AppState:
         self._drained = asyncio.Event()
 
     async def start(self) -> None:
-        """Enter the engine and start the send watchdog; afterwards ``/health`` answers 200."""
+        """Enter every model's engine and start the send watchdog; afterwards ``/health`` answers 200."""
         stack = contextlib.AsyncExitStack()
-        await stack.enter_async_context(self.engine)
+        for model in self.models:
+            await stack.enter_async_context(model.engine)
         watchdog = asyncio.create_task(self._send_watchdog(), name="duplex-send-watchdog")
 
         async def stop_watchdog() -> None:
@@ -171,15 +173,17 @@ def create_app(
     *,
     model_name: str | None = None,
     workers: Sequence[Supervisor] = (),
+    more_models: Sequence[ServedModel] = (),
 ) -> Starlette:
-    """The Starlette app serving ``engine``. ``model_name``: the name clients see (default: plugin
-    name). ``workers``: the supervisors of the model's worker processes, shown by ``/health`` and
-    ``/metrics``."""
+    """The Starlette app serving ``engine`` (the default model) and ``more_models`` beside it.
+    ``model_name``: the name clients see (default: plugin name). ``workers``: the supervisors of the
+    model's worker processes, shown by ``/health`` and ``/metrics``."""
     from duplex.server.realtime import realtime_endpoint
 
     config = config or ServerConfig()
     name = model_name or getattr(engine, "plugin_name", None) or "duplex"
-    state = AppState(engine, config, name, workers)
+    served = ServedModels([ServedModel(name, engine, tuple(workers)), *more_models])
+    state = AppState(served, config)
 
     async def health(request: Request) -> Response:
         workers = tuple(w.status() for w in state.workers)
@@ -205,7 +209,7 @@ def create_app(
         refused = unauthorized(request)
         if refused is not None:
             return refused
-        body = ModelList(data=[ModelCard(id=name, capabilities=_capabilities(engine))])
+        body = ModelList(data=[ModelCard(id=m.name, capabilities=_capabilities(m.engine)) for m in served])
         return Response(msgspec.json.encode(body), media_type="application/json")
 
     async def metrics(request: Request) -> Response:

@@ -31,7 +31,15 @@ from typing import Literal, get_args
 import msgspec
 import yaml
 
-__all__ = ["EVENT_LOOPS", "ConfigError", "EventLoop", "ServeConfig", "ServerConfig", "load_serve_config"]
+__all__ = [
+    "EVENT_LOOPS",
+    "ConfigError",
+    "EventLoop",
+    "ModelConfig",
+    "ServeConfig",
+    "ServerConfig",
+    "load_serve_config",
+]
 
 MIB = 1024 * 1024
 
@@ -121,8 +129,26 @@ class ServerConfig(msgspec.Struct, frozen=True, kw_only=True, forbid_unknown_fie
             raise ValueError("reserved_file_descriptors must not be negative")
 
 
+class ModelConfig(msgspec.Struct, frozen=True, kw_only=True, forbid_unknown_fields=True):
+    """One more model served beside the primary one (``models:`` in the configuration file): the
+    ``name`` clients ask for, its plugin and options as for the primary model, whether it runs in a
+    worker process, and ``engine`` settings that override the top-level ``engine`` section for it."""
+
+    name: str
+    plugin: str
+    model_path: str | None = None
+    plugin_options: dict[str, object] = {}
+    worker: bool = False
+    worker_python: str | None = None
+    engine: dict[str, object] = {}
+
+
 class ServeConfig(msgspec.Struct, frozen=True, kw_only=True, forbid_unknown_fields=True):
-    """The whole ``duplex serve`` configuration (file plus command-line overrides)."""
+    """The whole ``duplex serve`` configuration (file plus command-line overrides).
+
+    ``models`` serves more models beside the primary one (``plugin``): a duplex model and batch
+    models side by side, say, each under its own name (``duplex.server.models``).
+    """
 
     plugin: str | None = None
     model_path: str | None = None
@@ -136,6 +162,7 @@ class ServeConfig(msgspec.Struct, frozen=True, kw_only=True, forbid_unknown_fiel
     worker_config: dict[str, object] = {}
     server: ServerConfig = ServerConfig()
     engine: dict[str, object] = {}
+    models: tuple[ModelConfig, ...] = ()
 
 
 def load_serve_config(path: str | Path | None) -> ServeConfig:

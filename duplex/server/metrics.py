@@ -81,24 +81,37 @@ class LabelTally(Mapping[str, int]):
 
 
 class _EngineCollector(Collector):
-    """Translates the engine's plain metrics (counters, gauges, histograms) at scrape time."""
+    """Translates each served model's engine metrics (counters, gauges, histograms) at scrape time,
+    labelled by the model's name (the operator's: a closed set)."""
 
-    def __init__(self, engine_metrics: Any) -> None:
-        self._metrics = engine_metrics
+    def __init__(self, engines: Sequence[tuple[str, Any]]) -> None:
+        self._engines = engines
 
     def collect(self) -> Iterator[Metric]:
-        for m in self._metrics.all():
-            kind = type(m).__name__
-            if kind == "Counter":
-                yield CounterMetricFamily(m.name.removesuffix("_total"), m.help, value=m.value)
-            elif kind == "Gauge":
-                yield GaugeMetricFamily(m.name, m.help, value=m.value)
-            elif kind == "Histogram":
-                cumulative, buckets = 0, []
-                for bound, count in zip((*m.buckets, float("inf")), m.counts, strict=True):
-                    cumulative += count
-                    buckets.append(("+Inf" if bound == float("inf") else repr(float(bound)), cumulative))
-                yield HistogramMetricFamily(m.name, m.help, buckets=buckets, sum_value=m.sum)
+        families: dict[str, Metric] = {}
+        for model, metrics in self._engines:
+            for m in metrics.all():
+                kind = type(m).__name__
+                family = families.get(m.name)
+                if kind == "Counter":
+                    if family is None:
+                        family = CounterMetricFamily(m.name.removesuffix("_total"), m.help, labels=["model"])
+                    family.add_metric([model], m.value)
+                elif kind == "Gauge":
+                    if family is None:
+                        family = GaugeMetricFamily(m.name, m.help, labels=["model"])
+                    family.add_metric([model], m.value)
+                elif kind == "Histogram":
+                    if family is None:
+                        family = HistogramMetricFamily(m.name, m.help, labels=["model"])
+                    cumulative, buckets = 0, []
+                    for bound, count in zip((*m.buckets, float("inf")), m.counts, strict=True):
+                        cumulative += count
+                        buckets.append(("+Inf" if bound == float("inf") else repr(float(bound)), cumulative))
+                    family.add_metric([model], buckets=buckets, sum_value=m.sum)
+                if family is not None:
+                    families[m.name] = family
+        yield from families.values()
 
 
 class _WorkerCollector(Collector):
@@ -237,7 +250,7 @@ class ServerMetrics:
 
     def __init__(
         self,
-        engine_metrics: Any = None,
+        engine_metrics: Sequence[tuple[str, Any]] = (),
         transport: TransportLimits | None = None,
         workers: Sequence[Supervisor] = (),
     ) -> None:
@@ -252,7 +265,7 @@ class ServerMetrics:
         self.transport = transport
         self.registry = CollectorRegistry()
         self.registry.register(_TransportCollector(self))
-        if engine_metrics is not None:
+        if engine_metrics:
             self.registry.register(_EngineCollector(engine_metrics))
         if workers:
             self.registry.register(_WorkerCollector(workers))

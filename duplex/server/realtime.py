@@ -235,7 +235,7 @@ class _Connection:
     # -- opening ---------------------------------------------------------------------------
 
     async def run(self, plan: HandshakePlan) -> None:
-        engine = self.state.engine
+        engine = self.state.models.pick(plan.model).engine
         first: Any = None
         try:
             if plan.how is OpenHow.AUTOSTART:
@@ -275,7 +275,10 @@ class _Connection:
         if data is None:
             return None, "", None
         cmd = self._decode(data)  # ProtocolError: handled by the caller (error, then close)
-        engine = self.state.engine
+        asked = plan.model
+        if asked is None and isinstance(cmd, SessionUpdate):
+            asked = getattr(cmd.session, "model", None)
+        engine = self.state.models.pick(asked).engine
         if isinstance(cmd, SessionResume):
             seq = cmd.last_received_alias if cmd.last_received_alias is not None else cmd.last_event_seq
             return await self._resume(cmd.session_id, cmd.resume_token, seq), "resume", None
@@ -288,8 +291,10 @@ class _Connection:
     async def _resume(self, session_id: str, token: str, last_event_seq: int) -> Any:
         """``engine.resume``. The engine keeps the presented token valid until the client speaks
         on the new socket, so a ``session.resumed`` lost with its socket does not lock it out.
-        A key other than the one that opened the session fails like a wrong token."""
-        return await self.state.engine.resume(session_id, token, last_event_seq, api_key_id=self.api_key_id)
+        A key other than the one that opened the session fails like a wrong token. The session is
+        resumed on the model that holds it."""
+        engine = self.state.models.holding(session_id).engine
+        return await engine.resume(session_id, token, last_event_seq, api_key_id=self.api_key_id)
 
     # -- running ---------------------------------------------------------------------------
 

@@ -261,40 +261,76 @@ def uvicorn_config(app: Any, cfg: ServeConfig, *, log_level: str = "info") -> uv
     return config
 
 
-def serve(cfg: ServeConfig, *, log_level: str = "info") -> None:
-    """Serve until interrupted. Raises ``ConfigError`` or ``PluginError`` before listening."""
-    from duplex.engine import Engine, EngineConfig
-    from duplex.server.app import create_app
+def _engine_config(base: dict[str, object], override: dict[str, object], where: str) -> Any:
+    from duplex.engine import EngineConfig
 
     try:
-        engine_config = EngineConfig(**cfg.engine)  # type: ignore[arg-type]
+        return EngineConfig(**{**base, **override})  # type: ignore[arg-type]
     except (TypeError, ValueError) as exc:
-        raise ConfigError(f"engine: {exc}") from exc
+        raise ConfigError(f"{where}: {exc}") from exc
+
+
+def serve(cfg: ServeConfig, *, log_level: str = "info") -> None:
+    """Serve until interrupted. Raises ``ConfigError`` or ``PluginError`` before listening."""
+    from duplex.engine import Engine
+    from duplex.server.app import create_app
+    from duplex.server.models import ServedModel
+
+    engine_config = _engine_config(cfg.engine, {}, "engine")
+    extra_configs = [
+        (m, _engine_config(cfg.engine, m.engine, f"models[{m.name}].engine")) for m in cfg.models
+    ]
     loop = event_loop_name(cfg.server.event_loop)  # before a model load that may take minutes
     worker = worker_config(cfg)
-    plugin, name = build_plugin(cfg.plugin, cfg.model_path, dict(cfg.plugin_options), worker=worker)
+    plugins: list[Plugin] = []
     try:
-        engine = Engine(plugin, engine_config, model_name=cfg.model_name or name)
+        plugin, name = build_plugin(cfg.plugin, cfg.model_path, dict(cfg.plugin_options), worker=worker)
+        plugins.append(plugin)
+        served_name = cfg.model_name or name
+        engine = Engine(plugin, engine_config, model_name=served_name)
         workers: tuple[Supervisor, ...] = ()
-        where = ""
         if isinstance(plugin, WorkerPlugin):
             watch_worker(plugin.supervisor, engine)
             workers = (plugin.supervisor,)
-            where = f"; in a worker process, pid {plugin.supervisor.status().pid}"
-        app = create_app(engine, cfg.server, model_name=cfg.model_name or name, workers=workers)
-        log.info(
-            "serving plugin %r as model %r on %s:%d (event loop: %s%s)",
-            name,
-            cfg.model_name or name,
-            cfg.server.host,
-            cfg.server.port,
-            loop,
-            where,
-        )
-        after_drain = plugin.close if workers else None  # the worker stops once its sessions are drained
-        DrainingServer(uvicorn_config(app, cfg, log_level=log_level), after_drain=after_drain).run()
+        more: list[ServedModel] = []
+        for model, model_engine_config in extra_configs:
+            extra_worker = worker_config(
+                ServeConfig(
+                    worker=model.worker, worker_python=model.worker_python, worker_config=cfg.worker_config
+                )
+            )
+            extra, _ = build_plugin(
+                model.plugin, model.model_path, dict(model.plugin_options), worker=extra_worker
+            )
+            plugins.append(extra)
+            extra_engine = Engine(extra, model_engine_config, model_name=model.name)
+            extra_workers: tuple[Supervisor, ...] = ()
+            if isinstance(extra, WorkerPlugin):
+                watch_worker(extra.supervisor, extra_engine)
+                extra_workers = (extra.supervisor,)
+            more.append(ServedModel(model.name, extra_engine, extra_workers))
+        app = create_app(engine, cfg.server, model_name=served_name, workers=workers, more_models=more)
+        for model_name, plugin_name, proxy in [
+            (served_name, name, plugin),
+            *((m.name, c.plugin, p) for m, (c, _), p in zip(more, extra_configs, plugins[1:], strict=True)),
+        ]:
+            where = ""
+            if isinstance(proxy, WorkerPlugin):
+                where = f"; in a worker process, pid {proxy.supervisor.status().pid}"
+            log.info("serving plugin %r as model %r%s", plugin_name, model_name, where)
+        log.info("listening on %s:%d (event loop: %s)", cfg.server.host, cfg.server.port, loop)
+        stop_workers = [p.close for p in plugins if isinstance(p, WorkerPlugin)]
+
+        def after_drain() -> None:  # the workers stop once their sessions are drained
+            for close in stop_workers:
+                close()
+
+        DrainingServer(
+            uvicorn_config(app, cfg, log_level=log_level), after_drain=after_drain if stop_workers else None
+        ).run()
     finally:
-        plugin.close()
+        for p in plugins:
+            p.close()
 
 
 __all__ += ["PluginError"]

@@ -23,7 +23,10 @@ def test_the_suite_runs_attacks_against_a_real_server_and_writes_every_figure(tm
         assert row["server_alive"] and row["heartbeats"] > 0
         assert row["rss_before_mb"] > 0 and row["rss_peak_mb"] >= row["rss_before_mb"] * 0.5
         assert row["rss_timeline"]
-    assert rows["frame_json"]["frames_sent"] > 0 and set(rows["frame_json"]["codes"]) == {"bad_event"}
+    # The hostile frame is refused before it is parsed; a client this fast meets the rate limit too.
+    codes = set(rows["frame_json"]["codes"])
+    assert rows["frame_json"]["frames_sent"] > 0 and "event_too_large" in codes
+    assert codes <= {"event_too_large", "input_backpressure"}
     labels = rows["metric_labels"]
     assert labels["metrics_bytes_after"] < labels["metrics_bytes_before"] + 65536
     assert rows["bad_values"]["answers"]["barge_in without a response"] == "response_cancel_not_active"
