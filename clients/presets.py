@@ -22,6 +22,8 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from typing import Any
 
+import msgspec
+
 from duplex.protocol import (
     AudioConfig,
     AudioFormatSpec,
@@ -123,9 +125,9 @@ def nemotron_voicechat(
         instructions=instructions,
         output_modalities=["audio"],
         audio=_audio("audio/pcm_f32le", 16000, 22050, turn_detection=None),
-        tools=list(tools) or None,
         playback_commit_policy="ack_only",
-        extra_body={"auto_response": True},
+        # As the seeds' deployment sends them: the tools in extra_body.realtime_tools.
+        extra_body={"auto_response": True, "realtime_tools": [msgspec.to_builtins(t) for t in tools]},
     )
     return Preset("nemotron_voicechat", session, chunk_ms=80, input_rate=16000, output_rate=22050)
 

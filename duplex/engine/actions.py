@@ -11,7 +11,7 @@ import msgspec
 import numpy as np
 
 from duplex.engine.vad_config import VadConfig
-from duplex.plugins.base import TurnRequest
+from duplex.plugins.base import ToolResult, TurnRequest
 
 __all__ = [
     "Action",
@@ -20,6 +20,7 @@ __all__ = [
     "CloseSession",
     "ConfigureVad",
     "FeedAudio",
+    "FeedToolResult",
     "StartTurn",
     "WakeAt",
 ]
@@ -31,6 +32,12 @@ class FeedAudio(msgspec.Struct, frozen=True):
     pcm: np.ndarray
     video_frames: tuple[bytes, ...]
     submitted_at: float
+
+
+class FeedToolResult(msgspec.Struct, frozen=True):
+    """Hand the client's answer to a tool call to the model with the slot's next frame."""
+
+    result: ToolResult
 
 
 class ClearFeed(msgspec.Struct, frozen=True):
@@ -69,4 +76,6 @@ class WakeAt(msgspec.Struct, frozen=True):
     at: float
 
 
-Action = FeedAudio | ClearFeed | CancelSlot | StartTurn | ConfigureVad | CloseSession | WakeAt
+Action = (
+    FeedAudio | FeedToolResult | ClearFeed | CancelSlot | StartTurn | ConfigureVad | CloseSession | WakeAt
+)

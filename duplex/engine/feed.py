@@ -42,6 +42,8 @@ import msgspec
 import numpy as np
 import numpy.typing as npt
 
+from duplex.plugins.base import ToolResult
+
 __all__ = ["FeedFrame", "SlotFeed"]
 
 MAX_VIDEO_FRAMES = 2
@@ -65,6 +67,7 @@ class FeedFrame(msgspec.Struct):
     submitted_at: float | None  # submit time of the append that completed the frame
     due_at: float | None
     video_frames: tuple[bytes, ...]
+    tool_results: tuple[ToolResult, ...] = ()
 
 
 class SlotFeed:
@@ -111,6 +114,7 @@ class SlotFeed:
         self.pads = 0
         self.video: deque[bytes] = deque(maxlen=MAX_VIDEO_FRAMES)
         self.video_dropped = 0
+        self.tool_results: list[ToolResult] = []  # the client's answers, for the next frame
 
     @property
     def buffered(self) -> int:
@@ -197,6 +201,11 @@ class SlotFeed:
         self._buf[:n] = whole
         self._start, self._end = 0, n
 
+    def add_tool_result(self, result: ToolResult) -> None:
+        """The client answered a tool call: the answer goes to the model with the next frame. Bounded
+        by the session's conversation (each answer is an item) and by one call's output size."""
+        self.tool_results.append(result)
+
     def clear(self) -> None:
         """Drop buffered input (``input_audio_buffer.clear`` on a frame session)."""
         self.consumed += self.buffered
@@ -259,4 +268,8 @@ class SlotFeed:
             video = ()
         if start == self._end:
             self._start = self._end = 0
+        if self.tool_results:
+            results = tuple(self.tool_results)
+            self.tool_results.clear()
+            return FeedFrame(pcm, padded, submitted_at, due, video, results)
         return FeedFrame(pcm, padded, submitted_at, due, video)

@@ -50,6 +50,7 @@ from duplex.engine.actions import (
     CloseSession,
     ConfigureVad,
     FeedAudio,
+    FeedToolResult,
     StartTurn,
     WakeAt,
 )
@@ -332,6 +333,10 @@ class SessionRunner:
             return True
         if isinstance(action, WakeAt):
             self._wake_at(action.at, now)
+            return True
+        if isinstance(action, FeedToolResult):
+            if self.record.feed is not None:
+                self.record.feed.add_tool_result(action.result)
             return True
         return False
 

@@ -240,6 +240,7 @@ class FrameScheduler:
                     pcm=frame.pcm,
                     padded=frame.padded,
                     video_frames=frame.video_frames,
+                    tool_results=frame.tool_results,
                 )
             )
             bindings.append(binding)

@@ -57,6 +57,7 @@ from duplex.engine.actions import (
     CloseSession,
     ConfigureVad,
     FeedAudio,
+    FeedToolResult,
     StartTurn,
     WakeAt,
 )
@@ -71,7 +72,7 @@ from duplex.engine.sizes import DELTA_OVERHEAD, event_size
 from duplex.engine.transitions import TurnState
 from duplex.engine.user_turn import UserTurn
 from duplex.engine.vad import SpeechStarted, SpeechStopped
-from duplex.plugins.base import Capabilities, SlotOptions, SlotOutput, TurnRequest
+from duplex.plugins.base import Capabilities, SlotOptions, SlotOutput, ToolResult, ToolSpec, TurnRequest
 from duplex.protocol.errors import ProtocolError
 from duplex.protocol.ext.commands import (
     BargeIn,
@@ -116,7 +117,7 @@ from duplex.protocol.realtime.events import (
     InputAudioBufferSpeechStopped,
     OutputAudioBufferCleared,
 )
-from duplex.protocol.realtime.items import InputAudioPart, MessageItem
+from duplex.protocol.realtime.items import FunctionCallOutputItem, InputAudioPart, MessageItem
 from duplex.protocol.realtime.responses import ResponseError
 
 __all__ = ["Session", "TurnState"]
@@ -186,7 +187,15 @@ class Session:
 
     def slot_options(self) -> SlotOptions:
         s = self.settings
-        return SlotOptions(instructions=s.instructions, voice=s.voice, temperature=s.temperature)
+        tools = tuple(
+            ToolSpec(
+                name=t.name or "",
+                description=t.description or "",
+                parameters=msgspec.json.encode(t.parameters or {}).decode(),
+            )
+            for t in s.tools
+        )
+        return SlotOptions(instructions=s.instructions, voice=s.voice, temperature=s.temperature, tools=tools)
 
     def take_actions(self) -> list[Action]:
         """The actions queued by the last calls, in order; the caller must carry them out
@@ -353,6 +362,10 @@ class Session:
     @handles(ConversationItemCreate)
     def _item_create(self, cmd: ConversationItemCreate, now: float) -> list[Event]:
         item, previous = self.conversation.add(cmd.item, cmd.previous_item_id)
+        if isinstance(item, FunctionCallOutputItem) and self.caps.hears_stream and self.caps.supports_tools:
+            # A model that hears the stream reads the result in step with its frames: it rides on
+            # the slot's next frame (``SlotInput.tool_results``). A turn model reads it in its history.
+            self._actions.append(FeedToolResult(ToolResult(call_id=item.call_id, output=item.output)))
         return [
             ConversationItemAdded(event_id=new_event_id(), item=item, previous_item_id=previous),
             ConversationItemDone(event_id=new_event_id(), item=item, previous_item_id=previous),

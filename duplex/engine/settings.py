@@ -234,6 +234,11 @@ class SessionSettings(msgspec.Struct, frozen=True, kw_only=True):
             value = extra.get(key, getattr(patch, key, None))
             if isinstance(value, int | float) and not isinstance(value, bool) and value >= 0:
                 changes[key] = float(value)
+        tools = patch.tools
+        if tools is None and extra.get("realtime_tools") is not None:  # the seeds' spelling
+            tools = msgspec.convert(extra["realtime_tools"], list[Tool])
+        if tools is not None:
+            patch = msgspec.structs.replace(patch, tools=tools)
         if patch.tools is not None:
             if patch.tools and not caps.supports_tools:
                 raise ProtocolError(

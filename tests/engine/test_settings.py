@@ -68,3 +68,23 @@ def test_input_format_and_rate_are_resolved() -> None:
     with pytest.raises(ProtocolError) as err:
         base.apply(DuplexSessionConfig(input_audio_format="wav"), CAPS["turn"], audio_started=False)
     assert err.value.code == "unsupported_audio_format"
+
+
+def test_tools_in_extra_body_realtime_tools_are_the_sessions_tools_and_reach_the_slot() -> None:
+    from clients.presets import create_duplex_session_config
+    from duplex.engine.session import Session
+    from duplex.plugins.base import Capabilities, PluginKind
+    from duplex.protocol.realtime.session import FunctionTool
+
+    caps = Capabilities(kind=PluginKind.FRAME, chunk_period_ms=80, supports_tools=True)
+    tool = FunctionTool(name="get_weather", description="the weather", parameters={"type": "object"})
+    preset = create_duplex_session_config("nemotron_voicechat", tools=[tool])
+    assert preset.session.tools is None  # the seeds' deployment sends them in extra_body
+    assert preset.session.extra_body["realtime_tools"][0]["name"] == "get_weather"
+    assert preset.session.extra_body["auto_response"] is True
+    settings = SessionSettings.defaults("m", caps).apply(preset.session, caps, audio_started=False)
+    assert [t.name for t in settings.tools] == ["get_weather"]
+    session = Session("s", 0, caps, settings, journal_max_age_s=60, journal_max_bytes=1 << 20)
+    (spec,) = session.slot_options().tools
+    assert (spec.name, spec.description) == ("get_weather", "the weather")
+    assert spec.parameters == '{"type":"object"}'

@@ -241,6 +241,7 @@ class MiniCPMOPlugin(FramePlugin):
             supports_resume=True,
             supports_video_input=True,
             output_modalities=("audio", "text"),
+            updatable_options=(),  # the system prompt and the reference voice are prefilled at open
         )
 
     @property

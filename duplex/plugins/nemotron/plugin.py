@@ -311,6 +311,7 @@ class NemotronVoiceChatPlugin(FramePlugin):
             output_modalities=("audio", "text"),
             voices=tuple(sorted(self._voices)),
             default_voice=self._default_voice,
+            updatable_options=(),  # instructions, tools and voice are in the prompt the slot opens with
         )
 
     # -- slots ---------------------------------------------------------------------------------

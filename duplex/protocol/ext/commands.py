@@ -32,6 +32,7 @@ from duplex.protocol.formats import AudioFormat, check_rate, parse_format
 from duplex.protocol.limits import (
     MAX_IDLE_TIMEOUT_S,
     MAX_OVERLAP_MS,
+    MAX_TOOLS,
     AudioMs,
     AudioMsInt,
     Id,
@@ -46,7 +47,7 @@ from duplex.protocol.limits import (
 )
 from duplex.protocol.realtime._base import Command
 from duplex.protocol.realtime.commands import InputAudioBufferAppend, InputAudioBufferCommit, SessionUpdate
-from duplex.protocol.realtime.session import FormatValue, SessionConfig, max_tokens
+from duplex.protocol.realtime.session import FormatValue, SessionConfig, Tool, max_tokens
 
 __all__ = [
     "MAX_VIDEO_FRAMES",
@@ -87,6 +88,9 @@ class ExtraBodySettings(msgspec.Struct, frozen=True, kw_only=True):
     overlap_short_ack_ms: OverlapMs | None = None
     overlap_barge_in_ms: OverlapMs | None = None
     overlap_silence_rms: Probability | None = None
+    # The seeds' spelling of the session's tools (Nemotron's clients send them here).
+    realtime_tools: Annotated[list[Tool], Meta(max_length=MAX_TOOLS)] | None = None
+    auto_response: bool | None = None
 
 
 class DuplexSessionConfig(SessionConfig, kw_only=True):

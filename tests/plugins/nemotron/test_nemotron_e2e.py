@@ -168,13 +168,8 @@ async def test_a_resumed_session_continues_with_its_model_state(nemotron_ckpt):
         assert int(plugin.generator.perception.frames.max()) >= before + 2
 
 
-@pytest.mark.xfail(
-    strict=True,
-    reason="the engine does not pass session.tools to SlotOptions.tools nor function_call_output items to "
-    "SlotInput.tool_results yet (the plugin side is tested in test_nemotron_plugin.py)",
-)
 async def test_a_tool_call_round_trip_over_the_wire(scripted_ckpt):
-    """The expected sequence once the engine wires tools: the call's events, the client's result, speech."""
+    """The call's events, the client's result injected with the next frames, then the model's speech."""
     plugin = NemotronVoiceChatPlugin.from_options(str(scripted_ckpt), max_sessions=2)
     tool = FunctionTool(name="get_weather", description="the weather", parameters={"type": "object"})
     async with (
