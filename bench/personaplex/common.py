@@ -92,10 +92,18 @@ def gpu_reset(device: str) -> None:
 
 
 def gpu_mem_gib(device: str) -> float:
-    """Peak device memory allocated since ``gpu_reset``, in GiB (0 on the CPU)."""
+    """Peak device memory allocated by this process since ``gpu_reset``, in GiB (0 on the CPU). When
+    this process allocated nothing (the model runs in a worker process), the memory in use on the
+    whole device now, which is the worker's."""
+    if not device.startswith("cuda"):
+        return 0.0
     import torch
 
-    return torch.cuda.max_memory_allocated() / 2**30 if device.startswith("cuda") else 0.0
+    peak = torch.cuda.max_memory_allocated()
+    if peak:
+        return peak / 2**30
+    free, total = torch.cuda.mem_get_info()
+    return (total - free) / 2**30
 
 
 def device_name(device: str) -> str:
