@@ -48,8 +48,10 @@ def build_parser() -> argparse.ArgumentParser:
     )
     serve.add_argument(
         "--worker",
-        action="store_true",
-        help="run the plugin in a supervised worker process (restarted if it dies; the server lives on)",
+        action=argparse.BooleanOptionalAction,
+        default=None,
+        help="run the plugin in a supervised worker process (restarted if it dies; the server lives on); "
+        "default: the plugin's choice (a model on a CUDA device runs in one)",
     )
     serve.add_argument(
         "--worker-python",
@@ -157,7 +159,7 @@ def _cmd_serve(args: argparse.Namespace) -> int:
             model_path=args.model_path or cfg.model_path,
             model_name=args.model_name or cfg.model_name,
             plugin_options=options,
-            worker=args.worker or cfg.worker,
+            worker=args.worker if args.worker is not None else cfg.worker,
             worker_python=args.worker_python or cfg.worker_python,
             server=server,
             engine=engine,

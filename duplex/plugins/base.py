@@ -53,7 +53,7 @@ from __future__ import annotations
 
 import enum
 from abc import ABC, abstractmethod
-from collections.abc import Iterator, Sequence
+from collections.abc import Iterator, Mapping, Sequence
 from typing import ClassVar
 
 import msgspec
@@ -327,6 +327,14 @@ class Plugin(ABC):
         Raises ``PluginError("not_supported")`` for a plugin that loads no weights.
         """
         raise PluginError("not_supported", f"{cls.name} has no checkpoint to write")
+
+    @classmethod
+    def prefers_worker(cls, options: Mapping[str, object]) -> bool:
+        """Whether the server runs this plugin in a worker process when its configuration does not
+        say (``worker:`` unset): a model on an accelerator does (DESIGN §7: heavy models live in
+        workers, so a crash or a leak never takes the server down); a light one does not. The
+        default: when ``options`` put it on a CUDA device."""
+        return str(options.get("device", "cpu")).startswith("cuda")
 
     def load(self) -> None:  # noqa: B027 - optional hook
         """Load weights and allocate per-slot state. Called once, before any slot opens."""

@@ -138,7 +138,7 @@ class ModelConfig(msgspec.Struct, frozen=True, kw_only=True, forbid_unknown_fiel
     plugin: str
     model_path: str | None = None
     plugin_options: dict[str, object] = {}
-    worker: bool = False
+    worker: bool | None = None
     worker_python: str | None = None
     engine: dict[str, object] = {}
 
@@ -154,10 +154,11 @@ class ServeConfig(msgspec.Struct, frozen=True, kw_only=True, forbid_unknown_fiel
     model_path: str | None = None
     model_name: str | None = None
     plugin_options: dict[str, object] = {}
-    # Run the plugin in a supervised worker process (``duplex.plugins.worker``); ``worker_python``
+    # Run the plugin in a supervised worker process (``duplex.plugins.worker``); ``None`` (unset): the
+    # plugin's own default (``Plugin.prefers_worker``: a model on a CUDA device does). ``worker_python``
     # (which implies ``worker``) runs it with another interpreter, e.g. another virtual
     # environment's; ``worker_config`` is handed to ``WorkerConfig`` (timeouts, restart backoff).
-    worker: bool = False
+    worker: bool | None = None
     worker_python: str | None = None
     worker_config: dict[str, object] = {}
     server: ServerConfig = ServerConfig()

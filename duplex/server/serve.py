@@ -96,8 +96,12 @@ def build_plugin(
 
 def worker_config(cfg: ServeConfig) -> WorkerConfig | None:
     """The ``WorkerConfig`` of ``cfg`` (its ``worker_config`` section, ``worker_python``), or
-    ``None`` when the plugin runs in-process. Raises ``ConfigError`` naming a bad key."""
-    if not (cfg.worker or cfg.worker_python):
+    ``None`` when the plugin runs in-process: ``worker`` unset follows the plugin's own default
+    (``Plugin.prefers_worker``). Raises ``ConfigError`` naming a bad key."""
+    worker = cfg.worker
+    if worker is None and cfg.plugin is not None and cfg.plugin in registry.available():
+        worker = registry.load_class(cfg.plugin).prefers_worker(cfg.plugin_options)
+    if not (worker or cfg.worker_python):
         return None
     fields = dict(cfg.worker_config)
     if cfg.worker_python:
@@ -296,7 +300,11 @@ def serve(cfg: ServeConfig, *, log_level: str = "info") -> None:
         for model, model_engine_config in extra_configs:
             extra_worker = worker_config(
                 ServeConfig(
-                    worker=model.worker, worker_python=model.worker_python, worker_config=cfg.worker_config
+                    plugin=model.plugin,
+                    plugin_options=model.plugin_options,
+                    worker=model.worker,
+                    worker_python=model.worker_python,
+                    worker_config=cfg.worker_config,
                 )
             )
             extra, _ = build_plugin(

@@ -281,3 +281,15 @@ def test_serve_with_a_worker_that_cannot_start_exits_2_naming_why(flags, message
     )
     assert done.returncode == 2
     assert message in done.stderr
+
+
+def test_a_model_on_a_cuda_device_runs_in_a_worker_unless_the_config_says_otherwise() -> None:
+    from duplex.server.config import ServeConfig
+    from duplex.server.serve import worker_config
+
+    on_gpu = {"device": "cuda", "max_sessions": 4}
+    assert worker_config(ServeConfig(plugin="personaplex", plugin_options=on_gpu)) is not None
+    assert worker_config(ServeConfig(plugin="personaplex", plugin_options={"device": "cpu"})) is None
+    assert worker_config(ServeConfig(plugin="personaplex", plugin_options=on_gpu, worker=False)) is None
+    assert worker_config(ServeConfig(plugin="echo")) is None
+    assert worker_config(ServeConfig(plugin="echo", worker=True)) is not None
