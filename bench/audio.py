@@ -19,7 +19,6 @@ Run: ``python -m bench.audio [--seconds S] [--out PATH]``. Prints a table and wr
 from __future__ import annotations
 
 import argparse
-import json
 import os
 import platform
 import statistics
@@ -30,6 +29,7 @@ from typing import NamedTuple
 
 import numpy as np
 
+from bench.report import Column, percentile, print_table, write_json
 from duplex.protocol.audio import StreamResampler, b64decode_strict, b64encode, decode_audio, encode_audio
 
 __all__ = ["main"]
@@ -64,11 +64,12 @@ def _timed(fn: Callable[[], object], seconds: float) -> list[float]:
 
 
 def _summary_us(samples: list[float]) -> dict[str, float]:
+    """n, p50, p99 (``bench.report.percentile``) and mean of ``samples`` (at least one), µs."""
     ordered = sorted(samples)
     return {
         "n": len(ordered),
-        "p50_us": round(statistics.median(ordered), 2),
-        "p99_us": round(ordered[min(len(ordered) - 1, round(0.99 * (len(ordered) - 1)))], 2),
+        "p50_us": round(percentile(ordered, 50), 2),
+        "p99_us": round(percentile(ordered, 99), 2),
         "mean_us": round(statistics.fmean(ordered), 2),
     }
 
@@ -201,35 +202,46 @@ def bench_vad(seconds: float) -> dict[str, object]:
     }
 
 
+def _p50_p99(stats: dict[str, float]) -> str:
+    return f"{stats['p50_us']:.1f} / {stats['p99_us']:.1f}"
+
+
+#: The codec table: one row per wire format, µs per frame as p50 / p99.
+CODEC_COLUMNS: list[Column] = [
+    "format",
+    "rate",
+    ("decode", "decode", _p50_p99),
+    ("decode_resample_16k", "+resample 16k", _p50_p99),
+    ("resample_encode_from_24k", "out from 24k", _p50_p99),
+    ("input_frames_per_s_per_core", "in frames/s"),
+]
+
+
 def _print_tables(result: dict[str, object]) -> None:
-    print(f"\nAudio codec, one {FRAME_MS} ms frame, one thread (µs: p50 / p99)")
-    header = (
-        f"{'format':<7}{'rate':>7}{'decode':>18}{'+resample 16k':>20}{'out from 24k':>20}{'in frames/s':>13}"
-    )
-    print(header)
-    print("-" * len(header))
-    for row in result["codec"]:  # type: ignore[union-attr]
-
-        def cell(s: dict[str, float]) -> str:
-            return f"{s['p50_us']:.1f} / {s['p99_us']:.1f}"
-
-        print(
-            f"{row['format']:<7}{row['rate']:>7}{cell(row['decode']):>18}"
-            f"{cell(row['decode_resample_16k']):>20}{cell(row['resample_encode_from_24k']):>20}"
-            f"{row['input_frames_per_s_per_core']:>13}"
-        )
+    codec = result["codec"]
+    assert isinstance(codec, list)
+    title = f"Audio codec, one {FRAME_MS} ms frame, one thread (µs: p50 / p99)"
+    print_table(codec, CODEC_COLUMNS, title=title)
     vad = result.get("vad")
     if isinstance(vad, dict):
         w = vad["score_per_window"]
-        print("\nServer VAD (Silero, 16 kHz, one thread)")
-        print(f"  model load              {vad['model_load_ms']} ms")
-        print(f"  one 32 ms window        {w['p50_us']} µs p50, {w['p99_us']} µs p99")
-        print(f"  feed ({vad['feed_audio']}, 80 ms frames) {vad['cpu_ms_per_audio_s']} ms CPU per s of audio")
-        print(f"  real-time streams/core  {vad['realtime_streams_per_core']}")
-        print(
-            f"  feed_many, {vad['feed_many_streams']} streams  "
-            f"{vad['feed_many_cpu_ms_per_audio_s']} ms CPU per s of audio per stream "
-            f"({vad['feed_many_realtime_streams_per_core']} real-time streams/core)"
+        rows = [
+            ("model load", f"{vad['model_load_ms']} ms"),
+            ("one 32 ms window", f"{w['p50_us']} µs p50, {w['p99_us']} µs p99"),
+            (
+                f"feed ({vad['feed_audio']}, 80 ms frames)",
+                f"{vad['cpu_ms_per_audio_s']} ms CPU per s of audio",
+            ),
+            ("real-time streams/core", vad["realtime_streams_per_core"]),
+            (
+                f"feed_many, {vad['feed_many_streams']} streams",
+                f"{vad['feed_many_cpu_ms_per_audio_s']} ms CPU per s of audio per stream "
+                f"({vad['feed_many_realtime_streams_per_core']} real-time streams/core)",
+            ),
+        ]
+        print_table(
+            [{"figure": name, "value": value} for name, value in rows],
+            title="Server VAD (Silero, 16 kHz, one thread)",
         )
     elif vad is not None:
         print(f"\nServer VAD: {vad}")
@@ -260,9 +272,7 @@ def main(argv: list[str] | None = None) -> dict[str, object]:
         except VadUnavailableError as exc:  # the VAD stack comes with the `default` extra
             result["vad"] = f"unavailable: {exc}"
     _print_tables(result)
-    args.out.parent.mkdir(parents=True, exist_ok=True)
-    args.out.write_text(json.dumps(result, indent=2) + "\n")
-    print(f"\nwrote {args.out}")
+    print(f"\nwrote {write_json(args.out, result)}")
     return result
 
 

@@ -46,8 +46,9 @@ import time
 from pathlib import Path
 from typing import Any
 
-from bench.default_latency import _percentiles
+from bench.default_latency import summary
 from bench.loopback import free_port, serve_engine, stop_process, wait_port
+from bench.report import Column, print_table, write_json
 
 __all__ = ["main"]
 
@@ -142,8 +143,8 @@ async def _sleep_until(t: float) -> None:
 
 def _turns_summary(turns: list[tuple[float, float, str]]) -> dict[str, Any]:
     return {
-        "b_first_audio_s": _percentiles([first for first, _, _ in turns]),
-        "b_answered_s": _percentiles([answered for _, answered, _ in turns]),
+        "b_first_audio_s": summary([first for first, _, _ in turns]),
+        "b_answered_s": summary([answered for _, answered, _ in turns]),
         "b_first_audio_each_s": [round(first, 3) for first, _, _ in turns],
         "b_statuses": sorted({status for _, _, status in turns}),
     }
@@ -235,25 +236,36 @@ def _serve(spec: dict[str, Any]) -> None:
     serve_engine(Engine(plugin, EngineConfig(max_sessions=2), model_name=name), spec["port"], name)
 
 
-def _print_table(rows: list[dict[str, Any]]) -> None:
-    def p50_max(stats: dict[str, float] | None) -> str:
-        return "" if stats is None else f"{stats['p50']:.2f} / {stats['max']:.2f}"
+def _p50_max(stats: dict[str, float]) -> str:
+    return f"{stats['p50']:.2f} / {stats['max']:.2f}"
 
-    print(
-        f"{'scenario':<10}{'A chars':>8}{'B first audio p50/max s':>25}{'B answered p50/max s':>22}"
-        f"{'A first audio s':>17}{'cancel->done s':>16}{'B after cancel s':>18}{'RSS start/peak/end MB':>24}"
-    )
+
+def _rss(row: dict[str, Any]) -> str:
+    return f"{row['rss_start_mb']:.0f} / {row['rss_peak_mb']:.0f} / {row['rss_end_mb']:.0f}"
+
+
+#: The printed table, one row per scenario (``b_after_cancel`` and ``rss`` are built for it).
+COLUMNS: list[Column] = [
+    "scenario",
+    ("a_chars", "A chars"),
+    ("b_first_audio_s", "B first audio p50/max s", _p50_max),
+    ("b_answered_s", "B answered p50/max s", _p50_max),
+    ("a_first_audio_s", "A first audio s"),
+    ("cancel_to_done_s", "cancel->done s"),
+    ("b_after_cancel", "B after cancel s"),
+    ("rss", "RSS start/peak/end MB"),
+]
+
+
+def _print_table(rows: list[dict[str, Any]]) -> None:
+    shown = []
     for row in rows:
-        memory = f"{row['rss_start_mb']:.0f} / {row['rss_peak_mb']:.0f} / {row['rss_end_mb']:.0f}"
-        after_cancel = ""
+        after_cancel = None
         if "b_first_audio_after_cancel_s" in row:
             first, answered = row["b_first_audio_after_cancel_s"], row["b_answered_after_cancel_s"]
             after_cancel = f"{first:.2f} / {answered:.2f}"
-        print(
-            f"{row['scenario']:<10}{row.get('a_chars', ''):>8}{p50_max(row.get('b_first_audio_s')):>25}"
-            f"{p50_max(row.get('b_answered_s')):>22}{row.get('a_first_audio_s', ''):>17}"
-            f"{row.get('cancel_to_done_s', ''):>16}{after_cancel:>18}{memory:>24}"
-        )
+        shown.append({**row, "b_after_cancel": after_cancel, "rss": _rss(row)})
+    print_table(shown, COLUMNS)
 
 
 def main(argv: list[str] | None = None) -> dict[str, Any] | None:
@@ -291,9 +303,7 @@ def main(argv: list[str] | None = None) -> dict[str, Any] | None:
         print(json.dumps(row), flush=True)
     results["host"]["load_average_1m_at_end"] = round(os.getloadavg()[0], 2)
     _print_table(results["scenarios"])
-    args.out.parent.mkdir(parents=True, exist_ok=True)
-    args.out.write_text(json.dumps(results, indent=2) + "\n")
-    print(f"wrote {args.out}")
+    print(f"wrote {write_json(args.out, results)}")
     return results
 
 

@@ -24,7 +24,6 @@ from __future__ import annotations
 
 import argparse
 import asyncio
-import json
 import os
 import platform
 import re
@@ -34,7 +33,9 @@ from pathlib import Path
 
 import numpy as np
 
-__all__ = ["main"]
+from bench.report import percentile, print_table, write_json
+
+__all__ = ["main", "summary"]
 
 SENTENCES = (
     "What time is it in Paris?",
@@ -51,14 +52,14 @@ REPLY = (
 DEFAULT_OUT = Path(__file__).parent / "results" / "default_latency.json"
 
 
-def _percentiles(values: list[float]) -> dict[str, float]:
-    """p50/p95/max/mean of ``values`` in the values' unit, rounded for the report."""
+def summary(values: list[float]) -> dict[str, float]:
+    """n, p50, p95 (``bench.report.percentile``), max and mean of ``values`` (at least one) in the
+    values' unit, rounded to 4 decimals for the report."""
     ordered = sorted(values)
-    p95 = ordered[min(len(ordered) - 1, round(0.95 * (len(ordered) - 1)))]
     return {
         "n": len(values),
-        "p50": round(statistics.median(ordered), 4),
-        "p95": round(p95, 4),
+        "p50": round(percentile(ordered, 50), 4),
+        "p95": round(percentile(ordered, 95), 4),
         "max": round(ordered[-1], 4),
         "mean": round(statistics.fmean(ordered), 4),
     }
@@ -142,14 +143,14 @@ def bench_models(repeats: int, threads: int) -> dict[str, object]:
     return {
         "load_s": {"asr": round(asr_load_s, 3), "tts": round(tts_load_s, 3), "warm_up": round(warm_s, 3)},
         "asr": {
-            "rtf": _percentiles(asr_rtf),
-            "seconds": _percentiles(asr_s),
+            "rtf": summary(asr_rtf),
+            "seconds": summary(asr_s),
             "word_exact_transcripts": f"{exact}/{len(asr_s)}",
         },
-        "tts": {"first_piece_s": _percentiles(tts_first), "rtf": _percentiles(tts_rtf)},
+        "tts": {"first_piece_s": summary(tts_first), "rtf": summary(tts_rtf)},
         "plugin": {
-            "end_of_turn_to_first_audio_s": _percentiles(plugin_first),
-            "end_of_turn_to_transcript_s": _percentiles(plugin_asr_share),
+            "end_of_turn_to_first_audio_s": summary(plugin_first),
+            "end_of_turn_to_transcript_s": summary(plugin_asr_share),
         },
     }
 
@@ -245,32 +246,35 @@ async def _bench_server(turns: int) -> dict[str, object]:
         "turns": turns,
         "answered": len(eos_to_audio),
         "vad_silence_duration_ms": silence_ms,
-        "end_of_speech_to_first_audio_s": _percentiles(eos_to_audio),
-        "end_of_speech_to_speech_stopped_s": _percentiles(stopped_lag),
-        "speech_stopped_to_first_audio_s": _percentiles(stopped_to_audio),
+        "end_of_speech_to_first_audio_s": summary(eos_to_audio),
+        "end_of_speech_to_speech_stopped_s": summary(stopped_lag),
+        "speech_stopped_to_first_audio_s": summary(stopped_to_audio),
     }
 
 
+#: The printed table: one row per figure, seconds (or a ratio) to three decimals.
+COLUMNS = ["metric", "n", *((key, key, ".3f") for key in ("p50", "p95", "max"))]
+
+
 def _print_table(results: dict[str, object]) -> None:
-    rows: list[tuple[str, dict[str, float]]] = []
     models = results["models"]
     assert isinstance(models, dict)
-    rows.append(("ASR real-time factor", models["asr"]["rtf"]))
-    rows.append(("ASR seconds per utterance", models["asr"]["seconds"]))
-    rows.append(("TTS first piece (s)", models["tts"]["first_piece_s"]))
-    rows.append(("TTS real-time factor", models["tts"]["rtf"]))
-    rows.append(("plugin end of turn -> transcript (s)", models["plugin"]["end_of_turn_to_transcript_s"]))
-    rows.append(("plugin end of turn -> first audio (s)", models["plugin"]["end_of_turn_to_first_audio_s"]))
+    figures = [
+        ("ASR real-time factor", models["asr"]["rtf"]),
+        ("ASR seconds per utterance", models["asr"]["seconds"]),
+        ("TTS first piece (s)", models["tts"]["first_piece_s"]),
+        ("TTS real-time factor", models["tts"]["rtf"]),
+        ("plugin end of turn -> transcript (s)", models["plugin"]["end_of_turn_to_transcript_s"]),
+        ("plugin end of turn -> first audio (s)", models["plugin"]["end_of_turn_to_first_audio_s"]),
+    ]
     server = results.get("server")
     if isinstance(server, dict) and "end_of_speech_to_first_audio_s" in server:
-        rows.append(("server end of speech -> first audio (s)", server["end_of_speech_to_first_audio_s"]))
-        rows.append(
-            ("server end of speech -> speech_stopped (s)", server["end_of_speech_to_speech_stopped_s"])
-        )
-        rows.append(("server speech_stopped -> first audio (s)", server["speech_stopped_to_first_audio_s"]))
-    print(f"{'metric':<44}{'n':>5}{'p50':>9}{'p95':>9}{'max':>9}")
-    for name, stats in rows:
-        print(f"{name:<44}{stats['n']:>5}{stats['p50']:>9.3f}{stats['p95']:>9.3f}{stats['max']:>9.3f}")
+        figures += [
+            ("server end of speech -> first audio (s)", server["end_of_speech_to_first_audio_s"]),
+            ("server end of speech -> speech_stopped (s)", server["end_of_speech_to_speech_stopped_s"]),
+            ("server speech_stopped -> first audio (s)", server["speech_stopped_to_first_audio_s"]),
+        ]
+    print_table([{"metric": name, **stats} for name, stats in figures], COLUMNS)
     print(f"ASR transcripts with every word right: {models['asr']['word_exact_transcripts']}")
 
 
@@ -297,9 +301,7 @@ def main(argv: list[str] | None = None) -> dict[str, object]:
         results["server"] = bench_server(args.server_turns)
     results["host"]["load_average_1m_at_end"] = round(os.getloadavg()[0], 2)  # type: ignore[index]
     _print_table(results)
-    args.out.parent.mkdir(parents=True, exist_ok=True)
-    args.out.write_text(json.dumps(results, indent=2) + "\n")
-    print(f"wrote {args.out}")
+    print(f"wrote {write_json(args.out, results)}")
     return results
 
 

@@ -44,10 +44,11 @@ import platform
 import subprocess
 import sys
 import time
-from pathlib import Path
 from typing import Any
 
 import numpy as np
+
+from bench.report import percentile, print_table, write_json
 
 __all__ = ["main", "run_once"]
 
@@ -58,6 +59,23 @@ RATE = 24000
 #: A client talks in turns: this many frames of voiced tone, then this many of silence, so the echo's
 #: responses end and the per-response state is released (as in a conversation).
 TALK_FRAMES, PAUSE_FRAMES = 30, 10
+
+#: The printed table: one row per run (the JSON has every field).
+COLUMNS = [
+    ("sessions", "N"),
+    ("tick_p50_ms", "tick p50 ms"),
+    ("tick_p99_ms", "tick p99 ms"),
+    ("append_to_step_p50_ms", "append->step p50 ms"),
+    ("append_to_step_p99_ms", "append->step p99 ms"),
+    ("realtime_ratio", "realtime", ".4f"),
+    ("frames_padded", "padded"),
+    ("first_audio_ms", "first audio p50 ms"),
+    ("first_audio_max_ms", "first audio max ms"),
+    ("client_loop_late_p99_ms", "client late p99 ms"),
+    ("cpu_percent", "CPU %", ".1f"),
+    ("rss_mb", "RSS MB", ".1f"),
+    ("load_average_start", "load at start", lambda load: " ".join(f"{x:.2f}" for x in load)),
+]
 
 
 def _frames() -> tuple[bytes, bytes]:
@@ -101,13 +119,6 @@ async def _client_group(
             except Detached:
                 stats["detached"] += 1
         k += 1
-
-
-def _percentile(values: list[float], q: float) -> float | None:
-    if not values:
-        return None
-    data = sorted(values)
-    return data[min(len(data) - 1, round(q * (len(data) - 1)))]
 
 
 async def run_once(
@@ -191,7 +202,7 @@ async def run_once(
             "frames_stepped": stepped,
             "realtime_ratio": round(stepped / sent, 4) if sent else None,
             "frames_padded": m.frames_padded.value - padded0,
-            "client_loop_late_p99_ms": _ms(_percentile(stats["client_late_s"], 0.99)),
+            "client_loop_late_p99_ms": _ms(percentile(stats["client_late_s"], 99)),
             "slow_reader_detaches": m.slow_reader_detaches.value,
             "cpu_percent": round(100 * ((cpu1.user - cpu0.user) + (cpu1.system - cpu0.system)) / wall, 1),
             "rss_mb": round(proc.memory_info().rss / 2**20, 1),
@@ -258,7 +269,8 @@ def main(argv: list[str] | None = None) -> None:
     for n in args.sessions:
         result = _run_in_child(n, args.seconds, tick, probes=args.probes)
         runs.append(result)
-        _print(result)
+        print_table([result], COLUMNS, file=sys.stderr)  # progress: each run as it ends
+    print_table(runs, COLUMNS, title=f"Engine on echo, {args.seconds:g} s a run, tick_ms {tick:g}")
     soak = None
     if args.soak_seconds:
         soak_n = args.soak_sessions or max(args.sessions)
@@ -270,7 +282,7 @@ def main(argv: list[str] | None = None) -> None:
             conversation_items=args.soak_conversation_items,
             probes=args.probes,
         )
-        _print(soak)
+        print_table([soak], COLUMNS, title=f"Soak, {args.soak_seconds:g} s")
         print(f"soak: RSS slope over the second half {soak.get('rss_slope_mb_per_min')} MB/min")
     out = {
         "benchmark": "engine",
@@ -285,20 +297,7 @@ def main(argv: list[str] | None = None) -> None:
         "runs": runs,
         "soak": soak,
     }
-    Path(args.out).parent.mkdir(parents=True, exist_ok=True)
-    Path(args.out).write_text(json.dumps(out, indent=2))
-    print(f"wrote {args.out}")
-
-
-def _print(r: dict[str, Any]) -> None:
-    print(
-        f"N={r['sessions']:5d} tick p50/p99 {r['tick_p50_ms']}/{r['tick_p99_ms']} ms  "
-        f"append->step p50/p99 {r['append_to_step_p50_ms']}/{r['append_to_step_p99_ms']} ms  "
-        f"realtime {r['realtime_ratio']} padded {r['frames_padded']}  "
-        f"first audio p50/max {r.get('first_audio_ms')}/{r.get('first_audio_max_ms')} ms  "
-        f"client late p99 {r['client_loop_late_p99_ms']} ms  "
-        f"CPU {r['cpu_percent']}%  RSS {r['rss_mb']} MB  load {r.get('load_average_start')}"
-    )
+    print(f"wrote {write_json(args.out, out)}")
 
 
 if __name__ == "__main__":

@@ -27,7 +27,6 @@ import argparse
 import asyncio
 import json
 import random
-import statistics
 import subprocess
 import sys
 import tempfile
@@ -38,8 +37,20 @@ from typing import Any
 import numpy as np
 
 from bench.loopback import free_port, serve_engine, stop_process, streaming_session_update, wait_port
+from bench.report import percentile, print_table
 
 __all__ = ["main", "probe_engine", "probe_websocket", "summary"]
+
+#: The printed table, one row per (plugin, tick, client rate, path).
+COLUMNS = [
+    "plugin",
+    ("tick_ms", "tick ms"),
+    ("client_rate", "Hz"),
+    "path",
+    ("p50_ms", "first audio p50 ms", ".2f"),
+    ("max_ms", "max ms", ".2f"),
+    "n",
+]
 
 FRAME_S = 0.08
 RATE = 24000
@@ -70,11 +81,12 @@ def session_update(rate: int = RATE) -> Any:
 
 
 def summary(values_ms: list[float]) -> dict[str, float | int | None]:
-    """p50 / max / count of a list of first-audio figures (ms)."""
-    if not values_ms:
+    """p50 (``bench.report.percentile``) / max / count of a list of first-audio figures (ms)."""
+    p50 = percentile(values_ms, 50)
+    if p50 is None:
         return {"p50_ms": None, "max_ms": None, "n": 0}
     return {
-        "p50_ms": round(statistics.median(values_ms), 2),
+        "p50_ms": round(p50, 2),
         "max_ms": round(max(values_ms), 2),
         "n": len(values_ms),
     }
@@ -254,11 +266,8 @@ def _rows(name: str, tick_ms: float | None, rate: int, probes: int, assets: str 
             values = _over_websocket(name, probes, tick_ms, assets, rate)
         row = {"plugin": name, "tick_ms": tick_ms, "client_rate": rate, "path": path, **summary(values)}
         rows.append(row)
-        print(
-            f"{name:18s} tick {tick_ms!s:5s} {rate:6d} Hz {path:10s} first audio p50 {row['p50_ms']} ms "
-            f"max {row['max_ms']} ms (n={row['n']}, {time.perf_counter() - t0:.1f} s)",
-            flush=True,
-        )
+        print(f"{name}, tick_ms={tick_ms}, {rate} Hz, {path}: p50 {row['p50_ms']} ms "
+              f"({time.perf_counter() - t0:.1f} s)", file=sys.stderr, flush=True)
     return rows
 
 
@@ -285,6 +294,7 @@ def main(argv: list[str] | None = None) -> None:
             for tick in args.tick_ms:
                 for rate in args.rates:
                     rows += _rows(name, tick or None, rate, args.probes, assets)
+    print_table(rows, COLUMNS, title="First audio: first append to first audio delta")
     if args.json:
         Path(args.json).write_text(json.dumps({"benchmark": "first_audio", "rows": rows}, indent=2))
 

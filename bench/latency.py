@@ -1,8 +1,9 @@
 """The latency suite (``duplex bench latency``): how long a listener waits, measured from the client.
 
-Each figure is measured ``repeats`` times (a fresh session each time) and reported with
-p50 / p95 / p99 (linear), mean, max, the raw samples, the misses, and a ``measurement_origin``
-that says exactly which two client-side moments it spans. All times are one monotonic clock.
+Each figure is measured ``repeats`` times (a fresh session each time) and reported with p50 / p95 /
+p99 (``bench.report.percentile``: linear), mean, max, the raw samples, the misses, and a
+``measurement_origin`` that says exactly which two client-side moments it spans. All times are one
+monotonic clock.
 
 * ``eos_to_first_audio_ms`` (end of user speech -> first audio): an utterance (Piper speech, or
   a tone burst) is streamed in real time, then silence. Origin: the send completion of the append
@@ -26,6 +27,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import math
 import sys
 import time
 from collections.abc import Callable
@@ -34,6 +36,7 @@ from typing import Any, TextIO
 
 import numpy as np
 
+from bench.report import format_cell, percentile
 from bench.speech import last_voiced_sample, utterance
 from clients import ClientError, DuplexClient, create_duplex_session_config, event_type
 from duplex.protocol.audio import encode_audio, read_wav, resample
@@ -81,14 +84,10 @@ class LatencyConfig:
 def figure(name: str, samples: list[float], missed: int = 0, *, clip: bool = False,
            notes: dict[str, Any] | None = None) -> dict[str, Any]:
     """A reported figure: percentiles of ``samples`` (clipped at 0 when ``clip``), with its origin."""
-    xs = np.asarray([max(0.0, s) for s in samples] if clip else samples, dtype=np.float64)
-    stats: dict[str, Any] = {"count": int(xs.size), "missed": missed}
-    if xs.size:
-        p50, p95, p99 = np.percentile(xs, [50, 95, 99])
-        stats.update(p50=float(p50), p95=float(p95), p99=float(p99), mean=float(xs.mean()),
-                     max=float(xs.max()))
-    else:
-        stats.update(p50=None, p95=None, p99=None, mean=None, max=None)
+    xs = sorted(max(0.0, s) if clip else float(s) for s in samples)
+    stats: dict[str, Any] = {"count": len(xs), "missed": missed}
+    stats.update(p50=percentile(xs, 50), p95=percentile(xs, 95), p99=percentile(xs, 99),
+                 mean=math.fsum(xs) / len(xs) if xs else None, max=xs[-1] if xs else None)
     return {**stats, "samples": [round(s, 3) for s in samples], "measurement_origin": ORIGINS[name],
             **(notes or {})}
 
@@ -299,7 +298,8 @@ async def run_latency(cfg: LatencyConfig, *, progress: TextIO | None = sys.stder
                 barge_missed += 1
                 barge_notes.append(r.get("barge_missed", "no answer to interrupt"))
             _say(progress, f"latency [{i + 1}/{cfg.repeats}] eos->audio "
-                           f"{_fmt(r['eos_ms'])} ms, barge-in->cancelled {_fmt(r.get('cancel_ms'))} ms")
+                           f"{format_cell(r['eos_ms'], '.0f')} ms, barge-in->cancelled "
+                           f"{format_cell(r.get('cancel_ms'), '.0f')} ms")
     if "eos" in cfg.scenarios:
         figures["eos_to_first_audio_ms"] = figure("eos_to_first_audio_ms", eos, eos_missed, clip=True,
                                                   notes={"overlapped": sum(1 for x in eos if x < 0)})
@@ -317,10 +317,6 @@ async def run_latency(cfg: LatencyConfig, *, progress: TextIO | None = sys.stder
     return {"input": {"source": source, "text": cfg.text if source == "piper" else None,
                       "seconds": len(pcm) / rate},
             "lanes": sorted(lanes), "repeats": cfg.repeats, "figures": figures, "skipped": skipped}
-
-
-def _fmt(x: float | None) -> str:
-    return "-" if x is None else f"{x:.0f}"
 
 
 def _say(stream: TextIO | None, line: str) -> None:

@@ -36,7 +36,7 @@ from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
 from typing import Any
 
-import numpy as np
+from bench.report import percentile
 
 __all__ = [
     "DEFINITIONS",
@@ -103,24 +103,26 @@ class Packet:
 
 
 def distribution(values: Iterable[float]) -> dict[str, Any]:
-    """``{count, mean, median, p50, p95, p99, max, argmax_index}`` with linear percentiles.
+    """``{count, mean, median, p50, p95, p99, max, argmax_index}``, percentiles by
+    ``bench.report.percentile`` (linear between the closest ranks; ``median`` is ``p50``).
 
     Empty input gives ``count: 0`` and ``None`` elsewhere (never a fake zero).
     """
-    xs = np.asarray(list(values), dtype=np.float64)
-    if xs.size == 0:
+    xs = [float(v) for v in values]
+    if not xs:
         return {"count": 0, "mean": None, "median": None, "p50": None, "p95": None, "p99": None,
                 "max": None, "argmax_index": None}
-    p50, p95, p99 = (float(v) for v in np.percentile(xs, [50, 95, 99]))
+    ordered = sorted(xs)
+    p50, p95, p99 = (percentile(ordered, q) for q in (50, 95, 99))
     return {
-        "count": int(xs.size),
-        "mean": float(xs.mean()),
+        "count": len(xs),
+        "mean": math.fsum(xs) / len(xs),
         "median": p50,
         "p50": p50,
         "p95": p95,
         "p99": p99,
-        "max": float(xs.max()),
-        "argmax_index": int(xs.argmax()),
+        "max": ordered[-1],
+        "argmax_index": xs.index(ordered[-1]),
     }
 
 

@@ -81,6 +81,7 @@ import msgspec
 import numpy as np
 
 from bench.loopback import free_port, serve_engine, streaming_session_update, wait_port
+from bench.report import Column, format_table, percentile, print_table
 from bench.ws_load import OP_BINARY, OP_TEXT, client_frame, run_clients
 
 __all__ = ["capacities", "main", "paired_rounds", "plot_sweep", "print_summary"]
@@ -97,6 +98,29 @@ VARIANTS = (
     "duplex-json",
     "duplex-msgpack",
 )
+
+#: A run's line as it ends (every field of ``run_one`` but its errors), milliseconds and
+#: percentages to one decimal.
+RUN_COLUMNS: list[Column] = [
+    "variant",
+    "sessions",
+    "server_loop",
+    "held",
+    *((key, key, ".1f") for key in ("p50_ms", "p99_ms", "max_ms", "over_ms_pct", "stall_ms")),
+    "samples",
+    *((key, key, ".1f") for key in ("send_late_p99_ms", "server_cpu_pct", "driver_cpu_pct")),
+    "drivers",
+]
+#: The summary: the best repeat of each (variant, N), with its ratios to bare-json's.
+SUMMARY_COLUMNS: list[Column] = [
+    "variant",
+    "sessions",
+    "held",
+    *((key, key, ".1f") for key in ("p50_ms", "p99_ms", "max_ms", "over_ms_pct")),
+    *((key, key, ".1f") for key in ("server_cpu_pct", "driver_cpu_pct")),
+    ("p99_vs_bare", "p99_vs_bare", ".2f"),
+    ("cpu_vs_bare", "cpu_vs_bare", ".2f"),
+]
 
 
 # -- the bare baseline server --------------------------------------------------------------------
@@ -278,13 +302,6 @@ def _append_messages(variant: str) -> tuple[list[Any], int]:
     return msgs, (1 if variant.startswith("duplex") else 0)
 
 
-def _pct(xs: list[float], q: float) -> float | None:
-    if not xs:
-        return None
-    xs = sorted(xs)
-    return xs[min(len(xs) - 1, max(0, int(np.ceil(q / 100 * len(xs))) - 1))]
-
-
 def count_in_window(times: list[float], count_from: float, count_until: float) -> int:
     """How many of ``times`` fall in the half-open window ``[count_from, count_until)`` (monotonic
     clock seconds); an empty or reversed window counts nothing."""
@@ -431,13 +448,13 @@ def run_one(
         "sessions": n,
         "server_loop": loop,
         "held": sum(part["held"] for part in parts),
-        "p50_ms": _pct(lat, 50),
-        "p99_ms": _pct(lat, 99),
+        "p50_ms": percentile(lat, 50),
+        "p99_ms": percentile(lat, 99),
         "max_ms": max(lat) if lat else None,
         "over_ms_pct": (100.0 * sum(1 for x in lat if x >= over_ms) / len(lat)) if lat else None,
         "stall_ms": stall_ms,
         "samples": len(lat),
-        "send_late_p99_ms": _pct(late, 99),
+        "send_late_p99_ms": percentile(late, 99),
         "server_cpu_pct": (cpu1 - cpu0) / wall * 100,
         "driver_cpu_pct": (drv1 - drv0) / wall * 100,
         "drivers": len(procs),
@@ -529,7 +546,7 @@ def paired_rounds(rows: list[dict[str, Any]], variant: str, baseline: str = "bar
         "p99_lower": p99_lower,
         "cpu_rounds": len(ratios),
         "cpu_lower": cpu_lower,
-        "cpu_ratio_median": float(np.median(ratios)) if ratios else None,
+        "cpu_ratio_median": percentile(ratios, 50),
         "cpu_ratio_min": min(ratios) if ratios else None,
         "cpu_ratio_max": max(ratios) if ratios else None,
     }
@@ -598,35 +615,34 @@ def print_summary(rows: list[dict[str, Any]], p99_ms: float, repeats: int) -> di
         r["cpu_vs_bare"] = (
             (r["server_cpu_pct"] / bare["server_cpu_pct"]) if bare and bare["server_cpu_pct"] else None
         )
-    cols = [
-        "variant",
-        "sessions",
-        "held",
-        "p50_ms",
-        "p99_ms",
-        "max_ms",
-        "over_ms_pct",
-        "server_cpu_pct",
-        "driver_cpu_pct",
-        "p99_vs_bare",
-        "cpu_vs_bare",
-    ]
-    print()
-    print(_table(rows, cols))
+    print_table(rows, SUMMARY_COLUMNS, title="the best repeat of each variant and N")
     capacity = capacities(rows, p99_ms)
     base = capacity.get("bare-json") or 0
     ratios = {v: (c / base if base else None) for v, c in capacity.items()}
-    print()
-    print(f"capacity at p99 < {p99_ms:g} ms, best of up to {repeats} (every N up to it held, p99 under):")
-    for v, c in capacity.items():
-        ratio = ratios[v]
-        print(f"  {v:15s} {c:5d}" + (f"   {ratio:.2f} x bare-json" if ratio is not None else ""))
     per_core = {v: _per_core(rows, v) for v in variants}
     bare_core = per_core.get("bare-json")
-    print("sessions per core, from server CPU at the largest N held (ratio to bare-json):")
-    for v, c in per_core.items():
-        if c is not None:
-            print(f"  {v:18s} {c:7.0f}" + (f"   {c / bare_core:.2f} x" if bare_core else ""))
+    table = [
+        {
+            "variant": v,
+            "capacity": c,
+            "capacity_vs_bare": ratios[v],
+            "per_core": per_core.get(v),
+            "per_core_vs_bare": per_core[v] / bare_core if per_core.get(v) and bare_core else None,
+        }
+        for v, c in capacity.items()
+    ]
+    columns: list[Column] = [
+        "variant",
+        ("capacity", "capacity N"),
+        ("capacity_vs_bare", "x bare-json", ".2f"),
+        ("per_core", "sessions/core", ".0f"),
+        ("per_core_vs_bare", "x bare-json", ".2f"),
+    ]
+    title = (
+        f"capacity at p99 < {p99_ms:g} ms, best of up to {repeats} (every N up to it held, p99 under); "
+        "sessions per core, from server CPU at the largest N held"
+    )
+    print_table(table, columns, title=title)
     paired = {v: paired_rounds(rows, v) for v in variants if v != "bare-json" and "bare-json" in variants}
     if paired:
         print("round by round against bare-json (the same N, run back to back):")
@@ -644,22 +660,6 @@ def print_summary(rows: list[dict[str, Any]], p99_ms: float, repeats: int) -> di
         "sessions_per_core_from_cpu": per_core,
         "paired": paired,
     }
-
-
-def _fmt(v: Any) -> str:
-    if v is None:
-        return "-"
-    if isinstance(v, float):
-        return f"{v:.1f}"
-    return str(v)
-
-
-def _table(rows: list[dict[str, Any]], columns: list[str]) -> str:
-    cells = [[_fmt(r.get(c)) for c in columns] for r in rows]
-    widths = [max(len(c), *(len(x[i]) for x in cells)) for i, c in enumerate(columns)]
-    lines = ["  ".join(c.ljust(w) for c, w in zip(columns, widths, strict=True))]
-    lines += ["  ".join(x.ljust(w) for x, w in zip(row, widths, strict=True)) for row in cells]
-    return "\n".join(lines)
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -744,7 +744,7 @@ def main(argv: list[str] | None = None) -> int:
                 runs.append(run)
                 if _passes(run, n, args.p99_ms):
                     passed.add(variant)
-                print(_table([run], list(run)[:-2]), flush=True)
+                print(format_table([run], RUN_COLUMNS), flush=True)
     rows = [_best(runs, variant, n) for n in args.sessions for variant in args.variants]
     summary = print_summary(rows, args.p99_ms, args.repeats)
     capacity, ratios = summary["capacity"], summary["capacity_vs_bare"]

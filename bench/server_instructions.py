@@ -55,10 +55,11 @@ from pathlib import Path
 from typing import Any
 
 from bench.loopback import free_port, wait_port
-from bench.report import format_table, machine, write_json
-from bench.server import FRAME_MS, VARIANTS, _pct, server_loop, start_drivers
+from bench.report import machine, percentile, print_table, write_json
+from bench.server import FRAME_MS, VARIANTS, server_loop, start_drivers
 
 __all__ = [
+    "COLUMNS",
     "add_ratios",
     "callgrind_total",
     "main",
@@ -66,7 +67,6 @@ __all__ = [
     "plot_rows",
     "result_payload",
     "run_one",
-    "table",
 ]
 
 DEFAULT_VARIANTS = ("bare-json", "duplex-json", "duplex-msgpack")
@@ -206,8 +206,8 @@ def run_one(
         "sent_in_window": sum(part["sent_in_window"] for part in parts),
         "instructions": instructions,
         "instr_per_frame": instructions / frames if frames else None,
-        "p50_ms": _pct(lat, 50),
-        "p99_ms": _pct(lat, 99),
+        "p50_ms": percentile(lat, 50),
+        "p99_ms": percentile(lat, 99),
         "window_s": seconds,
         "toggle_on_ms": toggle_on_ms,
         "toggle_off_ms": toggle_off_ms,
@@ -227,11 +227,6 @@ def add_ratios(rows: list[dict[str, Any]]) -> list[dict[str, Any]]:
         b, x = bare.get(r["sessions"]), r.get("instr_per_frame")
         r["vs_bare"] = x / b if b and x is not None else None
     return rows
-
-
-def table(rows: Sequence[dict[str, Any]]) -> str:
-    """The readable table of ``rows`` (after ``add_ratios``)."""
-    return format_table(rows, COLUMNS)
 
 
 def result_payload(rows: list[dict[str, Any]], args: dict[str, Any]) -> dict[str, Any]:
@@ -348,9 +343,8 @@ def main(argv: list[str] | None = None) -> int:
                 f"held {row['held']}/{n}, p50 {p50:.1f} ms ({time.monotonic() - t:.0f} s)"
             )
     add_ratios(rows)
-    print()
-    print(f"Server user-space instructions per frame (callgrind, {args.seconds:g} s window)")
-    print(table(rows))
+    title = f"Server user-space instructions per frame (callgrind, {args.seconds:g} s window)"
+    print_table(rows, COLUMNS, title=title)
     settings = {
         "variants": args.variants,
         "sessions": args.sessions,

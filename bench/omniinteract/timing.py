@@ -20,11 +20,12 @@ audio 10.3 (100 ms); r2 created 12.1, text 12.2, audio 12.5 (200 ms) -> ``stream
 
 from __future__ import annotations
 
+import math
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
 from typing import Any
 
-import numpy as np
+from bench.report import percentile
 
 __all__ = ["MEASUREMENT_ORIGIN", "ResponseTiming", "request_metrics", "session_metrics", "summary"]
 
@@ -50,12 +51,12 @@ class ResponseTiming:
 
 
 def summary(values: Iterable[float | None]) -> dict[str, Any]:
-    """``{count, mean, p50, p99}`` over the non-None values (linear percentiles)."""
-    xs = np.asarray([v for v in values if v is not None], dtype=np.float64)
-    if xs.size == 0:
+    """``{count, mean, p50, p99}`` over the non-None values (``bench.report.percentile``)."""
+    xs = sorted(float(v) for v in values if v is not None)
+    if not xs:
         return {"count": 0, "mean": None, "p50": None, "p99": None}
-    p50, p99 = np.percentile(xs, [50, 99])
-    return {"count": int(xs.size), "mean": float(xs.mean()), "p50": float(p50), "p99": float(p99)}
+    return {"count": len(xs), "mean": math.fsum(xs) / len(xs), "p50": percentile(xs, 50),
+            "p99": percentile(xs, 99)}
 
 
 def _ms(a: float | None, b: float | None) -> float | None:

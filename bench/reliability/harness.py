@@ -29,18 +29,11 @@ import psutil
 import websockets
 
 from bench.loopback import free_port, stop_process, wait_port
+from bench.report import percentile
 
-__all__ = ["HealthProbe", "ServerProcess", "connect", "percentile", "raw_socket", "recv_json"]
+__all__ = ["HealthProbe", "ServerProcess", "connect", "raw_socket", "recv_json"]
 
 MIB = 1024 * 1024
-
-
-def percentile(values: Sequence[float], q: float) -> float | None:
-    """The ``q`` quantile (0..1) of ``values`` by the nearest rank; None when empty."""
-    if not values:
-        return None
-    ordered = sorted(values)
-    return ordered[min(len(ordered) - 1, max(0, round(q * (len(ordered) - 1))))]
 
 
 class ServerProcess:
@@ -225,10 +218,10 @@ class HealthProbe:
 
     def summary(self) -> dict[str, Any]:
         return {
-            "heartbeat_p50_ms": percentile(self.heartbeat_ms, 0.5),
-            "heartbeat_p99_ms": percentile(self.heartbeat_ms, 0.99),
+            "heartbeat_p50_ms": percentile(self.heartbeat_ms, 50),
+            "heartbeat_p99_ms": percentile(self.heartbeat_ms, 99),
             "heartbeat_max_ms": max(self.heartbeat_ms, default=None),
             "heartbeats": len(self.heartbeat_ms),
-            "health_p99_ms": percentile(self.health_ms, 0.99),
+            "health_p99_ms": percentile(self.health_ms, 99),
             "health_failures": sum(1 for v in self.health_ms if v == float("inf")),
         }

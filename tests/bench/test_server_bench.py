@@ -91,7 +91,7 @@ def test_a_saved_run_is_summarised_and_plotted_again(tmp_path: Path) -> None:
     done = subprocess.run(cmd, capture_output=True, text=True, timeout=120)
     assert done.returncode == 0, done.stderr[-2000:]
     out = " ".join(done.stdout.split())
-    assert "duplex-msgpack 200 2.00 x bare-json" in out
+    assert "duplex-msgpack 200 2.00" in out  # its capacity row: N, x bare-json
     assert "lower p99 in 3 of 4 rounds; server CPU lower in 2 of 3, ratio median 0.80 (0.75-1.10)" in out
     assert png.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
 

@@ -13,14 +13,15 @@ from pathlib import Path
 import pytest
 
 from bench.loopback import free_port, wait_port
+from bench.report import format_table
 from bench.server import _drive, count_in_window
 from bench.server_instructions import (
+    COLUMNS,
     add_ratios,
     callgrind_total,
     parse_totals,
     plot_rows,
     result_payload,
-    table,
 )
 
 
@@ -89,7 +90,7 @@ def test_ratios_table_and_json_on_synthetic_rows(tmp_path: Path) -> None:
 
     rows = add_ratios(_rows())
     assert [r["vs_bare"] for r in rows] == [1.0, 1.5, None]  # no bare-json row at N=20
-    text = table(rows)
+    text = format_table(rows, COLUMNS)
     header = text.splitlines()[0]
     for col in ("variant", "N", "held", "frames", "sent", "instr/frame", "vs bare-json", "p50_ms"):
         assert col in header
