@@ -41,7 +41,7 @@ from bench.personaplex.common import device_name, gpu_mem_gib, percentile
 from bench.progress import Progress
 from bench.report import machine, print_table, write_json
 
-__all__ = ["main"]
+__all__ = ["camera_frame", "main"]
 
 UNIT_MS = 1000
 APPEND_MS = 200
@@ -133,7 +133,8 @@ def serve(args: argparse.Namespace) -> None:
     serve_engine(engine, args.port, MODEL, routes=[Route("/bench/stats", stats)])
 
 
-def _camera_frame(index: int) -> bytes:
+def camera_frame(index: int) -> bytes:
+    """A 640x480 JPEG of one colour (which varies with ``index``), as a camera would send."""
     from PIL import Image
 
     buf = io.BytesIO()
@@ -226,7 +227,7 @@ def _appends() -> list[list[str]]:
         appends = []
         for k in range(UNIT_MS // APPEND_MS):
             chunk = pcm[k * per * 2 : (k + 1) * per * 2]
-            frames = (_camera_frame(u),) if k == UNIT_MS // APPEND_MS - 1 else None
+            frames = (camera_frame(u),) if k == UNIT_MS // APPEND_MS - 1 else None
             appends.append(encode(DuplexInputAudioBufferAppend(audio=chunk, video_frames=frames), Mode.GA))
         units.append(appends)
     return units

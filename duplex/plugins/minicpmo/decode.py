@@ -25,6 +25,7 @@ import torch
 
 from duplex.plugins.minicpmo.graphs import Step, graph_pool
 from duplex.plugins.minicpmo.sampling import gumbel, penalize_presence, sample
+from duplex.plugins.minicpmo.stages import stage
 from duplex.plugins.minicpmo.thinker import Thinker
 from duplex.plugins.minicpmo.tokens import SpecialTokens
 
@@ -162,9 +163,12 @@ class LMDecoder:
         self._sample(r, logits[rows])
         step = self._steps[len(rows_h)]
         for _ in range(self.opts.max_new_tokens - 1):
-            if self.opts.early_exit and not bool(r.active.any()):
-                break
-            step()
+            if self.opts.early_exit:
+                with stage("decode.sync"):
+                    if not bool(r.active.any()):
+                        break
+            with stage("decode.step"):
+                step()
         pos = torch.tensor([i for i, live in enumerate(live_h) if live], device=dev)
         slots = rows[pos]
         for name in ("lm_len", "counter", "history", "turn_open"):

@@ -46,6 +46,7 @@ from duplex.plugins.minicpmo.config import AUDIO_TOKENS_PER_UNIT, UNIT_SAMPLES, 
 from duplex.plugins.minicpmo.decode import DecodeOptions, LMDecoder, SlotSampling
 from duplex.plugins.minicpmo.modules import MiniCPMOModel
 from duplex.plugins.minicpmo.speech import SpeechGenerator
+from duplex.plugins.minicpmo.stages import stage
 from duplex.plugins.minicpmo.thinker import Thinker
 from duplex.plugins.minicpmo.token2wav import CodeToWave
 from duplex.plugins.minicpmo.tokens import SpecialTokens, session_texts
@@ -313,7 +314,8 @@ class UnitGenerator:
         """Advance every slot in ``batch`` (slot -> (16000 float32 samples, encoded frames)) by one unit."""
         dev, w = self.device, self.unit_width
         cap = self.thinker.cache.capacity
-        ids_h, kind_h, src_h, valid_h, frames = self.layout(batch)
+        with stage("layout.host"):
+            ids_h, kind_h, src_h, valid_h, frames = self.layout(batch)
         exec_h = np.zeros(self.slots, dtype=bool)
         audio_h = np.zeros((self.slots, CONTEXT_SAMPLES + UNIT_SAMPLES), dtype=np.float32)
         for slot, (pcm, _frames) in batch.items():
@@ -324,39 +326,49 @@ class UnitGenerator:
             host.tail = audio_h[slot, -CONTEXT_SAMPLES:].copy()
             host.unit_starts.append(0)  # set below from the device length
         exec_t = torch.from_numpy(exec_h).to(dev)
-        audio_emb, self.audio_len = self.audio.encode(
-            torch.from_numpy(audio_h).to(dev), self.audio_len, exec_t
-        )
-        ids = torch.from_numpy(ids_h).to(dev)
-        kind = torch.from_numpy(kind_h).to(dev)
-        src = torch.from_numpy(src_h).to(dev)
-        valid = torch.from_numpy(valid_h).to(dev)
-        embeds = self.thinker.embed_tokens(ids)
-        flat_audio = audio_emb.reshape(-1, audio_emb.shape[-1]).to(embeds.dtype)
-        a_idx = torch.where(kind == _KIND_AUDIO, src, 0)
-        embeds = torch.where((kind == _KIND_AUDIO)[..., None], flat_audio[a_idx], embeds)
+        with stage("audio.encode"):
+            audio_emb, self.audio_len = self.audio.encode(
+                torch.from_numpy(audio_h).to(dev), self.audio_len, exec_t
+            )
+        vis = None
         if frames:
-            vis = self.vision.encode(frames).reshape(-1, embeds.shape[-1]).to(embeds.dtype)
-            v_idx = torch.where(kind == _KIND_VISION, src, 0)
-            embeds = torch.where((kind == _KIND_VISION)[..., None], vis[v_idx], embeds)
-        steps = torch.arange(w, device=dev)
-        positions = self.lm_len[:, None] + steps
-        write = torch.where(exec_t[:, None], positions, cap + steps)
-        limit = torch.where(exec_t[:, None], positions + 1, cap + steps + 1)
-        unit_start = self.lm_len.clone()
-        hidden = self.thinker.forward(embeds, positions, write, limit)
-        last = hidden.gather(1, (valid - 1).clamp(min=0)[:, None, None].expand(-1, 1, hidden.shape[-1]))[:, 0]
-        logits = self.thinker.logits(last)
-        self.lm_len = torch.where(exec_t, self.lm_len + valid, self.lm_len)
+            with stage("vision.encode"):
+                vis = self.vision.encode(frames)
+        with stage("lm.prefill"):
+            ids = torch.from_numpy(ids_h).to(dev)
+            kind = torch.from_numpy(kind_h).to(dev)
+            src = torch.from_numpy(src_h).to(dev)
+            valid = torch.from_numpy(valid_h).to(dev)
+            embeds = self.thinker.embed_tokens(ids)
+            flat_audio = audio_emb.reshape(-1, audio_emb.shape[-1]).to(embeds.dtype)
+            a_idx = torch.where(kind == _KIND_AUDIO, src, 0)
+            embeds = torch.where((kind == _KIND_AUDIO)[..., None], flat_audio[a_idx], embeds)
+            if vis is not None:
+                flat_vis = vis.reshape(-1, embeds.shape[-1]).to(embeds.dtype)
+                v_idx = torch.where(kind == _KIND_VISION, src, 0)
+                embeds = torch.where((kind == _KIND_VISION)[..., None], flat_vis[v_idx], embeds)
+            steps = torch.arange(w, device=dev)
+            positions = self.lm_len[:, None] + steps
+            write = torch.where(exec_t[:, None], positions, cap + steps)
+            limit = torch.where(exec_t[:, None], positions + 1, cap + steps + 1)
+            unit_start = self.lm_len.clone()
+            hidden = self.thinker.forward(embeds, positions, write, limit)
+            last = hidden.gather(1, (valid - 1).clamp(min=0)[:, None, None].expand(-1, 1, hidden.shape[-1]))
+            logits = self.thinker.logits(last[:, 0])
+            self.lm_len = torch.where(exec_t, self.lm_len + valid, self.lm_len)
         state = SlotSampling(
             self.lm_len, self.seed, self.counter, self.temperature, self.history, self.turn_open
         )
-        generated, fed_hidden = self.decoder.run(sorted(batch), logits, state)
-        gen_h = generated.cpu().numpy()
-        starts_h = unit_start.cpu().numpy()
-        results = self._parse(batch, gen_h, starts_h)
+        with stage("decode"):
+            generated, fed_hidden = self.decoder.run(sorted(batch), logits, state)
+        with stage("tokens.read"):
+            gen_h = generated.cpu().numpy()
+            starts_h = unit_start.cpu().numpy()
+        with stage("parse.host"):
+            results = self._parse(batch, gen_h, starts_h)
         self._speak(results, gen_h, fed_hidden)
-        self._apply_window(batch)
+        with stage("window"):
+            self._apply_window(batch)
         return results
 
     def _parse(self, batch: dict, gen_h: np.ndarray, starts_h: np.ndarray) -> dict[int, UnitResult]:
@@ -420,14 +432,17 @@ class UnitGenerator:
         hidden = fed_hidden.gather(1, idx[..., None].expand(-1, -1, fed_hidden.shape[-1]))
         count = torch.from_numpy(count_h).to(dev)
         speaking = torch.from_numpy(speaking_h).to(dev)
-        cond = self.speech.condition(text, hidden, count)
-        codes, self.tts_len = self.speech.generate(
-            cond, count + 1, self.tts_len, speaking, self.seed, self.counter, self.temperature > 0
-        )
+        with stage("speech.condition"):
+            cond = self.speech.condition(text, hidden, count)
+        with stage("speech.codes"):
+            codes, self.tts_len = self.speech.generate(
+                cond, count + 1, self.tts_len, speaking, self.seed, self.counter, self.temperature > 0
+            )
         last_h = np.zeros(self.slots, dtype=bool)
         for slot, res in results.items():
             last_h[slot] = res.decision == "speak" and res.end_of_turn
-        pcm = self.code_to_wave.decode(codes, speaking_h, last_h)
+        with stage("c2w"):
+            pcm = self.code_to_wave.decode(codes, speaking_h, last_h)
         codes_h = codes.cpu().numpy()
         for slot, res in results.items():
             if speaking_h[slot]:

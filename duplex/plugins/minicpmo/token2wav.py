@@ -35,6 +35,7 @@ from duplex.plugins.base import PluginError
 from duplex.plugins.minicpmo.config import CODES_PER_UNIT, OUTPUT_SAMPLES_PER_UNIT, Token2WavConfig
 from duplex.plugins.minicpmo.flow import FlowStream, Voice
 from duplex.plugins.minicpmo.hift import Vocoder
+from duplex.plugins.minicpmo.stages import stage
 from duplex.plugins.minicpmo.token2wav_modules import FlowModel, HiFTModel, weight_normed
 
 __all__ = [
@@ -97,10 +98,13 @@ class FlowCodeToWave(CodeToWave):
             raise ValueError(f"expected {CODES_PER_UNIT} codes a unit, got {codes.shape[1]}")
         rows = torch.from_numpy(slots).to(self.flow.device)
         ends = [bool(last[s]) for s in slots]
-        mel, frames = self.flow.chunk(rows, codes[rows], [bool(self.pending[s]) for s in slots], ends)
-        audio, emit = self.vocoder.stream(rows, mel, frames, [bool(self.cached[s]) for s in slots], ends)
-        # Hamming halves overlap-add to up to 1.08: clip as upstream does when it writes int16.
-        audio_h = audio.clamp(-1.0, 1.0).cpu().numpy()
+        with stage("c2w.flow"):
+            mel, frames = self.flow.chunk(rows, codes[rows], [bool(self.pending[s]) for s in slots], ends)
+        with stage("c2w.vocoder"):
+            audio, emit = self.vocoder.stream(rows, mel, frames, [bool(self.cached[s]) for s in slots], ends)
+        with stage("c2w.read"):
+            # Hamming halves overlap-add to up to 1.08: clip as upstream does when it writes int16.
+            audio_h = audio.clamp(-1.0, 1.0).cpu().numpy()
         self.pending[slots] = ~last[slots]
         self.cached[slots] = ~last[slots]
         return {int(s): audio_h[i, : emit[i]].copy() for i, s in enumerate(slots)}
