@@ -239,14 +239,7 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
         import torch
 
         args.device = "cuda" if torch.cuda.is_available() else "cpu"
-    rows = []
-    for n in [int(x) for x in args.sessions.split(",") if x]:
-        rows.append(profile(n, args))
-        print(f"N={n}: step mean {rows[-1]['step_ms_mean']} ms, load {rows[-1]['load_s']} s", file=sys.stderr)
-    columns: list[str | tuple[str, str]] = ["stage"]
-    for r in rows:
-        n = r["sessions"]
-        columns += [(f"N{n}_host", f"N={n} host ms"), (f"N{n}_dev", "dev ms"), (f"N{n}_n", "uses")]
+    rows: list[dict[str, Any]] = []
     result = {
         "benchmark": "minicpmo_profile",
         "device": device_name(args.device),
@@ -258,9 +251,16 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
         "machine": machine(),
         "rows": rows,
     }
+    for n in [int(x) for x in args.sessions.split(",") if x]:
+        rows.append(profile(n, args))
+        print(f"N={n}: step mean {rows[-1]['step_ms_mean']} ms, load {rows[-1]['load_s']} s", file=sys.stderr)
+        if args.json:  # after every N, so a run cut short keeps what it measured
+            write_json(args.json, result)
+    columns: list[str | tuple[str, str]] = ["stage"]
+    for r in rows:
+        n = r["sessions"]
+        columns += [(f"N{n}_host", f"N={n} host ms"), (f"N{n}_dev", "dev ms"), (f"N{n}_n", "uses")]
     print_table(table_rows(rows), columns, title="ms per unit (mean over the timed units)")
-    if args.json:
-        write_json(args.json, result)
     return result
 
 

@@ -23,7 +23,7 @@ from dataclasses import dataclass
 
 import torch
 
-from duplex.plugins.minicpmo.graphs import Step, graph_pool
+from duplex.plugins.minicpmo.graphs import Step, buckets_for, graph_pool
 from duplex.plugins.minicpmo.sampling import gumbel, penalize_presence, sample
 from duplex.plugins.minicpmo.stages import stage
 from duplex.plugins.minicpmo.thinker import Thinker
@@ -53,15 +53,6 @@ class DecodeOptions:
     top_p: float
     repetition_penalty: float
     early_exit: bool
-
-
-def buckets_for(slots: int) -> list[int]:
-    """Batch sizes the decode runs at: 1, 2, 4, ... below ``slots``, then ``slots``."""
-    out, size = [], 1
-    while size < slots:
-        out.append(size)
-        size *= 2
-    return [*out, slots]
 
 
 class _Rows:

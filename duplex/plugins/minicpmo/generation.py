@@ -33,6 +33,7 @@ entries move down with their keys re-rotated (``Thinker.shift_keys``), so no rec
 
 from __future__ import annotations
 
+from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 
 import numpy as np
@@ -70,6 +71,7 @@ class GenerationOptions:
     window_high_tokens: int = 8000
     window_low_tokens: int = 6000
     max_frames_per_unit: int = 2
+    frame_threads: int = 4
     early_exit: bool = True
     cuda_graphs: bool = False
 
@@ -185,6 +187,9 @@ class UnitGenerator:
         self.hosts: dict[int, _SlotHost] = {}
         self._special_ids = set(special.all_ids())
         self.frames_dropped = 0
+        if options.frame_threads < 1:
+            raise PluginError("invalid_plugin_config", "frame_threads must be at least 1")
+        self._frames = ThreadPoolExecutor(options.frame_threads, thread_name_prefix="minicpmo-frames")
         decode = DecodeOptions(
             options.max_new_tokens,
             options.top_k,
@@ -266,6 +271,10 @@ class UnitGenerator:
     def close_slot(self, slot: int) -> None:
         self.hosts.pop(slot, None)
 
+    def close(self) -> None:
+        """Stop the frame threads (the generator is not used after this)."""
+        self._frames.shutdown(wait=True)
+
     # -- the step ---------------------------------------------------------
 
     def layout(
@@ -279,6 +288,9 @@ class UnitGenerator:
         src = np.zeros((self.slots, w), dtype=np.int64)
         valid = np.zeros(self.slots, dtype=np.int64)
         frames: list[PreparedFrame] = []
+        kept = {slot: raw[: self.opts.max_frames_per_unit] for slot, (_pcm, raw) in batch.items()}
+        # Decoding and resizing release the GIL: the step's frames are prepared on the frame threads.
+        prepared = {slot: [self._frames.submit(self.vision.prepare, d) for d in kept[slot]] for slot in kept}
         for slot, (_pcm, raw_frames) in batch.items():
             host = self.hosts[slot]
             seq: list[tuple[int, int, int]] = []
@@ -287,11 +299,10 @@ class UnitGenerator:
                     seq.append((_KIND_TOKEN, host.pending_terminator, 0))
                 seq.append((_KIND_TOKEN, sp.unit_end, 0))
             seq.append((_KIND_TOKEN, sp.unit, 0))
-            kept = raw_frames[: self.opts.max_frames_per_unit]
-            self.frames_dropped += len(raw_frames) - len(kept)
-            for data in kept:
+            self.frames_dropped += len(raw_frames) - len(kept[slot])
+            for pending in prepared[slot]:
                 try:
-                    frame = self.vision.prepare(data)
+                    frame = pending.result()
                 except PluginError:
                     self.frames_dropped += 1
                     continue
