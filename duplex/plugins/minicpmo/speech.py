@@ -21,7 +21,7 @@ from __future__ import annotations
 import torch
 import torch.nn.functional as F
 
-from duplex.plugins.minicpmo.attention import Rope, SlotCache, attend, visible_mask
+from duplex.plugins.minicpmo.attention import Rope, SlotCache, attend, attention_bias, fuse_linears, rms_norm
 from duplex.plugins.minicpmo.config import CODES_PER_UNIT, TTSConfig
 from duplex.plugins.minicpmo.graphs import Step, graph_pool
 from duplex.plugins.minicpmo.modules import SpeechHead
@@ -35,11 +35,6 @@ TOP_K = 25
 REPETITION_PENALTY = 1.05
 PENALTY_WINDOW = 16
 _SALT = 7
-
-
-def _rms(x: torch.Tensor, weight: torch.Tensor, eps: float) -> torch.Tensor:
-    x32 = x.to(torch.float32)
-    return weight * (x32 * torch.rsqrt(x32.pow(2).mean(-1, keepdim=True) + eps)).to(x.dtype)
 
 
 class SpeechGenerator:
@@ -61,6 +56,9 @@ class SpeechGenerator:
         device = weight.device
         theta = float((getattr(backbone, "rope_parameters", None) or {}).get("rope_theta", 10000.0))
         self.rope = Rope(self.head_dim, theta, device)
+        layers = list(head.model.layers)
+        self._qkv = [fuse_linears(x.self_attn.q_proj, x.self_attn.k_proj, x.self_attn.v_proj) for x in layers]
+        self._gate_up = [fuse_linears(x.mlp.gate_proj, x.mlp.up_proj) for x in layers]
         # The code loop's static buffers (``_code_step``); every row frozen until ``generate`` fills them.
         slots = cache.k.shape[1]
         self._last = torch.zeros(slots, int(backbone.hidden_size), device=device, dtype=weight.dtype)
@@ -85,21 +83,23 @@ class SpeechGenerator:
         self, x: torch.Tensor, positions: torch.Tensor, write_pos: torch.Tensor, limit: torch.Tensor
     ) -> torch.Tensor:
         b, t, _ = x.shape
+        hq, hkv, d = self.heads, self.kv_heads, self.head_dim
         cos, sin = self.rope.cos_sin(positions, x.dtype)
-        mask = visible_mask(limit, self.cache.total)
+        cos, sin = cos.transpose(1, 2), sin.transpose(1, 2)  # [B, T, 1, D]: q and k as [B, T, H, D]
+        mask = attention_bias(limit, self.cache.total, hq // hkv, x.dtype)
         for i, layer in enumerate(self.head.model.layers):
-            attn = layer.self_attn
-            h = _rms(x, layer.input_layernorm.weight, self.eps)
-            q = Rope.apply(attn.q_proj(h).view(b, t, self.heads, self.head_dim).transpose(1, 2), cos, sin)
-            k = Rope.apply(attn.k_proj(h).view(b, t, self.kv_heads, self.head_dim).transpose(1, 2), cos, sin)
-            v = attn.v_proj(h).view(b, t, self.kv_heads, self.head_dim).transpose(1, 2)
-            self.cache.write(i, k, v, write_pos, self.cache.rows)
+            h = rms_norm(x, layer.input_layernorm.weight, self.eps)
+            qkv = F.linear(h, self._qkv[i]).view(b, t, hq + 2 * hkv, d)
+            qk = Rope.apply(qkv[:, :, : hq + hkv], cos, sin)
+            q, k = qk[:, :, :hq].transpose(1, 2), qk[:, :, hq:].transpose(1, 2)
+            self.cache.write(i, k, qkv[:, :, hq + hkv :].transpose(1, 2), write_pos, self.cache.rows)
             kc, vc = self.cache.layer(i, None)
             o = attend(q, kc, vc, mask).transpose(1, 2).reshape(b, t, -1)
-            x = x + attn.o_proj(o)
-            h = _rms(x, layer.post_attention_layernorm.weight, self.eps)
-            x = x + layer.mlp.down_proj(F.silu(layer.mlp.gate_proj(h)) * layer.mlp.up_proj(h))
-        return _rms(x, self.head.model.norm.weight, self.eps)
+            x = x + layer.self_attn.o_proj(o)
+            h = rms_norm(x, layer.post_attention_layernorm.weight, self.eps)
+            gate, up = F.linear(h, self._gate_up[i]).chunk(2, dim=-1)
+            x = x + layer.mlp.down_proj(F.silu(gate) * up)
+        return rms_norm(x, self.head.model.norm.weight, self.eps)
 
     def condition(self, text_ids: torch.Tensor, hidden: torch.Tensor, count: torch.Tensor) -> torch.Tensor:
         """``[B, max_condition, H]``: per row the ``count`` text conditions, then ``audio_bos``, then padding.
