@@ -21,6 +21,12 @@ into that bias again in every layer. Grouped-query attention puts each key/value
 heads in the query-row dimension (``attend``): one fused kernel reads every cache entry once, where
 SDPA's own grouped path has no fused kernel that takes a mask. The cache's width (``capacity +
 scratch``) is a multiple of 16 so that the bias rows are aligned as the fused kernels want.
+
+A forward pass need not read the whole cache: it attends over a *span*, the cache's first 512, 1024,
+... positions (``SlotCache.spans``), the smallest that holds every key a live row may see. So a
+conversation early on reads a few thousand entries a step, not the whole window; each span is a fixed
+shape (a CUDA graph each). A frozen row's keys and queries may fall outside the span: it writes to
+scratch, and what it computes is discarded.
 """
 
 from __future__ import annotations
@@ -59,6 +65,7 @@ class Rope:
 
 
 _ALIGN = 16
+_MIN_SPAN = 512
 
 
 class SlotCache:
@@ -91,6 +98,19 @@ class SlotCache:
     def total(self) -> int:
         return self.capacity + self.scratch
 
+    @property
+    def spans(self) -> list[int]:
+        """The key spans a forward pass may attend over: 512, 1024, ... below ``total``, then ``total``."""
+        out, span = [], _MIN_SPAN
+        while span < self.total:
+            out.append(span)
+            span *= 2
+        return [*out, self.total]
+
+    def span_for(self, needed: int) -> int:
+        """The smallest span holding ``needed`` cache positions (every key a live row may see)."""
+        return next((s for s in self.spans if s >= needed), self.total)
+
     def write(
         self, layer: int, k: torch.Tensor, v: torch.Tensor, write_pos: torch.Tensor, rows: torch.Tensor
     ) -> None:
@@ -98,12 +118,18 @@ class SlotCache:
         self.k[layer][rows, :, write_pos] = k.transpose(1, 2)
         self.v[layer][rows, :, write_pos] = v.transpose(1, 2)
 
-    def layer(self, layer: int, rows: torch.Tensor | None) -> tuple[torch.Tensor, torch.Tensor]:
-        """The cache of ``layer`` for ``rows`` (all slots when ``rows`` is None): ``[B, H, S, D]`` each."""
+    def layer(
+        self, layer: int, rows: torch.Tensor | None, span: int | None = None
+    ) -> tuple[torch.Tensor, torch.Tensor]:
+        """The first ``span`` positions (default all) of ``layer``'s cache for ``rows`` (all slots when
+        ``rows`` is None): ``[B, H, span, D]`` each."""
+        k, v = self.k[layer], self.v[layer]
+        if span is not None and span < self.total:
+            k, v = k[:, :, :span], v[:, :, :span]
         if rows is None:
-            return self.k[layer], self.v[layer]
+            return k, v
         flat = rows[:, 0]
-        return self.k[layer].index_select(0, flat), self.v[layer].index_select(0, flat)
+        return k.index_select(0, flat), v.index_select(0, flat)
 
 
 def visible_mask(limit: torch.Tensor, total: int) -> torch.Tensor:

@@ -10,7 +10,8 @@ back, so its slot is left as it was. The full bucket keeps slot order (row ``i``
 attends to the cache in place; a smaller one reads its rows' caches by index.
 
 Each bucket owns static buffers (its rows, their sampling state, the tokens, the generated ids and
-the fed tokens' hidden states) and one ``graphs.Step``: embed the last token, run the language model
+the fed tokens' hidden states) and one ``graphs.Step`` per key span of the cache (``attention``):
+embed the last token, run the language model
 one position for every row, sample the next token under MiniCPM-o's stage-0 policy (``_sample``),
 all as tensor operations with in-place updates. With ``capture`` it is a CUDA graph per bucket, captured
 once at start-up with every row frozen; without, the same code runs eagerly (CPU, tests). Between
@@ -20,6 +21,7 @@ steps the host reads one flag (does any row still decode) for the early exit.
 from __future__ import annotations
 
 from dataclasses import dataclass
+from typing import Any
 
 import torch
 
@@ -90,6 +92,7 @@ class LMDecoder:
         history: int,
         *,
         capture: bool,
+        pool: Any = None,
     ) -> None:
         self.thinker = thinker
         self.sp = special
@@ -105,14 +108,17 @@ class LMDecoder:
         self._rows = {
             b: _Rows(b, history, options.max_new_tokens, hidden, device, dtype) for b in self.buckets
         }
-        pool = graph_pool() if capture else None
-        self._steps: dict[int, Step] = {}
+        if capture and pool is None:
+            pool = graph_pool()
+        self.spans = thinker.cache.spans
+        self._steps: dict[tuple[int, int], Step] = {}
         for size in self.buckets:
             rows = self._rows[size]
             rows.rows.copy_(torch.arange(size, device=device))  # every row frozen while capturing
-            self._steps[size] = Step(
-                lambda r=rows: self._step(r), capture=capture, pool=pool, reset=rows.step.zero_
-            )
+            for span in self.spans:
+                self._steps[size, span] = Step(
+                    lambda r=rows, n=span: self._step(r, n), capture=capture, pool=pool, reset=rows.step.zero_
+                )
 
     @property
     def captured(self) -> bool:
@@ -133,9 +139,12 @@ class LMDecoder:
 
     @torch.no_grad()
     def run(
-        self, batch: list[int], logits: torch.Tensor, state: SlotSampling
+        self, batch: list[int], logits: torch.Tensor, state: SlotSampling, span: int
     ) -> tuple[torch.Tensor, torch.Tensor]:
         """Decode one unit for the slots in ``batch`` from the prefill's ``logits [slots, vocab]``.
+
+        ``span``: the language model's key span (``SlotCache.spans``); it must hold every batch row's
+        length after the prefill plus ``max_new_tokens``.
 
         Returns the sampled ids ``[slots, max_new_tokens]`` (``-1`` where nothing was sampled) and the
         hidden states of the tokens fed ``[slots, max_new_tokens, hidden]``; ``state`` is updated in
@@ -152,7 +161,7 @@ class LMDecoder:
         r.step.zero_()
         r.generated.fill_(-1)
         self._sample(r, logits[rows])
-        step = self._steps[len(rows_h)]
+        step = self._steps[len(rows_h), span]
         for _ in range(self.opts.max_new_tokens - 1):
             if self.opts.early_exit:
                 with stage("decode.sync"):
@@ -170,7 +179,7 @@ class LMDecoder:
         fed.index_copy_(0, slots, r.fed_hidden[pos])
         return generated, fed
 
-    def _step(self, r: _Rows) -> None:
+    def _step(self, r: _Rows, span: int) -> None:
         """Feed every live row's last token, then sample the next (all in place; capturable)."""
         thinker, cap = self.thinker, self.thinker.cache.capacity
         feed = r.active
@@ -179,7 +188,7 @@ class LMDecoder:
         limit = torch.where(feed[:, None], pos + 1, cap + 1)
         rows = None if r.rows.shape[0] == self.slots else r.rows[:, None]
         embeds = thinker.embed_tokens(r.token.clamp(min=0))[:, None]
-        h = thinker.forward(embeds, pos, write, limit, rows=rows)[:, 0]
+        h = thinker.forward(embeds, pos, write, limit, rows=rows, span=span)[:, 0]
         r.fed_hidden.index_copy_(1, r.step, h[:, None])
         r.lm_len.copy_(torch.where(feed, r.lm_len + 1, r.lm_len))
         r.step.add_(1)

@@ -45,7 +45,9 @@ from duplex.plugins.minicpmo.attention import SlotCache
 from duplex.plugins.minicpmo.audio import CONTEXT_SAMPLES, ENCODER_FRAMES_PER_UNIT, AudioEncoder
 from duplex.plugins.minicpmo.config import AUDIO_TOKENS_PER_UNIT, UNIT_SAMPLES, MiniCPMOConfig
 from duplex.plugins.minicpmo.decode import DecodeOptions, LMDecoder, SlotSampling
+from duplex.plugins.minicpmo.graphs import graph_pool
 from duplex.plugins.minicpmo.modules import MiniCPMOModel
+from duplex.plugins.minicpmo.prefill import KIND_AUDIO, KIND_TOKEN, KIND_VISION, UnitPrefill
 from duplex.plugins.minicpmo.speech import SpeechGenerator
 from duplex.plugins.minicpmo.stages import stage
 from duplex.plugins.minicpmo.thinker import Thinker
@@ -55,7 +57,6 @@ from duplex.plugins.minicpmo.vision import PreparedFrame, VisionEncoder
 
 __all__ = ["GenerationOptions", "UnitGenerator", "UnitResult"]
 
-_KIND_TOKEN, _KIND_AUDIO, _KIND_VISION = 0, 1, 2
 
 
 @dataclass(frozen=True)
@@ -174,7 +175,10 @@ class UnitGenerator:
             dev,
             dt,
         )
-        self.speech = SpeechGenerator(model.tts, t, tts_cache, max_condition, capture=options.cuda_graphs)
+        # Every captured step of the generator replays from one memory pool: they never run at once.
+        pool = graph_pool() if options.cuda_graphs else None
+        capture = options.cuda_graphs
+        self.speech = SpeechGenerator(model.tts, t, tts_cache, max_condition, capture=capture, pool=pool)
         zeros = torch.zeros(slots, dtype=torch.long, device=dev)
         self.lm_len = zeros.clone()
         self.audio_len = zeros.clone()
@@ -197,8 +201,18 @@ class UnitGenerator:
             options.repetition_penalty,
             options.early_exit,
         )
+        self.prefill = UnitPrefill(
+            self.thinker,
+            self.audio,
+            self.lm_len,
+            self.audio_len,
+            self.unit_width,
+            slots * options.max_frames_per_unit * q,
+            capture=capture,
+            pool=pool,
+        )
         self.decoder = LMDecoder(
-            self.thinker, special, decode, slots, options.repetition_history, capture=options.cuda_graphs
+            self.thinker, special, decode, slots, options.repetition_history, capture=capture, pool=pool
         )
 
     # -- slots ------------------------------------------------------------
@@ -296,9 +310,9 @@ class UnitGenerator:
             seq: list[tuple[int, int, int]] = []
             if host.units > 0:
                 if host.pending_terminator is not None:
-                    seq.append((_KIND_TOKEN, host.pending_terminator, 0))
-                seq.append((_KIND_TOKEN, sp.unit_end, 0))
-            seq.append((_KIND_TOKEN, sp.unit, 0))
+                    seq.append((KIND_TOKEN, host.pending_terminator, 0))
+                seq.append((KIND_TOKEN, sp.unit_end, 0))
+            seq.append((KIND_TOKEN, sp.unit, 0))
             self.frames_dropped += len(raw_frames) - len(kept[slot])
             for pending in prepared[slot]:
                 try:
@@ -308,11 +322,11 @@ class UnitGenerator:
                     continue
                 base = len(frames) * q
                 frames.append(frame)
-                seq.append((_KIND_TOKEN, sp.image, 0))
-                seq.extend((_KIND_VISION, 0, base + j) for j in range(q))
-                seq.append((_KIND_TOKEN, sp.image_end, 0))
+                seq.append((KIND_TOKEN, sp.image, 0))
+                seq.extend((KIND_VISION, 0, base + j) for j in range(q))
+                seq.append((KIND_TOKEN, sp.image_end, 0))
             seq.extend(
-                (_KIND_AUDIO, 0, slot * AUDIO_TOKENS_PER_UNIT + j) for j in range(AUDIO_TOKENS_PER_UNIT)
+                (KIND_AUDIO, 0, slot * AUDIO_TOKENS_PER_UNIT + j) for j in range(AUDIO_TOKENS_PER_UNIT)
             )
             n = len(seq)
             arr = np.asarray(seq, dtype=np.int64)
@@ -323,58 +337,36 @@ class UnitGenerator:
     @torch.no_grad()
     def step(self, batch: dict[int, tuple[np.ndarray, list[bytes]]]) -> dict[int, UnitResult]:
         """Advance every slot in ``batch`` (slot -> (16000 float32 samples, encoded frames)) by one unit."""
-        dev, w = self.device, self.unit_width
-        cap = self.thinker.cache.capacity
+        w, opts = self.unit_width, self.opts
         with stage("layout.host"):
             ids_h, kind_h, src_h, valid_h, frames = self.layout(batch)
-        exec_h = np.zeros(self.slots, dtype=bool)
-        audio_h = np.zeros((self.slots, CONTEXT_SAMPLES + UNIT_SAMPLES), dtype=np.float32)
+        layout = np.zeros((5, self.slots, w), dtype=np.int64)
+        layout[0], layout[1], layout[2], layout[3] = ids_h, kind_h, src_h, valid_h[:, None]
+        samples = np.zeros((self.slots, CONTEXT_SAMPLES + UNIT_SAMPLES), dtype=np.float32)
         for slot, (pcm, _frames) in batch.items():
-            exec_h[slot] = True
+            layout[4, slot] = 1
             host = self.hosts[slot]
-            audio_h[slot, :CONTEXT_SAMPLES] = host.tail
-            audio_h[slot, CONTEXT_SAMPLES:] = pcm
-            host.tail = audio_h[slot, -CONTEXT_SAMPLES:].copy()
-            host.unit_starts.append(0)  # set below from the device length
-        exec_t = torch.from_numpy(exec_h).to(dev)
-        with stage("audio.encode"):
-            audio_emb, self.audio_len = self.audio.encode(
-                torch.from_numpy(audio_h).to(dev), self.audio_len, exec_t
-            )
-        vis = None
+            samples[slot, :CONTEXT_SAMPLES] = host.tail
+            samples[slot, CONTEXT_SAMPLES:] = pcm
+            host.tail = samples[slot, -CONTEXT_SAMPLES:].copy()
+        # The device is idle between steps: reading the lengths costs no wait. They give each unit's start
+        # and the key span that covers every row of the step (prefill, then max_new_tokens decoded).
+        starts_h = self.lm_len.cpu().numpy()
+        span = self.thinker.cache.span_for(max(int(starts_h[s]) for s in batch) + w + opts.max_new_tokens)
+        vision = None
         if frames:
             with stage("vision.encode"):
-                vis = self.vision.encode(frames)
-        with stage("lm.prefill"):
-            ids = torch.from_numpy(ids_h).to(dev)
-            kind = torch.from_numpy(kind_h).to(dev)
-            src = torch.from_numpy(src_h).to(dev)
-            valid = torch.from_numpy(valid_h).to(dev)
-            embeds = self.thinker.embed_tokens(ids)
-            flat_audio = audio_emb.reshape(-1, audio_emb.shape[-1]).to(embeds.dtype)
-            a_idx = torch.where(kind == _KIND_AUDIO, src, 0)
-            embeds = torch.where((kind == _KIND_AUDIO)[..., None], flat_audio[a_idx], embeds)
-            if vis is not None:
-                flat_vis = vis.reshape(-1, embeds.shape[-1]).to(embeds.dtype)
-                v_idx = torch.where(kind == _KIND_VISION, src, 0)
-                embeds = torch.where((kind == _KIND_VISION)[..., None], flat_vis[v_idx], embeds)
-            steps = torch.arange(w, device=dev)
-            positions = self.lm_len[:, None] + steps
-            write = torch.where(exec_t[:, None], positions, cap + steps)
-            limit = torch.where(exec_t[:, None], positions + 1, cap + steps + 1)
-            unit_start = self.lm_len.clone()
-            hidden = self.thinker.forward(embeds, positions, write, limit)
-            last = hidden.gather(1, (valid - 1).clamp(min=0)[:, None, None].expand(-1, 1, hidden.shape[-1]))
-            logits = self.thinker.logits(last[:, 0])
-            self.lm_len = torch.where(exec_t, self.lm_len + valid, self.lm_len)
+                vision = self.vision.encode(frames)
+                vision = vision.reshape(-1, vision.shape[-1])
+        with stage("prefill"):
+            logits = self.prefill.run(layout, samples, vision, span)
         state = SlotSampling(
             self.lm_len, self.seed, self.counter, self.temperature, self.history, self.turn_open
         )
         with stage("decode"):
-            generated, fed_hidden = self.decoder.run(sorted(batch), logits, state)
+            generated, fed_hidden = self.decoder.run(sorted(batch), logits, state, span)
         with stage("tokens.read"):
             gen_h = generated.cpu().numpy()
-            starts_h = unit_start.cpu().numpy()
         with stage("parse.host"):
             results = self._parse(batch, gen_h, starts_h)
         self._speak(results, gen_h, fed_hidden)
@@ -388,7 +380,7 @@ class UnitGenerator:
         for slot in batch:
             host = self.hosts[slot]
             host.units += 1
-            host.unit_starts[-1] = int(starts_h[slot])
+            host.unit_starts.append(int(starts_h[slot]))
             tokens = [int(x) for x in gen_h[slot] if x >= 0]
             host.pending_terminator = tokens[-1] if tokens and tokens[-1] in sp.terminators else None
             decision = "listen" if not tokens or tokens[0] == sp.listen else "speak"
@@ -445,10 +437,13 @@ class UnitGenerator:
         speaking = torch.from_numpy(speaking_h).to(dev)
         with stage("speech.condition"):
             cond = self.speech.condition(text, hidden, count)
+        tts_len_h = self.tts_len.cpu().numpy()
+        span = self.speech.span_for([int(tts_len_h[s]) for s in np.flatnonzero(speaking_h)])
         with stage("speech.codes"):
-            codes, self.tts_len = self.speech.generate(
-                cond, count + 1, self.tts_len, speaking, self.seed, self.counter, self.temperature > 0
+            codes, tts_len = self.speech.generate(
+                cond, count + 1, self.tts_len, speaking, self.seed, self.counter, self.temperature > 0, span
             )
+            self.tts_len.copy_(tts_len)
         last_h = np.zeros(self.slots, dtype=bool)
         for slot, res in results.items():
             last_h[slot] = res.decision == "speak" and res.end_of_turn

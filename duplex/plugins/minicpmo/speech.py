@@ -13,10 +13,13 @@ over the last 16 codes; the end-of-speech code is masked so every speaking unit 
 
 The code loop is one fixed step over static ``[slots]`` buffers repeated ``CODES_PER_UNIT`` times (sample a
 code, feed it), so with ``capture`` it is one CUDA graph (``graphs.Step``), captured with every row
-frozen; without, the same step runs eagerly.
+frozen; without, the same step runs eagerly. Attention reads a key span of the cache (``attention``)
+that covers the speaking rows' turns, one graph per span.
 """
 
 from __future__ import annotations
+
+from typing import Any
 
 import torch
 import torch.nn.functional as F
@@ -41,7 +44,14 @@ class SpeechGenerator:
     """Batched speech-code generation over a per-slot cache (see the module docstring)."""
 
     def __init__(
-        self, head: SpeechHead, cfg: TTSConfig, cache: SlotCache, max_condition: int, *, capture: bool = False
+        self,
+        head: SpeechHead,
+        cfg: TTSConfig,
+        cache: SlotCache,
+        max_condition: int,
+        *,
+        capture: bool = False,
+        pool: Any = None,
     ) -> None:
         self.head = head
         self.cfg = cfg
@@ -71,29 +81,44 @@ class SpeechGenerator:
         self._seed = torch.zeros(slots, device=device, dtype=torch.long)
         self._counter = torch.zeros(slots, device=device, dtype=torch.long)
         self._eos = torch.tensor([cfg.eos_code], device=device)
-        pool = graph_pool() if capture else None
-        self._step = Step(self._code_step, capture=capture, pool=pool, reset=self._index.zero_)
+        if capture and pool is None:
+            pool = graph_pool()
+        self._steps = {
+            span: Step(lambda n=span: self._code_step(n), capture=capture, pool=pool, reset=self._index.zero_)
+            for span in cache.spans
+        }
 
     @property
     def unit_tokens(self) -> int:
         """Cache positions one unit takes at most (condition + codes)."""
         return self.max_condition + CODES_PER_UNIT
 
+    def span_for(self, lengths: list[int]) -> int:
+        """The key span a unit needs for rows whose caches hold ``lengths`` entries (``generate``)."""
+        c, cache = self.max_condition, self.cache
+        starts = [n if n + c + CODES_PER_UNIT <= cache.capacity else 0 for n in lengths]
+        return cache.span_for(max(starts, default=0) + c + CODES_PER_UNIT)
+
     def _forward(
-        self, x: torch.Tensor, positions: torch.Tensor, write_pos: torch.Tensor, limit: torch.Tensor
+        self,
+        x: torch.Tensor,
+        positions: torch.Tensor,
+        write_pos: torch.Tensor,
+        limit: torch.Tensor,
+        span: int,
     ) -> torch.Tensor:
         b, t, _ = x.shape
         hq, hkv, d = self.heads, self.kv_heads, self.head_dim
         cos, sin = self.rope.cos_sin(positions, x.dtype)
         cos, sin = cos.transpose(1, 2), sin.transpose(1, 2)  # [B, T, 1, D]: q and k as [B, T, H, D]
-        mask = attention_bias(limit, self.cache.total, hq // hkv, x.dtype)
+        mask = attention_bias(limit.clamp(max=span), span, hq // hkv, x.dtype)
         for i, layer in enumerate(self.head.model.layers):
             h = rms_norm(x, layer.input_layernorm.weight, self.eps)
             qkv = F.linear(h, self._qkv[i]).view(b, t, hq + 2 * hkv, d)
             qk = Rope.apply(qkv[:, :, : hq + hkv], cos, sin)
             q, k = qk[:, :, :hq].transpose(1, 2), qk[:, :, hq:].transpose(1, 2)
             self.cache.write(i, k, qkv[:, :, hq + hkv :].transpose(1, 2), write_pos, self.cache.rows)
-            kc, vc = self.cache.layer(i, None)
+            kc, vc = self.cache.layer(i, None, span)
             o = attend(q, kc, vc, mask).transpose(1, 2).reshape(b, t, -1)
             x = x + layer.self_attn.o_proj(o)
             h = rms_norm(x, layer.post_attention_layernorm.weight, self.eps)
@@ -132,12 +157,14 @@ class SpeechGenerator:
         seed: torch.Tensor,
         counter: torch.Tensor,
         sampled: torch.Tensor,
+        span: int,
     ) -> tuple[torch.Tensor, torch.Tensor]:
         """Codes ``[B, CODES_PER_UNIT]`` for the ``speaking`` rows and the rows' new cache lengths.
 
         ``condition [B, C, H]`` with ``cond_len [B]`` valid rows (text + audio_bos), ``lengths [B]`` the
         cache entries each row holds (the turn so far). Rows not speaking are frozen; rows where
-        ``sampled [B]`` is False take the most likely code (greedy sessions).
+        ``sampled [B]`` is False take the most likely code (greedy sessions). ``span``: ``span_for`` the
+        speaking rows' lengths.
         """
         cache = self.cache
         c = condition.shape[1]
@@ -147,7 +174,7 @@ class SpeechGenerator:
         positions = start[:, None] + steps
         write_pos = torch.where(speaking[:, None], positions, cache.capacity + steps)
         limit = torch.where(speaking[:, None], positions + 1, cache.capacity + steps + 1)
-        hidden = self._forward(condition, positions, write_pos, limit)
+        hidden = self._forward(condition, positions, write_pos, limit, span)
         last = hidden.gather(1, (cond_len - 1).clamp(min=0)[:, None, None].expand(-1, 1, hidden.shape[-1]))[
             :, 0
         ]
@@ -162,11 +189,12 @@ class SpeechGenerator:
             buf.copy_(value)
         self._history.fill_(-1)
         self._index.zero_()
+        step = self._steps[span]
         for _ in range(CODES_PER_UNIT):
-            self._step()
+            step()
         return self._codes.clone(), torch.where(speaking, self._length, lengths)
 
-    def _code_step(self) -> None:
+    def _code_step(self, span: int) -> None:
         """Sample every row's next code and feed it (frozen rows write to scratch); in place, capturable."""
         cache = self.cache
         logits = self.head.head_code[0](self._last).float().index_fill(1, self._eos, float("-inf"))
@@ -179,6 +207,7 @@ class SpeechGenerator:
         pos = self._length[:, None]
         write = torch.where(self._speaking[:, None], pos, cache.capacity)
         limit = torch.where(self._speaking[:, None], pos + 1, cache.capacity + 1)
-        self._last.copy_(self._forward(self.head.emb_code[0](code)[:, None], pos, write, limit)[:, 0])
+        fed = self.head.emb_code[0](code)[:, None]
+        self._last.copy_(self._forward(fed, pos, write, limit, span)[:, 0])
         self._length.add_(1)
         self._index.add_(1)

@@ -61,12 +61,14 @@ class Thinker:
         write_pos: torch.Tensor,
         limit: torch.Tensor,
         rows: torch.Tensor | None = None,
+        span: int | None = None,
     ) -> torch.Tensor:
         """Normed last-layer hidden states ``[B, T, H]`` for ``embeds [B, T, H]``.
 
         ``positions [B, T]`` are the rotary positions, ``write_pos [B, T]`` the cache positions written
         (scratch for frozen rows), ``limit [B, T]`` how many cache entries each query sees. ``rows [B, 1]``
-        selects slots (``None``: the batch is every slot, in slot order).
+        selects slots (``None``: the batch is every slot, in slot order). ``span`` (one of the cache's
+        ``spans``; default the whole cache) bounds the keys read: it must cover every live row's ``limit``.
         """
         b, t, _ = embeds.shape
         cache = self.cache
@@ -74,7 +76,8 @@ class Thinker:
         hq, hkv, d = self.heads, self.kv_heads, self.head_dim
         cos, sin = self.rope.cos_sin(positions, embeds.dtype)
         cos, sin = cos.transpose(1, 2), sin.transpose(1, 2)  # [B, T, 1, D]: q and k as [B, T, H, D]
-        mask = attention_bias(limit, cache.total, hq // hkv, embeds.dtype)
+        span = cache.total if span is None else span
+        mask = attention_bias(limit.clamp(max=span), span, hq // hkv, embeds.dtype)
         x = embeds
         for i, layer in enumerate(self.layers):
             attn = layer.self_attn
@@ -84,7 +87,7 @@ class Thinker:
             q, k = qk[:, :, :hq].transpose(1, 2), qk[:, :, hq:].transpose(1, 2)
             v = qkv[:, :, hq + hkv :].transpose(1, 2)
             cache.write(i, k, v, write_pos, all_rows)
-            kc, vc = cache.layer(i, rows)
+            kc, vc = cache.layer(i, rows, span)
             o = attend(q, kc, vc, mask).transpose(1, 2).reshape(b, t, hq * d)
             x = x + attn.o_proj(o)
             h = rms_norm(x, layer.post_attention_layernorm.weight, self.eps)
