@@ -5,15 +5,17 @@ architecture with random weights materialised on the accelerator, or a checkpoin
 ``--model-path``), N slots are opened, and ``plugin.step`` is called with one unit of audio (quiet noise)
 and one 640x480 JPEG camera frame per slot per unit. After ``--warmup`` units, ``--units`` units are
 timed with ``duplex.plugins.minicpmo.stages`` (CUDA events around every marked stage: the host's frame
-decoding and layout, the audio encoder, the vision tower and resampler, the language model's prefill,
-each decode step and each host read between them, the speech head's condition and code generation,
-the code-to-wave flow and vocoder, the reads back to the host). Per N and stage the table gives the
+decoding and layout, the vision tower and resampler, the prefill (audio encoder, input embeddings and
+the language model's pass), each decode step and each host read between them, the speech head's
+condition and code generation, the code-to-wave stage, the reads back to the host). Per N and stage the table gives the
 mean per unit of the host's time (``host``) and the device's span (``dev``, which includes gaps where
 the device waited for the host), and how often the stage ran per unit; ``step (wall)`` is the whole
 step and ``outside stages`` the host time in none of the top-level stages (Python bookkeeping).
 
 ``--torch-profile DIR`` also runs one unit per N under ``torch.profiler`` and writes its busiest
-operators (``profile_N<n>.txt``) with the number of device kernels launched.
+operators (``profile_N<n>.txt``) with the number of device kernels launched. ``--prompt-tokens K``
+opens every slot with instructions of about K tokens, so the units run against a long context (the
+attention reads more of the cache; a fresh conversation reads little).
 
 Run on the GPU: ``python -m bench.minicpmo_profile --sessions 1,16 --cuda-graphs --json
 bench/results/minicpmo_profile_h200.json``. CPU smoke run: ``--model-path DIR --device cpu
@@ -53,6 +55,12 @@ def _parser() -> argparse.ArgumentParser:
     ap.add_argument("--cuda-graphs", action="store_true", help="replay the captured steps")
     ap.add_argument("--code-to-wave", choices=("flow", "silent"), default="flow")
     ap.add_argument("--frames", type=int, default=1, help="camera frames per slot per unit")
+    ap.add_argument(
+        "--prompt-tokens",
+        type=int,
+        default=0,
+        help="open each slot with instructions of about this many tokens (units against a long context)",
+    )
     ap.add_argument("--torch-profile", default=None, help="write a torch.profiler table per N here")
     ap.add_argument("--json", default=None, help="write the result here")
     return ap
@@ -98,6 +106,15 @@ def _units(n: int, count: int, frames: int) -> list[list[Any]]:
     return out
 
 
+def _instructions(plugin: Any, tokens: int) -> str:
+    """Instructions that tokenize to about ``tokens`` tokens with the plugin's tokenizer ("" for 0)."""
+    if tokens <= 0:
+        return ""
+    sentence = "You are a helpful assistant who answers questions about the weather and the news. "
+    per = len(plugin.generator.tok.encode(sentence, add_special_tokens=False).ids)
+    return sentence * max(1, tokens // per)
+
+
 def _sync(device: str) -> None:
     if device.startswith("cuda"):
         import torch
@@ -117,8 +134,10 @@ def profile(n: int, args: argparse.Namespace) -> dict[str, Any]:
     plugin.load()
     _sync(args.device)
     load_s = time.perf_counter() - t0
+    instructions = _instructions(plugin, args.prompt_tokens)
     for slot in range(n):
-        plugin.open_slot(slot, SlotOptions(seed=slot))
+        plugin.open_slot(slot, SlotOptions(seed=slot, instructions=instructions))
+    start_tokens = int(plugin.generator.lm_len.max())
     units = _units(n, args.warmup + args.units, args.frames)
     for batch in units[: args.warmup]:
         plugin.step(batch)
@@ -143,6 +162,8 @@ def profile(n: int, args: argparse.Namespace) -> dict[str, Any]:
             }
         )
     row = _summary(n, per_unit, load_s)
+    row["context_tokens_at_start"] = start_tokens
+    row["context_tokens_at_end"] = int(plugin.generator.lm_len.max())
     row["gpu_mem_gib"] = round(gpu_mem_gib(args.device), 2)
     if args.torch_profile:
         row["kernels_per_unit"] = _torch_profile(plugin, units[-1], n, Path(args.torch_profile), args.device)

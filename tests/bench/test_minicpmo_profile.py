@@ -10,9 +10,8 @@ pytest.importorskip("transformers")
 
 STAGES = {
     "layout.host",
-    "audio.encode",
     "vision.encode",
-    "lm.prefill",
+    "prefill",
     "decode",
     "tokens.read",
     "parse.host",
@@ -49,8 +48,8 @@ def test_the_profile_times_every_stage_of_a_unit_for_each_slot_count(tmp_path):
         # Random weights may listen (no speech stages) or speak; the rest always run.
         assert STAGES - {"speech.condition", "speech.codes", "c2w", "c2w.run"} <= set(stages)
         assert set(stages) <= STAGES | {"decode.step", "decode.sync", "c2w.read"}
-        assert stages["lm.prefill"]["count"] == 1 and stages["audio.encode"]["host_ms"] > 0
+        assert stages["prefill"]["count"] == 1 and stages["prefill"]["host_ms"] > 0
         assert row["step_ms_mean"] >= sum(
-            v["host_ms"] for k, v in stages.items() if k in ("audio.encode", "lm.prefill", "decode")
+            v["host_ms"] for k, v in stages.items() if k in ("prefill", "decode")
         )
         assert (tmp_path / "prof" / f"profile_N{row['sessions']}.txt").is_file()
