@@ -7,9 +7,10 @@ and one 640x480 JPEG camera frame per slot per unit. After ``--warmup`` units, `
 timed with ``duplex.plugins.minicpmo.stages`` (CUDA events around every marked stage: the host's frame
 decoding and layout, the vision tower and resampler, the prefill (audio encoder, input embeddings and
 the language model's pass), each decode step and each host read between them, the speech head's
-condition and code generation, the code-to-wave stage, the reads back to the host). Per N and stage the table gives the
-mean per unit of the host's time (``host``) and the device's span (``dev``, which includes gaps where
-the device waited for the host), and how often the stage ran per unit; ``step (wall)`` is the whole
+condition and code generation, the code-to-wave stage, the reads back to the host). Per N and stage
+the table gives the mean per unit of the host's time (``host``) and the device's span (``dev``, which
+includes gaps where the device waited for the host), and how often the stage ran per unit; ``step
+(wall)`` is the whole
 step and ``outside stages`` the host time in none of the top-level stages (Python bookkeeping).
 
 ``--torch-profile DIR`` also runs one unit per N under ``torch.profiler`` and writes its busiest
