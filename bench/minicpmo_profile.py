@@ -10,8 +10,7 @@ the language model's pass), each decode step and each host read between them, th
 condition and code generation, the code-to-wave stage, the reads back to the host). Per N and stage
 the table gives the mean per unit of the host's time (``host``) and the device's span (``dev``, which
 includes gaps where the device waited for the host), and how often the stage ran per unit; ``step
-(wall)`` is the whole
-step and ``outside stages`` the host time in none of the top-level stages (Python bookkeeping).
+(wall)`` is the whole step and ``outside stages`` the host time in none of the top-level stages.
 
 ``--torch-profile DIR`` also runs one unit per N under ``torch.profiler`` and writes its busiest
 operators (``profile_N<n>.txt``) with the number of device kernels launched. ``--prompt-tokens K``
