@@ -161,7 +161,7 @@ def attend(
     if hq == hkv:
         return F.scaled_dot_product_attention(q, k, v, attn_mask=mask, scale=scale)
     grouped = q.reshape(b, hkv, (hq // hkv) * t, d)
-    return F.scaled_dot_product_attention(grouped, k, v, attn_mask=mask, scale=scale).view(b, hq, t, d)
+    return F.scaled_dot_product_attention(grouped, k, v, attn_mask=mask, scale=scale).reshape(b, hq, t, d)
 
 
 def fuse_linears(*linears: torch.nn.Linear) -> torch.Tensor:
