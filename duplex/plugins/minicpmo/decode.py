@@ -15,7 +15,9 @@ embed the last token, run the language model
 one position for every row, sample the next token under MiniCPM-o's stage-0 policy (``_sample``),
 all as tensor operations with in-place updates. With ``capture`` it is a CUDA graph per bucket, captured
 once at start-up with every row frozen; without, the same code runs eagerly (CPU, tests). Between
-steps the host reads one flag (does any row still decode) for the early exit.
+steps the host reads one flag (does any row still decode) for the early exit: with the steps replayed
+from graphs the device waits about 0.3 ms for it (measured on an H200), far less than the steps it
+saves whenever every row ends its unit early.
 """
 
 from __future__ import annotations

@@ -10,21 +10,25 @@ samples is discarded (``exec`` mask). A slot's outputs therefore do not depend o
 
 A step, for the rows that have a unit:
 
-1. host: the unit's input layout per row (``UnitLayout``): the previous unit's terminator and
+1. host: the unit's input layout per row (``layout``): the previous unit's terminator and
    ``</unit>``, ``<unit>``, ``<image>`` + vision embeddings + ``</image>`` per frame, ten audio
-   embeddings; padded to one width ``unit_width``. Frames are decoded and patched here.
-2. device: the unit's audio through the streaming encoder, its frames through the vision tower,
-   the input embeddings assembled by ``torch.where`` over gathers, one prefill of the whole block.
+   embeddings; padded to one width ``unit_width``. Frames are decoded and patched here, on the
+   ``frame_threads`` threads. The slots' lengths are read (the device is idle between steps): they
+   give each unit's start and the key span the step's attention reads (``attention``).
+2. device: the frames through the vision tower; then ``prefill.UnitPrefill``: the unit's audio through
+   the streaming encoder, the input embeddings assembled by ``torch.where`` over gathers, one prefill
+   of the whole block (a CUDA graph per key span with ``cuda_graphs``).
 3. device: up to ``max_new_tokens`` decode steps in lockstep for the step's slots (``decode``: the
-   batch compacted to a bucket, MiniCPM-o's stage-0 policy, a CUDA graph per bucket with
+   batch compacted to a bucket, MiniCPM-o's stage-0 policy, a CUDA graph per bucket and span with
    ``cuda_graphs``), rows leaving as they sample a unit terminator; the loop ends early once every row
    has (one host read of a flag per decode step, for the whole batch).
 4. host: one copy of the sampled tokens; per row the decision (``listen`` when the unit's first token
    is ``<|listen|>``, else ``speak``), the text, the end of the turn.
 5. device: the speech head turns each speaking row's text (tokens + their hidden states) into one
-   second of speech codes; the code-to-wave stage (``token2wav``) turns the codes of every speaking
-   row into 24 kHz audio, streaming per turn (a turn of N units is N seconds of audio; its first unit
-   is 280 ms shorter and its last 280 ms longer, see ``token2wav``).
+   second of speech codes (a graph per code step); the code-to-wave stage (``token2wav``; a graph per
+   bucket of speaking rows) turns the codes of every speaking row into 24 kHz audio, streaming per
+   turn (a turn of N units is N seconds of audio; its first unit is 280 ms shorter and its last 280 ms
+   longer, see ``token2wav``).
 
 The context window: when a row's language-model cache passes ``window_high_tokens``, its oldest whole
 units after the system context are dropped until it holds at most ``window_low_tokens``; the kept

@@ -24,8 +24,9 @@ n-th open), ``temperature`` (0.7), ``max_new_tokens`` (20 per unit), ``top_p`` (
 ``repetition_penalty`` (1.05), ``context_tokens`` (8192), ``window_high_tokens`` (8000),
 ``window_low_tokens`` (6000), ``max_frames_per_unit`` (2), ``frame_threads`` (4: threads that decode
 and resize a step's camera frames), ``max_ref_audio_s`` (10),
-``early_exit`` (True), ``cuda_graphs`` (False; CUDA only: the decode step of the language model, per
-batch-size bucket, and the speech head's code step replay CUDA graphs captured at load),
+``early_exit`` (True), ``cuda_graphs`` (False; CUDA only: the prefill, the decode step of the language
+model, the speech head's code step and the code-to-wave stage replay CUDA graphs captured at load, per
+batch-size bucket and key span, see the README),
 ``random_weights`` (False; the architecture with random weights, for
 benchmarks) with ``config`` ("full" or "tiny"), ``code_to_wave`` ("flow": the checkpoint's
 ``assets/token2wav``; "silent": one second of silence per speaking unit, to measure the rest alone),

@@ -3,7 +3,9 @@
 ``Thinker.forward(embeds, positions, write_pos, limit)`` runs ``T`` new tokens for every row at once:
 rows at different lengths, frozen rows writing into scratch (see ``attention``). It uses the parameters of
 ``Qwen3ForCausalLM`` (q/k/v/o projections, per-head q/k RMS norms, SwiGLU MLP) but not its forward,
-whose cache shares one position across the batch.
+whose cache shares one position across the batch. Each layer's q/k/v and gate/up weights are fused at
+construction into one matrix each (the modules keep views of them): fewer, larger kernels per layer,
+which is what a decode step of a few rows is bound by once its weights are read.
 """
 
 from __future__ import annotations
