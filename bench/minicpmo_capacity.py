@@ -8,8 +8,13 @@ on the accelerator; nothing is read or downloaded), or a checkpoint directory (`
 tiny one that ``duplex tiny-checkpoint minicpmo_4_5 DIR`` writes, for a CPU run).
 
 Per N, one row: ``unit_p50_ms``/``unit_p99_ms`` (the engine's step time for a batch of units: must stay
-under the 1000 ms unit), ``missed_units`` (steps over 1000 ms), ``first_audio_ms`` (median, over every
-speaking unit of every client, from the append that closed the unit to the unit's first audio delta),
+under the 1000 ms unit), ``missed_units`` (steps over 1000 ms), ``wait_p50_ms`` (the engine's median
+wait from the append that completed a unit to the start of its step: a unit that just misses a step
+waits for it), ``turn_first_audio_ms`` (median over every response of every client, from the append
+that closed the unit it started in to the response's first audio delta: the latency a listener hears
+when the model starts to speak; ``turns`` responses), ``first_audio_ms`` (median over the client's
+units, from a unit's closing append to the next audio delta received; while a session is already
+speaking that delta is often paced audio of an earlier unit, so it understates a unit's latency),
 ``speaking_units``, ``batch_p50``, ``gpu_mem_gib`` (peak allocated), and who opened and held.
 
 Run: ``python -m bench.minicpmo_capacity --sessions 1,4,8,16 --seconds 20 --json
@@ -41,7 +46,7 @@ from bench.personaplex.common import device_name, gpu_mem_gib, percentile
 from bench.progress import Progress
 from bench.report import machine, print_table, write_json
 
-__all__ = ["main"]
+__all__ = ["camera_frame", "main"]
 
 UNIT_MS = 1000
 APPEND_MS = 200
@@ -52,6 +57,8 @@ COLUMNS = (
     "unit_p50_ms",
     "unit_p99_ms",
     "missed_units",
+    "wait_p50_ms",
+    "turn_first_audio_ms",
     "first_audio_ms",
     "speaking_units",
     "batch_p50",
@@ -121,10 +128,12 @@ def serve(args: argparse.Namespace) -> None:
         body = {
             "unit_ms": [x * 1e3 for x in metrics.tick_duration_s.recent],
             "batch": list(metrics.batch_size.recent),
+            "wait_ms": [x * 1e3 for x in metrics.append_to_step_s.recent],
             "gpu_mem_gib": gpu_mem_gib(args.device),
         }
         if request.query_params.get("reset"):
-            for h in (metrics.tick_duration_s, metrics.lateness_s, metrics.batch_size):
+            waits = metrics.append_to_step_s
+            for h in (metrics.tick_duration_s, metrics.lateness_s, metrics.batch_size, waits):
                 h.reset_recent()
             if args.device.startswith("cuda"):
                 torch.cuda.reset_peak_memory_stats()
@@ -133,7 +142,8 @@ def serve(args: argparse.Namespace) -> None:
     serve_engine(engine, args.port, MODEL, routes=[Route("/bench/stats", stats)])
 
 
-def _camera_frame(index: int) -> bytes:
+def camera_frame(index: int) -> bytes:
+    """A 640x480 JPEG of one colour (which varies with ``index``), as a camera would send."""
     from PIL import Image
 
     buf = io.BytesIO()
@@ -150,6 +160,8 @@ class _Client:
         self.closes: list[float] = []  # send time of each unit-closing append
         self.answered = 0  # units whose first audio was seen (or that were passed by)
         self.first_audio_ms: list[float] = []
+        self.responses: set[str] = set()
+        self.turn_first_audio_ms: list[float] = []  # per response: its first audio after its unit closed
 
 
 def _session_update() -> Any:
@@ -174,6 +186,7 @@ async def _client(
     import websockets
 
     from duplex.protocol import Mode, encode
+    from duplex.protocol.codec import decode_event
 
     loop = asyncio.get_running_loop()
     url = f"ws://127.0.0.1:{port}/v1/realtime?model={MODEL}&autostart=0"
@@ -197,6 +210,13 @@ async def _client(
                     if closed:
                         c.first_audio_ms.append((now - closed[-1]) * 1e3)
                         c.answered += len(closed)
+                    event = decode_event(message)
+                    response = getattr(event, "response_id", None)
+                    if response is not None and response not in c.responses:
+                        c.responses.add(response)
+                        before = [t for t in c.closes if t <= now]
+                        if before:
+                            c.turn_first_audio_ms.append((now - before[-1]) * 1e3)
 
             rtask = asyncio.create_task(reader())
             i, per_unit = 0, UNIT_MS // APPEND_MS
@@ -226,7 +246,7 @@ def _appends() -> list[list[str]]:
         appends = []
         for k in range(UNIT_MS // APPEND_MS):
             chunk = pcm[k * per * 2 : (k + 1) * per * 2]
-            frames = (_camera_frame(u),) if k == UNIT_MS // APPEND_MS - 1 else None
+            frames = (camera_frame(u),) if k == UNIT_MS // APPEND_MS - 1 else None
             appends.append(encode(DuplexInputAudioBufferAppend(audio=chunk, video_frames=frames), Mode.GA))
         units.append(appends)
     return units
@@ -289,6 +309,7 @@ def run(n: int, args: argparse.Namespace) -> dict[str, Any]:
         stop_process(proc)
     units = stats["unit_ms"]
     firsts = [x for c in clients for x in c.first_audio_ms]
+    turns = [x for c in clients for x in c.turn_first_audio_ms]
     return {
         "sessions": n,
         "unit_p50_ms": round(percentile(units, 50), 1),
@@ -296,6 +317,9 @@ def run(n: int, args: argparse.Namespace) -> dict[str, Any]:
         "unit_max_ms": round(max(units), 1) if units else None,
         "missed_units": int(sum(t > UNIT_MS for t in units)),
         "steps": len(units),
+        "wait_p50_ms": round(percentile(stats["wait_ms"], 50), 1),
+        "turn_first_audio_ms": round(statistics.median(turns), 1) if turns else None,
+        "turns": len(turns),
         "first_audio_ms": round(statistics.median(firsts), 1) if firsts else None,
         "speaking_units": len(firsts),
         "batch_p50": percentile(stats["batch"], 50),

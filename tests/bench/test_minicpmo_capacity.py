@@ -27,3 +27,4 @@ def test_the_capacity_bench_measures_units_through_the_server(tmp_path):
         assert row["opened"] == row["held"] == row["sessions"]
         assert row["steps"] > 0 and row["unit_p50_ms"] > 0
         assert row["errors"] == []
+        assert row["wait_p50_ms"] >= 0 and row["turns"] >= 0

@@ -14,8 +14,19 @@ and the number of cache entries each query may see (``limit [B, T]``: key ``j`` 
   visible range ever covers, so its cache and length are untouched ("as if the step never happened").
 
 transformers' ``StaticCache`` shares one ``cache_position`` across the batch, which is why this module
-exists. The attention itself is ``scaled_dot_product_attention`` over the whole cache with a boolean
-mask: fixed shapes, no host syncs, graph-capturable.
+exists. The attention itself is ``scaled_dot_product_attention`` over the whole cache with a mask:
+fixed shapes, no host syncs, graph-capturable. The mask of a forward pass is built once, as an additive
+bias in the model's dtype (``attention_bias``), and shared by its layers; a boolean mask would be turned
+into that bias again in every layer. Grouped-query attention puts each key/value head's group of query
+heads in the query-row dimension (``attend``): one fused kernel reads every cache entry once, where
+SDPA's own grouped path has no fused kernel that takes a mask. The cache's width (``capacity +
+scratch``) is a multiple of 16 so that the bias rows are aligned as the fused kernels want.
+
+A forward pass need not read the whole cache: it attends over a *span*, the cache's first 512, 1024,
+... positions (``SlotCache.spans``), the smallest that holds every key a live row may see. So a
+conversation early on reads a few thousand entries a step, not the whole window; each span is a fixed
+shape (a CUDA graph each). A frozen row's keys and queries may fall outside the span: it writes to
+scratch, and what it computes is discarded.
 """
 
 from __future__ import annotations
@@ -23,7 +34,13 @@ from __future__ import annotations
 import torch
 import torch.nn.functional as F
 
-__all__ = ["Rope", "SlotCache", "attend", "visible_mask"]
+__all__ = ["Rope", "SlotCache", "attend", "attention_bias", "fuse_linears", "rms_norm", "visible_mask"]
+
+
+def rms_norm(x: torch.Tensor, weight: torch.Tensor, eps: float) -> torch.Tensor:
+    """Llama/Qwen RMS norm: normalised in float32, rounded to ``x``'s dtype, then scaled by ``weight``
+    (transformers' rounding order), in two kernels where a fused RMS norm exists."""
+    return weight * F.rms_norm(x, (x.shape[-1],), eps=eps)
 
 
 class Rope:
@@ -47,10 +64,15 @@ class Rope:
         return x * cos + rotated * sin
 
 
+_ALIGN = 16
+_MIN_SPAN = 512
+
+
 class SlotCache:
     """Keys and values of every layer for every slot (see the module docstring).
 
-    ``capacity`` positions per slot are real; ``scratch`` more at the end take the writes of frozen rows.
+    ``capacity`` positions per slot are real; ``scratch`` more at the end (at least the number asked for,
+    rounded up to align the width) take the writes of frozen rows.
     """
 
     def __init__(
@@ -65,7 +87,8 @@ class SlotCache:
         dtype: torch.dtype,
     ) -> None:
         self.capacity = capacity
-        self.scratch = scratch
+        self.scratch = -(-(capacity + scratch) // _ALIGN) * _ALIGN - capacity  # at least ``scratch``
+        scratch = self.scratch
         shape = (layers, slots, kv_heads, capacity + scratch, head_dim)
         self.k = torch.zeros(shape, device=device, dtype=dtype)
         self.v = torch.zeros(shape, device=device, dtype=dtype)
@@ -75,6 +98,19 @@ class SlotCache:
     def total(self) -> int:
         return self.capacity + self.scratch
 
+    @property
+    def spans(self) -> list[int]:
+        """The key spans a forward pass may attend over: 512, 1024, ... below ``total``, then ``total``."""
+        out, span = [], _MIN_SPAN
+        while span < self.total:
+            out.append(span)
+            span *= 2
+        return [*out, self.total]
+
+    def span_for(self, needed: int) -> int:
+        """The smallest span holding ``needed`` cache positions (every key a live row may see)."""
+        return next((s for s in self.spans if s >= needed), self.total)
+
     def write(
         self, layer: int, k: torch.Tensor, v: torch.Tensor, write_pos: torch.Tensor, rows: torch.Tensor
     ) -> None:
@@ -82,12 +118,18 @@ class SlotCache:
         self.k[layer][rows, :, write_pos] = k.transpose(1, 2)
         self.v[layer][rows, :, write_pos] = v.transpose(1, 2)
 
-    def layer(self, layer: int, rows: torch.Tensor | None) -> tuple[torch.Tensor, torch.Tensor]:
-        """The cache of ``layer`` for ``rows`` (all slots when ``rows`` is None): ``[B, H, S, D]`` each."""
+    def layer(
+        self, layer: int, rows: torch.Tensor | None, span: int | None = None
+    ) -> tuple[torch.Tensor, torch.Tensor]:
+        """The first ``span`` positions (default all) of ``layer``'s cache for ``rows`` (all slots when
+        ``rows`` is None): ``[B, H, span, D]`` each."""
+        k, v = self.k[layer], self.v[layer]
+        if span is not None and span < self.total:
+            k, v = k[:, :, :span], v[:, :, :span]
         if rows is None:
-            return self.k[layer], self.v[layer]
+            return k, v
         flat = rows[:, 0]
-        return self.k[layer].index_select(0, flat), self.v[layer].index_select(0, flat)
+        return k.index_select(0, flat), v.index_select(0, flat)
 
 
 def visible_mask(limit: torch.Tensor, total: int) -> torch.Tensor:
@@ -96,10 +138,40 @@ def visible_mask(limit: torch.Tensor, total: int) -> torch.Tensor:
     return (keys[None, None, :] < limit[:, :, None])[:, None]
 
 
+def attention_bias(limit: torch.Tensor, total: int, groups: int, dtype: torch.dtype) -> torch.Tensor:
+    """``[B, 1, groups * T, total]``: 0 where key ``j`` is visible to query ``(b, i)`` (``j < limit[b, i]``),
+    ``-inf`` elsewhere; the ``T`` query rows repeated for each query head of a group (``attend``)."""
+    keys = torch.arange(total, device=limit.device)
+    visible = keys[None, None, :] < limit[:, :, None]  # [B, T, S]
+    bias = torch.zeros(visible.shape, device=limit.device, dtype=dtype).masked_fill_(~visible, float("-inf"))
+    b, t, s = bias.shape
+    return bias[:, None, None].expand(b, 1, groups, t, s).reshape(b, 1, groups * t, s)
+
+
 def attend(
     q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, mask: torch.Tensor, scale: float | None = None
 ) -> torch.Tensor:
-    """``softmax(q k^T) v`` over the cache: ``q [B, Hq, T, D]``, ``k, v [B, Hkv, S, D]``, grouped heads."""
-    return F.scaled_dot_product_attention(
-        q, k, v, attn_mask=mask, scale=scale, enable_gqa=q.shape[1] != k.shape[1]
-    )
+    """``softmax(q k^T) v`` over the cache: ``q [B, Hq, T, D]``, ``k, v [B, Hkv, S, D]``.
+
+    With grouped heads (``Hq = G * Hkv``; query head ``h`` reads key/value head ``h // G``) the queries
+    run as ``[B, Hkv, G * T, D]`` and ``mask`` must be ``attention_bias(.., groups=G, ..)``.
+    """
+    b, hq, t, d = q.shape
+    hkv = k.shape[1]
+    if hq == hkv:
+        return F.scaled_dot_product_attention(q, k, v, attn_mask=mask, scale=scale)
+    grouped = q.reshape(b, hkv, (hq // hkv) * t, d)
+    return F.scaled_dot_product_attention(grouped, k, v, attn_mask=mask, scale=scale).reshape(b, hq, t, d)
+
+
+def fuse_linears(*linears: torch.nn.Linear) -> torch.Tensor:
+    """One weight ``[sum of outputs, inputs]`` holding the bias-free layers' weights, in order; each layer's
+    weight becomes a view of it (no second copy is kept). One matrix product then replaces several."""
+    assert all(layer.bias is None for layer in linears), "fuse_linears takes bias-free layers"
+    weight = torch.cat([layer.weight.detach() for layer in linears], dim=0)
+    start = 0
+    for layer in linears:
+        rows = layer.weight.shape[0]
+        layer.weight = torch.nn.Parameter(weight[start : start + rows], requires_grad=False)
+        start += rows
+    return weight

@@ -26,7 +26,7 @@ import torch.nn.functional as F
 from transformers.audio_utils import mel_filter_bank
 from transformers.models.whisper.modeling_whisper import WhisperEncoder
 
-from duplex.plugins.minicpmo.attention import SlotCache, attend, visible_mask
+from duplex.plugins.minicpmo.attention import SlotCache, attend, attention_bias
 from duplex.plugins.minicpmo.config import AUDIO_TOKENS_PER_UNIT, MEL_HOP, SAMPLE_RATE, UNIT_SAMPLES
 from duplex.plugins.minicpmo.modules import Projector
 
@@ -111,7 +111,7 @@ class AudioEncoder:
         limit = torch.where(exec_mask, start + t, torch.full_like(start, self.cache.capacity + t))
         limit = limit[:, None].expand(b, t)
         x = x + apm.embed_positions.weight[positions.clamp(max=self.max_positions - 1)]
-        mask = visible_mask(limit, self.cache.total)
+        mask = attention_bias(limit, self.cache.total, 1, x.dtype)
         all_rows = self.cache.rows if rows is None else rows
         for i, layer in enumerate(apm.layers):
             attn = layer.self_attn

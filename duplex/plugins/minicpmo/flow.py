@@ -255,21 +255,20 @@ class FlowStream:
 
     @torch.no_grad()
     def chunk(
-        self, rows: torch.Tensor, codes: torch.Tensor, pending: list[bool], last: list[bool]
-    ) -> tuple[torch.Tensor, list[int]]:
-        """One unit of ``codes [B, 25]`` for the slots ``rows [B]``: mel ``[B, mel_bins, 2 * width]``
-        and each row's number of valid frames. ``pending[i]``: the row holds look-ahead codes from its
-        previous unit; ``last[i]``: the turn ends with this unit (everything is flushed)."""
+        self, rows: torch.Tensor, codes: torch.Tensor, pending: torch.Tensor, last: torch.Tensor
+    ) -> tuple[torch.Tensor, torch.Tensor]:
+        """One unit of ``codes [B, 25]`` for the rows ``rows [B]``: mel ``[B, mel_bins, 2 * width]`` and
+        each row's number of valid frames ``[B]``. ``pending [B]`` (bool): the row holds look-ahead codes
+        from its previous unit; ``last [B]`` (bool): the turn ends with this unit (everything is flushed).
+
+        Fixed shapes, no host reads: capturable (``token2wav`` replays it from a CUDA graph)."""
         dev, la, w = self.device, self.la, self.width
         b = rows.shape[0]
-        pend = torch.tensor(pending, device=dev)
         held = torch.cat([self.pending[rows], codes], dim=1)
         fresh = torch.cat([codes, torch.zeros(b, la, dtype=codes.dtype, device=dev)], dim=1)
-        tokens = torch.where(pend[:, None], held, fresh)
-        n_in = [w if p else CODES_PER_UNIT for p in pending]
-        n_out_h = [n if end else n - la for n, end in zip(n_in, last, strict=True)]
-        count = torch.tensor(n_in, device=dev)
-        n_out = torch.tensor(n_out_h, device=dev)
+        tokens = torch.where(pending[:, None], held, fresh)
+        count = torch.where(pending, w, CODES_PER_UNIT)
+        n_out = count - torch.where(last, 0, la)
         self.pending[rows] = tokens.gather(1, count[:, None] - la + torch.arange(la, device=dev))
         hist_len = self.hist_len[rows]
         mu, (pre, up, enc_kv, up_kv) = self._encode(
@@ -301,7 +300,7 @@ class FlowStream:
         )
         self.est_conv[:, :, rows] = conv
         self.hist_len[rows] = (hist_len + n_out).clamp(max=self.hist)
-        return mel, [2 * n for n in n_out_h]
+        return mel, 2 * n_out
 
     @staticmethod
     def _rows(k: torch.Tensor, v: torch.Tensor, rows: torch.Tensor) -> list[list[torch.Tensor]]:

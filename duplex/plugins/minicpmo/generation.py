@@ -10,21 +10,25 @@ samples is discarded (``exec`` mask). A slot's outputs therefore do not depend o
 
 A step, for the rows that have a unit:
 
-1. host: the unit's input layout per row (``UnitLayout``): the previous unit's terminator and
+1. host: the unit's input layout per row (``layout``): the previous unit's terminator and
    ``</unit>``, ``<unit>``, ``<image>`` + vision embeddings + ``</image>`` per frame, ten audio
-   embeddings; padded to one width ``unit_width``. Frames are decoded and patched here.
-2. device: the unit's audio through the streaming encoder, its frames through the vision tower,
-   the input embeddings assembled by ``torch.where`` over gathers, one prefill of the whole block.
+   embeddings; padded to one width ``unit_width``. Frames are decoded and patched here, on the
+   ``frame_threads`` threads. The slots' lengths are read (the device is idle between steps): they
+   give each unit's start and the key span the step's attention reads (``attention``).
+2. device: the frames through the vision tower; then ``prefill.UnitPrefill``: the unit's audio through
+   the streaming encoder, the input embeddings assembled by ``torch.where`` over gathers, one prefill
+   of the whole block (a CUDA graph per key span with ``cuda_graphs``).
 3. device: up to ``max_new_tokens`` decode steps in lockstep for the step's slots (``decode``: the
-   batch compacted to a bucket, MiniCPM-o's stage-0 policy, a CUDA graph per bucket with
+   batch compacted to a bucket, MiniCPM-o's stage-0 policy, a CUDA graph per bucket and span with
    ``cuda_graphs``), rows leaving as they sample a unit terminator; the loop ends early once every row
    has (one host read of a flag per decode step, for the whole batch).
 4. host: one copy of the sampled tokens; per row the decision (``listen`` when the unit's first token
    is ``<|listen|>``, else ``speak``), the text, the end of the turn.
 5. device: the speech head turns each speaking row's text (tokens + their hidden states) into one
-   second of speech codes; the code-to-wave stage (``token2wav``) turns the codes of every speaking
-   row into 24 kHz audio, streaming per turn (a turn of N units is N seconds of audio; its first unit
-   is 280 ms shorter and its last 280 ms longer, see ``token2wav``).
+   second of speech codes (a graph per code step); the code-to-wave stage (``token2wav``; a graph per
+   bucket of speaking rows) turns the codes of every speaking row into 24 kHz audio, streaming per
+   turn (a turn of N units is N seconds of audio; its first unit is 280 ms shorter and its last 280 ms
+   longer, see ``token2wav``).
 
 The context window: when a row's language-model cache passes ``window_high_tokens``, its oldest whole
 units after the system context are dropped until it holds at most ``window_low_tokens``; the kept
@@ -33,6 +37,7 @@ entries move down with their keys re-rotated (``Thinker.shift_keys``), so no rec
 
 from __future__ import annotations
 
+from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 
 import numpy as np
@@ -44,8 +49,11 @@ from duplex.plugins.minicpmo.attention import SlotCache
 from duplex.plugins.minicpmo.audio import CONTEXT_SAMPLES, ENCODER_FRAMES_PER_UNIT, AudioEncoder
 from duplex.plugins.minicpmo.config import AUDIO_TOKENS_PER_UNIT, UNIT_SAMPLES, MiniCPMOConfig
 from duplex.plugins.minicpmo.decode import DecodeOptions, LMDecoder, SlotSampling
+from duplex.plugins.minicpmo.graphs import graph_pool
 from duplex.plugins.minicpmo.modules import MiniCPMOModel
+from duplex.plugins.minicpmo.prefill import KIND_AUDIO, KIND_TOKEN, KIND_VISION, UnitPrefill
 from duplex.plugins.minicpmo.speech import SpeechGenerator
+from duplex.plugins.minicpmo.stages import stage
 from duplex.plugins.minicpmo.thinker import Thinker
 from duplex.plugins.minicpmo.token2wav import CodeToWave
 from duplex.plugins.minicpmo.tokens import SpecialTokens, session_texts
@@ -53,7 +61,6 @@ from duplex.plugins.minicpmo.vision import PreparedFrame, VisionEncoder
 
 __all__ = ["GenerationOptions", "UnitGenerator", "UnitResult"]
 
-_KIND_TOKEN, _KIND_AUDIO, _KIND_VISION = 0, 1, 2
 
 
 @dataclass(frozen=True)
@@ -69,6 +76,7 @@ class GenerationOptions:
     window_high_tokens: int = 8000
     window_low_tokens: int = 6000
     max_frames_per_unit: int = 2
+    frame_threads: int = 4
     early_exit: bool = True
     cuda_graphs: bool = False
 
@@ -171,7 +179,10 @@ class UnitGenerator:
             dev,
             dt,
         )
-        self.speech = SpeechGenerator(model.tts, t, tts_cache, max_condition, capture=options.cuda_graphs)
+        # Every captured step of the generator replays from one memory pool: they never run at once.
+        pool = graph_pool() if options.cuda_graphs else None
+        capture = options.cuda_graphs
+        self.speech = SpeechGenerator(model.tts, t, tts_cache, max_condition, capture=capture, pool=pool)
         zeros = torch.zeros(slots, dtype=torch.long, device=dev)
         self.lm_len = zeros.clone()
         self.audio_len = zeros.clone()
@@ -184,6 +195,9 @@ class UnitGenerator:
         self.hosts: dict[int, _SlotHost] = {}
         self._special_ids = set(special.all_ids())
         self.frames_dropped = 0
+        if options.frame_threads < 1:
+            raise PluginError("invalid_plugin_config", "frame_threads must be at least 1")
+        self._frames = ThreadPoolExecutor(options.frame_threads, thread_name_prefix="minicpmo-frames")
         decode = DecodeOptions(
             options.max_new_tokens,
             options.top_k,
@@ -191,8 +205,18 @@ class UnitGenerator:
             options.repetition_penalty,
             options.early_exit,
         )
+        self.prefill = UnitPrefill(
+            self.thinker,
+            self.audio,
+            self.lm_len,
+            self.audio_len,
+            self.unit_width,
+            slots * options.max_frames_per_unit * q,
+            capture=capture,
+            pool=pool,
+        )
         self.decoder = LMDecoder(
-            self.thinker, special, decode, slots, options.repetition_history, capture=options.cuda_graphs
+            self.thinker, special, decode, slots, options.repetition_history, capture=capture, pool=pool
         )
 
     # -- slots ------------------------------------------------------------
@@ -265,6 +289,10 @@ class UnitGenerator:
     def close_slot(self, slot: int) -> None:
         self.hosts.pop(slot, None)
 
+    def close(self) -> None:
+        """Stop the frame threads (the generator is not used after this)."""
+        self._frames.shutdown(wait=True)
+
     # -- the step ---------------------------------------------------------
 
     def layout(
@@ -278,29 +306,31 @@ class UnitGenerator:
         src = np.zeros((self.slots, w), dtype=np.int64)
         valid = np.zeros(self.slots, dtype=np.int64)
         frames: list[PreparedFrame] = []
+        kept = {slot: raw[: self.opts.max_frames_per_unit] for slot, (_pcm, raw) in batch.items()}
+        # Decoding and resizing release the GIL: the step's frames are prepared on the frame threads.
+        prepared = {slot: [self._frames.submit(self.vision.prepare, d) for d in kept[slot]] for slot in kept}
         for slot, (_pcm, raw_frames) in batch.items():
             host = self.hosts[slot]
             seq: list[tuple[int, int, int]] = []
             if host.units > 0:
                 if host.pending_terminator is not None:
-                    seq.append((_KIND_TOKEN, host.pending_terminator, 0))
-                seq.append((_KIND_TOKEN, sp.unit_end, 0))
-            seq.append((_KIND_TOKEN, sp.unit, 0))
-            kept = raw_frames[: self.opts.max_frames_per_unit]
-            self.frames_dropped += len(raw_frames) - len(kept)
-            for data in kept:
+                    seq.append((KIND_TOKEN, host.pending_terminator, 0))
+                seq.append((KIND_TOKEN, sp.unit_end, 0))
+            seq.append((KIND_TOKEN, sp.unit, 0))
+            self.frames_dropped += len(raw_frames) - len(kept[slot])
+            for pending in prepared[slot]:
                 try:
-                    frame = self.vision.prepare(data)
+                    frame = pending.result()
                 except PluginError:
                     self.frames_dropped += 1
                     continue
                 base = len(frames) * q
                 frames.append(frame)
-                seq.append((_KIND_TOKEN, sp.image, 0))
-                seq.extend((_KIND_VISION, 0, base + j) for j in range(q))
-                seq.append((_KIND_TOKEN, sp.image_end, 0))
+                seq.append((KIND_TOKEN, sp.image, 0))
+                seq.extend((KIND_VISION, 0, base + j) for j in range(q))
+                seq.append((KIND_TOKEN, sp.image_end, 0))
             seq.extend(
-                (_KIND_AUDIO, 0, slot * AUDIO_TOKENS_PER_UNIT + j) for j in range(AUDIO_TOKENS_PER_UNIT)
+                (KIND_AUDIO, 0, slot * AUDIO_TOKENS_PER_UNIT + j) for j in range(AUDIO_TOKENS_PER_UNIT)
             )
             n = len(seq)
             arr = np.asarray(seq, dtype=np.int64)
@@ -311,52 +341,41 @@ class UnitGenerator:
     @torch.no_grad()
     def step(self, batch: dict[int, tuple[np.ndarray, list[bytes]]]) -> dict[int, UnitResult]:
         """Advance every slot in ``batch`` (slot -> (16000 float32 samples, encoded frames)) by one unit."""
-        dev, w = self.device, self.unit_width
-        cap = self.thinker.cache.capacity
-        ids_h, kind_h, src_h, valid_h, frames = self.layout(batch)
-        exec_h = np.zeros(self.slots, dtype=bool)
-        audio_h = np.zeros((self.slots, CONTEXT_SAMPLES + UNIT_SAMPLES), dtype=np.float32)
+        w, opts = self.unit_width, self.opts
+        with stage("layout.host"):
+            ids_h, kind_h, src_h, valid_h, frames = self.layout(batch)
+        layout = np.zeros((5, self.slots, w), dtype=np.int64)
+        layout[0], layout[1], layout[2], layout[3] = ids_h, kind_h, src_h, valid_h[:, None]
+        samples = np.zeros((self.slots, CONTEXT_SAMPLES + UNIT_SAMPLES), dtype=np.float32)
         for slot, (pcm, _frames) in batch.items():
-            exec_h[slot] = True
+            layout[4, slot] = 1
             host = self.hosts[slot]
-            audio_h[slot, :CONTEXT_SAMPLES] = host.tail
-            audio_h[slot, CONTEXT_SAMPLES:] = pcm
-            host.tail = audio_h[slot, -CONTEXT_SAMPLES:].copy()
-            host.unit_starts.append(0)  # set below from the device length
-        exec_t = torch.from_numpy(exec_h).to(dev)
-        audio_emb, self.audio_len = self.audio.encode(
-            torch.from_numpy(audio_h).to(dev), self.audio_len, exec_t
-        )
-        ids = torch.from_numpy(ids_h).to(dev)
-        kind = torch.from_numpy(kind_h).to(dev)
-        src = torch.from_numpy(src_h).to(dev)
-        valid = torch.from_numpy(valid_h).to(dev)
-        embeds = self.thinker.embed_tokens(ids)
-        flat_audio = audio_emb.reshape(-1, audio_emb.shape[-1]).to(embeds.dtype)
-        a_idx = torch.where(kind == _KIND_AUDIO, src, 0)
-        embeds = torch.where((kind == _KIND_AUDIO)[..., None], flat_audio[a_idx], embeds)
+            samples[slot, :CONTEXT_SAMPLES] = host.tail
+            samples[slot, CONTEXT_SAMPLES:] = pcm
+            host.tail = samples[slot, -CONTEXT_SAMPLES:].copy()
+        # The device is idle between steps: reading the lengths costs no wait. They give each unit's start
+        # and the key span that covers every row of the step (prefill, then max_new_tokens decoded).
+        starts_h = self.lm_len.cpu().numpy()
+        span = self.thinker.cache.span_for(max(int(starts_h[s]) for s in batch) + w + opts.max_new_tokens)
+        vision = None
         if frames:
-            vis = self.vision.encode(frames).reshape(-1, embeds.shape[-1]).to(embeds.dtype)
-            v_idx = torch.where(kind == _KIND_VISION, src, 0)
-            embeds = torch.where((kind == _KIND_VISION)[..., None], vis[v_idx], embeds)
-        steps = torch.arange(w, device=dev)
-        positions = self.lm_len[:, None] + steps
-        write = torch.where(exec_t[:, None], positions, cap + steps)
-        limit = torch.where(exec_t[:, None], positions + 1, cap + steps + 1)
-        unit_start = self.lm_len.clone()
-        hidden = self.thinker.forward(embeds, positions, write, limit)
-        last = hidden.gather(1, (valid - 1).clamp(min=0)[:, None, None].expand(-1, 1, hidden.shape[-1]))[:, 0]
-        logits = self.thinker.logits(last)
-        self.lm_len = torch.where(exec_t, self.lm_len + valid, self.lm_len)
+            with stage("vision.encode"):
+                vision = self.vision.encode(frames)
+                vision = vision.reshape(-1, vision.shape[-1])
+        with stage("prefill"):
+            logits = self.prefill.run(layout, samples, vision, span)
         state = SlotSampling(
             self.lm_len, self.seed, self.counter, self.temperature, self.history, self.turn_open
         )
-        generated, fed_hidden = self.decoder.run(sorted(batch), logits, state)
-        gen_h = generated.cpu().numpy()
-        starts_h = unit_start.cpu().numpy()
-        results = self._parse(batch, gen_h, starts_h)
+        with stage("decode"):
+            generated, fed_hidden = self.decoder.run(sorted(batch), logits, state, span)
+        with stage("tokens.read"):
+            gen_h = generated.cpu().numpy()
+        with stage("parse.host"):
+            results = self._parse(batch, gen_h, starts_h)
         self._speak(results, gen_h, fed_hidden)
-        self._apply_window(batch)
+        with stage("window"):
+            self._apply_window(batch)
         return results
 
     def _parse(self, batch: dict, gen_h: np.ndarray, starts_h: np.ndarray) -> dict[int, UnitResult]:
@@ -365,7 +384,7 @@ class UnitGenerator:
         for slot in batch:
             host = self.hosts[slot]
             host.units += 1
-            host.unit_starts[-1] = int(starts_h[slot])
+            host.unit_starts.append(int(starts_h[slot]))
             tokens = [int(x) for x in gen_h[slot] if x >= 0]
             host.pending_terminator = tokens[-1] if tokens and tokens[-1] in sp.terminators else None
             decision = "listen" if not tokens or tokens[0] == sp.listen else "speak"
@@ -420,14 +439,20 @@ class UnitGenerator:
         hidden = fed_hidden.gather(1, idx[..., None].expand(-1, -1, fed_hidden.shape[-1]))
         count = torch.from_numpy(count_h).to(dev)
         speaking = torch.from_numpy(speaking_h).to(dev)
-        cond = self.speech.condition(text, hidden, count)
-        codes, self.tts_len = self.speech.generate(
-            cond, count + 1, self.tts_len, speaking, self.seed, self.counter, self.temperature > 0
-        )
+        with stage("speech.condition"):
+            cond = self.speech.condition(text, hidden, count)
+        tts_len_h = self.tts_len.cpu().numpy()
+        span = self.speech.span_for([int(tts_len_h[s]) for s in np.flatnonzero(speaking_h)])
+        with stage("speech.codes"):
+            codes, tts_len = self.speech.generate(
+                cond, count + 1, self.tts_len, speaking, self.seed, self.counter, self.temperature > 0, span
+            )
+            self.tts_len.copy_(tts_len)
         last_h = np.zeros(self.slots, dtype=bool)
         for slot, res in results.items():
             last_h[slot] = res.decision == "speak" and res.end_of_turn
-        pcm = self.code_to_wave.decode(codes, speaking_h, last_h)
+        with stage("c2w"):
+            pcm = self.code_to_wave.decode(codes, speaking_h, last_h)
         codes_h = codes.cpu().numpy()
         for slot, res in results.items():
             if speaking_h[slot]:

@@ -16,7 +16,16 @@ from typing import Any
 
 import torch
 
-__all__ = ["Step", "graph_pool"]
+__all__ = ["Step", "buckets_for", "graph_pool"]
+
+
+def buckets_for(slots: int) -> list[int]:
+    """Batch sizes a bucketed step runs at: 1, 2, 4, ... below ``slots``, then ``slots``."""
+    out, size = [], 1
+    while size < slots:
+        out.append(size)
+        size *= 2
+    return [*out, slots]
 
 
 def graph_pool() -> Any:

@@ -14,7 +14,8 @@ the turn ends with this call. So a stream's audio is exactly 480 samples per mel
 a delay of ``mel_cache_frames`` frames.
 
 Rows of one call have windows of different lengths (``frames [B]``: the first window of a turn has
-no cached frames, the last has more new ones). They run in one batch at the widest length: every
+no cached frames, the last has more new ones). They run in one batch at one fixed width (the widest a
+window can be, so the call has one shape and can be replayed from a CUDA graph): every
 convolution's input is zeroed past the row's own length at its resolution (what zero padding gives
 an unpadded row), the STFT reflects each row at its own end, the ISTFT overlap-adds only the row's
 frames, and the source's frame-to-sample interpolation clamps at the row's last frame. A row's audio
@@ -96,23 +97,29 @@ class Vocoder:
         """Start ``slot``'s stream afresh (the caller's ``cached`` flag for it becomes False)."""
         self.position[slot] = 0
 
+    def emitted(self, new: int, cached: bool, last: bool) -> int:
+        """Samples a row of ``stream`` gives out (from sample 0): its window's frames, less the
+        ``mel_cache_frames`` held back for the next window unless the turn ends here."""
+        frames = new + (self.cache_frames if cached else 0)
+        return (frames if last else frames - self.cache_frames) * self.hop
+
     @torch.no_grad()
     def stream(
-        self, rows: torch.Tensor, mel: torch.Tensor, new: list[int], cached: list[bool], last: list[bool]
-    ) -> tuple[torch.Tensor, list[int]]:
-        """Vocode ``new[i]`` frames of ``mel [B, mel_bins, T]`` for the slots ``rows``.
+        self, rows: torch.Tensor, mel: torch.Tensor, new: torch.Tensor, cached: torch.Tensor
+    ) -> torch.Tensor:
+        """Vocode ``new [B]`` frames of ``mel [B, mel_bins, T]`` for the rows ``rows [B]``: audio
+        ``[B, (T + mel_cache_frames) * 480]``, of which ``emitted`` samples of each row are its to emit.
 
-        ``cached[i]``: the slot has a window before this one (not the turn's first call); ``last[i]``:
-        the turn ends here. Returns audio ``[B, samples]`` and the number of samples of each row to
-        emit (from sample 0).
+        ``cached [B]`` (bool): the row has a window before this one (not the turn's first call). Every
+        row runs at the fixed width ``T + mel_cache_frames`` (masked past its own frames) and nothing is
+        read back to the host, so the call is capturable.
         """
         dev, cf, hop = self.device, self.cache_frames, self.hop
         b = rows.shape[0]
-        has = torch.tensor(cached, device=dev)
+        has = cached
         offset = torch.where(has, cf, 0)
-        frames_h = [n + (cf if c else 0) for n, c in zip(new, cached, strict=True)]
-        frames = torch.tensor(frames_h, device=dev)
-        width = max(frames_h)
+        frames = new + offset
+        width = mel.shape[2] + cf
         # The window: the cached frames (if any), then the new ones.
         t = torch.arange(width, device=dev)[None]
         src = (t - offset[:, None]).clamp(0, mel.shape[2] - 1)
@@ -140,9 +147,8 @@ class Vocoder:
         self.source_cache[rows] = source.gather(1, idx)
         fidx = frames[:, None] - cf + torch.arange(cf, device=dev)
         self.mel_cache[rows] = window.gather(2, fidx[:, None].expand(-1, window.shape[1], -1))
-        self.position[rows] += torch.tensor(new, device=dev)
-        emit = [(n if end else n - cf) * hop for n, end in zip(frames_h, last, strict=True)]
-        return speech, emit
+        self.position[rows] += new
+        return speech
 
     # -- the network ------------------------------------------------------
 

@@ -22,9 +22,11 @@ Plugin options (``from_options``): ``max_sessions`` (4), ``device`` ("cpu", "cud
 (bfloat16 on CUDA, float32 on a CPU), ``seed`` (0; a session without a seed gets ``seed + n`` for its
 n-th open), ``temperature`` (0.7), ``max_new_tokens`` (20 per unit), ``top_p`` (0.8), ``top_k`` (20),
 ``repetition_penalty`` (1.05), ``context_tokens`` (8192), ``window_high_tokens`` (8000),
-``window_low_tokens`` (6000), ``max_frames_per_unit`` (2), ``max_ref_audio_s`` (10),
-``early_exit`` (True), ``cuda_graphs`` (False; CUDA only: the decode step of the language model, per
-batch-size bucket, and the speech head's code step replay CUDA graphs captured at load),
+``window_low_tokens`` (6000), ``max_frames_per_unit`` (2), ``frame_threads`` (4: threads that decode
+and resize a step's camera frames), ``max_ref_audio_s`` (10),
+``early_exit`` (True), ``cuda_graphs`` (False; CUDA only: the prefill, the decode step of the language
+model, the speech head's code step and the code-to-wave stage replay CUDA graphs captured at load, per
+batch-size bucket and key span, see the README),
 ``random_weights`` (False; the architecture with random weights, for
 benchmarks) with ``config`` ("full" or "tiny"), ``code_to_wave`` ("flow": the checkpoint's
 ``assets/token2wav``; "silent": one second of silence per speaking unit, to measure the rest alone),
@@ -82,6 +84,7 @@ _OPTION_TYPES: dict[str, type] = {
     "window_high_tokens": int,
     "window_low_tokens": int,
     "max_frames_per_unit": int,
+    "frame_threads": int,
     "max_ref_audio_s": float,
     "early_exit": bool,
     "cuda_graphs": bool,
@@ -99,6 +102,7 @@ _GENERATION_OPTIONS = (
     "window_high_tokens",
     "window_low_tokens",
     "max_frames_per_unit",
+    "frame_threads",
     "early_exit",
     "cuda_graphs",
 )
@@ -201,6 +205,11 @@ class MiniCPMOPlugin(FramePlugin):
         from duplex.plugins.minicpmo.tokens import SPECIAL_TOKENS, SpecialTokens, load_tokenizer
 
         slots, device = self._max_sessions, self._device
+        capture = self._gen_options.cuda_graphs
+        if capture and device.type != "cuda":
+            raise PluginError(
+                "invalid_plugin_config", f"cuda_graphs needs a CUDA device, not {device.type!r}"
+            )
         wave: CodeToWave = SilentCodeToWave()
         if self._random:
             tiny = self._config_name == "tiny"
@@ -210,19 +219,25 @@ class MiniCPMOPlugin(FramePlugin):
             special = SpecialTokens(**{k: int(tok.token_to_id(v)) for k, v in SPECIAL_TOKENS.items()})
             if self._code_to_wave == "flow":
                 codes = 12 if tiny else 150
-                wave = random_code_to_wave(cfg.token2wav, slots, device, self._seed, voice_codes=codes)
+                wave = random_code_to_wave(
+                    cfg.token2wav, slots, device, self._seed, voice_codes=codes, capture=capture
+                )
         else:
             assert self._model_path is not None
             files = find_checkpoint(self._model_path)
             cfg = files.config
             if self._code_to_wave == "flow":
-                wave = load_code_to_wave(files.root, cfg.token2wav, slots, device, self._voice)
+                wave = load_code_to_wave(
+                    files.root, cfg.token2wav, slots, device, self._voice, capture=capture
+                )
             model = load_model(files, device, self._dtype)
             tok, special = load_tokenizer(files.tokenizer)
         self._gen = UnitGenerator(model, cfg, tok, special, slots, self._gen_options, wave)
         log.info("minicpmo_4_5 loaded on %s (%s), %d slots", self._device, self._dtype, self._max_sessions)
 
     def close(self) -> None:
+        if self._gen is not None:
+            self._gen.close()
         self._gen = None
         self._epochs.clear()
         self._closed = True

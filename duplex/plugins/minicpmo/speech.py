@@ -13,15 +13,18 @@ over the last 16 codes; the end-of-speech code is masked so every speaking unit 
 
 The code loop is one fixed step over static ``[slots]`` buffers repeated ``CODES_PER_UNIT`` times (sample a
 code, feed it), so with ``capture`` it is one CUDA graph (``graphs.Step``), captured with every row
-frozen; without, the same step runs eagerly.
+frozen; without, the same step runs eagerly. Attention reads a key span of the cache (``attention``)
+that covers the speaking rows' turns, one graph per span.
 """
 
 from __future__ import annotations
 
+from typing import Any
+
 import torch
 import torch.nn.functional as F
 
-from duplex.plugins.minicpmo.attention import Rope, SlotCache, attend, visible_mask
+from duplex.plugins.minicpmo.attention import Rope, SlotCache, attend, attention_bias, fuse_linears, rms_norm
 from duplex.plugins.minicpmo.config import CODES_PER_UNIT, TTSConfig
 from duplex.plugins.minicpmo.graphs import Step, graph_pool
 from duplex.plugins.minicpmo.modules import SpeechHead
@@ -37,16 +40,18 @@ PENALTY_WINDOW = 16
 _SALT = 7
 
 
-def _rms(x: torch.Tensor, weight: torch.Tensor, eps: float) -> torch.Tensor:
-    x32 = x.to(torch.float32)
-    return weight * (x32 * torch.rsqrt(x32.pow(2).mean(-1, keepdim=True) + eps)).to(x.dtype)
-
-
 class SpeechGenerator:
     """Batched speech-code generation over a per-slot cache (see the module docstring)."""
 
     def __init__(
-        self, head: SpeechHead, cfg: TTSConfig, cache: SlotCache, max_condition: int, *, capture: bool = False
+        self,
+        head: SpeechHead,
+        cfg: TTSConfig,
+        cache: SlotCache,
+        max_condition: int,
+        *,
+        capture: bool = False,
+        pool: Any = None,
     ) -> None:
         self.head = head
         self.cfg = cfg
@@ -61,6 +66,9 @@ class SpeechGenerator:
         device = weight.device
         theta = float((getattr(backbone, "rope_parameters", None) or {}).get("rope_theta", 10000.0))
         self.rope = Rope(self.head_dim, theta, device)
+        layers = list(head.model.layers)
+        self._qkv = [fuse_linears(x.self_attn.q_proj, x.self_attn.k_proj, x.self_attn.v_proj) for x in layers]
+        self._gate_up = [fuse_linears(x.mlp.gate_proj, x.mlp.up_proj) for x in layers]
         # The code loop's static buffers (``_code_step``); every row frozen until ``generate`` fills them.
         slots = cache.k.shape[1]
         self._last = torch.zeros(slots, int(backbone.hidden_size), device=device, dtype=weight.dtype)
@@ -73,33 +81,50 @@ class SpeechGenerator:
         self._seed = torch.zeros(slots, device=device, dtype=torch.long)
         self._counter = torch.zeros(slots, device=device, dtype=torch.long)
         self._eos = torch.tensor([cfg.eos_code], device=device)
-        pool = graph_pool() if capture else None
-        self._step = Step(self._code_step, capture=capture, pool=pool, reset=self._index.zero_)
+        if capture and pool is None:
+            pool = graph_pool()
+        self._steps = {
+            span: Step(lambda n=span: self._code_step(n), capture=capture, pool=pool, reset=self._index.zero_)
+            for span in cache.spans
+        }
 
     @property
     def unit_tokens(self) -> int:
         """Cache positions one unit takes at most (condition + codes)."""
         return self.max_condition + CODES_PER_UNIT
 
+    def span_for(self, lengths: list[int]) -> int:
+        """The key span a unit needs for rows whose caches hold ``lengths`` entries (``generate``)."""
+        c, cache = self.max_condition, self.cache
+        starts = [n if n + c + CODES_PER_UNIT <= cache.capacity else 0 for n in lengths]
+        return cache.span_for(max(starts, default=0) + c + CODES_PER_UNIT)
+
     def _forward(
-        self, x: torch.Tensor, positions: torch.Tensor, write_pos: torch.Tensor, limit: torch.Tensor
+        self,
+        x: torch.Tensor,
+        positions: torch.Tensor,
+        write_pos: torch.Tensor,
+        limit: torch.Tensor,
+        span: int,
     ) -> torch.Tensor:
         b, t, _ = x.shape
+        hq, hkv, d = self.heads, self.kv_heads, self.head_dim
         cos, sin = self.rope.cos_sin(positions, x.dtype)
-        mask = visible_mask(limit, self.cache.total)
+        cos, sin = cos.transpose(1, 2), sin.transpose(1, 2)  # [B, T, 1, D]: q and k as [B, T, H, D]
+        mask = attention_bias(limit.clamp(max=span), span, hq // hkv, x.dtype)
         for i, layer in enumerate(self.head.model.layers):
-            attn = layer.self_attn
-            h = _rms(x, layer.input_layernorm.weight, self.eps)
-            q = Rope.apply(attn.q_proj(h).view(b, t, self.heads, self.head_dim).transpose(1, 2), cos, sin)
-            k = Rope.apply(attn.k_proj(h).view(b, t, self.kv_heads, self.head_dim).transpose(1, 2), cos, sin)
-            v = attn.v_proj(h).view(b, t, self.kv_heads, self.head_dim).transpose(1, 2)
-            self.cache.write(i, k, v, write_pos, self.cache.rows)
-            kc, vc = self.cache.layer(i, None)
+            h = rms_norm(x, layer.input_layernorm.weight, self.eps)
+            qkv = F.linear(h, self._qkv[i]).view(b, t, hq + 2 * hkv, d)
+            qk = Rope.apply(qkv[:, :, : hq + hkv], cos, sin)
+            q, k = qk[:, :, :hq].transpose(1, 2), qk[:, :, hq:].transpose(1, 2)
+            self.cache.write(i, k, qkv[:, :, hq + hkv :].transpose(1, 2), write_pos, self.cache.rows)
+            kc, vc = self.cache.layer(i, None, span)
             o = attend(q, kc, vc, mask).transpose(1, 2).reshape(b, t, -1)
-            x = x + attn.o_proj(o)
-            h = _rms(x, layer.post_attention_layernorm.weight, self.eps)
-            x = x + layer.mlp.down_proj(F.silu(layer.mlp.gate_proj(h)) * layer.mlp.up_proj(h))
-        return _rms(x, self.head.model.norm.weight, self.eps)
+            x = x + layer.self_attn.o_proj(o)
+            h = rms_norm(x, layer.post_attention_layernorm.weight, self.eps)
+            gate, up = F.linear(h, self._gate_up[i]).chunk(2, dim=-1)
+            x = x + layer.mlp.down_proj(F.silu(gate) * up)
+        return rms_norm(x, self.head.model.norm.weight, self.eps)
 
     def condition(self, text_ids: torch.Tensor, hidden: torch.Tensor, count: torch.Tensor) -> torch.Tensor:
         """``[B, max_condition, H]``: per row the ``count`` text conditions, then ``audio_bos``, then padding.
@@ -132,12 +157,14 @@ class SpeechGenerator:
         seed: torch.Tensor,
         counter: torch.Tensor,
         sampled: torch.Tensor,
+        span: int,
     ) -> tuple[torch.Tensor, torch.Tensor]:
         """Codes ``[B, CODES_PER_UNIT]`` for the ``speaking`` rows and the rows' new cache lengths.
 
         ``condition [B, C, H]`` with ``cond_len [B]`` valid rows (text + audio_bos), ``lengths [B]`` the
         cache entries each row holds (the turn so far). Rows not speaking are frozen; rows where
-        ``sampled [B]`` is False take the most likely code (greedy sessions).
+        ``sampled [B]`` is False take the most likely code (greedy sessions). ``span``: ``span_for`` the
+        speaking rows' lengths.
         """
         cache = self.cache
         c = condition.shape[1]
@@ -147,7 +174,7 @@ class SpeechGenerator:
         positions = start[:, None] + steps
         write_pos = torch.where(speaking[:, None], positions, cache.capacity + steps)
         limit = torch.where(speaking[:, None], positions + 1, cache.capacity + steps + 1)
-        hidden = self._forward(condition, positions, write_pos, limit)
+        hidden = self._forward(condition, positions, write_pos, limit, span)
         last = hidden.gather(1, (cond_len - 1).clamp(min=0)[:, None, None].expand(-1, 1, hidden.shape[-1]))[
             :, 0
         ]
@@ -162,11 +189,12 @@ class SpeechGenerator:
             buf.copy_(value)
         self._history.fill_(-1)
         self._index.zero_()
+        step = self._steps[span]
         for _ in range(CODES_PER_UNIT):
-            self._step()
+            step()
         return self._codes.clone(), torch.where(speaking, self._length, lengths)
 
-    def _code_step(self) -> None:
+    def _code_step(self, span: int) -> None:
         """Sample every row's next code and feed it (frozen rows write to scratch); in place, capturable."""
         cache = self.cache
         logits = self.head.head_code[0](self._last).float().index_fill(1, self._eos, float("-inf"))
@@ -179,6 +207,7 @@ class SpeechGenerator:
         pos = self._length[:, None]
         write = torch.where(self._speaking[:, None], pos, cache.capacity)
         limit = torch.where(self._speaking[:, None], pos + 1, cache.capacity + 1)
-        self._last.copy_(self._forward(self.head.emb_code[0](code)[:, None], pos, write, limit)[:, 0])
+        fed = self.head.emb_code[0](code)[:, None]
+        self._last.copy_(self._forward(fed, pos, write, limit, span)[:, 0])
         self._length.add_(1)
         self._index.add_(1)

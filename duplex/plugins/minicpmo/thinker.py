@@ -3,7 +3,9 @@
 ``Thinker.forward(embeds, positions, write_pos, limit)`` runs ``T`` new tokens for every row at once:
 rows at different lengths, frozen rows writing into scratch (see ``attention``). It uses the parameters of
 ``Qwen3ForCausalLM`` (q/k/v/o projections, per-head q/k RMS norms, SwiGLU MLP) but not its forward,
-whose cache shares one position across the batch.
+whose cache shares one position across the batch. Each layer's q/k/v and gate/up weights are fused at
+construction into one matrix each (the modules keep views of them): fewer, larger kernels per layer,
+which is what a decode step of a few rows is bound by once its weights are read.
 """
 
 from __future__ import annotations
@@ -12,16 +14,9 @@ import torch
 import torch.nn.functional as F
 from transformers import Qwen3ForCausalLM
 
-from duplex.plugins.minicpmo.attention import Rope, SlotCache, attend, visible_mask
+from duplex.plugins.minicpmo.attention import Rope, SlotCache, attend, attention_bias, fuse_linears, rms_norm
 
 __all__ = ["Thinker"]
-
-
-def _rms(x: torch.Tensor, weight: torch.Tensor, eps: float) -> torch.Tensor:
-    dtype = x.dtype
-    x32 = x.to(torch.float32)
-    x32 = x32 * torch.rsqrt(x32.pow(2).mean(-1, keepdim=True) + eps)
-    return weight * x32.to(dtype)
 
 
 class Thinker:
@@ -38,6 +33,19 @@ class Thinker:
         self.head_dim = int(cfg.head_dim)
         device = llm.model.embed_tokens.weight.device
         self.rope = Rope(self.head_dim, rope_theta, device)
+        # Per layer: q, k and v in one matrix product, gate and up in another; the q and k norms' weights
+        # laid out per head, so q and k are normed (and rotated) together.
+        self._qkv = [fuse_linears(a.q_proj, a.k_proj, a.v_proj) for a in (x.self_attn for x in self.layers)]
+        self._gate_up = [fuse_linears(x.mlp.gate_proj, x.mlp.up_proj) for x in self.layers]
+        self._qk_norm = [
+            torch.cat(
+                [
+                    x.self_attn.q_norm.weight.expand(self.heads, -1),
+                    x.self_attn.k_norm.weight.expand(self.kv_heads, -1),
+                ]
+            )
+            for x in self.layers
+        ]
 
     @property
     def embed_tokens(self) -> torch.nn.Embedding:
@@ -55,38 +63,39 @@ class Thinker:
         write_pos: torch.Tensor,
         limit: torch.Tensor,
         rows: torch.Tensor | None = None,
+        span: int | None = None,
     ) -> torch.Tensor:
         """Normed last-layer hidden states ``[B, T, H]`` for ``embeds [B, T, H]``.
 
         ``positions [B, T]`` are the rotary positions, ``write_pos [B, T]`` the cache positions written
         (scratch for frozen rows), ``limit [B, T]`` how many cache entries each query sees. ``rows [B, 1]``
-        selects slots (``None``: the batch is every slot, in slot order).
+        selects slots (``None``: the batch is every slot, in slot order). ``span`` (one of the cache's
+        ``spans``; default the whole cache) bounds the keys read: it must cover every live row's ``limit``.
         """
         b, t, _ = embeds.shape
         cache = self.cache
         all_rows = cache.rows if rows is None else rows
+        hq, hkv, d = self.heads, self.kv_heads, self.head_dim
         cos, sin = self.rope.cos_sin(positions, embeds.dtype)
-        mask = visible_mask(limit, cache.total)
+        cos, sin = cos.transpose(1, 2), sin.transpose(1, 2)  # [B, T, 1, D]: q and k as [B, T, H, D]
+        span = cache.total if span is None else span
+        mask = attention_bias(limit.clamp(max=span), span, hq // hkv, embeds.dtype)
         x = embeds
         for i, layer in enumerate(self.layers):
             attn = layer.self_attn
-            h = _rms(x, layer.input_layernorm.weight, self.eps)
-            q = attn.q_proj(h).view(b, t, self.heads, self.head_dim)
-            k = attn.k_proj(h).view(b, t, self.kv_heads, self.head_dim)
-            v = attn.v_proj(h).view(b, t, self.kv_heads, self.head_dim)
-            q = _rms(q, attn.q_norm.weight, self.eps).transpose(1, 2)
-            k = _rms(k, attn.k_norm.weight, self.eps).transpose(1, 2)
-            v = v.transpose(1, 2)
-            q = Rope.apply(q, cos, sin)
-            k = Rope.apply(k, cos, sin)
+            h = rms_norm(x, layer.input_layernorm.weight, self.eps)
+            qkv = F.linear(h, self._qkv[i]).view(b, t, hq + 2 * hkv, d)
+            qk = Rope.apply(rms_norm(qkv[:, :, : hq + hkv], self._qk_norm[i], self.eps), cos, sin)
+            q, k = qk[:, :, :hq].transpose(1, 2), qk[:, :, hq:].transpose(1, 2)
+            v = qkv[:, :, hq + hkv :].transpose(1, 2)
             cache.write(i, k, v, write_pos, all_rows)
-            kc, vc = cache.layer(i, rows)
-            o = attend(q, kc, vc, mask).transpose(1, 2).reshape(b, t, self.heads * self.head_dim)
+            kc, vc = cache.layer(i, rows, span)
+            o = attend(q, kc, vc, mask).transpose(1, 2).reshape(b, t, hq * d)
             x = x + attn.o_proj(o)
-            h = _rms(x, layer.post_attention_layernorm.weight, self.eps)
-            mlp = layer.mlp
-            x = x + mlp.down_proj(F.silu(mlp.gate_proj(h)) * mlp.up_proj(h))
-        return _rms(x, self.llm.model.norm.weight, self.eps)
+            h = rms_norm(x, layer.post_attention_layernorm.weight, self.eps)
+            gate, up = F.linear(h, self._gate_up[i]).chunk(2, dim=-1)
+            x = x + layer.mlp.down_proj(F.silu(gate) * up)
+        return rms_norm(x, self.llm.model.norm.weight, self.eps)
 
     @torch.no_grad()
     def shift_keys(self, slot: int, start: int, stop: int, dest: int) -> None:

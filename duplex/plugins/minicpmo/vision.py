@@ -30,7 +30,10 @@ _MAX_FRAME_PIXELS = 16_000_000  # refuse decompression bombs before resizing
 
 
 class PreparedFrame:
-    """One frame on the host: ``patches [N, 3 * p * p]`` float32 and its grid ``(h, w)`` in patches."""
+    """One frame on the host: ``patches [N, 3 * p * p]`` uint8 pixels and its grid ``(h, w)`` in patches.
+
+    The pixels stay uint8 until they are on the device (a quarter of the bytes to copy); ``encode``
+    normalises them there with the same float32 arithmetic."""
 
     __slots__ = ("grid", "patches")
 
@@ -73,7 +76,7 @@ def prepare_frame(data: bytes, resolution: int, patch: int, max_patches: int) ->
         raise PluginError("invalid_video_frames", f"a video frame could not be decoded: {exc}") from exc
     width, height = best_size(rgb.width, rgb.height, resolution, patch)
     rgb = rgb.resize((width, height), resample=Image.Resampling.BICUBIC)
-    pixels = (np.asarray(rgb, dtype=np.float32) / 255.0 - 0.5) / 0.5  # [H, W, 3]
+    pixels = np.asarray(rgb, dtype=np.uint8)  # [H, W, 3]; normalised to [-1, 1] on the device
     gh, gw = height // patch, width // patch
     if gh * gw > max_patches:
         raise PluginError(
@@ -107,15 +110,16 @@ class VisionEncoder:
         self.patch = patch
         self.max_patches = max_patches_for(resolution, patch)
         self.side = vpm.embeddings.num_patches_per_side
-        self._pos_ids: dict[tuple[int, int], np.ndarray] = {}
-        self._sincos: dict[tuple[int, int], np.ndarray] = {}
+        # Per grid, on the device: the NaViT position ids and the resampler's sin-cos table (computed once).
+        self._pos_ids: dict[tuple[int, int], torch.Tensor] = {}
+        self._sincos: dict[tuple[int, int], torch.Tensor] = {}
         layer0 = vpm.encoder.layers[0] if len(vpm.encoder.layers) else None
         self.heads = int(layer0.self_attn.num_heads) if layer0 is not None else 1
 
     def prepare(self, data: bytes) -> PreparedFrame:
         return prepare_frame(data, self.resolution, self.patch, self.max_patches)
 
-    def _position_ids(self, grid: tuple[int, int]) -> np.ndarray:
+    def _position_ids(self, grid: tuple[int, int]) -> torch.Tensor:
         ids = self._pos_ids.get(grid)
         if ids is None:
             h, w = grid
@@ -124,14 +128,17 @@ class VisionEncoder:
             fw = np.arange(0, 1 - 1e-6, 1 / w)[:w]
             bh = np.searchsorted(boundaries, fh, side="right")
             bw = np.searchsorted(boundaries, fw, side="right")
-            ids = (bh[:, None] * self.side + bw).reshape(-1)
+            host = (bh[:, None] * self.side + bw).reshape(-1)
+            ids = torch.from_numpy(host).to(self.vpm.embeddings.patch_embedding.weight.device)
             self._pos_ids[grid] = ids
         return ids
 
-    def _resampler_pos(self, grid: tuple[int, int]) -> np.ndarray:
+    def _resampler_pos(self, grid: tuple[int, int]) -> torch.Tensor:
         table = self._sincos.get(grid)
         if table is None:
-            table = _sincos_2d(self.resampler.embed_dim, *grid).reshape(grid[0] * grid[1], -1)
+            host = _sincos_2d(self.resampler.embed_dim, *grid).reshape(grid[0] * grid[1], -1)
+            weight = self.vpm.embeddings.patch_embedding.weight
+            table = torch.from_numpy(host).to(device=weight.device, dtype=weight.dtype)
             self._sincos[grid] = table
         return table
 
@@ -142,20 +149,22 @@ class VisionEncoder:
         weight = vpm.embeddings.patch_embedding.weight
         device, dtype = weight.device, weight.dtype
         n, p = len(frames), self.max_patches
-        patches = np.zeros((n, p, weight[0].numel()), dtype=np.float32)
-        pos_ids = np.zeros((n, p), dtype=np.int64)
-        rs_pos = np.zeros((n, p, rs.embed_dim), dtype=np.float32)
+        pixels = np.zeros((n, p, weight[0].numel()), dtype=np.uint8)
         valid = np.zeros((n, p), dtype=bool)
         for i, frame in enumerate(frames):
             count = frame.patches.shape[0]
-            patches[i, :count] = frame.patches
+            pixels[i, :count] = frame.patches
+            valid[i, :count] = True
+        pos_ids = torch.zeros(n, p, dtype=torch.long, device=device)
+        rs_pos = torch.zeros(n, p, rs.embed_dim, dtype=dtype, device=device)
+        for i, frame in enumerate(frames):
+            count = frame.patches.shape[0]
             pos_ids[i, :count] = self._position_ids(frame.grid)
             rs_pos[i, :count] = self._resampler_pos(frame.grid)
-            valid[i, :count] = True
-        x = torch.from_numpy(patches).to(device=device, dtype=dtype)
+        x = (torch.from_numpy(pixels).to(device).float() / 255.0 - 0.5) / 0.5
         keep = torch.from_numpy(valid).to(device)
-        x = F.linear(x, weight.reshape(weight.shape[0], -1), vpm.embeddings.patch_embedding.bias)
-        x = x + vpm.embeddings.position_embedding(torch.from_numpy(pos_ids).to(device))
+        x = F.linear(x.to(dtype), weight.reshape(weight.shape[0], -1), vpm.embeddings.patch_embedding.bias)
+        x = x + vpm.embeddings.position_embedding(pos_ids)
         mask = keep[:, None, None, :]
         for layer in vpm.encoder.layers:
             attn = layer.self_attn
@@ -170,7 +179,7 @@ class VisionEncoder:
         x = vpm.post_layernorm(x)
         # Resampler: queries attend to the frame's patches (padding masked out).
         kv = rs.ln_kv(rs.kv_proj(x))
-        pos = torch.from_numpy(rs_pos).to(device=device, dtype=dtype)
+        pos = rs_pos
         q = rs.ln_q(rs.query)[:, None].expand(-1, n, -1)
         out, _ = rs.attn(
             q, (kv + pos).transpose(0, 1), kv.transpose(0, 1), key_padding_mask=~keep, need_weights=False

@@ -9,6 +9,7 @@ import torch
 from duplex.plugins.base import PluginError, SlotInput, SlotOptions
 from duplex.plugins.minicpmo.decode import buckets_for
 from duplex.plugins.minicpmo.plugin import MiniCPMOPlugin
+from duplex.plugins.minicpmo.token2wav import random_code_to_wave
 
 
 def _pcm(seed: int) -> np.ndarray:
@@ -85,11 +86,22 @@ def test_the_captured_steps_read_nothing_back_to_the_host(minicpmo_ckpt):
     from torch._subclasses.fake_tensor import DataDependentOutputException, FakeTensorMode
 
     gen = _plugin(minicpmo_ckpt).generator
+    spans = gen.thinker.cache.spans
+    assert len(spans) > 1  # the tiny model's 1024-token context: 512, then the whole cache
     for size in gen.decoder.buckets:
+        for span in spans:
+            with FakeTensorMode(allow_non_fake_inputs=True):
+                gen.decoder._step(gen.decoder._rows[size], span)
+    for span in spans:
         with FakeTensorMode(allow_non_fake_inputs=True):
-            gen.decoder._step(gen.decoder._rows[size])
-    with FakeTensorMode(allow_non_fake_inputs=True):
-        gen.speech._code_step()
+            gen.prefill._run(span)
+    for span in gen.speech.cache.spans:
+        with FakeTensorMode(allow_non_fake_inputs=True):
+            gen.speech._code_step(span)
+    wave = random_code_to_wave(gen.cfg.token2wav, gen.slots, torch.device("cpu"), voice_codes=12)
+    for size in wave.buckets:
+        with FakeTensorMode(allow_non_fake_inputs=True):
+            wave._run(wave._rows[size])
     with pytest.raises(DataDependentOutputException), FakeTensorMode(allow_non_fake_inputs=True):
         bool(gen.decoder._rows[1].active.any())  # the early-exit read, which stays outside the graph
 
@@ -105,3 +117,17 @@ def test_cuda_graphs_need_a_cuda_device(minicpmo_ckpt):
     with pytest.raises(PluginError) as exc:
         plugin.load()
     assert exc.value.code == "invalid_plugin_config" and "cuda_graphs" in exc.value.message
+
+
+def test_a_key_span_reads_what_the_whole_cache_would(minicpmo_ckpt):
+    spanned, whole = _plugin(minicpmo_ckpt, slots=2), _plugin(minicpmo_ckpt, slots=2)
+    cache = whole.generator.thinker.cache
+    cache.span_for = lambda needed: cache.total  # every unit reads the whole cache
+    short = spanned.generator.thinker.cache.spans[0]
+    lengths = []
+    for unit in range(20):
+        assert _step(spanned, [0, 1], unit) == _step(whole, [0, 1], unit)
+        lengths.append(int(spanned.generator.lm_len.max()))
+    assert min(lengths) < short - 100 and max(lengths) > short  # both spans were read
+    for name in ("lm_len", "counter", "history", "turn_open", "tts_len"):
+        assert torch.equal(getattr(spanned.generator, name), getattr(whole.generator, name)), name

@@ -33,7 +33,8 @@ def _run(ckpt, graphs: bool) -> list[dict[int, tuple]]:
         cuda_graphs=graphs,
     )
     plugin.load()
-    assert plugin.generator.decoder.captured is graphs
+    gen = plugin.generator
+    assert gen.decoder.captured is gen.prefill.captured is gen.code_to_wave.captured is graphs
     for slot in range(SLOTS):
         plugin.open_slot(slot, SlotOptions(temperature=0.7 if slot % 2 else 0.0, seed=10 + slot))
     out = []

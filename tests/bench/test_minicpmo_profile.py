@@ -1,0 +1,55 @@
+"""bench.minicpmo_profile runs on a CPU with the tiny checkpoint: every stage of a unit step is timed."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+
+pytest.importorskip("transformers")
+
+STAGES = {
+    "layout.host",
+    "vision.encode",
+    "prefill",
+    "decode",
+    "tokens.read",
+    "parse.host",
+    "speech.condition",
+    "speech.codes",
+    "c2w",
+    "c2w.run",
+    "window",
+}
+
+
+def test_the_profile_times_every_stage_of_a_unit_for_each_slot_count(tmp_path):
+    import torch
+
+    from bench.minicpmo_profile import main
+    from duplex.plugins.minicpmo.plugin import MiniCPMOPlugin
+
+    ckpt = tmp_path / "tiny"
+    MiniCPMOPlugin.write_tiny_checkpoint(str(ckpt))
+    out = tmp_path / "profile.json"
+    threads = torch.get_num_threads()
+    torch.set_num_threads(1)
+    try:
+        args = ["--model-path", str(ckpt), "--device", "cpu", "--sessions", "1,2", "--units", "1"]
+        args += ["--warmup", "1", "--context-tokens", "1024", "--json", str(out)]
+        main([*args, "--torch-profile", str(tmp_path / "prof")])
+    finally:
+        torch.set_num_threads(threads)
+    saved = json.loads(out.read_text())
+    rows = saved["rows"]
+    assert [r["sessions"] for r in rows] == [1, 2]
+    for row in rows:
+        stages = row["stages"]
+        # Random weights may listen (no speech stages) or speak; the rest always run.
+        assert STAGES - {"speech.condition", "speech.codes", "c2w", "c2w.run"} <= set(stages)
+        assert set(stages) <= STAGES | {"decode.step", "decode.sync", "c2w.read"}
+        assert stages["prefill"]["count"] == 1 and stages["prefill"]["host_ms"] > 0
+        assert row["step_ms_mean"] >= sum(
+            v["host_ms"] for k, v in stages.items() if k in ("prefill", "decode")
+        )
+        assert (tmp_path / "prof" / f"profile_N{row['sessions']}.txt").is_file()
