@@ -1,8 +1,8 @@
 """PersonaPlex on its plugin contract: determinism, batch equivalence, join/leave, forcing, errors.
 
-One tiny random-weight checkpoint and one loaded plugin (4 slots) serve the
-module: every test opens the slots it uses and closes them again, which also
-checks that reopening a slot leaves nothing of its previous session behind.
+One tiny random-weight checkpoint and one loaded plugin (4 slots) per attention
+cache (the model's dtype, fp8) serve the module: every test opens the slots it uses
+and closes them again, which also checks that reopening a slot leaves nothing of its previous session behind.
 """
 
 from __future__ import annotations
@@ -35,9 +35,10 @@ SESSIONS = {
 pytestmark = pytest.mark.usefixtures("one_torch_thread")
 
 
-@pytest.fixture(scope="module")
-def plugin(ckpt):
-    p = PersonaPlexPlugin.from_options(str(ckpt), max_sessions=SLOTS)
+@pytest.fixture(scope="module", params=["model", "fp8"])
+def plugin(ckpt, request):
+    """The plugin with the attention cache in the model's dtype, then in fp8: every property holds in both."""
+    p = PersonaPlexPlugin.from_options(str(ckpt), max_sessions=SLOTS, kv_cache=request.param)
     with p:
         yield p
 
@@ -114,7 +115,9 @@ def test_same_seed_gives_the_same_output(plugin, ckpt, alone):
     first = run_alone(plugin, "a")
     assert first == alone["a"]  # and the same again on a reused slot
     # A second plugin, warmed up (compile/capture pass with every slot frozen): same output.
-    with PersonaPlexPlugin.from_options(str(ckpt), max_sessions=SLOTS, warm_up=True) as other:
+    with PersonaPlexPlugin.from_options(
+        str(ckpt), max_sessions=SLOTS, warm_up=True, kv_cache=plugin.kv_cache
+    ) as other:
         second = run_alone(other, "a")
     assert first == second
     assert len(first) == FRAMES and all(len(pcm) == FRAME_SAMPLES * 4 for _, _, pcm, _ in first)

@@ -60,7 +60,9 @@ from moshi.models.lm import LMModel
 from moshi.modules.transformer import RingKVCache
 from moshi.utils.compile import CUDAGraphed, no_compile
 
+from duplex.plugins.personaplex.attention import DecodeKernel, use_ring_cache
 from duplex.plugins.personaplex.config import FRAME_SAMPLES, PersonaPlexConfig
+from duplex.plugins.personaplex.kv_cache import RingCache
 from duplex.plugins.personaplex.prompt import PromptScript
 from duplex.plugins.personaplex.sampling import sample_top_k
 
@@ -112,8 +114,11 @@ class BatchedGenerator:
         *,
         cuda_graphs: bool = True,
         torch_compile: bool | None = None,
+        kv_fp8: bool = False,
+        decode_kernel: DecodeKernel | None = None,
     ) -> None:
         cfg.validate()
+        use_ring_cache(lm, fp8=kv_fp8, decode_kernel=decode_kernel)
         self.lm = lm.eval()
         self.enc_mimi = enc_mimi.eval()
         self.dec_mimi = dec_mimi.eval()
@@ -281,7 +286,9 @@ class BatchedGenerator:
                 if f.name == "exec_mask":
                     continue
                 d_val, s_val = getattr(d_state, f.name), getattr(s_state, f.name)
-                if isinstance(d_val, RingKVCache):
+                if isinstance(d_val, RingCache):
+                    d_val.copy_row(s_val, 0, slot)
+                elif isinstance(d_val, RingKVCache):
                     assert d_val.respect_exec_mask, f"{name}: a shared KV cache cannot hold per-slot state"
                     d_val.cache[:, slot] = s_val.cache[:, 0]
                     d_val.end_offset[slot] = s_val.end_offset[0]

@@ -55,6 +55,7 @@ from duplex.plugins.base import (
     SlotOptions,
     SlotOutput,
 )
+from duplex.plugins.personaplex.attention import DecodeKernel
 from duplex.plugins.personaplex.config import (
     FRAME_SAMPLES,
     SAMPLE_RATE,
@@ -82,7 +83,11 @@ _OPTION_TYPES: dict[str, tuple[type]] = {
     "default_voice": (str,),
     "torch_compile": (bool,),
     "warm_up": (bool,),
+    "kv_cache": (str,),
+    "attention": (str,),
 }
+_KV_CACHES = ("model", "fp8")
+_ATTENTIONS = ("auto", "sdpa", "triton")
 _DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
 
 
@@ -123,6 +128,8 @@ class PersonaPlexPlugin(FramePlugin):
         default_voice: str | None = None,
         torch_compile: bool | None = None,
         warm_up: bool | None = None,
+        kv_cache: str = "model",
+        attention: str = "auto",
     ) -> None:
         if max_sessions < 1:
             raise PluginError("invalid_plugin_config", "max_sessions must be at least 1")
@@ -136,6 +143,16 @@ class PersonaPlexPlugin(FramePlugin):
             raise PluginError(
                 "invalid_plugin_config", f"dtype must be one of {sorted(_DTYPES)}, got {dtype!r}"
             )
+        if kv_cache not in _KV_CACHES:
+            raise PluginError(
+                "invalid_plugin_config", f"kv_cache must be one of {_KV_CACHES}, got {kv_cache!r}"
+            )
+        if attention not in _ATTENTIONS:
+            raise PluginError(
+                "invalid_plugin_config", f"attention must be one of {_ATTENTIONS}, got {attention!r}"
+            )
+        self._kv_fp8 = kv_cache == "fp8"
+        self._attention = attention
         self._model_path = Path(model_path) if model_path is not None else None
         self._max_sessions = max_sessions
         self._device = torch.device(device)
@@ -180,6 +197,11 @@ class PersonaPlexPlugin(FramePlugin):
     def config(self) -> PersonaPlexConfig:
         assert self._cfg is not None, "load() first"
         return self._cfg
+
+    @property
+    def kv_cache(self) -> str:
+        """The attention cache's form: ``"model"`` (the model's dtype) or ``"fp8"``."""
+        return "fp8" if self._kv_fp8 else "model"
 
     @property
     def generator(self) -> BatchedGenerator:
@@ -232,6 +254,8 @@ class PersonaPlexPlugin(FramePlugin):
             self._max_sessions,
             cuda_graphs=self._cuda_graphs,
             torch_compile=self._torch_compile,
+            kv_fp8=self._kv_fp8,
+            decode_kernel=self._decode_kernel(),
         )
         gen.__enter__()
         self._gen = gen
@@ -246,6 +270,19 @@ class PersonaPlexPlugin(FramePlugin):
             self._max_sessions,
             len(self._voices),
         )
+
+    def _decode_kernel(self) -> DecodeKernel | None:
+        """The one-position attention path: the Triton kernel on CUDA (``auto``/``triton``), else SDPA."""
+        if self._attention == "sdpa" or (self._attention == "auto" and self._device.type != "cuda"):
+            return None
+        try:
+            from duplex.plugins.personaplex.triton_attention import decode_attention
+        except ImportError as exc:
+            if self._attention == "triton":
+                raise PluginError("invalid_plugin_config", f"attention='triton' needs triton: {exc}") from exc
+            log.warning("personaplex: triton is not importable (%s); attention runs on SDPA", exc)
+            return None
+        return decode_attention
 
     def _pick_default_voice(self) -> str | None:
         if self._default_voice_opt is not None:
