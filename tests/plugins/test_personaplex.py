@@ -83,6 +83,13 @@ def record(plugin: PersonaPlexPlugin, outputs, trace: dict[str, Trace], where: d
         )
 
 
+def settle(plugin: PersonaPlexPlugin) -> None:
+    """Finish every queued prompt prefill now (as if the opens had completed between ticks)."""
+    gen = plugin.generator
+    while gen.prefilling:
+        gen.advance_prefill()
+
+
 def run_alone(plugin: PersonaPlexPlugin, name: str, slot: int = 0, n: int = FRAMES) -> Trace:
     trace: dict[str, Trace] = {name: []}
     plugin.open_slot(slot, SESSIONS[name])
@@ -128,6 +135,7 @@ def test_batched_sessions_produce_exactly_what_each_produces_alone(plugin, alone
     where = {2: "a", 0: "b", 3: "c"}
     for slot, name in where.items():
         plugin.open_slot(slot, SESSIONS[name])
+    settle(plugin)
     inputs = {name: audio(name) for name in SESSIONS}
     trace: dict[str, Trace] = {name: [] for name in SESSIONS}
     for t in range(FRAMES):
@@ -145,9 +153,11 @@ def test_join_leave_and_skipped_ticks_leave_other_sessions_unchanged(plugin, alo
     for tick in range(FRAMES + 6):
         if tick == 4:  # "b" joins mid-stream
             plugin.open_slot(3, SESSIONS["b"])
+            settle(plugin)
         if tick == 6:  # "c" joins
             where[0] = "c"
             plugin.open_slot(0, SESSIONS["c"])
+            settle(plugin)
         if tick == 4 + FRAMES:  # "b" leaves
             plugin.close_slot(3)
         batch = []
@@ -176,6 +186,7 @@ def test_prefill_matches_stepping_the_prompt_frame_by_frame(plugin):
     first.tokens = script.tokens[:1]
     gen.start_slot(0, script, seed=7, temp_text=0.0, temp_audio=0.0)
     gen.start_slot(1, first, seed=7, temp_text=0.0, temp_audio=0.0)
+    settle(plugin)
     silent = np.zeros((SLOTS, FRAME_SAMPLES), np.float32)
     only1 = np.array([False, True, False, False])
     for f in range(1, P):
@@ -192,6 +203,41 @@ def test_prefill_matches_stepping_the_prompt_frame_by_frame(plugin):
         res = gen.step(both, pcm)
         assert res.text[0] == res.text[1]
         assert np.array_equal(res.agent[0], res.agent[1])
+
+
+def test_a_slot_opened_while_others_talk_is_prefilled_in_chunks_between_their_ticks(plugin, ckpt, alone):
+    """The prompt runs in chunks, one after each tick; the others' outputs do not change, the
+    new slot's frames get empty outputs until its prompt is done, then it says what it says alone."""
+    chunk = 8
+    with PersonaPlexPlugin.from_options(
+        str(ckpt), max_sessions=2, kv_cache=plugin.kv_cache, prefill_chunk_frames=chunk
+    ) as small:
+        gen = small.generator
+        assert run_alone(small, "b") == alone["b"]  # alone (nothing else ready): prefilled at once
+        small.open_slot(0, SESSIONS["a"])
+        inputs = {name: audio(name, FRAMES + 20) for name in ("a", "b")}
+        trace: dict[str, Trace] = {"a": [], "b": []}
+        for t in range(2):
+            small.step([SlotInput(slot=0, epoch=0, pcm=inputs["a"][t])])
+        small.open_slot(1, SESSIONS["b"])
+        prompt = small.prompt_for(SESSIONS["b"]).tokens.shape[0]
+        assert not gen.ready[1] and gen.prefilling == 1
+        a_outputs, waited, b_pos = [], 0, 0
+        for t in range(2, FRAMES):
+            batch = [SlotInput(slot=0, epoch=0, pcm=inputs["a"][t])]
+            b_ready = bool(gen.ready[1])
+            batch.append(SlotInput(slot=1, epoch=0, pcm=inputs["b"][b_pos]))
+            outs = small.step(batch)
+            a_outputs.append((int(small.last_step.text[0]), outs[0].pcm.tobytes()))
+            if b_ready:
+                record(small, outs[1:], trace, {1: "b"})
+                b_pos += 1
+            else:
+                assert outs[1].pcm is None and outs[1].text == ""
+                waited += 1
+        assert waited == -(-prompt // chunk) < FRAMES - 2  # one chunk after each tick
+        assert b_pos > 0 and trace["b"] == alone["b"][:b_pos]
+        assert a_outputs == [(tok, pcm) for tok, _, pcm, _ in alone["a"][2:FRAMES]]
 
 
 def test_forced_tokens_are_emitted_and_teacher_force_the_depformer(plugin):

@@ -85,6 +85,7 @@ _OPTION_TYPES: dict[str, tuple[type]] = {
     "warm_up": (bool,),
     "kv_cache": (str,),
     "attention": (str,),
+    "prefill_chunk_frames": (int,),
 }
 _KV_CACHES = ("model", "fp8")
 _ATTENTIONS = ("auto", "sdpa", "triton")
@@ -101,6 +102,7 @@ class _Slot:
     temp_text: float
     temp_audio: float
     frames: int = 0  # conversation frames stepped since the last (re)start
+    unready_frames: int = 0  # frames that came while the prompt was still being prefilled (not heard)
 
 
 class PersonaPlexPlugin(FramePlugin):
@@ -130,6 +132,7 @@ class PersonaPlexPlugin(FramePlugin):
         warm_up: bool | None = None,
         kv_cache: str = "model",
         attention: str = "auto",
+        prefill_chunk_frames: int = 32,
     ) -> None:
         if max_sessions < 1:
             raise PluginError("invalid_plugin_config", "max_sessions must be at least 1")
@@ -151,6 +154,9 @@ class PersonaPlexPlugin(FramePlugin):
             raise PluginError(
                 "invalid_plugin_config", f"attention must be one of {_ATTENTIONS}, got {attention!r}"
             )
+        if prefill_chunk_frames < 1:
+            raise PluginError("invalid_plugin_config", "prefill_chunk_frames must be at least 1")
+        self._prefill_chunk = prefill_chunk_frames
         self._kv_fp8 = kv_cache == "fp8"
         self._attention = attention
         self._model_path = Path(model_path) if model_path is not None else None
@@ -256,6 +262,7 @@ class PersonaPlexPlugin(FramePlugin):
             torch_compile=self._torch_compile,
             kv_fp8=self._kv_fp8,
             decode_kernel=self._decode_kernel(),
+            prefill_chunk_frames=self._prefill_chunk,
         )
         gen.__enter__()
         self._gen = gen
@@ -338,12 +345,14 @@ class PersonaPlexPlugin(FramePlugin):
             self._tokenizer.encode(persona_text(options.instructions)) if self._tokenizer is not None else []
         )
         script = build_prompt(cfg, voice, list(tokens))
-        if script.tokens.shape[0] >= cfg.context:
+        try:
+            self.generator.check_prompt(script.tokens.shape[0])
+        except ValueError:
             raise PluginError(
                 "invalid_session_config",
                 f"the voice and instructions take {script.tokens.shape[0]} frames; the model's context is "
                 f"{cfg.context}",
-            )
+            ) from None
         return script
 
     def open_slot(self, slot: int, options: SlotOptions) -> None:
@@ -373,10 +382,13 @@ class PersonaPlexPlugin(FramePlugin):
             slot, state.script, seed=state.seed, temp_text=state.temp_text, temp_audio=state.temp_audio
         )
         state.frames = 0
+        state.unready_frames = 0
 
     def close_slot(self, slot: int) -> None:
         self._check_slot_index(slot, self._max_sessions)
         self._slots.pop(slot, None)
+        if self._gen is not None:
+            self._gen.stop_slot(slot)
 
     # -- the tick ---------------------------------------------------------
 
@@ -397,12 +409,22 @@ class PersonaPlexPlugin(FramePlugin):
                 )
             exec_host[slot] = True
             pcm_host[slot] = pcm
-        result = gen.step(exec_host, pcm_host)
+        # A slot whose prompt is still being prefilled (it opened while others were talking) is
+        # frozen: its frame is not heard and its output is empty, until its prefill is done.
+        exec_host &= gen.ready
+        result = gen.step(exec_host, pcm_host) if exec_host.any() else None
+        if gen.prefilling:
+            gen.advance_prefill()  # enqueued behind this tick's work: it runs while outputs go out
         self.last_step = result
         outputs = []
         for item in batch:
             slot = item.slot
-            self._slots[slot].frames += 1
+            state = self._slots[slot]
+            if result is None or not exec_host[slot]:
+                state.unready_frames += 1
+                outputs.append(SlotOutput(slot=slot, epoch=item.epoch))
+                continue
+            state.frames += 1
             outputs.append(
                 SlotOutput(
                     slot=slot,
