@@ -135,7 +135,8 @@ def test_batched_sessions_produce_exactly_what_each_produces_alone(plugin, alone
     where = {2: "a", 0: "b", 3: "c"}
     for slot, name in where.items():
         plugin.open_slot(slot, SESSIONS[name])
-    settle(plugin)
+    # Opened back to back before anyone streams: every prompt ran at once, nothing is queued.
+    assert plugin.generator.prefilling == 0 and plugin.generator.ready[list(where)].all()
     inputs = {name: audio(name) for name in SESSIONS}
     trace: dict[str, Trace] = {name: [] for name in SESSIONS}
     for t in range(FRAMES):

@@ -251,13 +251,22 @@ class BatchedGenerator:
 
     @torch.no_grad()
     def start_slot(
-        self, slot: int, script: PromptScript, *, seed: int, temp_text: float, temp_audio: float
+        self,
+        slot: int,
+        script: PromptScript,
+        *,
+        seed: int,
+        temp_text: float,
+        temp_audio: float,
+        defer: bool = True,
     ) -> bool:
         """Reset ``slot`` and queue its prompt; returns whether the slot is ready for ``step``.
 
-        When no other slot is ready the whole prompt runs now (the slot is ready on
-        return); otherwise the slot waits for ``advance_prefill`` calls. Other slots
-        are untouched. Raises ``ValueError`` if the prompt does not fit in the context.
+        With ``defer`` and another slot ready, the slot waits for ``advance_prefill``
+        calls (the caller's ticks are running: a whole prompt would hold them up);
+        otherwise the whole prompt runs now and the slot is ready on return. Other
+        slots are untouched. Raises ``ValueError`` if the prompt does not fit in the
+        context.
         """
         assert 0 <= slot < self.B, f"slot {slot} out of range 0..{self.B - 1}"
         assert self._main_state is not None, "start_slot outside the generator's context"
@@ -280,7 +289,7 @@ class BatchedGenerator:
             last_frame=frames[P - 1],
         )
         self._queue.append(job)
-        if not self.ready.any():
+        if not (defer and self.ready.any()):
             while self._queue:
                 self.advance_prefill()
         return bool(self.ready[slot])

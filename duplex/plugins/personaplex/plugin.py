@@ -181,6 +181,7 @@ class PersonaPlexPlugin(FramePlugin):
         self._slots: dict[int, _Slot] = {}
         self.last_step: StepResult | None = None  # host copy of the latest step's tokens and audio
         self._opens = 0
+        self._stepped = False  # a step ran since the latest open (``_ticking``)
         self._closed = False
         self._exec_host = np.zeros(max_sessions, dtype=bool)
         self._pcm_host = np.zeros((max_sessions, FRAME_SAMPLES), dtype=np.float32)
@@ -370,7 +371,9 @@ class PersonaPlexPlugin(FramePlugin):
         state = _Slot(
             options=options, script=script, seed=int(seed), temp_text=temp_text, temp_audio=temp_audio
         )
-        gen.start_slot(slot, script, seed=state.seed, temp_text=temp_text, temp_audio=temp_audio)
+        gen.start_slot(
+            slot, script, seed=state.seed, temp_text=temp_text, temp_audio=temp_audio, defer=self._ticking()
+        )
         self._slots[slot] = state
 
     def cancel_slot(self, slot: int, epoch: int) -> None:
@@ -379,7 +382,12 @@ class PersonaPlexPlugin(FramePlugin):
         if state is None:
             raise PluginError("invalid_slot", f"slot {slot} is not open")
         self.generator.start_slot(
-            slot, state.script, seed=state.seed, temp_text=state.temp_text, temp_audio=state.temp_audio
+            slot,
+            state.script,
+            seed=state.seed,
+            temp_text=state.temp_text,
+            temp_audio=state.temp_audio,
+            defer=self._ticking(),
         )
         state.frames = 0
         state.unready_frames = 0
@@ -392,7 +400,15 @@ class PersonaPlexPlugin(FramePlugin):
 
     # -- the tick ---------------------------------------------------------
 
+    def _ticking(self) -> bool:
+        """Whether sessions are being stepped: a step ran since the previous open. Then a prompt is
+        prefilled in chunks between their ticks instead of at once (opens back to back, before
+        anyone streams, each run at once). Reading it starts a new period."""
+        stepped, self._stepped = self._stepped, False
+        return stepped
+
     def step(self, batch: Sequence[SlotInput]) -> Sequence[SlotOutput]:
+        self._stepped = True
         gen = self.generator
         exec_host, pcm_host = self._exec_host, self._pcm_host
         exec_host[:] = False
