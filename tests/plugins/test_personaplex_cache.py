@@ -64,7 +64,9 @@ def test_the_fp8_ring_stays_close_to_the_model_dtype():
     use_ring_cache(fp8, fp8=True)
     a, b = _run(exact), _run(fp8)
     err = max(float((x - y).abs().max() / x.abs().max()) for x, y in zip(a, b, strict=True))
-    assert 0 < err < 0.05  # measured 0.012 on this model (40 steps past a 7-position prefill)
+    # Measured 0.026 of the largest output on this random model over 40 steps past a 7-position
+    # prefill (text logits alike; the greedy text token agreed on 96 % of positions).
+    assert 0 < err < 0.05
 
 
 def test_quantize_keeps_each_vector_to_e4m3_precision():
@@ -118,3 +120,18 @@ def test_the_decode_kernel_reads_only_valid_entries_and_agrees_with_sdpa():
     assert done.returncode == 0, done.stderr[-3000:]
     errors = {line.split()[0]: float(line.split()[1]) for line in done.stdout.splitlines()}
     assert set(errors) == {"False", "True"} and max(errors.values()) < 1e-5
+
+
+def test_fp8_weights_replace_the_temporal_projections_and_stay_close():
+    from duplex.plugins.personaplex.fp8_linear import Fp8Linear, use_fp8_weights
+
+    exact, fp8 = _tiny_lms(2)
+    assert use_fp8_weights(fp8) == 4 * len(fp8.transformer.layers)
+    assert isinstance(fp8.transformer.layers[0].gating.linear_in, Fp8Linear)
+    use_ring_cache(exact, fp8=False)
+    use_ring_cache(fp8, fp8=False)
+    a, b = _run(exact), _run(fp8)
+    err = max(float((x - y).abs().max() / x.abs().max()) for x, y in zip(a, b, strict=True))
+    # Measured 0.056 on this random model (W8A16 on a CPU; text-token agreement 89 %): the weights
+    # cost more than the cache. The full size is measured by the bench's accuracy mode.
+    assert 0 < err < 0.1

@@ -21,6 +21,7 @@ import torch
 from einops import rearrange
 from moshi.models.lm import LMModel
 from moshi.modules.transformer import StreamingMultiheadAttention, _MHAState
+from torch import nn
 from torch.nn import functional as F
 
 from duplex.plugins.personaplex.kv_cache import RingCache
@@ -42,18 +43,22 @@ class RingAttention(StreamingMultiheadAttention):
     decode_kernel: DecodeKernel | None = None
 
     def _init_streaming_state(self, batch_size: int) -> _MHAState:
-        weight = self.in_projs[0].weight
+        proj = self.in_projs[0]
+        if isinstance(proj, nn.Linear):
+            device, dtype = proj.weight.device, proj.weight.dtype
+        else:  # an ``Fp8Linear``: its output (and so K and V) is in the model's dtype
+            device, dtype = proj.weight_fp8.device, proj.dtype
         cache = RingCache(
             batch_size,
             self.num_heads,
             self.embed_dim // self.num_heads,
             self.context,
-            device=weight.device,
-            dtype=weight.dtype,
+            device=device,
+            dtype=dtype,
             fp8=self.ring_fp8,
         )
-        offset = torch.zeros(batch_size, device=weight.device, dtype=torch.long)
-        return _MHAState(batch_size, weight.device, cache, offset=offset, offset_cpu=0)  # type: ignore[arg-type]
+        offset = torch.zeros(batch_size, device=device, dtype=torch.long)
+        return _MHAState(batch_size, device, cache, offset=offset, offset_cpu=0)  # type: ignore[arg-type]
 
     def forward(self, query: torch.Tensor, key: torch.Tensor, value: torch.Tensor) -> torch.Tensor:
         state = self._streaming_state

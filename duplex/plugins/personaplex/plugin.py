@@ -7,13 +7,14 @@ reply to cut, the model just keeps listening while it talks).
 
 Slot lifecycle, as the engine sees it:
 
-* ``open_slot(slot, options)`` resets the slot and runs its system prompt (voice,
-  silence, persona, silence) in one prefill through a separate batch-1 state.
-  **The slot is ready when ``open_slot`` returns**: the very next ``step`` that
-  includes it consumes the session's first frame of audio and returns its first
-  frame of speech. No frame is spent on the prompt, so no input is dropped, and
-  the other slots are not touched (their state and outputs are unchanged).
-  Cost: one forward pass over the prompt (a few ms on a GPU), on the model thread.
+* ``open_slot(slot, options)`` resets the slot and queues its system prompt (voice,
+  silence, persona, silence) for a prefill through a separate batch-1 state. With
+  no other session being stepped it runs at once and **the slot is ready when
+  ``open_slot`` returns**: the next ``step`` that includes it consumes the
+  session's first frame of audio and returns its first frame of speech. While
+  others are stepped it runs in chunks, one after each tick, so the open never
+  holds their tick for a whole prompt; the slot's frames before it is ready are
+  not heard and get empty outputs. The other slots are never touched.
 * ``step(batch)``: one frame for every slot in the batch, in one batched call;
   slots not in the batch are frozen. Each input gets exactly one output with
   1920 samples of 24 kHz audio and the transcript delta of that frame.
@@ -33,7 +34,18 @@ supplies the tokenizer, voices and config, and may be omitted), ``config``
 ("full" or "tiny", for random weights without a ``config.json``),
 ``default_voice``, ``torch_compile`` (moshi's lazily compiled layers; default:
 on for CUDA, off on a CPU), ``warm_up`` (compile and capture the CUDA graphs
-in ``load()`` so that no session waits for it; default: on for CUDA).
+in ``load()`` so that no session waits for it; default: on for CUDA),
+``kv_cache`` ("model": the attention cache in the model's dtype; "fp8": e4m3 with
+a scale per position and head, half the memory per session), ``attention``
+("auto": the Triton decode kernel on CUDA, SDPA elsewhere; "sdpa"; "triton"),
+``fp8_weights`` (False: the temporal transformer's projections in e4m3),
+``prefill_chunk_frames`` (32: prompt positions per prefill chunk while other
+sessions are being stepped).
+
+A slot opened while other sessions are being stepped is prefilled one chunk after
+each tick; until its prompt is done its frames are not heard and its outputs are
+empty (``SlotOutput`` with no audio). Opens with nothing being stepped run the whole
+prompt at once.
 """
 
 from __future__ import annotations
@@ -63,6 +75,7 @@ from duplex.plugins.personaplex.config import (
     full_config,
     tiny_config,
 )
+from duplex.plugins.personaplex.fp8_linear import use_fp8_weights
 from duplex.plugins.personaplex.generation import BatchedGenerator, StepResult
 from duplex.plugins.personaplex.loading import build_lm, build_mimi, find_checkpoint, load_voices
 from duplex.plugins.personaplex.prompt import PromptScript, VoicePrompt, build_prompt, persona_text
@@ -86,6 +99,7 @@ _OPTION_TYPES: dict[str, tuple[type]] = {
     "kv_cache": (str,),
     "attention": (str,),
     "prefill_chunk_frames": (int,),
+    "fp8_weights": (bool,),
 }
 _KV_CACHES = ("model", "fp8")
 _ATTENTIONS = ("auto", "sdpa", "triton")
@@ -133,6 +147,7 @@ class PersonaPlexPlugin(FramePlugin):
         kv_cache: str = "model",
         attention: str = "auto",
         prefill_chunk_frames: int = 32,
+        fp8_weights: bool = False,
     ) -> None:
         if max_sessions < 1:
             raise PluginError("invalid_plugin_config", "max_sessions must be at least 1")
@@ -157,6 +172,7 @@ class PersonaPlexPlugin(FramePlugin):
         if prefill_chunk_frames < 1:
             raise PluginError("invalid_plugin_config", "prefill_chunk_frames must be at least 1")
         self._prefill_chunk = prefill_chunk_frames
+        self._fp8_weights = fp8_weights
         self._kv_fp8 = kv_cache == "fp8"
         self._attention = attention
         self._model_path = Path(model_path) if model_path is not None else None
@@ -238,6 +254,8 @@ class PersonaPlexPlugin(FramePlugin):
             cfg = full_config()
         dev = self._device
         lm = build_lm(cfg, files.lm if files else None, dev, self._dtype)
+        if self._fp8_weights:
+            use_fp8_weights(lm)
         mimi_path = files.mimi if files else None
         enc_mimi = build_mimi(cfg, mimi_path, dev)
         dec_mimi = build_mimi(cfg, mimi_path, dev)
