@@ -238,6 +238,12 @@ def test_a_slot_opened_while_others_talk_is_prefilled_in_chunks_between_their_ti
                 waited += 1
         assert waited == -(-prompt // chunk) < FRAMES - 2  # one chunk after each tick
         assert b_pos > 0 and trace["b"] == alone["b"][:b_pos]
+        # The first-audio timeline tells the two opens apart.
+        a_time, b_time = small.timelines()[0], small.timelines()[1]
+        assert a_time["prefilled_in_open"] and a_time["unready_frames"] == 0
+        assert not b_time["prefilled_in_open"] and b_time["unready_frames"] == waited
+        assert b_time["open_ended"] <= b_time["first_frame_at"] <= b_time["first_step_at"]
+        assert b_time["first_voiced_frame"] == 0  # random weights speak noise from the first frame
         assert a_outputs == [(tok, pcm) for tok, _, pcm, _ in alone["a"][2:FRAMES]]
 
 

@@ -50,7 +50,9 @@ prompt at once.
 
 from __future__ import annotations
 
+import dataclasses
 import logging
+import time
 from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
@@ -80,7 +82,7 @@ from duplex.plugins.personaplex.generation import BatchedGenerator, StepResult
 from duplex.plugins.personaplex.loading import build_lm, build_mimi, find_checkpoint, load_voices
 from duplex.plugins.personaplex.prompt import PromptScript, VoicePrompt, build_prompt, persona_text
 
-__all__ = ["PersonaPlexPlugin"]
+__all__ = ["VOICED_RMS", "PersonaPlexPlugin", "SlotTimeline"]
 
 log = logging.getLogger(__name__)
 
@@ -117,6 +119,37 @@ class _Slot:
     temp_audio: float
     frames: int = 0  # conversation frames stepped since the last (re)start
     unready_frames: int = 0  # frames that came while the prompt was still being prefilled (not heard)
+    timeline: SlotTimeline | None = None
+
+
+@dataclass
+class SlotTimeline:
+    """Where a session's first audio comes from, on the ``time.monotonic()`` clock (seconds).
+
+    ``open_started``/``open_ended``: ``open_slot`` (with the whole prompt when it ran at once);
+    ``prefilled_in_open``: whether it did; ``first_frame_at``: the first step that held one of the
+    slot's frames (heard or not); ``first_step_at``/``first_step_ended``: the first step that heard
+    one (the model's first output for the slot); ``unready_frames``: frames before that, not heard;
+    ``first_voiced_frame``: the conversation frame whose output is the first above -60 dBFS
+    (``None``: none yet). The clock is the system's monotonic one, which other processes on the
+    machine (a benchmark's clients) read too.
+    """
+
+    open_started: float
+    open_ended: float = 0.0
+    prefilled_in_open: bool = False
+    first_frame_at: float | None = None
+    first_step_at: float | None = None
+    first_step_ended: float | None = None
+    unready_frames: int = 0
+    first_voiced_frame: int | None = None
+
+    def as_dict(self) -> dict[str, float | int | bool | None]:
+        return dataclasses.asdict(self)
+
+
+#: RMS above which an output frame counts as voiced (-60 dBFS).
+VOICED_RMS = 1e-3
 
 
 class PersonaPlexPlugin(FramePlugin):
@@ -389,9 +422,13 @@ class PersonaPlexPlugin(FramePlugin):
         state = _Slot(
             options=options, script=script, seed=int(seed), temp_text=temp_text, temp_audio=temp_audio
         )
-        gen.start_slot(
+        timeline = SlotTimeline(open_started=time.monotonic())
+        ready = gen.start_slot(
             slot, script, seed=state.seed, temp_text=temp_text, temp_audio=temp_audio, defer=self._ticking()
         )
+        timeline.open_ended = time.monotonic()
+        timeline.prefilled_in_open = ready
+        state.timeline = timeline
         self._slots[slot] = state
 
     def cancel_slot(self, slot: int, epoch: int) -> None:
@@ -446,7 +483,9 @@ class PersonaPlexPlugin(FramePlugin):
         # A slot whose prompt is still being prefilled (it opened while others were talking) is
         # frozen: its frame is not heard and its output is empty, until its prefill is done.
         exec_host &= gen.ready
+        started = time.monotonic()
         result = gen.step(exec_host, pcm_host) if exec_host.any() else None
+        ended = time.monotonic()
         if gen.prefilling:
             gen.advance_prefill()  # enqueued behind this tick's work: it runs while outputs go out
         self.last_step = result
@@ -454,10 +493,15 @@ class PersonaPlexPlugin(FramePlugin):
         for item in batch:
             slot = item.slot
             state = self._slots[slot]
+            timeline = state.timeline
+            if timeline is not None and timeline.first_frame_at is None:
+                timeline.first_frame_at = started
             if result is None or not exec_host[slot]:
                 state.unready_frames += 1
                 outputs.append(SlotOutput(slot=slot, epoch=item.epoch))
                 continue
+            if timeline is not None:
+                self._follow(slot, state, timeline, result.pcm[slot], started, ended)
             state.frames += 1
             outputs.append(
                 SlotOutput(
@@ -469,6 +513,30 @@ class PersonaPlexPlugin(FramePlugin):
                 )
             )
         return outputs
+
+    def _follow(
+        self, slot: int, state: _Slot, timeline: SlotTimeline, pcm: np.ndarray, started: float, ended: float
+    ) -> None:
+        """Fill a slot's first-audio timeline from its heard frames; log it once it is complete."""
+        if timeline.first_step_at is None:
+            timeline.first_step_at, timeline.first_step_ended = started, ended
+            timeline.unready_frames = state.unready_frames
+        if timeline.first_voiced_frame is None and float(np.sqrt(np.mean(pcm * pcm))) > VOICED_RMS:
+            timeline.first_voiced_frame = state.frames
+            log.info(
+                "personaplex slot %d: open %.1f ms (prompt %s), first frame stepped %.1f ms after the "
+                "open, %d frames before ready, first voiced output at conversation frame %d",
+                slot,
+                (timeline.open_ended - timeline.open_started) * 1e3,
+                "in the open" if timeline.prefilled_in_open else "in chunks between ticks",
+                ((timeline.first_step_at or started) - timeline.open_ended) * 1e3,
+                timeline.unready_frames,
+                state.frames,
+            )
+
+    def timelines(self) -> dict[int, dict[str, float | int | bool | None]]:
+        """The first-audio timeline of every open slot (``SlotTimeline``), by slot."""
+        return {slot: s.timeline.as_dict() for slot, s in self._slots.items() if s.timeline is not None}
 
     def _piece(self, token: int) -> str:
         if 0 <= token < len(self._pieces):
