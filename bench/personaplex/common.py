@@ -128,8 +128,9 @@ def write_assets(root: Path, tiny: bool) -> Path:
 def make_plugin(assets: Path, n: int, args: argparse.Namespace) -> Any:
     """The PersonaPlex plugin with random weights and ``n`` slots, as the command line asks.
 
-    float32 on the CPU, bfloat16 on a GPU; ``--no-cuda-graphs`` and ``--compile``
-    pass through. Not loaded yet, unless ``--worker`` runs it in a worker process
+    float32 on the CPU, bfloat16 on a GPU; ``--no-cuda-graphs``, ``--compile``,
+    ``--kv-cache``, ``--fp8-weights``, ``--attention`` and ``--prefill-chunk`` pass
+    through. Not loaded yet, unless ``--worker`` runs it in a worker process
     (``duplex.plugins.worker``), whose proxy comes back loaded.
     """
     from duplex.plugins.personaplex.plugin import PersonaPlexPlugin
@@ -142,6 +143,10 @@ def make_plugin(assets: Path, n: int, args: argparse.Namespace) -> Any:
         "cuda_graphs": not args.no_cuda_graphs,
         "default_voice": "BENCH",
         "torch_compile": args.compile,
+        "kv_cache": getattr(args, "kv_cache", "model"),
+        "fp8_weights": bool(getattr(args, "fp8_weights", False)),
+        "attention": getattr(args, "attention", "auto"),
+        "prefill_chunk_frames": int(getattr(args, "prefill_chunk", 32)),
     }
     if getattr(args, "worker", False):
         from duplex.plugins.worker import WorkerConfig, start_worker
@@ -153,6 +158,10 @@ def make_plugin(assets: Path, n: int, args: argparse.Namespace) -> Any:
 def _personaplex_flags(args: argparse.Namespace) -> list[str]:
     flags = ["--tiny"] * args.tiny + ["--compile"] * args.compile + ["--no-cuda-graphs"] * args.no_cuda_graphs
     flags += ["--worker"] * getattr(args, "worker", False)
+    flags += ["--fp8-weights"] * getattr(args, "fp8_weights", False)
+    flags += ["--kv-cache", getattr(args, "kv_cache", "model")]
+    flags += ["--attention", getattr(args, "attention", "auto")]
+    flags += ["--prefill-chunk", str(getattr(args, "prefill_chunk", 32))]
     return flags + (["--tick-ms", str(args.tick_ms)] if args.tick_ms is not None else [])
 
 
