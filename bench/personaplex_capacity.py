@@ -74,6 +74,11 @@ def _parser() -> argparse.ArgumentParser:
     ap.add_argument("--attention", choices=["auto", "sdpa", "triton"], default="auto")
     ap.add_argument("--prefill-chunk", type=int, default=32, help="prompt positions per prefill chunk")
     ap.add_argument(
+        "--full-window",
+        action="store_true",
+        help="the decode kernel reads all 3000 positions of every slot (conversations 240 s old)",
+    )
+    ap.add_argument(
         "--late-open",
         action="store_true",
         help="server mode: one more session opens a third into the measured window (open during a run)",

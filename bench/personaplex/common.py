@@ -135,6 +135,8 @@ def make_plugin(assets: Path, n: int, args: argparse.Namespace) -> Any:
     """
     from duplex.plugins.personaplex.plugin import PersonaPlexPlugin
 
+    if getattr(args, "full_window", False):
+        read_the_full_window()
     options: dict[str, Any] = {
         "random_weights": True,
         "max_sessions": n,
@@ -155,10 +157,30 @@ def make_plugin(assets: Path, n: int, args: argparse.Namespace) -> Any:
     return PersonaPlexPlugin(assets, **options)
 
 
+def read_the_full_window() -> None:
+    """Make the decode kernel read every slot's whole window (3000 positions), whatever the length of
+    its conversation: what each tick costs once every conversation is 240 s old. In this process
+    only (``--worker`` children keep the real lengths); the tokens are then meaningless."""
+    import torch
+
+    from duplex.plugins.personaplex import triton_attention
+
+    real = triton_attention.decode_attention
+    if getattr(real, "full_window", False):
+        return
+
+    def full(q: Any, cache: Any, lengths: Any) -> Any:
+        return real(q, cache, torch.full_like(lengths, cache.capacity))
+
+    full.full_window = True  # type: ignore[attr-defined]
+    triton_attention.decode_attention = full
+
+
 def _personaplex_flags(args: argparse.Namespace) -> list[str]:
     flags = ["--tiny"] * args.tiny + ["--compile"] * args.compile + ["--no-cuda-graphs"] * args.no_cuda_graphs
     flags += ["--worker"] * getattr(args, "worker", False)
     flags += ["--fp8-weights"] * getattr(args, "fp8_weights", False)
+    flags += ["--full-window"] * getattr(args, "full_window", False)
     flags += ["--kv-cache", getattr(args, "kv_cache", "model")]
     flags += ["--attention", getattr(args, "attention", "auto")]
     flags += ["--prefill-chunk", str(getattr(args, "prefill_chunk", 32))]
