@@ -163,8 +163,10 @@ def read_the_full_window() -> None:
     only (``--worker`` children keep the real lengths); the tokens are then meaningless."""
     import torch
 
-    from duplex.plugins.personaplex import triton_attention
-
+    try:
+        from duplex.plugins.personaplex import triton_attention
+    except ImportError:  # no Triton (a CPU): attention runs on SDPA, which reads the window anyway
+        return
     real = triton_attention.decode_attention
     if getattr(real, "full_window", False):
         return
