@@ -66,9 +66,18 @@ class Fp8Linear(nn.Module):
 
 
 def _has_fp8_matmul(device: torch.device) -> bool:
+    """Whether ``torch._scaled_mm`` with row-wise scales runs here (tried once on a small product)."""
     if device.type != "cuda" or not hasattr(torch, "_scaled_mm"):
         return False
-    return torch.cuda.get_device_capability(device) >= (8, 9)
+    if torch.cuda.get_device_capability(device) < (8, 9):
+        return False
+    try:
+        probe = Fp8Linear(nn.Linear(32, 16, bias=False, device=device, dtype=torch.bfloat16), scaled_mm=True)
+        x = torch.randn(3, 32, device=device, dtype=torch.bfloat16)
+        want = F.linear(x.float(), probe.weight_fp8.float() * probe.weight_scale[:, None])
+        return bool(torch.allclose(probe(x).float(), want, atol=0.1, rtol=0.1))
+    except RuntimeError:  # this torch's _scaled_mm takes other arguments: the fallback it is
+        return False
 
 
 def use_fp8_weights(lm: LMModel) -> int:

@@ -104,6 +104,8 @@ _OPTION_TYPES: dict[str, tuple[type]] = {
     "fp8_weights": (bool,),
 }
 _KV_CACHES = ("model", "fp8")
+# The decode kernel's largest difference from SDPA on a random check (bf16 rounding is ~1e-2).
+_KERNEL_TOLERANCE = 5e-2
 _ATTENTIONS = ("auto", "sdpa", "triton")
 _DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
 
@@ -335,11 +337,16 @@ class PersonaPlexPlugin(FramePlugin):
         if self._attention == "sdpa" or (self._attention == "auto" and self._device.type != "cuda"):
             return None
         try:
-            from duplex.plugins.personaplex.triton_attention import decode_attention
-        except ImportError as exc:
+            from duplex.plugins.personaplex.triton_attention import check_decode_attention, decode_attention
+
+            # Compile and check it once now: a kernel that fails or disagrees never reaches a session.
+            error = check_decode_attention(self._device, self._dtype, self._kv_fp8)
+            if not error < _KERNEL_TOLERANCE:
+                raise RuntimeError(f"the decode kernel differs from SDPA by {error:.3g}")
+        except Exception as exc:  # ImportError, a Triton compile error, or the check above
             if self._attention == "triton":
-                raise PluginError("invalid_plugin_config", f"attention='triton' needs triton: {exc}") from exc
-            log.warning("personaplex: triton is not importable (%s); attention runs on SDPA", exc)
+                raise PluginError("invalid_plugin_config", f"attention='triton' unavailable: {exc}") from exc
+            log.warning("personaplex: no Triton decode kernel (%s); attention runs on SDPA", exc)
             return None
         return decode_attention
 

@@ -23,7 +23,7 @@ import triton.language as tl
 
 from duplex.plugins.personaplex.kv_cache import RingCache
 
-__all__ = ["decode_attention"]
+__all__ = ["check_decode_attention", "decode_attention"]
 
 BLOCK_N = 32  # entries per inner block
 SPLITS = 8  # splits of the capacity per (row, head)
@@ -63,8 +63,9 @@ def _split_kernel(
     end = tl.minimum(start + split_len, n_valid)
     d = tl.arange(0, D)
     q = tl.load(Q + b * stride_qb + h * stride_qh + d).to(tl.float32) * sm_scale
-    m_i = -float("inf")
-    l_i = 0.0
+    # One-element tensors, not scalars: loop-carried values keep one type.
+    m_i = tl.zeros([1], dtype=tl.float32) - float("inf")
+    l_i = tl.zeros([1], dtype=tl.float32)
     acc = tl.zeros([D], dtype=tl.float32)
     k_row = K + b * stride_kb + h * stride_kh
     v_row = V + b * stride_kb + h * stride_kh
@@ -93,7 +94,7 @@ def _split_kernel(
     out = tl.where(l_i > 0, acc / l_i, 0.0)
     lse = tl.where(l_i > 0, m_i + tl.log(l_i), -float("inf"))
     tl.store(OUT + b * stride_ob + h * stride_oh + s * stride_os + d, out)
-    tl.store(LSE + (b * tl.num_programs(1) + h) * tl.num_programs(2) + s, lse)
+    tl.store(LSE + (b * tl.num_programs(1) + h) * tl.num_programs(2) + s + tl.arange(0, 1), lse)
 
 
 def decode_attention(q: torch.Tensor, cache: RingCache, lengths: torch.Tensor) -> torch.Tensor:
@@ -143,3 +144,22 @@ def decode_attention(q: torch.Tensor, cache: RingCache, lengths: torch.Tensor) -
     weight = torch.softmax(lse, dim=-1)  # empty splits have lse -inf: weight 0
     out = (weight[..., None] * partial).sum(dim=2)
     return out[:, :, None].to(q.dtype)
+
+
+def check_decode_attention(device: torch.device, dtype: torch.dtype, fp8: bool) -> float:
+    """Run the kernel once on a small random cache on ``device``; returns its largest difference
+    from SDPA (raises what the kernel's compilation or launch raises)."""
+    gen = torch.Generator(device="cpu").manual_seed(0)
+    B, H, D, C = 2, 2, 64, 100
+    cache = RingCache(B, H, D, C, device=device, dtype=dtype, fp8=fp8)
+    for _ in range(3):
+        k = torch.randn(B, H, 40, D, generator=gen).to(device=device, dtype=dtype)
+        cache.write(k, torch.randn(B, H, 40, D, generator=gen).to(device=device, dtype=dtype),
+                    torch.tensor([True, False], device=device))
+    lengths = cache.valid_lengths()
+    q = torch.randn(B, H, 1, D, generator=gen).to(device=device, dtype=dtype)
+    keys, values = cache.keys_values(dtype)
+    valid = torch.arange(C, device=device)[None, :] < lengths[:, None]
+    want = torch.nn.functional.scaled_dot_product_attention(q, keys, values, valid[:, None, None, :])
+    got = decode_attention(q, cache, lengths)
+    return float((got.float() - want.float()).abs().max())
