@@ -62,6 +62,8 @@ tokens do not depend on its slot or on the other sessions in the batch.
 from __future__ import annotations
 
 import dataclasses
+import logging
+from collections.abc import Callable
 from contextlib import AbstractContextManager, ExitStack, nullcontext
 from dataclasses import dataclass
 
@@ -79,6 +81,8 @@ from duplex.plugins.personaplex.prompt import PromptScript
 from duplex.plugins.personaplex.sampling import sample_top_k
 
 __all__ = ["BatchedGenerator", "StepResult", "frames_to_columns"]
+
+log = logging.getLogger(__name__)
 
 
 @dataclass
@@ -213,8 +217,15 @@ class BatchedGenerator:
         # moshi compiles some layers lazily; worth it on a GPU, seconds of
         # recompiling for every new shape on a CPU.
         self._compile = dev.type == "cuda" if torch_compile is None else torch_compile
-        self._graphed_step = CUDAGraphed(self._step_all, disable=not use_graphs)
-        self._graphed_chunk = CUDAGraphed(self._prefill_chunk, disable=not use_graphs)
+        # The whole tick as one graph; should its capture fail (a host sync somewhere in Mimi), the
+        # tick runs as before: Mimi eager (with moshi's own graphs inside) around a graphed LM step.
+        self._graphed_lm = CUDAGraphed(self._lm_step, disable=not use_graphs)
+        self._graphed_step = _Captured(
+            CUDAGraphed(self._step_all, disable=not use_graphs), self._step_split, "the whole step"
+        )
+        self._graphed_chunk = _Captured(
+            CUDAGraphed(self._prefill_chunk, disable=not use_graphs), self._prefill_chunk, "the prefill chunk"
+        )
 
     # -- lifetime ---------------------------------------------------------
 
@@ -464,6 +475,15 @@ class BatchedGenerator:
         audio = self.dec_mimi.decode(codes)[:, 0]  # [B, 1920]
         return torch.cat([frame.to(torch.float32), audio.to(torch.float32)], dim=1)
 
+    def _step_split(self) -> torch.Tensor:
+        """``_step_all`` with only the LM step graphed (the fallback of a failed whole-step capture)."""
+        self._set_exec(self._exec)
+        user_codes = self.enc_mimi.encode(self._pcm_in)[:, :, 0]
+        frame = self._graphed_lm(user_codes, self._exec, self._forced, self._forced_mask)
+        codes = frame[:, 1:, None].clamp(0, self.lm.card - 1)
+        audio = self.dec_mimi.decode(codes)[:, 0]
+        return torch.cat([frame.to(torch.float32), audio.to(torch.float32)], dim=1)
+
     def _lm_step(
         self,
         user_codes: torch.Tensor,
@@ -550,6 +570,30 @@ class BatchedGenerator:
         text = packed[:, 0].astype(np.int64)
         agent = packed[:, 1 : 1 + self.A].astype(np.int64)
         return StepResult(text=text, agent=agent, pcm=np.ascontiguousarray(packed[:, 1 + self.A :]))
+
+
+class _Captured:
+    """A CUDA-graphed function that falls back to ``fallback`` for good if its capture raises."""
+
+    def __init__(self, graphed: CUDAGraphed, fallback: Callable[[], torch.Tensor], what: str) -> None:
+        self._graphed: CUDAGraphed | None = graphed
+        self._fallback = fallback
+        self._what = what
+
+    def __call__(self) -> torch.Tensor:
+        graphed = self._graphed
+        if graphed is None:
+            return self._fallback()
+        capturing = not graphed.disable and graphed._graph is None and graphed.warmup_steps <= 0
+        if not capturing:
+            return graphed()
+        try:
+            return graphed()
+        except RuntimeError as exc:  # nothing ran during the failed capture: run the call again
+            log.warning("personaplex: CUDA graph capture of %s failed (%s); it runs without", self._what, exc)
+            self._graphed = None
+            torch.cuda.synchronize()
+            return self._fallback()
 
 
 def _set_offsets(state: object, position: int) -> None:
