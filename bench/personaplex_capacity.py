@@ -73,6 +73,7 @@ def _parser() -> argparse.ArgumentParser:
     ap.add_argument("--fp8-weights", action="store_true", help="the temporal projections in fp8")
     ap.add_argument("--attention", choices=["auto", "sdpa", "triton"], default="auto")
     ap.add_argument("--prefill-chunk", type=int, default=32, help="prompt positions per prefill chunk")
+    ap.add_argument("--buckets", default="off", help="the plugin's batch_buckets: off, auto or 1,8,32")
     ap.add_argument(
         "--full-window",
         action="store_true",

@@ -149,6 +149,7 @@ def make_plugin(assets: Path, n: int, args: argparse.Namespace) -> Any:
         "fp8_weights": bool(getattr(args, "fp8_weights", False)),
         "attention": getattr(args, "attention", "auto"),
         "prefill_chunk_frames": int(getattr(args, "prefill_chunk", 32)),
+        "batch_buckets": getattr(args, "buckets", "off"),
     }
     if getattr(args, "worker", False):
         from duplex.plugins.worker import WorkerConfig, start_worker
@@ -186,6 +187,7 @@ def _personaplex_flags(args: argparse.Namespace) -> list[str]:
     flags += ["--kv-cache", getattr(args, "kv_cache", "model")]
     flags += ["--attention", getattr(args, "attention", "auto")]
     flags += ["--prefill-chunk", str(getattr(args, "prefill_chunk", 32))]
+    flags += ["--buckets", getattr(args, "buckets", "off")]
     return flags + (["--tick-ms", str(args.tick_ms)] if args.tick_ms is not None else [])
 
 

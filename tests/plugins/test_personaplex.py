@@ -247,6 +247,49 @@ def test_a_slot_opened_while_others_talk_is_prefilled_in_chunks_between_their_ti
         assert a_outputs == [(tok, pcm) for tok, _, pcm, _ in alone["a"][2:FRAMES]]
 
 
+def test_batch_buckets_step_the_fewest_rows_and_keep_every_session_going(plugin, ckpt, alone):
+    """With buckets, a step runs the smallest row count that holds its slots; sessions keep their
+    state across bucket changes: the same tokens as without buckets, audio to float rounding."""
+    with PersonaPlexPlugin.from_options(
+        str(ckpt), max_sessions=SLOTS, kv_cache=plugin.kv_cache, batch_buckets="1,2"
+    ) as bucketed:
+        gen = bucketed.generator
+        assert gen.buckets == (1, 2, 4)
+        with pytest.raises(PluginError) as err:
+            PersonaPlexPlugin.from_options(str(ckpt), batch_buckets="some")
+        assert err.value.code == "invalid_plugin_config"
+        where = {0: "a", 1: "b", 3: "c"}
+        inputs = {name: audio(name) for name in SESSIONS}
+        trace: dict[str, Trace] = {name: [] for name in SESSIONS}
+        pos = dict.fromkeys(SESSIONS, 0)
+        buckets = []
+        bucketed.open_slot(0, SESSIONS["a"])
+        for tick in range(FRAMES + 6):
+            if tick == 3:
+                bucketed.open_slot(1, SESSIONS["b"])
+                settle(bucketed)
+            if tick == 6:
+                bucketed.open_slot(3, SESSIONS["c"])
+                settle(bucketed)
+            batch = []
+            for slot, name in where.items():
+                if slot in bucketed._slots and pos[name] < FRAMES:
+                    batch.append(SlotInput(slot=slot, epoch=0, pcm=inputs[name][pos[name]]))
+                    pos[name] += 1
+            if batch:
+                record(bucketed, bucketed.step(batch), trace, where)
+                buckets.append(gen.last_bucket)
+    assert buckets[:7] == [1, 1, 1, 2, 2, 2, 4] and buckets[-1] == 4
+    for name in SESSIONS:
+        got, want = trace[name], alone[name]
+        assert [(t, a, s) for t, a, _, s in got] == [(t, a, s) for t, a, _, s in want]
+        gap = max(
+            float(np.abs(np.frombuffer(g[2], np.float32) - np.frombuffer(w[2], np.float32)).max())
+            for g, w in zip(got, want, strict=True)
+        )
+        assert gap < 1e-5
+
+
 def test_forced_tokens_are_emitted_and_teacher_force_the_depformer(plugin):
     gen = plugin.generator
     plugin.open_slot(0, SESSIONS["a"])

@@ -61,7 +61,9 @@ tokens do not depend on its slot or on the other sessions in the batch.
 
 from __future__ import annotations
 
+import copy
 import dataclasses
+import functools
 import logging
 from collections.abc import Callable
 from contextlib import AbstractContextManager, ExitStack, nullcontext
@@ -126,6 +128,24 @@ class _Prefill:
         return int(self.cols.shape[0])
 
 
+@dataclass
+class _Rows:
+    """The first ``n`` rows of the batch: views of the generator's per-slot tensors and inputs, and
+    the streaming states of the three models narrowed to them (the same storage)."""
+
+    n: int
+    pending: torch.Tensor
+    offset: torch.Tensor
+    seed: torch.Tensor
+    temp_text: torch.Tensor
+    temp_audio: torch.Tensor
+    exec: torch.Tensor
+    pcm_in: torch.Tensor
+    forced: torch.Tensor
+    forced_mask: torch.Tensor
+    states: tuple[dict, dict, dict] | None = None  # lm, enc_mimi, dec_mimi (None: the full ones)
+
+
 class BatchedGenerator:
     """Steps up to ``max_slots`` PersonaPlex sessions together at a fixed batch shape.
 
@@ -149,6 +169,7 @@ class BatchedGenerator:
         kv_fp8: bool = False,
         decode_kernel: DecodeKernel | None = None,
         prefill_chunk_frames: int = 32,
+        batch_buckets: tuple[int, ...] = (),
     ) -> None:
         cfg.validate()
         if prefill_chunk_frames < 1:
@@ -168,6 +189,9 @@ class BatchedGenerator:
         self.dec_mimi = dec_mimi.eval()
         self.cfg = cfg
         self.B = max_slots
+        #: Row counts a step may run at (the smallest that holds every stepped slot), ending with B.
+        self.buckets = tuple(sorted({b for b in batch_buckets if 0 < b < max_slots} | {max_slots}))
+        self.last_bucket = max_slots  # rows the latest step ran
         self.A = cfg.num_audio_codebooks
         self.K = cfg.num_streams
         self.chunk = min(prefill_chunk_frames, cfg.context)
@@ -217,12 +241,10 @@ class BatchedGenerator:
         # moshi compiles some layers lazily; worth it on a GPU, seconds of
         # recompiling for every new shape on a CPU.
         self._compile = dev.type == "cuda" if torch_compile is None else torch_compile
-        # The whole tick as one graph; should its capture fail (a host sync somewhere in Mimi), the
-        # tick runs as before: Mimi eager (with moshi's own graphs inside) around a graphed LM step.
-        self._graphed_lm = CUDAGraphed(self._lm_step, disable=not use_graphs)
-        self._graphed_step = _Captured(
-            CUDAGraphed(self._step_all, disable=not use_graphs), self._step_split, "the whole step"
-        )
+        self._use_graphs = use_graphs
+        self._rows: dict[int, _Rows] = {}  # by bucket, made on entering
+        self._graphed_lm: dict[int, CUDAGraphed] = {}
+        self._graphed_step: dict[int, _Captured] = {}
         self._graphed_chunk = _Captured(
             CUDAGraphed(self._prefill_chunk, disable=not use_graphs), self._prefill_chunk, "the prefill chunk"
         )
@@ -243,13 +265,54 @@ class BatchedGenerator:
             self._stack.enter_context(self.dec_mimi.streaming(self.B))
             self._exec.fill_(False)
             self._set_exec(self._exec)
+            self._make_buckets()
         return self
+
+    def _make_buckets(self) -> None:
+        """Per bucket: the row views and narrowed states, and the step's graph (the whole tick as one
+        graph; should its capture fail, a host sync somewhere in Mimi, the tick runs as before: Mimi
+        eager, with moshi's own graphs inside, around a graphed LM step)."""
+        assert self._main_state is not None
+        full = (self._main_state, self.enc_mimi.get_streaming_state(), self.dec_mimi.get_streaming_state())
+        for n in self.buckets:
+            rows = _Rows(
+                n,
+                self.pending[:n],
+                self.offset[:n],
+                self.seed[:n],
+                self.temp_text[:n],
+                self.temp_audio[:n],
+                self._exec[:n],
+                self._pcm_in[:n],
+                self._forced[:n],
+                self._forced_mask[:n],
+                None if n == self.B else tuple(_narrow_states(s, n, self.B) for s in full),  # type: ignore[arg-type]
+            )
+            self._rows[n] = rows
+            graphs = not self._use_graphs
+            self._graphed_lm[n] = CUDAGraphed(functools.partial(self._lm_step, rows), disable=graphs)
+            self._graphed_step[n] = _Captured(
+                CUDAGraphed(functools.partial(self._step_all, rows), disable=graphs),
+                functools.partial(self._step_split, rows),
+                f"the whole step ({n} rows)",
+            )
+        self._full_states = full
+
+    def _use_rows(self, rows: _Rows) -> None:
+        """Point the three models at ``rows``' streaming states (``None``: the full ones)."""
+        states = rows.states or self._full_states
+        self.lm.set_streaming_state(states[0])
+        self.enc_mimi.set_streaming_state(states[1])
+        self.dec_mimi.set_streaming_state(states[2])
 
     def __exit__(self, *exc: object) -> None:
         self._stack.close()
         self._prefill_state = None
         self._main_state = None
         self._queue.clear()
+        self._rows.clear()
+        self._graphed_lm.clear()
+        self._graphed_step.clear()
 
     # -- slots ------------------------------------------------------------
 
@@ -386,8 +449,9 @@ class BatchedGenerator:
                 self.advance_prefill()
         frozen = np.zeros(self.B, dtype=bool)
         silence = np.zeros((self.B, FRAME_SAMPLES), dtype=np.float32)
-        for _ in range(3):
-            self.step(frozen, silence)
+        for n in self.buckets:
+            for _ in range(3):
+                self.step(frozen, silence, rows=n)
 
     def _prefill_chunk(self) -> torch.Tensor:
         """One chunk of positions through the prefill state; returns the first column's sampled
@@ -461,61 +525,63 @@ class BatchedGenerator:
             out = lm.out_norm(out)
         return out, lm.text_linear(out).float()
 
-    def _step_all(self) -> torch.Tensor:
-        """The whole tick for all ``B`` rows from the input buffers: exec masks, Mimi encode, one
-        position of the transformers, Mimi decode; returns ``[B, 1 + A + 1920]`` float32 (text token,
-        agent codes, audio; token ids are exact in float32).
+    def _step_all(self, rows: _Rows) -> torch.Tensor:
+        """The whole tick for the first ``rows.n`` rows from the input buffers: exec masks, Mimi
+        encode, one position of the transformers, Mimi decode; returns ``[n, 1 + A + 1920]`` float32
+        (text token, agent codes, audio; token ids are exact in float32).
 
-        Pure tensor code with fixed shapes (captured as one CUDA graph on GPU)."""
-        self._set_exec(self._exec)
-        user_codes = self.enc_mimi.encode(self._pcm_in)[:, :, 0]  # [B, A]
-        frame = self._lm_step(user_codes, self._exec, self._forced, self._forced_mask)
+        Pure tensor code with fixed shapes (captured as one CUDA graph per bucket on GPU). The
+        streaming states must be ``rows``' (``_use_rows``)."""
+        self._set_exec(rows.exec)
+        user_codes = self.enc_mimi.encode(rows.pcm_in)[:, :, 0]  # [n, A]
+        frame = self._lm_step(rows, user_codes, rows.exec, rows.forced, rows.forced_mask)
         # Rows of frozen or never-started slots may hold placeholders; keep them in range.
         codes = frame[:, 1:, None].clamp(0, self.lm.card - 1)
-        audio = self.dec_mimi.decode(codes)[:, 0]  # [B, 1920]
+        audio = self.dec_mimi.decode(codes)[:, 0]  # [n, 1920]
         return torch.cat([frame.to(torch.float32), audio.to(torch.float32)], dim=1)
 
-    def _step_split(self) -> torch.Tensor:
+    def _step_split(self, rows: _Rows) -> torch.Tensor:
         """``_step_all`` with only the LM step graphed (the fallback of a failed whole-step capture)."""
-        self._set_exec(self._exec)
-        user_codes = self.enc_mimi.encode(self._pcm_in)[:, :, 0]
-        frame = self._graphed_lm(user_codes, self._exec, self._forced, self._forced_mask)
+        self._set_exec(rows.exec)
+        user_codes = self.enc_mimi.encode(rows.pcm_in)[:, :, 0]
+        frame = self._graphed_lm[rows.n](user_codes, rows.exec, rows.forced, rows.forced_mask)
         codes = frame[:, 1:, None].clamp(0, self.lm.card - 1)
         audio = self.dec_mimi.decode(codes)[:, 0]
         return torch.cat([frame.to(torch.float32), audio.to(torch.float32)], dim=1)
 
     def _lm_step(
         self,
+        rows: _Rows,
         user_codes: torch.Tensor,
         exec_mask: torch.Tensor,
         forced: torch.Tensor,
         forced_mask: torch.Tensor,
     ) -> torch.Tensor:
-        """One position for all slots; returns the frame's tokens ``[B, 1 + A]``.
+        """One position for the first ``rows.n`` slots; returns the frame's tokens ``[n, 1 + A]``.
 
         Pure tensor code with fixed shapes (captured as a CUDA graph on GPU).
         """
         lm, A = self.lm, self.A
         user_codes = torch.where(forced_mask[:, 1 + A :], forced[:, 1 + A :], user_codes)
-        col = self.pending
+        col = rows.pending
         user_pending = col[:, 1 + A :]
         user_col = torch.where(self._delay0[1 + A :][None], user_codes, user_pending)
         col = torch.cat([col[:, : 1 + A], user_col], dim=1)
         col = torch.where(forced_mask & self._delay0[None], forced, col)
-        is_init = self.offset[:, None] <= self._delays[None]
+        is_init = rows.offset[:, None] <= self._delays[None]
         col_in = torch.where(is_init, self._initial[None], col)
         out, text_logits = self._temporal(self._embed(col_in[:, :, None]))
-        counter = self.offset
+        counter = rows.offset
         text_next = sample_top_k(
-            text_logits[:, 0], self.temp_text, self.cfg.text_top_k, self.seed, counter, 0
+            text_logits[:, 0], rows.temp_text, self.cfg.text_top_k, rows.seed, counter, 0
         )
         prev = text_next
         agent = []
-        with lm.depformer.streaming(self.B):
+        with lm.depformer.streaming(rows.n):
             for j in range(A):
                 logits = lm.forward_depformer(j, prev[:, None, None], out)
                 tok = sample_top_k(
-                    logits[:, 0, 0], self.temp_audio, self.cfg.audio_top_k, self.seed, counter, 1 + j
+                    logits[:, 0, 0], rows.temp_audio, self.cfg.audio_top_k, rows.seed, counter, 1 + j
                 )
                 if self._delays_list[1 + j] == 1:
                     tok = torch.where(forced_mask[:, 1 + j], forced[:, 1 + j], tok)
@@ -528,8 +594,8 @@ class BatchedGenerator:
             self._delay0[1 + A :][None], torch.full_like(user_codes, lm.zero_token_id), user_codes
         )
         nxt = torch.cat([text_next[:, None], agent_next, user_next], dim=1)
-        self.pending.copy_(torch.where(exec_mask[:, None], nxt, self.pending))
-        self.offset.copy_(torch.where(exec_mask, self.offset + 1, self.offset))
+        rows.pending.copy_(torch.where(exec_mask[:, None], nxt, rows.pending))
+        rows.offset.copy_(torch.where(exec_mask, rows.offset + 1, rows.offset))
         return frame
 
     @torch.no_grad()
@@ -539,10 +605,14 @@ class BatchedGenerator:
         pcm: np.ndarray,
         forced: np.ndarray | None = None,
         forced_mask: np.ndarray | None = None,
+        *,
+        rows: int | None = None,
     ) -> StepResult:
         """Advance the slots of ``exec_mask [B]`` by one frame of ``pcm [B, 1920]``.
 
-        Every slot in ``exec_mask`` must be ready; the others are frozen.
+        Every slot in ``exec_mask`` must be ready; the others are frozen. The step runs the
+        smallest bucket of rows that holds every slot in ``exec_mask`` (``rows`` picks one);
+        the result has that many rows.
         ``forced [B, 17]`` / ``forced_mask [B, 17]`` optionally force tokens of this
         frame (frame coordinates). One host transfer brings back the whole batch's text
         tokens, codes and audio.
@@ -565,8 +635,20 @@ class BatchedGenerator:
             self._forced_mask_host.numpy()[:] = forced_mask
             self._forced.copy_(self._forced_host, non_blocking=True)
             self._forced_mask.copy_(self._forced_mask_host, non_blocking=True)
-        with self._maybe_no_compile():
-            packed = self._graphed_step().cpu().numpy()
+        if rows is None:
+            stepped = np.flatnonzero(exec_mask)
+            need = int(stepped[-1]) + 1 if len(stepped) else 1
+            rows = next(n for n in self.buckets if n >= need)
+        bucket = self._rows[rows]
+        self.last_bucket = rows
+        if bucket.states is not None:
+            self._use_rows(bucket)
+        try:
+            with self._maybe_no_compile():
+                packed = self._graphed_step[rows]().cpu().numpy()
+        finally:
+            if bucket.states is not None:
+                self._use_rows(self._rows[self.B])
         text = packed[:, 0].astype(np.int64)
         agent = packed[:, 1 : 1 + self.A].astype(np.int64)
         return StepResult(text=text, agent=agent, pcm=np.ascontiguousarray(packed[:, 1 + self.A :]))
@@ -594,6 +676,36 @@ class _Captured:
             self._graphed = None
             torch.cuda.synchronize()
             return self._fallback()
+
+
+def _narrow_states(states: dict, n: int, B: int) -> dict:
+    """A copy of a model's streaming states (``get_streaming_state()``) over its first ``n`` rows:
+    every per-row tensor, cache and exec mask is a view of the original's (the same storage), and
+    moshi's per-state graph wrappers are fresh (a graph is made for one shape)."""
+    out = {}
+    for name, state in states.items():
+        narrow = copy.copy(state)
+        narrow.batch_size = n
+        narrow.exec_mask = state.exec_mask[:n]
+        narrow._set_exec_mask_graphed = None
+        for f in dataclasses.fields(state):
+            value = getattr(state, f.name)
+            if isinstance(value, RingCache):
+                value = value.narrow(n)
+            elif isinstance(value, RingKVCache):
+                value = copy.copy(value)
+                value.cache = value.cache[:, :n]
+                if value.respect_exec_mask:
+                    value.end_offset = value.end_offset[:n]
+            elif isinstance(value, CUDAGraphed):
+                value = CUDAGraphed(value.func, disable=value.disable)
+            elif isinstance(value, torch.Tensor) and value.dim() >= 1 and value.shape[0] == B:
+                value = value[:n]
+            else:
+                continue
+            setattr(narrow, f.name, value)
+        out[name] = narrow
+    return out
 
 
 def _set_offsets(state: object, position: int) -> None:

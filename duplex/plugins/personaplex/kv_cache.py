@@ -125,6 +125,15 @@ class RingCache:
         """Valid entries per row ``[B]`` (int32): ``min(end_offset, capacity)``."""
         return self.end_offset.clamp(max=self.capacity).to(torch.int32)
 
+    def narrow(self, n: int) -> RingCache:
+        """The same cache over its first ``n`` rows (views: writes go to this cache's storage)."""
+        view = object.__new__(RingCache)
+        view.capacity, view.fp8 = self.capacity, self.fp8
+        view.data = self.data[:, :n]
+        view.scale = None if self.scale is None else self.scale[:, :n]
+        view.end_offset = self.end_offset[:n]
+        return view
+
     def copy_row(self, src: RingCache, src_row: int, dst_row: int) -> None:
         """Copy one row of ``src`` (same layout) into row ``dst_row`` of this cache."""
         self.data[:, dst_row] = src.data[:, src_row]

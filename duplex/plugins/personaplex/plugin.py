@@ -40,7 +40,12 @@ a scale per position and head, half the memory per session), ``attention``
 ("auto": the Triton decode kernel on CUDA, SDPA elsewhere; "sdpa"; "triton"),
 ``fp8_weights`` (False: the temporal transformer's projections in e4m3),
 ``prefill_chunk_frames`` (32: prompt positions per prefill chunk while other
-sessions are being stepped).
+sessions are being stepped), ``batch_buckets`` ("off": every step runs all
+``max_sessions`` rows; "auto": 1, 4, 16, 64... rows, the smallest that holds every
+stepped slot, one CUDA graph each; or row counts "1,8,32"). With buckets a session's
+tokens stay the same, but its audio may differ in the last float bits with the
+number of rows (convolutions and matrix products of other sizes), so "off" is the
+default: then a session's output never depends on the others'.
 
 A slot opened while other sessions are being stepped is prefilled one chunk after
 each tick; until its prompt is done its frames are not heard and its outputs are
@@ -102,6 +107,7 @@ _OPTION_TYPES: dict[str, tuple[type]] = {
     "attention": (str,),
     "prefill_chunk_frames": (int,),
     "fp8_weights": (bool,),
+    "batch_buckets": (str,),
 }
 _KV_CACHES = ("model", "fp8")
 # The decode kernel's largest difference from SDPA on a random check (bf16 rounding is ~1e-2).
@@ -183,6 +189,7 @@ class PersonaPlexPlugin(FramePlugin):
         attention: str = "auto",
         prefill_chunk_frames: int = 32,
         fp8_weights: bool = False,
+        batch_buckets: str = "off",
     ) -> None:
         if max_sessions < 1:
             raise PluginError("invalid_plugin_config", "max_sessions must be at least 1")
@@ -208,6 +215,7 @@ class PersonaPlexPlugin(FramePlugin):
             raise PluginError("invalid_plugin_config", "prefill_chunk_frames must be at least 1")
         self._prefill_chunk = prefill_chunk_frames
         self._fp8_weights = fp8_weights
+        self._buckets = _parse_buckets(batch_buckets, max_sessions)
         self._kv_fp8 = kv_cache == "fp8"
         self._attention = attention
         self._model_path = Path(model_path) if model_path is not None else None
@@ -317,6 +325,7 @@ class PersonaPlexPlugin(FramePlugin):
             kv_fp8=self._kv_fp8,
             decode_kernel=self._decode_kernel(),
             prefill_chunk_frames=self._prefill_chunk,
+            batch_buckets=self._buckets,
         )
         gen.__enter__()
         self._gen = gen
@@ -549,6 +558,29 @@ class PersonaPlexPlugin(FramePlugin):
         if 0 <= token < len(self._pieces):
             return self._pieces[token]
         return ""
+
+
+def _parse_buckets(text: str, max_sessions: int) -> tuple[int, ...]:
+    """``batch_buckets``: ``off`` (every step at ``max_sessions`` rows), ``auto`` (1, 4, 16, 64, ...
+    below it) or row counts such as ``1,8,32``. Raises ``PluginError("invalid_plugin_config")``."""
+    text = text.strip().lower()
+    if text in ("off", "none", ""):
+        return ()
+    if text == "auto":
+        out, n = [], 1
+        while n < max_sessions:
+            out.append(n)
+            n *= 4
+        return tuple(out)
+    try:
+        buckets = tuple(int(part) for part in text.split(","))
+    except ValueError:
+        buckets = ()
+    if not buckets or any(b < 1 for b in buckets):
+        raise PluginError(
+            "invalid_plugin_config", f"batch_buckets: off, auto or row counts like 1,8,32; got {text!r}"
+        )
+    return buckets
 
 
 def _parse_option(key: str, value: object) -> object:
