@@ -43,17 +43,20 @@ graph on a GPU; the last chunk is padded and the state's offsets are set back to
 ``P`` afterwards, so the padding is never attended to). When the last chunk is done
 the first conversation column is sampled from position ``P - 1`` (exactly what the
 step at position ``P - 1`` would do) and the state's row is copied into the slot's
-row of the batched state: the slot is *ready*. When nothing else is ready the whole
-prefill runs inside ``start_slot`` (nobody waits); otherwise ``advance_prefill``
-runs one chunk per call, which the plugin enqueues after each tick's step, so an
-open never holds the other sessions' tick for a whole prompt. Other slots are never
-touched, and no audio of the session is consumed by the prompt.
+row of the batched state: the slot is *ready*. When nothing else is ready (or the
+caller does not ``defer``) the whole prefill runs inside ``start_slot``; otherwise
+``advance_prefill`` runs one chunk per call, which the plugin enqueues after each
+tick's step, so an open never holds the other sessions' tick for a whole prompt.
+Other slots are never touched. A slot's frames before it is ready are the caller's
+to handle (the plugin leaves them unheard).
 
-The step. ``step`` is one function of fixed shapes over all ``B`` rows: the exec
+The step. ``step`` is one function of fixed shapes over the batch's rows: the exec
 masks, Mimi's encode of the frame, the temporal and depth transformers, Mimi's
 decode, and the packing of tokens and audio into one buffer. On a GPU it is one
 CUDA graph (moshi's own graphs inside it run as part of it), fed from pinned host
-buffers; the tick's one host sync is the copy of that buffer.
+buffers; the tick's one host sync is the copy of that buffer. With batch buckets
+the step runs the first ``n`` rows only, the smallest bucket holding every stepped
+slot, through views of the same state (``_Rows``; one graph per bucket).
 
 Sampling uses per-slot counter-based noise (``sampling.py``), so a session's
 tokens do not depend on its slot or on the other sessions in the batch.
@@ -89,10 +92,11 @@ log = logging.getLogger(__name__)
 
 @dataclass
 class StepResult:
-    """Host copies of one step's outputs, for all ``B`` slots (rows of frozen slots are meaningless).
+    """Host copies of one step's outputs for its ``n`` rows (the bucket it ran; rows of frozen slots
+    are meaningless).
 
-    ``text [B]`` text token of the frame, ``agent [B, 8]`` its agent codes,
-    ``pcm [B, 1920]`` float32 audio decoded from them.
+    ``text [n]`` text token of the frame, ``agent [n, 8]`` its agent codes,
+    ``pcm [n, 1920]`` float32 audio decoded from them.
     """
 
     text: np.ndarray
