@@ -441,9 +441,9 @@ class BatchedGenerator:
         """Compile and capture everything before serving, so no session waits for it.
 
         Prefills each script into slot 0 (capturing the prefill chunk), then steps
-        three times with every slot frozen, which captures the step's graph without
-        changing any slot's state. Slot 0 is left ready with the last script's prompt;
-        ``start_slot`` resets it like any other.
+        three times per bucket with every slot frozen, which captures the step's graphs
+        without changing any slot's state. No slot is left ready (slot 0's state is
+        dirty; ``start_slot`` resets it like any other).
         """
         for script in scripts:
             self.start_slot(
@@ -456,6 +456,7 @@ class BatchedGenerator:
         for n in self.buckets:
             for _ in range(3):
                 self.step(frozen, silence, rows=n)
+        self.stop_slot(0)
 
     def _prefill_chunk(self) -> torch.Tensor:
         """One chunk of positions through the prefill state; returns the first column's sampled
