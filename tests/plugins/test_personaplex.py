@@ -362,6 +362,14 @@ def test_refusals_carry_codes(plugin, ckpt):
         with pytest.raises(PluginError) as err:
             PersonaPlexPlugin.from_options(str(ckpt), **bad)
         assert err.value.code == "invalid_plugin_config"
+    # The Triton decode kernel cannot run on a CPU: asked for by name, the load is refused.
+    with pytest.raises(PluginError) as err:
+        PersonaPlexPlugin.from_options(str(ckpt), max_sessions=1, attention="triton").load()
+    assert err.value.code == "invalid_plugin_config"
+    for bad in ({"kv_cache": "int4"}, {"attention": "flash"}, {"prefill_chunk_frames": 0}):
+        with pytest.raises(PluginError) as err:
+            PersonaPlexPlugin.from_options(str(ckpt), **bad)
+        assert err.value.code == "invalid_plugin_config"
     # Command-line options arrive as strings.
     caps = PersonaPlexPlugin.from_options(str(ckpt), max_sessions="3", cuda_graphs="false").capabilities()
     assert caps.max_sessions == 3

@@ -18,83 +18,88 @@ from __future__ import annotations
 import math
 
 import torch
-import triton
-import triton.language as tl
 
 from duplex.plugins.personaplex.kv_cache import RingCache
+
+try:
+    import triton
+    import triton.language as tl
+except ImportError:  # an install without Triton (a CPU one): the module imports, the kernel is absent
+    triton = None
 
 __all__ = ["check_decode_attention", "decode_attention"]
 
 BLOCK_N = 32  # entries per inner block
 SPLITS = 8  # splits of the capacity per (row, head)
 
+if triton is not None:
 
-@triton.jit
-def _split_kernel(
-    Q,
-    K,
-    V,
-    KS,
-    VS,
-    LEN,
-    OUT,
-    LSE,
-    stride_qb,
-    stride_qh,
-    stride_kb,
-    stride_kh,
-    stride_kn,
-    stride_sb,
-    stride_sh,
-    stride_ob,
-    stride_oh,
-    stride_os,
-    split_len,
-    sm_scale,
-    HAS_SCALE: tl.constexpr,
-    D: tl.constexpr,
-    BLOCK: tl.constexpr,
-):
-    b = tl.program_id(0)
-    h = tl.program_id(1)
-    s = tl.program_id(2)
-    n_valid = tl.load(LEN + b)
-    start = s * split_len
-    end = tl.minimum(start + split_len, n_valid)
-    d = tl.arange(0, D)
-    q = tl.load(Q + b * stride_qb + h * stride_qh + d).to(tl.float32) * sm_scale
-    # One-element tensors, not scalars: loop-carried values keep one type.
-    m_i = tl.zeros([1], dtype=tl.float32) - float("inf")
-    l_i = tl.zeros([1], dtype=tl.float32)
-    acc = tl.zeros([D], dtype=tl.float32)
-    k_row = K + b * stride_kb + h * stride_kh
-    v_row = V + b * stride_kb + h * stride_kh
-    for n0 in range(start, end, BLOCK):
-        n = n0 + tl.arange(0, BLOCK)
-        valid = n < end
-        kv_off = n[:, None] * stride_kn + d[None, :]
-        k = tl.load(k_row + kv_off, mask=valid[:, None], other=0.0).to(tl.float32)
-        scores = tl.sum(k * q[None, :], axis=1)
-        if HAS_SCALE:
-            ks = tl.load(KS + b * stride_sb + h * stride_sh + n, mask=valid, other=0.0)
-            scores = scores * ks
-        scores = tl.where(valid, scores, -float("inf"))
-        m_new = tl.maximum(m_i, tl.max(scores, axis=0))
-        alpha = tl.exp(m_i - m_new)
-        p = tl.exp(scores - m_new)
-        v = tl.load(v_row + kv_off, mask=valid[:, None], other=0.0).to(tl.float32)
-        if HAS_SCALE:
-            vs = tl.load(VS + b * stride_sb + h * stride_sh + n, mask=valid, other=0.0)
-            p_v = p * vs
-        else:
-            p_v = p
-        acc = acc * alpha + tl.sum(p_v[:, None] * v, axis=0)
-        l_i = l_i * alpha + tl.sum(p, axis=0)
-        m_i = m_new
-    out = tl.where(l_i > 0, acc / l_i, 0.0)
-    lse = tl.where(l_i > 0, m_i + tl.log(l_i), -float("inf"))
-    tl.store(OUT + b * stride_ob + h * stride_oh + s * stride_os + d, out)
-    tl.store(LSE + (b * tl.num_programs(1) + h) * tl.num_programs(2) + s + tl.arange(0, 1), lse)
+    @triton.jit
+    def _split_kernel(
+        Q,
+        K,
+        V,
+        KS,
+        VS,
+        LEN,
+        OUT,
+        LSE,
+        stride_qb,
+        stride_qh,
+        stride_kb,
+        stride_kh,
+        stride_kn,
+        stride_sb,
+        stride_sh,
+        stride_ob,
+        stride_oh,
+        stride_os,
+        split_len,
+        sm_scale,
+        HAS_SCALE: tl.constexpr,
+        D: tl.constexpr,
+        BLOCK: tl.constexpr,
+    ):
+        b = tl.program_id(0)
+        h = tl.program_id(1)
+        s = tl.program_id(2)
+        n_valid = tl.load(LEN + b)
+        start = s * split_len
+        end = tl.minimum(start + split_len, n_valid)
+        d = tl.arange(0, D)
+        q = tl.load(Q + b * stride_qb + h * stride_qh + d).to(tl.float32) * sm_scale
+        # One-element tensors, not scalars: loop-carried values keep one type.
+        m_i = tl.zeros([1], dtype=tl.float32) - float("inf")
+        l_i = tl.zeros([1], dtype=tl.float32)
+        acc = tl.zeros([D], dtype=tl.float32)
+        k_row = K + b * stride_kb + h * stride_kh
+        v_row = V + b * stride_kb + h * stride_kh
+        for n0 in range(start, end, BLOCK):
+            n = n0 + tl.arange(0, BLOCK)
+            valid = n < end
+            kv_off = n[:, None] * stride_kn + d[None, :]
+            k = tl.load(k_row + kv_off, mask=valid[:, None], other=0.0).to(tl.float32)
+            scores = tl.sum(k * q[None, :], axis=1)
+            if HAS_SCALE:
+                ks = tl.load(KS + b * stride_sb + h * stride_sh + n, mask=valid, other=0.0)
+                scores = scores * ks
+            scores = tl.where(valid, scores, -float("inf"))
+            m_new = tl.maximum(m_i, tl.max(scores, axis=0))
+            alpha = tl.exp(m_i - m_new)
+            p = tl.exp(scores - m_new)
+            v = tl.load(v_row + kv_off, mask=valid[:, None], other=0.0).to(tl.float32)
+            if HAS_SCALE:
+                vs = tl.load(VS + b * stride_sb + h * stride_sh + n, mask=valid, other=0.0)
+                p_v = p * vs
+            else:
+                p_v = p
+            acc = acc * alpha + tl.sum(p_v[:, None] * v, axis=0)
+            l_i = l_i * alpha + tl.sum(p, axis=0)
+            m_i = m_new
+        out = tl.where(l_i > 0, acc / l_i, 0.0)
+        lse = tl.where(l_i > 0, m_i + tl.log(l_i), -float("inf"))
+        tl.store(OUT + b * stride_ob + h * stride_oh + s * stride_os + d, out)
+        tl.store(LSE + (b * tl.num_programs(1) + h) * tl.num_programs(2) + s + tl.arange(0, 1), lse)
 
 
 def decode_attention(q: torch.Tensor, cache: RingCache, lengths: torch.Tensor) -> torch.Tensor:
@@ -102,6 +107,8 @@ def decode_attention(q: torch.Tensor, cache: RingCache, lengths: torch.Tensor) -
 
     ``lengths [B]`` int32: valid entries per row (at least 1 for a row whose output is used).
     """
+    if triton is None:
+        raise RuntimeError("the decode kernel needs Triton, which is not installed")
     B, H, T, D = q.shape
     assert T == 1, f"decode attention takes one position, got {T}"
     cap = cache.capacity
