@@ -76,6 +76,7 @@ import numpy as np
 import torch
 from moshi.models.compression import MimiModel
 from moshi.models.lm import LMModel
+from moshi.modules.streaming import StreamingModule
 from moshi.modules.transformer import RingKVCache
 from moshi.utils.compile import CUDAGraphed, no_compile
 
@@ -181,12 +182,15 @@ class BatchedGenerator:
         use_ring_cache(lm, fp8=kv_fp8, decode_kernel=decode_kernel)
         # Each Mimi streams only the half it runs: the encoder's decoder state (and the
         # decoder's encoder state) would be per-slot memory that is never read.
-        for mimi, unused in ((enc_mimi, ("decoder", "decoder_transformer", "upsample")),
-                             (dec_mimi, ("encoder", "encoder_transformer", "downsample"))):
+        for mimi, unused in (
+            (enc_mimi, ("decoder", "decoder_transformer", "upsample")),
+            (dec_mimi, ("encoder", "encoder_transformer", "downsample")),
+        ):
             for name in unused:
                 child = getattr(mimi, name, None)
-                if child is not None and hasattr(child, "set_streaming_detached"):
-                    child.set_streaming_detached(True)
+                for module in child.modules() if child is not None else ():
+                    if isinstance(module, StreamingModule):  # (the resamplers wrap theirs)
+                        module.set_streaming_detached(True)
             mimi._cached_children = None
         self.lm = lm.eval()
         self.enc_mimi = enc_mimi.eval()
