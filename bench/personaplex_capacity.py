@@ -11,7 +11,11 @@ or the tiny one with ``--tiny``; nothing is downloaded), one module each in
   ``duplex.engine.Engine`` and ``duplex.server.create_app`` on loopback, N
   WebSocket clients streaming 80 ms frames of audio at real-time pacing for
   ``--seconds``; ``first_audio_ms`` is a client's first append to its first audio
-  delta (median over clients).
+  delta (median over clients), split into wait, step and delivery where the plugin
+  runs in the server process; ``--late-open`` adds one session opening a third of
+  the way into the measured window (the open-during-a-run scenario).
+* ``--mode accuracy`` (``accuracy``): text logits of the fp8 cache, the fp8
+  weights and the decode kernel against the model's dtype, same random weights.
 * ``--baseline`` (``baseline``): moshi's own generation loop at batch 1 (``LMGen``
   + Mimi, CUDA-graphed), the per-connection loop of ``python -m moshi.server``,
   which serves one conversation per process.
@@ -23,8 +27,10 @@ Every row has ``sessions, tick_p50_ms, tick_p99_ms, missed_deadlines`` (ticks
 over the 80 ms frame period), ``first_audio_ms`` and ``gpu_mem_gib`` (peak
 allocated). Prints a table, writes JSON (``--out``) and a plot beside it.
 
-Run: ``python -m bench.personaplex_capacity --mode step|server|both|none [--tiny]
-[--sessions 1,8,32,64] [--compile] [--baseline] [--moshi-server]``. The H200 figures in
+Run: ``python -m bench.personaplex_capacity --mode step|server|both|none|accuracy [--tiny]
+[--sessions 1,8,32,64] [--compile] [--baseline] [--moshi-server] [--kv-cache fp8] [--fp8-weights]
+[--attention auto|sdpa|triton] [--prefill-chunk 32] [--late-open] [--worker] [--tick-ms 0]``.
+The H200 figures in
 ``bench/results`` came from ``--mode step --baseline``, ``--mode step --compile --sessions 64``,
 ``--mode server --compile --seconds 8`` and ``--mode none --moshi-server --seconds 8``.
 """
@@ -46,7 +52,7 @@ DEFAULT_OUT = Path(__file__).parent / "results" / "personaplex_capacity_h200.jso
 
 def _parser() -> argparse.ArgumentParser:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    ap.add_argument("--mode", choices=["step", "server", "both", "none"], default="step")
+    ap.add_argument("--mode", choices=["step", "server", "both", "none", "accuracy"], default="step")
     ap.add_argument("--sessions", default="1,8,32,64", help="comma-separated session counts")
     ap.add_argument("--tiny", action="store_true", help="the tiny architecture (CPU smoke run)")
     ap.add_argument("--device", default=None, help="cpu or cuda (default: cuda when available)")
@@ -60,6 +66,23 @@ def _parser() -> argparse.ArgumentParser:
     ap.add_argument("--baseline", action="store_true", help="also measure moshi's LMGen at batch 1")
     ap.add_argument(
         "--worker", action="store_true", help="server mode: the plugin in a worker process (serve --worker)"
+    )
+    ap.add_argument(
+        "--kv-cache", choices=["model", "fp8"], default="model", help="the attention cache: bf16 or fp8"
+    )
+    ap.add_argument("--fp8-weights", action="store_true", help="the temporal projections in fp8")
+    ap.add_argument("--attention", choices=["auto", "sdpa", "triton"], default="auto")
+    ap.add_argument("--prefill-chunk", type=int, default=32, help="prompt positions per prefill chunk")
+    ap.add_argument("--buckets", default="off", help="the plugin's batch_buckets: off, auto or 1,8,32")
+    ap.add_argument(
+        "--full-window",
+        action="store_true",
+        help="the decode kernel reads all 3000 positions of every slot (conversations 240 s old)",
+    )
+    ap.add_argument(
+        "--late-open",
+        action="store_true",
+        help="server mode: one more session opens a third into the measured window (open during a run)",
     )
     ap.add_argument("--out", type=Path, default=DEFAULT_OUT)
     ap.add_argument("--merge", action="store_true", help="keep the other modes already in --out")
@@ -97,6 +120,10 @@ def _run_modes(args: argparse.Namespace, sessions: list[int], result: dict[str, 
                 print(table([row]).splitlines()[-1], *errors, flush=True)
                 rows.append(row)
             modes[mode] = rows
+        if args.mode == "accuracy":
+            from bench.personaplex.accuracy import run_accuracy
+
+            result["accuracy"] = run_accuracy(args)
         if args.baseline:
             result["baseline"] = run_baseline(args)
         if args.moshi_server:
@@ -137,7 +164,7 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
         frame_ms=FRAME_MS,
     )
     _run_modes(args, sessions, result)
-    modes = result["modes"]
+    modes = result.setdefault("modes", {})
     primary = modes.get("server") or modes.get("step") or []
     result["rows"] = primary
     result["rows_mode"] = "server" if modes.get("server") else "step"

@@ -32,7 +32,8 @@ def run_baseline(args: argparse.Namespace) -> dict[str, Any]:
     gpu_reset(args.device)
     cfg = tiny_config() if args.tiny else full_config()
     dev = torch.device(args.device)
-    lm = build_lm(cfg, None, dev, torch.float32 if args.device == "cpu" else torch.bfloat16)
+    dtype = torch.float32 if args.device == "cpu" else torch.bfloat16
+    lm = build_lm(cfg, None, dev, dtype, depformer_steps=int(cfg.lm["dep_q"]))  # LMGen runs all 16
     mimi = build_mimi(cfg, None, dev)
     gen = LMGen(lm, temp=0.8, temp_text=0.7)
     rng = np.random.default_rng(0)

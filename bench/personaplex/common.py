@@ -136,12 +136,15 @@ def write_assets(root: Path, tiny: bool) -> Path:
 def make_plugin(assets: Path, n: int, args: argparse.Namespace) -> Any:
     """The PersonaPlex plugin with random weights and ``n`` slots, as the command line asks.
 
-    float32 on the CPU, bfloat16 on a GPU; ``--no-cuda-graphs`` and ``--compile``
-    pass through. Not loaded yet, unless ``--worker`` runs it in a worker process
+    float32 on the CPU, bfloat16 on a GPU; ``--no-cuda-graphs``, ``--compile``,
+    ``--kv-cache``, ``--fp8-weights``, ``--attention`` and ``--prefill-chunk`` pass
+    through. Not loaded yet, unless ``--worker`` runs it in a worker process
     (``duplex.plugins.worker``), whose proxy comes back loaded.
     """
     from duplex.plugins.personaplex.plugin import PersonaPlexPlugin
 
+    if getattr(args, "full_window", False):
+        read_the_full_window()
     options: dict[str, Any] = {
         "random_weights": True,
         "max_sessions": n,
@@ -150,6 +153,11 @@ def make_plugin(assets: Path, n: int, args: argparse.Namespace) -> Any:
         "cuda_graphs": not args.no_cuda_graphs,
         "default_voice": "BENCH",
         "torch_compile": args.compile,
+        "kv_cache": getattr(args, "kv_cache", "model"),
+        "fp8_weights": bool(getattr(args, "fp8_weights", False)),
+        "attention": getattr(args, "attention", "auto"),
+        "prefill_chunk_frames": int(getattr(args, "prefill_chunk", 32)),
+        "batch_buckets": getattr(args, "buckets", "off"),
     }
     if getattr(args, "worker", False):
         from duplex.plugins.worker import WorkerConfig, start_worker
@@ -158,9 +166,36 @@ def make_plugin(assets: Path, n: int, args: argparse.Namespace) -> Any:
     return PersonaPlexPlugin(assets, **options)
 
 
+def read_the_full_window() -> None:
+    """Make the decode kernel read every slot's whole window (3000 positions), whatever the length of
+    its conversation: what each tick costs once every conversation is 240 s old. In this process
+    only (``--worker`` children keep the real lengths); the tokens are then meaningless."""
+    import torch
+
+    try:
+        from duplex.plugins.personaplex import triton_attention
+    except ImportError:  # no Triton (a CPU): attention runs on SDPA, which reads the window anyway
+        return
+    real = triton_attention.decode_attention
+    if getattr(real, "full_window", False):
+        return
+
+    def full(q: Any, cache: Any, lengths: Any) -> Any:
+        return real(q, cache, torch.full_like(lengths, cache.capacity))
+
+    full.full_window = True  # type: ignore[attr-defined]
+    triton_attention.decode_attention = full
+
+
 def _personaplex_flags(args: argparse.Namespace) -> list[str]:
     flags = ["--tiny"] * args.tiny + ["--compile"] * args.compile + ["--no-cuda-graphs"] * args.no_cuda_graphs
     flags += ["--worker"] * getattr(args, "worker", False)
+    flags += ["--fp8-weights"] * getattr(args, "fp8_weights", False)
+    flags += ["--full-window"] * getattr(args, "full_window", False)
+    flags += ["--kv-cache", getattr(args, "kv_cache", "model")]
+    flags += ["--attention", getattr(args, "attention", "auto")]
+    flags += ["--prefill-chunk", str(getattr(args, "prefill_chunk", 32))]
+    flags += ["--buckets", getattr(args, "buckets", "off")]
     return flags + (["--tick-ms", str(args.tick_ms)] if args.tick_ms is not None else [])
 
 

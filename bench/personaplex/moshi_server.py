@@ -39,7 +39,7 @@ def _write_weights(root: Path, device: str) -> None:
     from duplex.plugins.personaplex.testing import train_tokenizer
 
     cfg = full_config()
-    lm = build_lm(cfg, None, torch.device(device), torch.bfloat16)
+    lm = build_lm(cfg, None, torch.device(device), torch.bfloat16, depformer_steps=int(cfg.lm["dep_q"]))
     save_file({k: v.contiguous().cpu() for k, v in lm.state_dict().items()}, str(root / "model.safetensors"))
     del lm
     gpu_reset(device)

@@ -1,8 +1,8 @@
 """PersonaPlex on its plugin contract: determinism, batch equivalence, join/leave, forcing, errors.
 
-One tiny random-weight checkpoint and one loaded plugin (4 slots) serve the
-module: every test opens the slots it uses and closes them again, which also
-checks that reopening a slot leaves nothing of its previous session behind.
+One tiny random-weight checkpoint and one loaded plugin (4 slots) per attention
+cache (the model's dtype, fp8) serve the module: every test opens the slots it uses
+and closes them again, which also checks that reopening a slot leaves nothing of its previous session behind.
 """
 
 from __future__ import annotations
@@ -35,9 +35,10 @@ SESSIONS = {
 pytestmark = pytest.mark.usefixtures("one_torch_thread")
 
 
-@pytest.fixture(scope="module")
-def plugin(ckpt):
-    p = PersonaPlexPlugin.from_options(str(ckpt), max_sessions=SLOTS)
+@pytest.fixture(scope="module", params=["model", "fp8"])
+def plugin(ckpt, request):
+    """The plugin with the attention cache in the model's dtype, then in fp8: every property holds in both."""
+    p = PersonaPlexPlugin.from_options(str(ckpt), max_sessions=SLOTS, kv_cache=request.param)
     with p:
         yield p
 
@@ -82,6 +83,13 @@ def record(plugin: PersonaPlexPlugin, outputs, trace: dict[str, Trace], where: d
         )
 
 
+def settle(plugin: PersonaPlexPlugin) -> None:
+    """Finish every queued prompt prefill now (as if the opens had completed between ticks)."""
+    gen = plugin.generator
+    while gen.prefilling:
+        gen.advance_prefill()
+
+
 def run_alone(plugin: PersonaPlexPlugin, name: str, slot: int = 0, n: int = FRAMES) -> Trace:
     trace: dict[str, Trace] = {name: []}
     plugin.open_slot(slot, SESSIONS[name])
@@ -114,7 +122,9 @@ def test_same_seed_gives_the_same_output(plugin, ckpt, alone):
     first = run_alone(plugin, "a")
     assert first == alone["a"]  # and the same again on a reused slot
     # A second plugin, warmed up (compile/capture pass with every slot frozen): same output.
-    with PersonaPlexPlugin.from_options(str(ckpt), max_sessions=SLOTS, warm_up=True) as other:
+    with PersonaPlexPlugin.from_options(
+        str(ckpt), max_sessions=SLOTS, warm_up=True, kv_cache=plugin.kv_cache
+    ) as other:
         second = run_alone(other, "a")
     assert first == second
     assert len(first) == FRAMES and all(len(pcm) == FRAME_SAMPLES * 4 for _, _, pcm, _ in first)
@@ -125,6 +135,8 @@ def test_batched_sessions_produce_exactly_what_each_produces_alone(plugin, alone
     where = {2: "a", 0: "b", 3: "c"}
     for slot, name in where.items():
         plugin.open_slot(slot, SESSIONS[name])
+    # Opened back to back before anyone streams: every prompt ran at once, nothing is queued.
+    assert plugin.generator.prefilling == 0 and plugin.generator.ready[list(where)].all()
     inputs = {name: audio(name) for name in SESSIONS}
     trace: dict[str, Trace] = {name: [] for name in SESSIONS}
     for t in range(FRAMES):
@@ -142,9 +154,11 @@ def test_join_leave_and_skipped_ticks_leave_other_sessions_unchanged(plugin, alo
     for tick in range(FRAMES + 6):
         if tick == 4:  # "b" joins mid-stream
             plugin.open_slot(3, SESSIONS["b"])
+            settle(plugin)
         if tick == 6:  # "c" joins
             where[0] = "c"
             plugin.open_slot(0, SESSIONS["c"])
+            settle(plugin)
         if tick == 4 + FRAMES:  # "b" leaves
             plugin.close_slot(3)
         batch = []
@@ -173,6 +187,7 @@ def test_prefill_matches_stepping_the_prompt_frame_by_frame(plugin):
     first.tokens = script.tokens[:1]
     gen.start_slot(0, script, seed=7, temp_text=0.0, temp_audio=0.0)
     gen.start_slot(1, first, seed=7, temp_text=0.0, temp_audio=0.0)
+    settle(plugin)
     silent = np.zeros((SLOTS, FRAME_SAMPLES), np.float32)
     only1 = np.array([False, True, False, False])
     for f in range(1, P):
@@ -189,6 +204,90 @@ def test_prefill_matches_stepping_the_prompt_frame_by_frame(plugin):
         res = gen.step(both, pcm)
         assert res.text[0] == res.text[1]
         assert np.array_equal(res.agent[0], res.agent[1])
+
+
+def test_a_slot_opened_while_others_talk_is_prefilled_in_chunks_between_their_ticks(plugin, ckpt, alone):
+    """The prompt runs in chunks, one after each tick; the others' outputs do not change, the
+    new slot's frames get empty outputs until its prompt is done, then it says what it says alone."""
+    chunk = 8
+    with PersonaPlexPlugin.from_options(
+        str(ckpt), max_sessions=2, kv_cache=plugin.kv_cache, prefill_chunk_frames=chunk
+    ) as small:
+        gen = small.generator
+        assert run_alone(small, "b") == alone["b"]  # alone (nothing else ready): prefilled at once
+        small.open_slot(0, SESSIONS["a"])
+        inputs = {name: audio(name, FRAMES + 20) for name in ("a", "b")}
+        trace: dict[str, Trace] = {"a": [], "b": []}
+        for t in range(2):
+            small.step([SlotInput(slot=0, epoch=0, pcm=inputs["a"][t])])
+        small.open_slot(1, SESSIONS["b"])
+        prompt = small.prompt_for(SESSIONS["b"]).tokens.shape[0]
+        assert not gen.ready[1] and gen.prefilling == 1
+        a_outputs, waited, b_pos = [], 0, 0
+        for t in range(2, FRAMES):
+            batch = [SlotInput(slot=0, epoch=0, pcm=inputs["a"][t])]
+            b_ready = bool(gen.ready[1])
+            batch.append(SlotInput(slot=1, epoch=0, pcm=inputs["b"][b_pos]))
+            outs = small.step(batch)
+            a_outputs.append((int(small.last_step.text[0]), outs[0].pcm.tobytes()))
+            if b_ready:
+                record(small, outs[1:], trace, {1: "b"})
+                b_pos += 1
+            else:
+                assert outs[1].pcm is None and outs[1].text == ""
+                waited += 1
+        assert waited == -(-prompt // chunk) < FRAMES - 2  # one chunk after each tick
+        assert b_pos > 0 and trace["b"] == alone["b"][:b_pos]
+        # The first-audio timeline tells the two opens apart.
+        a_time, b_time = small.timelines()[0], small.timelines()[1]
+        assert a_time["prefilled_in_open"] and a_time["unready_frames"] == 0
+        assert not b_time["prefilled_in_open"] and b_time["unready_frames"] == waited
+        assert b_time["open_ended"] <= b_time["first_frame_at"] <= b_time["first_step_at"]
+        assert b_time["first_voiced_frame"] == 0  # random weights speak noise from the first frame
+        assert a_outputs == [(tok, pcm) for tok, _, pcm, _ in alone["a"][2:FRAMES]]
+
+
+def test_batch_buckets_step_the_fewest_rows_and_keep_every_session_going(plugin, ckpt, alone):
+    """With buckets, a step runs the smallest row count that holds its slots; sessions keep their
+    state across bucket changes: the same tokens as without buckets, audio to float rounding."""
+    with PersonaPlexPlugin.from_options(
+        str(ckpt), max_sessions=SLOTS, kv_cache=plugin.kv_cache, batch_buckets="1,2"
+    ) as bucketed:
+        gen = bucketed.generator
+        assert gen.buckets == (1, 2, 4)
+        with pytest.raises(PluginError) as err:
+            PersonaPlexPlugin.from_options(str(ckpt), batch_buckets="some")
+        assert err.value.code == "invalid_plugin_config"
+        where = {0: "a", 1: "b", 3: "c"}
+        inputs = {name: audio(name) for name in SESSIONS}
+        trace: dict[str, Trace] = {name: [] for name in SESSIONS}
+        pos = dict.fromkeys(SESSIONS, 0)
+        buckets = []
+        bucketed.open_slot(0, SESSIONS["a"])
+        for tick in range(FRAMES + 6):
+            if tick == 3:
+                bucketed.open_slot(1, SESSIONS["b"])
+                settle(bucketed)
+            if tick == 6:
+                bucketed.open_slot(3, SESSIONS["c"])
+                settle(bucketed)
+            batch = []
+            for slot, name in where.items():
+                if slot in bucketed._slots and pos[name] < FRAMES:
+                    batch.append(SlotInput(slot=slot, epoch=0, pcm=inputs[name][pos[name]]))
+                    pos[name] += 1
+            if batch:
+                record(bucketed, bucketed.step(batch), trace, where)
+                buckets.append(gen.last_bucket)
+    assert buckets[:7] == [1, 1, 1, 2, 2, 2, 4] and buckets[-1] == 4
+    for name in SESSIONS:
+        got, want = trace[name], alone[name]
+        assert [(t, a, s) for t, a, _, s in got] == [(t, a, s) for t, a, _, s in want]
+        gap = max(
+            float(np.abs(np.frombuffer(g[2], np.float32) - np.frombuffer(w[2], np.float32)).max())
+            for g, w in zip(got, want, strict=True)
+        )
+        assert gap < 1e-5
 
 
 def test_forced_tokens_are_emitted_and_teacher_force_the_depformer(plugin):
@@ -260,6 +359,14 @@ def test_refusals_carry_codes(plugin, ckpt):
         PersonaPlexPlugin.from_options(str(ckpt), beam_width=4)
     assert err.value.code == "invalid_plugin_config"
     for bad in ({"max_sessions": "four"}, {"max_sessions": True}, {"cuda_graphs": "maybe"}, {"device": 3}):
+        with pytest.raises(PluginError) as err:
+            PersonaPlexPlugin.from_options(str(ckpt), **bad)
+        assert err.value.code == "invalid_plugin_config"
+    # The Triton decode kernel cannot run on a CPU: asked for by name, the load is refused.
+    with pytest.raises(PluginError) as err:
+        PersonaPlexPlugin.from_options(str(ckpt), max_sessions=1, attention="triton").load()
+    assert err.value.code == "invalid_plugin_config"
+    for bad in ({"kv_cache": "int4"}, {"attention": "flash"}, {"prefill_chunk_frames": 0}):
         with pytest.raises(PluginError) as err:
             PersonaPlexPlugin.from_options(str(ckpt), **bad)
         assert err.value.code == "invalid_plugin_config"

@@ -3,6 +3,8 @@
 from __future__ import annotations
 
 import json
+from collections.abc import Callable
+from pathlib import Path
 
 import numpy as np
 import pytest
@@ -20,6 +22,7 @@ from duplex.plugins.personaplex.config import (
     SILENCE_TOKENS,
     SINE_TOKENS,
     TEXT_PAD,
+    full_config,
     tiny_config,
 )
 from duplex.plugins.personaplex.loading import (
@@ -30,6 +33,8 @@ from duplex.plugins.personaplex.loading import (
     build_mimi,
     export_checkpoint,
     find_checkpoint,
+    keep_depformer_steps,
+    load_lm_state,
     load_voices,
 )
 from duplex.plugins.personaplex.plugin import PersonaPlexPlugin
@@ -45,7 +50,7 @@ pytestmark = pytest.mark.usefixtures("one_torch_thread")
 def test_exported_checkpoint_uses_the_public_key_layout_and_loads_strictly(tmp_path):
     cfg = tiny_config()
     torch.manual_seed(11)
-    lm = build_lm(cfg, None, CPU, torch.float32)
+    lm = build_lm(cfg, None, CPU, torch.float32, depformer_steps=16)
     mimi = build_mimi(cfg, None, CPU)
     root = export_checkpoint(tmp_path, cfg, lm, mimi, train_tokenizer(tmp_path / "t.model"))
     keys = set(load_file(str(root / LM_FILE)))
@@ -55,13 +60,88 @@ def test_exported_checkpoint_uses_the_public_key_layout_and_loads_strictly(tmp_p
 
     files = find_checkpoint(root)
     loaded = build_lm(files.config, files.lm, CPU, torch.float32)
-    want = lm.state_dict()
+    # The serving model holds the agent's 8 depformer steps of the checkpoint's 16.
+    assert loaded.dep_q == 8 and lm.dep_q == 16
+    want = keep_depformer_steps(lm.state_dict(), 8, int(lm.linears[0].in_features))
     got = loaded.state_dict()
     assert set(got) == set(want)
     assert all(torch.equal(got[k], want[k]) for k in want)
     loaded_mimi = build_mimi(files.config, files.mimi, CPU)
     want_m = mimi.state_dict()
     assert all(torch.equal(v, want_m[k]) for k, v in loaded_mimi.state_dict().items())
+
+
+PUBLISHED = Path(__file__).parent / "fixtures" / "personaplex_7b_v1_lm_tensors.txt"
+
+
+def _published(drop: Callable[[str], bool] = lambda key: False) -> dict[str, torch.Tensor]:
+    """The published checkpoint's tensors as meta tensors of their shapes (no weights needed)."""
+    state = {}
+    for line in PUBLISHED.read_text().splitlines():
+        if line and not line.startswith("#"):
+            name, shape = line.split()
+            if not drop(name):
+                state[name] = torch.empty(tuple(map(int, shape.split("x"))), device="meta")
+    return state
+
+
+def _serving_lm() -> torch.nn.Module:
+    from moshi.models.lm import LMModel
+
+    from duplex.plugins.personaplex.loading import lm_kwargs
+
+    return LMModel(device="meta", dtype=torch.bfloat16, **lm_kwargs(full_config()))
+
+
+def test_the_published_checkpoint_loads_strictly_into_the_serving_model():
+    state = _published()
+    assert len(state) == 475
+    lm = _serving_lm()
+    load_lm_state(lm, state, "published")
+    got = {k: tuple(v.shape) for k, v in lm.state_dict().items()}
+    assert got["depformer.layers.0.self_attn.in_projs.7.weight"] == (3072, 1024)
+    assert got["transformer.layers.31.gating.linear_in.weight"] == (22528, 4096)
+    assert got["text_emb.weight"] == (32001, 4096) and got["emb.15.weight"] == (2049, 4096)
+    assert "depformer_in.8.weight" not in got and "depformer_in.7.weight" in got
+    # With a wrapper prefix (as some exports write it): the same.
+    load_lm_state(_serving_lm(), {"model." + k: v for k, v in state.items()}, "published")
+
+
+def test_moshis_8_step_layout_loads_too():
+    """A checkpoint with 8 depformer steps (Moshi-7B's layout) has all the agent needs."""
+    added = ("depformer_in.", "linears.", "depformer_emb.", "gating.")
+    state = _published(lambda k: any(f"{p}{i}." in k for p in added for i in range(8, 16)) or
+                       "depformer_emb.7." in k)
+    for key in [k for k in state if k.startswith("depformer.") and "self_attn" in k]:
+        state[key] = torch.empty(state[key].shape[0] // 2, 1024, device="meta")
+    assert len(state) == 355
+    load_lm_state(_serving_lm(), state, "moshiko")
+
+
+@pytest.mark.parametrize(
+    "change", ["missing", "unexpected", "wrong shape", "4 depformer steps"]
+)
+def test_a_checkpoint_unlike_the_published_one_is_refused(change):
+    state = _published()
+    if change == "missing":
+        state.pop("transformer.layers.7.norm2.alpha")
+    elif change == "unexpected":
+        state["transformer.layers.7.extra.weight"] = torch.empty(4, device="meta")
+    elif change == "wrong shape":
+        state["text_linear.weight"] = torch.empty(32000, 2048, device="meta")
+    else:
+        for key in [k for k in state if k.startswith("depformer.") and "self_attn" in k]:
+            state[key] = torch.empty(state[key].shape[0] // 4, 1024, device="meta")
+    with pytest.raises(PluginError) as err:
+        load_lm_state(_serving_lm(), state, "changed")
+    assert err.value.code == "model_load_failed"
+
+
+def test_the_mimi_config_is_moshis_own():
+    """The Mimi file is Kyutai's, which moshi's get_mimi loads strictly with this config."""
+    from moshi.models import loaders
+
+    assert full_config().mimi == loaders._mimi_config
 
 
 def test_a_wrapper_prefix_is_stripped(tmp_path, ckpt):

@@ -2,7 +2,7 @@
 
 The directory holds::
 
-    model.safetensors             the language model (LMModel, dep_q=16)
+    model.safetensors             the language model (LMModel, dep_q=16: 475 tensors)
     tokenizer-e351c8d8-checkpoint125.safetensors
                                   Mimi (any ``tokenizer-*.safetensors`` or ``mimi*.safetensors``)
     tokenizer_spm_32k_3.model     sentencepiece text tokenizer (any ``*.model``)
@@ -19,6 +19,18 @@ remaps on load. ``remap_keys`` also strips a common wrapper prefix
 (``module.``, ``model.``, ``lm.``) left by some training setups.
 ``export_checkpoint`` writes a model in the public layout; tests and benchmarks
 use it to build checkpoint directories from random weights.
+
+The depformer is built for the agent's codebooks only. PersonaPlex's depformer
+has 16 per-step weight sets: 8 for the agent's voice, then 8 for its guess of the
+user's. The user's come after the agent's in its chain, so they never change the
+agent's tokens, and the generator never runs them (``generation``). The serving
+model therefore has ``dep_q = 8`` and the loader keeps the first 8 sets of each
+per-step tensor (``depformer_in.i``, ``linears.i``, ``depformer_emb.i``,
+``gating.i``, the first 8 blocks of the stacked attention projections): 0.68 B
+parameters (1.27 GiB in bf16) less, the same tokens. A checkpoint with fewer
+sets than the agent's codebooks is refused. ``tests/plugins/fixtures`` holds the
+published checkpoint's tensor names and shapes, which a test loads (on the meta
+device) through this path.
 """
 
 from __future__ import annotations
@@ -54,6 +66,9 @@ __all__ = [
     "encode_voice_wav",
     "export_checkpoint",
     "find_checkpoint",
+    "keep_depformer_steps",
+    "lm_kwargs",
+    "load_lm_state",
     "load_voices",
     "remap_keys",
 ]
@@ -126,16 +141,95 @@ def _load_strict(module: torch.nn.Module, state: dict[str, torch.Tensor], what: 
         raise PluginError("model_load_failed", f"{what}: {exc}") from exc
 
 
-def build_lm(cfg: PersonaPlexConfig, path: Path | None, device: torch.device, dtype: torch.dtype) -> LMModel:
-    """The language model, random (``path=None``) or loaded strictly from a safetensors file."""
+def lm_kwargs(cfg: PersonaPlexConfig, depformer_steps: int | None = None) -> dict:
+    """``LMModel`` keyword arguments with ``depformer_steps`` per-step depformer sets (default: the
+    agent's codebooks, what the generator runs)."""
+    steps = cfg.num_audio_codebooks if depformer_steps is None else depformer_steps
+    return {**cfg.lm, "dep_q": steps}
+
+
+def build_lm(
+    cfg: PersonaPlexConfig,
+    path: Path | None,
+    device: torch.device,
+    dtype: torch.dtype,
+    *,
+    depformer_steps: int | None = None,
+) -> LMModel:
+    """The language model, random (``path=None``) or loaded strictly from a safetensors file.
+
+    ``depformer_steps``: per-step depformer sets to build (default: the agent's codebooks; a
+    checkpoint's extra sets are left out by ``keep_depformer_steps``).
+    """
+    kwargs = lm_kwargs(cfg, depformer_steps)
     if path is None:
-        lm = LMModel(device=device, dtype=dtype, **cfg.lm)
-    else:
-        lm = LMModel(device="meta", dtype=dtype, **cfg.lm)
-        state = load_file(str(path), device=str(device))
-        state = {k: (v.to(dtype) if v.dtype.is_floating_point else v) for k, v in state.items()}
-        _load_strict(lm, state, str(path))
+        return LMModel(device=device, dtype=dtype, **kwargs).eval()
+    lm = LMModel(device="meta", dtype=dtype, **kwargs)
+    state = load_file(str(path), device=str(device))
+    state = {k: (v.to(dtype) if v.dtype.is_floating_point else v) for k, v in state.items()}
+    load_lm_state(lm, state, str(path))
     return lm.eval()
+
+
+def load_lm_state(lm: LMModel, state: dict[str, torch.Tensor], what: str) -> None:
+    """Load a checkpoint's LM tensors (public or split layout, any wrapper prefix) strictly into ``lm``,
+    keeping the depformer sets ``lm`` has. Raises ``PluginError("model_load_failed")``."""
+    state = remap_keys(state)
+    try:
+        state = keep_depformer_steps(state, int(lm.dep_q), int(lm.linears[0].in_features))
+    except ValueError as exc:
+        raise PluginError("model_load_failed", f"{what}: {exc}") from None
+    try:
+        lm.load_state_dict(state, strict=True, assign=True)
+    except RuntimeError as exc:
+        raise PluginError("model_load_failed", f"{what}: {exc}") from exc
+
+
+_STEP_PREFIXES = ("depformer_in.", "linears.", "depformer_emb.")
+_STACKED = ("self_attn.in_proj_weight", "self_attn.out_proj.weight")
+
+
+def keep_depformer_steps(state: dict[str, torch.Tensor], steps: int, dim: int) -> dict[str, torch.Tensor]:
+    """The tensors of a depformer with ``steps`` per-step sets, from a checkpoint with as many or more.
+
+    Per-step modules past ``steps`` are left out (``depformer_emb`` has one set fewer: it embeds
+    the previous codebook); stacked attention projections keep their first ``steps`` blocks.
+    Raises ``ValueError`` when the checkpoint has fewer sets than ``steps``.
+    """
+    out: dict[str, torch.Tensor] = {}
+    have = 0
+    for key, value in state.items():
+        index = _step_index(key)
+        if index is not None:
+            limit = steps - 1 if key.startswith("depformer_emb.") else steps
+            if key.startswith("depformer_in."):
+                have = max(have, index + 1)
+            if index >= limit:
+                continue
+        elif key.startswith("depformer.") and key.endswith(_STACKED):
+            block = 3 * dim if key.endswith("in_proj_weight") else dim
+            rows = value.shape[0]
+            if rows % block:
+                raise ValueError(f"{key} of shape {tuple(value.shape)} is not a stack of {block}-row blocks")
+            if rows < steps * block:
+                raise ValueError(f"{key} holds {rows // block} depformer steps, the model needs {steps}")
+            value = value[: steps * block]
+        out[key] = value
+    if have and have < steps:
+        raise ValueError(f"the checkpoint's depformer has {have} steps, the model needs {steps}")
+    return out
+
+
+def _step_index(key: str) -> int | None:
+    """The per-step index of a depformer key (``depformer_in.3.weight`` -> 3,
+    ``depformer.layers.0.gating.3.linear_in.weight`` -> 3, ``...self_attn.in_projs.3.weight`` -> 3)."""
+    parts = key.split(".")
+    if key.startswith(_STEP_PREFIXES):
+        return int(parts[1])
+    if not key.startswith("depformer.layers.") or len(parts) < 6:
+        return None
+    i = 4 if parts[3] == "gating" else 5 if parts[4] in ("in_projs", "out_projs") else None
+    return int(parts[i]) if i is not None and parts[i].isdigit() else None
 
 
 def build_mimi(cfg: PersonaPlexConfig, path: Path | None, device: torch.device) -> MimiModel:

@@ -7,13 +7,14 @@ reply to cut, the model just keeps listening while it talks).
 
 Slot lifecycle, as the engine sees it:
 
-* ``open_slot(slot, options)`` resets the slot and runs its system prompt (voice,
-  silence, persona, silence) in one prefill through a separate batch-1 state.
-  **The slot is ready when ``open_slot`` returns**: the very next ``step`` that
-  includes it consumes the session's first frame of audio and returns its first
-  frame of speech. No frame is spent on the prompt, so no input is dropped, and
-  the other slots are not touched (their state and outputs are unchanged).
-  Cost: one forward pass over the prompt (a few ms on a GPU), on the model thread.
+* ``open_slot(slot, options)`` resets the slot and queues its system prompt (voice,
+  silence, persona, silence) for a prefill through a separate batch-1 state. With
+  no other session being stepped it runs at once and **the slot is ready when
+  ``open_slot`` returns**: the next ``step`` that includes it consumes the
+  session's first frame of audio and returns its first frame of speech. While
+  others are stepped it runs in chunks, one after each tick, so the open never
+  holds their tick for a whole prompt; the slot's frames before it is ready are
+  not heard and get empty outputs. The other slots are never touched.
 * ``step(batch)``: one frame for every slot in the batch, in one batched call;
   slots not in the batch are frozen. Each input gets exactly one output with
   1920 samples of 24 kHz audio and the transcript delta of that frame.
@@ -33,12 +34,30 @@ supplies the tokenizer, voices and config, and may be omitted), ``config``
 ("full" or "tiny", for random weights without a ``config.json``),
 ``default_voice``, ``torch_compile`` (moshi's lazily compiled layers; default:
 on for CUDA, off on a CPU), ``warm_up`` (compile and capture the CUDA graphs
-in ``load()`` so that no session waits for it; default: on for CUDA).
+in ``load()`` so that no session waits for it; default: on for CUDA),
+``kv_cache`` ("model": the attention cache in the model's dtype; "fp8": e4m3 with
+a scale per position and head, half the memory per session), ``attention``
+("auto": the Triton decode kernel on CUDA, SDPA elsewhere; "sdpa"; "triton"),
+``fp8_weights`` (False: the temporal transformer's projections in e4m3),
+``prefill_chunk_frames`` (32: prompt positions per prefill chunk while other
+sessions are being stepped), ``batch_buckets`` ("off": every step runs all
+``max_sessions`` rows; "auto": 1, 4, 16, 64... rows, the smallest that holds every
+stepped slot, one CUDA graph each; or row counts "1,8,32"). With buckets a session's
+tokens stay the same, but its audio may differ in the last float bits with the
+number of rows (convolutions and matrix products of other sizes), so "off" is the
+default: then a session's output never depends on the others'.
+
+A slot opened while other sessions are being stepped is prefilled one chunk after
+each tick; until its prompt is done its frames are not heard and its outputs are
+empty (``SlotOutput`` with no audio). Opens with nothing being stepped run the whole
+prompt at once.
 """
 
 from __future__ import annotations
 
+import dataclasses
 import logging
+import time
 from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
@@ -55,6 +74,7 @@ from duplex.plugins.base import (
     SlotOptions,
     SlotOutput,
 )
+from duplex.plugins.personaplex.attention import DecodeKernel
 from duplex.plugins.personaplex.config import (
     FRAME_SAMPLES,
     SAMPLE_RATE,
@@ -62,11 +82,12 @@ from duplex.plugins.personaplex.config import (
     full_config,
     tiny_config,
 )
+from duplex.plugins.personaplex.fp8_linear import use_fp8_weights
 from duplex.plugins.personaplex.generation import BatchedGenerator, StepResult
 from duplex.plugins.personaplex.loading import build_lm, build_mimi, find_checkpoint, load_voices
 from duplex.plugins.personaplex.prompt import PromptScript, VoicePrompt, build_prompt, persona_text
 
-__all__ = ["PersonaPlexPlugin"]
+__all__ = ["VOICED_RMS", "PersonaPlexPlugin", "SlotTimeline"]
 
 log = logging.getLogger(__name__)
 
@@ -82,7 +103,16 @@ _OPTION_TYPES: dict[str, tuple[type]] = {
     "default_voice": (str,),
     "torch_compile": (bool,),
     "warm_up": (bool,),
+    "kv_cache": (str,),
+    "attention": (str,),
+    "prefill_chunk_frames": (int,),
+    "fp8_weights": (bool,),
+    "batch_buckets": (str,),
 }
+_KV_CACHES = ("model", "fp8")
+# The decode kernel's largest difference from SDPA on a random check (bf16 rounding is ~1e-2).
+_KERNEL_TOLERANCE = 5e-2
+_ATTENTIONS = ("auto", "sdpa", "triton")
 _DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
 
 
@@ -96,6 +126,38 @@ class _Slot:
     temp_text: float
     temp_audio: float
     frames: int = 0  # conversation frames stepped since the last (re)start
+    unready_frames: int = 0  # frames that came while the prompt was still being prefilled (not heard)
+    timeline: SlotTimeline | None = None
+
+
+@dataclass
+class SlotTimeline:
+    """Where a session's first audio comes from, on the ``time.monotonic()`` clock (seconds).
+
+    ``open_started``/``open_ended``: ``open_slot`` (with the whole prompt when it ran at once);
+    ``prefilled_in_open``: whether it did; ``first_frame_at``: the first step that held one of the
+    slot's frames (heard or not); ``first_step_at``/``first_step_ended``: the first step that heard
+    one (the model's first output for the slot); ``unready_frames``: frames before that, not heard;
+    ``first_voiced_frame``: the conversation frame whose output is the first above -60 dBFS
+    (``None``: none yet). The clock is the system's monotonic one, which other processes on the
+    machine (a benchmark's clients) read too.
+    """
+
+    open_started: float
+    open_ended: float = 0.0
+    prefilled_in_open: bool = False
+    first_frame_at: float | None = None
+    first_step_at: float | None = None
+    first_step_ended: float | None = None
+    unready_frames: int = 0
+    first_voiced_frame: int | None = None
+
+    def as_dict(self) -> dict[str, float | int | bool | None]:
+        return dataclasses.asdict(self)
+
+
+#: RMS above which an output frame counts as voiced (-60 dBFS).
+VOICED_RMS = 1e-3
 
 
 class PersonaPlexPlugin(FramePlugin):
@@ -123,6 +185,11 @@ class PersonaPlexPlugin(FramePlugin):
         default_voice: str | None = None,
         torch_compile: bool | None = None,
         warm_up: bool | None = None,
+        kv_cache: str = "model",
+        attention: str = "auto",
+        prefill_chunk_frames: int = 32,
+        fp8_weights: bool = False,
+        batch_buckets: str = "off",
     ) -> None:
         if max_sessions < 1:
             raise PluginError("invalid_plugin_config", "max_sessions must be at least 1")
@@ -136,6 +203,21 @@ class PersonaPlexPlugin(FramePlugin):
             raise PluginError(
                 "invalid_plugin_config", f"dtype must be one of {sorted(_DTYPES)}, got {dtype!r}"
             )
+        if kv_cache not in _KV_CACHES:
+            raise PluginError(
+                "invalid_plugin_config", f"kv_cache must be one of {_KV_CACHES}, got {kv_cache!r}"
+            )
+        if attention not in _ATTENTIONS:
+            raise PluginError(
+                "invalid_plugin_config", f"attention must be one of {_ATTENTIONS}, got {attention!r}"
+            )
+        if prefill_chunk_frames < 1:
+            raise PluginError("invalid_plugin_config", "prefill_chunk_frames must be at least 1")
+        self._prefill_chunk = prefill_chunk_frames
+        self._fp8_weights = fp8_weights
+        self._buckets = _parse_buckets(batch_buckets, max_sessions)
+        self._kv_fp8 = kv_cache == "fp8"
+        self._attention = attention
         self._model_path = Path(model_path) if model_path is not None else None
         self._max_sessions = max_sessions
         self._device = torch.device(device)
@@ -158,6 +240,7 @@ class PersonaPlexPlugin(FramePlugin):
         self._slots: dict[int, _Slot] = {}
         self.last_step: StepResult | None = None  # host copy of the latest step's tokens and audio
         self._opens = 0
+        self._stepped = False  # a step ran since the latest open (``_ticking``)
         self._closed = False
         self._exec_host = np.zeros(max_sessions, dtype=bool)
         self._pcm_host = np.zeros((max_sessions, FRAME_SAMPLES), dtype=np.float32)
@@ -180,6 +263,11 @@ class PersonaPlexPlugin(FramePlugin):
     def config(self) -> PersonaPlexConfig:
         assert self._cfg is not None, "load() first"
         return self._cfg
+
+    @property
+    def kv_cache(self) -> str:
+        """The attention cache's form: ``"model"`` (the model's dtype) or ``"fp8"``."""
+        return "fp8" if self._kv_fp8 else "model"
 
     @property
     def generator(self) -> BatchedGenerator:
@@ -209,6 +297,8 @@ class PersonaPlexPlugin(FramePlugin):
             cfg = full_config()
         dev = self._device
         lm = build_lm(cfg, files.lm if files else None, dev, self._dtype)
+        if self._fp8_weights:
+            use_fp8_weights(lm)
         mimi_path = files.mimi if files else None
         enc_mimi = build_mimi(cfg, mimi_path, dev)
         dec_mimi = build_mimi(cfg, mimi_path, dev)
@@ -232,6 +322,10 @@ class PersonaPlexPlugin(FramePlugin):
             self._max_sessions,
             cuda_graphs=self._cuda_graphs,
             torch_compile=self._torch_compile,
+            kv_fp8=self._kv_fp8,
+            decode_kernel=self._decode_kernel(),
+            prefill_chunk_frames=self._prefill_chunk,
+            batch_buckets=self._buckets,
         )
         gen.__enter__()
         self._gen = gen
@@ -246,6 +340,24 @@ class PersonaPlexPlugin(FramePlugin):
             self._max_sessions,
             len(self._voices),
         )
+
+    def _decode_kernel(self) -> DecodeKernel | None:
+        """The one-position attention path: the Triton kernel on CUDA (``auto``/``triton``), else SDPA."""
+        if self._attention == "sdpa" or (self._attention == "auto" and self._device.type != "cuda"):
+            return None
+        try:
+            from duplex.plugins.personaplex.triton_attention import check_decode_attention, decode_attention
+
+            # Compile and check it once now: a kernel that fails or disagrees never reaches a session.
+            error = check_decode_attention(self._device, self._dtype, self._kv_fp8)
+            if not error < _KERNEL_TOLERANCE:
+                raise RuntimeError(f"the decode kernel differs from SDPA by {error:.3g}")
+        except Exception as exc:  # ImportError, a Triton compile error, or the check above
+            if self._attention == "triton":
+                raise PluginError("invalid_plugin_config", f"attention='triton' unavailable: {exc}") from exc
+            log.warning("personaplex: no Triton decode kernel (%s); attention runs on SDPA", exc)
+            return None
+        return decode_attention
 
     def _pick_default_voice(self) -> str | None:
         if self._default_voice_opt is not None:
@@ -301,12 +413,14 @@ class PersonaPlexPlugin(FramePlugin):
             self._tokenizer.encode(persona_text(options.instructions)) if self._tokenizer is not None else []
         )
         script = build_prompt(cfg, voice, list(tokens))
-        if script.tokens.shape[0] >= cfg.context:
+        try:
+            self.generator.check_prompt(script.tokens.shape[0])
+        except ValueError:
             raise PluginError(
                 "invalid_session_config",
                 f"the voice and instructions take {script.tokens.shape[0]} frames; the model's context is "
                 f"{cfg.context}",
-            )
+            ) from None
         return script
 
     def open_slot(self, slot: int, options: SlotOptions) -> None:
@@ -324,7 +438,13 @@ class PersonaPlexPlugin(FramePlugin):
         state = _Slot(
             options=options, script=script, seed=int(seed), temp_text=temp_text, temp_audio=temp_audio
         )
-        gen.start_slot(slot, script, seed=state.seed, temp_text=temp_text, temp_audio=temp_audio)
+        timeline = SlotTimeline(open_started=time.monotonic())
+        ready = gen.start_slot(
+            slot, script, seed=state.seed, temp_text=temp_text, temp_audio=temp_audio, defer=self._ticking()
+        )
+        timeline.open_ended = time.monotonic()
+        timeline.prefilled_in_open = ready
+        state.timeline = timeline
         self._slots[slot] = state
 
     def cancel_slot(self, slot: int, epoch: int) -> None:
@@ -333,17 +453,33 @@ class PersonaPlexPlugin(FramePlugin):
         if state is None:
             raise PluginError("invalid_slot", f"slot {slot} is not open")
         self.generator.start_slot(
-            slot, state.script, seed=state.seed, temp_text=state.temp_text, temp_audio=state.temp_audio
+            slot,
+            state.script,
+            seed=state.seed,
+            temp_text=state.temp_text,
+            temp_audio=state.temp_audio,
+            defer=self._ticking(),
         )
         state.frames = 0
+        state.unready_frames = 0
 
     def close_slot(self, slot: int) -> None:
         self._check_slot_index(slot, self._max_sessions)
         self._slots.pop(slot, None)
+        if self._gen is not None:
+            self._gen.stop_slot(slot)
 
     # -- the tick ---------------------------------------------------------
 
+    def _ticking(self) -> bool:
+        """Whether sessions are being stepped: a step ran since the previous open. Then a prompt is
+        prefilled in chunks between their ticks instead of at once (opens back to back, before
+        anyone streams, each run at once). Reading it starts a new period."""
+        stepped, self._stepped = self._stepped, False
+        return stepped
+
     def step(self, batch: Sequence[SlotInput]) -> Sequence[SlotOutput]:
+        self._stepped = True
         gen = self.generator
         exec_host, pcm_host = self._exec_host, self._pcm_host
         exec_host[:] = False
@@ -360,12 +496,29 @@ class PersonaPlexPlugin(FramePlugin):
                 )
             exec_host[slot] = True
             pcm_host[slot] = pcm
-        result = gen.step(exec_host, pcm_host)
+        # A slot whose prompt is still being prefilled (it opened while others were talking) is
+        # frozen: its frame is not heard and its output is empty, until its prefill is done.
+        exec_host &= gen.ready
+        started = time.monotonic()
+        result = gen.step(exec_host, pcm_host) if exec_host.any() else None
+        ended = time.monotonic()
+        if gen.prefilling:
+            gen.advance_prefill()  # enqueued behind this tick's work: it runs while outputs go out
         self.last_step = result
         outputs = []
         for item in batch:
             slot = item.slot
-            self._slots[slot].frames += 1
+            state = self._slots[slot]
+            timeline = state.timeline
+            if timeline is not None and timeline.first_frame_at is None:
+                timeline.first_frame_at = started
+            if result is None or not exec_host[slot]:
+                state.unready_frames += 1
+                outputs.append(SlotOutput(slot=slot, epoch=item.epoch))
+                continue
+            if timeline is not None:
+                self._follow(slot, state, timeline, result.pcm[slot], started, ended)
+            state.frames += 1
             outputs.append(
                 SlotOutput(
                     slot=slot,
@@ -377,10 +530,57 @@ class PersonaPlexPlugin(FramePlugin):
             )
         return outputs
 
+    def _follow(
+        self, slot: int, state: _Slot, timeline: SlotTimeline, pcm: np.ndarray, started: float, ended: float
+    ) -> None:
+        """Fill a slot's first-audio timeline from its heard frames; log it once it is complete."""
+        if timeline.first_step_at is None:
+            timeline.first_step_at, timeline.first_step_ended = started, ended
+            timeline.unready_frames = state.unready_frames
+        if timeline.first_voiced_frame is None and float(np.sqrt(np.mean(pcm * pcm))) > VOICED_RMS:
+            timeline.first_voiced_frame = state.frames
+            log.info(
+                "personaplex slot %d: open %.1f ms (prompt %s), first frame stepped %.1f ms after the "
+                "open, %d frames before ready, first voiced output at conversation frame %d",
+                slot,
+                (timeline.open_ended - timeline.open_started) * 1e3,
+                "in the open" if timeline.prefilled_in_open else "in chunks between ticks",
+                ((timeline.first_step_at or started) - timeline.open_ended) * 1e3,
+                timeline.unready_frames,
+                state.frames,
+            )
+
+    def timelines(self) -> dict[int, dict[str, float | int | bool | None]]:
+        """The first-audio timeline of every open slot (``SlotTimeline``), by slot."""
+        return {slot: s.timeline.as_dict() for slot, s in self._slots.items() if s.timeline is not None}
+
     def _piece(self, token: int) -> str:
         if 0 <= token < len(self._pieces):
             return self._pieces[token]
         return ""
+
+
+def _parse_buckets(text: str, max_sessions: int) -> tuple[int, ...]:
+    """``batch_buckets``: ``off`` (every step at ``max_sessions`` rows), ``auto`` (1, 4, 16, 64, ...
+    below it) or row counts such as ``1,8,32``. Raises ``PluginError("invalid_plugin_config")``."""
+    text = text.strip().lower()
+    if text in ("off", "none", ""):
+        return ()
+    if text == "auto":
+        out, n = [], 1
+        while n < max_sessions:
+            out.append(n)
+            n *= 4
+        return tuple(out)
+    try:
+        buckets = tuple(int(part) for part in text.split(","))
+    except ValueError:
+        buckets = ()
+    if not buckets or any(b < 1 for b in buckets):
+        raise PluginError(
+            "invalid_plugin_config", f"batch_buckets: off, auto or row counts like 1,8,32; got {text!r}"
+        )
+    return buckets
 
 
 def _parse_option(key: str, value: object) -> object:

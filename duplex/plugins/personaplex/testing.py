@@ -74,7 +74,8 @@ def make_tiny_checkpoint(root: str | Path, seed: int = 0) -> Path:
     root = Path(root)
     root.mkdir(parents=True, exist_ok=True)
     torch.manual_seed(seed)
-    lm = build_lm(cfg, None, torch.device("cpu"), torch.float32)
+    # The published layout: all 16 depformer steps (the loader keeps the agent's 8).
+    lm = build_lm(cfg, None, torch.device("cpu"), torch.float32, depformer_steps=int(cfg.lm["dep_q"]))
     mimi = build_mimi(cfg, None, torch.device("cpu"))
     tok = train_tokenizer(root / "_tokenizer.model")
     gen = torch.Generator().manual_seed(seed)

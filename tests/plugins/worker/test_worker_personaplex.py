@@ -3,7 +3,8 @@
 Both sides load the same tiny checkpoint on one torch thread and get the same calls: two slots
 opened with different voices and personas, batches that leave a slot out, a restart of one slot
 (``cancel_slot``) and a slot closed and reopened. Every output's text and audio must be equal,
-byte for byte.
+byte for byte (a slot restarted while the other streams has empty outputs until its prompt is
+prefilled, on both sides alike).
 """
 
 from __future__ import annotations
@@ -38,7 +39,11 @@ def _script(plugin: FramePlugin) -> list[list[tuple]]:
         ]
         outputs = plugin.step(batch)
         seen.append(
-            [(o.slot, o.epoch, o.text, o.sample_rate, o.pcm.dtype.str, o.pcm.tobytes()) for o in outputs]
+            [
+                (o.slot, o.epoch, o.text, o.sample_rate)
+                + ((o.pcm.dtype.str, o.pcm.tobytes()) if o.pcm is not None else (None, b""))
+                for o in outputs
+            ]
         )
         if tick == 4:
             plugin.cancel_slot(0, 1)
@@ -55,5 +60,6 @@ def test_tiny_personaplex_through_a_worker_gives_the_same_tokens_and_audio(ckpt)
         assert remote.capabilities().voices == ("NATF2", "VARM0")
         got = _script(remote)
     assert got == want
-    assert all(len(out[5]) == 1920 * 4 for tick in want for out in tick)
+    assert all(len(out[5]) in (0, 1920 * 4) for tick in want for out in tick)
+    assert sum(len(out[5]) == 1920 * 4 for tick in want for out in tick) >= TICKS  # audio from both
     assert any(out[2] for tick in want for out in tick)  # some transcript text came out
