@@ -26,6 +26,7 @@ from duplex.server.serve import serve_in_background
 class BatchServer:
     port: int
     engines: dict[str, Engine]
+    app: Any
     clients: list[AsyncOpenAI] = field(default_factory=list)
 
     @property
@@ -59,7 +60,7 @@ async def batch_server(
     cfg = ServeConfig(server=ServerConfig(**{**fields, "port": 0}))
     app = create_app(engine, cfg.server, model_name=first, more_models=served)
     async with serve_in_background(app, cfg) as server:
-        running = BatchServer(server.port, engines)
+        running = BatchServer(server.port, engines, app)
         try:
             yield running
         finally:

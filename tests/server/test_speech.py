@@ -245,3 +245,11 @@ async def test_a_tiny_qwen3_tts_speaks_through_the_sdk_with_its_seed(qwen3) -> N
     # of 80 ms (1,920 samples at 24 kHz each).
     assert len(first) == 2 * 12 * 1920
     assert caught.value.body["code"] == "voice_not_found"  # type: ignore[index]
+
+
+async def test_a_draining_server_answers_503(piper) -> None:
+    async with batch_server([("piper", piper)]) as server:
+        await server.app.state.duplex.drain()
+        with pytest.raises(openai.InternalServerError) as caught:
+            await speak(server.client(), "Hi.")
+    assert caught.value.status_code == 503 and caught.value.body["code"] == "resource_exhausted"  # type: ignore[index]
