@@ -14,6 +14,9 @@ What runs (each at every ``--concurrency`` level N, in the same process, on the 
 * TTS baselines: ``piper-1by1`` is Piper's own ``PiperVoice.synthesize`` one request at a time;
   for ``qwen3_tts`` the one-at-a-time reference is the plugin's own N=1 row (no reference
   implementation of Qwen3-TTS is installed here).
+* ``server`` (with ``--through-server``): the same jobs from N concurrent HTTP clients through a real
+  server's routes (``/v1/images/generations``, ``/v1/audio/speech`` streamed), one session per
+  request on the engine (``bench.batch_server``): the figure users see, session layer included.
 
 Figures per row: ``throughput`` (images/s, or seconds of audio per second for TTS),
 ``speedup`` (against the one-at-a-time baseline of the same run), request latency p50/p99 (ms,
@@ -33,6 +36,8 @@ Run::
     python -m bench.batch_models --model image --preset sd-turbo --device cuda --concurrency 1,8,32
     python -m bench.batch_models --model tts --tts piper --concurrency 1,4,16
     python -m bench.batch_models --model tts --tts qwen3 --qwen-size 0.6b --device cuda --concurrency 1,16
+    python -m bench.batch_models --model image --preset sd-turbo --device cuda --concurrency 1,8,32 \
+        --through-server
 
 Prints a table, writes JSON (``--json``, default ``bench/results/batch_models.json``) and, with
 ``--plot``, a PNG beside it.
@@ -53,6 +58,7 @@ from typing import Any
 
 import numpy as np
 
+from bench.batch_server import through_server
 from bench.progress import Progress
 from bench.report import machine, print_table, write_json
 
@@ -318,6 +324,9 @@ def run_images(args: argparse.Namespace, levels: list[int], status: list[str]) -
             took = time.perf_counter() - t
             batch = [Record(0.0, finished=took, images=1) for _ in range(n)]  # all end together
             rows.append(_row(model, "diffusers-batch", n, batch, took, []))
+        if args.through_server:
+            status[0] = f"{model}: through the server"
+            rows.extend(through_server(model, plugin, levels, lambda n: _image_jobs(args, n), "image"))
     return rows
 
 
@@ -395,6 +404,9 @@ def run_tts(args: argparse.Namespace, levels: list[int], status: list[str]) -> l
         for n in levels:
             status[0] = f"{model}: plugin N={n}"
             rows.append(_run_plugin(model, plugin, n, _tts_jobs(args, n), args.device))
+        if args.through_server:
+            status[0] = f"{model}: through the server"
+            rows.extend(through_server(model, plugin, levels, lambda n: _tts_jobs(args, n), "tts"))
     return rows
 
 
@@ -460,6 +472,9 @@ def _parser() -> argparse.ArgumentParser:
     ap.add_argument("--warmup", type=int, default=1)
     ap.add_argument("--threads", type=int, default=0, help="Piper: ONNX Runtime threads per voice")
     ap.add_argument("--tts-max-audio-s", type=float, default=6.0)
+    ap.add_argument(
+        "--through-server", action="store_true", help="also run each level through a server's HTTP routes"
+    )
     ap.add_argument("--json", type=Path, default=DEFAULT_OUT)
     ap.add_argument("--plot", action="store_true")
     ap.add_argument("-q", "--quiet", action="store_true", help="no progress line")

@@ -173,17 +173,27 @@ class Engine:
         update: SessionUpdate | None = None,
         *,
         api_key_id: bytes | None = None,
+        paced: bool = True,
+        resumable: bool = True,
     ) -> Attachment:
         """Open a session; its attachment starts with ``session.created`` (and ``session.updated``
         when ``update`` opened it). ``session.model`` is the served model name whatever ``model`` says.
         ``api_key_id``: an opaque digest of the API key that opens it (never the key); the session
         is bound to it, and ``resume`` must present the same. ``None``: not bound to a key.
 
+        Two settings of the transport that opens the session (a client cannot change them):
+        ``paced=False`` sends the audio of a model that makes it faster than real time as it is
+        made instead of at playback speed (``EngineConfig.output_lead_ms`` does not apply): for a
+        file download, where nobody listens while it arrives. ``resumable=False`` gives the session
+        no resume token (``resume_token`` is ``None``): when its transport goes away (``detach``,
+        or a slow reader) it closes at once instead of waiting ``disconnect_grace_s`` for a resume.
+        The HTTP routes of batch models open their per-request sessions with both off.
+
         Raises ``SessionError``: ``resource_exhausted`` (retryable), a settings code for a refused
         ``update``, the plugin's code when it refuses the slot. Not cancel-safe while the plugin
         opens the slot (the slot is released if it fails).
         """
-        return await self.manager.open(update, api_key_id=api_key_id)
+        return await self.manager.open(update, api_key_id=api_key_id, paced=paced, resumable=resumable)
 
     async def resume(
         self, session_id: str, resume_token: str, last_event_seq: int, *, api_key_id: bytes | None = None

@@ -266,9 +266,17 @@ class SessionManager:
 
     # ------------------------------------------------------------------ open
 
-    async def open(self, update: SessionUpdate | None, *, api_key_id: bytes | None = None) -> Attachment:
+    async def open(
+        self,
+        update: SessionUpdate | None,
+        *,
+        api_key_id: bytes | None = None,
+        paced: bool = True,
+        resumable: bool = True,
+    ) -> Attachment:
         """Admit, open the plugin slot, start the runner; returns the first attachment.
-        ``api_key_id``: the opening key's digest; a resume must present the same (``resume``)."""
+        ``api_key_id``: the opening key's digest; a resume must present the same (``resume``).
+        ``paced`` / ``resumable``: see ``Engine.open``."""
         if self.model_error is not None:
             self._refuse_unavailable()
         if self.open_count >= self.limit or not self._free_slots:
@@ -280,14 +288,22 @@ class SessionManager:
         slot = self._free_slots.pop()
         self._admitting += 1
         try:
-            return await self._open(slot, update, api_key_id)
+            return await self._open(slot, update, api_key_id, paced=paced, resumable=resumable)
         except BaseException:
             self._free_slots.append(slot)
             raise
         finally:
             self._admitting -= 1
 
-    async def _open(self, slot: int, update: SessionUpdate | None, api_key_id: bytes | None) -> Attachment:
+    async def _open(
+        self,
+        slot: int,
+        update: SessionUpdate | None,
+        api_key_id: bytes | None,
+        *,
+        paced: bool,
+        resumable: bool,
+    ) -> Attachment:
         caps, config = self.capabilities, self.config
         settings = SessionSettings.defaults(self.model_name, caps)
         if update is not None:
@@ -306,14 +322,14 @@ class SessionManager:
             max_pending_turns=config.max_pending_turns,
             max_conversation_items=config.max_conversation_items,
             max_conversation_bytes=config.max_conversation_bytes,
-            output_lead_ms=config.output_lead_ms,
+            output_lead_ms=config.output_lead_ms if paced else None,
             response_wait_s=config.response_wait_s,
         )
         now = self.now()
         lease = Lease(
             session_id, now, idle_ttl_s=config.idle_ttl_s, disconnect_grace_s=config.disconnect_grace_s
         )
-        credential = ResumeCredential(api_key_id) if caps.supports_resume else None
+        credential = ResumeCredential(api_key_id) if caps.supports_resume and resumable else None
         record = SessionRecord(self, session, lease, credential, slot)
         if settings.vad is not None:
             try:

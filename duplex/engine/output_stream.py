@@ -16,7 +16,8 @@ whose time has come: playback starts with the first piece sent, and a piece goes
 ahead of it is less than ``lead_ms`` ahead of the listener. A cancel drops what was not sent, and
 for a client that never acknowledges playback the history keeps what the listener can have heard
 (``PlaybackCursor.commit_all(heard_ms)``). Outputs without audio (text, a tool call, the end of the
-turn) wait in the same queue, so they keep their place behind the audio before them.
+turn, a batch model's image, video or progress) wait in the same queue, so they keep their place
+behind the audio before them.
 
 Playback truth (DESIGN §6, ``wire_protocol.md`` §11.7): ``ack`` (``playback.ack``), ``truncate``
 (``conversation.item.truncate``, a truncating ack) and ``commit_history``, which rewrites a
@@ -136,7 +137,15 @@ class OutputStream:
                 pending.append(Piece(piece, total_ms * len(piece) / len(data), text, last))
                 text = ""
         rest = msgspec.structs.replace(output, pcm=None, text=text)
-        if text or rest.tool_call is not None or rest.end_of_turn or rest.decision == "listen":
+        if (
+            text
+            or rest.tool_call is not None
+            or rest.end_of_turn
+            or rest.decision == "listen"
+            or rest.image is not None
+            or rest.video is not None
+            or rest.progress is not None
+        ):
             pending.append(Piece(output=rest))
 
     def due(self, response: ActiveResponse, now: float) -> tuple[list[Piece], float | None]:

@@ -169,6 +169,7 @@ class ActiveResponse:
         self.reason: EndReason | None = None  # why it ended
         self.outputs: list[ConversationItem] = []  # finished output items, by output_index
         self.new_items: list[tuple[ConversationItem, str | None]] = []  # items the session must store
+        self.media_sent = 0  # images (or video chunks) of a batch model sent so far
         # Pacing (``output_stream``): audio produced faster than real time waits here, in order,
         # and goes out at playback speed from ``clock_start`` (when its first piece was sent).
         self.paced = paced

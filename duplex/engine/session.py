@@ -66,6 +66,7 @@ from duplex.engine.input import DecodedAppend
 from duplex.engine.journal import Journal, JournalCursorError
 from duplex.engine.output_stream import OutputStream
 from duplex.engine.overlap import CommitAction, OverlapAction
+from duplex.engine.requests import media_events, request_input
 from duplex.engine.response import ActiveResponse, EndReason
 from duplex.engine.settings import Lane, SessionSettings
 from duplex.engine.sizes import DELTA_OVERHEAD, event_size
@@ -300,8 +301,10 @@ class Session:
         metadata = cmd.response.metadata if cmd.response is not None else None
         if self.caps.hears_stream:  # the model's next speech fills it
             return self._open_response(metadata, now, wait=True)
+        # The text (``response.input`` or the conversation) and the request's options (``extra_body``).
+        text, options = request_input(cmd.response, self.conversation, self.caps)
         pcm, self.user.committed_audio = self.user.committed_audio, None
-        return self._start_turn(pcm, self.conversation.last_user_text(), metadata, now)
+        return self._start_turn(pcm, text, metadata, now, options)
 
     @handles(ResponseCancel)
     def _response_cancel(self, cmd: ResponseCancel, now: float) -> list[Event]:
@@ -521,7 +524,9 @@ class Session:
 
     # ------------------------------------------------------------------ responses
 
-    def _turn_request(self, pcm: np.ndarray | None, text: str | None) -> TurnRequest:
+    def _turn_request(
+        self, pcm: np.ndarray | None, text: str | None, options: dict[str, object] | None = None
+    ) -> TurnRequest:
         return TurnRequest(
             slot=self.slot,
             epoch=self.epoch,
@@ -529,6 +534,7 @@ class Session:
             text=text,
             history=self.conversation.history(),
             instructions=self.settings.instructions,
+            options=options or {},
         )
 
     def _open_response(
@@ -555,10 +561,15 @@ class Session:
         return response.created()
 
     def _start_turn(
-        self, pcm: np.ndarray | None, text: str | None, metadata: dict[str, Any] | None, now: float
+        self,
+        pcm: np.ndarray | None,
+        text: str | None,
+        metadata: dict[str, Any] | None,
+        now: float,
+        options: dict[str, object] | None = None,
     ) -> list[Event]:
         events = self._open_response(metadata, now)
-        self._actions.append(StartTurn(self._turn_request(pcm, text)))
+        self._actions.append(StartTurn(self._turn_request(pcm, text, options)))
         return events
 
     def _advance_epoch(self) -> None:
@@ -615,6 +626,7 @@ class Session:
             and not output.end_of_turn
             and output.tool_call is None
             and output.user_transcript is None
+            and output.progress is None
             and (response.speak_sent or output.decision != "speak")
         ):
             fmt = self.settings.output_format
@@ -640,7 +652,13 @@ class Session:
         if output.user_transcript is not None:
             events += self._user_transcript(output.user_transcript)
         pcm = output.pcm if output.pcm is not None and len(output.pcm) else None
-        has_content = pcm is not None or bool(output.text) or output.tool_call is not None
+        has_content = (
+            pcm is not None
+            or bool(output.text)
+            or output.tool_call is not None
+            or output.image is not None
+            or output.video is not None
+        )
         response = self.output.active
         if response is None:
             if has_content and self.caps.hears_stream:
@@ -671,7 +689,8 @@ class Session:
     ) -> list[Event]:
         """One output's content into the active response now: audio and text, a tool call, the end."""
         events: list[Event] = []
-        has_content = pcm is not None or bool(output.text) or output.tool_call is not None
+        media = output.image is not None or output.video is not None
+        has_content = pcm is not None or bool(output.text) or output.tool_call is not None or media
         if has_content:
             response.wait_until = None  # a requested response is filled
         if pcm is not None or output.text:
@@ -682,6 +701,9 @@ class Session:
                 data = self.output.encode(pcm, output.sample_rate, self.settings.output_format)
                 self.audio_started = True
             events += self._chunk(response, data, duration_ms, output.text, output.decision == "speak")
+        if media or output.progress is not None:  # a batch model's progress, image, video
+            events += media_events(response.response_id, output, response.media_sent)
+            response.media_sent += media
         if output.tool_call is not None:
             events += response.add_tool_call(output.tool_call, self.conversation.last_id)
             self._store_new_items(response)

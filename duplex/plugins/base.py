@@ -226,7 +226,9 @@ class SlotOutput(msgspec.Struct, kw_only=True):
 
     Media of the ``batch`` kind: ``image`` is one generated image (H x W x 3 uint8),
     ``video`` a chunk of generated frames (T x H x W x 3 uint8); ``progress`` is the
-    request's completed fraction in [0, 1] after this step.
+    request's completed fraction in [0, 1] after this step. A plugin gives images as
+    arrays; the engine's batch driver replaces each by its PNG file (``bytes``) on the
+    model thread, so the session never spends the event loop's time encoding one.
     """
 
     slot: int
@@ -238,7 +240,7 @@ class SlotOutput(msgspec.Struct, kw_only=True):
     end_of_turn: bool = False
     tool_call: ToolCall | None = None
     user_transcript: str | None = None
-    image: np.ndarray | None = None
+    image: np.ndarray | bytes | None = None
     video: np.ndarray | None = None
     progress: float | None = None
 

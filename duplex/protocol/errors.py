@@ -74,6 +74,8 @@ _INVALID_REQUEST: Final = (
     "invalid_voice",
     "voice_not_found",
     "unsupported_response_modality",
+    "model_not_found",  # OpenAI's code: no model of that name is served (HTTP 404)
+    "invalid_model",  # the model is served but cannot answer this route (speech from an image model)
     # response and input
     "response_create_without_input",
     "input_audio_buffer_empty",

@@ -46,8 +46,10 @@ __all__ = [
     "MAX_AUDIO_MS",
     "MAX_EVENT_ELEMENTS",
     "MAX_FUNCTION_NAME_CHARS",
+    "MAX_GUIDANCE_SCALE",
     "MAX_IDLE_TIMEOUT_S",
     "MAX_ID_CHARS",
+    "MAX_IMAGES",
     "MAX_INPUT_ITEMS",
     "MAX_JSON_DEPTH",
     "MAX_JSON_ITEMS",
@@ -61,6 +63,7 @@ __all__ = [
     "MAX_REASON_CHARS",
     "MAX_SEQ",
     "MAX_SHORT_TEXT_CHARS",
+    "MAX_STEPS",
     "MAX_TEXT_CHARS",
     "MAX_TOKENS",
     "MAX_TOOLS",
@@ -81,6 +84,7 @@ __all__ = [
     "NameList",
     "Probability",
     "Reason",
+    "Seed",
     "Seq",
     "ShortText",
     "Speed",
@@ -135,6 +139,12 @@ MAX_TOKENS: Final = 1_000_000
 """A token count: ``max_output_tokens`` and its spellings, ``token_limits``."""
 MAX_SEQ: Final = 2**63 - 1
 """``server_event_seq`` / ``last_event_seq``: a signed 64-bit counter."""
+MAX_IMAGES: Final = 10
+"""Images one request asks for (``n``), as OpenAI bounds it; each model's own bound is lower or equal."""
+MAX_STEPS: Final = 1_000
+"""Denoising steps of one request (``steps``)."""
+MAX_GUIDANCE_SCALE: Final = 100.0
+"""Classifier-free guidance scale of one request (``guidance_scale``)."""
 
 # -- characters ------------------------------------------------------------------------------------
 
@@ -177,6 +187,8 @@ AudioMs = Annotated[float, Meta(ge=0, le=MAX_AUDIO_MS)]
 AudioMsInt = Annotated[int, Meta(ge=0, le=MAX_AUDIO_MS)]
 ContentIndex = Annotated[int, Meta(ge=0, le=MAX_LIST_ITEMS)]
 Seq = Annotated[int, Meta(ge=0, le=MAX_SEQ)]
+Seed = Annotated[int, Meta(ge=0, le=2**63 - 1)]
+"""A random seed: a non-negative signed 64-bit integer (``torch.Generator.manual_seed`` takes it)."""
 Probability = Annotated[float, Meta(ge=0, le=1)]
 Temperature = Annotated[float, Meta(ge=0, le=2)]
 """OpenAI's sampling range."""

@@ -12,6 +12,7 @@ from duplex.protocol.ext.commands import (
     BargeIn,
     DuplexInputAudioBufferAppend,
     DuplexInputAudioBufferCommit,
+    DuplexResponseCreate,
     DuplexSessionUpdate,
     PlaybackAck,
     SessionClose,
@@ -26,6 +27,9 @@ from duplex.protocol.ext.events import (
     OverlapDecision,
     PlaybackAcknowledged,
     ResponseListen,
+    ResponseOutputImageDone,
+    ResponseOutputVideoDelta,
+    ResponseProgress,
     ResponseSpeak,
     SessionClosed,
     SessionExpired,
@@ -49,7 +53,7 @@ ClientCommand: TypeAlias = (
     | c.ConversationItemRetrieve
     | c.ConversationItemTruncate
     | c.ConversationItemDelete
-    | c.ResponseCreate
+    | DuplexResponseCreate
     | c.ResponseCancel
     | SessionResume
     | SessionEventAck
@@ -116,6 +120,9 @@ ServerEvent: TypeAlias = (
     | ResponseListen
     | ResponseSpeak
     | OverlapDecision
+    | ResponseOutputImageDone
+    | ResponseOutputVideoDelta
+    | ResponseProgress
 )
 
 CLIENT_COMMAND_TYPES: Final[tuple[type, ...]] = ClientCommand.__args__

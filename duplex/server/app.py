@@ -1,4 +1,6 @@
-"""The ASGI application: ``/v1/realtime`` (WebSocket), ``/health``, ``/v1/models``, ``/metrics``.
+"""The ASGI application: ``/v1/realtime`` (WebSocket), ``/health``, ``/v1/models``, ``/metrics``, and
+the routes of batch models: ``POST /v1/audio/speech``, ``POST /v1/images/generations``,
+``WS /v1/audio/speech/stream`` (``speech.py``, ``images.py``, ``speech_stream.py``).
 
 With ``api_keys`` configured, every route but ``/health`` needs a key (``/metrics`` too, unless
 ``metrics_public``): a refused HTTP request gets 401 with OpenAI's error body.
@@ -25,10 +27,11 @@ from starlette.responses import Response
 from starlette.routing import Route, WebSocketRoute
 
 from duplex.plugins.worker import Supervisor, WorkerState, WorkerStatus
-from duplex.protocol import ErrorDetail, ProtocolError
+from duplex.protocol import ProtocolError
 from duplex.server.auth import api_key_ok, presented_api_key
 from duplex.server.close_codes import CloseCode, CloseReason
 from duplex.server.config import ServerConfig
+from duplex.server.http_errors import HttpError
 from duplex.server.metrics import CONTENT_TYPE, ServerMetrics
 from duplex.server.models import ServedModel, ServedModels
 from duplex.server.transport_limits import TransportLimits
@@ -52,12 +55,6 @@ class ModelCard(msgspec.Struct, frozen=True, kw_only=True):
 class ModelList(msgspec.Struct, frozen=True, kw_only=True):
     object: str = "list"
     data: list[ModelCard]
-
-
-class HttpError(msgspec.Struct, frozen=True, kw_only=True):
-    """OpenAI's HTTP error body: ``{"error": {"type", "code", "message"}}``."""
-
-    error: ErrorDetail
 
 
 class HealthStatus(msgspec.Struct, frozen=True, kw_only=True, omit_defaults=True):
@@ -178,7 +175,10 @@ def create_app(
     """The Starlette app serving ``engine`` (the default model) and ``more_models`` beside it.
     ``model_name``: the name clients see (default: plugin name). ``workers``: the supervisors of the
     model's worker processes, shown by ``/health`` and ``/metrics``."""
+    from duplex.server.images import images_endpoint
     from duplex.server.realtime import realtime_endpoint
+    from duplex.server.speech import speech_endpoint
+    from duplex.server.speech_stream import speech_stream_endpoint
 
     config = config or ServerConfig()
     name = model_name or getattr(engine, "plugin_name", None) or "duplex"
@@ -233,6 +233,9 @@ def create_app(
             Route("/metrics", metrics),
             WebSocketRoute("/v1/realtime", realtime_endpoint),
             WebSocketRoute("/v1/duplex", realtime_endpoint),
+            Route("/v1/audio/speech", speech_endpoint, methods=["POST"]),
+            Route("/v1/images/generations", images_endpoint, methods=["POST"]),
+            WebSocketRoute("/v1/audio/speech/stream", speech_stream_endpoint),
             *web_routes(),
         ],
         lifespan=lifespan,

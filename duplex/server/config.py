@@ -107,6 +107,14 @@ class ServerConfig(msgspec.Struct, frozen=True, kw_only=True, forbid_unknown_fie
     # with a warning, where needed); half of that reserve lets refused connections get their 503.
     max_connections: int = 4096
     reserved_file_descriptors: int = 256
+    # The HTTP routes of batch models (``/v1/audio/speech``, ``/v1/images/generations``): the largest
+    # request body they read; a larger one is refused with 413 before it is read.
+    max_http_body_bytes: int = 1 * MIB
+    # ``WS /v1/audio/speech/stream``: text an utterance may buffer before its ``input.done`` (or a
+    # sentence end) and the seconds a socket may stay silent between messages; past either the
+    # socket gets an ``error`` and is closed.
+    speech_stream_max_buffered_chars: int = 100_000
+    speech_stream_idle_timeout_s: float = 30.0
     # Graceful shutdown: how long to wait for sockets to flush ``session.closed``.
     shutdown_timeout_s: float = 5.0
     # The event loop the server runs on: ``uvloop`` (libuv: socket reads, writes and callbacks in
@@ -125,6 +133,10 @@ class ServerConfig(msgspec.Struct, frozen=True, kw_only=True, forbid_unknown_fie
             raise ValueError("header_timeout_s must be positive")
         if self.max_connections < 1:
             raise ValueError("max_connections must be at least 1")
+        if self.max_http_body_bytes < 1 or self.speech_stream_max_buffered_chars < 1:
+            raise ValueError("max_http_body_bytes and speech_stream_max_buffered_chars must be at least 1")
+        if not self.speech_stream_idle_timeout_s > 0:
+            raise ValueError("speech_stream_idle_timeout_s must be positive")
         if self.reserved_file_descriptors < 0:
             raise ValueError("reserved_file_descriptors must not be negative")
 

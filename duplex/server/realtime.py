@@ -65,7 +65,7 @@ from duplex.server.handshake import HandshakePlan, HandshakeRefusal, OpenHow, pl
 from duplex.server.ratelimit import TokenBucket
 from duplex.server.ws_protocol import transport_extension
 
-__all__ = ["CloseCode", "CloseReason", "realtime_endpoint"]
+__all__ = ["CloseCode", "CloseReason", "admission", "realtime_endpoint"]
 
 log = logging.getLogger("duplex.server.realtime")
 
@@ -85,7 +85,7 @@ async def realtime_endpoint(websocket: WebSocket) -> None:
     """The WebSocket route. Cancel-safe: cancellation detaches the session and re-raises."""
     state: AppState = websocket.app.state.duplex
     presented = presented_api_key(websocket.headers, websocket.query_params)
-    refusal = _admission(websocket, state, presented)
+    refusal = admission(websocket, state, presented)
     if refusal is not None:
         state.metrics.refused.bump(str(refusal.status_code))
         await websocket.send_denial_response(refusal)
@@ -110,7 +110,9 @@ async def realtime_endpoint(websocket: WebSocket) -> None:
         state.connections.discard(task)
 
 
-def _admission(websocket: WebSocket, state: AppState, presented_key: str | None) -> Response | None:
+def admission(websocket: WebSocket, state: AppState, presented_key: str | None) -> Response | None:
+    """The refusal of a WebSocket handshake before it is accepted: 503 while the server is not
+    serving, 401 without a configured API key, 403 for a browser origin not allowed; else None."""
     cfg = state.config
     if state.draining or not state.ready:
         return Response("server is not accepting sessions", status_code=503)

@@ -62,3 +62,18 @@ def test_the_loop_starts_held_back_requests_at_their_step_and_clients_in_turn(sd
     assert len(steps) == 3  # cat: steps 0-1, boat: steps 1-2 (joined mid-flight), dog: step 2
     assert first.started < held.started == held.submitted < first.finished
     assert second.submitted == first.finished and second.finished == held.finished
+
+
+def test_through_the_server_the_same_jobs_come_from_concurrent_http_clients(tmp_path: Path) -> None:
+    pytest.importorskip("piper")
+    out = tmp_path / "through_server.json"
+    args = "--model both --preset tiny --tts piper --concurrency 1,2 --rounds 2 --steps 2"
+    args += " --baseline-requests 1 --warmup 0 --through-server --quiet"
+    result = main([*args.split(), "--json", str(out)])
+    rows = {(r["model"], r["mode"], r["concurrency"]): r for r in result["rows"]}
+    images, speech = rows["image:tiny", "server", 2], rows["tts:piper", "server", 2]
+    assert images["requests"] == 4 and images["unit"] == "images/s" and images["throughput"] > 0
+    assert images["steps"] >= 2  # the requests' denoising steps, batched by the engine's driver
+    assert speech["requests"] == 4 and speech["unit"] == "audio_s/s" and speech["throughput"] > 0
+    assert speech["first_audio_p99_ms"] >= speech["first_audio_p50_ms"] > 0
+    assert rows["image:tiny", "server", 1]["p99_vs_lone"] is not None and "speedup" in images

@@ -7,7 +7,10 @@ Tier 2 twins subclass their GA struct and add fields an OpenAI client never send
 * ``DuplexInputAudioBufferAppend``: per-append ``format`` / ``sample_rate_hz``, speech hints and
   ``video_frames`` (bare JPEG/PNG bytes, at most ``MAX_VIDEO_FRAMES``; checked at decode);
 * ``DuplexInputAudioBufferCommit``: ``final``, ``create_response`` (alias ``response_create``),
-  ``is_speech``.
+  ``is_speech``;
+* ``DuplexResponseCreate`` / ``DuplexResponseCreateParams``: ``response.extra_body``, the parameters
+  of a batch model's request (``size``, ``n``, ``seed``, ``steps``, ``speed``, ``voice`` ...), which
+  the session hands to the model as the request's options (``ResponseExtraBody``).
 
 Tier 3 commands exist only here: ``session.resume`` (``last_event_seq``, alias
 ``last_received_server_event_seq``), ``session.event_ack``, ``session.heartbeat``, ``session.close``,
@@ -30,8 +33,11 @@ from msgspec import UNSET, Meta, UnsetType
 from duplex.protocol.errors import ProtocolError, field_error
 from duplex.protocol.formats import AudioFormat, check_rate, parse_format
 from duplex.protocol.limits import (
+    MAX_GUIDANCE_SCALE,
     MAX_IDLE_TIMEOUT_S,
+    MAX_IMAGES,
     MAX_OVERLAP_MS,
+    MAX_STEPS,
     MAX_TOOLS,
     AudioMs,
     AudioMsInt,
@@ -41,12 +47,21 @@ from duplex.protocol.limits import (
     Name,
     Probability,
     Reason,
+    Seed,
     Seq,
+    ShortText,
+    Speed,
     Text,
     check_json,
 )
 from duplex.protocol.realtime._base import Command
-from duplex.protocol.realtime.commands import InputAudioBufferAppend, InputAudioBufferCommit, SessionUpdate
+from duplex.protocol.realtime.commands import (
+    InputAudioBufferAppend,
+    InputAudioBufferCommit,
+    ResponseCreate,
+    SessionUpdate,
+)
+from duplex.protocol.realtime.responses import ResponseCreateParams
 from duplex.protocol.realtime.session import FormatValue, SessionConfig, Tool, max_tokens
 
 __all__ = [
@@ -55,10 +70,13 @@ __all__ = [
     "BargeIn",
     "DuplexInputAudioBufferAppend",
     "DuplexInputAudioBufferCommit",
+    "DuplexResponseCreate",
+    "DuplexResponseCreateParams",
     "DuplexSessionConfig",
     "DuplexSessionUpdate",
     "ExtraBodySettings",
     "PlaybackAck",
+    "ResponseExtraBody",
     "SessionClose",
     "SessionEventAck",
     "SessionHeartbeat",
@@ -118,14 +136,7 @@ class DuplexSessionConfig(SessionConfig, kw_only=True):
         super().__post_init__()
         msgspec.structs.force_setattr(self, "max_tokens", max_tokens(self.max_tokens, "max_tokens"))
         if self.extra_body is not None:
-            check_json(self.extra_body, "extra_body")
-            try:
-                msgspec.convert(self.extra_body, ExtraBodySettings)
-            except msgspec.ValidationError as exc:
-                found = _ERROR_AT.match(str(exc))
-                key = f"extra_body.{found['key']}" if found else "extra_body"
-                message = found["msg"] if found else str(exc)
-                raise _fail("bad_event", f"{key}: {message}", key) from None
+            _check_extra_body(self.extra_body, ExtraBodySettings)
         rate = self.sample_rate_hz if self.sample_rate_hz is not None else self.sample_rate
         if rate is not None:
             try:
@@ -161,6 +172,64 @@ class DuplexSessionUpdate(SessionUpdate, tag="session.update", kw_only=True):
     """``session.update`` whose session may carry the vLLM-Omni keys."""
 
     session: DuplexSessionConfig
+
+
+def _check_extra_body(extra_body: JsonObject, typed: type[msgspec.Struct]) -> None:
+    """Refuse an ``extra_body`` that is not bounded JSON, or whose keys that ``typed`` names have a
+    value of another type or out of range (``bad_event`` naming ``extra_body.<key>``)."""
+    check_json(extra_body, "extra_body")
+    try:
+        msgspec.convert(extra_body, typed)
+    except msgspec.ValidationError as exc:
+        found = _ERROR_AT.match(str(exc))
+        key = f"extra_body.{found['key']}" if found else "extra_body"
+        message = found["msg"] if found else str(exc)
+        raise _fail("bad_event", f"{key}: {message}", key) from None
+
+
+class ResponseExtraBody(msgspec.Struct, frozen=True, kw_only=True):
+    """The keys of ``response.extra_body`` that the batch models document, typed and bounded: a value
+    of another type or out of range is refused at decode (``bad_event``, ``param`` e.g.
+    ``response.extra_body.n``). The session hands the whole ``extra_body`` to the model as the
+    request's options (``TurnRequest.options``); a model refuses a key it does not take
+    (``invalid_session_config``), so a misspelled key never passes as a default.
+
+    ``voice`` and ``speed``: a TTS request's voice (the session's when absent) and speed factor;
+    ``language`` and ``instructions``: a TTS model's language and style instruction; ``n`` images
+    of ``size`` (``"WIDTHxHEIGHT"`` or ``"auto"``) with ``steps`` denoising steps, ``guidance_scale``
+    and ``negative_prompt``; ``seed`` makes a request repeatable. Each model's own range is
+    narrower (``batch_models/README.md``).
+    """
+
+    voice: Name | None = None
+    speed: Speed | None = None
+    language: Name | None = None
+    instructions: Text | None = None
+    seed: Seed | None = None
+    n: Annotated[int, Meta(ge=1, le=MAX_IMAGES)] | None = None
+    size: Name | None = None
+    steps: Annotated[int, Meta(ge=1, le=MAX_STEPS)] | None = None
+    guidance_scale: Annotated[float, Meta(ge=0, le=MAX_GUIDANCE_SCALE)] | None = None
+    negative_prompt: ShortText | None = None
+
+
+class DuplexResponseCreateParams(ResponseCreateParams, kw_only=True):
+    """``ResponseCreateParams`` plus ``extra_body``: the request parameters of a batch model (its keys
+    typed by ``ResponseExtraBody``, the rest bounded JSON). OpenAI's clients may send it as an extra
+    key of ``response``; an OpenAI server would refuse it, ours hands it to the model."""
+
+    extra_body: JsonObject | None = None
+
+    def __post_init__(self) -> None:
+        super().__post_init__()
+        if self.extra_body is not None:
+            _check_extra_body(self.extra_body, ResponseExtraBody)
+
+
+class DuplexResponseCreate(ResponseCreate, tag="response.create", kw_only=True):
+    """``response.create`` whose ``response`` may carry ``extra_body``."""
+
+    response: DuplexResponseCreateParams | None = None
 
 
 class DuplexInputAudioBufferAppend(InputAudioBufferAppend, tag="input_audio_buffer.append", kw_only=True):

@@ -9,7 +9,11 @@ Tier 2 twins subclass their GA struct and only add fields:
 
 Tier 3 events exist only here: ``session.resumed``, ``session.replaced``, ``session.expired``,
 ``session.resync_required``, ``session.closed``, ``session.heartbeat_ack``, ``playback.acknowledged``,
-``response.listen``, ``response.speak``, ``overlap.decision``. OpenAI clients ignore unknown types.
+``response.listen``, ``response.speak``, ``overlap.decision``, and the media of batch models:
+``response.output_image.done``, ``response.output_video.delta``, ``response.progress``. OpenAI
+clients ignore unknown types.
+
+Media travel as ``bytes`` fields: base64 in JSON, raw binary over msgpack (as audio deltas do).
 """
 
 from __future__ import annotations
@@ -32,6 +36,9 @@ __all__ = [
     "PlaybackAcknowledged",
     "PlaybackLedger",
     "ResponseListen",
+    "ResponseOutputImageDone",
+    "ResponseOutputVideoDelta",
+    "ResponseProgress",
     "ResponseSpeak",
     "SessionClosed",
     "SessionExpired",
@@ -169,3 +176,40 @@ class OverlapDecision(Event, tag="overlap.decision", kw_only=True):
     response_id: str | None = None
     overlap_ms: int | None = None
     epoch: int | None = None
+
+
+class ResponseOutputImageDone(Event, tag="response.output_image.done", kw_only=True, gc=False):
+    """One finished image of a response (a batch image model's output): ``image`` is the PNG file
+    (base64 in JSON, raw bytes over msgpack), ``image_index`` its place among the response's images
+    (0 .. n-1), ``width`` x ``height`` in pixels. Images are not conversation items: the
+    conversation keeps text."""
+
+    response_id: str
+    image_index: int
+    format: str = msgspec.field(default_factory=lambda: "png")
+    width: int
+    height: int
+    image: bytes
+
+
+class ResponseOutputVideoDelta(Event, tag="response.output_video.delta", kw_only=True, gc=False):
+    """A chunk of generated video frames of a response: ``frame_count`` frames of ``width`` x
+    ``height`` pixels, back to back in ``format`` (``rgb24``: 3 bytes per pixel, rows top to
+    bottom), ``chunk_index`` counting the response's chunks. Raw frames are large; the video route
+    (``/v1/realtime/video``) sends compressed video instead."""
+
+    response_id: str
+    chunk_index: int
+    format: str = msgspec.field(default_factory=lambda: "rgb24")
+    frame_count: int
+    width: int
+    height: int
+    frames: bytes
+
+
+class ResponseProgress(Event, tag="response.progress", kw_only=True):
+    """How far a batch model's request has come: ``progress`` in [0, 1] (denoising steps done,
+    share of the text spoken), after the step that reported it."""
+
+    response_id: str
+    progress: float

@@ -112,10 +112,14 @@ def command_samples() -> list[object]:
         p.ConversationItemRetrieve(event_id="evt_7", item_id="item_u"),
         p.ConversationItemTruncate(event_id="evt_8", item_id="item_a", content_index=0, audio_end_ms=1500),
         p.ConversationItemDelete(event_id="evt_9", item_id="item_u"),
-        p.ResponseCreate(
+        p.DuplexResponseCreate(
             event_id="evt_10",
-            response=p.ResponseCreateParams(
-                conversation="auto", output_modalities=["audio"], metadata={"k": "v"}, instructions="Shout."
+            response=p.DuplexResponseCreateParams(
+                conversation="auto",
+                output_modalities=["audio"],
+                metadata={"k": "v"},
+                instructions="Shout.",
+                extra_body={"n": 2, "size": "512x512", "seed": 7, "steps": 4, "style": {"any": ["json"]}},
             ),
         ),
         p.ResponseCancel(event_id="evt_11", response_id="resp_1"),
@@ -246,6 +250,19 @@ def event_samples() -> list[object]:
         p.ResponseSpeak(event_id=e, **ids),
         p.OverlapDecision(
             event_id=e, action="barge_in", reason="server_vad_speech_started", policy="barge_in_on_speech"
+        ),
+        p.ResponseProgress(event_id=e, response_id="resp_1", progress=0.5),
+        p.ResponseOutputImageDone(
+            event_id=e, response_id="resp_1", image_index=1, width=2, height=1, image=PNG
+        ),
+        p.ResponseOutputVideoDelta(
+            event_id=e,
+            response_id="resp_1",
+            chunk_index=0,
+            frame_count=1,
+            width=1,
+            height=1,
+            frames=b"\x01\x02\x03",
         ),
     ]
 

@@ -51,7 +51,7 @@ def test_openai_sdk_first_frames() -> None:
     assert update.session.resolved_voice() == "alloy"
     assert _decode({"type": "input_audio_buffer.append", "audio": PCM_B64}).audio == bytes(480)
     assert _decode({"type": "input_audio_buffer.commit"}) == p.DuplexInputAudioBufferCommit()
-    assert _decode({"type": "response.create"}) == p.ResponseCreate()
+    assert _decode({"type": "response.create"}) == p.DuplexResponseCreate()
     truncate = _decode(
         {"type": "conversation.item.truncate", "audio_end_ms": 40, "content_index": 0, "item_id": "i"}
     )

@@ -79,7 +79,7 @@ def strategy(t: mi.Type, name: str | None = None) -> st.SearchStrategy[Any]:
         return st.none() | st.sampled_from(["auto", "none", "required"])
     if _has_format_spec(t):
         return st.none() | _FORMAT_NAMES | _FORMAT_SPECS
-    if name == "format":  # a content part's format: a name only
+    if name == "format" and isinstance(t, mi.UnionType):  # a content part's format: a name only
         return st.none() | _FORMAT_NAMES
     if name in _BY_NAME:
         return _BY_NAME[name]

@@ -1,0 +1,97 @@
+"""The batch models' figures through a real server: N concurrent HTTP requests on the session layer.
+
+``bench.batch_models --through-server`` adds a ``server`` row at every concurrency level: the same
+plugin, the same jobs, served by an ``Engine`` behind the real ASGI app and uvicorn on loopback
+(``serve_in_background``), and driven by N closed-loop HTTP clients (each sends its next request as
+soon as its last one ends) through the routes users call: ``POST /v1/images/generations`` (one
+image per request, ``b64_json``) and ``POST /v1/audio/speech`` (``response_format: pcm``,
+``stream_format: audio``, so the time to first audio is the first body chunk's). So the figure
+includes what the plugin row leaves out: admission and one session per request, the session's
+events, the PNG encoding, JSON and base64, HTTP.
+
+The server and the clients share one event loop in this process (the model runs on the engine's
+model thread): the client's own work is counted against the server, which makes the row a little
+pessimistic, never flattering. Latency is from a request's send to its last byte.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import time
+from collections.abc import Callable, Sequence
+from typing import Any
+
+__all__ = ["through_server"]
+
+_MODEL = "bench"
+
+
+async def _client(http: Any, url: str, jobs: Sequence[Any], kind: str) -> list[Any]:
+    from bench.batch_models import Record
+
+    records = []
+    for job in jobs:
+        record = Record(submitted=time.perf_counter())
+        record.started = record.submitted
+        if kind == "image":
+            body = {"model": _MODEL, "prompt": job.text, "n": 1, **job.options}
+            reply = await http.post(f"{url}/v1/images/generations", json=body)
+            reply.raise_for_status()
+            record.images = len(reply.json()["data"])
+            record.first_media = time.perf_counter()
+        else:
+            body = {"model": _MODEL, "input": job.text, "response_format": "pcm", "stream_format": "audio"}
+            body.update(job.options)
+            size = 0
+            async with http.stream("POST", f"{url}/v1/audio/speech", json=body) as reply:
+                reply.raise_for_status()
+                async for chunk in reply.aiter_bytes():
+                    if chunk and record.first_media is None:
+                        record.first_media = time.perf_counter()
+                    size += len(chunk)
+            record.audio_s = size / 2 / 24000  # pcm16 at the route's 24 kHz
+        record.finished = time.perf_counter()
+        records.append(record)
+    return records
+
+
+async def _through_server(
+    model: str, plugin: Any, levels: Sequence[int], jobs: Callable[[int], list[list[Any]]], kind: str
+) -> list[dict]:
+    import httpx
+
+    from bench.batch_models import _row
+    from duplex.engine import Engine, EngineConfig
+    from duplex.server.app import create_app
+    from duplex.server.config import ServeConfig, ServerConfig
+    from duplex.server.serve import serve_in_background
+
+    config = EngineConfig(max_sessions=max(levels), reaper_interval_s=3600)
+    engine = Engine(plugin, config, model_name=_MODEL)
+    cfg = ServeConfig(server=ServerConfig(port=0, ws_ping_interval_s=None))
+    app = create_app(engine, cfg.server, model_name=_MODEL)
+    rows = []
+    limits = httpx.Limits(max_connections=max(levels) + 2)
+    client = httpx.AsyncClient(limits=limits, timeout=3600)
+    async with serve_in_background(app, cfg) as server, client as http:
+        url = f"http://127.0.0.1:{server.port}"
+        for n in levels:
+            level_jobs = jobs(n)
+            steps_before = engine.metrics.ticks.value
+            t0 = time.perf_counter()
+            per_client = await asyncio.gather(*(_client(http, url, level_jobs[c], kind) for c in range(n)))
+            wall = time.perf_counter() - t0
+            records = [r for client in per_client for r in client]
+            row = _row(model, "server", n, records, wall, [])
+            row["steps"] = engine.metrics.ticks.value - steps_before
+            rows.append(row)
+    return rows
+
+
+def through_server(
+    model: str, plugin: Any, levels: Sequence[int], jobs: Callable[[int], list[list[Any]]], kind: str
+) -> list[dict]:
+    """A ``server`` row per level (see the module docstring). ``plugin`` is loaded, with at least
+    ``max(levels)`` slots, none open; ``jobs(n)`` gives each of the n clients its ``Job``\\ s;
+    ``kind`` is ``"image"`` or ``"tts"``. Blocking: runs its own event loop."""
+    return asyncio.run(_through_server(model, plugin, levels, jobs, kind))

@@ -1,0 +1,132 @@
+"""Batch models behind HTTP: each request is one short session on the chosen model's engine.
+
+The speech and image routes (``speech.py``, ``images.py``, ``speech_stream.py``) reach a batch model
+through the same session layer as a realtime client: ``request_session`` opens a session on the
+model's engine (the same admission: a full model answers ``resource_exhausted``, which the routes
+send as HTTP 429; the same limits, journal and metrics), ``response_events`` asks it for one
+response (``response.create`` with ``response.input`` and ``response.extra_body``) and yields that
+response's events, and the session is closed when the request ends.
+
+The sessions are opened ``paced=False`` (audio goes out as it is made: a download has no listener
+to keep pace with) and ``resumable=False`` (nobody resumes them: if the request goes away, a
+client that disconnects or a cancelled task, ``detach`` closes the session at once, which cancels
+its response; the model drops the request at its next step). A request that ends normally closes
+its session and waits until it has released its admission slot, so the client's next request finds
+it free.
+
+``pick_model`` chooses the served model: the one named (``model_not_found``, HTTP 404, for a name
+this server does not serve), or without a name the first that makes the route's output. A served
+model that does not make it from text (a duplex model on the speech route, a TTS model on the image
+route) is ``invalid_model`` (HTTP 400). What a model makes is read from its capabilities: a
+``batch`` model with text input and the output among its ``output_modalities``.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+from collections.abc import AsyncIterator
+from typing import Any, Final
+
+from duplex.engine import Detached
+from duplex.plugins.base import Capabilities, PluginKind
+from duplex.protocol.errors import DuplexError, ProtocolError
+from duplex.protocol.ext.commands import DuplexResponseCreate, DuplexResponseCreateParams, SessionClose
+from duplex.protocol.realtime._base import Event
+from duplex.protocol.realtime.events import ErrorEvent, ResponseCreated, ResponseDone
+from duplex.server.models import ServedModel, ServedModels
+
+__all__ = ["makes", "pick_model", "request_session", "response_events"]
+
+log = logging.getLogger("duplex.server.batch")
+
+#: How long a finished request waits for its session to release its slot (the close pipeline).
+CLOSE_WAIT_S: Final = 5.0
+
+
+def makes(caps: Capabilities, output: str) -> bool:
+    """Whether a model with ``caps`` makes ``output`` (``"audio"``, ``"image"``) from a text alone."""
+    return caps.kind is PluginKind.BATCH and caps.supports_text_input and output in caps.output_modalities
+
+
+def pick_model(models: ServedModels, name: str | None, output: str, what: str) -> ServedModel:
+    """The served model for a request naming ``name`` that wants ``output`` (``what`` names it in
+    messages: "text-to-speech"). Raises ``ProtocolError`` (see the module docstring)."""
+    if name is None:
+        for model in models:
+            if makes(model.engine.capabilities, output):
+                return model
+        raise ProtocolError("invalid_model", f"this server serves no {what} model", param="model")
+    model = models.get(name)
+    if model is None:
+        served = ", ".join(m.name for m in models)
+        raise ProtocolError(
+            "model_not_found", f"The model '{name}' does not exist (served: {served})", param="model"
+        )
+    if not makes(model.engine.capabilities, output):
+        raise ProtocolError("invalid_model", f"the model '{name}' is not a {what} model", param="model")
+    return model
+
+
+@contextlib.asynccontextmanager
+async def request_session(engine: Any, api_key_id: bytes | None) -> AsyncIterator[Any]:
+    """A session on ``engine`` for one request (see the module docstring); yields its attachment.
+
+    Raises the engine's ``SessionError`` when it cannot be opened (``resource_exhausted`` ...).
+    Leaving the block closes the session: normally after its slot is free again; on an exception
+    or a cancellation at once (``detach``), cancelling a response in progress."""
+    att = await engine.open(api_key_id=api_key_id, paced=False, resumable=False)
+    try:
+        yield att
+    except BaseException:
+        await att.detach()  # not resumable: the session closes, its response is cancelled
+        raise
+    await _close(att)
+
+
+async def _close(att: Any) -> None:
+    """Close the session and wait until its attachment ends (its slot is released then)."""
+    with contextlib.suppress(DuplexError):  # already closing (the model failed it): it ends all the same
+        att.submit(SessionClose(reason="request_done"))
+    try:
+        async with asyncio.timeout(CLOSE_WAIT_S):
+            while True:
+                await att.next_events()
+    except Detached:
+        return
+    except TimeoutError:
+        log.warning("session %s: not closed within %.0f s", att.session_id, CLOSE_WAIT_S)
+        await att.detach()
+
+
+async def response_events(att: Any, params: DuplexResponseCreateParams) -> AsyncIterator[Event]:
+    """Ask the session for one response and yield its events (``session.created`` and other
+    session events included) until it ends. Returns when it completed; raises the ``DuplexError``
+    of a refused ``response.create`` or a failed response (the code the model or the session gave,
+    e.g. ``voice_not_found``), or ``ProtocolError("server_error")`` when it ended otherwise."""
+    att.submit(DuplexResponseCreate(response=params))
+    started = False
+    failure: DuplexError | None = None
+    while True:
+        try:
+            events = await att.next_events()
+        except Detached as detached:
+            raise ProtocolError("server_error", f"the session ended ({detached.reason})") from None
+        for event in events:
+            kind = type(event)
+            if kind is ErrorEvent:
+                detail = event.error  # type: ignore[attr-defined]
+                error = ProtocolError(detail.code or "server_error", detail.message, param=detail.param)
+                if not started:  # the response.create itself was refused
+                    raise error
+                failure = error
+                continue
+            if isinstance(event, ResponseCreated):
+                started = True
+            elif isinstance(event, ResponseDone):
+                status = event.response.status
+                if status == "completed":
+                    return
+                raise failure or ProtocolError("server_error", f"the response ended {status}")
+            yield event

@@ -1,0 +1,73 @@
+"""What every HTTP route of a batch model does before it opens a session: admit, read, decode.
+
+``admit`` refuses a request while the server starts or drains (503) and one without a configured
+API key (401), and returns the key's identity for the session (``auth.api_key_id``). ``read_json``
+reads the body, at most ``ServerConfig.max_http_body_bytes`` (``event_too_large``, 413, checked on
+the ``Content-Length`` before anything is read, and on the bytes as they arrive), and decodes it
+into a wire struct in one typed msgspec decode: bad JSON is ``invalid_json``, a missing field, a
+wrong type or a value out of its bounds is ``bad_event`` naming the field (``param``). Each raises
+``ProtocolError``; the route answers it with ``http_errors.error_response``.
+"""
+
+from __future__ import annotations
+
+import re
+from typing import Any, Final, TypeVar
+
+import msgspec
+from starlette.requests import Request
+
+from duplex.protocol.errors import ProtocolError
+from duplex.server.auth import api_key_id, api_key_ok, presented_api_key
+
+__all__ = ["admit", "read_json"]
+
+T = TypeVar("T")
+
+_AT: Final = re.compile(r"^(?P<msg>.*?) - at `\$\.?(?P<path>[^`]*)`$", re.DOTALL)
+_MISSING: Final = re.compile(r"missing required field `(?P<field>[^`]+)`")
+
+
+def admit(request: Request) -> bytes | None:
+    """The identity of the request's API key (``None`` without keys configured). Raises
+    ``ProtocolError``: ``resource_exhausted`` while the server is not serving (the route answers
+    503), ``invalid_api_key`` (401)."""
+    state = request.app.state.duplex
+    if state.draining or not state.ready:
+        raise ProtocolError("resource_exhausted", "the server is not accepting requests; retry later")
+    presented = presented_api_key(request.headers, request.query_params)
+    keys = state.config.api_keys
+    if not api_key_ok(presented, keys):
+        raise ProtocolError("invalid_api_key", "missing or unknown API key")
+    return api_key_id(presented, keys)
+
+
+async def read_json(request: Request, kind: type[T], max_bytes: int) -> T:
+    """The body as a ``kind`` (see the module docstring)."""
+    declared = request.headers.get("content-length")
+    if declared is not None and declared.isdigit() and int(declared) > max_bytes:
+        raise ProtocolError("event_too_large", f"the request body is larger than {max_bytes} bytes")
+    parts: list[bytes] = []
+    size = 0
+    async for chunk in request.stream():
+        size += len(chunk)
+        if size > max_bytes:
+            raise ProtocolError("event_too_large", f"the request body is larger than {max_bytes} bytes")
+        parts.append(chunk)
+    return decode_json(b"".join(parts), kind)
+
+
+def decode_json(body: bytes, kind: type[T]) -> T:
+    """``body`` decoded into ``kind``; raises ``ProtocolError`` (``invalid_json``, ``bad_event``)."""
+    try:
+        return msgspec.json.decode(body, type=kind)
+    except msgspec.ValidationError as exc:
+        found = _AT.match(str(exc))
+        param: Any = found["path"] if found else None
+        message = found["msg"] if found else str(exc)
+        missing = _MISSING.search(message)
+        if missing is not None:
+            param = f"{param}.{missing['field']}" if param else missing["field"]
+        raise ProtocolError("bad_event", f"{param}: {message}" if param else message, param=param) from None
+    except msgspec.DecodeError as exc:
+        raise ProtocolError("invalid_json", f"the request body is not JSON: {exc}") from None

@@ -1,0 +1,213 @@
+"""``POST /v1/audio/speech``: OpenAI's text-to-speech route, served by a batch TTS model.
+
+One request is one short session on the model's engine (``batch_sessions``): the text goes in as
+``response.input``, the request's parameters as ``response.extra_body`` (``speed``, ``language``,
+``instructions``, ``seed``; the voice as the response's voice, so OpenAI's voice names stand for
+the model's default voice), and the session's audio deltas (pcm16 at 24 kHz, unpaced) come back as
+the file ``response_format`` asks for (``audio_files``; encoded off the event loop):
+
+* no ``stream_format``: the whole file, with its length, once the model has finished;
+* ``stream_format: "audio"``: the file's bytes as they are made (chunked transfer);
+* ``stream_format: "sse"``: ``speech.audio.delta`` events carrying those bytes (base64), then
+  ``speech.audio.done``; a failure after the stream started is an ``error`` event.
+
+A refused request gets OpenAI's error body (``http_errors``): the route's own checks (the body,
+an empty text, a model that is not a TTS model, a format it cannot write) before a session opens;
+the model's refusals (``voice_not_found``, ``event_too_large`` for a text over its bound,
+``invalid_session_config`` for an option it does not take) as they come. A streamed response waits
+for its first audio before it answers, so those refusals keep their status too; a failure after the
+first audio ends the stream early (``stream_format: "audio"``: the connection is cut, so the client
+sees an incomplete transfer rather than a short file).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+from collections.abc import AsyncIterator
+from typing import Any, Final
+
+import msgspec
+from starlette.requests import Request
+from starlette.responses import Response, StreamingResponse
+
+from duplex.protocol.errors import DuplexError, ProtocolError
+from duplex.protocol.ext.commands import DuplexResponseCreateParams
+from duplex.protocol.realtime.events import ResponseOutputAudioDelta
+from duplex.protocol.realtime.items import InputTextPart, MessageItem
+from duplex.protocol.speech import SpeechAudioDelta, SpeechAudioDone, SpeechError, SpeechRequest, SpeechUsage
+from duplex.server.audio_files import CONTENT_TYPES, AudioFileEncoder, encode_file
+from duplex.server.batch_sessions import pick_model, request_session, response_events
+from duplex.server.http_errors import error_response
+from duplex.server.http_requests import admit, read_json
+
+__all__ = ["SPEECH_RATE", "speech_endpoint", "speech_params"]
+
+log = logging.getLogger("duplex.server.speech")
+
+#: The rate of the speech route's audio: OpenAI's ``pcm`` is 24 kHz, and so is every format here.
+SPEECH_RATE: Final = 24000
+_SSE: Final = "text/event-stream"
+_PYAV_FORMATS: Final = frozenset({"mp3", "opus", "aac", "flac"})
+
+
+def speech_params(
+    text: str,
+    *,
+    voice: str | None,
+    speed: float | None = None,
+    language: str | None = None,
+    instructions: str | None = None,
+    seed: int | None = None,
+) -> DuplexResponseCreateParams:
+    """The ``response.create`` parameters of one text to speak: the text as the response's input,
+    the voice as its voice, the other parameters (those given) as its ``extra_body``."""
+    options: dict[str, Any] = {
+        k: v
+        for k, v in (("speed", speed), ("language", language), ("instructions", instructions), ("seed", seed))
+        if v is not None
+    }
+    return DuplexResponseCreateParams(
+        input=[MessageItem(role="user", content=[InputTextPart(text=text)])],
+        voice=voice,
+        extra_body=options or None,
+    )
+
+
+async def speech_endpoint(request: Request) -> Response:
+    """The route (see the module docstring)."""
+    state = request.app.state.duplex
+    try:
+        key_id = admit(request)
+        body = await read_json(request, SpeechRequest, state.config.max_http_body_bytes)
+        if not body.input.strip():
+            raise ProtocolError("response_create_without_input", "input is empty", param="input")
+        model = pick_model(state.models, body.model, "audio", "text-to-speech")
+        encoder = AudioFileEncoder(body.response_format, SPEECH_RATE)  # refuses a format it cannot write
+    except DuplexError as err:
+        return _refused(request, err)
+    params = speech_params(
+        body.input,
+        voice=body.voice,
+        speed=body.speed,
+        language=body.language,
+        instructions=body.instructions,
+        seed=body.seed,
+    )
+    if body.stream_format is None:
+        return await _whole_file(request, model.engine, key_id, params, body.response_format)
+    return await _stream(request, model.engine, key_id, params, encoder, sse=body.stream_format == "sse")
+
+
+def _refused(request: Request, err: DuplexError) -> Response:
+    state = request.app.state.duplex
+    state.metrics.errors.bump(err.code)
+    status = 503 if err.code == "resource_exhausted" and (state.draining or not state.ready) else None
+    return error_response(err, status=status)
+
+
+async def _whole_file(
+    request: Request, engine: Any, key_id: bytes | None, params: DuplexResponseCreateParams, fmt: str
+) -> Response:
+    pcm = bytearray()
+    try:
+        async with request_session(engine, key_id) as att:
+            async for event in response_events(att, params):
+                if isinstance(event, ResponseOutputAudioDelta):
+                    pcm += event.delta
+        data = await asyncio.to_thread(encode_file, bytes(pcm), fmt, SPEECH_RATE)
+    except DuplexError as err:
+        return _refused(request, err)
+    return Response(data, media_type=CONTENT_TYPES[fmt])
+
+
+async def _stream(
+    request: Request,
+    engine: Any,
+    key_id: bytes | None,
+    params: DuplexResponseCreateParams,
+    encoder: AudioFileEncoder,
+    *,
+    sse: bool,
+) -> Response:
+    """Open the session and wait for the first audio (or the end, or a refusal) before answering."""
+    stack = contextlib.AsyncExitStack()
+    try:
+        att = await stack.enter_async_context(request_session(engine, key_id))
+        events = response_events(att, params)
+        stack.push_async_callback(events.aclose)
+        first, ended = await _first_audio(events)
+    except DuplexError as err:
+        await stack.aclose()
+        return _refused(request, err)
+    except BaseException:
+        await stack.aclose()
+        raise
+    body = _body(stack, events, first, ended, encoder, sse=sse)
+    media_type = _SSE if sse else CONTENT_TYPES[encoder.format]
+    return StreamingResponse(body, media_type=media_type)
+
+
+async def _first_audio(events: AsyncIterator[Any]) -> tuple[bytes, bool]:
+    """The first audio delta's bytes (``b""`` and True when the response ended without audio)."""
+    async for event in events:
+        if isinstance(event, ResponseOutputAudioDelta):
+            return event.delta, False
+    return b"", True
+
+
+async def _encode(encoder: AudioFileEncoder, pcm: bytes) -> bytes:
+    if encoder.format in _PYAV_FORMATS:
+        return await asyncio.to_thread(encoder.feed, pcm)
+    return encoder.feed(pcm)
+
+
+async def _finish(encoder: AudioFileEncoder) -> bytes:
+    if encoder.format in _PYAV_FORMATS:
+        return await asyncio.to_thread(encoder.finish)
+    return encoder.finish()
+
+
+async def _body(
+    stack: contextlib.AsyncExitStack,
+    events: AsyncIterator[Any],
+    first: bytes,
+    ended: bool,
+    encoder: AudioFileEncoder,
+    *,
+    sse: bool,
+) -> AsyncIterator[bytes]:
+    """The response body; closes the session however it ends (the client going away included)."""
+
+    def frame(chunk: bytes) -> bytes:
+        return b"data: " + msgspec.json.encode(SpeechAudioDelta(audio=chunk)) + b"\n\n" if sse else chunk
+
+    try:
+        chunk = await _encode(encoder, first)
+        if chunk:
+            yield frame(chunk)
+        failed = False
+        if not ended:
+            try:
+                async for event in events:
+                    if isinstance(event, ResponseOutputAudioDelta):
+                        chunk = await _encode(encoder, event.delta)
+                        if chunk:
+                            yield frame(chunk)
+            except DuplexError as err:
+                if not sse:
+                    raise  # the connection is cut: the client sees an incomplete transfer
+                log.warning("speech stream failed after its first audio: %s", err)
+                failed = True
+                yield b"data: " + msgspec.json.encode(SpeechError(error=err.to_detail())) + b"\n\n"
+        if not failed:
+            tail = await _finish(encoder)
+            if tail:
+                yield frame(tail)
+            if sse:
+                yield b"data: " + msgspec.json.encode(SpeechAudioDone(usage=SpeechUsage())) + b"\n\n"
+    except BaseException as exc:
+        await stack.__aexit__(type(exc), exc, exc.__traceback__)
+        raise
+    await stack.aclose()

@@ -1,0 +1,268 @@
+"""``WS /v1/audio/speech/stream``: the seeds' streaming-text speech socket, on the session layer.
+
+The wire is in ``duplex.protocol.speech``. A socket holds one session on its TTS model's engine
+(``batch_sessions.request_session``: the same admission, limits and metrics as every session;
+unpaced, closed with the socket): every unit of text to speak is one response of that session
+(``response.create`` with the unit as ``response.input`` and the socket's settings as its voice and
+``extra_body``), and its audio deltas go out as binary frames.
+
+1. *Admission* (before accepting): draining 503, API key 401, browser origin 403, as for
+   ``/v1/realtime``.
+2. *Config*: the first message must be ``session.config`` within ``first_message_timeout_s``; a
+   refused one (bad JSON or fields, a model that is not a TTS model, a format the server cannot
+   write) gets an ``error`` and the socket closes (1008), as does a model with no room for another
+   session (1013, ``resource_exhausted``). A later ``session.config`` replaces the settings between
+   utterances (refused while one is in progress) and moves the socket to another model's session
+   when it names one.
+3. *Text*: ``input.text`` adds to the utterance, and with ``split_granularity`` ``sentence`` or
+   ``clause`` each unit completed is spoken at once (``speech_text``); ``input.done`` speaks the
+   rest, then ``session.done``. Each unit: ``audio.start``, its audio (``pcm``: chunks as the model
+   makes them; other formats: one file), ``audio.done``; a unit the model refuses or fails gets an
+   ``error`` (with the model's code) and ``audio.done{error: true}``, and the socket goes on.
+4. *End*: ``session.close`` closes the socket (1000); so do ``speech_stream_idle_timeout_s`` without
+   a message and more than ``speech_stream_max_buffered_chars`` of unspoken text (after an
+   ``error``, 1008). A client that goes away detaches the session, which closes it and cancels the
+   unit being spoken.
+
+Units are spoken one at a time, in order, while the socket's later messages wait in its buffer.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+from typing import Any, Final
+
+import msgspec
+from starlette.websockets import WebSocket, WebSocketDisconnect
+
+from duplex.protocol.errors import DuplexError, ProtocolError
+from duplex.protocol.realtime.events import ResponseOutputAudioDelta
+from duplex.protocol.speech import (
+    AudioDone,
+    AudioStart,
+    InputDone,
+    InputText,
+    SpeechSessionClose,
+    SpeechSessionDone,
+    SpeechStreamCommand,
+    SpeechStreamConfig,
+    SpeechStreamError,
+)
+from duplex.server.audio_files import AudioFileEncoder, encode_file
+from duplex.server.auth import api_key_id, presented_api_key
+from duplex.server.batch_sessions import pick_model, request_session, response_events
+from duplex.server.close_codes import CloseCode, CloseReason, close_reason_for_code
+from duplex.server.http_requests import decode_json
+from duplex.server.realtime import admission
+from duplex.server.speech import SPEECH_RATE, speech_params
+from duplex.server.speech_text import TextSplitter
+
+__all__ = ["speech_stream_endpoint"]
+
+log = logging.getLogger("duplex.server.speech_stream")
+
+_decode_command = msgspec.json.Decoder(SpeechStreamCommand)
+_encode = msgspec.json.Encoder().encode
+_RETRYABLE: Final = frozenset({"resource_exhausted", "model_worker_failed"})
+
+
+class _Closing(Exception):
+    """The socket must close after the error ``code`` it was sent: 1013 for a retryable one, else 1008."""
+
+    def __init__(self, code: str) -> None:
+        super().__init__(code)
+        self.close_code = CloseCode.TRY_AGAIN_LATER if code in _RETRYABLE else CloseCode.POLICY_VIOLATION
+        self.reason = close_reason_for_code(code)
+
+
+async def speech_stream_endpoint(websocket: WebSocket) -> None:
+    """The WebSocket route (see the module docstring). Cancel-safe: the session is closed."""
+    state = websocket.app.state.duplex
+    presented = presented_api_key(websocket.headers, websocket.query_params)
+    refusal = admission(websocket, state, presented)
+    if refusal is not None:
+        state.metrics.refused.bump(str(refusal.status_code))
+        await websocket.send_denial_response(refusal)
+        return
+    task = asyncio.current_task()
+    assert task is not None
+    state.connections.add(task)
+    state.metrics.connections += 1
+    try:
+        await websocket.accept()
+        socket = _SpeechSocket(websocket, state, api_key_id(presented, state.config.api_keys))
+        try:
+            await socket.run()
+        except _Closing as closing:
+            await _close(websocket, closing.close_code, closing.reason)
+        except (WebSocketDisconnect, ConnectionError, OSError):
+            return  # the client went away; the session was closed on the way out
+    finally:
+        state.metrics.connections -= 1
+        state.connections.discard(task)
+
+
+async def _close(websocket: WebSocket, code: CloseCode, reason: str) -> None:
+    with contextlib.suppress(Exception):  # the peer may be gone already
+        await websocket.close(code, reason)
+
+
+class _SpeechSocket:
+    """One accepted socket (see the module docstring)."""
+
+    def __init__(self, websocket: WebSocket, state: Any, key_id: bytes | None) -> None:
+        self.ws = websocket
+        self.state = state
+        self.cfg = state.config
+        self.key_id = key_id
+        self.config: SpeechStreamConfig | None = None
+        self.splitter = TextSplitter("none")
+        self.utterance = 0
+        self.sentence = 0
+        self.open_utterance = False  # from the first text of an utterance to its ``input.done``
+        self._stack = contextlib.AsyncExitStack()
+        self._engine: Any = None
+        self._att: Any = None
+
+    async def run(self) -> None:
+        try:
+            while True:
+                message = await self._receive()
+                if message is None:
+                    return
+                if isinstance(message, SpeechSessionClose):
+                    await _close(self.ws, CloseCode.NORMAL, CloseReason.CLIENT_CLOSE)
+                    return
+                await self._handle(message)
+        except BaseException as exc:
+            await self._stack.__aexit__(type(exc), exc, exc.__traceback__)
+            raise
+        await self._stack.aclose()
+
+    async def _receive(self) -> SpeechStreamCommand | None:
+        """The next message, decoded; ``None`` when the client went away. A message that does not
+        decode is answered with an ``error`` (and, before the first ``session.config``, a close)."""
+        first = self.config is None
+        timeout = self.cfg.first_message_timeout_s if first else self.cfg.speech_stream_idle_timeout_s
+        while True:
+            try:
+                async with asyncio.timeout(timeout):
+                    message = await self.ws.receive()
+            except TimeoutError:
+                code = "config_timeout" if first else "session_closed"
+                await self._error(ProtocolError(code, f"no message within {timeout:g} s"))
+                raise _Closing(code) from None
+            if message["type"] == "websocket.disconnect":
+                return None
+            text = message.get("text")
+            try:
+                if text is None:
+                    raise ProtocolError("bad_event", "binary frames are not accepted on this socket")
+                limit = self.cfg.max_message_bytes
+                if len(text) > limit:
+                    raise ProtocolError("event_too_large", f"a message is at most {limit} bytes")
+                command = decode_json(text.encode(), SpeechStreamCommand)  # type: ignore[arg-type]
+                if first and not isinstance(command, SpeechStreamConfig):
+                    raise ProtocolError("bad_event", "the first message must be session.config")
+                return command
+            except DuplexError as err:
+                await self._error(err)
+                if first:
+                    raise _Closing(err.code) from None
+
+    async def _handle(self, message: SpeechStreamCommand) -> None:
+        if isinstance(message, SpeechStreamConfig):
+            await self._configure(message)
+        elif isinstance(message, InputText):
+            if message.text:
+                self.open_utterance = True
+            for unit in self.splitter.feed(message.text):
+                await self._speak(unit)
+            if self.splitter.buffered > self.cfg.speech_stream_max_buffered_chars:
+                limit = self.cfg.speech_stream_max_buffered_chars
+                too_many = f"more than {limit} characters wait for input.done"
+                await self._error(ProtocolError("event_too_large", too_many))
+                raise _Closing("event_too_large")
+        elif isinstance(message, InputDone):
+            for unit in self.splitter.flush():
+                await self._speak(unit)
+            await self._send(SpeechSessionDone(utterance_index=self.utterance, total_sentences=self.sentence))
+            self.utterance += 1
+            self.sentence = 0
+            self.open_utterance = False
+
+    async def _configure(self, config: SpeechStreamConfig) -> None:
+        first = self.config is None
+        if self.open_utterance:
+            busy = "session.config cannot change an utterance in progress; send input.done first"
+            await self._error(ProtocolError("bad_event", busy))
+            return
+        try:
+            model = pick_model(self.state.models, config.model, "audio", "text-to-speech")
+            AudioFileEncoder(config.response_format, SPEECH_RATE)  # refuses a format it cannot write
+            if model.engine is not self._engine:
+                await self._stack.aclose()  # the previous model's session, if any
+                self._att = await self._stack.enter_async_context(request_session(model.engine, self.key_id))
+                self._engine = model.engine
+        except DuplexError as err:
+            await self._error(err)
+            if first or self._att is None:
+                raise _Closing(err.code) from None
+            return
+        self.config = config
+        self.splitter = TextSplitter(config.split_granularity)
+
+    async def _speak(self, text: str) -> None:
+        """One unit: ``audio.start``, its audio, ``audio.done`` (see the module docstring)."""
+        config = self.config
+        assert config is not None and self._att is not None
+        fmt = config.response_format
+        await self._send(
+            AudioStart(
+                utterance_index=self.utterance,
+                sentence_index=self.sentence,
+                sentence_text=text,
+                format=fmt,
+                sample_rate=SPEECH_RATE,
+            )
+        )
+        params = speech_params(
+            text,
+            voice=config.voice or config.speaker,
+            speed=config.speed,
+            language=config.language,
+            instructions=config.instructions,
+            seed=config.seed,
+        )
+        sent = 0
+        failed = False
+        pcm = bytearray()
+        try:
+            async for event in response_events(self._att, params):
+                if isinstance(event, ResponseOutputAudioDelta):
+                    if fmt == "pcm":
+                        await self.ws.send_bytes(event.delta)
+                        sent += len(event.delta)
+                    else:
+                        pcm += event.delta
+            if fmt != "pcm":
+                data = await asyncio.to_thread(encode_file, bytes(pcm), fmt, SPEECH_RATE)
+                await self.ws.send_bytes(data)
+                sent += len(data)
+        except DuplexError as err:
+            failed = True
+            await self._error(err)
+        done = AudioDone(
+            utterance_index=self.utterance, sentence_index=self.sentence, total_bytes=sent, error=failed
+        )
+        await self._send(done)
+        self.sentence += 1
+
+    async def _error(self, err: DuplexError) -> None:
+        self.state.metrics.errors.bump(err.code)
+        await self._send(SpeechStreamError(message=err.message, code=err.code, param=err.param))
+
+    async def _send(self, message: msgspec.Struct) -> None:
+        await self.ws.send_text(_encode(message).decode())

@@ -1,0 +1,89 @@
+"""``POST /v1/images/generations`` through a real server, called with the official ``openai`` SDK: a
+tiny random-weight Stable Diffusion (32 x 32 images) on the session layer, and every refusal with
+OpenAI's error body and status."""
+
+from __future__ import annotations
+
+import base64
+import io
+
+import httpx
+import numpy as np
+import openai
+import pytest
+from PIL import Image
+
+from tests.server.batch_servers import batch_server
+
+pytestmark = pytest.mark.timeout(120)
+
+
+def pixels(b64: str) -> np.ndarray:
+    data = base64.b64decode(b64)
+    assert data.startswith(b"\x89PNG\r\n\x1a\n")
+    with Image.open(io.BytesIO(data)) as image:
+        assert image.format == "PNG" and image.mode == "RGB"
+        return np.asarray(image)
+
+
+async def test_the_sdk_generates_n_pngs_and_a_seed_repeats_them(sd) -> None:
+    async with batch_server([("sd", sd)]) as server:
+        client = server.client()
+        two = await client.images.generate(
+            model="sd", prompt="a red fox in snow", n=2, size="32x32", extra_body={"seed": 3, "steps": 2}
+        )
+        again = await client.images.generate(
+            model="sd", prompt="a red fox in snow", n=2, size="32x32", extra_body={"seed": 3, "steps": 2}
+        )
+        other = await client.images.generate(
+            model="sd",
+            prompt="a red fox in snow",
+            size="auto",
+            response_format="b64_json",
+            extra_body={"seed": 4},
+        )
+    assert two.size == "32x32" and two.output_format == "png" and two.created > 0
+    images = [pixels(d.b64_json) for d in two.data]  # type: ignore[arg-type, union-attr]
+    assert [i.shape for i in images] == [(32, 32, 3), (32, 32, 3)]
+    assert not np.array_equal(images[0], images[1])  # two images of one request differ
+    assert [d.b64_json for d in again.data] == [d.b64_json for d in two.data]  # type: ignore[union-attr]
+    assert len(other.data) == 1 and other.data[0].b64_json != two.data[0].b64_json  # type: ignore[index]
+
+
+BAD_REQUESTS = [  # (the request's changes to a good one, status, code, param)
+    ({"prompt": " "}, 400, "response_create_without_input", "prompt"),
+    ({"n": 11}, 400, "bad_event", "n"),
+    ({"n": 5}, 400, "invalid_session_config", None),  # the model makes at most 4
+    ({"size": "1024x1024"}, 400, "invalid_session_config", None),
+    ({"prompt": "x" * 201}, 413, "event_too_large", None),
+    ({"response_format": "url"}, 400, "bad_event", "response_format"),
+    ({"output_format": "jpeg"}, 400, "bad_event", "output_format"),
+    ({"model": "piper"}, 400, "invalid_model", "model"),
+    ({"model": "dall-e-3"}, 404, "model_not_found", "model"),
+    ({"extra_body": {"steps": 51}}, 400, "invalid_session_config", None),  # over the model's 50
+]
+
+
+async def test_bad_requests_get_openai_error_bodies_and_leave_the_route_healthy(sd, piper) -> None:
+    async with batch_server([("sd", sd), ("piper", piper)]) as server:
+        client = server.client()
+        for change, status, code, param in BAD_REQUESTS:
+            request = {"model": "sd", "prompt": "a fox", "size": "32x32", **change}
+            with pytest.raises(openai.APIStatusError) as caught:
+                await client.images.generate(**request)  # type: ignore[arg-type]
+            body: dict = caught.value.body  # type: ignore[assignment]
+            got = (caught.value.status_code, body["code"], body.get("param"))
+            assert got == (status, code, param), change
+        async with httpx.AsyncClient() as http:
+            url = f"{server.http}/v1/images/generations"
+            streamed = await http.post(url, json={"prompt": "a", "stream": True})
+        ok = await client.images.generate(model="sd", prompt="a fox", size="32x32")
+        assert server.engines["sd"].manager.open_count == 0
+    assert (streamed.status_code, streamed.json()["error"]["param"]) == (400, "stream")
+    assert len(ok.data) == 1  # type: ignore[arg-type]
+
+
+async def test_without_a_model_the_first_image_model_answers(piper, sd) -> None:
+    async with batch_server([("piper", piper), ("sd", sd)]) as server, httpx.AsyncClient() as http:
+        reply = await http.post(f"{server.http}/v1/images/generations", json={"prompt": "a fox"})
+    assert reply.status_code == 200 and len(reply.json()["data"]) == 1
