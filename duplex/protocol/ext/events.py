@@ -21,6 +21,7 @@ import msgspec
 from duplex.protocol.ext.capabilities import SessionCapabilities
 from duplex.protocol.realtime._base import Event, Wire
 from duplex.protocol.realtime.events import ResponseOutputAudioDelta, SessionCreated, SessionUpdated
+from duplex.protocol.realtime.responses import Usage
 from duplex.protocol.realtime.session import Session
 
 __all__ = [
@@ -109,10 +110,12 @@ class SessionResyncRequired(Event, tag="session.resync_required", kw_only=True):
 
 
 class SessionClosed(Event, tag="session.closed", kw_only=True):
-    """The session ended (``client_close``, ``shutdown``, ``disconnect`` ...); always the last event."""
+    """The session ended (``client_close``, ``shutdown``, ``disconnect`` ...); always the last event.
+    ``usage``: the session's tokens in total, from a model that reports them."""
 
     session_id: str
     reason: str
+    usage: Usage | None = None
 
 
 class SessionHeartbeatAck(Event, tag="session.heartbeat_ack", kw_only=True):
