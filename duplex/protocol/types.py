@@ -30,6 +30,7 @@ from duplex.protocol.ext.events import (
     SessionClosed,
     SessionExpired,
     SessionHeartbeatAck,
+    SessionQueued,
     SessionReplaced,
     SessionResumed,
     SessionResyncRequired,
@@ -112,6 +113,7 @@ ServerEvent: TypeAlias = (
     | SessionResyncRequired
     | SessionClosed
     | SessionHeartbeatAck
+    | SessionQueued
     | PlaybackAcknowledged
     | ResponseListen
     | ResponseSpeak

@@ -9,7 +9,8 @@ Tier 2 twins subclass their GA struct and only add fields:
 
 Tier 3 events exist only here: ``session.resumed``, ``session.replaced``, ``session.expired``,
 ``session.resync_required``, ``session.closed``, ``session.heartbeat_ack``, ``playback.acknowledged``,
-``response.listen``, ``response.speak``, ``overlap.decision``. OpenAI clients ignore unknown types.
+``response.listen``, ``response.speak``, ``overlap.decision``, and ``session.queued`` (only to a
+client that asked to wait for a slot, ``?queue=1``). OpenAI clients ignore unknown types.
 """
 
 from __future__ import annotations
@@ -37,6 +38,7 @@ __all__ = [
     "SessionClosed",
     "SessionExpired",
     "SessionHeartbeatAck",
+    "SessionQueued",
     "SessionReplaced",
     "SessionResumed",
     "SessionResyncRequired",
@@ -116,6 +118,16 @@ class SessionClosed(Event, tag="session.closed", kw_only=True):
     session_id: str
     reason: str
     usage: Usage | None = None
+
+
+class SessionQueued(Event, tag="session.queued", kw_only=True):
+    """Every session slot is taken and the client asked to wait (``?queue=1``): it waits at
+    ``position`` (1 = next) of ``queue_length`` for about ``estimated_wait_s`` seconds. Sent again
+    whenever that changes, before ``session.created``; not journaled (no session exists yet)."""
+
+    position: int
+    queue_length: int
+    estimated_wait_s: float
 
 
 class SessionHeartbeatAck(Event, tag="session.heartbeat_ack", kw_only=True):
