@@ -197,7 +197,10 @@ class Session:
             )
             for t in s.tools
         )
-        return SlotOptions(instructions=s.instructions, voice=s.voice, temperature=s.temperature, tools=tools)
+        extra: dict[str, object] = {"ref_audio": s.ref_audio} if s.ref_audio is not None else {}
+        return SlotOptions(
+            instructions=s.instructions, voice=s.voice, temperature=s.temperature, tools=tools, extra=extra
+        )
 
     def take_actions(self) -> list[Action]:
         """The actions queued by the last calls, in order; the caller must carry them out
