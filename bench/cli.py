@@ -158,7 +158,8 @@ def _cmd_load(args: argparse.Namespace) -> int:
     write_json(target, report)
     rows = [_load_row(r) for r in report["sessions"]]
     rows.append(_load_row({"index": "all", "ok": report["ok"], "failure": None,
-                           "metrics": _pooled_as_metrics(report["pooled"])}))
+                           "metrics": _pooled_as_metrics(report["pooled"]),
+                           "queue_wait_ms": report["pooled"]["queue_wait_ms"]["p50"]}))
     title = (f"Load: {report['passed_sessions']}/{report['requested_sessions']} sessions passed "
              f"({report['frame_period_s'] * 1000:.0f} ms frames)")
     print_table(rows, LOAD_COLUMNS, title=title)
