@@ -7,9 +7,9 @@ engine's waiting room (``duplex.engine.admission``) while the socket stays serve
 * each ``QueueStatus`` the engine reports is written at once, rendered by the dialect
   (``session.queued`` in both), the latest one only when several came during one write; a write
   that the peer does not take within ``send_timeout_s`` ends the wait as a departure;
-* every message the client sends meanwhile is handed to ``on_message``, which answers it (an early
-  ``session.init`` is kept, a close ends the wait, anything else may be refused) and says whether
-  to go on waiting; a disconnect ends the wait.
+* every message the client sends meanwhile (also one that arrives with the slot) is handed to
+  ``on_message``, which answers it (an early ``session.init`` is kept, a close ends the wait,
+  anything else may be refused) and says whether to go on waiting; a disconnect ends the wait.
 
 A wait that ends because of the client leaves the queue (the waiter behind moves up) and returns
 ``None``. The slot is held by ``stack``: closing it gives the slot back unless a session took it.
@@ -72,19 +72,17 @@ async def wait_for_slot(
                 await asyncio.wait((enter, reader, waiter), return_when=asyncio.FIRST_COMPLETED)
             finally:
                 waiter.cancel()
-            if enter.done():
-                break
-            if changed.is_set():
-                changed.clear()
-                try:
-                    async with asyncio.timeout(send_timeout_s):
+            try:
+                async with asyncio.timeout(send_timeout_s):  # what is written here: a peer must read
+                    if changed.is_set() and not enter.done():
+                        changed.clear()
                         await conn._write([status_event(latest[0])])
-                except (TimeoutError, *_GONE):
-                    return None
-            if reader.done():
-                data, reader = reader.result(), None
-                if data is None or not await on_message(data):
-                    return None
+                    if reader.done():  # a message that came with the slot is answered too
+                        data, reader = reader.result(), None
+                        if data is None or not await on_message(data):
+                            return None
+            except (TimeoutError, *_GONE):
+                return None
         return enter.result()
     finally:
         if not enter.done():

@@ -110,3 +110,14 @@ async def test_a_first_message_client_queues_with_its_session_update():
         created = await recv(waiter)
         assert event_type(created) == "session.created" and created.session.instructions == "first"
         await waiter.close()
+
+
+async def test_with_a_free_slot_queue_changes_nothing_and_an_early_command_is_kept():
+    async with full_server() as srv:
+        ws = await connect(srv, "model=m&queue=1")
+        await send(ws, DuplexSessionUpdate(session=DuplexSessionConfig(instructions="early")))
+        assert event_type(await recv(ws)) == "session.created"
+        updated = await recv(ws)
+        assert event_type(updated) == "session.updated" and updated.session.instructions == "early"
+        assert srv.engine.metrics.queue_admitted.value == 0  # it never waited
+        await ws.close()
