@@ -57,6 +57,8 @@ def add_bench_subcommands(subparsers: Any) -> argparse.ArgumentParser:
     load.add_argument("--open-timeout-s", type=float, default=20.0)
     load.add_argument("--max-frame-deficit", type=int, help="fail a session whose frame deficit exceeds this")
     load.add_argument("--allow-silent", action="store_true", help="a session with no audio does not fail")
+    load.add_argument("--queue", action="store_true",
+                      help="past the server's max_sessions, wait for a slot (?queue=1); report the wait")
     load.add_argument("--output-dir", default="duplex-bench-load", help="where load-result.json and plots go")
     load.add_argument("--overwrite", action="store_true", help="replace an existing load-result.json")
     load.add_argument("--no-plots", action="store_true")
@@ -146,6 +148,7 @@ def _cmd_load(args: argparse.Namespace) -> int:
         cleanup_timeout_s=args.cleanup_timeout_s, model=args.model, api_key=args.api_key,
         msgpack=args.msgpack,
         max_frame_deficit=args.max_frame_deficit, require_audio=not args.allow_silent, preset=args.preset,
+        queue=args.queue,
     )
     result = asyncio.run(run_load(cfg, progress=_progress(args)))
     report = result.to_json()
@@ -155,10 +158,15 @@ def _cmd_load(args: argparse.Namespace) -> int:
     write_json(target, report)
     rows = [_load_row(r) for r in report["sessions"]]
     rows.append(_load_row({"index": "all", "ok": report["ok"], "failure": None,
-                           "metrics": _pooled_as_metrics(report["pooled"])}))
+                           "metrics": _pooled_as_metrics(report["pooled"]),
+                           "queue_wait_ms": report["pooled"]["queue_wait_ms"]["p50"]}))
     title = (f"Load: {report['passed_sessions']}/{report['requested_sessions']} sessions passed "
              f"({report['frame_period_s'] * 1000:.0f} ms frames)")
     print_table(rows, LOAD_COLUMNS, title=title)
+    waits = report["pooled"]["queue_wait_ms"]
+    if waits["count"]:
+        print(f"queue: {report['pooled']['queued_sessions']} sessions waited for a slot, "
+              f"wait p50 {waits['p50']:.0f} ms, max {waits['max']:.0f} ms")
     late = report["pooled"]["pacing_warning_sessions"]
     if late:
         print(f"warning: send lateness p99 above one frame in sessions {late} "
@@ -176,6 +184,7 @@ LOAD_COLUMNS = [
     ("index", "session"), ("status", "status"), ("first_ms", "first audio ms"), ("int_p50", "interval p50"),
     ("int_p99", "interval p99"), ("int_max", "interval max"), ("rtf", "client RTF"), ("deficit", "deficit"),
     ("underrun_s", "underrun s"), ("underruns", "underruns"), ("late_p99", "lateness p99 ms"),
+    ("queue_ms", "queue wait ms"),
 ]
 
 
@@ -203,6 +212,7 @@ def _load_row(r: dict[str, Any]) -> dict[str, Any]:
         "rtf": m.get("client_stream_rtf"), "deficit": m.get("frame_deficit"),
         "underrun_s": m.get("audio_underrun_s"), "underruns": m.get("audio_underrun_count"),
         "late_p99": (m.get("send_lateness_ms") or {}).get("p99"),
+        "queue_ms": r.get("queue_wait_ms"),
     }
 
 

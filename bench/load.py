@@ -4,9 +4,13 @@ Theory of operation
 -------------------
 1. **Admission.** ``sessions`` clients open concurrently (``RecordingClient``, no resume). A
    refused one stays in the report as a failed row with its error code: it is never dropped from
-   the denominator.
-2. **Shared start.** Every admitted session starts streaming at one instant (``start_delay_s``
-   after the last admission), so the server sees N real-time streams at once.
+   the denominator. With ``queue`` the clients ask to wait for a slot (``?queue=1``): past the
+   server's ``max_sessions`` a client waits in the server's queue (``session.queued``) and its
+   queue wait (first ``session.queued`` to ``session.created``) is reported.
+2. **Shared start.** Every session admitted at once starts streaming at one instant
+   (``start_delay_s`` after every client was admitted, refused or queued), so the server sees N
+   real-time streams at once. A session admitted from the queue starts ``start_delay_s`` after its
+   own admission (a slot freed: an earlier session ended).
 3. **Paced input.** Each session sends its input frames (``frame_ms``: 80 ms frames or 1 s units)
    from the WAV, at most ``max_frames``, never looped, on a fixed grid ``t0 + i * period``. A
    sleep overshoot does not accumulate. When a send completes more than one frame past its next
@@ -73,6 +77,7 @@ class LoadConfig:
     require_audio: bool = True
     synthetic_s: float = 10.0  # input length when no WAV is given
     preset: str | None = None  # a clients.presets name: open sessions with that config
+    queue: bool = False  # wait for a slot past the server's max_sessions (``?queue=1``)
 
 
 @dataclass
@@ -80,6 +85,10 @@ class _Session:
     index: int
     client: RecordingClient | None = None
     admitted: bool = False
+    admitted_at: float | None = None
+    queue_wait_s: float | None = None  # first session.queued to session.created (queued sessions)
+    queue_position: int | None = None  # the position of the first session.queued
+    settled: asyncio.Event = field(default_factory=asyncio.Event)  # admitted, refused or queued
     reject_code: str | None = None
     reject_message: str | None = None
     sends: list[Send] = field(default_factory=list)
@@ -168,21 +177,30 @@ def _frames(pcm: np.ndarray, fmt: AudioFormat, frame_s: float, max_frames: int) 
 
 async def _admit(cfg: LoadConfig, s: _Session, clock: Callable[[], float]) -> None:
     session = create_duplex_session_config(cfg.preset).session if cfg.preset else None
+
+    def queued(event: Any) -> None:
+        if s.queue_position is None:
+            s.queue_position = event.position
+        s.settled.set()
+
     client = RecordingClient(
         cfg.url, model=cfg.model, api_key=cfg.api_key, msgpack=cfg.msgpack, resume=False,
-        open_timeout_s=cfg.open_timeout_s, clock=clock, session=session,
+        open_timeout_s=cfg.open_timeout_s, clock=clock, session=session, queue=cfg.queue, on_queued=queued,
     )
     try:
-        async with asyncio.timeout(cfg.open_timeout_s):
-            await client.open()
+        await client.open()  # the client's open timeout starts over with each session.queued
     except (ClientError, TimeoutError, OSError) as exc:
         s.reject_code = getattr(exc, "code", type(exc).__name__)
         s.reject_message = getattr(exc, "message", None) or "admission timed out"
         return  # a refused client holds no socket (the handshake closes it)
+    finally:
+        s.settled.set()
     out = client.output_format or AudioFormat("pcm16", 24000)
     client.recorder.output_rate = out.rate
     client.recorder.bytes_per_sample = out.bytes_per_sample or 2
-    s.client, s.admitted = client, True
+    s.client, s.admitted, s.admitted_at = client, True, clock()
+    if client.queued_at is not None:
+        s.queue_wait_s = s.admitted_at - client.queued_at
 
 
 @dataclass
@@ -249,8 +267,10 @@ async def _cleanup(s: _Session, timeout_s: float) -> None:
 
 
 def _row(s: _Session, cfg: LoadConfig, period: float) -> dict[str, Any]:
+    wait_ms = None if s.queue_wait_s is None else round(s.queue_wait_s * 1000, 3)
     row: dict[str, Any] = {"index": s.index, "admitted": s.admitted, "ok": False, "session_id": None,
-                           "failure": None, "metrics": None}
+                           "failure": None, "metrics": None, "queue_position": s.queue_position,
+                           "queue_wait_ms": wait_ms}
     if not s.admitted:
         row.update(failure="admission", reject_code=s.reject_code, reject_message=s.reject_message)
         return row
@@ -307,35 +327,58 @@ async def run_load(
         raise ValueError("sessions must be in [1, 4096]")
     pcm, in_rate, info = _load_input(cfg)
     sessions = [_Session(i) for i in range(cfg.sessions)]
-    await asyncio.gather(*(_admit(cfg, s, clock) for s in sessions))
-    admitted = [s for s in sessions if s.admitted]
-    caps = admitted[0].client.capabilities if admitted else None  # type: ignore[union-attr]
-    frame_ms = cfg.frame_ms or getattr(caps, "chunk_period_ms", 0) or 80
-    period = frame_ms / 1000.0
     info["frames"] = 0
     meter = Progress("load", total=1.0, stream=progress)
-    try:
-        if admitted:
-            fmt = admitted[0].client.input_format  # type: ignore[union-attr]
+    shared: asyncio.Future[float] = asyncio.get_running_loop().create_future()
+    cut: dict[str, Any] = {}  # the input frames and their period, from the first admitted session
+
+    def plan(client: RecordingClient) -> tuple[list[bytes], float]:
+        if not cut:
+            caps = client.capabilities
+            period = (cfg.frame_ms or getattr(caps, "chunk_period_ms", 0) or 80) / 1000.0
+            fmt = client.input_format
             frames = _frames(resample(pcm, in_rate, fmt.rate) if in_rate != fmt.rate else pcm,
                              fmt, period, cfg.max_frames)
+            cut.update(frames=frames, period=period)
             info["frames"] = len(frames)
             meter.total = len(frames) * period + cfg.drain_s
-            t0 = clock() + cfg.start_delay_s
+        return cut["frames"], cut["period"]
 
-            def status() -> str:
-                packets = sum(len(s.client.recorder.packets) for s in admitted)  # type: ignore[union-attr]
-                errors = sum(len(s.client.recorder.errors) for s in admitted)  # type: ignore[union-attr]
-                return f"{len(admitted)}/{cfg.sessions} sessions  {packets} packets  {errors} errors"
+    async def settle() -> None:
+        for s in sessions:
+            await s.settled.wait()
+        shared.set_result(clock() + cfg.start_delay_s)
 
-            async with meter.running(lambda: max(0.0, clock() - t0), status), asyncio.TaskGroup() as tg:
-                for s in admitted:
-                    tg.create_task(_stream(s, frames, t0, period, cfg.drain_s, clock))
-        await asyncio.gather(*(_cleanup(s, cfg.cleanup_timeout_s) for s in admitted))
+    async def one(s: _Session) -> None:
+        await _admit(cfg, s, clock)
+        if s.client is None:
+            return
+        frames, period = plan(s.client)
+        assert s.admitted_at is not None
+        t0 = max(await shared, s.admitted_at + cfg.start_delay_s)
+        await _stream(s, frames, t0, period, cfg.drain_s, clock)
+        await _cleanup(s, cfg.cleanup_timeout_s)
+
+    def status() -> str:
+        admitted = [s for s in sessions if s.client is not None]
+        packets = sum(len(s.client.recorder.packets) for s in admitted)  # type: ignore[union-attr]
+        errors = sum(len(s.client.recorder.errors) for s in admitted)  # type: ignore[union-attr]
+        return f"{len(admitted)}/{cfg.sessions} sessions  {packets} packets  {errors} errors"
+
+    def elapsed() -> float:
+        return max(0.0, clock() - shared.result()) if shared.done() else 0.0
+
+    try:
+        async with meter.running(elapsed, status), asyncio.TaskGroup() as tg:
+            tg.create_task(settle())
+            for s in sessions:
+                tg.create_task(one(s))
     finally:
-        for s in admitted:
-            with contextlib.suppress(Exception):
-                await s.client.close(timeout=0)  # type: ignore[union-attr]
+        for s in sessions:
+            if s.client is not None:
+                with contextlib.suppress(Exception):
+                    await s.client.close(timeout=0)
+    period = cut.get("period", (cfg.frame_ms or 80) / 1000.0)
     rows = [_row(s, cfg, period) for s in sessions]
     owners = Counter(rid for r in rows if r["metrics"] for rid in r["metrics"]["response_ids"])
     shared = sorted(rid for rid, n in owners.items() if n > 1)

@@ -21,6 +21,9 @@ does not need this source):
   original grid (a stall shows as lateness of every later frame, never as a catch-up burst);
 * frame deficit: input frames sent - whole output frames received, an output frame being the
   input frame period at the output rate;
+* queue wait: for a session that waited for a slot (``queue``: ``?queue=1``), from its first
+  ``session.queued`` to its ``session.created``, on the client clock; admission is otherwise
+  excluded from every figure;
 * underrun: a simulated listener starts playing each response at its first packet, in real time;
   when its buffer runs dry it stalls until the response's next packet arrives and continues from
   there. ``underrun_s`` is the total stall time, ``underrun_count`` the stalls longer than the
@@ -73,6 +76,10 @@ DEFINITIONS = {
     "frame_deficit_definition": (
         "input frames sent - whole output frames received (output frame = input frame period at the "
         "output rate)"
+    ),
+    "queue_wait_definition": (
+        "first session.queued to session.created, client clock, for a session that waited for a slot "
+        "(?queue=1); such a session streams from its own admission, not from the shared start"
     ),
 }
 
@@ -248,6 +255,7 @@ def pooled_metrics(
     first = _finite(m["first_audio_after_stream_start_ms"] for m in measured)
     rtf = _finite(m["client_stream_rtf"] for m in measured)
     deficits = [m["frame_deficit"] for m in measured if m.get("frame_deficit") is not None]
+    waits = [s["queue_wait_ms"] for s in sessions if s.get("queue_wait_ms") is not None]
     return {
         "requested_sessions": len(sessions),
         "admitted_sessions": sum(1 for s in sessions if s.get("admitted")),
@@ -263,4 +271,6 @@ def pooled_metrics(
         "pacing_warning_sessions": [
             s["index"] for s in sessions if (s.get("metrics") or {}).get("pacing_warning")
         ],
+        "queued_sessions": len(waits),
+        "queue_wait_ms": distribution(waits),
     }

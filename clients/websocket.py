@@ -3,7 +3,11 @@
 Opening: with a session config the client connects with ``?model=...&autostart=0`` and sends
 ``session.update`` first (the server waits for it); without one it connects with ``?model=...`` and
 the server opens a default session at once. Either way the first event must be ``session.created``;
-an ``error`` instead raises ``ClientError`` with its code.
+an ``error`` instead raises ``ClientError`` with its code. With ``queue=True`` (``?queue=1``) a
+server whose every session slot is taken lets the client wait for one: each ``session.queued``
+update before ``session.created`` is kept in ``queue_status`` (the first one's time in
+``queued_at``) and handed to ``on_queued``, and the open timeout starts over with each update (the
+server bounds the wait itself).
 
 Resume: when the socket drops (any close other than after ``session.closed``/``expired``), the
 client reconnects with jittered exponential backoff (``reconnect_attempts`` tries, from
@@ -78,6 +82,8 @@ class DuplexClient(DuplexClientBase):
         open_timeout_s: float = 10.0,
         max_frame_bytes: int = 64 * 1024 * 1024,
         on_raw_frame: Callable[[str | bytes, float], None] | None = None,
+        queue: bool = False,
+        on_queued: Callable[[Any], None] | None = None,
         **kwargs: Any,
     ) -> None:
         kwargs.setdefault("heartbeat_s", 30.0)  # keeps the lease fresh through quiet stretches
@@ -93,6 +99,10 @@ class DuplexClient(DuplexClientBase):
         self.open_timeout_s = open_timeout_s
         self.max_frame_bytes = max_frame_bytes
         self.on_raw_frame = on_raw_frame
+        self.queue = queue
+        self.on_queued = on_queued
+        self.queue_status: Any = None  # the last ``session.queued`` before the session opened
+        self.queued_at: float | None = None  # when the first one came (``clock``)
         self.reconnects = 0
         self.last_resume_error: ClientError | None = None
         self._ws: ClientConnection | None = None
@@ -133,15 +143,26 @@ class DuplexClient(DuplexClientBase):
             raise ClientError("connection_failed", f"cannot connect to {self.url}: {exc}") from exc
 
     async def _first_event(self, ws: ClientConnection) -> Any:
-        async with asyncio.timeout(self.open_timeout_s):
+        loop = asyncio.get_running_loop()
+        async with asyncio.timeout(self.open_timeout_s) as deadline:
             while True:
                 data = await ws.recv()
-                self.received_frame(data, self.clock())
+                t = self.clock()
+                self.received_frame(data, t)
                 try:
-                    return decode_event(data, self.mode, max_bytes=self.max_frame_bytes)
+                    event = decode_event(data, self.mode, max_bytes=self.max_frame_bytes)
                 except ProtocolError as err:
                     if err.code != "unknown_event":
                         raise ClientError(err.code, err.message) from err
+                    continue
+                if event_type(event) != "session.queued":
+                    return event
+                self.queue_status = event
+                if self.queued_at is None:
+                    self.queued_at = t
+                if self.on_queued is not None:
+                    self.on_queued(event)
+                deadline.reschedule(loop.time() + self.open_timeout_s)
 
     async def _expect_opened(self, ws: ClientConnection, want: str) -> Any:
         try:
@@ -161,11 +182,12 @@ class DuplexClient(DuplexClientBase):
 
     async def _open_transport(self) -> None:
         model = self.model or "duplex"
+        queue = {"queue": "1"} if self.queue else {}
         if self.session_config is not None:
-            ws = await self._connect(model=model, autostart="0")
+            ws = await self._connect(model=model, autostart="0", **queue)
             await ws.send(encode(DuplexSessionUpdate(session=self.session_config), self.mode))
         else:
-            ws = await self._connect(model=model)
+            ws = await self._connect(model=model, **queue)
         first = await self._expect_opened(ws, "session.created")
         self._ws = ws
         self._set_connected()

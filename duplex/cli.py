@@ -40,6 +40,14 @@ def build_parser() -> argparse.ArgumentParser:
     serve.add_argument("--port", type=int, help="port to bind (default 8000)")
     serve.add_argument("--max-sessions", type=int, help="concurrent sessions before resource_exhausted")
     serve.add_argument(
+        "--max-queue-length",
+        type=int,
+        help="opens that may wait for a slot past --max-sessions (default 32; 0: refuse at once)",
+    )
+    serve.add_argument(
+        "--max-queue-wait-s", type=float, help="seconds an open may wait for a slot (default 300)"
+    )
+    serve.add_argument(
         "--plugin-option",
         action="append",
         default=[],
@@ -151,8 +159,9 @@ def _cmd_serve(args: argparse.Namespace) -> int:
                 raise ConfigError(f"--plugin-option expects KEY=VALUE, got {item!r}")
             options[key] = value
         engine = dict(cfg.engine)
-        if args.max_sessions is not None:
-            engine["max_sessions"] = args.max_sessions
+        for key in ("max_sessions", "max_queue_length", "max_queue_wait_s"):
+            if getattr(args, key) is not None:
+                engine[key] = getattr(args, key)
         cfg = msgspec.structs.replace(
             cfg,
             plugin=args.plugin or cfg.plugin,

@@ -1,13 +1,24 @@
 """The session layer: sans-IO sessions, their runners, the manager and the frame scheduler.
 
 Public API (``docs/internals.md``, "engine"): ``Engine``, ``EngineConfig``,
-``Attachment``, ``SessionError``, ``Detached``; ``EngineMetrics`` for exporters.
+``Attachment``, ``SessionError``, ``Detached``; ``Admission`` and ``QueueStatus`` (the
+waiting room); ``EngineMetrics`` for exporters.
 """
 
+from duplex.engine.admission import Admission, QueueStatus
 from duplex.engine.attachment import Attachment
 from duplex.engine.config import EngineConfig
 from duplex.engine.engine import Engine
 from duplex.engine.errors import Detached, SessionError
 from duplex.engine.metrics import EngineMetrics
 
-__all__ = ["Attachment", "Detached", "Engine", "EngineConfig", "EngineMetrics", "SessionError"]
+__all__ = [
+    "Admission",
+    "Attachment",
+    "Detached",
+    "Engine",
+    "EngineConfig",
+    "EngineMetrics",
+    "QueueStatus",
+    "SessionError",
+]

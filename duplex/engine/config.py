@@ -24,6 +24,14 @@ class EngineConfig(msgspec.Struct, frozen=True, kw_only=True):
         ``reaper_interval_s``: how often the reaper looks for expired leases.
         ``close_timeout_s``: how long a close waits for the runner to finish its cleanup.
 
+    Waiting room (``duplex.engine.admission``; only for opens whose caller asked to wait)
+        ``max_queue_length``: opens that may wait for a slot at once, in FIFO order; past it a new
+        one is refused with ``resource_exhausted``. ``0``: no waiting room (every open past
+        ``max_sessions`` is refused at once).
+        ``max_queue_wait_s``: how long one open may wait before it is refused (``resource_exhausted``).
+        ``queue_assumed_session_s``: the session duration the wait estimate assumes until a session
+        has ended; afterwards the mean of the last ``queue_duration_samples`` sessions.
+
     Input budgets (checked in ``Attachment.submit``, before the mailbox)
         ``max_pending_input_bytes``: encoded audio bytes accepted but not yet processed.
         ``max_pending_turns``: commits / response requests accepted but not yet processed.
@@ -94,6 +102,10 @@ class EngineConfig(msgspec.Struct, frozen=True, kw_only=True):
     disconnect_grace_s: float = 30.0
     reaper_interval_s: float = 5.0
     close_timeout_s: float = 5.0
+    max_queue_length: int = 32
+    max_queue_wait_s: float = 300.0
+    queue_assumed_session_s: float = 120.0
+    queue_duration_samples: int = 32
 
     max_pending_input_bytes: int = 16 * 1024 * 1024
     max_pending_turns: int = 4
@@ -128,7 +140,18 @@ class EngineConfig(msgspec.Struct, frozen=True, kw_only=True):
             raise ValueError("max_sessions must be >= 1")
         if self.idle_ttl_s is not None and self.idle_ttl_s <= 0:
             raise ValueError("idle_ttl_s must be positive or None")
-        for name in ("disconnect_grace_s", "reaper_interval_s", "journal_max_age_s", "close_timeout_s"):
+        if self.max_queue_length < 0:
+            raise ValueError("max_queue_length must be >= 0 (0: no waiting room)")
+        if self.queue_duration_samples < 1:
+            raise ValueError("queue_duration_samples must be >= 1")
+        for name in (
+            "disconnect_grace_s",
+            "reaper_interval_s",
+            "journal_max_age_s",
+            "close_timeout_s",
+            "max_queue_wait_s",
+            "queue_assumed_session_s",
+        ):
             if getattr(self, name) <= 0:
                 raise ValueError(f"{name} must be positive")
         for name in (

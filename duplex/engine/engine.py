@@ -6,6 +6,9 @@
     async with engine:                               # starts the kind's driver and the reaper
         att = await engine.open(model="m", update=session_update_or_None)
         att = await engine.resume(session_id, resume_token, last_event_seq)
+        async with engine.admit(on_queued=listener) as admission:   # wait in the queue if full
+            ...                                                      # (the transport's handshake)
+            att = await engine.open(model="m", update=update, admission=admission)
 
 ``async with engine`` owns every background task (the driver's loop, reaper, one runner
 per session) in one ``asyncio.TaskGroup``; leaving it drains: every session gets
@@ -24,10 +27,11 @@ import asyncio
 import concurrent.futures
 import contextlib
 import logging
-from collections.abc import Callable
+from collections.abc import AsyncIterator, Callable
 from typing import Any
 
 from duplex.engine import collector
+from duplex.engine.admission import Admission, QueueListener
 from duplex.engine.attachment import Attachment
 from duplex.engine.config import EngineConfig
 from duplex.engine.drivers import Driver, driver_for
@@ -167,6 +171,25 @@ class Engine:
 
     # ------------------------------------------------------------------ public API
 
+    @contextlib.asynccontextmanager
+    async def admit(self, on_queued: QueueListener | None = None) -> AsyncIterator[Admission]:
+        """Reserve an admission slot for the ``open`` made inside the block (``open(admission=...)``);
+        leaving the block without one gives the slot back (to the head of the queue).
+
+        With every slot taken and ``on_queued`` given, the open waits in the waiting room
+        (``EngineConfig.max_queue_length``, ``max_queue_wait_s``; ``duplex.engine.admission``) in
+        FIFO order, ``on_queued`` hearing its ``QueueStatus`` on this loop whenever it changes;
+        without ``on_queued`` it is refused at once, as ``open`` refuses. Raises
+        ``SessionError("resource_exhausted")`` (retryable) when no slot is to be had. Cancel-safe:
+        a cancelled wait leaves the queue.
+        """
+        manager = self.manager
+        admission = await manager.reserve(on_queued)
+        try:
+            yield admission
+        finally:
+            manager.release(admission)
+
     async def open(
         self,
         model: str | None = None,
@@ -174,12 +197,16 @@ class Engine:
         *,
         api_key_id: bytes | None = None,
         paced: bool = True,
+        admission: Admission | None = None,
         resumable: bool = True,
     ) -> Attachment:
         """Open a session; its attachment starts with ``session.created`` (and ``session.updated``
         when ``update`` opened it). ``session.model`` is the served model name whatever ``model`` says.
         ``api_key_id``: an opaque digest of the API key that opens it (never the key); the session
         is bound to it, and ``resume`` must present the same. ``None``: not bound to a key.
+        ``admission``: a slot reserved by ``admit`` (otherwise one is taken now, or the open is
+        refused). ``resumable=False``: the transport cannot resume (a dialect without resume): the
+        session gets no resume token and closes as soon as its transport detaches.
 
         Two settings of the transport that opens the session (a client cannot change them):
         ``paced=False`` sends the audio of a model that makes it faster than real time as it is
@@ -193,7 +220,9 @@ class Engine:
         ``update``, the plugin's code when it refuses the slot. Not cancel-safe while the plugin
         opens the slot (the slot is released if it fails).
         """
-        return await self.manager.open(update, api_key_id=api_key_id, paced=paced, resumable=resumable)
+        return await self.manager.open(
+            update, api_key_id=api_key_id, paced=paced, admission=admission, resumable=resumable
+        )
 
     async def resume(
         self, session_id: str, resume_token: str, last_event_seq: int, *, api_key_id: bytes | None = None
@@ -269,6 +298,11 @@ class Engine:
             sessions_closed=m.sessions_closed.value,
             sessions_expired=m.sessions_expired.value,
             admission_refused=m.admission_refused.value,
+            queue_admitted=m.queue_admitted.value,
+            queue_refused_full=m.queue_refused_full.value,
+            queue_refused_timeout=m.queue_refused_timeout.value,
+            queue_wait_p50_s=m.queue_wait_s.percentile(0.5),
+            queue_wait_p99_s=m.queue_wait_s.percentile(0.99),
             backpressure_refused=m.backpressure_refused.value,
             tick_p50_s=m.tick_duration_s.percentile(0.5),
             tick_p99_s=m.tick_duration_s.percentile(0.99),

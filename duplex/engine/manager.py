@@ -5,9 +5,11 @@ Theory of operation
 The manager holds one ``SessionRecord`` per session that still holds an admission
 slot (open, attached, detached or closing). It
 
-* **admits** (``open``): refuses past ``min(max_sessions, capabilities.max_sessions)``
-  with ``resource_exhausted`` (retryable); a closing session keeps its slot until
-  its cleanup finished (``release_slot`` then ``SessionRecord.finish``);
+* **admits** (``reserve``, then ``open``): past ``min(max_sessions, capabilities.max_sessions)``
+  refuses with ``resource_exhausted`` (retryable), or, for a caller that asked to wait, queues
+  the open in the waiting room (``duplex.engine.admission``) until a slot frees; a closing
+  session keeps its slot until its cleanup finished (``release_slot`` then
+  ``SessionRecord.finish``), and a freed slot goes to the head of the queue at once;
 * **checks budgets before the mailbox** (``SessionRecord.submit``): encoded input
   bytes and pending turns not yet processed; over budget the command is refused
   with ``input_backpressure`` and nothing is applied;
@@ -35,6 +37,7 @@ import operator
 from collections.abc import Callable
 from typing import Any
 
+from duplex.engine.admission import Admission, QueueListener, WaitingRoom
 from duplex.engine.attachment import Attachment
 from duplex.engine.config import EngineConfig
 from duplex.engine.credentials import ResumeCredential
@@ -99,6 +102,7 @@ class SessionRecord:
         self.attachment: Attachment | None = None
         self.runner = SessionRunner(self, manager)
         self.task: asyncio.Task[None] | None = None
+        self.opened_at = manager.now()  # for the waiting room's estimate (``forget``)
         self.pending_bytes = 0
         self.pending_turns = 0
         self._ack_seq: int | None = None
@@ -245,7 +249,17 @@ class SessionManager:
         self.memory = MemoryBudget(default_limit_bytes() if budget is None else budget)
         self.records: dict[str, SessionRecord] = {}
         self._free_slots = list(range(capabilities.max_sessions - 1, -1, -1))
-        self._admitting = 0
+        self._reserved = 0  # slots taken by admissions that hold no session yet
+        self.room = WaitingRoom(
+            max_length=config.max_queue_length,
+            max_wait_s=config.max_queue_wait_s,
+            assumed_session_s=config.queue_assumed_session_s,
+            duration_samples=config.queue_duration_samples,
+            limit=self.limit,
+            metrics=metrics,
+            clock=clock,
+            give_back=self._return_slot,
+        )
         self._spawn: Callable[[SessionRecord], asyncio.Task[None]] | None = None
         #: Set while the model is unavailable (``model_lost``): opens are refused meanwhile.
         self.model_error: PluginError | None = None
@@ -262,7 +276,71 @@ class SessionManager:
 
     @property
     def open_count(self) -> int:
-        return len(self.records) + self._admitting
+        return len(self.records) + self._reserved
+
+    # ------------------------------------------------------------------ admission
+
+    def _has_room(self) -> bool:
+        return len(self.records) + self._reserved < self.limit and bool(self._free_slots)
+
+    def _check_admissible(self) -> None:
+        if self.model_error is not None:
+            self._refuse_unavailable()
+        if self.memory.exceeded():
+            self.metrics.admission_refused.inc()
+            raise SessionError("resource_exhausted", self.memory.describe())
+
+    async def reserve(self, listener: QueueListener | None = None) -> Admission:
+        """A slot for a session about to open (``open(admission=...)``; ``release`` if it never does).
+
+        With every slot taken: ``listener`` None (or no waiting room) refuses at once; otherwise the
+        open waits in the queue, ``listener`` hearing its ``QueueStatus``, until a slot is handed to
+        it. Raises ``SessionError("resource_exhausted")``: no slot, the queue full or waited out, the
+        model unavailable, the memory budget exceeded. Cancel-safe: a cancelled wait leaves the queue.
+        """
+        self._check_admissible()
+        if self._has_room() and not self.room.waiting:
+            return Admission(self._take_slot())
+        if listener is None or not self.room.enabled:
+            self.metrics.admission_refused.inc()
+            raise SessionError("resource_exhausted", f"duplex_session_capacity_exhausted: limit={self.limit}")
+        try:
+            admission = await self.room.wait(listener)  # its slot was taken for it (``_offer_slots``)
+        except SessionError:
+            self.metrics.admission_refused.inc()
+            raise
+        try:
+            self._check_admissible()
+        except SessionError:
+            self.release(admission)
+            raise
+        return admission
+
+    def release(self, admission: Admission) -> None:
+        """Give back an admission's slot unless a session holds it. Idempotent."""
+        if not admission.used:
+            admission.used = True
+            self._return_slot(admission.slot)
+
+    def _take_slot(self) -> int:
+        self._reserved += 1
+        return self._free_slots.pop()
+
+    def _return_slot(self, slot: int) -> None:
+        """A reserved slot that no session took: free again, and offered to the queue."""
+        self._reserved -= 1
+        self._free_slots.append(slot)
+        self._offer_slots()
+
+    def _offer_slots(self) -> None:
+        """Hand free slots to the waiters, head first, while there is room."""
+        room = self.room
+        while room.waiting and self._has_room():
+            slot = self._take_slot()
+            if not room.hand(slot):
+                self._reserved -= 1
+                self._free_slots.append(slot)
+                return
 
     # ------------------------------------------------------------------ open
 
@@ -272,38 +350,33 @@ class SessionManager:
         *,
         api_key_id: bytes | None = None,
         paced: bool = True,
+        admission: Admission | None = None,
         resumable: bool = True,
     ) -> Attachment:
-        """Admit, open the plugin slot, start the runner; returns the first attachment.
-        ``api_key_id``: the opening key's digest; a resume must present the same (``resume``).
-        ``paced`` / ``resumable``: see ``Engine.open``."""
-        if self.model_error is not None:
-            self._refuse_unavailable()
-        if self.open_count >= self.limit or not self._free_slots:
-            self.metrics.admission_refused.inc()
-            raise SessionError("resource_exhausted", f"duplex_session_capacity_exhausted: limit={self.limit}")
-        if self.memory.exceeded():
-            self.metrics.admission_refused.inc()
-            raise SessionError("resource_exhausted", self.memory.describe())
-        slot = self._free_slots.pop()
-        self._admitting += 1
+        """Admit (or use ``admission``), open the plugin slot, start the runner; returns the first
+        attachment. ``api_key_id``: the opening key's digest; a resume must present the same
+        (``resume``). ``paced`` / ``resumable``: see ``Engine.open``. On failure the admission is
+        released."""
+        if admission is None:
+            admission = await self.reserve(None)
+        elif admission.used:
+            raise SessionError("engine_error", "this admission was already used or released")
         try:
-            return await self._open(slot, update, api_key_id, paced=paced, resumable=resumable)
+            return await self._open(admission, update, api_key_id, paced=paced, resumable=resumable)
         except BaseException:
-            self._free_slots.append(slot)
+            self.release(admission)
             raise
-        finally:
-            self._admitting -= 1
 
     async def _open(
         self,
-        slot: int,
+        admission: Admission,
         update: SessionUpdate | None,
         api_key_id: bytes | None,
         *,
         paced: bool,
         resumable: bool,
     ) -> Attachment:
+        slot = admission.slot
         caps, config = self.capabilities, self.config
         settings = SessionSettings.defaults(self.model_name, caps)
         if update is not None:
@@ -353,6 +426,8 @@ class SessionManager:
         record.binding = self._binding(record)
         record.feed = self.driver.join(slot, record.binding)
         self.records[session_id] = record
+        admission.used = True  # the session holds the slot now
+        self._reserved -= 1
         self.metrics.sessions_opened.inc()
         self.metrics.sessions_open.set(len(self.records))
         assert self._spawn is not None, "the engine is not running (use `async with engine`)"
@@ -417,6 +492,8 @@ class SessionManager:
                 self.metrics.sessions_expired.inc()
             self.metrics.sessions_closed.inc()
             self.metrics.sessions_open.set(len(self.records))
+            self.room.session_ended(self.now() - record.opened_at)
+            self._offer_slots()
 
     # ------------------------------------------------------------------ the model's availability
 
@@ -537,7 +614,9 @@ class SessionManager:
         return expired
 
     async def shutdown(self) -> None:
-        """Close every session with ``shutdown`` and wait for their cleanup (bounded)."""
+        """Refuse every queued open, close every session with ``shutdown`` and wait for their
+        cleanup (bounded)."""
+        self.room.close(SessionError("resource_exhausted", "the server is shutting down; retry later"))
         records = list(self.records.values())
         for record in records:
             self.close(record, "shutdown")
@@ -557,5 +636,6 @@ class SessionManager:
             "sessions_live": live,
             "sessions_closing": len(self.records) - live,
             "max_sessions": self.limit,
+            "queue_length": self.room.waiting,
             "kind": str(self.capabilities.kind),
         }

@@ -33,6 +33,8 @@ LATENCY_BUCKETS_S: tuple[float, ...] = (
     1.0,
     2.0,
 )
+#: Queue wait buckets in seconds (upper bounds), 0.1 s .. 10 min.
+WAIT_BUCKETS_S: tuple[float, ...] = (0.1, 0.5, 1.0, 2.0, 5.0, 10.0, 30.0, 60.0, 120.0, 300.0, 600.0)
 SIZE_BUCKETS: tuple[float, ...] = (1, 2, 4, 8, 16, 32, 64, 128, 256, 512, 1024, 2048)
 
 
@@ -160,6 +162,18 @@ class EngineMetrics:
         self.sessions_open = Gauge("duplex_sessions_open", "Sessions holding an admission slot")
         self.admission_refused = Counter(
             "duplex_admission_refused_total", "Opens refused (resource_exhausted)"
+        )
+        self.queue_length = Gauge("duplex_queue_length", "Opens waiting in the queue for a session slot")
+        self.queue_admitted = Counter("duplex_queue_admitted_total", "Queued opens that got a session slot")
+        self.queue_refused_full = Counter(
+            "duplex_queue_refused_full_total", "Opens refused because the queue was full (max_queue_length)"
+        )
+        self.queue_refused_timeout = Counter(
+            "duplex_queue_refused_timeout_total", "Queued opens refused after max_queue_wait_s"
+        )
+        self.queue_left = Counter("duplex_queue_left_total", "Queued opens whose client left while waiting")
+        self.queue_wait_s = Histogram(
+            "duplex_queue_wait_seconds", "How long admitted opens waited in the queue", WAIT_BUCKETS_S
         )
         self.backpressure_refused = Counter(
             "duplex_backpressure_refused_total", "Commands refused with input_backpressure"

@@ -4,9 +4,11 @@ Overlap (``wire_protocol.md`` §11.6): user audio that arrives while a response 
 active. ``decide_overlap`` returns ``(action, reason)`` with action ``drop``,
 ``listen`` or ``barge_in``, in this order:
 
+0. the client forces a barge-in (``force_barge_in`` on the append)
+                                           -> ``barge_in`` / ``client_force_barge_in``
 1. non-speech audio                        -> ``drop`` / ``silence_or_noise``
 2. a barge-in the model cannot do          -> ``listen`` / ``barge_in_unsupported``
-   (checked wherever step 4 or 5 would barge in)
+   (checked wherever step 0, 4 or 5 would barge in)
 3. ``listen_only``                         -> ``listen`` / ``policy_listen_only``
 4. ``barge_in_on_speech`` and the server VAD just saw speech start
                                            -> ``barge_in`` / ``server_vad_speech_started``
@@ -50,8 +52,11 @@ def decide_overlap(
     barge_in_ms: float,
     supports_barge_in: bool,
     interrupt_response: bool,
+    forced: bool = False,
 ) -> tuple[OverlapAction, str]:
     """The action for one overlapping append, and its reason (see the module docstring)."""
+    if forced:
+        return (BARGE_IN, "client_force_barge_in") if supports_barge_in else (LISTEN, "barge_in_unsupported")
     if not is_speech and not vad_speech_started:
         return DROP, "silence_or_noise"
     if policy == "listen_only":

@@ -352,8 +352,11 @@ class ActiveResponse:
         ]
         return events
 
-    def finish(self, status: str, reason: EndReason | None = None, error: Any = None) -> list[Event]:
-        """Close everything open and end the response (``completed``, ``cancelled``, ``failed``)."""
+    def finish(
+        self, status: str, reason: EndReason | None = None, error: Any = None, usage: Usage | None = None
+    ) -> list[Event]:
+        """Close everything open and end the response (``completed``, ``cancelled``, ``failed``);
+        ``usage``: its tokens (``UsageMeter.take``), zeros when None."""
         assert not self.closed, f"response {self.response_id} already done"
         item_status = "completed" if status == "completed" else "incomplete"
         events = self._close_message(item_status) if self.message_open else []
@@ -362,7 +365,7 @@ class ActiveResponse:
         self.reason = reason
         self.cursor.finished = True
         details = StatusDetails(type=status, reason=wire_reason(reason), error=error)  # type: ignore[arg-type]
-        response = self._response(status, details, zero_usage())
+        response = self._response(status, details, usage if usage is not None else zero_usage())
         events.append(ResponseDone(event_id=new_event_id(), response=response))
         events.append(RateLimitsUpdated(event_id=new_event_id(), rate_limits=[]))
         return events

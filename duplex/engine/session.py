@@ -71,6 +71,7 @@ from duplex.engine.response import ActiveResponse, EndReason
 from duplex.engine.settings import Lane, SessionSettings
 from duplex.engine.sizes import DELTA_OVERHEAD, event_size
 from duplex.engine.transitions import TurnState
+from duplex.engine.usage import UsageMeter
 from duplex.engine.user_turn import UserTurn
 from duplex.engine.vad import SpeechStarted, SpeechStopped
 from duplex.plugins.base import Capabilities, SlotOptions, SlotOutput, ToolResult, ToolSpec, TurnRequest
@@ -182,6 +183,7 @@ class Session:
         self.audio_started = False
         self.closed = False
         self.stale_outputs = 0
+        self.usage = UsageMeter()  # the model's token counts (``Capabilities.reports_usage``)
         self._actions: list[Action] = []
 
     # ------------------------------------------------------------------ plumbing
@@ -196,7 +198,10 @@ class Session:
             )
             for t in s.tools
         )
-        return SlotOptions(instructions=s.instructions, voice=s.voice, temperature=s.temperature, tools=tools)
+        extra: dict[str, object] = {"ref_audio": s.ref_audio} if s.ref_audio is not None else {}
+        return SlotOptions(
+            instructions=s.instructions, voice=s.voice, temperature=s.temperature, tools=tools, extra=extra
+        )
 
     def take_actions(self) -> list[Action]:
         """The actions queued by the last calls, in order; the caller must carry them out
@@ -432,7 +437,12 @@ class Session:
         active = self.output.active
         if active is not None:
             action, reason, changed = user.overlap(
-                settings, self.caps, decoded, is_speech=is_speech, vad_started=vad_started
+                settings,
+                self.caps,
+                decoded,
+                is_speech=is_speech,
+                vad_started=vad_started,
+                forced=bool(getattr(cmd, "force_barge_in", None)),
             )
             if changed:
                 events.append(
@@ -593,7 +603,7 @@ class Session:
             events += response.add_chunk(
                 audio_bytes=tail, duration_ms=0.0, text="", speak=False, previous_item_id=None
             )
-        events += response.finish(status, reason, error)
+        events += response.finish(status, reason, error, self.usage.take())
         if self.settings.playback_commit_policy == "commit_all_on_done":
             heard = None if status == "completed" else self.output.heard_ms(response, now)
             response.cursor.commit_all(heard)
@@ -613,6 +623,8 @@ class Session:
 
     def on_output(self, output: SlotOutput, now: float) -> list[Event]:
         """Apply one model output; stale or unwanted output is dropped and counted."""
+        if output.usage is not None:  # the model did the work even when its output is stale
+            self.usage.add(output.usage)
         response = self.output.active
         pcm = output.pcm
         if (
@@ -821,7 +833,10 @@ class Session:
         if expired:
             events.append(SessionExpired(event_id=new_event_id(), session_id=self.session_id, reason=reason))
         else:
-            events.append(SessionClosed(event_id=new_event_id(), session_id=self.session_id, reason=reason))
+            usage = self.usage.total() if self.caps.reports_usage else None
+            events.append(
+                SessionClosed(event_id=new_event_id(), session_id=self.session_id, reason=reason, usage=usage)
+            )
         self._actions.clear()
         return self._journal(events, now)
 

@@ -118,6 +118,9 @@ class SessionSettings(msgspec.Struct, frozen=True, kw_only=True):
     transcription: InputAudioTranscription | None = None
     noise_reduction: NoiseReduction | None = None
     extra_body: dict[str, Any] = {}
+    # The reference voice (``session.ref_audio``: a WAV as a data URI or base64), handed to the
+    # plugin as ``SlotOptions.extra["ref_audio"]`` when its slot opens; fixed from then on.
+    ref_audio: str | None = None
 
     @classmethod
     def defaults(cls, model: str, caps: Capabilities) -> SessionSettings:
@@ -267,6 +270,15 @@ class SessionSettings(msgspec.Struct, frozen=True, kw_only=True):
             changes["noise_reduction"] = noise
         if extra:
             changes["extra_body"] = {**self.extra_body, **extra}
+        ref_audio = getattr(patch, "ref_audio", None)
+        if ref_audio is not None and ref_audio != self.ref_audio:
+            if opened:
+                raise ProtocolError(
+                    "ref_audio_update_unsupported",
+                    "the reference voice is fixed when the session opens",
+                    param="session.ref_audio",
+                )
+            changes["ref_audio"] = ref_audio
         return msgspec.structs.replace(self, **changes)
 
     def render(self, session_id: str, caps: Capabilities, *, epoch: int) -> DuplexSession:

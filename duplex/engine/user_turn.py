@@ -94,6 +94,7 @@ class UserTurn:
         *,
         is_speech: bool,
         vad_started: bool,
+        forced: bool = False,
     ) -> tuple[OverlapAction, str, bool]:
         """The overlap decision for one append heard while a response is active
         (``overlap.decide_overlap``), and whether it differs from the last one reported."""
@@ -110,6 +111,7 @@ class UserTurn:
             barge_in_ms=settings.overlap_barge_in_ms,
             supports_barge_in=caps.supports_barge_in,
             interrupt_response=vad.interrupt_response if vad is not None else True,
+            forced=forced,
         )
         changed = decision != self._last_overlap
         self._last_overlap = decision

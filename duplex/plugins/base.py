@@ -72,6 +72,7 @@ __all__ = [
     "SlotInput",
     "SlotOptions",
     "SlotOutput",
+    "TokenUsage",
     "ToolCall",
     "ToolResult",
     "ToolSpec",
@@ -134,6 +135,10 @@ class Capabilities(msgspec.Struct, frozen=True, kw_only=True):
     # differs). A model that converts on its accelerator takes int16 and converts a whole batch in
     # one operation; the engine then does no per-frame float conversion on the host.
     input_dtype: str = "float32"
+    # Token accounting: the plugin's outputs carry the tokens each step consumed and produced
+    # (``SlotOutput.usage``), which responses and sessions report (``response.done`` usage,
+    # ``session.closed.usage``). Without it every count a client sees is 0.
+    reports_usage: bool = False
 
     def __post_init__(self) -> None:
         if self.input_dtype not in ("float32", "int16"):
@@ -211,6 +216,18 @@ class ToolCall(msgspec.Struct, frozen=True, kw_only=True):
     arguments: str
 
 
+class TokenUsage(msgspec.Struct, frozen=True, kw_only=True, array_like=True):
+    """The tokens one step consumed and produced for one slot (``SlotOutput.usage``): the audio,
+    camera frames and text it read (``input_*``) and the text and audio tokens it generated
+    (``output_*``). Counts are non-negative; a model reports what it can."""
+
+    input_text: int = 0
+    input_audio: int = 0
+    input_image: int = 0
+    output_text: int = 0
+    output_audio: int = 0
+
+
 class SlotOutput(msgspec.Struct, kw_only=True):
     """What a plugin produced for one slot in one step (or one chunk of a turn).
 
@@ -229,6 +246,9 @@ class SlotOutput(msgspec.Struct, kw_only=True):
     request's completed fraction in [0, 1] after this step. A plugin gives images as
     arrays; the engine's batch driver replaces each by its PNG file (``bytes``) on the
     model thread, so the session never spends the event loop's time encoding one.
+
+    ``usage``: the tokens this step consumed and produced for the slot, from plugins with
+    ``Capabilities.reports_usage``.
     """
 
     slot: int
@@ -243,6 +263,7 @@ class SlotOutput(msgspec.Struct, kw_only=True):
     image: np.ndarray | bytes | None = None
     video: np.ndarray | None = None
     progress: float | None = None
+    usage: TokenUsage | None = None
 
 
 class TurnRequest(msgspec.Struct, kw_only=True):

@@ -34,6 +34,7 @@ from duplex.protocol.ext.events import (
     SessionClosed,
     SessionExpired,
     SessionHeartbeatAck,
+    SessionQueued,
     SessionReplaced,
     SessionResumed,
     SessionResyncRequired,
@@ -116,6 +117,7 @@ ServerEvent: TypeAlias = (
     | SessionResyncRequired
     | SessionClosed
     | SessionHeartbeatAck
+    | SessionQueued
     | PlaybackAcknowledged
     | ResponseListen
     | ResponseSpeak

@@ -16,7 +16,13 @@ Rules (DESIGN §4, wire reference §1.2):
   the first message (``session.update`` or ``session.resume``) instead;
 * no ``model`` either: wait for the first message;
 * the subprotocol ``duplex.msgpack.v1``, when offered, selects binary msgpack frames; otherwise
-  ``OpenAI-Beta: realtime=v1`` selects the beta event names; otherwise GA names.
+  ``OpenAI-Beta: realtime=v1`` selects the beta event names; otherwise GA names;
+* the subprotocol ``map.realtime`` or a ``mode=audio|video`` query selects the MAP Realtime dialect
+  (OpenBMB's SDK; ``duplex.server.map_realtime``): the session opens from its ``session.init``
+  (there is no resume in that dialect, so ``session_id`` in its query is ignored);
+* ``queue=1`` (OpenAI dialect): when every session slot is taken, wait in the queue with
+  ``session.queued`` updates instead of being refused (MAP clients always wait: their dialect
+  has the event).
 """
 
 from __future__ import annotations
@@ -28,6 +34,7 @@ from urllib.parse import parse_qsl
 import msgspec
 
 from duplex.protocol import MSGPACK_SUBPROTOCOL, Mode
+from duplex.protocol.map import MAP_SUBPROTOCOL, MODES
 
 __all__ = ["HandshakePlan", "HandshakeRefusal", "OpenHow", "parse_bool", "plan_handshake", "repair_query"]
 
@@ -41,6 +48,7 @@ class OpenHow(enum.Enum):
     AUTOSTART = "autostart"  # open now with the query's model; session.created goes first
     RESUME_QUERY = "resume_query"  # resume now from the query parameters
     FIRST_MESSAGE = "first_message"  # wait for session.update / session.resume
+    MAP_INIT = "map_init"  # the MAP dialect: admit, then open from its session.init
 
 
 class HandshakePlan(msgspec.Struct, frozen=True, kw_only=True):
@@ -53,6 +61,8 @@ class HandshakePlan(msgspec.Struct, frozen=True, kw_only=True):
     session_id: str | None = None
     resume_token: str | None = None
     last_event_seq: int = 0
+    map_mode: str | None = None  # the MAP dialect's ``mode`` (``audio`` / ``video``); None: OpenAI's
+    queue: bool = False  # wait for a slot when every one is taken (``?queue=1``; always for MAP)
 
 
 class HandshakeRefusal(msgspec.Struct, frozen=True, kw_only=True):
@@ -65,6 +75,7 @@ class HandshakeRefusal(msgspec.Struct, frozen=True, kw_only=True):
     close_code: int = 1008
     mode: Mode = Mode.GA
     subprotocol: str | None = None
+    map_mode: str | None = None
 
 
 def parse_bool(value: str | None) -> bool | None:
@@ -108,6 +119,9 @@ def plan_handshake(
     """Decide what a handshake asks for (see the module docstring). ``headers`` keys are lower case."""
     mode, subprotocol = _select_mode(headers, subprotocols)
     query = repair_query(query)
+    map_mode = query.get("mode")
+    if MAP_SUBPROTOCOL in subprotocols or map_mode in MODES:
+        return _plan_map(query, subprotocols)
 
     def refuse(code: str, message: str) -> HandshakeRefusal:
         return HandshakeRefusal(code=code, message=message, mode=mode, subprotocol=subprotocol)
@@ -116,6 +130,7 @@ def plan_handshake(
         duplex = parse_bool(query.get("duplex"))
         autostart = parse_bool(query.get("autostart"))
         resume = parse_bool(query.get("resume"))
+        queue = parse_bool(query.get("queue")) or False
     except ValueError as exc:
         return refuse("invalid_request", f"query parameter has an invalid boolean value: {exc}")
     if duplex is False:
@@ -148,6 +163,29 @@ def plan_handshake(
         )
 
     model = query.get("model") or None
+    how = OpenHow.FIRST_MESSAGE
     if model is not None and autostart is not False and resume is not True:
-        return HandshakePlan(mode=mode, subprotocol=subprotocol, how=OpenHow.AUTOSTART, model=model)
-    return HandshakePlan(mode=mode, subprotocol=subprotocol, how=OpenHow.FIRST_MESSAGE, model=model)
+        how = OpenHow.AUTOSTART
+    return HandshakePlan(mode=mode, subprotocol=subprotocol, how=how, model=model, queue=queue)
+
+
+def _plan_map(query: Mapping[str, str], subprotocols: Sequence[str]) -> HandshakePlan | HandshakeRefusal:
+    """The MAP dialect's handshake: ``mode`` (``video`` when absent, as the vendor's server) and the
+    model; the session opens from ``session.init`` once admitted."""
+    subprotocol = MAP_SUBPROTOCOL if MAP_SUBPROTOCOL in subprotocols else None
+    map_mode = query.get("mode") or "video"
+    if map_mode not in MODES:
+        return HandshakeRefusal(
+            code="invalid_request",
+            message=f"mode must be audio or video, got {map_mode[:32]!r}",
+            subprotocol=subprotocol,
+            map_mode="video",
+        )
+    return HandshakePlan(
+        mode=Mode.GA,
+        subprotocol=subprotocol,
+        how=OpenHow.MAP_INIT,
+        model=query.get("model") or None,
+        map_mode=map_mode,
+        queue=True,
+    )

@@ -7,7 +7,10 @@ Theory of operation
 2. *Open*: at once from the query (``?model=`` autostart, or resume parameters), or from the first
    message (``session.update`` opens, ``session.resume`` resumes, anything else opens a default
    session and is then handled as the first command). A failure here sends one ``error`` and closes
-   (``resource_exhausted`` with 1013 so clients retry later, others with 1008).
+   (``resource_exhausted`` with 1013 so clients retry later, others with 1008). With ``?queue=1`` a
+   client that finds every slot taken waits for one (``duplex.server.queueing``: ``session.queued``
+   updates; a ``session.close`` or a disconnect leaves the queue). The MAP Realtime dialect
+   (``duplex.server.map_realtime``) is this same connection with its own codec and open.
 3. *Run*: two sibling tasks per socket. The reader hands every message to ``_accept`` (rate limit,
    decode once, ``Attachment.submit``; ``session.event_ack`` acks the journal). The writer
    drains ``Attachment.next_events()`` into the socket (every queued event per wake-up, written
@@ -55,13 +58,14 @@ from starlette.websockets import WebSocket, WebSocketDisconnect
 from duplex.protocol import Mode, ProtocolError, decode, new_event_id
 from duplex.protocol.codec import command_decoder, event_encoder
 from duplex.protocol.errors import DuplexError
-from duplex.protocol.ext.commands import SessionEventAck, SessionResume
-from duplex.protocol.ext.events import SessionClosed, SessionExpired, SessionReplaced
+from duplex.protocol.ext.commands import SessionClose, SessionEventAck, SessionResume
+from duplex.protocol.ext.events import SessionClosed, SessionExpired, SessionQueued, SessionReplaced
 from duplex.protocol.realtime.commands import SessionUpdate
 from duplex.server.app import AppState
 from duplex.server.auth import api_key_id, api_key_ok, origin_ok, presented_api_key
 from duplex.server.close_codes import CloseCode, CloseReason, close_reason_for_code
 from duplex.server.handshake import HandshakePlan, HandshakeRefusal, OpenHow, plan_handshake
+from duplex.server.queueing import wait_for_slot
 from duplex.server.ratelimit import TokenBucket
 from duplex.server.ws_protocol import transport_extension
 
@@ -99,12 +103,17 @@ async def realtime_endpoint(websocket: WebSocket) -> None:
     state.metrics.connections += 1
     try:
         await websocket.accept(subprotocol=plan.subprotocol)
+        key_id = api_key_id(presented, state.config.api_keys)
+        if plan.map_mode is not None:
+            from duplex.server.map_realtime import MapConnection
+
+            conn: _Connection = MapConnection(websocket, state, plan.map_mode, key_id)
+        else:
+            conn = _Connection(websocket, state, plan.mode, key_id)
         if isinstance(plan, HandshakeRefusal):
-            conn = _Connection(websocket, state, plan.mode)
             await conn.fail(ProtocolError(plan.code, plan.message), CloseCode(plan.close_code))
             return
-        key_id = api_key_id(presented, state.config.api_keys)
-        await _Connection(websocket, state, plan.mode, key_id).run(plan)
+        await conn.run(plan)
     finally:
         state.metrics.connections -= 1
         state.connections.discard(task)
@@ -143,6 +152,7 @@ class _Connection:
         self._writer: asyncio.Task[None] | None = None
         self._last_event: Any = None  # the last event written (its type picks the close code)
         self._stalled = False
+        self._held: Any = None  # the one command a queued client sent before its session opened
         self._bucket = TokenBucket(self.cfg.max_messages_per_s, self.cfg.max_message_burst)
         self._decode_own = command_decoder(mode, max_bytes=self.cfg.max_message_bytes)
         self._encode = event_encoder(mode)
@@ -167,6 +177,8 @@ class _Connection:
         nothing."""
         transport = self._transport
         payloads = self._payloads(events)
+        if not payloads:  # a dialect that sends none of these events
+            return
         self.sending_since = self._loop_time()
         if transport is not None:
             await transport.send_frames(payloads, binary=self._binary)
@@ -188,7 +200,7 @@ class _Connection:
             return False
         try:
             payloads = self._payloads(events)
-            if not transport.try_send_frames(payloads, binary=self._binary):
+            if payloads and not transport.try_send_frames(payloads, binary=self._binary):
                 return False
         except Exception:  # the writer's path reports what went wrong
             return False
@@ -241,8 +253,10 @@ class _Connection:
         first: Any = None
         try:
             if plan.how is OpenHow.AUTOSTART:
-                att = await engine.open(model=plan.model, api_key_id=self.api_key_id)
+                att = await self._open(engine, plan)
                 how = "autostart"
+                if att is None:
+                    return
             elif plan.how is OpenHow.RESUME_QUERY:
                 assert plan.session_id is not None and plan.resume_token is not None
                 att = await self._resume(plan.session_id, plan.resume_token, plan.last_event_seq)
@@ -262,7 +276,7 @@ class _Connection:
             await self.fail(ProtocolError(code, message, param=param), close)
             return
         self.metrics.sessions_opened.bump(how)
-        await self._serve(att, first)
+        await self._serve(att, first if first is not None else self._held)
 
     async def _open_from_first_message(self, plan: HandshakePlan) -> tuple[Any, str, Any]:
         try:
@@ -285,10 +299,59 @@ class _Connection:
             seq = cmd.last_received_alias if cmd.last_received_alias is not None else cmd.last_event_seq
             return await self._resume(cmd.session_id, cmd.resume_token, seq), "resume", None
         if isinstance(cmd, SessionUpdate):
-            att = await engine.open(model=plan.model, update=cmd, api_key_id=self.api_key_id)
-            return att, "session.update", None
+            return await self._open(engine, plan, cmd), "session.update", None
         # Any other first command: open a default session, then handle the command as the first one.
-        return await engine.open(model=plan.model, api_key_id=self.api_key_id), "autostart", cmd
+        self._held = cmd
+        return await self._open(engine, plan), "autostart", cmd
+
+    async def _open(self, engine: Any, plan: HandshakePlan, update: SessionUpdate | None = None) -> Any:
+        """``engine.open``; with ``?queue=1``, after waiting for a slot (``wait_for_slot``) when
+        every one is taken. None: the client closed or left while it waited (the socket is closed)."""
+        if not plan.queue:
+            return await engine.open(model=plan.model, update=update, api_key_id=self.api_key_id)
+        async with contextlib.AsyncExitStack() as stack:
+            admission = await wait_for_slot(
+                self,
+                engine,
+                stack,
+                status_event=lambda s: SessionQueued(
+                    event_id=new_event_id(),
+                    position=s.position,
+                    queue_length=s.queue_length,
+                    estimated_wait_s=s.estimated_wait_s,
+                ),
+                on_message=self._while_queued,
+                send_timeout_s=self.cfg.send_timeout_s,
+            )
+            if admission is None:
+                await self._close(CloseCode.NORMAL, CloseReason.CLIENT_CLOSE)
+                return None
+            return await engine.open(
+                model=plan.model, update=update, api_key_id=self.api_key_id, admission=admission
+            )
+
+    async def _while_queued(self, data: str | bytes) -> bool:
+        """A message from a client waiting for a slot: ``session.close`` ends the wait (the socket
+        closes with 1000); the first other command is kept for the session, the next ones are
+        refused with ``input_backpressure`` (the session does not exist yet). True: keep waiting."""
+        try:
+            cmd = self._decode(data)
+        except ProtocolError as err:
+            await self._write([err.to_event(new_event_id())])
+            return True
+        if isinstance(cmd, SessionClose):
+            return False
+        if self._held is None:
+            self._held = cmd
+            return True
+        busy = ProtocolError(
+            "input_backpressure",
+            "the session is waiting for a slot (session.queued): send nothing but session.close "
+            "until session.created",
+            event_id=getattr(cmd, "event_id", None),
+        )
+        await self._write([busy.to_event(new_event_id())])
+        return True
 
     async def _resume(self, session_id: str, token: str, last_event_seq: int) -> Any:
         """``engine.resume``. The engine keeps the presented token valid until the client speaks

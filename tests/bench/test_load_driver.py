@@ -142,3 +142,24 @@ async def test_the_frame_period_can_be_a_longer_unit() -> None:
     m = result.sessions[0]["metrics"]
     assert result.frame_period_s == 0.2
     assert m["input_frames"] == 5 and m["output_frames"] == 5 and m["frame_deficit"] == 0
+
+
+async def test_with_queue_a_session_past_max_sessions_waits_streams_later_and_reports_its_wait() -> None:
+    from duplex.engine import EngineConfig
+    from duplex.plugins.builtin.echo import EchoPlugin
+    from tests.server.harness import running_server
+
+    config = EngineConfig(max_sessions=1)
+    async with running_server(engine_config=config, plugin=EchoPlugin(max_sessions=1)) as srv:
+        refused = await run_load(_cfg(srv.url, synthetic_s=0.5), progress=None)
+        result = await run_load(_cfg(srv.url, synthetic_s=0.5, queue=True), progress=None)
+    assert [r.get("reject_code") for r in refused.sessions].count("resource_exhausted") == 1
+    assert result.ok, [r["failure"] for r in result.sessions]
+    first, second = sorted(result.sessions, key=lambda r: r["queue_wait_ms"] is not None)
+    assert first["queue_wait_ms"] is None and first["queue_position"] is None
+    assert second["queue_position"] == 1 and second["queue_wait_ms"] > 0
+    start = {r["index"]: r["input_timeline"] for r in result.sessions}
+    assert all(len(t) == 6 for t in start.values())  # both streamed every frame
+    pooled = result.to_json()["pooled"]
+    assert pooled["queued_sessions"] == 1 and pooled["queue_wait_ms"]["max"] == second["queue_wait_ms"]
+    assert "queue_wait_definition" in result.to_json()

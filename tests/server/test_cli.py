@@ -35,6 +35,11 @@ def test_serve_arguments_parse():
     )
 
 
+def test_the_waiting_room_arguments_parse():
+    args = build_parser().parse_args(["serve", "--max-queue-length", "0", "--max-queue-wait-s", "2.5"])
+    assert (args.max_queue_length, args.max_queue_wait_s) == (0, 2.5)
+
+
 def test_plugins_lists_echo_with_its_capabilities(capsys):
     assert main(["plugins"]) == 0
     lines = dict(line.split("\t", 1) for line in capsys.readouterr().out.strip().splitlines())

@@ -11,7 +11,11 @@ script one step per unit and per slot, cycling at the end:
 * ``"speak:<text>"``: one unit of tone audio with transcript ``<text>``, ``speak``;
 * ``"end:<text>"``: the same, and the output ends the turn.
 
-A cancel skips the rest of the reply in progress (up to the next ``listen`` step).
+A cancel skips the rest of the reply in progress (up to the next ``listen`` step). Every
+output reports its tokens (``Capabilities.reports_usage``), by a fixed rule so tests can assert
+them: each unit heard is ``AUDIO_TOKENS_PER_UNIT`` audio tokens and each camera frame with it
+``IMAGE_TOKENS_PER_FRAME`` image tokens; a speaking unit produces one text token per word of
+its transcript and ``AUDIO_TOKENS_PER_UNIT`` audio tokens.
 
 ``ScriptedTurnPlugin`` (kind ``turn``) answers the n-th request of a slot with the
 n-th script entry (cycling). A reply text is streamed one word per chunk, each
@@ -44,6 +48,7 @@ from duplex.plugins.base import (
     SlotInput,
     SlotOptions,
     SlotOutput,
+    TokenUsage,
     ToolCall,
     TurnPlugin,
     TurnRequest,
@@ -77,6 +82,8 @@ class ScriptedUnitPlugin(FramePlugin):
     name = "scripted-unit"
     UNIT_MS = 1000
     INPUT_RATE = 16000
+    AUDIO_TOKENS_PER_UNIT = 25
+    IMAGE_TOKENS_PER_FRAME = 64
 
     DEFAULT_SCRIPT: tuple[str, ...] = ("listen", "speak:Hello there, ", "end:how can I help?", "listen")
 
@@ -109,6 +116,7 @@ class ScriptedUnitPlugin(FramePlugin):
             supports_client_commit=True,
             supports_barge_in=True,
             supports_video_input=True,
+            reports_usage=True,
         )
 
     def load(self) -> None:
@@ -144,9 +152,17 @@ class ScriptedUnitPlugin(FramePlugin):
             )
             kind, text = self.steps[self._pos[item.slot] % len(self.steps)]
             self._pos[item.slot] += 1
+            heard = {
+                "input_audio": self.AUDIO_TOKENS_PER_UNIT,
+                "input_image": self.IMAGE_TOKENS_PER_FRAME * len(item.video_frames),
+            }
             if kind == "listen":
-                outputs.append(SlotOutput(slot=item.slot, epoch=item.epoch, decision="listen"))
+                usage = TokenUsage(**heard)
+                outputs.append(SlotOutput(slot=item.slot, epoch=item.epoch, decision="listen", usage=usage))
             else:
+                usage = TokenUsage(
+                    **heard, output_text=len(text.split()), output_audio=self.AUDIO_TOKENS_PER_UNIT
+                )
                 outputs.append(
                     SlotOutput(
                         slot=item.slot,
@@ -156,6 +172,7 @@ class ScriptedUnitPlugin(FramePlugin):
                         text=text,
                         decision="speak",
                         end_of_turn=kind == "end",
+                        usage=usage,
                     )
                 )
         return outputs

@@ -83,7 +83,8 @@ class GenerationOptions:
 
 @dataclass
 class UnitResult:
-    """What one slot's unit produced (host side)."""
+    """What one slot's unit produced (host side). ``input_tokens``: the unit's input positions by
+    kind (text, audio, vision), as its layout laid them out."""
 
     tokens: list[int]
     decision: str
@@ -91,6 +92,7 @@ class UnitResult:
     end_of_turn: bool
     codes: np.ndarray | None = None
     pcm: np.ndarray | None = None
+    input_tokens: tuple[int, int, int] = (0, 0, 0)
 
 
 @dataclass
@@ -373,6 +375,10 @@ class UnitGenerator:
             gen_h = generated.cpu().numpy()
         with stage("parse.host"):
             results = self._parse(batch, gen_h, starts_h)
+        for slot, res in results.items():
+            row = kind_h[slot, : valid_h[slot]]
+            audio, vision = int((row == KIND_AUDIO).sum()), int((row == KIND_VISION).sum())
+            res.input_tokens = (len(row) - audio - vision, audio, vision)
         self._speak(results, gen_h, fed_hidden)
         with stage("window"):
             self._apply_window(batch)

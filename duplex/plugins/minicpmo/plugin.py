@@ -18,6 +18,9 @@ Slot lifecycle, as the engine sees it:
   heard and keeps listening.
 * ``close_slot(slot)`` frees the slot.
 
+Every output reports its tokens (``Capabilities.reports_usage``): the unit's input positions by kind
+(text markers, audio embeddings, vision embeddings) and the text tokens and speech codes it produced.
+
 Plugin options (``from_options``): ``max_sessions`` (4), ``device`` ("cpu", "cuda[:N]"), ``dtype``
 (bfloat16 on CUDA, float32 on a CPU), ``seed`` (0; a session without a seed gets ``seed + n`` for its
 n-th open), ``temperature`` (0.7), ``max_new_tokens`` (20 per unit), ``top_p`` (0.8), ``top_k`` (20),
@@ -53,6 +56,7 @@ from duplex.plugins.base import (
     SlotInput,
     SlotOptions,
     SlotOutput,
+    TokenUsage,
 )
 from duplex.plugins.minicpmo.config import (
     FULL_CONFIG,
@@ -256,6 +260,7 @@ class MiniCPMOPlugin(FramePlugin):
             supports_resume=True,
             supports_video_input=True,
             output_modalities=("audio", "text"),
+            reports_usage=True,
             updatable_options=(),  # the system prompt and the reference voice are prefilled at open
         )
 
@@ -345,6 +350,14 @@ class MiniCPMOPlugin(FramePlugin):
         for item in batch:
             res = results[item.slot]
             speak = res.decision == "speak"
+            text_in, audio_in, image_in = res.input_tokens
+            usage = TokenUsage(
+                input_text=text_in,
+                input_audio=audio_in,
+                input_image=image_in,
+                output_text=len(res.tokens),
+                output_audio=0 if res.codes is None else int(res.codes.size),
+            )
             outputs.append(
                 SlotOutput(
                     slot=item.slot,
@@ -354,6 +367,7 @@ class MiniCPMOPlugin(FramePlugin):
                     text=res.text,
                     decision=res.decision,
                     end_of_turn=speak and res.end_of_turn,
+                    usage=usage,
                 )
             )
         return outputs

@@ -222,6 +222,7 @@ class WorkerServer:
             None if o.image is None else put(o.image),
             None if o.video is None else put(o.video),
             o.progress,
+            o.usage,
         )
 
     # ------------------------------------------------------------------ turn

@@ -39,7 +39,7 @@ from typing import Any
 
 import msgspec
 
-from duplex.plugins.base import BatchRequest, Capabilities, SlotOptions, ToolCall, ToolResult
+from duplex.plugins.base import BatchRequest, Capabilities, SlotOptions, TokenUsage, ToolCall, ToolResult
 
 __all__ = [
     "MAX_MESSAGE_BYTES",
@@ -114,6 +114,7 @@ class OutputMsg(_Msg):
     image: ArrayRef | None = None
     video: ArrayRef | None = None
     progress: float | None = None
+    usage: TokenUsage | None = None
 
 
 class TurnRequestMsg(_Msg):

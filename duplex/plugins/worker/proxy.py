@@ -200,6 +200,7 @@ class WorkerPlugin(Plugin):
             image=None if image is None else view_array(block, image),
             video=None if video is None else view_array(block, video),
             progress=o.progress,
+            usage=o.usage,
         )
 
     def _outputs(self, conn: Connection, reply: Outputs) -> list[SlotOutput]:

@@ -240,7 +240,10 @@ class DuplexInputAudioBufferAppend(InputAudioBufferAppend, tag="input_audio_buff
     are encoded JPEG or PNG images bound to this append's audio. ``audio`` may be spelled ``delta``
     (vLLM-Omni), and left out when ``video_frames`` are given (a frames-only append: ``b""``); both
     are read here, in the one typed decode, so an append never takes the codec's second reading.
-    After decoding, ``audio`` is always ``bytes``.
+    After decoding, ``audio`` is always ``bytes``. ``force_barge_in`` (vLLM-Omni's hint) takes the
+    turn with this append: an active response is cancelled as a barge-in, whatever the overlap
+    policy (``overlap.decision{barge_in, client_force_barge_in}``); with no active response it
+    changes nothing.
     """
 
     audio: bytes | UnsetType = UNSET  # type: ignore[assignment]
@@ -252,6 +255,7 @@ class DuplexInputAudioBufferAppend(InputAudioBufferAppend, tag="input_audio_buff
     audio_end_ms: AudioMsInt | None = None
     video_frames: Annotated[list[bytes], Meta(max_length=MAX_VIDEO_FRAMES)] | None = None
     max_slice_nums: int | None = None
+    force_barge_in: bool | None = None
     speech_alias: bool | None = msgspec.field(default=None, name="speech")
     sample_rate_alias: int | None = msgspec.field(default=None, name="sample_rate")
     delta_alias: bytes | None = msgspec.field(default=None, name="delta")

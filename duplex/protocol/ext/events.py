@@ -9,7 +9,8 @@ Tier 2 twins subclass their GA struct and only add fields:
 
 Tier 3 events exist only here: ``session.resumed``, ``session.replaced``, ``session.expired``,
 ``session.resync_required``, ``session.closed``, ``session.heartbeat_ack``, ``playback.acknowledged``,
-``response.listen``, ``response.speak``, ``overlap.decision``, and the media of batch models:
+``response.listen``, ``response.speak``, ``overlap.decision``, ``session.queued`` (only to a
+client that asked to wait for a slot, ``?queue=1``), and the media of batch models:
 ``response.output_image.done``, ``response.output_video.delta``, ``response.progress``. OpenAI
 clients ignore unknown types.
 
@@ -25,6 +26,7 @@ import msgspec
 from duplex.protocol.ext.capabilities import SessionCapabilities
 from duplex.protocol.realtime._base import Event, Wire
 from duplex.protocol.realtime.events import ResponseOutputAudioDelta, SessionCreated, SessionUpdated
+from duplex.protocol.realtime.responses import Usage
 from duplex.protocol.realtime.session import Session
 
 __all__ = [
@@ -43,6 +45,7 @@ __all__ = [
     "SessionClosed",
     "SessionExpired",
     "SessionHeartbeatAck",
+    "SessionQueued",
     "SessionReplaced",
     "SessionResumed",
     "SessionResyncRequired",
@@ -116,10 +119,22 @@ class SessionResyncRequired(Event, tag="session.resync_required", kw_only=True):
 
 
 class SessionClosed(Event, tag="session.closed", kw_only=True):
-    """The session ended (``client_close``, ``shutdown``, ``disconnect`` ...); always the last event."""
+    """The session ended (``client_close``, ``shutdown``, ``disconnect`` ...); always the last event.
+    ``usage``: the session's tokens in total, from a model that reports them."""
 
     session_id: str
     reason: str
+    usage: Usage | None = None
+
+
+class SessionQueued(Event, tag="session.queued", kw_only=True):
+    """Every session slot is taken and the client asked to wait (``?queue=1``): it waits at
+    ``position`` (1 = next) of ``queue_length`` for about ``estimated_wait_s`` seconds. Sent again
+    whenever that changes, before ``session.created``; not journaled (no session exists yet)."""
+
+    position: int
+    queue_length: int
+    estimated_wait_s: float
 
 
 class SessionHeartbeatAck(Event, tag="session.heartbeat_ack", kw_only=True):

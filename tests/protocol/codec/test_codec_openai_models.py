@@ -31,6 +31,7 @@ OURS_ONLY = {
     "session.resync_required",
     "session.closed",
     "session.heartbeat_ack",
+    "session.queued",
     "playback.acknowledged",
     "response.listen",
     "response.speak",
