@@ -44,6 +44,7 @@ from duplex.plugins.base import (
     PluginKind,
     TurnPlugin,
 )
+from duplex.protocol.ext.dialect import Dialect
 from duplex.protocol.realtime.commands import SessionUpdate
 
 __all__ = ["Engine"]
@@ -173,17 +174,19 @@ class Engine:
         update: SessionUpdate | None = None,
         *,
         api_key_id: bytes | None = None,
+        dialect: Dialect = Dialect.GA,
     ) -> Attachment:
         """Open a session; its attachment starts with ``session.created`` (and ``session.updated``
         when ``update`` opened it). ``session.model`` is the served model name whatever ``model`` says.
         ``api_key_id``: an opaque digest of the API key that opens it (never the key); the session
         is bound to it, and ``resume`` must present the same. ``None``: not bound to a key.
+        ``dialect``: the kind of client it renders for, for its whole life (``Dialect``).
 
         Raises ``SessionError``: ``resource_exhausted`` (retryable), a settings code for a refused
         ``update``, the plugin's code when it refuses the slot. Not cancel-safe while the plugin
         opens the slot (the slot is released if it fails).
         """
-        return await self.manager.open(update, api_key_id=api_key_id)
+        return await self.manager.open(update, api_key_id=api_key_id, dialect=dialect)
 
     async def resume(
         self, session_id: str, resume_token: str, last_event_seq: int, *, api_key_id: bytes | None = None

@@ -57,6 +57,7 @@ from duplex.engine.vad import VadUnavailableError
 from duplex.plugins.base import Capabilities, Plugin, PluginError
 from duplex.protocol.errors import ProtocolError
 from duplex.protocol.ext.commands import SessionEventAck, SessionResume
+from duplex.protocol.ext.dialect import Dialect
 from duplex.protocol.ext.events import SessionReplaced, SessionResumed, SessionResyncRequired
 from duplex.protocol.ids import new_event_id, new_session_id
 from duplex.protocol.realtime.commands import (
@@ -266,9 +267,12 @@ class SessionManager:
 
     # ------------------------------------------------------------------ open
 
-    async def open(self, update: SessionUpdate | None, *, api_key_id: bytes | None = None) -> Attachment:
+    async def open(
+        self, update: SessionUpdate | None, *, api_key_id: bytes | None = None, dialect: Dialect = Dialect.GA
+    ) -> Attachment:
         """Admit, open the plugin slot, start the runner; returns the first attachment.
-        ``api_key_id``: the opening key's digest; a resume must present the same (``resume``)."""
+        ``api_key_id``: the opening key's digest; a resume must present the same (``resume``).
+        ``dialect``: the kind of client the session renders for (``Dialect``)."""
         if self.model_error is not None:
             self._refuse_unavailable()
         if self.open_count >= self.limit or not self._free_slots:
@@ -280,16 +284,18 @@ class SessionManager:
         slot = self._free_slots.pop()
         self._admitting += 1
         try:
-            return await self._open(slot, update, api_key_id)
+            return await self._open(slot, update, api_key_id, dialect)
         except BaseException:
             self._free_slots.append(slot)
             raise
         finally:
             self._admitting -= 1
 
-    async def _open(self, slot: int, update: SessionUpdate | None, api_key_id: bytes | None) -> Attachment:
+    async def _open(
+        self, slot: int, update: SessionUpdate | None, api_key_id: bytes | None, dialect: Dialect
+    ) -> Attachment:
         caps, config = self.capabilities, self.config
-        settings = SessionSettings.defaults(self.model_name, caps)
+        settings = SessionSettings.defaults(self.model_name, caps, dialect)
         if update is not None:
             try:
                 settings = settings.apply(update.session, caps, audio_started=False)

@@ -13,13 +13,19 @@ from duplex.protocol.ext.commands import (
     DuplexInputAudioBufferAppend,
     DuplexInputAudioBufferCommit,
     DuplexSessionUpdate,
+    InputCancel,
+    InputTextAppend,
     PlaybackAck,
     SessionClose,
     SessionEventAck,
     SessionHeartbeat,
     SessionResume,
+    TurnSignal,
 )
 from duplex.protocol.ext.events import (
+    DuplexInputAudioBufferCommitted,
+    DuplexResponseCreated,
+    DuplexResponseDone,
     DuplexResponseOutputAudioDelta,
     DuplexSessionCreated,
     DuplexSessionUpdated,
@@ -33,6 +39,7 @@ from duplex.protocol.ext.events import (
     SessionReplaced,
     SessionResumed,
     SessionResyncRequired,
+    TurnEvent,
 )
 from duplex.protocol.realtime import commands as c
 from duplex.protocol.realtime import events as e
@@ -57,6 +64,9 @@ ClientCommand: TypeAlias = (
     | SessionClose
     | BargeIn
     | PlaybackAck
+    | TurnSignal
+    | InputCancel
+    | InputTextAppend
 )
 
 ServerEvent: TypeAlias = (
@@ -74,7 +84,7 @@ ServerEvent: TypeAlias = (
     | e.ConversationItemInputAudioTranscriptionDelta
     | e.ConversationItemInputAudioTranscriptionFailed
     | e.ConversationItemInputAudioTranscriptionSegment
-    | e.InputAudioBufferCommitted
+    | DuplexInputAudioBufferCommitted
     | e.InputAudioBufferCleared
     | e.InputAudioBufferSpeechStarted
     | e.InputAudioBufferSpeechStopped
@@ -83,8 +93,8 @@ ServerEvent: TypeAlias = (
     | e.OutputAudioBufferStarted
     | e.OutputAudioBufferStopped
     | e.OutputAudioBufferCleared
-    | e.ResponseCreated
-    | e.ResponseDone
+    | DuplexResponseCreated
+    | DuplexResponseDone
     | e.ResponseOutputItemAdded
     | e.ResponseOutputItemDone
     | e.ResponseContentPartAdded
@@ -116,6 +126,7 @@ ServerEvent: TypeAlias = (
     | ResponseListen
     | ResponseSpeak
     | OverlapDecision
+    | TurnEvent
 )
 
 CLIENT_COMMAND_TYPES: Final[tuple[type, ...]] = ClientCommand.__args__

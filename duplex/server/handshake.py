@@ -16,7 +16,12 @@ Rules (DESIGN §4, wire reference §1.2):
   the first message (``session.update`` or ``session.resume``) instead;
 * no ``model`` either: wait for the first message;
 * the subprotocol ``duplex.msgpack.v1``, when offered, selects binary msgpack frames; otherwise
-  ``OpenAI-Beta: realtime=v1`` selects the beta event names; otherwise GA names.
+  ``OpenAI-Beta: realtime=v1`` selects the beta event names; otherwise GA names;
+* the dialect (``Dialect``): a client that asks for ``duplex=1`` and opens its session with its
+  first message (``autostart=0``, or no ``model``) is written against the seeds, as every one of
+  vLLM-Omni's clients connects that way (``Dialect.SEEDS``); every other client, Pipecat's
+  ``?duplex=1?model=`` among them (it waits for ``session.created`` from an autostarted session),
+  is an OpenAI client (``Dialect.GA``). A resumed session keeps the dialect it was opened with.
 """
 
 from __future__ import annotations
@@ -27,7 +32,7 @@ from urllib.parse import parse_qsl
 
 import msgspec
 
-from duplex.protocol import MSGPACK_SUBPROTOCOL, Mode
+from duplex.protocol import MSGPACK_SUBPROTOCOL, Dialect, Mode
 
 __all__ = ["HandshakePlan", "HandshakeRefusal", "OpenHow", "parse_bool", "plan_handshake", "repair_query"]
 
@@ -44,11 +49,13 @@ class OpenHow(enum.Enum):
 
 
 class HandshakePlan(msgspec.Struct, frozen=True, kw_only=True):
-    """An accepted handshake: the wire mode, the subprotocol to answer with, and how to open."""
+    """An accepted handshake: the wire mode, the subprotocol to answer with, how to open, and the
+    dialect a session it opens renders for."""
 
     mode: Mode
     subprotocol: str | None
     how: OpenHow
+    dialect: Dialect = Dialect.GA
     model: str | None = None
     session_id: str | None = None
     resume_token: str | None = None
@@ -150,4 +157,7 @@ def plan_handshake(
     model = query.get("model") or None
     if model is not None and autostart is not False and resume is not True:
         return HandshakePlan(mode=mode, subprotocol=subprotocol, how=OpenHow.AUTOSTART, model=model)
-    return HandshakePlan(mode=mode, subprotocol=subprotocol, how=OpenHow.FIRST_MESSAGE, model=model)
+    dialect = Dialect.SEEDS if duplex else Dialect.GA
+    return HandshakePlan(
+        mode=mode, subprotocol=subprotocol, how=OpenHow.FIRST_MESSAGE, model=model, dialect=dialect
+    )

@@ -282,11 +282,12 @@ class _Connection:
         if isinstance(cmd, SessionResume):
             seq = cmd.last_received_alias if cmd.last_received_alias is not None else cmd.last_event_seq
             return await self._resume(cmd.session_id, cmd.resume_token, seq), "resume", None
+        key, dialect = self.api_key_id, plan.dialect
         if isinstance(cmd, SessionUpdate):
-            att = await engine.open(model=plan.model, update=cmd, api_key_id=self.api_key_id)
+            att = await engine.open(model=plan.model, update=cmd, api_key_id=key, dialect=dialect)
             return att, "session.update", None
         # Any other first command: open a default session, then handle the command as the first one.
-        return await engine.open(model=plan.model, api_key_id=self.api_key_id), "autostart", cmd
+        return await engine.open(model=plan.model, api_key_id=key, dialect=dialect), "autostart", cmd
 
     async def _resume(self, session_id: str, token: str, last_event_seq: int) -> Any:
         """``engine.resume``. The engine keeps the presented token valid until the client speaks

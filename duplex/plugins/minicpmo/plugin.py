@@ -242,6 +242,7 @@ class MiniCPMOPlugin(FramePlugin):
             supports_video_input=True,
             output_modalities=("audio", "text"),
             updatable_options=(),  # the system prompt and the reference voice are prefilled at open
+            session_options=("ref_audio",),  # ``open_slot`` reads ``options.extra["ref_audio"]``
         )
 
     @property

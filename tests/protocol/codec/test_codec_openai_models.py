@@ -35,12 +35,16 @@ OURS_ONLY = {
     "response.listen",
     "response.speak",
     "overlap.decision",
+    "turn.event",
     "session.resume",
     "session.event_ack",
     "session.heartbeat",
     "session.close",
     "barge_in",
     "playback.ack",
+    "turn.signal",
+    "input.cancel",
+    "input.text.append",
 }
 
 
