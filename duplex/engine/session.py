@@ -582,7 +582,7 @@ class Session:
                             overlap_speech_ms=int(user.overlap_ms),
                             buffer_audio=action is not OverlapAction.DROP,
                             force_listen=hints.force_listen,
-                            cancel_reason=cancel_reason if action is OverlapAction.BARGE_IN else None,
+                            cancel_reason=cancel_reason.value if action is OverlapAction.BARGE_IN else None,
                         ),
                     )
                 )

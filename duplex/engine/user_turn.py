@@ -116,9 +116,10 @@ class UserTurn:
 
     def commit(self) -> np.ndarray | None:
         """End the turn (its item is in the conversation): its buffered audio; the next turn
-        starts empty (read ``text`` before)."""
+        starts empty (read ``text`` before), its overlapping speech too."""
         pcm = np.concatenate(self._audio) if self._audio else None
         self.speech_item_id = None
+        self.overlap_ms = 0.0  # the next turn's overlap with the response counts from here
         self.clear()
         self.turns += 1
         self.inputs += 1

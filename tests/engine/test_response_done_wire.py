@@ -61,9 +61,8 @@ def test_every_response_done_validates_with_the_sdk_and_carries_usage(status: st
 
 @pytest.mark.parametrize(("status", "reason"), ENDINGS)
 def test_a_seeds_client_reads_the_duplex_reason_of_every_ending(status: str, reason: str) -> None:
-    done = next(
-        e for e in finished(status, reason, dialect=Dialect.SEEDS) if e.__struct_config__.tag == "response.done"
-    )
+    events = finished(status, reason, dialect=Dialect.SEEDS)
+    done = next(e for e in events if e.__struct_config__.tag == "response.done")
     assert done.response.status_details.reason == SEEDS_WIRE_REASONS[reason]
     assert done.response.status_details.reason == (None if reason == "error" else reason)
     assert done.response_id == done.response.id == "resp_1"
