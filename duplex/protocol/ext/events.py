@@ -97,12 +97,13 @@ class DuplexSessionUpdated(SessionUpdated, tag="session.updated", kw_only=True):
 
 
 class PlaybackLedger(Wire, kw_only=True):
-    """Milliseconds of a response's audio: produced, sent, heard, and in the history."""
+    """Milliseconds of a response's audio: produced, sent, heard, and in the history (all four
+    always rendered)."""
 
-    generated_ms: float = 0.0
-    sent_ms: float = 0.0
-    played_ms: float = 0.0
-    committed_ms: float = 0.0
+    generated_ms: float
+    sent_ms: float
+    played_ms: float
+    committed_ms: float
 
 
 class TextMark(Wire, kw_only=True):

@@ -230,7 +230,7 @@ def event_samples() -> list[object]:
                 end_of_turn=False,
                 audio_duration_ms=1000,
                 audio_text_marks=[p.TextMark(text_chars=11, audio_end_ms=1000)],
-                playback=p.PlaybackLedger(generated_ms=1000, sent_ms=1000),
+                playback=p.PlaybackLedger(generated_ms=1000, sent_ms=1000, played_ms=0, committed_ms=0),
             ),
         ),
         p.ResponseOutputAudioDone(event_id=e, **ids),
