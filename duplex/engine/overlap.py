@@ -41,12 +41,15 @@ from typing import Final
 
 import msgspec
 
+from duplex.protocol.ext.commands import DuplexInputAudioBufferAppend
+
 __all__ = [
     "CommitAction",
     "OverlapAction",
     "OverlapHints",
     "decide_commit",
     "decide_overlap",
+    "hints_of",
     "is_short_ack",
     "resets_overlap",
 ]
@@ -113,6 +116,17 @@ class OverlapHints(msgspec.Struct, frozen=True, kw_only=True):
 
 
 NO_HINTS: Final = OverlapHints()
+
+
+def hints_of(append: DuplexInputAudioBufferAppend) -> OverlapHints:
+    """The overlap hints of a seeds client's append."""
+    action = append.overlap_action
+    return OverlapHints(
+        action=OverlapAction(action) if action is not None else None,
+        force_barge_in=append.force_barge_in,
+        force_listen=append.force_listen,
+        short_ack=is_short_ack(append.transcript),
+    )
 
 _CLIENT_RESETS: Final = frozenset({"client_force_listen", "short_ack_transcript"})
 

@@ -48,7 +48,10 @@ from duplex.protocol.ext.events import (
     DuplexResponseCreated,
     DuplexResponseDone,
     DuplexResponseOutputAudioDelta,
+    ListenMetadata,
+    ListenResponse,
     PlaybackLedger,
+    ResponseListen,
     ResponseSpeak,
     SpeakMetadata,
     TextMark,
@@ -83,7 +86,15 @@ from duplex.protocol.realtime.items import (
 )
 from duplex.protocol.realtime.responses import Response, StatusDetails, Usage
 
-__all__ = ["SEEDS_WIRE_REASONS", "WIRE_REASONS", "ActiveResponse", "EndReason", "wire_reason", "zero_usage"]
+__all__ = [
+    "SEEDS_WIRE_REASONS",
+    "WIRE_REASONS",
+    "ActiveResponse",
+    "EndReason",
+    "listen_event",
+    "wire_reason",
+    "zero_usage",
+]
 
 class EndReason(enum.StrEnum):
     """Why a response ended, in the engine's words (its ``status_details.reason`` on the wire is
@@ -145,6 +156,23 @@ def wire_reason(reason: EndReason | None, dialect: Dialect = Dialect.GA) -> str 
     if reason is None:
         return None
     return (SEEDS_WIRE_REASONS if dialect is Dialect.SEEDS else WIRE_REASONS)[reason]
+
+
+def listen_event(session_id: str, epoch: int, reason: str, *, model_listen: bool) -> ResponseListen:
+    """``response.listen``: the session keeps listening (``model_listen``: the model itself decided,
+    ``reason: model_listen``; else the server did, e.g. ``silence_or_noise`` for a declared-silent
+    commit), with the seeds' ``response{status: listening, metadata}``. It never names a response: one
+    the model ended by listening is done before it."""
+    metadata = ListenMetadata(
+        type="response.listen", session_id=session_id, epoch=epoch, reason=reason, model_listen=model_listen
+    )
+    return ResponseListen(
+        event_id=new_event_id(),
+        reason=reason,
+        epoch=epoch,
+        session_id=session_id,
+        response=ListenResponse(object="realtime.response", status="listening", metadata=metadata),
+    )
 
 
 def zero_usage() -> Usage:

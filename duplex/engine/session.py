@@ -70,8 +70,8 @@ from duplex.engine.conversation import Conversation
 from duplex.engine.input import DecodedAppend
 from duplex.engine.journal import Journal, JournalCursorError
 from duplex.engine.output_stream import OutputStream
-from duplex.engine.overlap import CommitAction, OverlapAction, OverlapHints, is_short_ack
-from duplex.engine.response import ActiveResponse, EndReason
+from duplex.engine.overlap import NO_HINTS, CommitAction, OverlapAction, hints_of
+from duplex.engine.response import ActiveResponse, EndReason, listen_event
 from duplex.engine.settings import Lane, SessionSettings
 from duplex.engine.sizes import DELTA_OVERHEAD, event_size
 from duplex.engine.transitions import TurnState
@@ -92,15 +92,9 @@ from duplex.protocol.ext.commands import (
 )
 from duplex.protocol.ext.dialect import Dialect
 from duplex.protocol.ext.events import (
-    CommitDetails,
     DuplexInputAudioBufferCommitted,
     DuplexSessionCreated,
     DuplexSessionUpdated,
-    ListenMetadata,
-    ListenResponse,
-    OverlapDecision,
-    OverlapDetails,
-    ResponseListen,
     SessionClosed,
     SessionExpired,
     SessionHeartbeatAck,
@@ -546,16 +540,7 @@ class Session:
         reason = ""
         active = self.output.active
         if active is not None:
-            hints = (
-                OverlapHints(
-                    action=OverlapAction(cmd.overlap_action) if cmd.overlap_action else None,
-                    force_barge_in=cmd.force_barge_in,
-                    force_listen=cmd.force_listen,
-                    short_ack=is_short_ack(cmd.transcript),
-                )
-                if extended
-                else OverlapHints()
-            )
+            hints = hints_of(cmd) if extended else NO_HINTS
             action, reason, changed = user.overlap(
                 settings,
                 self.caps,
@@ -568,22 +553,16 @@ class Session:
             cancel_reason = EndReason.TURN_DETECTED if vad_started else EndReason.BARGE_IN
             if changed or settings.dialect is Dialect.SEEDS:
                 events.append(
-                    OverlapDecision(
-                        event_id=new_event_id(),
-                        action=action,
-                        reason=reason,
-                        policy=settings.overlap_policy,
+                    user.decision_event(
+                        action,
+                        reason,
+                        settings=settings,
+                        decoded=decoded,
+                        hints=hints,
                         response_id=active.response_id,
-                        overlap_ms=int(user.overlap_ms),
-                        epoch=self.epoch,
                         session_id=self.session_id,
-                        metadata=OverlapDetails(
-                            duration_ms=int(decoded.duration_ms),
-                            overlap_speech_ms=int(user.overlap_ms),
-                            buffer_audio=action is not OverlapAction.DROP,
-                            force_listen=hints.force_listen,
-                            cancel_reason=cancel_reason.value if action is OverlapAction.BARGE_IN else None,
-                        ),
+                        epoch=self.epoch,
+                        cancel_reason=cancel_reason.value,
                     )
                 )
             if action is OverlapAction.BARGE_IN:
@@ -649,19 +628,7 @@ class Session:
         item = MessageItem(id=item_id, role="user", content=content, status="completed")
         item, previous = self.conversation.add(item)
         pcm = user.commit()
-        # What becomes of it: a model that hears the stream decides itself, so nothing waits.
-        deferred = action is CommitAction.DEFER and not stream
-        details = CommitDetails(
-            type="input.committed",
-            session_id=self.session_id,
-            turn_id=user.turns,
-            epoch=self.epoch,
-            response_create_deferred=deferred,
-            overlap_deferred=deferred,
-            no_response=action in (CommitAction.SILENT, CommitAction.ACK_ONLY, CommitAction.COMMIT_ONLY),
-            overlap_ack=True if action is CommitAction.ACK_ONLY else None,
-            is_speech=False if action is CommitAction.SILENT else None,
-        )
+        details = user.commit_details(action, session_id=self.session_id, epoch=self.epoch, stream=stream)
         events: list[Event] = [
             ConversationItemAdded(event_id=new_event_id(), item=item, previous_item_id=previous),
             DuplexInputAudioBufferCommitted(
@@ -687,22 +654,7 @@ class Session:
         return events
 
     def _listen(self, reason: str, *, model_listen: bool) -> Event:
-        """``response.listen``: the session keeps listening (``model_listen``: the model decided).
-        It never names a response: one the model ended by listening is done before it."""
-        metadata = ListenMetadata(
-            type="response.listen",
-            session_id=self.session_id,
-            epoch=self.epoch,
-            reason=reason,
-            model_listen=model_listen,
-        )
-        return ResponseListen(
-            event_id=new_event_id(),
-            reason=reason,
-            epoch=self.epoch,
-            session_id=self.session_id,
-            response=ListenResponse(object="realtime.response", status="listening", metadata=metadata),
-        )
+        return listen_event(self.session_id, self.epoch, reason, model_listen=model_listen)
 
     # ------------------------------------------------------------------ responses
 

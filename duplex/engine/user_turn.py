@@ -30,7 +30,8 @@ from duplex.engine.overlap import (
 from duplex.engine.settings import SessionSettings
 from duplex.plugins.base import Capabilities, TurnRequest
 from duplex.protocol.errors import ProtocolError
-from duplex.protocol.ids import new_item_id
+from duplex.protocol.ext.events import CommitDetails, OverlapDecision, OverlapDetails
+from duplex.protocol.ids import new_event_id, new_item_id
 
 __all__ = ["MAX_TURN_AUDIO_S", "MAX_TURN_TEXT_CHARS", "UserTurn"]
 
@@ -171,6 +172,40 @@ class UserTurn:
         self._last_overlap = (action, reason)
         return action, reason, changed
 
+    def decision_event(
+        self,
+        action: OverlapAction,
+        reason: str,
+        *,
+        settings: SessionSettings,
+        decoded: DecodedAppend,
+        hints: OverlapHints,
+        response_id: str,
+        session_id: str,
+        epoch: int,
+        cancel_reason: str,
+    ) -> OverlapDecision:
+        """``overlap.decision`` for the decision ``overlap`` just made on ``decoded``
+        (``cancel_reason``: what a barge-in cancels the response with)."""
+        overlap_ms = int(self.overlap_ms)
+        return OverlapDecision(
+            event_id=new_event_id(),
+            action=action,
+            reason=reason,
+            policy=settings.overlap_policy,
+            response_id=response_id,
+            overlap_ms=overlap_ms,
+            epoch=epoch,
+            session_id=session_id,
+            metadata=OverlapDetails(
+                duration_ms=int(decoded.duration_ms),
+                overlap_speech_ms=overlap_ms,
+                buffer_audio=action is not OverlapAction.DROP,
+                force_listen=hints.force_listen,
+                cancel_reason=cancel_reason if action is OverlapAction.BARGE_IN else None,
+            ),
+        )
+
     def response_changed(self, *, began: bool = False) -> None:
         """A response began (``began``) or ended: overlapping speech counts from zero again; a
         response that begins answers every input so far."""
@@ -178,6 +213,24 @@ class UserTurn:
         self._last_overlap = None
         if began:
             self.answered = self.inputs
+
+    def commit_details(
+        self, action: CommitAction, *, session_id: str, epoch: int, stream: bool
+    ) -> CommitDetails:
+        """What became of the commit just made with ``action`` (``input_audio_buffer.committed``'s
+        ``event``). ``stream``: the model hears the stream and decides itself, so nothing waits."""
+        deferred = action is CommitAction.DEFER and not stream
+        return CommitDetails(
+            type="input.committed",
+            session_id=session_id,
+            turn_id=self.turns,
+            epoch=epoch,
+            response_create_deferred=deferred,
+            overlap_deferred=deferred,
+            no_response=action in (CommitAction.SILENT, CommitAction.ACK_ONLY, CommitAction.COMMIT_ONLY),
+            overlap_ack=True if action is CommitAction.ACK_ONLY else None,
+            is_speech=False if action is CommitAction.SILENT else None,
+        )
 
     def commit_action(
         self,
