@@ -108,7 +108,7 @@ def strategy(t: mi.Type, name: str | None = None) -> st.SearchStrategy[Any]:
     if isinstance(t, mi.UnionType):
         return st.one_of(*(strategy(u, name) for u in t.types))
     if isinstance(t, mi.StructType):
-        return _BY_CLASS.get(t.cls) or _struct(t)
+        return _BY_CLASS[t.cls] if t.cls in _BY_CLASS else _struct(t)
     if isinstance(t, mi.ListType):
         return st.lists(strategy(t.item_type), max_size=min(3, t.max_length or 3))
     if isinstance(t, mi.DictType):
