@@ -48,6 +48,7 @@ from duplex.plugins.base import (
     PluginKind,
     TurnPlugin,
 )
+from duplex.protocol.ext.dialect import Dialect
 from duplex.protocol.realtime.commands import SessionUpdate
 
 __all__ = ["Engine"]
@@ -199,6 +200,7 @@ class Engine:
         paced: bool = True,
         admission: Admission | None = None,
         resumable: bool = True,
+        dialect: Dialect = Dialect.GA,
     ) -> Attachment:
         """Open a session; its attachment starts with ``session.created`` (and ``session.updated``
         when ``update`` opened it). ``session.model`` is the served model name whatever ``model`` says.
@@ -215,13 +217,19 @@ class Engine:
         no resume token (``resume_token`` is ``None``): when its transport goes away (``detach``,
         or a slow reader) it closes at once instead of waiting ``disconnect_grace_s`` for a resume.
         The HTTP routes of batch models open their per-request sessions with both off.
+        ``dialect``: the kind of client it renders for, for its whole life (``Dialect``).
 
         Raises ``SessionError``: ``resource_exhausted`` (retryable), a settings code for a refused
         ``update``, the plugin's code when it refuses the slot. Not cancel-safe while the plugin
         opens the slot (the slot is released if it fails).
         """
         return await self.manager.open(
-            update, api_key_id=api_key_id, paced=paced, admission=admission, resumable=resumable
+            update,
+            api_key_id=api_key_id,
+            paced=paced,
+            admission=admission,
+            resumable=resumable,
+            dialect=dialect,
         )
 
     async def resume(

@@ -81,6 +81,13 @@ class PlaybackCursor:
         self.text += text_delta
 
     @property
+    def last_mark(self) -> tuple[int, float]:
+        """``(text_chars, audio_end_ms)`` of the latest audio chunk (``(0, 0.0)`` before any)."""
+        if not self._mark_ms:
+            return 0, 0.0
+        return self._mark_chars[-1], self._mark_ms[-1]
+
+    @property
     def marks(self) -> list[tuple[int, float]]:
         """``(text_chars, audio_end_ms)`` per audio chunk, as sent in delta metadata."""
         return list(zip(self._mark_chars, self._mark_ms, strict=True))

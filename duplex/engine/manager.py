@@ -60,6 +60,7 @@ from duplex.engine.vad import VadUnavailableError
 from duplex.plugins.base import Capabilities, Plugin, PluginError
 from duplex.protocol.errors import ProtocolError
 from duplex.protocol.ext.commands import SessionEventAck, SessionResume
+from duplex.protocol.ext.dialect import Dialect
 from duplex.protocol.ext.events import SessionReplaced, SessionResumed, SessionResyncRequired
 from duplex.protocol.ids import new_event_id, new_session_id
 from duplex.protocol.realtime.commands import (
@@ -352,17 +353,20 @@ class SessionManager:
         paced: bool = True,
         admission: Admission | None = None,
         resumable: bool = True,
+        dialect: Dialect = Dialect.GA,
     ) -> Attachment:
         """Admit (or use ``admission``), open the plugin slot, start the runner; returns the first
         attachment. ``api_key_id``: the opening key's digest; a resume must present the same
-        (``resume``). ``paced`` / ``resumable``: see ``Engine.open``. On failure the admission is
-        released."""
+        (``resume``). ``paced`` / ``resumable`` / ``dialect``: see ``Engine.open``. On failure the
+        admission is released."""
         if admission is None:
             admission = await self.reserve(None)
         elif admission.used:
             raise SessionError("engine_error", "this admission was already used or released")
         try:
-            return await self._open(admission, update, api_key_id, paced=paced, resumable=resumable)
+            return await self._open(
+                admission, update, api_key_id, paced=paced, resumable=resumable, dialect=dialect
+            )
         except BaseException:
             self.release(admission)
             raise
@@ -375,10 +379,11 @@ class SessionManager:
         *,
         paced: bool,
         resumable: bool,
+        dialect: Dialect,
     ) -> Attachment:
         slot = admission.slot
         caps, config = self.capabilities, self.config
-        settings = SessionSettings.defaults(self.model_name, caps)
+        settings = SessionSettings.defaults(self.model_name, caps, dialect)
         if update is not None:
             try:
                 settings = settings.apply(update.session, caps, audio_started=False)

@@ -41,7 +41,7 @@ from duplex.plugins.base import SlotOutput
 from duplex.protocol.audio import StreamResampler, encode_audio, int16_to_float, pcm16_encode
 from duplex.protocol.errors import ProtocolError
 from duplex.protocol.ext.commands import PlaybackAck
-from duplex.protocol.ext.events import PlaybackAcknowledged, PlaybackLedger
+from duplex.protocol.ext.events import PlaybackAckDetails, PlaybackAcknowledged, PlaybackLedger
 from duplex.protocol.formats import AudioFormat
 from duplex.protocol.ids import new_event_id
 from duplex.protocol.realtime._base import Event
@@ -228,8 +228,18 @@ class OutputStream:
         conversation.replace(new)
         return new != old
 
-    def ack(self, cmd: PlaybackAck, conversation: Conversation, *, user_turns: int, ack_only: bool) -> Event:
-        """``playback.ack``: move the response's cursors; ``playback.acknowledged``."""
+    def ack(
+        self,
+        cmd: PlaybackAck,
+        conversation: Conversation,
+        *,
+        user_turns: int,
+        ack_only: bool,
+        session_id: str = "",
+        epoch: int = 0,
+    ) -> Event:
+        """``playback.ack``: move the response's cursors; ``playback.acknowledged`` (its fields
+        also under ``event``, with the session, as the seeds' clients read them)."""
         response = self.find(cmd.response_id, cmd.item_id)
         if response.closed and response.user_turn < user_turns:
             raise ProtocolError(
@@ -241,6 +251,24 @@ class OutputStream:
         if not response.closed and ack_only:
             changed = self.commit_history(response, conversation)
         cur = response.cursor
+        ledger = PlaybackLedger(
+            generated_ms=cur.generated_ms,
+            sent_ms=cur.sent_ms,
+            played_ms=cur.played_ms,
+            committed_ms=cur.committed_ms,
+        )
+        details = PlaybackAckDetails(
+            type="playback.acknowledged",
+            session_id=session_id,
+            epoch=epoch,
+            response_id=response.response_id,
+            item_id=response.item_id,
+            played_ms=cur.played_ms,
+            committed_ms=cur.committed_ms,
+            truncate=cmd.truncate,
+            history_committed=changed,
+            playback=ledger,
+        )
         return PlaybackAcknowledged(
             event_id=new_event_id(),
             response_id=response.response_id,
@@ -249,12 +277,8 @@ class OutputStream:
             committed_ms=cur.committed_ms,
             truncate=cmd.truncate,
             history_committed=changed,
-            playback=PlaybackLedger(
-                generated_ms=cur.generated_ms,
-                sent_ms=cur.sent_ms,
-                played_ms=cur.played_ms,
-                committed_ms=cur.committed_ms,
-            ),
+            playback=ledger,
+            event=details,
         )
 
     def truncate(self, cmd: ConversationItemTruncate, conversation: Conversation) -> Event:

@@ -25,6 +25,13 @@ A transcript delta is sent only when the chunk carries text. ``finish`` closes
 whatever is open, so a cancelled or failed response ends with the same tail and
 exactly one ``response.done``; after it the response accepts nothing (``closed``).
 The playback ledger (``cursor``) records every audio chunk with its text mark.
+
+``response.created`` and ``response.done`` carry the response's id at their top level too,
+``response.speak`` its ``metadata``. The dialect (``Dialect``) decides the rest: for a seeds
+client the assistant item is ``item_<response_id>``, every audio delta carries its
+``metadata`` (``AudioDeltaMetadata``) and ``status_details.reason`` is the engine's own
+(``SEEDS_WIRE_REASONS``: ``stop``, ``barge_in`` ...); a GA client gets OpenAI's reasons
+(``WIRE_REASONS``) and no per-delta metadata.
 """
 
 from __future__ import annotations
@@ -35,7 +42,20 @@ from typing import Any
 
 from duplex.engine.ledger import PlaybackCursor
 from duplex.plugins.base import ToolCall
-from duplex.protocol.ext.events import DuplexResponseOutputAudioDelta, ResponseSpeak
+from duplex.protocol.ext.dialect import Dialect
+from duplex.protocol.ext.events import (
+    AudioDeltaMetadata,
+    DuplexResponseCreated,
+    DuplexResponseDone,
+    DuplexResponseOutputAudioDelta,
+    ListenMetadata,
+    ListenResponse,
+    PlaybackLedger,
+    ResponseListen,
+    ResponseSpeak,
+    SpeakMetadata,
+    TextMark,
+)
 from duplex.protocol.formats import AudioFormat
 from duplex.protocol.ids import new_event_id, new_item_id
 from duplex.protocol.realtime._base import Event
@@ -45,8 +65,6 @@ from duplex.protocol.realtime.events import (
     RateLimitsUpdated,
     ResponseContentPartAdded,
     ResponseContentPartDone,
-    ResponseCreated,
-    ResponseDone,
     ResponseFunctionCallArgumentsDelta,
     ResponseFunctionCallArgumentsDone,
     ResponseOutputAudioDone,
@@ -68,7 +86,15 @@ from duplex.protocol.realtime.items import (
 )
 from duplex.protocol.realtime.responses import Response, StatusDetails, Usage
 
-__all__ = ["WIRE_REASONS", "ActiveResponse", "EndReason", "wire_reason", "zero_usage"]
+__all__ = [
+    "SEEDS_WIRE_REASONS",
+    "WIRE_REASONS",
+    "ActiveResponse",
+    "EndReason",
+    "listen_event",
+    "wire_reason",
+    "zero_usage",
+]
 
 class EndReason(enum.StrEnum):
     """Why a response ended, in the engine's words (its ``status_details.reason`` on the wire is
@@ -115,9 +141,38 @@ WIRE_REASONS: dict[EndReason, str | None] = {
 }
 
 
-def wire_reason(reason: EndReason | None) -> str | None:
-    """The ``status_details.reason`` of a response that ended for ``reason`` (``WIRE_REASONS``)."""
-    return WIRE_REASONS[reason] if reason is not None else None
+#: ``status_details.reason`` for a seeds client (``Dialect.SEEDS``): the engine's own words, the
+#: duplex vocabulary its clients read (a normal end is ``stop``, a barge-in ``barge_in``, a cleared
+#: output buffer ``output_audio_buffer_clear`` ...); a failure has none (``error`` carries it).
+SEEDS_WIRE_REASONS: dict[EndReason, str | None] = {
+    **{reason: reason.value for reason in EndReason},
+    EndReason.ERROR: None,
+}
+
+
+def wire_reason(reason: EndReason | None, dialect: Dialect = Dialect.GA) -> str | None:
+    """The ``status_details.reason`` of a response that ended for ``reason``, for a client of
+    ``dialect`` (``WIRE_REASONS``, ``SEEDS_WIRE_REASONS``)."""
+    if reason is None:
+        return None
+    return (SEEDS_WIRE_REASONS if dialect is Dialect.SEEDS else WIRE_REASONS)[reason]
+
+
+def listen_event(session_id: str, epoch: int, reason: str, *, model_listen: bool) -> ResponseListen:
+    """``response.listen``: the session keeps listening (``model_listen``: the model itself decided,
+    ``reason: model_listen``; else the server did, e.g. ``silence_or_noise`` for a declared-silent
+    commit), with the seeds' ``response{status: listening, metadata}``. It never names a response: one
+    the model ended by listening is done before it."""
+    metadata = ListenMetadata(
+        type="response.listen", session_id=session_id, epoch=epoch, reason=reason, model_listen=model_listen
+    )
+    return ResponseListen(
+        event_id=new_event_id(),
+        reason=reason,
+        epoch=epoch,
+        session_id=session_id,
+        response=ListenResponse(object="realtime.response", status="listening", metadata=metadata),
+    )
 
 
 def zero_usage() -> Usage:
@@ -150,9 +205,16 @@ class ActiveResponse:
         item_id: str | None = None,
         paced: bool = False,
         wait_until: float | None = None,
+        session_id: str = "",
+        dialect: Dialect = Dialect.GA,
     ) -> None:
         self.response_id = response_id
-        self.item_id = item_id or new_item_id()
+        self.session_id = session_id
+        self.dialect = dialect
+        self._seeds = dialect is Dialect.SEEDS  # per-delta metadata (``audio_delta``)
+        if item_id is None:  # a seeds client names the item after the response in its acks
+            item_id = f"item_{response_id}" if self._seeds else new_item_id()
+        self.item_id = item_id
         self.epoch = epoch
         self.audio = audio
         self.output_format = output_format
@@ -197,7 +259,11 @@ class ActiveResponse:
         )
 
     def created(self) -> list[Event]:
-        return [ResponseCreated(event_id=new_event_id(), response=self._response("in_progress"))]
+        return [
+            DuplexResponseCreated(
+                event_id=new_event_id(), response=self._response("in_progress"), response_id=self.response_id
+            )
+        ]
 
     def message_item(self, status: str, transcript: str | None = None) -> MessageItem:
         text = self.cursor.text if transcript is None else transcript
@@ -239,21 +305,26 @@ class ActiveResponse:
         speak: bool,
         previous_item_id: str | None,
         hold_text: bool = False,
+        end_of_turn: bool = False,
     ) -> list[Event]:
         """Events for one model output chunk (audio and/or text).
 
         ``previous_item_id`` is read only when the chunk opens the message (its first chunk);
         ``hold_text``: a piece of paced audio whose text counts as heard only with a later piece
-        (``PlaybackCursor.add_audio``).
+        (``PlaybackCursor.add_audio``); ``end_of_turn``: the chunk ends the model's turn.
         """
         assert not self.closed, f"response {self.response_id} already done"
         events: list[Event] = [] if self.message_open else self._open_message(previous_item_id)
         if speak and not self.speak_sent:
             self.speak_sent = True
-            events.append(ResponseSpeak(event_id=new_event_id(), **self._ids()))
+            metadata = SpeakMetadata(session_id=self.session_id, epoch=self.epoch, model_speak=True)
+            events.append(ResponseSpeak(event_id=new_event_id(), metadata=metadata, **self._ids()))
         if self.audio:
             if audio_bytes:
-                events.append(self.audio_delta(audio_bytes, duration_ms, text, hold_text=hold_text))
+                delta = self.audio_delta(
+                    audio_bytes, duration_ms, text, hold_text=hold_text, end_of_turn=end_of_turn
+                )
+                events.append(delta)
             else:
                 self.cursor.add_text(text)
             if text:
@@ -264,13 +335,21 @@ class ActiveResponse:
         return events
 
     def audio_delta(
-        self, audio_bytes: bytes, duration_ms: float, text: str, *, hold_text: bool = False
+        self,
+        audio_bytes: bytes,
+        duration_ms: float,
+        text: str,
+        *,
+        hold_text: bool = False,
+        end_of_turn: bool = False,
     ) -> Event:
         """The audio delta of a chunk into the open message of an audio response (the caller
         checks ``message_open`` and ``audio``); with ``text``, ``transcript_delta(text)`` follows
         it. Every field but the id and the audio is fixed while the message is open, so the
-        per-frame event is built from plain attributes (no dict, no lookups)."""
-        self.cursor.add_audio(duration_ms, text, hold_text=hold_text)
+        per-frame event is built from plain attributes (no dict, no lookups); a seeds client's
+        delta also carries its ``metadata`` (``end_of_turn``: the chunk ends the model's turn)."""
+        cursor = self.cursor
+        cursor.add_audio(duration_ms, text, hold_text=hold_text)
         return DuplexResponseOutputAudioDelta(
             event_id=new_event_id(),
             response_id=self.response_id,
@@ -280,6 +359,25 @@ class ActiveResponse:
             delta=audio_bytes,
             format=self._wire_format,
             sample_rate_hz=self._wire_rate,
+            metadata=self._delta_metadata(end_of_turn) if self._seeds else None,
+        )
+
+    def _delta_metadata(self, end_of_turn: bool) -> AudioDeltaMetadata:
+        cursor = self.cursor
+        chars, end_ms = cursor.last_mark
+        return AudioDeltaMetadata(
+            session_id=self.session_id,
+            epoch=self.epoch,
+            model_speak=self.speak_sent,
+            end_of_turn=end_of_turn,
+            audio_duration_ms=int(cursor.sent_ms),
+            audio_text_marks=[TextMark(text_chars=chars, audio_end_ms=int(end_ms))],
+            playback=PlaybackLedger(
+                generated_ms=cursor.generated_ms,
+                sent_ms=cursor.sent_ms,
+                played_ms=cursor.played_ms,
+                committed_ms=cursor.committed_ms,
+            ),
         )
 
     def transcript_delta(self, text: str) -> Event:
@@ -364,8 +462,10 @@ class ActiveResponse:
         self.status = status
         self.reason = reason
         self.cursor.finished = True
-        details = StatusDetails(type=status, reason=wire_reason(reason), error=error)  # type: ignore[arg-type]
+        reason_text = wire_reason(reason, self.dialect)
+        details = StatusDetails(type=status, reason=reason_text, error=error)  # type: ignore[arg-type]
         response = self._response(status, details, usage if usage is not None else zero_usage())
-        events.append(ResponseDone(event_id=new_event_id(), response=response))
+        done = DuplexResponseDone(event_id=new_event_id(), response=response, response_id=self.response_id)
+        events.append(done)
         events.append(RateLimitsUpdated(event_id=new_event_id(), rate_limits=[]))
         return events

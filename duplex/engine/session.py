@@ -33,9 +33,14 @@ its next speech fills (or that ends empty, ``model_silent``, after ``response_wa
 that answers requests gets a ``StartTurn`` per committed turn or ``response.create``, and its
 audio is paced out at playback speed when ``output_lead_ms`` is set (``output_stream``).
 
-Epochs (DESIGN §6): a cancel, a barge-in, ``output_audio_buffer.clear`` and the cancel of a
-response by VAD speech advance ``epoch``; a model output tagged with an older epoch is dropped (and
-counted in ``stale_outputs``). ``input_audio_buffer.clear`` only drops uncommitted input.
+Epochs (DESIGN §6): a cancel, a barge-in, ``output_audio_buffer.clear``, ``input.cancel`` and the
+cancel of a response by VAD speech advance ``epoch``; a model output tagged with an older epoch is
+dropped (and counted in ``stale_outputs``). ``input_audio_buffer.clear`` only drops uncommitted input.
+
+Dialect (``settings.dialect``, fixed at open): the events are the same for every client but for a
+seeds client's ``status_details.reason``, assistant item ids, per-delta ``metadata``
+(``response.ActiveResponse``) and one ``overlap.decision`` per overlapping append (a GA client gets
+one when the decision changes).
 
 Errors: a command whose content is refused gets exactly one ``error`` event (with the client's
 ``event_id``) and changes nothing; ``handle`` never raises for it. After ``close`` the session
@@ -65,9 +70,9 @@ from duplex.engine.conversation import Conversation
 from duplex.engine.input import DecodedAppend
 from duplex.engine.journal import Journal, JournalCursorError
 from duplex.engine.output_stream import OutputStream
-from duplex.engine.overlap import CommitAction, OverlapAction
+from duplex.engine.overlap import NO_HINTS, CommitAction, OverlapAction, hints_of
 from duplex.engine.requests import media_events, request_input
-from duplex.engine.response import ActiveResponse, EndReason
+from duplex.engine.response import ActiveResponse, EndReason, listen_event
 from duplex.engine.settings import Lane, SessionSettings
 from duplex.engine.sizes import DELTA_OVERHEAD, event_size
 from duplex.engine.transitions import TurnState
@@ -78,19 +83,24 @@ from duplex.plugins.base import Capabilities, SlotOptions, SlotOutput, ToolResul
 from duplex.protocol.errors import ProtocolError
 from duplex.protocol.ext.commands import (
     BargeIn,
+    DuplexInputAudioBufferAppend,
+    InputCancel,
+    InputTextAppend,
     PlaybackAck,
     SessionClose,
     SessionEventAck,
     SessionHeartbeat,
+    TurnSignal,
 )
+from duplex.protocol.ext.dialect import Dialect
 from duplex.protocol.ext.events import (
+    DuplexInputAudioBufferCommitted,
     DuplexSessionCreated,
     DuplexSessionUpdated,
-    OverlapDecision,
-    ResponseListen,
     SessionClosed,
     SessionExpired,
     SessionHeartbeatAck,
+    TurnEvent,
 )
 from duplex.protocol.ids import new_event_id, new_item_id, new_response_id
 from duplex.protocol.realtime._base import Event
@@ -114,17 +124,27 @@ from duplex.protocol.realtime.events import (
     ConversationItemInputAudioTranscriptionCompleted,
     ConversationItemRetrieved,
     InputAudioBufferCleared,
-    InputAudioBufferCommitted,
     InputAudioBufferSpeechStarted,
     InputAudioBufferSpeechStopped,
     OutputAudioBufferCleared,
 )
-from duplex.protocol.realtime.items import FunctionCallOutputItem, InputAudioPart, MessageItem
+from duplex.protocol.realtime.items import FunctionCallOutputItem, InputAudioPart, InputTextPart, MessageItem
 from duplex.protocol.realtime.responses import ResponseError
 
 __all__ = ["Session", "TurnState"]
 
 Handler = Callable[["Session", Any, float], list[Event]]
+
+#: The turn state a local ``turn.signal`` moves the session to (``None``: it stays).
+_SIGNAL_STATES: dict[str, TurnState | None] = {
+    "user_started": TurnState.USER_SPEAKING,
+    "user_committed": TurnState.USER_COMMITTED,
+    "assistant_started": TurnState.ASSISTANT_GENERATING,
+    "assistant_done": TurnState.IDLE,
+    "playback_ack": None,
+    "timeout": None,
+    "close": None,
+}
 
 #: Command type -> its handler (``@handles``). Subclasses of a command (our extended spellings of a
 #: GA command) find their base's handler, looked up once and cached.
@@ -198,7 +218,13 @@ class Session:
             )
             for t in s.tools
         )
-        extra: dict[str, object] = {"ref_audio": s.ref_audio} if s.ref_audio is not None else {}
+        extra: dict[str, object] = {}
+        if s.ref_audio is not None:
+            extra["ref_audio"] = s.ref_audio
+        if s.initial_user_text is not None:
+            extra["initial_user_text"] = s.initial_user_text
+        if s.force_listen_count:
+            extra["force_listen_count"] = s.force_listen_count
         return SlotOptions(
             instructions=s.instructions, voice=s.voice, temperature=s.temperature, tools=tools, extra=extra
         )
@@ -303,6 +329,12 @@ class Session:
                 "conversation_already_has_active_response",
                 f"Conversation already has an active response in progress: {active.response_id}",
             )
+        if self.settings.dialect is Dialect.SEEDS and not self.user.unanswered:
+            # The seeds' contract: a response answers input; GA clients may ask for one anyway.
+            raise ProtocolError(
+                "response_create_without_input",
+                "response.create needs input to answer: commit audio or add a user item first",
+            )
         metadata = cmd.response.metadata if cmd.response is not None else None
         if self.caps.hears_stream:  # the model's next speech fills it
             return self._open_response(metadata, now, wait=True)
@@ -359,7 +391,16 @@ class Session:
     @handles(PlaybackAck)
     def _playback_ack(self, cmd: PlaybackAck, now: float) -> list[Event]:
         ack_only = self.settings.playback_commit_policy == "ack_only"
-        return [self.output.ack(cmd, self.conversation, user_turns=self.user.turns, ack_only=ack_only)]
+        return [
+            self.output.ack(
+                cmd,
+                self.conversation,
+                user_turns=self.user.turns,
+                ack_only=ack_only,
+                session_id=self.session_id,
+                epoch=self.epoch,
+            )
+        ]
 
     @handles(ConversationItemTruncate)
     def _truncate(self, cmd: ConversationItemTruncate, now: float) -> list[Event]:
@@ -370,6 +411,8 @@ class Session:
     @handles(ConversationItemCreate)
     def _item_create(self, cmd: ConversationItemCreate, now: float) -> list[Event]:
         item, previous = self.conversation.add(cmd.item, cmd.previous_item_id)
+        if isinstance(item, MessageItem) and item.role == "user":
+            self.user.add_input()
         if isinstance(item, FunctionCallOutputItem) and self.caps.hears_stream and self.caps.supports_tools:
             # A model that hears the stream reads the result in step with its frames: it rides on
             # the slot's next frame (``SlotInput.tool_results``). A turn model reads it in its history.
@@ -405,6 +448,65 @@ class Session:
         self._actions.append(CloseSession(cmd.reason or "client_close"))
         return []
 
+    @handles(TurnSignal)
+    def _turn_signal(self, cmd: TurnSignal, now: float) -> list[Event]:
+        """A local turn transition: the reported turn state moves (``_SIGNAL_STATES``);
+        ``playback_ack`` acknowledges playback first, ``close`` / ``timeout`` close the session
+        after the answer, ``turn.event``. (A signal naming a command arrives as that command.)"""
+        events: list[Event] = []
+        if cmd.event == "playback_ack":
+            events += self._playback_ack(cmd.playback_ack(), now)
+        state = _SIGNAL_STATES[cmd.event]
+        if state is not None:
+            self.turn_state = state
+        events.append(
+            TurnEvent(
+                event_id=new_event_id(),
+                session_id=self.session_id,
+                event=cmd.event,
+                turn_state=self.turn_state,
+                epoch=self.epoch,
+            )
+        )
+        if cmd.event in ("close", "timeout"):
+            self._actions.append(CloseSession("client_close" if cmd.event == "close" else "timeout"))
+        return events
+
+    @handles(InputCancel)
+    def _input_cancel(self, cmd: InputCancel, now: float) -> list[Event]:
+        """Abandon the user's input: the active response is cancelled (``barge_in``), the
+        uncommitted input, a commit waiting for ``response.create`` and the deferred turns are
+        dropped, and the epoch advances (once, with the cancel when there is one)."""
+        events: list[Event] = []
+        if self.output.active is not None:
+            events += self._cancel(EndReason.BARGE_IN, now)
+        else:
+            self._advance_epoch()
+        user = self.user
+        user.clear()
+        user.deferred.clear()
+        user.committed_audio = None
+        if self.caps.hears_stream:
+            self._actions.append(ClearFeed())
+        self.turn_state = TurnState.IDLE
+        events.append(InputAudioBufferCleared(event_id=new_event_id()))
+        return events
+
+    @handles(InputTextAppend)
+    def _input_text_append(self, cmd: InputTextAppend, now: float) -> list[Event]:
+        """Typed text joins the user's current turn (a commit takes it with the turn's audio). A
+        model that hears the stream takes its input as audio only."""
+        if self.caps.hears_stream:
+            raise ProtocolError(
+                "native_text_append_unsupported",
+                "this model hears the audio stream and takes no typed text into a turn; "
+                "give initial_user_text when the session opens, where the model reads it",
+            )
+        if not self.caps.supports_text_input:
+            raise ProtocolError("invalid_input_modality", "this model takes no text input")
+        self.user.append_text(cmd.text)
+        return []
+
     # ------------------------------------------------------------------ user input
 
     def _append(self, cmd: InputAudioBufferAppend, decoded: DecodedAppend, now: float) -> list[Event]:
@@ -428,39 +530,54 @@ class Session:
                         item_id=user.speech_started(),
                     )
                 )
+        extended = type(cmd) is DuplexInputAudioBufferAppend
+        vad_in_speech = decoded.vad_in_speech
         if settings.vad is not None:
-            is_speech = vad_started or decoded.vad_in_speech
+            is_speech = vad_started or vad_in_speech
         else:
-            hint = getattr(cmd, "is_speech", None)
+            hint = cmd.speech_hint() if extended else getattr(cmd, "is_speech", None)
             is_speech = hint if hint is not None else decoded.rms >= settings.overlap_silence_rms
+            client_vad = cmd.vad if extended else None
+            if client_vad is not None and client_vad.speech_started is not None:
+                vad_started = client_vad.speech_started  # the client's VAD, where the server runs none
+                vad_in_speech = not client_vad.speech_started
         action = OverlapAction.LISTEN
+        reason = ""
         active = self.output.active
         if active is not None:
+            hints = hints_of(cmd) if extended else NO_HINTS
             action, reason, changed = user.overlap(
                 settings,
                 self.caps,
                 decoded,
                 is_speech=is_speech,
                 vad_started=vad_started,
-                forced=bool(getattr(cmd, "force_barge_in", None)),
+                vad_in_speech=vad_in_speech,
+                hints=hints,
             )
-            if changed:
+            cancel_reason = EndReason.TURN_DETECTED if vad_started else EndReason.BARGE_IN
+            if changed or settings.dialect is Dialect.SEEDS:
                 events.append(
-                    OverlapDecision(
-                        event_id=new_event_id(),
-                        action=action,
-                        reason=reason,
-                        policy=settings.overlap_policy,
+                    user.decision_event(
+                        action,
+                        reason,
+                        settings=settings,
+                        decoded=decoded,
+                        hints=hints,
                         response_id=active.response_id,
-                        overlap_ms=int(user.overlap_ms),
+                        session_id=self.session_id,
                         epoch=self.epoch,
+                        cancel_reason=cancel_reason.value,
                     )
                 )
             if action is OverlapAction.BARGE_IN:
-                events += self._cancel(EndReason.TURN_DETECTED if vad_started else EndReason.BARGE_IN, now)
+                events += self._cancel(cancel_reason, now)
         user.hear(decoded, is_speech)
         if self.caps.hears_stream:
-            self._actions.append(FeedAudio(decoded.pcm, decoded.video_frames, now))
+            pcm = decoded.pcm
+            if action is OverlapAction.DROP and reason == "client_overlap_action":
+                pcm = np.zeros_like(pcm)  # the client asked that the model not hear it: it hears silence
+            self._actions.append(FeedAudio(pcm, decoded.video_frames, now))
         elif action is not OverlapAction.DROP:
             user.buffer(decoded.pcm)
         for vad_event in vad_events:
@@ -485,9 +602,13 @@ class Session:
         if create_response is None:
             lane = settings.lane(self.caps)
             vad = settings.vad
-            create_response = lane is Lane.MODEL_NATIVE or (
-                lane is Lane.SERVER_VAD and (vad.create_response if vad is not None else True)
-            )
+            if lane is Lane.MODEL_NATIVE:
+                create_response = True
+            elif settings.auto_response is not None:
+                create_response = settings.auto_response
+            else:
+                vad_creates = vad.create_response if vad is not None else True
+                create_response = lane is Lane.SERVER_VAD and vad_creates
         user = self.user
         response_active = self.output.active is not None
         action = user.commit_action(
@@ -505,18 +626,23 @@ class Session:
                 f"{user.deferred.maxlen} turns already wait for the active response to end",
             )
         item_id = user.speech_item_id or new_item_id()
-        item = MessageItem(
-            id=item_id, role="user", content=[InputAudioPart(transcript=None)], status="completed"
-        )
+        text = user.text
+        content: list[Any] = [InputAudioPart(transcript=None)] if user.has_audio or not text else []
+        if text:
+            content.append(InputTextPart(text=text))
+        item = MessageItem(id=item_id, role="user", content=content, status="completed")
         item, previous = self.conversation.add(item)
         pcm = user.commit()
+        details = user.commit_details(action, session_id=self.session_id, epoch=self.epoch, stream=stream)
         events: list[Event] = [
             ConversationItemAdded(event_id=new_event_id(), item=item, previous_item_id=previous),
-            InputAudioBufferCommitted(event_id=new_event_id(), item_id=item_id, previous_item_id=previous),
+            DuplexInputAudioBufferCommitted(
+                event_id=new_event_id(), item_id=item_id, previous_item_id=previous, event=details
+            ),
             ConversationItemDone(event_id=new_event_id(), item=item, previous_item_id=previous),
         ]
         if action is CommitAction.SILENT:
-            events.append(ResponseListen(event_id=new_event_id(), reason="silence", epoch=self.epoch))
+            events.append(self._listen("silence_or_noise", model_listen=False))
             if not response_active:
                 self.turn_state = TurnState.IDLE
             return events
@@ -527,10 +653,13 @@ class Session:
         if action is CommitAction.COMMIT_ONLY:
             user.committed_audio = pcm
         elif action is CommitAction.RESPOND:
-            events += self._start_turn(pcm, None, None, now)
+            events += self._start_turn(pcm, text, None, now)
         elif action is CommitAction.DEFER:
-            user.deferred.append(self._turn_request(pcm, None))
+            user.deferred.append(self._turn_request(pcm, text))
         return events
+
+    def _listen(self, reason: str, *, model_listen: bool) -> Event:
+        return listen_event(self.session_id, self.epoch, reason, model_listen=model_listen)
 
     # ------------------------------------------------------------------ responses
 
@@ -562,9 +691,11 @@ class Session:
             user_turn=self.user.turns,
             paced=self.output.lead_ms is not None,
             wait_until=deadline,
+            session_id=self.session_id,
+            dialect=self.settings.dialect,
         )
         self.output.active = response
-        self.user.response_changed()
+        self.user.response_changed(began=True)
         self.turn_state = TurnState.ASSISTANT_GENERATING
         if deadline is not None:
             self._actions.append(WakeAt(deadline))
@@ -677,7 +808,7 @@ class Session:
                 events += self._open_response(None, now)
                 response = self.output.active
             elif output.decision == "listen" and not output.end_of_turn:
-                events.append(ResponseListen(event_id=new_event_id(), epoch=self.epoch))
+                events.append(self._listen("model_listen", model_listen=True))
                 return self._journal(events, now)
             elif has_content:
                 self.stale_outputs += 1  # a turn chunk after its response ended
@@ -712,7 +843,8 @@ class Session:
                 duration_ms = len(pcm) * 1000.0 / output.sample_rate
                 data = self.output.encode(pcm, output.sample_rate, self.settings.output_format)
                 self.audio_started = True
-            events += self._chunk(response, data, duration_ms, output.text, output.decision == "speak")
+            speak, end = output.decision == "speak", output.end_of_turn
+            events += self._chunk(response, data, duration_ms, output.text, speak, end_of_turn=end)
         if media or output.progress is not None:  # a batch model's progress, image, video
             events += media_events(response.response_id, output, response.media_sent)
             response.media_sent += media
@@ -723,7 +855,7 @@ class Session:
             events += self._finish("completed", EndReason.STOP, now)
         elif output.decision == "listen" and not has_content and response.wait_until is None:
             events += self._finish("completed", EndReason.MODEL_LISTEN, now)
-            events.append(ResponseListen(event_id=new_event_id(), epoch=self.epoch))
+            events.append(self._listen("model_listen", model_listen=True))
         return events
 
     def _chunk(
@@ -734,6 +866,7 @@ class Session:
         text: str,
         speak: bool,
         hold_text: bool = False,
+        end_of_turn: bool = False,
     ) -> list[Event]:
         events = response.add_chunk(
             audio_bytes=data,
@@ -743,6 +876,7 @@ class Session:
             # Only the chunk that opens the message reads it (the conversation's last item).
             previous_item_id=None if response.message_open else self.conversation.last_id,
             hold_text=hold_text,
+            end_of_turn=end_of_turn,
         )
         if response.new_items:
             self._store_new_items(response)

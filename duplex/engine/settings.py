@@ -26,9 +26,23 @@ Decisions (DESIGN §4-§6):
 * the voice may not change once the session produced audio;
 * once the plugin's slot is open, instructions, voice and tools change only where the plugin
   says so (``Capabilities.updatable_options``); a change to one it fixed at open is refused
-  with ``instructions_update_unsupported`` / ``voice_update_unsupported`` /
-  ``tools_update_unsupported`` (a patch that repeats the current value changes nothing and
-  is accepted).
+  with ``instructions_update_unsupported`` (``persona_update_unsupported`` where the
+  instructions are the model's persona, ``Capabilities.persona_instructions``) /
+  ``voice_update_unsupported`` / ``tools_update_unsupported`` (a patch that repeats the current
+  value changes nothing and is accepted);
+* the seeds' session options are honoured or refused, never ignored: ``ref_audio`` (or
+  ``extra_body.ref_audio`` / ``tts_ref_audio``, a base64 data URI, decoded here),
+  ``initial_user_text`` (or ``extra_body.duplex_initial_user_text``) and a non-zero
+  ``extra_body.force_listen_count`` reach the plugin (``SlotOptions.extra``) when it reads them
+  (``Capabilities.session_options``), else they are ``invalid_session_config``; all three are
+  fixed once the slot is open (``ref_audio_update_unsupported``, ``invalid_session_config``). A
+  model that needs a reference voice (``Capabilities.requires_ref_audio``) refuses audio output
+  without one (``ref_audio_required``) and starts text-only;
+* ``extra_body.auto_response`` (default: the lane's own rule) decides whether a commit that says
+  nothing asks for a response; ``false`` on a model that hears the stream and decides itself
+  when to speak is ``invalid_session_config``;
+* the dialect (``Dialect``) is fixed when the session opens; a seeds client's input starts as
+  pcm16 at 16 kHz (the seeds' default), a GA client's at 24 kHz (OpenAI's).
 """
 
 from __future__ import annotations
@@ -43,6 +57,8 @@ from duplex.engine.vad_config import VadConfig
 from duplex.plugins.base import Capabilities
 from duplex.protocol.errors import ProtocolError
 from duplex.protocol.ext.capabilities import SessionCapabilities
+from duplex.protocol.ext.commands import ref_audio_bytes
+from duplex.protocol.ext.dialect import Dialect
 from duplex.protocol.ext.events import DuplexSession
 from duplex.protocol.formats import AudioFormat
 from duplex.protocol.realtime.session import (
@@ -70,6 +86,8 @@ class Lane(enum.StrEnum):
 
 #: The output rate a session starts with: OpenAI's (its GA schema allows no other for ``audio/pcm``).
 DEFAULT_OUTPUT_RATE = 24000
+#: The input rate a session starts with, per dialect: OpenAI's 24 kHz, the seeds' 16 kHz.
+DEFAULT_INPUT_RATES = {Dialect.GA: 24000, Dialect.SEEDS: 16000}
 #: OpenAI's built-in voices. A stock client asks for one of them without knowing the model.
 OPENAI_VOICES = frozenset(
     {
@@ -118,25 +136,30 @@ class SessionSettings(msgspec.Struct, frozen=True, kw_only=True):
     transcription: InputAudioTranscription | None = None
     noise_reduction: NoiseReduction | None = None
     extra_body: dict[str, Any] = {}
-    # The reference voice (``session.ref_audio``: a WAV as a data URI or base64), handed to the
-    # plugin as ``SlotOptions.extra["ref_audio"]`` when its slot opens; fixed from then on.
-    ref_audio: str | None = None
+    dialect: Dialect = Dialect.GA
+    auto_response: bool | None = None  # None: the lane's own rule (``Session._commit``)
+    ref_audio: bytes | None = None  # the reference voice's audio file (never rendered)
+    initial_user_text: str | None = None
+    force_listen_count: int = 0
 
     @classmethod
-    def defaults(cls, model: str, caps: Capabilities) -> SessionSettings:
+    def defaults(cls, model: str, caps: Capabilities, dialect: Dialect = Dialect.GA) -> SessionSettings:
         """Settings of a new session before any patch."""
         vad = None
         if not caps.model_native_turns and caps.supports_server_vad:
             vad = VadConfig()
         audio = "audio" in caps.output_modalities
+        if audio and caps.requires_ref_audio and "text" in caps.output_modalities:
+            audio = False  # no reference voice yet: text until the client gives one
         return cls(
             model=model,
             voice=caps.default_voice,
             output_modalities=("audio",) if audio else ("text",),
-            input_format=AudioFormat("pcm16", 24000),
+            input_format=AudioFormat("pcm16", DEFAULT_INPUT_RATES[dialect]),
             output_format=AudioFormat("pcm16", DEFAULT_OUTPUT_RATE),
             vad=vad,
             overlap_policy="barge_in_on_speech" if vad is not None else "listen_only",
+            dialect=dialect,
         )
 
     def lane(self, caps: Capabilities) -> Lane:
@@ -156,9 +179,10 @@ class SessionSettings(msgspec.Struct, frozen=True, kw_only=True):
         fixed = () if not opened else [o for o in _SLOT_OPTIONS if o not in caps.updatable_options]
         if patch.instructions is not None and patch.instructions != self.instructions:
             if "instructions" in fixed:
+                persona = caps.persona_instructions
                 raise ProtocolError(
-                    "instructions_update_unsupported",
-                    "this model fixes its instructions when the session opens",
+                    "persona_update_unsupported" if persona else "instructions_update_unsupported",
+                    f"this model fixes its {'persona' if persona else 'instructions'} when the session opens",
                     param="session.instructions",
                 )
             changes["instructions"] = patch.instructions
@@ -268,18 +292,79 @@ class SessionSettings(msgspec.Struct, frozen=True, kw_only=True):
         noise = patch.resolved_noise_reduction()
         if noise is not UNSET:
             changes["noise_reduction"] = noise
+        changes.update(self._seeds_options(patch, caps, extra, opened=opened))
+        modalities_after = changes.get("output_modalities", self.output_modalities)
+        voice_missing = changes.get("ref_audio", self.ref_audio) is None
+        if caps.requires_ref_audio and "audio" in modalities_after and voice_missing:
+            raise ProtocolError(
+                "ref_audio_required",
+                "this model speaks in a reference voice only: give ref_audio (a data: URI) for audio output",
+                param="session.ref_audio",
+            )
+        for key in ("ref_audio", "tts_ref_audio"):  # decoded above; the text is not kept
+            extra.pop(key, None)
         if extra:
             changes["extra_body"] = {**self.extra_body, **extra}
-        ref_audio = getattr(patch, "ref_audio", None)
-        if ref_audio is not None and ref_audio != self.ref_audio:
-            if opened:
+        return msgspec.structs.replace(self, **changes)
+
+    def _seeds_options(
+        self, patch: SessionConfig, caps: Capabilities, extra: dict[str, Any], *, opened: bool
+    ) -> dict[str, Any]:
+        """The seeds' session options of ``patch`` (see the module docstring): honoured when the
+        plugin reads them, refused otherwise."""
+        changes: dict[str, Any] = {}
+
+        def unsupported(option: str, param: str) -> ProtocolError:
+            return ProtocolError(
+                "invalid_session_config", f"this model does not take {option}", param=param
+            )
+
+        found = patch.resolved_ref_audio() if hasattr(patch, "resolved_ref_audio") else None
+        if found is not None:
+            uri, param = found
+            if "ref_audio" not in caps.session_options:
+                raise unsupported("a reference voice (ref_audio)", param)
+            data = ref_audio_bytes(uri, param)
+            if opened and data != self.ref_audio:
                 raise ProtocolError(
                     "ref_audio_update_unsupported",
                     "the reference voice is fixed when the session opens",
-                    param="session.ref_audio",
+                    param=param,
                 )
-            changes["ref_audio"] = ref_audio
-        return msgspec.structs.replace(self, **changes)
+            changes["ref_audio"] = data
+        text = patch.resolved_initial_user_text() if hasattr(patch, "resolved_initial_user_text") else None
+        if text is not None and text != self.initial_user_text:
+            if "initial_user_text" not in caps.session_options:
+                raise unsupported("initial_user_text", "session.initial_user_text")
+            if opened:
+                raise ProtocolError(
+                    "invalid_session_config",
+                    "initial_user_text opens the conversation: it is read when the session opens",
+                    param="session.initial_user_text",
+                )
+            changes["initial_user_text"] = text
+        count = extra.get("force_listen_count")
+        if isinstance(count, int) and not isinstance(count, bool) and count != self.force_listen_count:
+            if "force_listen_count" not in caps.session_options:
+                raise unsupported("force_listen_count", "session.extra_body.force_listen_count")
+            if opened:
+                raise ProtocolError(
+                    "invalid_session_config",
+                    "force_listen_count is fixed when the session opens",
+                    param="session.extra_body.force_listen_count",
+                )
+            changes["force_listen_count"] = count
+        auto = extra.get("auto_response")
+        if isinstance(auto, bool):
+            if not auto and caps.hears_stream:
+                raise ProtocolError(
+                    "invalid_session_config",
+                    "this model hears the stream and decides itself when to speak: auto_response "
+                    "cannot be false",
+                    param="session.extra_body.auto_response",
+                )
+            changes["auto_response"] = auto
+        return changes
 
     def render(self, session_id: str, caps: Capabilities, *, epoch: int) -> DuplexSession:
         """The session object of ``session.created`` / ``session.updated`` / ``session.resumed``."""
@@ -344,6 +429,9 @@ def wire_capabilities(caps: Capabilities) -> SessionCapabilities:
         supports_text_only_turn=caps.supports_text_input,
         supports_tools=caps.supports_tools,
         supports_input_append=caps.audio_input,
+        supports_ref_audio="ref_audio" in caps.session_options,
+        requires_ref_audio=caps.requires_ref_audio,
+        session_options=list(caps.session_options),
         optional_input_modalities=["video"] if caps.supports_video_input else [],
         output_modalities=list(caps.output_modalities),
         signal_sources=sources,

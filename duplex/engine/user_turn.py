@@ -1,12 +1,14 @@
 """The user's side of a session: what was said since the last commit, and how it overlaps a response.
 
 ``UserTurn`` owns the input state of one session: the audio of the current turn (buffered for a
-model that answers whole turns; a model that hears the stream gets it fed instead), how much of it
-was speech, the item id the server VAD gave the utterance, the overlapping speech while a response
-plays (and the last ``overlap.decision`` reported), the audio of a commit that waits for a
-``response.create``, the turns deferred until the active response ends, and how many turns the
-user committed. It changes only through its methods, and decides nothing about responses: the
-session reads ``overlap`` and ``commit_action`` and turns them into events (``session.Session``).
+model that answers whole turns; a model that hears the stream gets it fed instead) and the text
+typed into it (``input.text.append``), how much of it was speech, the item id the server VAD gave
+the utterance, the overlapping speech while a response plays (and the last ``overlap.decision``
+reported), the audio of a commit that waits for a ``response.create``, the turns deferred until the
+active response ends, how many turns the user committed, and how many inputs (commits and user
+items) no response has begun after yet. It changes only through its methods, and decides nothing
+about responses: the session reads ``overlap`` and ``commit_action`` and turns them into events
+(``session.Session``).
 """
 
 from __future__ import annotations
@@ -16,16 +18,27 @@ from collections import deque
 import numpy as np
 
 from duplex.engine.input import DecodedAppend
-from duplex.engine.overlap import CommitAction, OverlapAction, decide_commit, decide_overlap
+from duplex.engine.overlap import (
+    NO_HINTS,
+    CommitAction,
+    OverlapAction,
+    OverlapHints,
+    decide_commit,
+    decide_overlap,
+    resets_overlap,
+)
 from duplex.engine.settings import SessionSettings
 from duplex.plugins.base import Capabilities, TurnRequest
 from duplex.protocol.errors import ProtocolError
-from duplex.protocol.ids import new_item_id
+from duplex.protocol.ext.events import CommitDetails, OverlapDecision, OverlapDetails
+from duplex.protocol.ids import new_event_id, new_item_id
 
-__all__ = ["MAX_TURN_AUDIO_S", "UserTurn"]
+__all__ = ["MAX_TURN_AUDIO_S", "MAX_TURN_TEXT_CHARS", "UserTurn"]
 
 #: User audio a turn may buffer, in seconds of model-rate audio.
 MAX_TURN_AUDIO_S = 300
+#: Text a turn may hold from ``input.text.append``, in characters.
+MAX_TURN_TEXT_CHARS = 131_072
 
 
 class UserTurn:
@@ -35,6 +48,8 @@ class UserTurn:
         self._max_samples = MAX_TURN_AUDIO_S * sample_rate
         self._audio: list[np.ndarray] = []
         self._samples = 0
+        self._text: list[str] = []
+        self._text_chars = 0
         self.input_ms = 0.0  # heard since the last commit
         self.speech_ms = 0.0  # of which speech
         self.speech_item_id: str | None = None  # the utterance the server VAD saw start
@@ -43,12 +58,25 @@ class UserTurn:
         self.committed_audio: np.ndarray | None = None  # a commit that waits for response.create
         self.deferred: deque[TurnRequest] = deque(maxlen=max_deferred)
         self.turns = 0  # user turns committed
+        self.inputs = 0  # commits and user items so far
+        self.answered = 0  # ``inputs`` when the latest response began
 
     # ------------------------------------------------------------------ the current turn
 
     @property
     def has_input(self) -> bool:
-        return self.input_ms > 0 or self._samples > 0
+        """The current turn holds input: audio heard (or buffered), or typed text."""
+        return self.input_ms > 0 or self._samples > 0 or self._text_chars > 0
+
+    @property
+    def unanswered(self) -> bool:
+        """The user gave input that no response has begun after: a commit or a user item since
+        the latest response began, or input in the current turn."""
+        return self.inputs > self.answered or self.has_input
+
+    def add_input(self) -> None:
+        """A user item entered the conversation (``conversation.item.create``)."""
+        self.inputs += 1
 
     def speech_started(self) -> str:
         """The server VAD saw speech start: a new utterance item id."""
@@ -68,19 +96,42 @@ class UserTurn:
         self._audio.append(pcm)
         self._samples += len(pcm)
 
+    def append_text(self, text: str) -> None:
+        """Typed text joins the turn; refused past ``MAX_TURN_TEXT_CHARS`` (nothing kept)."""
+        if self._text_chars + len(text) > MAX_TURN_TEXT_CHARS:
+            raise ProtocolError(
+                "input_backpressure", f"a turn holds at most {MAX_TURN_TEXT_CHARS} characters of text"
+            )
+        self._text.append(text)
+        self._text_chars += len(text)
+
+    @property
+    def text(self) -> str | None:
+        """The text typed into the current turn, or None."""
+        return "".join(self._text) if self._text else None
+
+    @property
+    def has_audio(self) -> bool:
+        """The current turn holds audio (heard or buffered)."""
+        return self.input_ms > 0 or self._samples > 0
+
     def commit(self) -> np.ndarray | None:
         """End the turn (its item is in the conversation): its buffered audio; the next turn
-        starts empty."""
+        starts empty (read ``text`` before), its overlapping speech too."""
         pcm = np.concatenate(self._audio) if self._audio else None
         self.speech_item_id = None
+        self.overlap_ms = 0.0  # the next turn's overlap with the response counts from here
         self.clear()
         self.turns += 1
+        self.inputs += 1
         return pcm
 
     def clear(self) -> None:
-        """Forget the uncommitted input (``input_audio_buffer.clear``, a commit)."""
+        """Forget the uncommitted input (``input_audio_buffer.clear``, ``input.cancel``, a commit)."""
         self._audio = []
         self._samples = 0
+        self._text = []
+        self._text_chars = 0
         self.input_ms = 0.0
         self.speech_ms = 0.0
 
@@ -94,33 +145,92 @@ class UserTurn:
         *,
         is_speech: bool,
         vad_started: bool,
-        forced: bool = False,
+        vad_in_speech: bool,
+        hints: OverlapHints = NO_HINTS,
     ) -> tuple[OverlapAction, str, bool]:
         """The overlap decision for one append heard while a response is active
-        (``overlap.decide_overlap``), and whether it differs from the last one reported."""
+        (``overlap.decide_overlap``), and whether it differs from the last one reported. A
+        decision the client made starts the overlapping speech over (``overlap.resets_overlap``)."""
         if is_speech:
             self.overlap_ms += decoded.duration_ms
         vad = settings.vad
-        decision = decide_overlap(
+        action, reason = decide_overlap(
             policy=settings.overlap_policy,
             is_speech=is_speech,
             vad_speech_started=vad_started,
-            vad_in_speech=decoded.vad_in_speech,
+            vad_in_speech=vad_in_speech,
             overlap_speech_ms=self.overlap_ms,
             short_ack_ms=settings.overlap_short_ack_ms,
             barge_in_ms=settings.overlap_barge_in_ms,
             supports_barge_in=caps.supports_barge_in,
             interrupt_response=vad.interrupt_response if vad is not None else True,
-            forced=forced,
+            hints=hints,
         )
-        changed = decision != self._last_overlap
-        self._last_overlap = decision
-        return decision[0], decision[1], changed
+        if resets_overlap(action, reason):
+            self.overlap_ms = 0.0
+        changed = (action, reason) != self._last_overlap
+        self._last_overlap = (action, reason)
+        return action, reason, changed
 
-    def response_changed(self) -> None:
-        """A response began or ended: overlapping speech counts from zero again."""
+    def decision_event(
+        self,
+        action: OverlapAction,
+        reason: str,
+        *,
+        settings: SessionSettings,
+        decoded: DecodedAppend,
+        hints: OverlapHints,
+        response_id: str,
+        session_id: str,
+        epoch: int,
+        cancel_reason: str,
+    ) -> OverlapDecision:
+        """``overlap.decision`` for the decision ``overlap`` just made on ``decoded``
+        (``cancel_reason``: what a barge-in cancels the response with)."""
+        overlap_ms = int(self.overlap_ms)
+        return OverlapDecision(
+            event_id=new_event_id(),
+            action=action,
+            reason=reason,
+            policy=settings.overlap_policy,
+            response_id=response_id,
+            overlap_ms=overlap_ms,
+            epoch=epoch,
+            session_id=session_id,
+            metadata=OverlapDetails(
+                duration_ms=int(decoded.duration_ms),
+                overlap_speech_ms=overlap_ms,
+                buffer_audio=action is not OverlapAction.DROP,
+                force_listen=hints.force_listen,
+                cancel_reason=cancel_reason if action is OverlapAction.BARGE_IN else None,
+            ),
+        )
+
+    def response_changed(self, *, began: bool = False) -> None:
+        """A response began (``began``) or ended: overlapping speech counts from zero again; a
+        response that begins answers every input so far."""
         self.overlap_ms = 0.0
         self._last_overlap = None
+        if began:
+            self.answered = self.inputs
+
+    def commit_details(
+        self, action: CommitAction, *, session_id: str, epoch: int, stream: bool
+    ) -> CommitDetails:
+        """What became of the commit just made with ``action`` (``input_audio_buffer.committed``'s
+        ``event``). ``stream``: the model hears the stream and decides itself, so nothing waits."""
+        deferred = action is CommitAction.DEFER and not stream
+        return CommitDetails(
+            type="input.committed",
+            session_id=session_id,
+            turn_id=self.turns,
+            epoch=epoch,
+            response_create_deferred=deferred,
+            overlap_deferred=deferred,
+            no_response=action in (CommitAction.SILENT, CommitAction.ACK_ONLY, CommitAction.COMMIT_ONLY),
+            overlap_ack=True if action is CommitAction.ACK_ONLY else None,
+            is_speech=False if action is CommitAction.SILENT else None,
+        )
 
     def commit_action(
         self,

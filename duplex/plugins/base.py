@@ -127,6 +127,18 @@ class Capabilities(msgspec.Struct, frozen=True, kw_only=True):
     # with ``instructions_update_unsupported`` / ``voice_update_unsupported`` /
     # ``tools_update_unsupported`` instead of being silently ignored.
     updatable_options: tuple[str, ...] = ("instructions", "voice", "tools")
+    # Session options beyond ``SlotOptions``' typed fields that the plugin reads from
+    # ``SlotOptions.extra`` when its slot opens: ``"ref_audio"`` (a reference voice: the bytes of
+    # an audio file, a WAV usually), ``"initial_user_text"`` (text that opens the conversation),
+    # ``"force_listen_count"`` (listen for the first N units of a turn). A client that sets one the
+    # plugin does not read is refused (``invalid_session_config``), never silently ignored.
+    session_options: tuple[str, ...] = ()
+    # Audio output needs a reference voice: a session that asks for audio without ``ref_audio`` is
+    # refused with ``ref_audio_required``.
+    requires_ref_audio: bool = False
+    # ``instructions`` are the model's persona prompt, fixed when the slot opens: a later change is
+    # ``persona_update_unsupported`` (rather than ``instructions_update_unsupported``).
+    persona_instructions: bool = False
     # Execution: every call takes microseconds and never blocks, so the engine makes it on the
     # event loop instead of hopping to the model thread (``duplex.engine.model_thread``).
     calls_on_loop: bool = False

@@ -11,7 +11,10 @@ structure costs a skip over its bytes, a long string a copy.
 The accepted spellings (``docs/protocol.md`` §3):
 
 * ``input.commit`` -> ``input_audio_buffer.commit`` (with ``create_response: true`` unless given),
-  ``close`` / ``close_session`` -> ``session.close``, ``audio.playback_ack`` -> ``playback.ack``;
+  ``close`` / ``close_session`` -> ``session.close``, ``audio.playback_ack`` -> ``playback.ack``,
+  ``signal_turn`` -> ``turn.signal``, ``input_text.append`` / ``push_text`` -> ``input.text.append``;
+* a ``turn.signal`` whose ``event`` names a command (``ROUTED_SIGNALS``) -> that command, with the
+  members of its ``payload`` (for ``session.update``: the payload is the session);
 * a ``session.update`` whose session members sit at the top level;
 * ``turn_detection`` (flat or under ``audio.input``) without ``type``: OpenAI's beta default,
   ``server_vad``.
@@ -29,15 +32,20 @@ from typing import Final
 import msgspec
 from msgspec import Raw
 
+from duplex.protocol.errors import ProtocolError
+from duplex.protocol.ext.commands import ROUTED_SIGNALS
 from duplex.protocol.limits import Id, Name
 
-__all__ = ["TYPE_ALIASES", "Outline", "Rendering", "fold"]
+__all__ = ["TYPE_ALIASES", "Outline", "Rendering", "fold", "routed_signal"]
 
 TYPE_ALIASES: Final[dict[str, str]] = {
     "input.commit": "input_audio_buffer.commit",
     "close": "session.close",
     "close_session": "session.close",
     "audio.playback_ack": "playback.ack",
+    "signal_turn": "turn.signal",
+    "input_text.append": "input.text.append",
+    "push_text": "input.text.append",
 }
 """Alternative client spellings of a command type (vLLM-Omni's), folded at decode."""
 
@@ -105,6 +113,18 @@ def fold(frame: Outline, kind: str, r: Rendering) -> bool:
         changed = True
         if kind == "input.commit" and "create_response" not in frame and "response_create" not in frame:
             frame["create_response"] = r.raw(True)  # input.commit asks for a response unless told otherwise
+    if canonical == "turn.signal":
+        event = r.name(frame.get("event"))
+        if event in ROUTED_SIGNALS:
+            if not _route_signal(frame, event, r):
+                raise ProtocolError(
+                    "bad_event",
+                    f"turn.signal {event}: payload must be an object",
+                    param="payload",
+                    event_id=r.id(frame.get("event_id")),
+                )
+            canonical = event
+            changed = True
     if canonical == "session.update":
         if "session" not in frame:
             session: Outline | None = {k: v for k, v in frame.items() if k not in ("type", "event_id")}
@@ -119,6 +139,34 @@ def fold(frame: Outline, kind: str, r: Rendering) -> bool:
         if changed and session is not None:
             frame["session"] = session
     return changed
+
+
+def routed_signal(kind: str, frame: Outline, r: Rendering) -> str | None:
+    """The command a folded ``turn.signal`` (``kind`` as the client sent it) became, or None."""
+    if TYPE_ALIASES.get(kind, kind) != "turn.signal":
+        return None
+    folded = r.name(frame.get("type"))
+    return folded if folded in ROUTED_SIGNALS else None
+
+
+def _route_signal(frame: Outline, event: str, r: Rendering) -> bool:
+    """Rewrite ``turn.signal{event, payload}`` into the command ``event`` (in place): the payload's
+    members become the command's (the session, for ``session.update``). False (nothing changed)
+    when the payload is not an object."""
+    raw = frame.get("payload")
+    members: Outline | None = {} if raw is None else r.outline(raw) if isinstance(raw, Raw) else raw
+    if members is None:
+        return False
+    event_id = frame.get("event_id")
+    frame.clear()
+    frame["type"] = r.raw(event)
+    if event_id is not None:
+        frame["event_id"] = event_id
+    if event == "session.update":
+        frame["session"] = raw if raw is not None else r.raw({})
+    else:
+        frame.update({k: v for k, v in members.items() if k not in ("type", "event_id")})
+    return True
 
 
 def _fold_turn_detection(session: Outline, r: Rendering) -> bool:

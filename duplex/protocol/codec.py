@@ -38,7 +38,7 @@ from typing import Any, Final
 
 import msgspec
 
-from duplex.protocol._aliases import TYPE_ALIASES, Rendering, fold
+from duplex.protocol._aliases import TYPE_ALIASES, Rendering, fold, routed_signal
 from duplex.protocol._beta import from_beta_event, to_beta_event
 from duplex.protocol._elements import json_exceeds, msgpack_exceeds
 from duplex.protocol.errors import ERROR_TYPES, ProtocolError
@@ -208,7 +208,15 @@ def _decode_outline(data: str | bytes, first: msgspec.ValidationError, r: Render
     try:
         return typed.decode(r.frame(frame))
     except msgspec.ValidationError as exc:
-        raise _to_protocol_error(exc, TYPE_ALIASES.get(kind, kind), event_id) from None
+        routed = routed_signal(kind, frame, r)
+        if routed is None:
+            raise _to_protocol_error(exc, TYPE_ALIASES.get(kind, kind), event_id) from None
+        # A turn.signal folded into ``routed``: the fault is in its payload.
+        err = _to_protocol_error(exc, routed, event_id)
+        if err.param is not None:
+            inner = err.param.removeprefix("session.") if routed == "session.update" else err.param
+            err.param = f"payload.{inner}" if inner != "session" else "payload"
+        raise err from None
     except (msgspec.DecodeError, RecursionError):  # the outline decoded, so this cannot happen
         raise ProtocolError("bad_event", f"Invalid {kind}", event_id=event_id) from None
 

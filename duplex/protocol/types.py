@@ -14,13 +14,19 @@ from duplex.protocol.ext.commands import (
     DuplexInputAudioBufferCommit,
     DuplexResponseCreate,
     DuplexSessionUpdate,
+    InputCancel,
+    InputTextAppend,
     PlaybackAck,
     SessionClose,
     SessionEventAck,
     SessionHeartbeat,
     SessionResume,
+    TurnSignal,
 )
 from duplex.protocol.ext.events import (
+    DuplexInputAudioBufferCommitted,
+    DuplexResponseCreated,
+    DuplexResponseDone,
     DuplexResponseOutputAudioDelta,
     DuplexSessionCreated,
     DuplexSessionUpdated,
@@ -38,6 +44,7 @@ from duplex.protocol.ext.events import (
     SessionReplaced,
     SessionResumed,
     SessionResyncRequired,
+    TurnEvent,
 )
 from duplex.protocol.realtime import commands as c
 from duplex.protocol.realtime import events as e
@@ -62,6 +69,9 @@ ClientCommand: TypeAlias = (
     | SessionClose
     | BargeIn
     | PlaybackAck
+    | TurnSignal
+    | InputCancel
+    | InputTextAppend
 )
 
 ServerEvent: TypeAlias = (
@@ -79,7 +89,7 @@ ServerEvent: TypeAlias = (
     | e.ConversationItemInputAudioTranscriptionDelta
     | e.ConversationItemInputAudioTranscriptionFailed
     | e.ConversationItemInputAudioTranscriptionSegment
-    | e.InputAudioBufferCommitted
+    | DuplexInputAudioBufferCommitted
     | e.InputAudioBufferCleared
     | e.InputAudioBufferSpeechStarted
     | e.InputAudioBufferSpeechStopped
@@ -88,8 +98,8 @@ ServerEvent: TypeAlias = (
     | e.OutputAudioBufferStarted
     | e.OutputAudioBufferStopped
     | e.OutputAudioBufferCleared
-    | e.ResponseCreated
-    | e.ResponseDone
+    | DuplexResponseCreated
+    | DuplexResponseDone
     | e.ResponseOutputItemAdded
     | e.ResponseOutputItemDone
     | e.ResponseContentPartAdded
@@ -125,6 +135,7 @@ ServerEvent: TypeAlias = (
     | ResponseOutputImageDone
     | ResponseOutputVideoDelta
     | ResponseProgress
+    | TurnEvent
 )
 
 CLIENT_COMMAND_TYPES: Final[tuple[type, ...]] = ClientCommand.__args__

@@ -23,6 +23,11 @@ Rules (DESIGN §4, wire reference §1.2):
 * ``queue=1`` (OpenAI dialect): when every session slot is taken, wait in the queue with
   ``session.queued`` updates instead of being refused (MAP clients always wait: their dialect
   has the event).
+* the dialect (``Dialect``): a client that asks for ``duplex=1`` and opens its session with its
+  first message (``autostart=0``, or no ``model``) is written against the seeds, as every one of
+  vLLM-Omni's clients connects that way (``Dialect.SEEDS``); every other client, Pipecat's
+  ``?duplex=1?model=`` among them (it waits for ``session.created`` from an autostarted session),
+  is an OpenAI client (``Dialect.GA``). A resumed session keeps the dialect it was opened with.
 """
 
 from __future__ import annotations
@@ -33,7 +38,7 @@ from urllib.parse import parse_qsl
 
 import msgspec
 
-from duplex.protocol import MSGPACK_SUBPROTOCOL, Mode
+from duplex.protocol import MSGPACK_SUBPROTOCOL, Dialect, Mode
 from duplex.protocol.map import MAP_SUBPROTOCOL, MODES
 
 __all__ = ["HandshakePlan", "HandshakeRefusal", "OpenHow", "parse_bool", "plan_handshake", "repair_query"]
@@ -52,11 +57,13 @@ class OpenHow(enum.Enum):
 
 
 class HandshakePlan(msgspec.Struct, frozen=True, kw_only=True):
-    """An accepted handshake: the wire mode, the subprotocol to answer with, and how to open."""
+    """An accepted handshake: the wire mode, the subprotocol to answer with, how to open, and the
+    dialect a session it opens renders for."""
 
     mode: Mode
     subprotocol: str | None
     how: OpenHow
+    dialect: Dialect = Dialect.GA
     model: str | None = None
     session_id: str | None = None
     resume_token: str | None = None
@@ -163,10 +170,19 @@ def plan_handshake(
         )
 
     model = query.get("model") or None
-    how = OpenHow.FIRST_MESSAGE
     if model is not None and autostart is not False and resume is not True:
-        how = OpenHow.AUTOSTART
-    return HandshakePlan(mode=mode, subprotocol=subprotocol, how=how, model=model, queue=queue)
+        return HandshakePlan(
+            mode=mode, subprotocol=subprotocol, how=OpenHow.AUTOSTART, model=model, queue=queue
+        )
+    dialect = Dialect.SEEDS if duplex else Dialect.GA
+    return HandshakePlan(
+        mode=mode,
+        subprotocol=subprotocol,
+        how=OpenHow.FIRST_MESSAGE,
+        model=model,
+        dialect=dialect,
+        queue=queue,
+    )
 
 
 def _plan_map(query: Mapping[str, str], subprotocols: Sequence[str]) -> HandshakePlan | HandshakeRefusal:

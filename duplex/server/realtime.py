@@ -308,7 +308,9 @@ class _Connection:
         """``engine.open``; with ``?queue=1``, after waiting for a slot (``wait_for_slot``) when
         every one is taken. None: the client closed or left while it waited (the socket is closed)."""
         if not plan.queue:
-            return await engine.open(model=plan.model, update=update, api_key_id=self.api_key_id)
+            return await engine.open(
+                model=plan.model, update=update, api_key_id=self.api_key_id, dialect=plan.dialect
+            )
         async with contextlib.AsyncExitStack() as stack:
             admission = await wait_for_slot(
                 self,
@@ -327,7 +329,11 @@ class _Connection:
                 await self._close(CloseCode.NORMAL, CloseReason.CLIENT_CLOSE)
                 return None
             return await engine.open(
-                model=plan.model, update=update, api_key_id=self.api_key_id, admission=admission
+                model=plan.model,
+                update=update,
+                api_key_id=self.api_key_id,
+                admission=admission,
+                dialect=plan.dialect,
             )
 
     async def _while_queued(self, data: str | bytes) -> bool:

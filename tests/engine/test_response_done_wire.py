@@ -1,5 +1,6 @@
 """``response.done`` as strict clients read it: ``usage`` always set, ``status_details`` valid for the
-``openai`` SDK's ``RealtimeServerEvent`` model whatever the engine's reason for ending was."""
+``openai`` SDK's ``RealtimeServerEvent`` model whatever the engine's reason for ending was; a seeds
+client (``Dialect.SEEDS``) reads the duplex reasons instead, and the id at the top level."""
 
 from __future__ import annotations
 
@@ -7,8 +8,15 @@ import pydantic
 import pytest
 from openai.types.realtime import RealtimeServerEvent
 
-from duplex.engine.response import WIRE_REASONS, ActiveResponse, EndReason, wire_reason, zero_usage
-from duplex.protocol import Mode, encode
+from duplex.engine.response import (
+    SEEDS_WIRE_REASONS,
+    WIRE_REASONS,
+    ActiveResponse,
+    EndReason,
+    wire_reason,
+    zero_usage,
+)
+from duplex.protocol import Dialect, Mode, encode
 from duplex.protocol.formats import AudioFormat
 from duplex.protocol.realtime.responses import ResponseError
 
@@ -27,8 +35,10 @@ ENDINGS = [
 ]
 
 
-def finished(status: str, reason: str, *, audio: bool = True) -> list:
-    r = ActiveResponse("resp_1", epoch=0, audio=audio, output_format=AudioFormat("pcm16", 24000))
+def finished(status: str, reason: str, *, audio: bool = True, dialect: Dialect = Dialect.GA) -> list:
+    r = ActiveResponse(
+        "resp_1", epoch=0, audio=audio, output_format=AudioFormat("pcm16", 24000), dialect=dialect
+    )
     r.add_chunk(audio_bytes=b"\0\0" * 240, duration_ms=10, text="hi", speak=True, previous_item_id=None)
     failed = status == "failed"
     error = ResponseError(type="server_error", code="model_failed", message="x") if failed else None
@@ -37,7 +47,7 @@ def finished(status: str, reason: str, *, audio: bool = True) -> list:
 
 @pytest.mark.parametrize(("status", "reason"), ENDINGS)
 def test_every_response_done_validates_with_the_sdk_and_carries_usage(status: str, reason: str) -> None:
-    done = next(e for e in finished(status, reason) if type(e).__name__ == "ResponseDone")
+    done = next(e for e in finished(status, reason) if e.__struct_config__.tag == "response.done")
     parsed = SDK.validate_json(encode(done, Mode.GA))
     assert parsed.type == "response.done"
     assert parsed.response.status == status
@@ -46,12 +56,24 @@ def test_every_response_done_validates_with_the_sdk_and_carries_usage(status: st
     assert (usage.total_tokens, usage.input_tokens, usage.output_tokens) == (0, 0, 0)
     assert usage.input_token_details.audio_tokens == 0 and usage.output_token_details.audio_tokens == 0
     assert done.response.usage == zero_usage()
+    assert done.response_id == "resp_1"  # an extra field: the SDK's model keeps it aside
+
+
+@pytest.mark.parametrize(("status", "reason"), ENDINGS)
+def test_a_seeds_client_reads_the_duplex_reason_of_every_ending(status: str, reason: str) -> None:
+    events = finished(status, reason, dialect=Dialect.SEEDS)
+    done = next(e for e in events if e.__struct_config__.tag == "response.done")
+    assert done.response.status_details.reason == SEEDS_WIRE_REASONS[reason]
+    assert done.response.status_details.reason == (None if reason == "error" else reason)
+    assert done.response_id == done.response.id == "resp_1"
+    assert done.response.output[0].id == "item_resp_1"  # the seeds name the item after the response
 
 
 def test_response_created_carries_no_usage() -> None:
     r = ActiveResponse("resp_1", epoch=0, audio=False, output_format=AudioFormat("pcm16", 24000))
     (created,) = r.created()
     assert created.response.usage is None
+    assert created.response_id == "resp_1"
     SDK.validate_json(encode(created, Mode.GA))
 
 

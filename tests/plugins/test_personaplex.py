@@ -114,6 +114,7 @@ def test_capabilities_match_the_model():
         supports_resume=True,
         output_modalities=("audio", "text"),
         updatable_options=(),
+        persona_instructions=True,
     )
     assert caps.chunk_samples == FRAME_SAMPLES
 

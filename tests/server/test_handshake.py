@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pytest
 
-from duplex.protocol import MSGPACK_SUBPROTOCOL, Mode
+from duplex.protocol import MSGPACK_SUBPROTOCOL, Dialect, Mode
 from duplex.server.handshake import HandshakePlan, HandshakeRefusal, OpenHow, plan_handshake
 
 
@@ -78,3 +78,19 @@ def test_pipecat_double_question_mark_is_repaired():
     # Pipecat builds f"{base_url}?model=..." even when base_url already has ?duplex=1
     p = plan({"duplex": "1?model=local-duplex"})
     assert (p.how, p.model) == (OpenHow.AUTOSTART, "local-duplex")
+
+
+@pytest.mark.parametrize(
+    ("query", "dialect"),
+    [
+        ({"duplex": "1", "model": "m", "autostart": "0"}, Dialect.SEEDS),  # the seeds' clients
+        ({"duplex": "true", "resume": "1"}, Dialect.SEEDS),  # their reconnect (the session keeps its own)
+        ({"duplex": "on"}, Dialect.SEEDS),
+        ({"duplex": "1", "model": "m"}, Dialect.GA),  # autostarted: an OpenAI client (Pipecat's URL)
+        ({"duplex": "1?model=m"}, Dialect.GA),
+        ({"model": "m", "autostart": "0"}, Dialect.GA),  # no duplex=1
+        ({}, Dialect.GA),
+    ],
+)
+def test_a_seeds_client_asks_for_duplex_and_opens_with_its_first_message(query, dialect):
+    assert plan(query).dialect is dialect

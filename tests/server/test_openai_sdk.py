@@ -188,3 +188,35 @@ async def test_sync_sdk_client_works_too(srv):
             return types
 
     assert await asyncio.to_thread(run) == ["session.created", "session.heartbeat_ack"]
+
+
+async def test_sdk_validates_every_event_the_seeds_commands_bring_to_a_ga_session(srv):
+    """The seeds' commands and hints on an OpenAI client's session: every event they bring that the SDK
+    knows parses with its models (OpenAI's reasons, extension fields as extras)."""
+    client = AsyncOpenAI(api_key="sk-local", websocket_base_url=f"ws://127.0.0.1:{srv.port}/v1")
+    async with client.realtime.connect(model="gpt-realtime") as conn:
+        r = Reader(conn)
+        await r.until("session.created")
+        await conn.session.update(session=GA_SESSION)
+        await r.until("session.updated")
+        frames = b64_frames(12)
+        for chunk in frames[:4]:
+            await conn.input_audio_buffer.append(audio=chunk)
+        created = await r.until("response.created")
+        assert created["response_id"] == created["response"]["id"]  # an extra field the SDK keeps aside
+        hinted = {"type": "input_audio_buffer.append", "audio": frames[4], "overlap_action": "barge_in"}
+        await conn.send(hinted)
+        decision = await r.until("overlap.decision")
+        assert (decision["action"], decision["reason"]) == ("barge_in", "client_overlap_action")
+        done = await r.until("response.done")
+        assert done["response"]["status_details"] == {"type": "cancelled", "reason": "turn_detected"}
+        await conn.send({"type": "turn.signal", "event": "user_started", "payload": {}})
+        assert (await r.until("turn.event"))["turn_state"] == "user_speaking"
+        await conn.send({"type": "input.cancel"})
+        await r.until("input_audio_buffer.cleared")
+        for chunk in b64_frames(3, amp=0.0):
+            await conn.input_audio_buffer.append(audio=chunk)
+        await conn.input_audio_buffer.commit()
+        committed = await r.until("input_audio_buffer.committed")
+        assert committed["event"]["type"] == "input.committed"
+        assert r.validated >= 10

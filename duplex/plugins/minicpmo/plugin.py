@@ -262,6 +262,7 @@ class MiniCPMOPlugin(FramePlugin):
             output_modalities=("audio", "text"),
             reports_usage=True,
             updatable_options=(),  # the system prompt and the reference voice are prefilled at open
+            session_options=("ref_audio",),  # ``open_slot`` reads ``options.extra["ref_audio"]``
         )
 
     @property

@@ -393,6 +393,7 @@ class PersonaPlexPlugin(FramePlugin):
             voices=tuple(sorted(self._voices)),
             default_voice=self._default_voice,
             updatable_options=(),  # the voice and persona prompts run when the slot opens
+            persona_instructions=True,  # ``instructions`` are the persona prompt
         )
 
     # -- slots ------------------------------------------------------------

@@ -19,6 +19,9 @@ class SessionCapabilities(msgspec.Struct, frozen=True, kw_only=True):
     ``kind`` is the plugin kind (``frame``, ``unit``, ``turn``, ``batch``); ``chunk_period_ms`` the frame
     or unit length (0 for turn/batch); rates in Hz. ``implementation_level`` is
     ``model_native_duplex`` when the model decides when to speak, else ``turn_based_duplex``.
+    ``session_options`` are the seeds' session options the model reads (``ref_audio``,
+    ``initial_user_text``, ``force_listen_count``); ``requires_ref_audio``: audio output needs a
+    reference voice.
     """
 
     kind: str
@@ -40,6 +43,9 @@ class SessionCapabilities(msgspec.Struct, frozen=True, kw_only=True):
     supports_input_append: bool = True
     supports_realtime_endpoint: bool = True
     supports_msgpack: bool = True
+    supports_ref_audio: bool = False
+    requires_ref_audio: bool = False
+    session_options: list[str] = msgspec.field(default_factory=list)
     required_input_modalities: list[str] = msgspec.field(default_factory=lambda: ["audio"])
     optional_input_modalities: list[str] = msgspec.field(default_factory=list)
     output_modalities: list[str] = msgspec.field(default_factory=lambda: ["audio", "text"])

@@ -4,7 +4,9 @@ Tier 2 twins subclass their GA struct and add fields an OpenAI client never send
 
 * ``DuplexSessionUpdate`` / ``DuplexSessionConfig``: vLLM-Omni's session keys (``sample_rate_hz``,
   ``extra_body``, ``ref_audio``, ``overlap_policy``, ``playback_commit_policy`` ...);
-* ``DuplexInputAudioBufferAppend``: per-append ``format`` / ``sample_rate_hz``, speech hints and
+* ``DuplexInputAudioBufferAppend``: per-append ``format`` / ``sample_rate_hz``, speech hints
+  (``is_speech``, ``speech_probability``, ``vad``), the overlap hints of the seeds' overlap policy
+  (``overlap_action``, ``force_listen``, ``force_barge_in``, a ``transcript`` hint) and
   ``video_frames`` (bare JPEG/PNG bytes, at most ``MAX_VIDEO_FRAMES``; checked at decode);
 * ``DuplexInputAudioBufferCommit``: ``final``, ``create_response`` (alias ``response_create``),
   ``is_speech``;
@@ -14,8 +16,15 @@ Tier 2 twins subclass their GA struct and add fields an OpenAI client never send
 
 Tier 3 commands exist only here: ``session.resume`` (``last_event_seq``, alias
 ``last_received_server_event_seq``), ``session.event_ack``, ``session.heartbeat``, ``session.close``,
-``barge_in``, ``playback.ack``. Alias spellings are folded into the canonical field when decoded and
-never rendered.
+``barge_in``, ``playback.ack``, and the seeds' turn control: ``turn.signal`` (a local turn transition,
+answered by ``turn.event``; a signal that names a command is that command, folded at decode),
+``input.cancel`` and ``input.text.append``. Alias spellings are folded into the canonical field when
+decoded and never rendered.
+
+``ref_audio`` (a session key, or ``extra_body.ref_audio`` / ``tts_ref_audio``) must be a ``data:`` URI
+with base64 content (``data:audio/wav;base64,...``): the server reads no path and fetches no URL
+(``unsupported_ref_audio_path``, also for ``extra_body.ref_audio_path`` / ``tts_ref_audio_path``).
+``ref_audio_bytes`` decodes it.
 
 Every field is bounded by its type (``duplex.protocol.limits``): ``extra_body`` is free-form JSON,
 but the keys the engine reads are typed (``ExtraBodySettings``); ``played_ms`` and the other audio
@@ -24,8 +33,9 @@ positions are finite, non-negative and at most a day; a ``session.close`` reason
 
 from __future__ import annotations
 
+import binascii
 import re
-from typing import Annotated, Final
+from typing import Annotated, Final, Literal, TypeVar
 
 import msgspec
 from msgspec import UNSET, Meta, UnsetType
@@ -65,8 +75,12 @@ from duplex.protocol.realtime.responses import ResponseCreateParams
 from duplex.protocol.realtime.session import FormatValue, SessionConfig, Tool, max_tokens
 
 __all__ = [
+    "LOCAL_SIGNALS",
     "MAX_VIDEO_FRAMES",
     "MAX_VIDEO_FRAME_BYTES",
+    "OVERLAP_ACTIONS",
+    "ROUTED_SIGNALS",
+    "AppendVad",
     "BargeIn",
     "DuplexInputAudioBufferAppend",
     "DuplexInputAudioBufferCommit",
@@ -75,12 +89,17 @@ __all__ = [
     "DuplexSessionConfig",
     "DuplexSessionUpdate",
     "ExtraBodySettings",
+    "InputCancel",
+    "InputTextAppend",
     "PlaybackAck",
     "ResponseExtraBody",
     "SessionClose",
     "SessionEventAck",
     "SessionHeartbeat",
     "SessionResume",
+    "SignalPayload",
+    "TurnSignal",
+    "ref_audio_bytes",
 ]
 
 MAX_VIDEO_FRAMES: Final = 2
@@ -90,10 +109,81 @@ MAX_VIDEO_FRAME_BYTES: Final = 3_000_000
 
 _JPEG: Final = b"\xff\xd8\xff"
 _PNG: Final = b"\x89PNG\r\n\x1a\n"
+_T = TypeVar("_T", bound=msgspec.Struct)
 _ERROR_AT: Final = re.compile(r"^(?P<msg>.*?) - at `\$\.(?P<key>\w+)`$", re.DOTALL)
 
 _fail = field_error
 OverlapMs = Annotated[float, Meta(ge=0, le=MAX_OVERLAP_MS)]
+Count = Annotated[int, Meta(ge=0, le=1_000_000)]
+
+#: ``overlap_action`` spellings of an append (the seeds' words) -> the action they ask for.
+OVERLAP_ACTIONS: Final[dict[str, str]] = {
+    "barge_in": "barge_in",
+    "interrupt": "barge_in",
+    "cancel": "barge_in",
+    "listen": "listen",
+    "continue": "listen",
+    "continue_output": "listen",
+    "ack": "listen",
+    "drop": "drop",
+    "ignore": "drop",
+    "silence": "drop",
+}
+
+#: ``turn.signal`` events that are local turn transitions, answered by ``turn.event``.
+LocalSignal = Literal[
+    "user_started",
+    "user_committed",
+    "assistant_started",
+    "assistant_done",
+    "playback_ack",
+    "timeout",
+    "close",
+]
+LOCAL_SIGNALS: Final = frozenset(LocalSignal.__args__)  # type: ignore[attr-defined]
+#: ``turn.signal`` events that name a command: the signal *is* that command, its ``payload`` the
+#: command's fields (for ``session.update``: the session object). Folded at decode (``_aliases``).
+ROUTED_SIGNALS: Final = frozenset(
+    {
+        "input.cancel",
+        "barge_in",
+        "response.cancel",
+        "session.update",
+        "conversation.item.create",
+        "conversation.item.delete",
+        "conversation.item.truncate",
+        "conversation.item.retrieve",
+    }
+)
+
+_DATA_URI: Final = re.compile(r"^data:[\w.+-]*/?[\w.+-]*(?:;[\w.+-]+=[\w.+-]+)*;base64,", re.IGNORECASE)
+
+
+def _check_ref_audio(value: str | None, field: str) -> None:
+    """Refuse a ``ref_audio`` that is not a base64 ``data:`` URI (the server reads no path and fetches
+    no URL). Its base64 is decoded (and checked) once, by ``ref_audio_bytes``."""
+    if value is not None and not _DATA_URI.match(value):
+        raise _fail(
+            "unsupported_ref_audio_path",
+            f"{field} must be a data: URI with base64 audio (data:audio/wav;base64,...); "
+            "the server reads no path and fetches no URL",
+            field,
+        )
+
+
+def ref_audio_bytes(value: str, param: str = "session.ref_audio") -> bytes:
+    """The audio file (a WAV, usually) inside a ``ref_audio`` data URI. Raises ``ProtocolError``:
+    ``unsupported_ref_audio_path`` (not a base64 data URI), ``bad_audio`` (bad base64, or empty)."""
+    found = _DATA_URI.match(value)
+    if found is None:
+        raise ProtocolError("unsupported_ref_audio_path", f"{param} must be a base64 data: URI", param=param)
+    try:
+        data = binascii.a2b_base64(value[found.end() :], strict_mode=True)
+    except (binascii.Error, ValueError):
+        raise ProtocolError("bad_audio", f"{param} is not valid base64", param=param) from None
+    if not data:
+        raise ProtocolError("bad_audio", f"{param} holds no audio", param=param)
+    return data
 
 
 class ExtraBodySettings(msgspec.Struct, frozen=True, kw_only=True):
@@ -108,14 +198,23 @@ class ExtraBodySettings(msgspec.Struct, frozen=True, kw_only=True):
     overlap_silence_rms: Probability | None = None
     # The seeds' spelling of the session's tools (Nemotron's clients send them here).
     realtime_tools: Annotated[list[Tool], Meta(max_length=MAX_TOOLS)] | None = None
+    # Whether a commit lets the model answer by itself (the seeds' clients send true).
     auto_response: bool | None = None
+    # Listen for the first N units of a turn (MiniCPM-o's preset sends 0).
+    force_listen_count: Count | None = None
+    # The seeds' fallback spellings of the session's ``ref_audio`` and ``initial_user_text``.
+    ref_audio: str | None = None
+    tts_ref_audio: str | None = None
+    ref_audio_path: str | None = None
+    tts_ref_audio_path: str | None = None
+    duplex_initial_user_text: Text | None = None
 
 
 class DuplexSessionConfig(SessionConfig, kw_only=True):
     """``SessionConfig`` plus the vLLM-Omni session keys (its clients switch to us unmodified).
 
-    ``ref_audio`` (a data URI) is bounded by the frame's size only. The overlap keys may be given
-    here or in ``extra_body``."""
+    ``ref_audio`` (a base64 ``data:`` URI, see the module docstring) is bounded by the frame's size
+    only. The overlap keys may be given here or in ``extra_body``."""
 
     sample_rate_hz: int | None = None
     sample_rate: int | None = None
@@ -135,8 +234,18 @@ class DuplexSessionConfig(SessionConfig, kw_only=True):
     def __post_init__(self) -> None:
         super().__post_init__()
         msgspec.structs.force_setattr(self, "max_tokens", max_tokens(self.max_tokens, "max_tokens"))
+        _check_ref_audio(self.ref_audio, "ref_audio")
         if self.extra_body is not None:
-            _check_extra_body(self.extra_body, ExtraBodySettings)
+            extra = _check_extra_body(self.extra_body, ExtraBodySettings)
+            for key in ("ref_audio_path", "tts_ref_audio_path"):
+                if getattr(extra, key) is not None:
+                    raise _fail(
+                        "unsupported_ref_audio_path",
+                        f"extra_body.{key}: the server reads no path; send ref_audio as a data: URI",
+                        f"extra_body.{key}",
+                    )
+            _check_ref_audio(extra.ref_audio, "extra_body.ref_audio")
+            _check_ref_audio(extra.tts_ref_audio, "extra_body.tts_ref_audio")
         rate = self.sample_rate_hz if self.sample_rate_hz is not None else self.sample_rate
         if rate is not None:
             try:
@@ -167,6 +276,25 @@ class DuplexSessionConfig(SessionConfig, kw_only=True):
         found = super().resolved_max_output_tokens()
         return found if found is not None else self.max_tokens
 
+    def resolved_ref_audio(self) -> tuple[str, str] | None:
+        """``(data URI, param)`` of the reference voice: ``ref_audio``, else ``extra_body.ref_audio``,
+        else ``extra_body.tts_ref_audio``; None when none is given."""
+        if self.ref_audio is not None:
+            return self.ref_audio, "session.ref_audio"
+        extra = self.extra_body or {}
+        for key in ("ref_audio", "tts_ref_audio"):
+            value = extra.get(key)
+            if isinstance(value, str):
+                return value, f"session.extra_body.{key}"
+        return None
+
+    def resolved_initial_user_text(self) -> str | None:
+        """``initial_user_text``, else ``extra_body.duplex_initial_user_text``."""
+        if self.initial_user_text is not None:
+            return self.initial_user_text
+        value = (self.extra_body or {}).get("duplex_initial_user_text")
+        return value if isinstance(value, str) else None
+
 
 class DuplexSessionUpdate(SessionUpdate, tag="session.update", kw_only=True):
     """``session.update`` whose session may carry the vLLM-Omni keys."""
@@ -174,12 +302,13 @@ class DuplexSessionUpdate(SessionUpdate, tag="session.update", kw_only=True):
     session: DuplexSessionConfig
 
 
-def _check_extra_body(extra_body: JsonObject, typed: type[msgspec.Struct]) -> None:
-    """Refuse an ``extra_body`` that is not bounded JSON, or whose keys that ``typed`` names have a
-    value of another type or out of range (``bad_event`` naming ``extra_body.<key>``)."""
+def _check_extra_body(extra_body: JsonObject, typed: type[_T]) -> _T:
+    """``extra_body`` read as ``typed``; refused when it is not bounded JSON, or when a key that
+    ``typed`` names has a value of another type or out of range (``bad_event`` naming
+    ``extra_body.<key>``)."""
     check_json(extra_body, "extra_body")
     try:
-        msgspec.convert(extra_body, typed)
+        return msgspec.convert(extra_body, typed)
     except msgspec.ValidationError as exc:
         found = _ERROR_AT.match(str(exc))
         key = f"extra_body.{found['key']}" if found else "extra_body"
@@ -230,20 +359,34 @@ class DuplexResponseCreate(ResponseCreate, tag="response.create", kw_only=True):
     """``response.create`` whose ``response`` may carry ``extra_body``."""
 
     response: DuplexResponseCreateParams | None = None
+class AppendVad(msgspec.Struct, frozen=True, kw_only=True, omit_defaults=True):
+    """A client VAD's verdict on one append (the seeds' ``vad`` object)."""
+
+    is_speech: bool | None = None
+    speech_probability: Probability | None = None
+    speech_started: bool | None = None
+    probability_alias: Probability | None = msgspec.field(default=None, name="probability")
+
+    def __post_init__(self) -> None:
+        if self.speech_probability is None and self.probability_alias is not None:
+            msgspec.structs.force_setattr(self, "speech_probability", self.probability_alias)
+        msgspec.structs.force_setattr(self, "probability_alias", None)
 
 
 class DuplexInputAudioBufferAppend(InputAudioBufferAppend, tag="input_audio_buffer.append", kw_only=True):
-    """``input_audio_buffer.append`` with per-append format, speech hints and camera frames.
+    """``input_audio_buffer.append`` with per-append format, speech and overlap hints, camera frames.
 
     ``format`` / ``sample_rate_hz`` override the session's input format for this append only.
-    ``is_speech`` is the client's VAD verdict (``speech`` is accepted as its alias). ``video_frames``
-    are encoded JPEG or PNG images bound to this append's audio. ``audio`` may be spelled ``delta``
-    (vLLM-Omni), and left out when ``video_frames`` are given (a frames-only append: ``b""``); both
-    are read here, in the one typed decode, so an append never takes the codec's second reading.
-    After decoding, ``audio`` is always ``bytes``. ``force_barge_in`` (vLLM-Omni's hint) takes the
-    turn with this append: an active response is cancelled as a barge-in, whatever the overlap
-    policy (``overlap.decision{barge_in, client_force_barge_in}``); with no active response it
-    changes nothing.
+    ``is_speech`` is the client's VAD verdict (``speech`` is accepted as its alias), and so are
+    ``speech_probability`` and ``vad`` (``speech_hint`` reads them in that order). The overlap hints
+    tell the overlap policy what to do with this append while a response is active:
+    ``overlap_action`` (alias ``overlap``; any spelling of ``OVERLAP_ACTIONS``, folded to ``barge_in``,
+    ``listen`` or ``drop``), ``force_barge_in``, ``force_listen``, and ``transcript`` (alias ``text``),
+    what the client heard the user say (a short acknowledgement such as "ok" keeps the response going).
+    ``video_frames`` are encoded JPEG or PNG images bound to this append's audio. ``audio`` may be
+    spelled ``delta`` (vLLM-Omni), and left out when ``video_frames`` are given (a frames-only append:
+    ``b""``); both are read here, in the one typed decode, so an append never takes the codec's second
+    reading. After decoding, ``audio`` is always ``bytes``.
     """
 
     audio: bytes | UnsetType = UNSET  # type: ignore[assignment]
@@ -255,13 +398,35 @@ class DuplexInputAudioBufferAppend(InputAudioBufferAppend, tag="input_audio_buff
     audio_end_ms: AudioMsInt | None = None
     video_frames: Annotated[list[bytes], Meta(max_length=MAX_VIDEO_FRAMES)] | None = None
     max_slice_nums: int | None = None
-    force_barge_in: bool | None = None
+    vad: AppendVad | None = None
+    overlap_action: Name | None = None
+    force_listen: bool = False
+    force_barge_in: bool = False
+    transcript: Text | None = None
     speech_alias: bool | None = msgspec.field(default=None, name="speech")
     sample_rate_alias: int | None = msgspec.field(default=None, name="sample_rate")
     delta_alias: bytes | None = msgspec.field(default=None, name="delta")
+    overlap_alias: Name | None = msgspec.field(default=None, name="overlap")
+    text_alias: Text | None = msgspec.field(default=None, name="text")
 
     def __post_init__(self) -> None:
         set_ = msgspec.structs.force_setattr
+        if self.overlap_action is None and self.overlap_alias is not None:
+            set_(self, "overlap_action", self.overlap_alias)
+        set_(self, "overlap_alias", None)
+        if self.overlap_action is not None:
+            action = OVERLAP_ACTIONS.get(self.overlap_action.strip().lower())
+            if action is None:
+                accepted = ", ".join(OVERLAP_ACTIONS)
+                raise _fail(
+                    "bad_event",
+                    f"overlap_action must be one of {accepted}, got {self.overlap_action!r}",
+                    "overlap_action",
+                )
+            set_(self, "overlap_action", action)
+        if self.transcript is None and self.text_alias is not None:
+            set_(self, "transcript", self.text_alias)
+        set_(self, "text_alias", None)
         if self.audio is UNSET:  # ``delta``, or a frames-only append
             if self.delta_alias is not None:
                 set_(self, "audio", self.delta_alias)
@@ -316,6 +481,19 @@ class DuplexInputAudioBufferAppend(InputAudioBufferAppend, tag="input_audio_buff
                     f"video_frames[{i}] is neither a JPEG nor a PNG image",
                     f"video_frames[{i}]",
                 )
+
+    def speech_hint(self) -> bool | None:
+        """The client's speech verdict: ``is_speech``, else ``vad.is_speech``, else a speech
+        probability (``speech_probability``, then ``vad``'s) of at least 0.5; None when it gave none."""
+        if self.is_speech is not None:
+            return self.is_speech
+        vad = self.vad
+        if vad is not None and vad.is_speech is not None:
+            return vad.is_speech
+        probability = self.speech_probability
+        if probability is None and vad is not None:
+            probability = vad.speech_probability
+        return None if probability is None else probability >= 0.5
 
     def resolved_format(self, session_format: AudioFormat) -> AudioFormat:
         """This append's format: its own ``format``/``sample_rate_hz`` over the session's format."""
@@ -413,3 +591,60 @@ class PlaybackAck(Command, tag="playback.ack", kw_only=True):
     response_id: Id | None = None
     item_id: Id | None = None
     truncate: bool = False
+
+
+class InputCancel(Command, tag="input.cancel", kw_only=True):
+    """Abandon the user's input: the uncommitted audio is dropped, the active response (if any) is
+    cancelled and the epoch advances; answered by ``input_audio_buffer.cleared`` (the seeds'
+    ``input.cancelled``)."""
+
+
+class InputTextAppend(Command, tag="input.text.append", kw_only=True):
+    """Typed text that joins the user's current turn (aliases ``input_text.append``, ``push_text``).
+    A model that hears the stream takes no text this way (``native_text_append_unsupported``)."""
+
+    text: Text
+
+
+class SignalPayload(msgspec.Struct, frozen=True, kw_only=True, omit_defaults=True):
+    """The ``payload`` of a local ``turn.signal``: free-form for most signals (unknown keys are
+    skipped); ``playback_ack`` reads its playback fields (as ``playback.ack``'s)."""
+
+    played_ms: AudioMs | None = None
+    committed_ms: AudioMs | None = None
+    response_id: Id | None = None
+    item_id: Id | None = None
+    truncate: bool = False
+
+
+class TurnSignal(Command, tag="turn.signal", kw_only=True):
+    """A local turn transition the client signals (alias ``signal_turn``), answered by
+    ``turn.event{event, turn_state}``: ``user_started``, ``user_committed``, ``assistant_started``,
+    ``assistant_done`` move the reported turn state; ``playback_ack`` is a ``playback.ack`` of its
+    payload; ``close`` and ``timeout`` close the session (reason ``client_close`` / ``timeout``).
+
+    A signal whose ``event`` names a command (``ROUTED_SIGNALS``: ``input.cancel``, ``barge_in``,
+    ``response.cancel``, ``session.update``, ``conversation.item.*``) is that command, its
+    ``payload`` the command's fields (for ``session.update``, the session object): the codec folds it
+    into the command at decode, so this struct only ever holds a local signal. Any other event is
+    ``bad_event``."""
+
+    event: LocalSignal
+    payload: SignalPayload | None = None
+
+    def __post_init__(self) -> None:
+        if self.event == "playback_ack" and (self.payload is None or self.payload.played_ms is None):
+            raise _fail("bad_event", "a playback_ack signal needs payload.played_ms", "payload.played_ms")
+
+    def playback_ack(self) -> PlaybackAck:
+        """The ``playback.ack`` a ``playback_ack`` signal carries."""
+        payload = self.payload
+        assert payload is not None and payload.played_ms is not None  # __post_init__
+        return PlaybackAck(
+            event_id=self.event_id,
+            played_ms=payload.played_ms,
+            committed_ms=payload.committed_ms,
+            response_id=payload.response_id,
+            item_id=payload.item_id,
+            truncate=payload.truncate,
+        )

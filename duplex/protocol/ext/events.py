@@ -1,16 +1,24 @@
 """Server -> client events of our extensions: Tier 2 twins and Tier 3 events (DESIGN §4).
 
-Tier 2 twins subclass their GA struct and only add fields:
+Tier 2 twins subclass their GA struct and only add fields (OpenAI's models allow extra fields):
 
 * ``DuplexSession``: the session object plus ``capabilities`` and the duplex settings;
 * ``DuplexSessionCreated`` / ``DuplexSessionUpdated``: carry a ``DuplexSession``; ``session.created``
   also carries ``resume_token`` and ``attachment_generation`` at its top level;
-* ``DuplexResponseOutputAudioDelta``: every delta states its ``format`` and ``sample_rate_hz``.
+* ``DuplexResponseCreated`` / ``DuplexResponseDone``: the response's id at the top level too
+  (``response_id``), where every other response event has it;
+* ``DuplexInputAudioBufferCommitted``: what became of the commit, under ``event`` (``CommitDetails``:
+  the seeds' ``input.committed``, with ``response_create_deferred`` and ``overlap_deferred``);
+* ``DuplexResponseOutputAudioDelta``: every delta states its ``format`` and ``sample_rate_hz``; for a
+  seeds client (``Dialect.SEEDS``) also its ``metadata`` (``AudioDeltaMetadata``: ``end_of_turn``,
+  ``audio_duration_ms``, ``audio_text_marks``, ``playback``).
 
 Tier 3 events exist only here: ``session.resumed``, ``session.replaced``, ``session.expired``,
-``session.resync_required``, ``session.closed``, ``session.heartbeat_ack``, ``playback.acknowledged``,
-``response.listen``, ``response.speak``, ``overlap.decision``, ``session.queued`` (only to a
-client that asked to wait for a slot, ``?queue=1``), and the media of batch models:
+``session.resync_required``, ``session.closed``, ``session.heartbeat_ack``, ``playback.acknowledged``
+(its fields, and the same under ``event`` as the seeds wrap them), ``response.listen`` (with the
+seeds' ``response{status: "listening", metadata{model_listen}}``), ``response.speak`` (with its
+``metadata``), ``overlap.decision`` (with its ``metadata``), ``turn.event``, ``session.queued`` (only
+to a client that asked to wait for a slot, ``?queue=1``), and the media of batch models:
 ``response.output_image.done``, ``response.output_video.delta``, ``response.progress``. OpenAI
 clients ignore unknown types.
 
@@ -25,16 +33,32 @@ import msgspec
 
 from duplex.protocol.ext.capabilities import SessionCapabilities
 from duplex.protocol.realtime._base import Event, Wire
-from duplex.protocol.realtime.events import ResponseOutputAudioDelta, SessionCreated, SessionUpdated
+from duplex.protocol.realtime.events import (
+    InputAudioBufferCommitted,
+    ResponseCreated,
+    ResponseDone,
+    ResponseOutputAudioDelta,
+    SessionCreated,
+    SessionUpdated,
+)
 from duplex.protocol.realtime.responses import Usage
 from duplex.protocol.realtime.session import Session
 
 __all__ = [
+    "AudioDeltaMetadata",
+    "CommitDetails",
+    "DuplexInputAudioBufferCommitted",
+    "DuplexResponseCreated",
+    "DuplexResponseDone",
     "DuplexResponseOutputAudioDelta",
     "DuplexSession",
     "DuplexSessionCreated",
     "DuplexSessionUpdated",
+    "ListenMetadata",
+    "ListenResponse",
     "OverlapDecision",
+    "OverlapDetails",
+    "PlaybackAckDetails",
     "PlaybackAcknowledged",
     "PlaybackLedger",
     "ResponseListen",
@@ -49,6 +73,9 @@ __all__ = [
     "SessionReplaced",
     "SessionResumed",
     "SessionResyncRequired",
+    "SpeakMetadata",
+    "TextMark",
+    "TurnEvent",
 ]
 
 
@@ -78,13 +105,86 @@ class DuplexSessionUpdated(SessionUpdated, tag="session.updated", kw_only=True):
     session: DuplexSession
 
 
+class PlaybackLedger(Wire, kw_only=True):
+    """Milliseconds of a response's audio: produced, sent, heard, and in the history (all four
+    always rendered)."""
+
+    generated_ms: float
+    sent_ms: float
+    played_ms: float
+    committed_ms: float
+
+
+class TextMark(Wire, kw_only=True):
+    """How much of the transcript had been spoken when ``audio_end_ms`` of the response's audio
+    ended (the seeds' ``audio_text_marks``: a client cuts the transcript where playback stopped)."""
+
+    text_chars: int
+    audio_end_ms: int
+
+
+class AudioDeltaMetadata(Wire, kw_only=True):
+    """The ``metadata`` of an audio delta for a seeds client: ``audio_duration_ms`` is the
+    response's audio so far (whole ms), ``audio_text_marks`` the mark this delta ends with,
+    ``end_of_turn`` true on the delta that ends the model's turn, ``playback`` the ledger after it."""
+
+    session_id: str
+    epoch: int
+    model_speak: bool
+    end_of_turn: bool
+    audio_duration_ms: int
+    audio_text_marks: list[TextMark]
+    playback: PlaybackLedger
+
+
 class DuplexResponseOutputAudioDelta(
     ResponseOutputAudioDelta, tag="response.output_audio.delta", kw_only=True, gc=False
 ):
-    """An audio delta that states its own format (``pcm16``, ``g711_ulaw`` ...) and rate in Hz."""
+    """An audio delta that states its own format (``pcm16``, ``g711_ulaw`` ...) and rate in Hz, and
+    for a seeds client its ``metadata``. (``gc=False``: its metadata holds no reference back, so no
+    cycle can pass through it.)"""
 
     format: str | None = None
     sample_rate_hz: int | None = None
+    metadata: AudioDeltaMetadata | None = None
+
+
+class DuplexResponseCreated(ResponseCreated, tag="response.created", kw_only=True):
+    """``response.created`` with the response's id at the top level too."""
+
+    response_id: str | None = None
+
+
+class DuplexResponseDone(ResponseDone, tag="response.done", kw_only=True):
+    """``response.done`` with the response's id at the top level too."""
+
+    response_id: str | None = None
+
+
+class CommitDetails(Wire, kw_only=True):
+    """What became of a commit (the seeds' ``input.committed``): ``turn_id`` counts the user's
+    committed turns; ``response_create_deferred``: a response will answer it once the active one
+    ends; ``overlap_deferred``: it arrived while a response was active and waits behind it;
+    ``no_response``: nothing will answer it by itself (``overlap_ack``: a short acknowledgement made
+    over the response; ``is_speech: false``: declared silence)."""
+
+    type: str
+    session_id: str
+    turn_id: int
+    epoch: int
+    response_create_deferred: bool
+    overlap_deferred: bool
+    no_response: bool
+    overlap_ack: bool | None = None
+    is_speech: bool | None = None
+
+
+class DuplexInputAudioBufferCommitted(
+    InputAudioBufferCommitted, tag="input_audio_buffer.committed", kw_only=True
+):
+    """``input_audio_buffer.committed`` with ``event``, what became of the commit."""
+
+    event: CommitDetails | None = None
 
 
 class SessionResumed(Event, tag="session.resumed", kw_only=True):
@@ -143,18 +243,24 @@ class SessionHeartbeatAck(Event, tag="session.heartbeat_ack", kw_only=True):
     session_id: str
 
 
-class PlaybackLedger(Wire, kw_only=True):
-    """Milliseconds of a response's audio: produced, sent, heard, and in the history."""
+class PlaybackAckDetails(Wire, kw_only=True):
+    """``playback.acknowledged``'s fields as the seeds wrap them (``event``), with the session."""
 
-    generated_ms: float = 0.0
-    sent_ms: float = 0.0
-    played_ms: float = 0.0
-    committed_ms: float = 0.0
+    type: str
+    session_id: str
+    epoch: int
+    response_id: str
+    item_id: str
+    played_ms: float
+    committed_ms: float
+    truncate: bool
+    history_committed: bool
+    playback: PlaybackLedger
 
 
 class PlaybackAcknowledged(Event, tag="playback.acknowledged", kw_only=True):
     """Reply to an accepted ``playback.ack`` (or truncate): the ledger after it, and whether the
-    history item was rewritten."""
+    history item was rewritten; ``event`` repeats them as the seeds' clients read them."""
 
     response_id: str
     item_id: str
@@ -163,14 +269,46 @@ class PlaybackAcknowledged(Event, tag="playback.acknowledged", kw_only=True):
     truncate: bool = msgspec.field(default_factory=bool)
     history_committed: bool = msgspec.field(default_factory=bool)
     playback: PlaybackLedger | None = None
+    event: PlaybackAckDetails | None = None
+
+
+class ListenMetadata(Wire, kw_only=True):
+    """Why the session keeps listening: ``model_listen`` is true when the model itself decided to
+    (``reason: model_listen``), false when the server decided (a declared-silent commit)."""
+
+    type: str
+    session_id: str
+    epoch: int
+    reason: str
+    model_listen: bool
+
+
+class ListenResponse(Wire, kw_only=True):
+    """``response.listen``'s ``response`` as the seeds' clients read it: ``status: listening``."""
+
+    object: str
+    status: str
+    metadata: ListenMetadata
+    id: str | None = None
 
 
 class ResponseListen(Event, tag="response.listen", kw_only=True):
-    """The model decided to keep listening; ``response_id`` only when it ends a pre-created response."""
+    """The model decided to keep listening; ``response_id`` only when it ends a pre-created response.
+    ``response`` carries the same in the seeds' shape."""
 
     reason: str = msgspec.field(default_factory=lambda: "model_listen")
     response_id: str | None = None
     epoch: int | None = None
+    session_id: str | None = None
+    response: ListenResponse | None = None
+
+
+class SpeakMetadata(Wire, kw_only=True):
+    """``response.speak``'s ``metadata``: the model chose to speak (``model_speak``)."""
+
+    session_id: str
+    epoch: int
+    model_speak: bool
 
 
 class ResponseSpeak(Event, tag="response.speak", kw_only=True):
@@ -180,6 +318,20 @@ class ResponseSpeak(Event, tag="response.speak", kw_only=True):
     item_id: str
     output_index: int
     content_index: int
+    metadata: SpeakMetadata | None = None
+
+
+class OverlapDetails(Wire, kw_only=True):
+    """The details of an overlap decision: this append's ``duration_ms``, the overlapping speech
+    so far (``overlap_speech_ms``), whether the append's audio is kept for the user's turn
+    (``buffer_audio``), whether the client forced listening, and the reason the response is
+    cancelled with (``cancel_reason``, barge-ins only)."""
+
+    duration_ms: int
+    overlap_speech_ms: int
+    buffer_audio: bool
+    force_listen: bool
+    cancel_reason: str | None = None
 
 
 class OverlapDecision(Event, tag="overlap.decision", kw_only=True):
@@ -191,6 +343,8 @@ class OverlapDecision(Event, tag="overlap.decision", kw_only=True):
     response_id: str | None = None
     overlap_ms: int | None = None
     epoch: int | None = None
+    session_id: str | None = None
+    metadata: OverlapDetails | None = None
 
 
 class ResponseOutputImageDone(Event, tag="response.output_image.done", kw_only=True, gc=False):
@@ -228,3 +382,12 @@ class ResponseProgress(Event, tag="response.progress", kw_only=True):
 
     response_id: str
     progress: float
+
+
+class TurnEvent(Event, tag="turn.event", kw_only=True):
+    """Answer to a local ``turn.signal``: the signal and the turn state after it."""
+
+    session_id: str
+    event: str
+    turn_state: str
+    epoch: int

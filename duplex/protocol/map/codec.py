@@ -224,7 +224,7 @@ def engine_command(cmd: InputAppend | MapSessionClose) -> Command:
         return DuplexInputAudioBufferAppend(
             audio=part.audio,
             video_frames=part.video_frames or None,
-            force_barge_in=True if force else None,
+            force_barge_in=force,
         )
     except ValueError as exc:  # the append's own checks (``field_error``: "code@field: message")
         found = _CODED.match(str(exc))

@@ -98,7 +98,16 @@ def command_samples() -> list[object]:
                 overlap_policy="listen_only",
             ),
         ),
-        p.DuplexInputAudioBufferAppend(event_id="evt_2", audio=PCM, is_speech=True, video_frames=[JPEG, PNG]),
+        p.DuplexInputAudioBufferAppend(
+            event_id="evt_2",
+            audio=PCM,
+            is_speech=True,
+            video_frames=[JPEG, PNG],
+            vad=p.AppendVad(speech_probability=0.8, speech_started=True),
+            overlap_action="listen",
+            force_listen=True,
+            transcript="ok",
+        ),
         p.DuplexInputAudioBufferCommit(event_id="evt_3", final=False, create_response=True, is_speech=True),
         p.InputAudioBufferClear(event_id="evt_4"),
         p.OutputAudioBufferClear(event_id="evt_5", response_id="resp_1"),
@@ -131,6 +140,9 @@ def command_samples() -> list[object]:
         p.PlaybackAck(
             response_id="resp_1", item_id="item_a", played_ms=1000.0, committed_ms=900.0, truncate=True
         ),
+        p.TurnSignal(event_id="evt_13", event="playback_ack", payload=p.SignalPayload(played_ms=400.0)),
+        p.InputCancel(event_id="evt_14"),
+        p.InputTextAppend(event_id="evt_15", text="and the weather?"),
     ]
 
 
@@ -180,8 +192,20 @@ def event_samples() -> list[object]:
             start=0.0,
             end=0.5,
         ),
-        p.InputAudioBufferCommitted(
-            event_id=e, item_id="item_u", previous_item_id="item_a", server_event_seq=7
+        p.DuplexInputAudioBufferCommitted(
+            event_id=e,
+            item_id="item_u",
+            previous_item_id="item_a",
+            server_event_seq=7,
+            event=p.CommitDetails(
+                type="input.committed",
+                session_id="sess_1",
+                turn_id=2,
+                epoch=0,
+                response_create_deferred=True,
+                overlap_deferred=True,
+                no_response=False,
+            ),
         ),
         p.InputAudioBufferCleared(event_id=e),
         p.InputAudioBufferSpeechStarted(event_id=e, audio_start_ms=120, item_id="item_u"),
@@ -191,13 +215,28 @@ def event_samples() -> list[object]:
         p.OutputAudioBufferStarted(event_id=e, response_id="resp_1"),
         p.OutputAudioBufferStopped(event_id=e, response_id="resp_1"),
         p.OutputAudioBufferCleared(event_id=e, response_id="resp_1"),
-        p.ResponseCreated(event_id=e, response=_response("in_progress")),
-        p.ResponseDone(event_id=e, response=_response("completed")),
+        p.DuplexResponseCreated(event_id=e, response=_response("in_progress"), response_id="resp_1"),
+        p.DuplexResponseDone(event_id=e, response=_response("completed"), response_id="resp_1"),
         p.ResponseOutputItemAdded(event_id=e, response_id="resp_1", output_index=0, item=_assistant_item()),
         p.ResponseOutputItemDone(event_id=e, response_id="resp_1", output_index=1, item=call),
         p.ResponseContentPartAdded(event_id=e, **ids, part=p.AudioPart(transcript="")),
         p.ResponseContentPartDone(event_id=e, **ids, part=p.TextPart(text="Hello")),
-        p.DuplexResponseOutputAudioDelta(event_id=e, **ids, delta=PCM, format="pcm16", sample_rate_hz=24000),
+        p.DuplexResponseOutputAudioDelta(
+            event_id=e,
+            **ids,
+            delta=PCM,
+            format="pcm16",
+            sample_rate_hz=24000,
+            metadata=p.AudioDeltaMetadata(
+                session_id="sess_1",
+                epoch=0,
+                model_speak=True,
+                end_of_turn=False,
+                audio_duration_ms=1000,
+                audio_text_marks=[p.TextMark(text_chars=11, audio_end_ms=1000)],
+                playback=p.PlaybackLedger(generated_ms=1000, sent_ms=1000, played_ms=0, committed_ms=0),
+            ),
+        ),
         p.ResponseOutputAudioDone(event_id=e, **ids),
         p.ResponseOutputAudioTranscriptDelta(event_id=e, **ids, delta="Hel"),
         p.ResponseOutputAudioTranscriptDone(event_id=e, **ids, transcript="Hello"),
@@ -246,11 +285,54 @@ def event_samples() -> list[object]:
             truncate=True,
             history_committed=True,
             playback=p.PlaybackLedger(generated_ms=2400, sent_ms=2400, played_ms=1850, committed_ms=1850),
+            event=p.PlaybackAckDetails(
+                type="playback.acknowledged",
+                session_id="sess_1",
+                epoch=0,
+                response_id="resp_1",
+                item_id="item_a",
+                played_ms=1850.0,
+                committed_ms=1850.0,
+                truncate=True,
+                history_committed=True,
+                playback=p.PlaybackLedger(generated_ms=2400, sent_ms=2400, played_ms=1850, committed_ms=1850),
+            ),
         ),
-        p.ResponseListen(event_id=e, epoch=0),
-        p.ResponseSpeak(event_id=e, **ids),
+        p.ResponseListen(
+            event_id=e,
+            epoch=0,
+            session_id="sess_1",
+            response=p.ListenResponse(
+                object="realtime.response",
+                status="listening",
+                metadata=p.ListenMetadata(
+                    type="response.listen",
+                    session_id="sess_1",
+                    epoch=0,
+                    reason="model_listen",
+                    model_listen=True,
+                ),
+            ),
+        ),
+        p.ResponseSpeak(
+            event_id=e, **ids, metadata=p.SpeakMetadata(session_id="sess_1", epoch=0, model_speak=True)
+        ),
         p.OverlapDecision(
-            event_id=e, action="barge_in", reason="server_vad_speech_started", policy="barge_in_on_speech"
+            event_id=e,
+            action="barge_in",
+            reason="server_vad_speech_started",
+            policy="barge_in_on_speech",
+            session_id="sess_1",
+            metadata=p.OverlapDetails(
+                duration_ms=200,
+                overlap_speech_ms=200,
+                buffer_audio=True,
+                force_listen=False,
+                cancel_reason="turn_detected",
+            ),
+        ),
+        p.TurnEvent(
+            event_id=e, session_id="sess_1", event="user_started", turn_state="user_speaking", epoch=0
         ),
         p.ResponseProgress(event_id=e, response_id="resp_1", progress=0.5),
         p.ResponseOutputImageDone(

@@ -39,12 +39,16 @@ OURS_ONLY = {
     "response.output_image.done",
     "response.output_video.delta",
     "response.progress",
+    "turn.event",
     "session.resume",
     "session.event_ack",
     "session.heartbeat",
     "session.close",
     "barge_in",
     "playback.ack",
+    "turn.signal",
+    "input.cancel",
+    "input.text.append",
 }
 
 

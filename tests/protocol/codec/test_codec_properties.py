@@ -27,6 +27,9 @@ _FOLDED = {
     "response_create_alias",
     "last_received_alias",
     "delta_alias",
+    "overlap_alias",
+    "text_alias",
+    "probability_alias",
 }
 _RATES = st.sampled_from([8000, 16000, 22050, 24000, 48000])
 _FORMAT_NAMES = st.sampled_from(["pcm16", "audio/pcm", "g711_ulaw", "audio/pcma", "pcm_f32le", "wav"])
@@ -62,6 +65,25 @@ _BY_NAME: dict[str, st.SearchStrategy[Any]] = {
     "sample_rate_hz": _RATES | st.none(),
     "rate": _RATES | st.none(),
     "sample_rate": st.none(),
+    "ref_audio": st.none() | st.just("data:audio/wav;base64,UklGRiQAAABXQVZF"),
+    "overlap_action": st.none() | st.sampled_from(["barge_in", "listen", "drop"]),
+}
+_SIGNAL_PAYLOADS = st.none() | st.builds(p.SignalPayload, played_ms=st.floats(0, 1e6), truncate=st.booleans())
+_BY_CLASS: dict[type, st.SearchStrategy[Any]] = {
+    # A playback_ack signal carries what it acknowledges; the other local signals anything.
+    p.TurnSignal: st.builds(
+        p.TurnSignal,
+        event_id=st.none() | st.text(max_size=12),
+        event=st.sampled_from(sorted(p.LOCAL_SIGNALS - {"playback_ack"})),
+        payload=_SIGNAL_PAYLOADS,
+    )
+    | st.builds(
+        p.TurnSignal,
+        event=st.just("playback_ack"),
+        payload=st.builds(
+            p.SignalPayload, played_ms=st.floats(0, 1e6), committed_ms=st.none() | st.floats(0, 1e6)
+        ),
+    ),
 }
 
 
@@ -86,7 +108,7 @@ def strategy(t: mi.Type, name: str | None = None) -> st.SearchStrategy[Any]:
     if isinstance(t, mi.UnionType):
         return st.one_of(*(strategy(u, name) for u in t.types))
     if isinstance(t, mi.StructType):
-        return _struct(t)
+        return _BY_CLASS[t.cls] if t.cls in _BY_CLASS else _struct(t)
     if isinstance(t, mi.ListType):
         return st.lists(strategy(t.item_type), max_size=min(3, t.max_length or 3))
     if isinstance(t, mi.DictType):
@@ -188,14 +210,20 @@ def _respell(frame: dict[str, Any]) -> dict[str, Any]:
             out["event_id"] = frame["event_id"]
     elif kind == "input_audio_buffer.commit" and "create_response" in frame:
         out["response_create"] = out.pop("create_response")
-    elif kind == "input_audio_buffer.append" and "is_speech" in frame:
-        out["speech"] = out.pop("is_speech")
+    elif kind == "input_audio_buffer.append":
+        for name, alias in (("is_speech", "speech"), ("overlap_action", "overlap"), ("transcript", "text")):
+            if name in frame:
+                out[alias] = out.pop(name)
     elif kind == "session.resume" and "last_event_seq" in frame:
         out["last_received_server_event_seq"] = out.pop("last_event_seq")
     elif kind == "session.close":
         out["type"] = "close_session"
     elif kind == "playback.ack":
         out["type"] = "audio.playback_ack"
+    elif kind == "turn.signal":
+        out["type"] = "signal_turn"
+    elif kind == "input.text.append":
+        out["type"] = "push_text"
     return out
 
 
