@@ -19,6 +19,9 @@ class SessionCapabilities(msgspec.Struct, frozen=True, kw_only=True):
     ``kind`` is the plugin kind (``frame``, ``unit``, ``turn``, ``batch``); ``chunk_period_ms`` the frame
     or unit length (0 for turn/batch); rates in Hz. ``implementation_level`` is
     ``model_native_duplex`` when the model decides when to speak, else ``turn_based_duplex``.
+    ``video_frame_max_pixels`` (with ``supports_image_input``): the camera frame size the model works
+    at, in pixels (width x height); a client scales larger frames down to about that area, aspect
+    ratio kept (0: no preference).
     """
 
     kind: str
@@ -35,6 +38,7 @@ class SessionCapabilities(msgspec.Struct, frozen=True, kw_only=True):
     supports_audio_truncate: bool = False
     supports_playback_ack: bool = False
     supports_image_input: bool = False
+    video_frame_max_pixels: int = 0
     supports_text_only_turn: bool = False
     supports_tools: bool = False
     supports_input_append: bool = True
