@@ -179,6 +179,7 @@ def create_app(
     ``model_name``: the name clients see (default: plugin name). ``workers``: the supervisors of the
     model's worker processes, shown by ``/health`` and ``/metrics``."""
     from duplex.server.realtime import realtime_endpoint
+    from duplex.server.video_chat import video_chat_endpoint
 
     config = config or ServerConfig()
     name = model_name or getattr(engine, "plugin_name", None) or "duplex"
@@ -233,6 +234,7 @@ def create_app(
             Route("/metrics", metrics),
             WebSocketRoute("/v1/realtime", realtime_endpoint),
             WebSocketRoute("/v1/duplex", realtime_endpoint),
+            WebSocketRoute("/v1/video/chat/stream", video_chat_endpoint),
             *web_routes(),
         ],
         lifespan=lifespan,

@@ -44,7 +44,7 @@ CONTENT_TYPE = "text/plain; version=0.0.4; charset=utf-8"
 OTHER: Final = "other"
 """The label value of everything outside a family's closed set."""
 
-OPEN_PATHS: Final = frozenset({"autostart", "resume", "session.update"})
+OPEN_PATHS: Final = frozenset({"autostart", "resume", "session.update", "video_chat"})
 """How a session came to a socket (``duplex_ws_sessions_opened_total{how}``)."""
 
 DETACH_REASONS: Final = frozenset({*(r.value for r in CloseReason), "client_gone"})

@@ -65,7 +65,7 @@ from duplex.server.handshake import HandshakePlan, HandshakeRefusal, OpenHow, pl
 from duplex.server.ratelimit import TokenBucket
 from duplex.server.ws_protocol import transport_extension
 
-__all__ = ["CloseCode", "CloseReason", "realtime_endpoint"]
+__all__ = ["CloseCode", "CloseReason", "admission", "close_for", "realtime_endpoint"]
 
 log = logging.getLogger("duplex.server.realtime")
 
@@ -85,7 +85,7 @@ async def realtime_endpoint(websocket: WebSocket) -> None:
     """The WebSocket route. Cancel-safe: cancellation detaches the session and re-raises."""
     state: AppState = websocket.app.state.duplex
     presented = presented_api_key(websocket.headers, websocket.query_params)
-    refusal = _admission(websocket, state, presented)
+    refusal = admission(websocket, state, presented)
     if refusal is not None:
         state.metrics.refused.bump(str(refusal.status_code))
         await websocket.send_denial_response(refusal)
@@ -110,7 +110,8 @@ async def realtime_endpoint(websocket: WebSocket) -> None:
         state.connections.discard(task)
 
 
-def _admission(websocket: WebSocket, state: AppState, presented_key: str | None) -> Response | None:
+def admission(websocket: WebSocket, state: AppState, presented_key: str | None) -> Response | None:
+    """The refusal of a WebSocket before it is accepted (503 draining, 401 key, 403 origin), or None."""
     cfg = state.config
     if state.draining or not state.ready:
         return Response("server is not accepting sessions", status_code=503)
@@ -430,7 +431,7 @@ class _Connection:
                 try:
                     events = await att.next_events()  # a tick's events, sent back to back
                 except Detached as d:
-                    code, reason = _close_for(self._last_event, str(getattr(d, "reason", "") or ""))
+                    code, reason = close_for(self._last_event, str(getattr(d, "reason", "") or ""))
                     self.metrics.detached.bump(reason)
                     break
                 self._last_event = events[-1]
@@ -465,7 +466,7 @@ _SESSION_CLOSED_REASONS: frozenset[str] = frozenset(
 )
 
 
-def _close_for(last: Any, reason: str) -> tuple[CloseCode, CloseReason]:
+def close_for(last: Any, reason: str) -> tuple[CloseCode, CloseReason]:
     """The close code and reason for a socket whose attachment ended with ``reason``, after
     ``last`` (the last event written); both from closed sets, whatever the client sent."""
     if isinstance(last, SessionClosed):
