@@ -369,3 +369,22 @@ async def test_a_query_during_a_reply_cancels_it_and_is_answered():
     assert (cut[-1].response_id, cut[-1].status) == (first.response_id, "cancelled")
     assert types(second)[0] == "response.start" and second[0].response_id != first.response_id
     assert (second[-1].text, second[-1].status) == ("Short.", "completed")
+
+
+async def test_a_batch_model_speaks_a_query_and_refuses_a_speaker_it_does_not_have():
+    from duplex.plugins.builtin.scripted import ScriptedBatchPlugin
+
+    plugin = ScriptedBatchPlugin(ms_per_char=10)
+    async with running_server(plugin=plugin, engine_config=EngineConfig(max_sessions=4)) as srv:
+        async with chat(srv) as ws:
+            await send(ws, SessionConfig(speaker="nobody"))
+            refused = await receive(ws)
+            await ws.wait_closed()
+            close_code = ws.close_code
+        async with chat(srv) as ws:
+            await send(ws, SessionConfig(speaker="tone"))
+            await send(ws, VideoQuery(text="read this aloud"))
+            reply = await until_type(ws, "response.text.done")
+    assert (refused.code, refused.param, close_code) == ("voice_not_found", "session.voice", 1008)
+    assert reply[-1].text == "read this aloud" and reply[-1].status == "completed"
+    assert "response.audio.delta" in types(reply)
