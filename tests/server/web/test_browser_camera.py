@@ -15,6 +15,7 @@ import json
 
 from duplex.engine import EngineConfig
 from tests.clients.clip import FrameReporterPlugin, parse_report
+from tests.clients.test_camera import FRAME_SIZES
 from tests.server.harness import running_server
 from tests.server.web.conftest import needs_chromium
 
@@ -104,4 +105,15 @@ async def test_a_model_that_takes_no_video_leaves_the_camera_closed_and_says_so(
         }
     ]
     assert button == ["Camera: off", True] and preview[0] is True
+    assert console == []
+
+
+async def test_the_page_sizes_frames_by_the_same_rule_as_duplex_talk(open_page):
+    cases = [list(given) for given, _ in FRAME_SIZES]
+    async with running_server() as srv, open_page(srv.http + "/") as page:
+        sizes = await page.evaluate(
+            f"import('./static/wire.js').then(w => {json.dumps(cases)}.map(c => w.frameSize(...c)))"
+        )
+        console = page.console_errors
+    assert [tuple(s) for s in sizes] == [sent for _, sent in FRAME_SIZES]
     assert console == []
