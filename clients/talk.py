@@ -570,9 +570,10 @@ async def _stream_clip(
             await client.append_audio(encode_audio(pcm, fmt), video_frames=attach or None)
             sent += len(pcm)
             frames.sent += len(attach)
-        if pending:  # frames after the clip's last sound: they ride a frames-only append
-            await client.append_audio(b"", video_frames=[image for _, image in pending][-MAX_VIDEO_FRAMES:])
-            frames.sent += min(len(pending), MAX_VIDEO_FRAMES)
+        for start in range(0, len(pending), MAX_VIDEO_FRAMES):  # after the clip's last sound: alone
+            group = [image for _, image in pending[start : start + MAX_VIDEO_FRAMES]]
+            await client.append_audio(b"", video_frames=group)
+            frames.sent += len(group)
         if frames.on:
             progress.frames = frames.sent
         progress.sent_s = sent / RATE
