@@ -328,6 +328,10 @@ export class Call {
     this.resumeToken = event.resume_token || null;
     const caps = event.session.capabilities || {};
     this.playback.acks = Boolean(caps.supports_playback_ack);
+    // The session's word on video wins over the model list's (the same model, said by the session).
+    const { video, videoFrameMaxPixels } = wire.readCapabilities({ capabilities: caps });
+    Object.assign(this.caps, { video, videoFrameMaxPixels });
+    if (!video && this.camera) this.setCamera(false);
     this.setState("open");
     for (const pcm of this.early.splice(0)) this.sendAudio(pcm);
     this.timer = setInterval(() => this.ackEvents(), EVENT_ACK_EVERY_MS);
