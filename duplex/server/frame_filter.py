@@ -1,17 +1,17 @@
 """The video chat's frame filter (the seeds call it EVS): a frame too like the last one kept is left out.
 
 A still scene sends the same picture again and again; each costs the model a vision encoding. The
-filter compares every frame with the last frame it kept, on a thumbnail: the image decoded small
-(a JPEG at 1/8 of its size straight from its DCT: 0.6 ms for a 640 x 480 one, against 1.4 ms for a
-full decode, on the 2-core development machine), grey, scaled to ``THUMB_PX`` square. Similarity is ``1 - mean squared difference / 255²``; a frame at
-least ``threshold`` similar to the last kept one is left out, so a higher threshold keeps more
-frames (1.0 keeps all but exact repeats; the seeds' default, 0.95, keeps a frame once about a
-quarter of the picture has changed a lot).
+filter compares every frame with the last frame it kept, on a thumbnail: the image decoded small (a
+JPEG at 1/8 of its size straight from its DCT: 0.6 ms for a 640 x 480 one, against 1.4 ms for a full
+decode, on the 2-core development machine), grey, scaled to ``THUMB_PX`` square. Similarity is
+``1 - mean squared difference / 255²``; a frame at least ``threshold`` similar to the last kept one
+is left out, so a higher threshold keeps more frames (1.0 keeps all but exact repeats; the seeds'
+default, 0.95, keeps a frame once about 7 % of the picture has gone from dark to light or back).
 
 Decoding uses Pillow (``pillow``, in the ``models`` extra, which every plugin that takes video
 needs); ``available()`` says whether it is installed. ``thumbnail`` is blocking work (a 640 x 480
-PNG has no reduced decode: 4.5 ms): call it off the event loop (``asyncio.to_thread``). ``FrameFilter``
-itself only compares small arrays.
+PNG has no reduced decode: 4.5 ms): call it off the event loop (``asyncio.to_thread``).
+``FrameFilter`` itself only compares small arrays.
 """
 
 from __future__ import annotations

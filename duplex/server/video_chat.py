@@ -23,7 +23,9 @@ what the model can do (its capabilities, never its name):
   any model without video input.
 
 A query while a reply is in progress cancels it first, as the seeds do. ``video.done`` ends the
-session once the reply in progress (or asked for) is over: ``session.done`` and close 1000.
+session once the reply in progress (or asked for) is over: ``session.done`` and close 1000. Audio a
+model that hears the stream has not stepped by then is not answered (it answers in its own time;
+the engine has no "heard everything sent" signal to wait for).
 
 Frames go through the frame filter (``frame_filter``) when ``enable_frame_filter`` is on (the
 default where frames can be decoded here; asking for it where they cannot is refused); a frame it
