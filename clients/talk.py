@@ -202,10 +202,18 @@ class _Progress:
 
 
 class _Activity:
-    """Counts server events, so a wait can tell that something arrived since it last looked."""
+    """Counts server events, so a wait can tell that something arrived since it last looked. A model
+    that hears the stream says ``response.listen`` for every unit it stays quiet (padded silence
+    included, for up to the server's padding limit after the input ends): that is no activity."""
+
+    QUIET = frozenset({"response.listen"})
 
     def __init__(self) -> None:
         self.events = 0
+
+    def saw(self, event: Any) -> None:
+        if event_type(event) not in self.QUIET:
+            self.events += 1
 
 
 def _av(flag: str) -> Any:
@@ -335,7 +343,7 @@ async def _talk(
         def on_event(event: Any) -> None:
             nonlocal barge_ins_shown
             playback.on_event(event, client.clock())
-            activity.events += 1
+            activity.saw(event)
             if events_out is not None:
                 events_out.write(encode(event, Mode.GA) + "\n")
             if isinstance(playback, SpeakerPlayback) and playback.barge_ins != barge_ins_shown:

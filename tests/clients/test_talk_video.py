@@ -148,3 +148,22 @@ def test_without_pyav_the_video_flags_say_what_to_install(
     assert one_line_error(capsys) == (
         "duplex talk: --video needs the 'av' package (PyAV), which is not installed: pip install av"
     )
+
+
+async def test_the_microphone_with_a_camera_sends_a_picture_with_each_second(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    from tests.clients.test_talk_fake_sounddevice import FakeSoundDevice
+
+    sd = FakeSoundDevice(input_rate=48000)  # a silent microphone, in real time
+    monkeypatch.setitem(sys.modules, "sounddevice", sd)
+    events_out = tmp_path / "events.jsonl"
+    async with reporter_server() as srv:
+        argv = ["talk", "--url", srv.url, "--mic", "--seconds", "2.5", "--tail-ms", "400", "--quiet"]
+        camera = ["--camera", SYNTHETIC_CAMERA, "--camera-format", "lavfi"]
+        status = await asyncio.to_thread(main, [*argv, *camera, "--events-out", str(events_out)])
+    assert status == 0
+    got = reports(read_events(events_out))
+    assert [(w, h, loud) for _, w, h, loud in got] == [(160, 120, False)] * 3
+    out = capsys.readouterr().out
+    assert "microphone: fake mic at 48000 Hz" in out and "sent 3 camera frame(s)" in out
