@@ -310,7 +310,7 @@ class _VideoChat:
                     await task
             if att.ended is None:  # the client left first: end the session now, not after a grace
                 with contextlib.suppress(DuplexError):
-                    att.submit(SessionClose(reason="client_close"))
+                    att.submit(SessionClose(reason="disconnect"))
                 await asyncio.shield(att.detach())
 
     async def _read_loop(self) -> bool:
