@@ -1,10 +1,20 @@
-"""``duplex talk``: a conversation with a server, from a WAV file or live from the microphone.
+"""``duplex talk``: a conversation with a server, from a WAV file, a video clip or live from the
+microphone and the camera.
 
 Input. ``--wav``: the file is resampled to 24 kHz and streamed as PCM16 appends of the model's frame
 length on an absolute real-time schedule. ``--mic``: the microphone streams live (``MicrophoneStream``:
 the device's callback hands its blocks to the event loop, resampled to 24 kHz), one append per frame,
-until Ctrl-C or ``--seconds``. Either is followed by ``--tail-ms`` of silence (so a server VAD hears
-the end of the turn) unless the user stopped it.
+until Ctrl-C or ``--seconds``. ``--video``: a recorded clip (``clients.camera.VideoClip``) streams its
+audio, resampled to 24 kHz, and one frame a second of its picture, each riding the append whose audio
+holds the frame's time, all paced on the clip's clock. Any of them is followed by ``--tail-ms`` of
+silence (so a server VAD hears the end of the turn) unless the user stopped it.
+
+Camera. ``--camera [DEVICE]`` adds a live camera (``clients.camera.CameraStream``; FFmpeg's capture
+device of the platform, or ``--camera-format``) to ``--mic`` or ``--wav``: the newest picture rides
+the append that starts each second of audio. Frames (from the camera or a clip) are sent only to a
+model that takes them (``capabilities.supports_image_input``), as JPEG scaled down to the size it
+works at (``capabilities.video_frame_max_pixels``); to any other model the audio goes alone, and the
+command says so.
 
 Output. Every transcript is printed as it arrives and a progress line shows what was sent and heard.
 ``--play`` plays the reply while the conversation runs (``SpeakerStream``, a jitter buffer pulled by
@@ -28,8 +38,9 @@ canceller (``clients.echo_cancel``) runs by default there: the speaker hands it 
 played, and each microphone chunk (at 24 kHz, after resampling) has the echo taken out before it is
 sent. ``--no-aec`` turns it off (headphones need none).
 
-Errors: a missing ``sounddevice`` package or PortAudio library, and a sound device that cannot be
-opened, are one-line ``TalkError``s with status 2, raised before the session opens.
+Errors: a missing ``sounddevice`` or ``av`` package or PortAudio library, a sound device or camera
+that cannot be opened, and a clip that cannot be read, are one-line ``TalkError``s with status 2,
+raised before the session opens.
 """
 
 from __future__ import annotations
@@ -48,8 +59,10 @@ import numpy as np
 
 from clients.audio_device import AudioDeviceError, MicrophoneStream, SpeakerPlayback, SpeakerStream
 from clients.base import ClientClosed, ClientError
+from clients.camera import CameraError, CameraStream, VideoClip, load_av
 from clients.collector import EventCollector, event_type
 from clients.echo_cancel import EchoLink
+from clients.pacing import Pacer
 from clients.playback import SimulatedPlayback
 from clients.websocket import DuplexClient
 from duplex.protocol import (
@@ -61,13 +74,15 @@ from duplex.protocol import (
     Mode,
     encode,
 )
-from duplex.protocol.audio import decode_audio, read_wav, resample, write_wav
+from duplex.protocol.audio import decode_audio, encode_audio, read_wav, resample, write_wav
+from duplex.protocol.ext import MAX_VIDEO_FRAMES
 
 __all__ = ["StopSignal", "TalkError", "talk"]
 
 RATE = 24000
 IDLE_END_S = 1.0
 POLL_S = 0.02  # how often waits look at the speaker and acks go out
+FRAME_INTERVAL_S = 1.0  # one camera frame per second of audio
 
 
 class TalkError(Exception):
@@ -154,6 +169,7 @@ class _Progress:
         self.sent_s = 0.0
         self.heard_ms = 0.0
         self.responses = 0
+        self.frames: int | None = None  # camera frames sent (None: no camera)
         self.line_open = False
         self.tty = sys.stderr.isatty()
         self._logged = ""
@@ -166,6 +182,7 @@ class _Progress:
         line = (
             f"sent {self.sent_s:5.1f}{total} s | reply audio {self.heard_ms / 1000:5.1f} s"
             f" | responses {self.responses}"
+            + (f" | frames {self.frames}" if self.frames is not None else "")
         )
         if self.tty:
             sys.stderr.write(f"\r{line} ")
@@ -185,22 +202,42 @@ class _Progress:
 
 
 class _Activity:
-    """Counts server events, so a wait can tell that something arrived since it last looked."""
+    """Counts server events, so a wait can tell that something arrived since it last looked. A model
+    that hears the stream says ``response.listen`` for every unit it stays quiet (padded silence
+    included, for up to the server's padding limit after the input ends): that is no activity."""
+
+    QUIET = frozenset({"response.listen"})
 
     def __init__(self) -> None:
         self.events = 0
 
+    def saw(self, event: Any) -> None:
+        if event_type(event) not in self.QUIET:
+            self.events += 1
+
+
+def _av(flag: str) -> Any:
+    """PyAV, or a one-line ``TalkError`` (status 2) naming what to install."""
+    try:
+        return load_av(flag)
+    except CameraError as exc:
+        raise TalkError(str(exc), 2) from exc
+
 
 @contextlib.contextmanager
 def _devices(
-    args: argparse.Namespace, sd: Any
-) -> Iterator[tuple[MicrophoneStream | None, SpeakerStream | None]]:
-    """The microphone and the speaker asked for, open and started, sharing an echo canceller when
-    both are (unless ``--no-aec``); a device error is status 2."""
+    args: argparse.Namespace, sd: Any, av: Any
+) -> Iterator[tuple[MicrophoneStream | None, SpeakerStream | None, CameraStream | None]]:
+    """The microphone, the speaker and the camera asked for, open and started, the first two sharing
+    an echo canceller when both are (unless ``--no-aec``); a device error is status 2."""
     echo = EchoLink(RATE) if args.mic and args.play and not getattr(args, "no_aec", False) else None
     with contextlib.ExitStack() as stack:
-        mic = speaker = None
+        mic = speaker = camera = None
         try:
+            if args.camera is not None:
+                camera = stack.enter_context(
+                    CameraStream(av, args.camera or None, input_format=args.camera_format)
+                )
             if args.play:
                 speaker = stack.enter_context(
                     SpeakerStream(
@@ -221,9 +258,9 @@ def _devices(
                         echo=echo,
                     )
                 )
-        except AudioDeviceError as exc:
+        except (AudioDeviceError, CameraError) as exc:
             raise TalkError(str(exc), 2) from exc
-        yield mic, speaker
+        yield mic, speaker, camera
 
 
 def _session_config(args: argparse.Namespace) -> DuplexSessionConfig:
@@ -238,11 +275,49 @@ def _session_config(args: argparse.Namespace) -> DuplexSessionConfig:
     )
 
 
+class _Frames:
+    """Where the camera frames come from, and how many were sent: a live camera, a clip, or none.
+    ``on`` once the session says the model takes frames (``capabilities.supports_image_input``)."""
+
+    def __init__(self, camera: CameraStream | None, clip: VideoClip | None) -> None:
+        self.camera = camera
+        self.clip = clip
+        self.on = False
+        self.sent = 0
+
+    def configure(self, caps: Any, progress: _Progress) -> None:
+        """Follow the model's capabilities: frames only to a model that takes them, at its size."""
+        source = self.camera or self.clip
+        if source is None:
+            return
+        if not getattr(caps, "supports_image_input", False):
+            progress.say("the model takes no camera frames: sending the audio only")
+            return
+        self.on = True
+        source.max_pixels = getattr(caps, "video_frame_max_pixels", 0) or 0
+        progress.frames = 0
+
+    def grab(self) -> bytes | None:
+        """The camera's newest picture (None: no camera, frames off, or no new picture)."""
+        if not self.on or self.camera is None:
+            return None
+        try:
+            return self.camera.grab()
+        except CameraError as exc:
+            raise TalkError(str(exc)) from exc
+
+
 async def _talk(
-    args: argparse.Namespace, pcm: np.ndarray | None, sd: Any, stop: StopSignal
-) -> tuple[list[Any], EventCollector, SpeakerPlayback | None]:
+    args: argparse.Namespace,
+    pcm: np.ndarray | None,
+    sd: Any,
+    stop: StopSignal,
+    av: Any = None,
+    clip: VideoClip | None = None,
+) -> tuple[list[Any], EventCollector, SpeakerPlayback | None, int]:
     stopped = stop.bind()
-    with _devices(args, sd) as (mic, speaker), _events_file(args.events_out) as events_out:
+    devices = _devices(args, sd, av)
+    with devices as (mic, speaker, camera), _events_file(args.events_out) as events_out:
         collector = EventCollector()
         client = DuplexClient(
             args.url,
@@ -257,6 +332,8 @@ async def _talk(
         total_s = None if pcm is None else len(pcm) / RATE + tail_s
         if mic is not None and args.seconds is not None:
             total_s = args.seconds + tail_s
+        if clip is not None and clip.duration_s is not None:
+            total_s = clip.duration_s + tail_s
         progress = _Progress(total_s, args.quiet)
         playback: SpeakerPlayback | SimulatedPlayback
         playback = SpeakerPlayback(speaker) if speaker is not None else SimulatedPlayback()
@@ -266,7 +343,7 @@ async def _talk(
         def on_event(event: Any) -> None:
             nonlocal barge_ins_shown
             playback.on_event(event, client.clock())
-            activity.events += 1
+            activity.saw(event)
             if events_out is not None:
                 events_out.write(encode(event, Mode.GA) + "\n")
             if isinstance(playback, SpeakerPlayback) and playback.barge_ins != barge_ins_shown:
@@ -288,6 +365,10 @@ async def _talk(
             if device is not None:
                 role = "microphone" if device is mic else "speaker"
                 progress.say(f"{role}: {device.name} at {device.device_rate} Hz")
+        if camera is not None:
+            progress.say(f"camera: {camera.name} ({camera.input_format})")
+        frames = _Frames(camera, clip)
+        frames.configure(client.capabilities, progress)
         if mic is not None and mic.echo is not None:
             progress.say("echo cancellation: on (--no-aec to turn it off, e.g. with headphones)")
         acks_done = asyncio.Event()
@@ -296,7 +377,7 @@ async def _talk(
         drain = asyncio.create_task(_drain(client))
         reporter = asyncio.create_task(_report_playback(client, playback, acks_done))
         conversation = asyncio.create_task(
-            _converse(client, args, pcm, mic, playback, progress, activity, collector)
+            _converse(client, args, pcm, mic, frames, playback, progress, activity, collector)
         )
         interrupted = asyncio.create_task(stopped.wait())
         try:
@@ -310,7 +391,7 @@ async def _talk(
                     await client.send(cmd)
         except (ClientClosed, ConnectionError):
             pass
-        except AudioDeviceError as exc:
+        except (AudioDeviceError, CameraError) as exc:
             raise TalkError(str(exc)) from exc
         finally:
             await _cancel(conversation)
@@ -325,7 +406,7 @@ async def _talk(
             progress.say(f"the server ended the session: {event_type(ended)} ({ended.reason})")
         if progress.line_open:
             sys.stderr.write("\n")
-    return list(client.responses.values()), collector, playback if speaker is not None else None
+    return list(client.responses.values()), collector, playback if speaker is not None else None, frames.sent
 
 
 @contextlib.contextmanager
@@ -392,6 +473,7 @@ async def _converse(
     args: argparse.Namespace,
     pcm: np.ndarray | None,
     mic: MicrophoneStream | None,
+    frames: _Frames,
     playback: Any,
     progress: _Progress,
     activity: _Activity,
@@ -400,14 +482,15 @@ async def _converse(
     caps = client.capabilities
     chunk_ms = args.chunk_ms or getattr(caps, "chunk_period_ms", 0) or 100
     chunk_ms = min(chunk_ms, 200)
-    if mic is not None:
-        await _stream_mic(client, mic, args.seconds, chunk_ms, progress)
+    if frames.clip is not None:
+        await _stream_clip(client, frames, chunk_ms, args.fast, progress)
+    elif mic is not None:
+        await _stream_mic(client, mic, args.seconds, chunk_ms, progress, frames)
     else:
         assert pcm is not None
-        await _stream(client, pcm, chunk_ms, args.fast, progress)
-    await _stream(
-        client, np.zeros(RATE * args.tail_ms // 1000, dtype=np.float32), chunk_ms, args.fast, progress
-    )
+        await _stream(client, pcm, chunk_ms, args.fast, progress, frames)
+    silence = np.zeros(RATE * args.tail_ms // 1000, dtype=np.float32)
+    await _stream(client, silence, chunk_ms, args.fast, progress, _Frames(None, None))
     collector.mark_input_end()
     if not client.responses and getattr(caps, "supports_client_commit", False):
         await client.commit(create_response=False)
@@ -415,34 +498,96 @@ async def _converse(
     await _wait_for_replies(client, args.timeout, playback, activity)
 
 
+def _frame_track(frames: _Frames, progress: _Progress) -> list[tuple[float, bytes]] | None:
+    """The camera's newest picture at the start of the next stretch of audio (``stream_pcm``'s
+    ``video_frames``), counted as sent; None when there is none."""
+    image = frames.grab()
+    if image is None:
+        return None
+    frames.sent += 1
+    progress.frames = frames.sent
+    return [(0.0, image)]
+
+
 async def _stream(
-    client: DuplexClient, pcm: np.ndarray, chunk_ms: int, fast: bool, progress: _Progress
+    client: DuplexClient, pcm: np.ndarray, chunk_ms: int, fast: bool, progress: _Progress, frames: _Frames
 ) -> None:
-    step = RATE  # report progress once per second of audio
+    step = int(RATE * FRAME_INTERVAL_S)  # report progress (and take a picture) once per second of audio
     for start in range(0, len(pcm), step):
         piece = pcm[start : start + step]
-        await client.stream_pcm(piece, chunk_ms=chunk_ms, realtime=not fast, mark_end=False)
+        track = _frame_track(frames, progress)
+        await client.stream_pcm(
+            piece, chunk_ms=chunk_ms, realtime=not fast, mark_end=False, video_frames=track
+        )
         progress.sent_s += len(piece) / RATE
         progress.show()
 
 
 async def _stream_mic(
-    client: DuplexClient, mic: MicrophoneStream, seconds: float | None, chunk_ms: int, progress: _Progress
+    client: DuplexClient,
+    mic: MicrophoneStream,
+    seconds: float | None,
+    chunk_ms: int,
+    progress: _Progress,
+    frames: _Frames,
 ) -> None:
     """Append the microphone, one chunk at a time, as it arrives: until ``seconds`` (None: until
-    cancelled). The microphone paces the stream, so there is no schedule to keep here."""
+    cancelled); the chunk that starts each second of audio carries the camera's newest picture. The
+    microphone paces the stream, so there is no schedule to keep here."""
     chunk = RATE * chunk_ms // 1000
     limit = None if seconds is None else int(seconds * RATE)
     sent = 0
     shown = 0.0
+    next_frame = 0  # samples sent when the next picture is due
     while limit is None or sent < limit:
         n = chunk if limit is None else min(chunk, limit - sent)
-        await client.stream_pcm(await mic.read(n), chunk_ms=chunk_ms, realtime=False, mark_end=False)
+        pcm = await mic.read(n)
+        track = None
+        if sent >= next_frame:
+            track = _frame_track(frames, progress)
+            next_frame += int(RATE * FRAME_INTERVAL_S)
+        await client.stream_pcm(pcm, chunk_ms=chunk_ms, realtime=False, mark_end=False, video_frames=track)
         sent += n
         progress.sent_s = sent / RATE
         if progress.sent_s - shown >= 0.5:
             shown = progress.sent_s
             progress.show()
+
+
+async def _stream_clip(
+    client: DuplexClient, frames: _Frames, chunk_ms: int, fast: bool, progress: _Progress
+) -> None:
+    """Stream the clip's audio as appends of ``chunk_ms`` on one absolute schedule (the clip's
+    clock: chunk ``i`` is due ``i * chunk_ms`` after the first), each frame riding the append whose
+    audio holds its time. The clip is read a second at a time off the event loop."""
+    clip = frames.clip
+    assert clip is not None
+    fmt = client.input_format
+    chunk = RATE * chunk_ms // 1000
+    pacer = Pacer(chunk_ms / 1000, realtime=not fast, clock=client.clock)
+    sent = 0  # samples
+    while True:
+        piece = await asyncio.to_thread(clip.read, FRAME_INTERVAL_S)
+        pending = list(piece.frames) if frames.on else []
+        for start in range(0, len(piece.pcm), chunk):
+            pcm = piece.pcm[start : start + chunk]
+            end_s = (sent + len(pcm)) / RATE
+            attach = [image for t_s, image in pending if t_s < end_s]
+            pending = pending[len(attach) :]
+            await pacer.wait_next()
+            await client.append_audio(encode_audio(pcm, fmt), video_frames=attach or None)
+            sent += len(pcm)
+            frames.sent += len(attach)
+        for start in range(0, len(pending), MAX_VIDEO_FRAMES):  # after the clip's last sound: alone
+            group = [image for _, image in pending[start : start + MAX_VIDEO_FRAMES]]
+            await client.append_audio(b"", video_frames=group)
+            frames.sent += len(group)
+        if frames.on:
+            progress.frames = frames.sent
+        progress.sent_s = sent / RATE
+        progress.show()
+        if piece.done:
+            return
 
 
 async def _wait_for_replies(client: DuplexClient, timeout: float, playback: Any, activity: _Activity) -> None:
@@ -460,21 +605,33 @@ async def _wait_for_replies(client: DuplexClient, timeout: float, playback: Any,
         await asyncio.sleep(POLL_S)
 
 
+def _open_clip(av: Any, path: str) -> VideoClip:
+    try:
+        return VideoClip(av, path, rate=RATE)
+    except CameraError as exc:
+        raise TalkError(str(exc), 2) from exc
+
+
 def talk(args: argparse.Namespace, stop: StopSignal | None = None) -> int:
     """Run ``duplex talk`` with parsed arguments; returns the exit status.
 
     ``stop``: ends the conversation as Ctrl-C does (from any thread). When called from the main
     thread, Ctrl-C sets it too (instead of raising ``KeyboardInterrupt``) while the session runs.
     """
-    if not args.wav and not args.mic:
-        raise TalkError("give --wav FILE or --mic", 2)
+    if not args.wav and not args.mic and not args.video:
+        raise TalkError("give --wav FILE, --mic or --video FILE", 2)
+    if args.camera is not None and args.video:
+        raise TalkError("--camera and --video both give the pictures: use one of them", 2)
+    av = _av("--video" if args.video else "--camera") if args.video or args.camera is not None else None
     sd = None
     if args.mic or args.play:
         sd = _sounddevice("--mic" if args.mic else "--play")  # before the session: fail at once
     pcm = _load_wav(args.wav) if args.wav else None
     stop = stop or StopSignal()
-    with _ctrl_c_sets(stop):
-        responses, collector, played = asyncio.run(_talk(args, pcm, sd, stop))
+    with contextlib.ExitStack() as stack:
+        clip = stack.enter_context(_open_clip(av, args.video)) if args.video else None
+        with _ctrl_c_sets(stop):
+            responses, collector, played, frames_sent = asyncio.run(_talk(args, pcm, sd, stop, av, clip))
     audio = [decode_audio(bytes(h.audio), h.audio_format) for h in responses if h.audio and h.audio_format]
     rate = next((h.audio_format.rate for h in responses if h.audio_format), RATE)
     reply = np.concatenate(audio) if audio else np.zeros(0, dtype=np.float32)
@@ -486,6 +643,8 @@ def talk(args: argparse.Namespace, stop: StopSignal | None = None) -> int:
     )
     if transcript:
         print(f"transcript: {transcript}")
+    if args.camera is not None or args.video:
+        print(f"sent {frames_sent} camera frame(s)")
     if played is not None:
         dropped = played.speaker.dropped_ms
         print(

@@ -1,8 +1,9 @@
 """The ``duplex`` command: ``serve``, ``talk``, ``plugins``, ``bench``.
 
 ``duplex serve``    load a plugin and serve it on ``/v1/realtime`` (see ``duplex.server.serve``);
-``duplex talk``     a conversation with a server: a WAV file or the live microphone in, the
-                    transcripts printed, the reply saved or played as it arrives (see ``clients.talk``);
+``duplex talk``     a conversation with a server: a WAV file, a video clip or the live microphone
+                    (and camera) in, the transcripts printed, the reply saved or played as it
+                    arrives (see ``clients.talk``);
 ``duplex plugins``  list the installed plugins and their capabilities;
 ``duplex tiny-checkpoint NAME DIR``
                     write a tiny random-weight checkpoint of plugin NAME (the public layout, tiny
@@ -71,13 +72,35 @@ def build_parser() -> argparse.ArgumentParser:
     serve.add_argument("--log-level", default="info", choices=["debug", "info", "warning", "error"])
 
     talk = sub.add_parser(
-        "talk", help="talk to a server: a WAV file or the live microphone in, the reply printed and played"
+        "talk",
+        help="talk to a server: a WAV file, a video clip or the live microphone (and camera) in, the reply "
+        "printed and played",
     )
     talk.add_argument("--url", default="ws://127.0.0.1:8000/v1/realtime", help="server WebSocket URL")
     src = talk.add_mutually_exclusive_group()
     src.add_argument("--wav", help="WAV file to send (any rate; mono or the first channel)")
     src.add_argument(
         "--mic", action="store_true", help="stream the microphone live until Ctrl-C (needs 'sounddevice')"
+    )
+    src.add_argument(
+        "--video",
+        metavar="FILE",
+        help="stream a recorded clip in real time: its sound, and one picture a second to a model that "
+        "takes video (needs 'av')",
+    )
+    talk.add_argument(
+        "--camera",
+        nargs="?",
+        const="",
+        metavar="DEVICE",
+        help="with --mic or --wav: send one camera picture a second to a model that takes video "
+        "(default device: /dev/video0 on Linux; needs 'av')",
+    )
+    talk.add_argument(
+        "--camera-format",
+        metavar="FORMAT",
+        help="the camera's FFmpeg input format (default: v4l2 on Linux, avfoundation on macOS, dshow on "
+        "Windows; lavfi for a synthetic picture)",
     )
     talk.add_argument("--seconds", type=float, help="with --mic: stop after this many seconds")
     talk.add_argument("--model", help="model name to ask for (any name is accepted by duplex servers)")

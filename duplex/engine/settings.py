@@ -426,6 +426,7 @@ def wire_capabilities(caps: Capabilities) -> SessionCapabilities:
         supports_audio_truncate=caps.supports_truncate,
         supports_playback_ack=caps.supports_playback_ack,
         supports_image_input=caps.supports_video_input,
+        video_frame_max_pixels=caps.video_frame_max_pixels,
         supports_text_only_turn=caps.supports_text_input,
         supports_tools=caps.supports_tools,
         supports_input_append=caps.audio_input,

@@ -116,6 +116,11 @@ class Capabilities(msgspec.Struct, frozen=True, kw_only=True):
     # Inputs and outputs.
     audio_input: bool = True  # the model listens (``input_audio_buffer.append``); batch models do not
     supports_video_input: bool = False
+    # The size of camera frame the model works at, in pixels (width x height): it scales every frame
+    # to about this area, so a client that sends larger frames spends bandwidth for nothing. Clients
+    # scale a larger frame down to it, aspect ratio kept. 0: no preference (``supports_video_input``
+    # models only).
+    video_frame_max_pixels: int = 0
     supports_text_input: bool = False
     supports_tools: bool = False
     output_modalities: tuple[str, ...] = ("audio", "text")
@@ -157,6 +162,8 @@ class Capabilities(msgspec.Struct, frozen=True, kw_only=True):
             raise ValueError(f"input_dtype must be 'float32' or 'int16', not {self.input_dtype!r}")
         if self.input_dtype == "int16" and self.kind not in (PluginKind.FRAME, PluginKind.UNIT):
             raise ValueError("input_dtype 'int16' applies to frame and unit plugins only")
+        if self.video_frame_max_pixels < 0:
+            raise ValueError(f"video_frame_max_pixels must be >= 0, not {self.video_frame_max_pixels}")
 
     @property
     def hears_stream(self) -> bool:

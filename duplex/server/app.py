@@ -179,6 +179,7 @@ def create_app(
     from duplex.server.realtime import realtime_endpoint
     from duplex.server.speech import speech_endpoint
     from duplex.server.speech_stream import speech_stream_endpoint
+    from duplex.server.video_chat import video_chat_endpoint
 
     config = config or ServerConfig()
     name = model_name or getattr(engine, "plugin_name", None) or "duplex"
@@ -236,6 +237,7 @@ def create_app(
             Route("/v1/audio/speech", speech_endpoint, methods=["POST"]),
             Route("/v1/images/generations", images_endpoint, methods=["POST"]),
             WebSocketRoute("/v1/audio/speech/stream", speech_stream_endpoint),
+            WebSocketRoute("/v1/video/chat/stream", video_chat_endpoint),
             *web_routes(),
         ],
         lifespan=lifespan,

@@ -44,9 +44,9 @@ CONTENT_TYPE = "text/plain; version=0.0.4; charset=utf-8"
 OTHER: Final = "other"
 """The label value of everything outside a family's closed set."""
 
-OPEN_PATHS: Final = frozenset({"autostart", "resume", "session.update", "session.init"})
+OPEN_PATHS: Final = frozenset({"autostart", "resume", "session.update", "session.init", "video_chat"})
 """How a session came to a socket (``duplex_ws_sessions_opened_total{how}``; ``session.init``: the MAP
-dialect)."""
+dialect; ``video_chat``: the seeds' video chat route)."""
 
 DETACH_REASONS: Final = frozenset({*(r.value for r in CloseReason), "client_gone"})
 """Why a socket left its session (``duplex_ws_detached_total{reason}``): the close reasons we send,

@@ -69,7 +69,7 @@ from duplex.server.queueing import wait_for_slot
 from duplex.server.ratelimit import TokenBucket
 from duplex.server.ws_protocol import transport_extension
 
-__all__ = ["CloseCode", "CloseReason", "admission", "realtime_endpoint"]
+__all__ = ["CloseCode", "CloseReason", "admission", "close_for", "realtime_endpoint"]
 
 log = logging.getLogger("duplex.server.realtime")
 
@@ -501,7 +501,7 @@ class _Connection:
                 try:
                     events = await att.next_events()  # a tick's events, sent back to back
                 except Detached as d:
-                    code, reason = _close_for(self._last_event, str(getattr(d, "reason", "") or ""))
+                    code, reason = close_for(self._last_event, str(getattr(d, "reason", "") or ""))
                     self.metrics.detached.bump(reason)
                     break
                 self._last_event = events[-1]
@@ -536,7 +536,7 @@ _SESSION_CLOSED_REASONS: frozenset[str] = frozenset(
 )
 
 
-def _close_for(last: Any, reason: str) -> tuple[CloseCode, CloseReason]:
+def close_for(last: Any, reason: str) -> tuple[CloseCode, CloseReason]:
     """The close code and reason for a socket whose attachment ended with ``reason``, after
     ``last`` (the last event written); both from closed sets, whatever the client sent."""
     if isinstance(last, SessionClosed):

@@ -13,6 +13,7 @@ The files (plain ES modules, no build step, nothing from another origin):
 * ``call.js``: one conversation: model lookup, socket, events, turns, resume, stop;
 * ``playback.js``: what the listener heard: the player, playback acks, barge-in truncates;
 * ``audio.js``: the AudioContext, the microphone and the player (AudioWorklet nodes);
+* ``camera.js``: the camera, its preview, and its picture as a JPEG sized for the model;
 * ``audio-worklet.js``: the processors: capture (resample to 24 kHz pcm16 chunks) and playback
   (a jitter buffer that counts what was played per item);
 * ``wire.js``: URLs, base64 and every command the page sends.

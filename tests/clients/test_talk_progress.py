@@ -30,3 +30,16 @@ def test_quiet_progress_prints_nothing(capsys: pytest.CaptureFixture[str]) -> No
     progress = _Progress(total_s=None, quiet=True)
     progress.show()
     assert capsys.readouterr().err == ""
+
+
+def test_a_model_staying_quiet_is_no_activity_to_wait_for() -> None:
+    from clients.talk import _Activity
+    from duplex.protocol.ext.events import ResponseListen
+    from duplex.protocol.realtime.events import ResponseCreated
+    from duplex.protocol.realtime.responses import Response
+
+    activity = _Activity()
+    activity.saw(ResponseListen(event_id="e1", epoch=0))  # a unit model's quiet unit (padding too)
+    assert activity.events == 0
+    activity.saw(ResponseCreated(event_id="e2", response=Response(id="resp_1", status="in_progress")))
+    assert activity.events == 1

@@ -88,3 +88,14 @@ def test_tools_in_extra_body_realtime_tools_are_the_sessions_tools_and_reach_the
     (spec,) = session.slot_options().tools
     assert (spec.name, spec.description) == ("get_weather", "the weather")
     assert spec.parameters == '{"type":"object"}'
+
+
+def test_the_session_states_the_camera_frame_size_the_model_works_at() -> None:
+    echo = CAPS["echo"]
+    camera = msgspec.structs.replace(echo, supports_video_input=True, video_frame_max_pixels=448 * 448)
+    caps = SessionSettings.defaults("m", camera).render("sess_1", camera, epoch=0).capabilities
+    assert (caps.supports_image_input, caps.video_frame_max_pixels) == (True, 200704)
+    plain = SessionSettings.defaults("m", CAPS["echo"]).render("sess_1", CAPS["echo"], epoch=0).capabilities
+    assert (plain.supports_image_input, plain.video_frame_max_pixels) == (False, 0)
+    with pytest.raises(ValueError, match="video_frame_max_pixels must be >= 0"):
+        msgspec.structs.replace(CAPS["echo"], video_frame_max_pixels=-1)

@@ -14,7 +14,7 @@ from duplex.protocol.ext.events import SessionClosed
 from duplex.server.close_codes import MAX_CLOSE_REASON_BYTES, CloseCode, CloseReason, close_reason_for_code
 from duplex.server.config import ServerConfig
 from duplex.server.metrics import OTHER, LabelTally, ServerMetrics
-from duplex.server.realtime import _close_for
+from duplex.server.realtime import close_for
 from tests.server.harness import running_server
 from tests.server.wire import recv, send, until
 
@@ -59,10 +59,10 @@ def test_every_close_reason_fits_a_close_frame_and_client_text_is_never_one():
     assert all(len(close_reason_for_code(c).encode()) <= MAX_CLOSE_REASON_BYTES for c in ERROR_TYPES)
     assert close_reason_for_code("x" * 5_000_000) == "server_error"
     closed = SessionClosed(event_id="e", session_id="s", reason="x" * 5_000_000)
-    assert _close_for(closed, "closed") == (CloseCode.NORMAL, CloseReason.CLIENT_CLOSE)
-    assert _close_for(None, "y" * 5_000) == (CloseCode.TRY_AGAIN_LATER, CloseReason.SLOW_READER)
+    assert close_for(closed, "closed") == (CloseCode.NORMAL, CloseReason.CLIENT_CLOSE)
+    assert close_for(None, "y" * 5_000) == (CloseCode.TRY_AGAIN_LATER, CloseReason.SLOW_READER)
     shutdown = SessionClosed(event_id="e", session_id="s", reason="shutdown")
-    assert _close_for(shutdown, "closed") == (CloseCode.SERVICE_RESTART, CloseReason.SHUTDOWN)
+    assert close_for(shutdown, "closed") == (CloseCode.SERVICE_RESTART, CloseReason.SHUTDOWN)
 
 
 def test_a_label_value_outside_its_closed_set_is_counted_as_other():

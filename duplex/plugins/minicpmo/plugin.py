@@ -73,6 +73,8 @@ __all__ = ["MiniCPMOPlugin"]
 
 log = logging.getLogger(__name__)
 
+PUBLISHED_FRAME_SIDE = 448  # MiniCPM-o 4.5's ``slice_config.scale_resolution``
+
 _DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
 _OPTION_TYPES: dict[str, type] = {
     "max_sessions": int,
@@ -259,11 +261,17 @@ class MiniCPMOPlugin(FramePlugin):
             supports_barge_in=True,
             supports_resume=True,
             supports_video_input=True,
+            video_frame_max_pixels=self._frame_side() ** 2,
             output_modalities=("audio", "text"),
             reports_usage=True,
             updatable_options=(),  # the system prompt and the reference voice are prefilled at open
             session_options=("ref_audio",),  # ``open_slot`` reads ``options.extra["ref_audio"]``
         )
+
+    def _frame_side(self) -> int:
+        """The side of the square whose area every camera frame is scaled to (``scale_resolution``):
+        the loaded checkpoint's, or the published one's before ``load``."""
+        return self._gen.cfg.image_size if self._gen is not None else PUBLISHED_FRAME_SIDE
 
     @property
     def frames_dropped(self) -> int:

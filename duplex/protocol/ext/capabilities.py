@@ -22,6 +22,9 @@ class SessionCapabilities(msgspec.Struct, frozen=True, kw_only=True):
     ``session_options`` are the seeds' session options the model reads (``ref_audio``,
     ``initial_user_text``, ``force_listen_count``); ``requires_ref_audio``: audio output needs a
     reference voice.
+    ``video_frame_max_pixels`` (with ``supports_image_input``): the camera frame size the model works
+    at, in pixels (width x height); a client scales larger frames down to about that area, aspect
+    ratio kept (0: no preference).
     """
 
     kind: str
@@ -38,6 +41,7 @@ class SessionCapabilities(msgspec.Struct, frozen=True, kw_only=True):
     supports_audio_truncate: bool = False
     supports_playback_ack: bool = False
     supports_image_input: bool = False
+    video_frame_max_pixels: int = 0
     supports_text_only_turn: bool = False
     supports_tools: bool = False
     supports_input_append: bool = True

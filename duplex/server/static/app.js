@@ -1,7 +1,8 @@
 // The page: buttons and views around one Call (call.js), and `window.duplexUI` for tests.
 //
-// window.duplexUI.snapshot() returns plain data: {state, model, turnMode, micLive, stats, errors,
-// conversation}; start(), stop() and reply() are the buttons; waitFor(predicate, timeoutMs)
+// window.duplexUI.snapshot() returns plain data: {state, model, turnMode, micLive, camera: {wanted,
+// live, video}, stats, errors, conversation}; start(), stop(), reply() and camera(on) are the
+// buttons; waitFor(predicate, timeoutMs)
 // resolves with the first snapshot for which predicate(snapshot) is true (checked after every
 // change), and rejects after timeoutMs, or as soon as the call fails (state "error") unless
 // predicate accepts that state.
@@ -12,18 +13,22 @@ const EVENT_LOG_MAX = 200; // entries shown in the event log (oldest removed)
 
 const $ = (id) => document.getElementById(id);
 let call = null;
+let cameraWanted = false; // the Camera button, kept across calls
 let renderQueued = false;
 const waiters = new Set();
 
 function snapshot() {
   if (!call) {
-    return { state: "idle", model: null, turnMode: null, micLive: false, stats: null, errors: [], conversation: [] };
+    const camera = { wanted: cameraWanted, live: false, video: null };
+    return { state: "idle", model: null, turnMode: null, micLive: false, camera, stats: null, errors: [], conversation: [] };
   }
   return structuredClone({
     state: call.state,
     model: call.model,
     turnMode: call.turnMode,
     micLive: call.micLive,
+    // video: whether the model takes camera frames (null until it is known)
+    camera: { wanted: call.cameraWanted, live: call.cameraLive, video: call.caps ? call.caps.video : null },
     stats: call.stats,
     errors: call.errors,
     conversation: call.conversation,
@@ -84,8 +89,19 @@ async function start() {
   $("conversation").replaceChildren();
   $("event-log").replaceChildren();
   const apiKey = $("api-key").value.trim();
-  call = new Call({ apiKey, turns: $("turns").value, onChange: notify, onEvent: logEvent });
+  const options = { apiKey, turns: $("turns").value, camera: cameraWanted, preview: $("preview") };
+  call = new Call({ ...options, onChange: notify, onEvent: logEvent });
   await call.start();
+}
+
+// The Camera button: on or off, now and for the next call (a model that takes no video keeps it off).
+function camera(on) {
+  cameraWanted = Boolean(on);
+  if (call && ["connecting", "open", "reconnecting"].includes(call.state)) {
+    call.setCamera(cameraWanted);
+    cameraWanted = call.cameraWanted;
+  }
+  notify();
 }
 
 async function stop() {
@@ -116,6 +132,12 @@ function render() {
   $("api-key").disabled = busy;
   $("turns").disabled = busy;
   $("reply").hidden = !(call && call.turnMode === "manual" && state === "open");
+  if (call && busy) cameraWanted = call.cameraWanted; // the call may have switched it off
+  const noVideo = Boolean(call && call.caps && !call.caps.video);
+  $("camera").textContent = cameraWanted ? "Camera: on" : "Camera: off";
+  $("camera").setAttribute("aria-pressed", String(cameraWanted));
+  $("camera").disabled = noVideo && busy;
+  $("camera").title = noVideo ? "the model takes no camera frames" : "send one camera picture a second to the model";
   if (!call) return;
   $("model").textContent = call.model ? `model: ${call.model}` : "";
   $("mic-level").value = Math.min(1, call.stats.micLevel * 4);
@@ -156,6 +178,7 @@ function render() {
     ["barge-ins", s.bargeIns],
     ["reconnects", s.reconnects],
     ["playback acks", s.acksSent],
+    ["camera frames sent", `${s.framesSent} (${(s.frameBytesSent / 1024).toFixed(0)} KiB)`],
   ];
   $("stats").replaceChildren(
     ...rows.flatMap(([k, v]) => {
@@ -171,6 +194,7 @@ function render() {
 $("start").addEventListener("click", () => start());
 $("stop").addEventListener("click", () => stop());
 $("reply").addEventListener("click", () => reply());
+$("camera").addEventListener("click", () => camera(!cameraWanted));
 $("start").disabled = false;
 
-window.duplexUI = { snapshot, waitFor, start, stop, reply };
+window.duplexUI = { snapshot, waitFor, start, stop, reply, camera };

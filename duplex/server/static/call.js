@@ -23,6 +23,13 @@
 // RESUME_DELAYS_MS; when they all fail, or the server refuses the resume, the call fails.
 // Microphone audio meanwhile waits as it does while the session opens.
 //
+// Camera: when the user wants it and the model takes video (capabilities.supports_video_input, or
+// the session's supports_image_input), the camera opens (camera.js) with its preview on the page,
+// and the append that starts each second of microphone audio carries the picture shown then
+// (video_frames: one bare base64 JPEG, scaled down to the model's video_frame_max_pixels). It can
+// be switched on and off during the call; a camera that cannot be opened, or a model that takes no
+// video, is a soft error and the call goes on with the microphone alone.
+//
 // stop(): session.close, then the socket is closed by the server after session.closed (or by us
 // after CLOSE_WAIT_MS); the microphone and the audio context are released either way. A socket
 // that closes before the session opened is reported as a refusal (wrong key, origin not allowed,
@@ -32,10 +39,14 @@
 // and the conversation (MAX_TURNS, oldest dropped).
 
 import { Microphone, openAudioContext } from "./audio.js";
+import { Camera } from "./camera.js";
 import { ACK_ID_PREFIX, Playback } from "./playback.js";
 import * as wire from "./wire.js";
 
 export const CHUNK_MS = 40; // microphone audio per append
+export const FRAME_INTERVAL_MS = 1000; // one camera picture per second of microphone audio
+const BYTES_PER_MS = (wire.WIRE_RATE * 2) / 1000; // pcm16 at the wire rate
+const LIVE_STATES = ["connecting", "open", "reconnecting"];
 const EVENT_ACK_EVERY_MS = 1000; // session.event_ack period (trims the server's replay journal)
 const CLOSE_WAIT_MS = 2000; // how long stop() waits for the server to close the socket
 const EARLY_AUDIO_MS = 2000; // microphone audio kept while the session opens
@@ -57,10 +68,16 @@ export class CallError extends Error {
 export class Call {
   // onChange(call) runs after every change of state, stats, errors or conversation;
   // onEvent(event) for every server event, before it is handled.
-  // turns: "auto" or "manual" (see wire.turnMode).
-  constructor({ apiKey, turns, onChange, onEvent }) {
+  // turns: "auto" or "manual" (see wire.turnMode). camera: whether the user wants the camera on;
+  // preview: the <video> element that shows it.
+  constructor({ apiKey, turns, camera, preview, onChange, onEvent }) {
     this.apiKey = apiKey || "";
     this.wantedTurns = turns || "auto";
+    this.cameraWanted = Boolean(camera);
+    this.preview = preview || null;
+    this.camera = null; // a Camera while it is open
+    this.cameraOpening = false;
+    this.nextFrameMs = 0; // microphone audio sent (ms) when the next picture is due
     this.turnMode = null; // "vad" | "model" | "manual", once the model is known
     this.onChange = onChange || (() => {});
     this.onEvent = onEvent || (() => {});
@@ -84,6 +101,9 @@ export class Call {
       acksSent: 0,
       micLevel: 0,
       micChunksDropped: 0, // beyond EARLY_AUDIO_MS while the session opened, or MAX_UNSENT_BYTES
+      framesSent: 0, // camera pictures sent (each on an append)
+      frameBytesSent: 0, // their JPEG bytes
+      frames: [], // {append, audioMs, width, height, bytes} per picture (the first MAX_LOGGED_TYPES)
       eventTypes: [], // server event types in arrival order (the first MAX_LOGGED_TYPES)
       sentTypes: [], // our command types in order (the first MAX_LOGGED_TYPES)
       eventCounts: {},
@@ -141,6 +161,7 @@ export class Call {
         throw new CallError("microphone_unavailable", `no microphone: ${err.name}: ${err.message}`);
       });
       if (this.state !== "connecting") throw new CallError("stopped", "stopped before the session opened");
+      if (this.cameraWanted) this.openCamera(); // not awaited: the call does not wait for the camera
       await this.openSocket(wire.realtimeUrl(this.apiKey), wire.sessionUpdate(this.model, this.turnMode));
     } catch (err) {
       if (this.state === "connecting") this.fail(err);
@@ -224,10 +245,63 @@ export class Call {
       this.stats.micChunksDropped += 1;
       return;
     }
-    if (this.send(wire.append(pcm))) {
-      this.stats.appendsSent += 1;
-      this.stats.bytesSent += pcm.byteLength;
+    const stats = this.stats;
+    const audioMs = stats.bytesSent / BYTES_PER_MS;
+    const due = this.camera && audioMs >= this.nextFrameMs;
+    const frame = due ? this.camera.grab(this.caps.videoFrameMaxPixels) : null;
+    if (this.send(wire.append(pcm, frame ? [frame.data] : null))) {
+      if (frame) {
+        stats.framesSent += 1;
+        stats.frameBytesSent += frame.bytes;
+        if (stats.frames.length < MAX_LOGGED_TYPES) {
+          const { width, height, bytes } = frame;
+          stats.frames.push({ append: stats.appendsSent, audioMs, width, height, bytes });
+        }
+        this.nextFrameMs = (Math.floor(audioMs / FRAME_INTERVAL_MS) + 1) * FRAME_INTERVAL_MS;
+      }
+      stats.appendsSent += 1;
+      stats.bytesSent += pcm.byteLength;
     }
+  }
+
+  // Switch the camera on or off (any time; it opens once the model is known to take video).
+  setCamera(on) {
+    this.cameraWanted = Boolean(on);
+    if (!this.cameraWanted && this.camera) {
+      this.camera.close();
+      this.camera = null;
+    } else if (this.cameraWanted && this.caps && LIVE_STATES.includes(this.state)) {
+      this.openCamera();
+    }
+    this.changed();
+  }
+
+  // Open the camera for a model that takes video; otherwise, or when the browser refuses, say so
+  // (a soft error: the call goes on without it).
+  async openCamera() {
+    if (this.camera || this.cameraOpening) return;
+    if (!this.caps.video) {
+      const why = `the model ${this.model} takes no camera frames: the call goes on without the camera`;
+      this.addError("camera_unsupported", why, true);
+      this.cameraWanted = false;
+      this.changed();
+      return;
+    }
+    this.cameraOpening = true;
+    let camera;
+    try {
+      camera = await Camera.open(this.preview);
+    } catch (err) {
+      this.addError("camera_unavailable", `no camera: ${err.name}: ${err.message}`, true);
+      this.cameraWanted = false;
+      return;
+    } finally {
+      this.cameraOpening = false;
+      this.changed();
+    }
+    if (!this.cameraWanted || !LIVE_STATES.includes(this.state)) camera.close(); // switched off, or stopped
+    else this.camera = camera;
+    this.changed();
   }
 
   onMessage(data) {
@@ -254,6 +328,10 @@ export class Call {
     this.resumeToken = event.resume_token || null;
     const caps = event.session.capabilities || {};
     this.playback.acks = Boolean(caps.supports_playback_ack);
+    // The session's word on video wins over the model list's (the same model, said by the session).
+    const { video, videoFrameMaxPixels } = wire.readCapabilities({ capabilities: caps });
+    Object.assign(this.caps, { video, videoFrameMaxPixels });
+    if (!video && this.camera) this.setCamera(false);
     this.setState("open");
     for (const pcm of this.early.splice(0)) this.sendAudio(pcm);
     this.timer = setInterval(() => this.ackEvents(), EVENT_ACK_EVERY_MS);
@@ -435,6 +513,8 @@ export class Call {
     this.timer = null;
     this.early = [];
     if (this.mic) this.mic.close();
+    if (this.camera) this.camera.close();
+    this.camera = null;
     if (this.playback) this.playback.close();
     if (this.audio) this.audio.then((context) => context.state !== "closed" && context.close(), () => {});
   }
@@ -442,6 +522,11 @@ export class Call {
   // True while the browser holds the microphone for this call.
   get micLive() {
     return Boolean(this.mic && this.mic.live);
+  }
+
+  // True while the browser holds the camera for this call.
+  get cameraLive() {
+    return Boolean(this.camera && this.camera.live);
   }
 
   setState(state) {

@@ -6,6 +6,8 @@
 
 export const WIRE_RATE = 24000; // Hz: pcm16 in both directions
 const PCM16 = { type: "audio/pcm", rate: WIRE_RATE };
+// Camera frame size (width x height, pixels) for a model that takes video but states no size: VGA.
+export const DEFAULT_FRAME_MAX_PIXELS = 640 * 480;
 
 // `path` relative to the page, as an http(s) URL.
 export function httpUrl(path) {
@@ -62,7 +64,19 @@ export function readCapabilities(card) {
     modelNativeTurns: Boolean(c.model_native_turns ?? c.supports_model_native_turn_policy),
     playbackAck: Boolean(c.supports_playback_ack),
     truncate: Boolean(c.supports_truncate ?? c.supports_audio_truncate),
+    video: Boolean(c.supports_video_input ?? c.supports_image_input),
+    videoFrameMaxPixels: Number(c.video_frame_max_pixels) || 0,
   };
+}
+
+// The size a camera picture of width x height is sent at: scaled down (never up) to at most
+// maxPixels pixels (the model's video_frame_max_pixels; DEFAULT_FRAME_MAX_PIXELS when 0), aspect
+// ratio kept, both sides even and at least 2. The same rule as clients/camera.py's frame_size.
+export function frameSize(width, height, maxPixels) {
+  const limit = maxPixels || DEFAULT_FRAME_MAX_PIXELS;
+  const scale = Math.min(1, Math.sqrt(limit / (width * height)));
+  const even = (x) => Math.max(2, Math.floor(Math.floor(x) / 2) * 2);
+  return [even(width * scale), even(height * scale)];
 }
 
 // How turns are taken: "vad" (the server's voice activity detection ends a turn), "model" (the
@@ -100,8 +114,11 @@ export function responseCreate() {
   return { type: "response.create" };
 }
 
-export function append(pcm) {
-  return { type: "input_audio_buffer.append", audio: toBase64(pcm) };
+// Microphone audio, and the camera frames (bare base64 JPEG) that ride it, if any.
+export function append(pcm, frames) {
+  const command = { type: "input_audio_buffer.append", audio: toBase64(pcm) };
+  if (frames && frames.length > 0) command.video_frames = frames;
+  return command;
 }
 
 export function truncate(itemId, audioEndMs) {

@@ -94,6 +94,7 @@ async def test_every_asset_the_page_loads_is_served_as_javascript_or_css(srv):
         "/static/call.js": (200, "js"),
         "/static/playback.js": (200, "js"),
         "/static/audio.js": (200, "js"),
+        "/static/camera.js": (200, "js"),
         "/static/wire.js": (200, "js"),
         "/static/audio-worklet.js": (200, "js"),
     }
