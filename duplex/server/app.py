@@ -1,4 +1,5 @@
-"""The ASGI application: ``/v1/realtime`` (WebSocket), ``/health``, ``/v1/models``, ``/metrics``.
+"""The ASGI application: ``/v1/realtime`` (WebSocket), ``/v1/realtime/video`` (generated video,
+WebSocket), ``/health``, ``/v1/models``, ``/metrics``.
 
 With ``api_keys`` configured, every route but ``/health`` needs a key (``/metrics`` too, unless
 ``metrics_public``): a refused HTTP request gets 401 with OpenAI's error body.
@@ -179,6 +180,7 @@ def create_app(
     ``model_name``: the name clients see (default: plugin name). ``workers``: the supervisors of the
     model's worker processes, shown by ``/health`` and ``/metrics``."""
     from duplex.server.realtime import realtime_endpoint
+    from duplex.server.realtime_video import realtime_video_endpoint
 
     config = config or ServerConfig()
     name = model_name or getattr(engine, "plugin_name", None) or "duplex"
@@ -233,6 +235,7 @@ def create_app(
             Route("/metrics", metrics),
             WebSocketRoute("/v1/realtime", realtime_endpoint),
             WebSocketRoute("/v1/duplex", realtime_endpoint),
+            WebSocketRoute("/v1/realtime/video", realtime_video_endpoint),
             *web_routes(),
         ],
         lifespan=lifespan,
