@@ -28,7 +28,7 @@ active request:
 Each step returns one output per slot: ``progress`` (None for a stream without end), and, at the
 end of a chunk, ``video`` with ``chunk_index`` and the ``interactions`` the chunk shows; the last
 chunk of a request with ``num_frames`` is cut to that count and sets ``end_of_turn``. Encoding the
-frames (fragmented MP4) is the route's job.
+frames (fragmented MP4) is the route's job. The model calls themselves are ``sampler.ChunkSampler``'s.
 
 The math is diffusers' ``HeliosPipeline`` (stage 1, ``keep_first_frame``): the same noise draws in
 the same order, the scheduler's own ``set_timesteps`` and ``step``, the same memory layout and
@@ -65,12 +65,13 @@ from pathlib import Path
 import numpy as np
 import torch
 
-from batch_models.diffusion.batching import pad_rows, parse_buckets, split_rows
+from batch_models.diffusion.batching import parse_buckets
 from batch_models.plugin_options import parse_options
 from batch_models.requests import INVALID_OPTION, OptionReader, check_text
 from batch_models.slots import SlotTable
 from batch_models.video.loading import VideoModel, load_model
-from batch_models.video.state import Chunk, PendingPrompt, VideoRequest
+from batch_models.video.sampler import ChunkSampler
+from batch_models.video.state import PendingPrompt, VideoRequest
 from duplex.plugins.base import (
     BatchInteraction,
     BatchPlugin,
@@ -88,8 +89,6 @@ log = logging.getLogger(__name__)
 
 MAX_GUIDANCE = 30.0
 MAX_SEED = 2**63 - 1
-# HeliosPipeline's defaults for image-to-video: the noise added to the reference image's latents.
-_IMAGE_NOISE_SIGMA = (0.111, 0.135)
 _DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
 _OPTION_TYPES: dict[str, type] = {
     "max_sessions": int,
@@ -119,15 +118,6 @@ def clean_prompt(text: str) -> str:
     runs collapsed to one space, ends stripped."""
     text = html.unescape(html.unescape(text)).strip()
     return re.sub(r"\s+", " ", text).strip()
-
-
-def calculate_shift(seq_len: int, config: dict) -> float:
-    """The scheduler's shift ``mu`` for ``seq_len`` image tokens (linear between two anchors, as
-    the Helios and Flux pipelines compute it)."""
-    base_len, max_len = config.get("base_image_seq_len", 256), config.get("max_image_seq_len", 4096)
-    base_shift, max_shift = config.get("base_shift", 0.5), config.get("max_shift", 1.15)
-    slope = (max_shift - base_shift) / (max_len - base_len)
-    return seq_len * slope + base_shift - slope * base_len
 
 
 class HeliosVideoPlugin(BatchPlugin):
@@ -220,10 +210,11 @@ class HeliosVideoPlugin(BatchPlugin):
         self._default_transition = default_transition_chunks
         self._max_transition = max_transition_chunks
         self._max_image_bytes = max_image_bytes
+        self._buckets_text = batch_buckets
         self._model: VideoModel | None = None
+        self._sampler: ChunkSampler | None = None
         self._sizes: dict[str, tuple[int, int]] = {}
         self._default_size = ""
-        self._indices: tuple[torch.Tensor, ...] = ()
         self._slots: SlotTable[VideoRequest] = SlotTable(self.name, max_sessions)
         self._closed = False
 
@@ -247,9 +238,16 @@ class HeliosVideoPlugin(BatchPlugin):
         return (self._default_size, *sorted(s for s in self._sizes if s != self._default_size))
 
     @property
+    def sampler(self) -> ChunkSampler:
+        """The batched model calls (``sampler``): for tests that compare them with diffusers'."""
+        if self._sampler is None:
+            raise PluginError("plugin_not_loaded", "helios: load() has not been called or close() was")
+        return self._sampler
+
+    @property
     def frames_per_chunk(self) -> int:
         """Pixel frames in one chunk (the last chunk of a request may be cut shorter)."""
-        return self.model.pixel_frames(self._latent_frames)
+        return self.sampler.frames_per_chunk
 
     def load(self) -> None:
         if self._closed:
@@ -260,12 +258,12 @@ class HeliosVideoPlugin(BatchPlugin):
             self._model_path, device=self._device, dtype=self._dtype, random_weights=self._random
         )
         self._sizes, self._default_size = self._parse_sizes(model)
-        # The frame indices of the memory and the chunk (HeliosPipeline, ``keep_first_frame``): one
-        # prefix frame, the long, mid and short history, then the chunk's frames.
-        split = [1, *self._history_sizes, self._latent_frames]
-        prefix, long, mid, short, chunk = torch.arange(sum(split)).split(split)
-        self._indices = tuple(
-            t.unsqueeze(0).to(model.device) for t in (chunk, torch.cat([prefix, short]), mid, long)
+        self._sampler = ChunkSampler(
+            model,
+            history_sizes=self._history_sizes,  # type: ignore[arg-type]
+            latent_frames=self._latent_frames,
+            max_sequence_length=self._max_sequence_length,
+            buckets=self._buckets,
         )
         self._model = model
         log.info(
@@ -294,6 +292,7 @@ class HeliosVideoPlugin(BatchPlugin):
 
     def close(self) -> None:
         self._model = None
+        self._sampler = None
         self._slots.clear()
         self._closed = True
 
@@ -408,15 +407,15 @@ class HeliosVideoPlugin(BatchPlugin):
     @torch.inference_mode()
     def advance(self, slots: Sequence[int]) -> Sequence[SlotOutput]:
         """One denoising step for every request in ``slots`` (see the module docstring)."""
-        model = self.model
+        sampler = self.sampler
         batch = self._slots.batch(slots)
         requests = [request for _, request in batch]
-        self._prepare(model, [r for r in requests if r.chunk is None])
+        self._prepare(sampler, [r for r in requests if r.chunk is None])
         for group in _by_size(requests):
-            self._denoise(model, group)
+            sampler.denoise(group)
         finished = [r for r in requests if r.chunk is not None and r.chunk.step == r.steps]
         for group in _by_size(finished):
-            self._decode(model, group)
+            sampler.decode(group)
         outputs = []
         for slot, request in batch:
             video, index, interactions = None, None, None
@@ -442,9 +441,10 @@ class HeliosVideoPlugin(BatchPlugin):
                 self._slots.drop(slot)
         return outputs
 
-    def _prepare(self, model: VideoModel, starting: list[VideoRequest]) -> None:
-        """Requests at a chunk boundary: encode the prompts they need (one text-encoder call), set up
-        a new request's memory, start waiting interactions, draw each chunk's noise."""
+    def _prepare(self, sampler: ChunkSampler, starting: list[VideoRequest]) -> None:
+        """Requests at a chunk boundary: the prompts they need encoded in one call (a new request's,
+        a waiting interaction's), a new request's memory, the waiting interaction started, the
+        chunk's noise drawn."""
         if not starting:
             return
         prompts: list[str] = []
@@ -455,161 +455,18 @@ class HeliosVideoPlugin(BatchPlugin):
                     prompts.append(r.negative_prompt)
             if r.pending is not None:
                 prompts.append(r.pending.prompt)
-        embeds = iter(self._encode(model, prompts).split(1)) if prompts else iter(())
-        fresh = []
+        embeds = iter(sampler.encode(prompts).split(1)) if prompts else iter(())
         for r in starting:
-            if r.embeds is None:
+            fresh = r.embeds is None
+            if fresh:
                 r.embeds = next(embeds)
                 r.negative = next(embeds) if r.guided else None
-                fresh.append(r)
             if r.pending is not None:
                 r.new_target = next(embeds)
-        for r in fresh:
-            self._start_memory(model, r)
+            if fresh:
+                sampler.start_memory(r)
         for r in starting:
-            interactions = r.start_interaction()
-            h, w = r.height // model.vae_scale_spatial, r.width // model.vae_scale_spatial
-            shape = (1, model.latent_channels, self._latent_frames, h, w)
-            noise = torch.randn(shape, generator=r.generator, dtype=torch.float32).to(model.device)
-            frames = r.next_chunk_frames(model.pixel_frames(self._latent_frames))
-            r.chunk = Chunk(index=r.chunks_done, latents=noise, frames=frames, interactions=interactions)
-            patch = model.transformer.config.patch_size
-            seq_len = self._latent_frames * h * w // (patch[0] * patch[1] * patch[2])
-            sigmas = np.linspace(0.999, 0.0, r.steps + 1)[:-1]
-            mu = calculate_shift(seq_len, model.scheduler_config)
-            r.scheduler.set_timesteps(r.steps, device=model.device, sigmas=sigmas, mu=mu)  # type: ignore[attr-defined]
-
-    def _start_memory(self, model: VideoModel, r: VideoRequest) -> None:
-        """A new request's memory: zeros, or (image-to-video) the reference image's latents."""
-        h, w = r.height // model.vae_scale_spatial, r.width // model.vae_scale_spatial
-        frames = sum(self._history_sizes)
-        shape = (1, model.latent_channels, frames, h, w)
-        r.history = torch.zeros(shape, device=model.device, dtype=torch.float32)
-        if r.image is None:
-            return
-        from diffusers.utils.torch_utils import randn_tensor
-        from diffusers.video_processor import VideoProcessor
-        from PIL import Image
-
-        processor = VideoProcessor(vae_scale_factor=model.vae_scale_spatial)
-        pixels = processor.preprocess(Image.fromarray(r.image), height=r.height, width=r.width)
-        pixels = pixels.unsqueeze(2).to(device=model.device, dtype=model.vae_dtype)
-        vae, gen = model.vae, r.generator
-        mean, std = model.latents_mean, model.latents_std
-        image = (vae.encode(pixels).latent_dist.sample(generator=gen) - mean) * std
-        video = pixels.repeat(1, 1, model.pixel_frames(self._latent_frames), 1, 1)
-        fake = ((vae.encode(video).latent_dist.sample(generator=gen) - mean) * std)[:, :, -1:]
-        image, fake = image.float(), fake.float()
-        low, high = _IMAGE_NOISE_SIGMA
-        for name, latent in (("image", image), ("fake", fake)):
-            sigma = torch.rand(1, generator=gen).to(model.device) * (high - low) + low
-            noise = randn_tensor(latent.shape, generator=gen, device=model.device)
-            noisy = sigma * noise + (1 - sigma) * latent
-            if name == "image":
-                r.first_latent = noisy
-            else:
-                r.history = torch.cat([r.history[:, :, :-1], noisy], dim=2)
-
-    def _encode(self, model: VideoModel, prompts: list[str]) -> torch.Tensor:
-        """Prompt embeddings ``[B, L, D]`` as the pipeline makes them: each prompt's tokens encoded,
-        cut to its length and padded with zeros to ``max_sequence_length``."""
-        length = self._max_sequence_length
-        tokens = model.tokenizer(  # type: ignore[operator]
-            prompts,
-            padding="max_length",
-            max_length=length,
-            truncation=True,
-            add_special_tokens=True,
-            return_attention_mask=True,
-            return_tensors="pt",
-        )
-        ids, mask = tokens.input_ids.to(model.device), tokens.attention_mask.to(model.device)
-        parts = []
-        for start, stop in split_rows(len(prompts), self._buckets):
-            rows = pad_rows(ids[start:stop], self._buckets)
-            out = model.text_encoder(rows, pad_rows(mask[start:stop], self._buckets))
-            parts.append(out.last_hidden_state[: stop - start])
-        hidden = torch.cat(parts).to(model.dtype)
-        lengths = mask.gt(0).sum(dim=1)
-        keep = torch.arange(length, device=model.device)[None, :, None] < lengths[:, None, None]
-        return torch.where(keep, hidden, torch.zeros((), dtype=hidden.dtype, device=hidden.device))
-
-    def _memory(self, model: VideoModel, r: VideoRequest) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
-        """The request's (short, mid, long) history latents for its current chunk."""
-        assert r.history is not None
-        long, mid, short = r.history.split(self._history_sizes, dim=2)
-        prefix = r.first_latent if r.first_latent is not None else torch.zeros_like(short[:, :, :1])
-        return torch.cat([prefix, short], dim=2), mid, long
-
-    def _denoise(self, model: VideoModel, group: list[VideoRequest]) -> None:
-        """One step for every request of ``group`` (all of one size): one transformer call per bucket."""
-        dtype = model.dtype
-        xs, ts, cs, shorts, mids, longs = [], [], [], [], [], []
-        for r in group:
-            assert r.chunk is not None and r.embeds is not None
-            t = r.scheduler.timesteps[r.chunk.step]  # type: ignore[attr-defined]
-            short, mid, long = self._memory(model, r)
-            conds = [r.embeds, r.negative] if r.guided else [r.embeds]
-            for cond in conds:
-                xs.append(r.chunk.latents.to(dtype))
-                ts.append(t.reshape(1))
-                cs.append(cond)
-                shorts.append(short.to(dtype))
-                mids.append(mid.to(dtype))
-                longs.append(long.to(dtype))
-        x, t, c = torch.cat(xs), torch.cat(ts), torch.cat(cs)
-        short, mid, long = torch.cat(shorts), torch.cat(mids), torch.cat(longs)
-        chunk_index, short_index, mid_index, long_index = self._indices
-        flow = torch.empty_like(x)
-        for start, stop in split_rows(x.shape[0], self._buckets):
-            out = model.transformer(
-                hidden_states=pad_rows(x[start:stop], self._buckets),
-                timestep=pad_rows(t[start:stop], self._buckets),
-                encoder_hidden_states=pad_rows(c[start:stop], self._buckets),
-                indices_hidden_states=chunk_index,
-                indices_latents_history_short=short_index,
-                indices_latents_history_mid=mid_index,
-                indices_latents_history_long=long_index,
-                latents_history_short=pad_rows(short[start:stop], self._buckets),
-                latents_history_mid=pad_rows(mid[start:stop], self._buckets),
-                latents_history_long=pad_rows(long[start:stop], self._buckets),
-                return_dict=False,
-            )[0]
-            flow[start:stop] = out[: stop - start]
-        row = 0
-        for r in group:
-            assert r.chunk is not None
-            f = flow[row : row + r.rows]
-            row += r.rows
-            if r.guided:
-                cond, uncond = f.chunk(2)
-                f = uncond + r.guidance * (cond - uncond)
-            t = r.scheduler.timesteps[r.chunk.step]  # type: ignore[attr-defined]
-            step = r.scheduler.step(f, t, r.chunk.latents, generator=r.generator, return_dict=False)  # type: ignore[attr-defined]
-            r.chunk.latents = step[0]
-            r.chunk.step += 1
-
-    def _decode(self, model: VideoModel, group: list[VideoRequest]) -> None:
-        """Append each finished chunk to its request's memory and VAE-decode the chunks of ``group``
-        (all of one size) into uint8 ``T x H x W x 3`` frames."""
-        latents = []
-        for r in group:
-            assert r.chunk is not None and r.history is not None
-            if r.first_latent is None:
-                r.first_latent = r.chunk.latents[:, :, :1]  # keep_first_frame: chunk 0's first frame
-            r.history = torch.cat([r.history, r.chunk.latents], dim=2)[:, :, -sum(self._history_sizes) :]
-            latents.append(r.chunk.latents)
-        x = torch.cat(latents).to(model.vae_dtype) / model.latents_std + model.latents_mean
-        decoded = []
-        for start, stop in split_rows(x.shape[0], self._buckets):
-            out = model.vae.decode(pad_rows(x[start:stop], self._buckets), return_dict=False)[0]
-            decoded.append(out[: stop - start])
-        pixels = (torch.cat(decoded) / 2 + 0.5).clamp(0, 1).float()  # [B, 3, T, H, W]
-        frames = (pixels * 255).round().to(torch.uint8).permute(0, 2, 3, 4, 1).cpu().numpy()
-        for i, r in enumerate(group):
-            assert r.chunk is not None
-            r.video = np.ascontiguousarray(frames[i, : r.chunk.frames])
-            r.frames_sent += r.chunk.frames
+            sampler.start_chunk(r, r.start_interaction())
 
 
 def _by_size(requests: list[VideoRequest]) -> list[list[VideoRequest]]:

@@ -36,8 +36,6 @@ stopped with ``generation_stalled``.
 from __future__ import annotations
 
 import asyncio
-import base64
-import binascii
 import contextlib
 import logging
 import secrets
@@ -73,6 +71,7 @@ from duplex.server.close_codes import CloseCode, CloseReason, close_reason_for_c
 from duplex.server.models import ServedModel
 from duplex.server.ratelimit import TokenBucket
 from duplex.server.video_encoder import FragmentedMP4Writer, VideoCodec, pick_codec
+from duplex.server.video_start import request_options, video_model
 from duplex.server.ws_protocol import transport_extension
 
 __all__ = ["realtime_video_endpoint"]
@@ -143,52 +142,6 @@ def _parts(exc: BaseException) -> tuple[str, str, str | None]:
     return "server_error", "internal server error", None
 
 
-def _image_bytes(url: str) -> bytes:
-    """The bytes of a ``data:`` URL's image (base64). The server fetches nothing, so an http(s)
-    URL is refused."""
-    head, comma, payload = url.partition(",")
-    if not url.startswith("data:") or not comma:
-        raise ProtocolError(
-            "invalid_session_config",
-            "image_reference.image_url must be a data: URL (data:image/png;base64,...): "
-            "the server fetches nothing",
-            param="image_reference.image_url",
-        )
-    if not head.endswith(";base64"):
-        message = "image_reference.image_url must be base64 (data:image/...;base64,...)"
-        raise ProtocolError("invalid_session_config", message, param="image_reference.image_url")
-    try:
-        return base64.b64decode(payload, validate=True)
-    except (binascii.Error, ValueError):
-        message = "image_reference.image_url is not valid base64"
-        raise ProtocolError("invalid_session_config", message, param="image_reference.image_url") from None
-
-
-def request_options(start: VideoSessionStart) -> dict[str, object]:
-    """The model's request options for ``start``: its fields under the names batch plugins read,
-    and ``extra_params`` (a key given both ways is refused, never silently overridden)."""
-    options: dict[str, object] = {}
-    for key, value in (
-        ("width", start.width),
-        ("height", start.height),
-        ("num_frames", start.num_frames),
-        ("seed", start.seed),
-        ("negative_prompt", start.negative_prompt),
-        ("steps", start.num_inference_steps),
-        ("guidance_scale", start.guidance_scale),
-    ):
-        if value is not None:
-            options[key] = value
-    if start.image_reference is not None:
-        options["image"] = _image_bytes(start.image_reference.image_url)
-    for key, value in (start.extra_params or {}).items():
-        if key in options:
-            message = f"extra_params.{key} is also given as a field of session.start"
-            raise ProtocolError("invalid_session_config", message, param=f"extra_params.{key}")
-        options[key] = value
-    return options
-
-
 class _VideoConnection:
     """One accepted socket: start the generation, then stream it (see the module docstring)."""
 
@@ -253,7 +206,7 @@ class _VideoConnection:
         with ``server_error``."""
         try:
             start = await self._receive_start()
-            model = self._pick_model(start)
+            model = video_model(self.state.models, start.model)
             codec = self._codec()
             options = request_options(start)
             stream = await self._open(model)
@@ -262,7 +215,7 @@ class _VideoConnection:
                 await self._error(refused.error)
             await self._close(refused.close, close_reason_for_code(refused.error.code))
             return
-        except ProtocolError as exc:
+        except ProtocolError as exc:  # the start's fields, the model to use
             with contextlib.suppress(_SlowReader, WebSocketDisconnect, RuntimeError):
                 await self._error(exc)
             await self._close(CloseCode.POLICY_VIOLATION, close_reason_for_code(exc.code))
@@ -305,20 +258,6 @@ class _VideoConnection:
         text = message.get("text")
         return text if text is not None else message.get("bytes") or b""
 
-    def _pick_model(self, start: VideoSessionStart) -> ServedModel:
-        models = self.state.models
-        named = models.get(start.model)
-        if named is not None:
-            if "video" not in named.engine.capabilities.output_modalities:
-                message = f"model {start.model!r} does not generate video"
-                raise _Refused(ProtocolError("unsupported_response_modality", message, param="model"))
-            return named
-        for model in models:
-            if "video" in model.engine.capabilities.output_modalities:
-                return model
-        message = "this server serves no model that generates video"
-        raise _Refused(ProtocolError("unsupported_response_modality", message, param="model"))
-
     def _codec(self) -> VideoCodec:
         try:
             return pick_codec(self.cfg.video_codec)
@@ -337,13 +276,12 @@ class _VideoConnection:
         self, stream: Any, model: ServedModel, start: VideoSessionStart, codec: VideoCodec, options: dict
     ) -> tuple[CloseCode, str]:
         """Run the generation with the reader beside it; returns the close code and reason."""
-        stream.start(start.prompt, options)
         takes = model.engine.capabilities.interactions
         name = self.request_id
         reader = asyncio.create_task(self._read_controls(stream, takes), name=f"video-reader-{name}")
         late = asyncio.create_task(self._send_late(), name=f"video-late-{name}")
         try:
-            return await self._generate(stream, model, start, codec)
+            return await self._generate(stream, model, start, codec, options)
         finally:
             for task in (reader, late):
                 task.cancel()
@@ -354,13 +292,15 @@ class _VideoConnection:
                 await asyncio.wait([self._encoding])  # the encoder finishes before its writer closes
 
     async def _generate(
-        self, stream: Any, model: ServedModel, start: VideoSessionStart, codec: VideoCodec
+        self, stream: Any, model: ServedModel, start: VideoSessionStart, codec: VideoCodec, options: dict
     ) -> tuple[CloseCode, str]:
+        """Start the request and send its chunks until it ends, stops, stalls or fails."""
         fps = start.fps or self.cfg.default_fps
         writer: FragmentedMP4Writer | None = None
         chunks = frames = 0
         stopped = False
         try:
+            stream.start(start.prompt, options)
             while True:
                 try:
                     output = await self._next_output(stream)

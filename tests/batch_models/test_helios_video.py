@@ -95,7 +95,7 @@ def test_frames_are_the_ones_diffusers_pipeline_makes_with_the_same_seed(
     )
     pipe.set_progress_bar_config(disable=True)
     # Given as embeddings: the pipeline's own prompt cleaning needs ftfy, not installed here.
-    embeds = plugin._encode(model, ["a cat on a mat", "blurry"])
+    embeds = plugin.sampler.encode(["a cat on a mat", "blurry"])
     theirs = pipe(
         prompt_embeds=embeds[:1],
         negative_prompt_embeds=embeds[1:],
