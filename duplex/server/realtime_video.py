@@ -435,6 +435,7 @@ class _VideoConnection:
             finally:
                 stopper.cancel()
                 moved.cancel()
+        self._last_progress = self._loop.time()  # a viewer's pause is not the model's stall
 
     # -- the reader ------------------------------------------------------------------------------
 
