@@ -210,7 +210,6 @@ class HeliosVideoPlugin(BatchPlugin):
         self._default_transition = default_transition_chunks
         self._max_transition = max_transition_chunks
         self._max_image_bytes = max_image_bytes
-        self._buckets_text = batch_buckets
         self._model: VideoModel | None = None
         self._sampler: ChunkSampler | None = None
         self._sizes: dict[str, tuple[int, int]] = {}
