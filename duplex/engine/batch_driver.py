@@ -131,6 +131,13 @@ class BatchDriver(Driver):
             planned = [r for r in self._requests.values() if r.started and not r.binding.paused()]
             if not joining and not planned:  # every request waits for its session to catch up
                 self._wake.clear()
+                # ``drained`` stays set once a session caught up on anything: cleared here, so the
+                # wait below waits for the next catch-up instead of returning at once (a busy loop).
+                # Re-checked after clearing (no await between): one that caught up meanwhile goes on.
+                for entry in self._requests.values():
+                    entry.binding.drained.clear()
+                if any(not entry.binding.paused() for entry in self._requests.values()):
+                    continue
                 paused = [asyncio.ensure_future(r.binding.drained.wait()) for r in self._requests.values()]
                 paused.append(asyncio.ensure_future(self._wake.wait()))
                 try:

@@ -170,3 +170,17 @@ async def test_only_a_batch_model_holds_streams() -> None:
         with pytest.raises(SessionError) as err:
             await eng.open_stream()
     assert err.value.code == "not_supported"
+
+
+async def test_a_request_paused_for_its_consumer_is_waited_for_not_polled() -> None:
+    eng, _ = engine(max_pending_outputs=1)
+    async with eng, await eng.open_stream() as stream:
+        stream.start(words(50), {})
+        await stream.next_output()  # the consumer caught up once (``drained`` set), then falls behind
+        checks = []
+        paused = stream._binding.paused
+        stream._binding.paused = lambda: checks.append(1) or paused()
+        for _ in range(50):  # fifty turns of the event loop with the request paused
+            await asyncio.sleep(0)
+        assert len(checks) <= 4  # a busy loop would look at it on every turn
+        assert (await stream.next_output()).text == "w1 "
