@@ -19,10 +19,12 @@ fps) the report gives:
 
 The fps is the stream's label and the real-time basis; the model's work does not depend on it, so
 one size's cells at several fps differ only in the target (the seeds' benchmark names the two
-``--fps`` and ``--target-fps``). Full size on a GPU, with random bf16 weights::
+``--fps`` and ``--target-fps``). Presets: ``tiny`` and ``tiny-distilled`` (CPU), ``helios`` (the
+one-stage sampler) and ``helios-distilled`` (Helios-Distilled's three-stage pyramid with DMD steps:
+``--steps`` is a stage's). Full size on a GPU, with random bf16 weights::
 
-    python -m bench.video_stream --preset helios --device cuda --sessions 1,2,4,8 \\
-        --sizes 640x384 --fps 16,24 --chunks 6 --steps 4 --json bench/results/video_stream_h200.json --plot
+    python -m bench.video_stream --preset helios-distilled --device cuda --sessions 1,2,4,8 \\
+        --sizes 640x384 --fps 16,24 --chunks 6 --steps 2 --json bench/results/video_stream_h200.json --plot
 
 On a CPU with the tiny model (what the test runs)::
 
@@ -72,9 +74,11 @@ COLUMNS = [
     "stall_ms",
     ("gpu_peak_gb", "gpu GB"),
 ]
-_PRESETS = {  # preset -> (default size, steps, latent frames a chunk)
+_PRESETS = {  # preset -> (default size, steps (a stage, for the pyramid), latent frames a chunk)
     "tiny": ("32x32", 2, 3),
+    "tiny-distilled": ("64x64", 1, 3),
     "helios": ("640x384", 4, 9),
+    "helios-distilled": ("640x384", 2, 9),
 }
 
 
@@ -222,7 +226,7 @@ def _model_path(args: argparse.Namespace, workdir: Path) -> tuple[str, bool]:
         return args.model_path, False
     from batch_models.video.testing import write_checkpoint
 
-    full = args.preset != "tiny"
+    full = not args.preset.startswith("tiny")
     root = write_checkpoint(workdir / args.preset, preset=args.preset, seed=0, weights=not full)
     return str(root), full
 
@@ -238,7 +242,7 @@ def _parser() -> argparse.ArgumentParser:
     ap.add_argument("--fps", default="16,24", help="comma-separated target frame rates")
     ap.add_argument("--chunks", type=int, default=4, help="chunks each session streams")
     ap.add_argument("--warmup-chunks", type=int, default=1, help="first chunks left out of the cadence")
-    ap.add_argument("--steps", type=int, default=None, help="denoising steps a chunk (default: the preset's)")
+    ap.add_argument("--steps", type=int, default=None, help="denoising steps a chunk (pyramid: a stage)")
     ap.add_argument("--latent-frames", type=int, default=None, help="latent frames a chunk (default: preset)")
     ap.add_argument("--guidance", type=float, default=1.0, help="above 1: classifier-free guidance (2 rows)")
     ap.add_argument("--playback-buffer-chunks", type=int, default=1)
@@ -354,7 +358,7 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
         }
         if args.dtype:
             options["dtype"] = args.dtype
-        if args.preset == "tiny" and not args.model_path:
+        if args.preset.startswith("tiny") and not args.model_path:
             options["max_sequence_length"] = 16
         port = free_port()
         spec = {"model_path": model_path, "options": options, "port": port, "threads": args.threads}

@@ -2,7 +2,9 @@
 
 The directory holds (as ``HeliosPipeline.save_pretrained`` writes it)::
 
-    model_index.json          the pipeline's components (read: its ``_class_name``, for the log)
+    model_index.json          the pipeline: ``HeliosPipeline`` (one stage a chunk) or
+                              ``HeliosPyramidPipeline`` (``is_distilled``, ``is_cfg_zero_star``: a
+                              chunk denoised at rising resolutions, Helios-Distilled's sampler)
     transformer/              config.json + diffusion_pytorch_model[.fp16].safetensors (or a shard
                               index): HeliosTransformer3DModel, the chunk denoiser with its
                               multi-term memory patches (short, mid and long history)
@@ -10,8 +12,9 @@ The directory holds (as ``HeliosPipeline.save_pretrained`` writes it)::
                               (causal 3D: 4x in time, 8x in space)
     text_encoder/             config.json + model[.fp16].safetensors (or a shard index): UMT5EncoderModel
     tokenizer/                the umT5 tokenizer (tokenizer.json, or spiece.model), read with AutoTokenizer
-    scheduler/                scheduler_config.json: HeliosScheduler (``stages: 1``, the single-stage
-                              sampler of ``HeliosPipeline``)
+    scheduler/                scheduler_config.json: ``HeliosScheduler`` (``stages: 1`` for
+                              ``HeliosPipeline``; its stages for the pyramid), or ``HeliosDMDScheduler``
+                              (the distilled pyramid)
 
 Each model is built from its config and its weights are loaded strictly by key
 (``batch_models.weights.load_strict``); the text encoder's tied embedding (``shared`` and
@@ -54,6 +57,10 @@ class VideoModel:
     tokenizer: object
     scheduler_class: type
     scheduler_config: dict
+    pyramid: bool  # HeliosPyramidPipeline: ``stages`` resolutions a chunk (else one, HeliosPipeline)
+    stages: int
+    distilled: bool  # DMD steps (HeliosDMDScheduler); guidance is not used
+    cfg_zero_star: bool  # the pyramid's guidance with CFG-Zero* (an optimised scale, zero init)
     latents_mean: torch.Tensor  # [1, C, 1, 1, 1], the VAE's per-channel latent statistics
     latents_std: torch.Tensor  # [1, C, 1, 1, 1]: 1 / std, as the pipeline keeps it
     latent_channels: int
@@ -144,18 +151,29 @@ def _tokenizer(root: Path) -> object:
         raise PluginError("model_load_failed", message) from exc
 
 
-def _scheduler(root: Path) -> tuple[type, dict]:
+def _pipeline(root: Path) -> tuple[type, dict, dict]:
+    """The scheduler's class and config and the pipeline's ``model_index.json``, checked together:
+    ``HeliosPipeline`` takes a one-stage ``HeliosScheduler``; ``HeliosPyramidPipeline`` a staged one,
+    or with ``is_distilled`` a ``HeliosDMDScheduler``."""
     import diffusers
 
+    index = _read_json(root / "model_index.json") if (root / "model_index.json").is_file() else {}
+    pipeline = index.get("_class_name", "HeliosPipeline")
     config = _read_json(root / "scheduler" / "scheduler_config.json")
     name = config.get("_class_name")
-    if name != "HeliosScheduler":
-        message = f"scheduler {name!r}: the Helios step loop takes HeliosScheduler"
+    distilled = bool(index.get("is_distilled", False))
+    if pipeline not in ("HeliosPipeline", "HeliosPyramidPipeline"):
+        raise PluginError("model_load_failed", f"pipeline {pipeline!r}: helios serves HeliosPipeline layouts")
+    wanted = "HeliosDMDScheduler" if distilled else "HeliosScheduler"
+    if name != wanted:
+        raise PluginError("model_load_failed", f"scheduler {name!r}: this {pipeline} takes {wanted}")
+    stages = int(config.get("stages", 3))
+    if pipeline == "HeliosPipeline" and stages != 1:
+        message = f"HeliosPipeline samples in one stage; the scheduler has stages: {stages}"
         raise PluginError("model_load_failed", message)
-    if config.get("stages", 3) != 1:
-        message = "the scheduler has pyramid stages; the single-stage sampler needs stages: 1"
-        raise PluginError("model_load_failed", message)
-    return diffusers.HeliosScheduler, config
+    if distilled and pipeline != "HeliosPyramidPipeline":
+        raise PluginError("model_load_failed", "is_distilled belongs to HeliosPyramidPipeline")
+    return getattr(diffusers, wanted), config, index
 
 
 def load_model(
@@ -170,7 +188,7 @@ def load_model(
     if not root.is_dir():
         raise PluginError("model_path_unavailable", f"model path {str(root)!r} is not a directory")
     tokenizer = _tokenizer(root)
-    scheduler_class, scheduler_config = _scheduler(root)
+    scheduler_class, scheduler_config, index = _pipeline(root)
     with torch.device(device):  # built where they run: random init on an accelerator is quick
         transformer = _transformer(root, random_weights)
         vae = _vae(root, random_weights)
@@ -189,6 +207,8 @@ def load_model(
         text_encoder.to(dtype=dtype)
     spatial = int(vae.config.scale_factor_spatial)
     patch = transformer.config.patch_size
+    pyramid = index.get("_class_name") == "HeliosPyramidPipeline"
+    stages = int(scheduler_config.get("stages", 1))
     shape = (1, channels, 1, 1, 1)
     mean = torch.tensor(vae.config.latents_mean, device=device, dtype=vae_dtype).view(shape)
     std = 1.0 / torch.tensor(vae.config.latents_std, device=device, dtype=vae_dtype).view(shape)
@@ -199,12 +219,17 @@ def load_model(
         tokenizer=tokenizer,
         scheduler_class=scheduler_class,
         scheduler_config=scheduler_config,
+        pyramid=pyramid,
+        stages=stages,
+        distilled=bool(index.get("is_distilled", False)),
+        cfg_zero_star=bool(index.get("is_cfg_zero_star", False)),
         latents_mean=mean,
         latents_std=std,
         latent_channels=channels,
         vae_scale_temporal=int(vae.config.scale_factor_temporal),
         vae_scale_spatial=spatial,
-        size_multiple=spatial * max(int(patch[1]), int(patch[2])),
+        # The pyramid's first stage halves the latents (stages - 1) times; each stage must still patch.
+        size_multiple=spatial * max(int(patch[1]), int(patch[2])) * (2 ** (stages - 1) if pyramid else 1),
         device=device,
         dtype=dtype,
         vae_dtype=vae_dtype,

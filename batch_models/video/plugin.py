@@ -30,13 +30,19 @@ end of a chunk, ``video`` with ``chunk_index`` and the ``interactions`` the chun
 chunk of a request with ``num_frames`` is cut to that count and sets ``end_of_turn``. Encoding the
 frames (fragmented MP4) is the route's job. The model calls themselves are ``sampler.ChunkSampler``'s.
 
-The math is diffusers' ``HeliosPipeline`` (stage 1, ``keep_first_frame``): the same noise draws in
-the same order, the scheduler's own ``set_timesteps`` and ``step``, the same memory layout and
-frame indices, classifier-free guidance, the VAE's latent statistics; a request's frames equal the
-pipeline's with the same seed (tested bit for bit). Not taken from the pipeline: its prompt
-cleaning runs ``ftfy.fix_text`` (not a dependency here; the HTML unescaping and whitespace rules
-are applied), and a stream's frames are cut to ``num_frames`` exactly (the pipeline rounds down to
-``4k + 1``). Model calls are padded to batch buckets (``batch_models.diffusion.batching``).
+The math is diffusers' ``HeliosPipeline`` (one stage a chunk, ``keep_first_frame``), or for a
+checkpoint laid out for ``HeliosPyramidPipeline`` (Helios-Distilled among them) its pyramid: each
+chunk denoised at ``stages`` rising resolutions (the first a quarter of the frame's with three
+stages), ``steps`` a stage, the latents doubled and re-noised with block noise between stages, DMD
+steps for a distilled model (``amplify_first_chunk``: its first chunk twice the steps), CFG-Zero*
+where the checkpoint asks for it. The same noise draws in the same order, the scheduler's own
+``set_timesteps`` and ``step``, the same memory layout and frame indices, classifier-free guidance,
+the VAE's latent statistics: a request's frames equal the pipeline's with the same seed (tested
+bit for bit for both pipelines; diffusers' pyramid with CFG-Zero* does not run, so that one is
+not). Not taken from the pipelines: their prompt cleaning runs ``ftfy.fix_text`` (not a dependency
+here; the HTML unescaping and whitespace rules are applied), and a stream's frames are cut to
+``num_frames`` exactly (the pipelines round down to ``4k + 1``). Model calls are padded to batch
+buckets (``batch_models.diffusion.batching``).
 
 Interactions: a new prompt (``BatchInteraction.prompt``) is applied at the request's next chunk
 boundary and blended in over ``transition_chunks`` chunks (default ``default_transition_chunks``);
@@ -49,7 +55,8 @@ float32 on a CPU), ``random_weights``, ``sizes`` (comma-separated ``WIDTHxHEIGHT
 ``default_steps`` (50), ``max_steps`` (100), ``default_guidance`` (5.0), ``default_num_frames``
 (132), ``max_num_frames`` (100000), ``max_prompt_chars`` (2000), ``max_sequence_length`` (512
 tokens), ``default_transition_chunks`` (3), ``max_transition_chunks`` (64), ``max_image_bytes``
-(16 MiB), ``max_batch_rows`` (16), ``batch_buckets``.
+(16 MiB), ``max_batch_rows`` (16), ``batch_buckets``, ``amplify_first_chunk`` (False; the distilled
+pyramid's first chunk with twice the steps, as ``is_amplify_first_chunk``).
 """
 
 from __future__ import annotations
@@ -59,7 +66,7 @@ import io
 import logging
 import re
 import secrets
-from collections.abc import Sequence
+from collections.abc import Callable, Hashable, Sequence
 from pathlib import Path
 
 import numpy as np
@@ -110,6 +117,7 @@ _OPTION_TYPES: dict[str, type] = {
     "max_image_bytes": int,
     "max_batch_rows": int,
     "batch_buckets": str,
+    "amplify_first_chunk": bool,
 }
 
 
@@ -154,6 +162,7 @@ class HeliosVideoPlugin(BatchPlugin):
         max_image_bytes: int = 16 * 1024 * 1024,
         max_batch_rows: int = 16,
         batch_buckets: str = "",
+        amplify_first_chunk: bool = False,
     ) -> None:
         if model_path is None:
             raise PluginError("invalid_plugin_config", "helios needs a model path (a diffusers directory)")
@@ -210,6 +219,7 @@ class HeliosVideoPlugin(BatchPlugin):
         self._default_transition = default_transition_chunks
         self._max_transition = max_transition_chunks
         self._max_image_bytes = max_image_bytes
+        self._amplify_first_chunk = amplify_first_chunk
         self._model: VideoModel | None = None
         self._sampler: ChunkSampler | None = None
         self._sizes: dict[str, tuple[int, int]] = {}
@@ -263,6 +273,7 @@ class HeliosVideoPlugin(BatchPlugin):
             latent_frames=self._latent_frames,
             max_sequence_length=self._max_sequence_length,
             buckets=self._buckets,
+            amplify_first_chunk=self._amplify_first_chunk,
         )
         self._model = model
         log.info(
@@ -410,10 +421,12 @@ class HeliosVideoPlugin(BatchPlugin):
         batch = self._slots.batch(slots)
         requests = [request for _, request in batch]
         self._prepare(sampler, [r for r in requests if r.chunk is None])
-        for group in _by_size(requests):
+        for r in requests:
+            sampler.enter_stage(r)  # the pyramid: a stage's first step sets it up (and upsamples)
+        for group in _groups(requests, sampler.group_key):
             sampler.denoise(group)
-        finished = [r for r in requests if r.chunk is not None and r.chunk.step == r.steps]
-        for group in _by_size(finished):
+        finished = [r for r in requests if r.chunk is not None and r.chunk.finished]
+        for group in _groups(finished, lambda r: (r.width, r.height)):
             sampler.decode(group)
         outputs = []
         for slot, request in batch:
@@ -468,8 +481,10 @@ class HeliosVideoPlugin(BatchPlugin):
             sampler.start_chunk(r, r.start_interaction())
 
 
-def _by_size(requests: list[VideoRequest]) -> list[list[VideoRequest]]:
-    groups: dict[tuple[int, int], list[VideoRequest]] = {}
+def _groups(
+    requests: list[VideoRequest], key: Callable[[VideoRequest], Hashable]
+) -> list[list[VideoRequest]]:
+    groups: dict[Hashable, list[VideoRequest]] = {}
     for r in requests:
-        groups.setdefault((r.width, r.height), []).append(r)
+        groups.setdefault(key(r), []).append(r)
     return list(groups.values())

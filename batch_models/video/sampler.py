@@ -20,8 +20,11 @@ request's frames do not depend on who shares its calls (to the last bit with one
 
 from __future__ import annotations
 
+import math
+
 import numpy as np
 import torch
+import torch.nn.functional as F
 
 from batch_models.diffusion.batching import pad_rows, split_rows
 from batch_models.video.loading import VideoModel
@@ -32,6 +35,9 @@ __all__ = ["ChunkSampler", "calculate_shift"]
 
 # HeliosPipeline's defaults for image-to-video: the noise added to the reference image's latents.
 IMAGE_NOISE_SIGMA = (0.111, 0.135)
+# HeliosPyramidPipeline's CFG-Zero* defaults: the guided prediction is zero for the first stage's
+# steps up to this index (``use_zero_init``, ``zero_steps``).
+ZERO_INIT_STEPS = 1
 
 
 def calculate_shift(seq_len: int, config: dict) -> float:
@@ -54,12 +60,14 @@ class ChunkSampler:
         latent_frames: int,
         max_sequence_length: int,
         buckets: tuple[int, ...],
+        amplify_first_chunk: bool = False,
     ) -> None:
         self.model = model
         self.history_sizes = history_sizes
         self.latent_frames = latent_frames
         self.max_sequence_length = max_sequence_length
         self.buckets = buckets
+        self.amplify_first_chunk = amplify_first_chunk
         self.frames_per_chunk = model.pixel_frames(latent_frames)
         # The frame indices of the memory and the chunk (``keep_first_frame``): one prefix frame,
         # the long, mid and short history, then the chunk's frames.
@@ -123,19 +131,98 @@ class ChunkSampler:
             else:
                 r.history = torch.cat([r.history[:, :, :-1], noisy], dim=2)
 
+    def chunk_steps(self, r: VideoRequest, first: bool) -> int:
+        """Denoising steps of one chunk: ``steps``, or with the pyramid ``steps`` a stage (the
+        distilled model's first chunk twice that when ``amplify_first_chunk``)."""
+        if not self.model.pyramid:
+            return r.steps
+        per_stage = 2 * r.steps if self.model.distilled and self.amplify_first_chunk and first else r.steps
+        return per_stage * self.model.stages
+
     def start_chunk(self, r: VideoRequest, interactions: InteractionProgress | None) -> None:
-        """The request's next chunk: noise from its generator, its scheduler set to its steps."""
+        """The request's next chunk: noise from its generator at full size (the pyramid brings it
+        down to its first stage's), the scheduler set to its steps (a stage's, for the pyramid,
+        when that stage starts: ``enter_stage``)."""
         model = self.model
         h, w = r.height // model.vae_scale_spatial, r.width // model.vae_scale_spatial
         shape = (1, model.latent_channels, self.latent_frames, h, w)
-        noise = torch.randn(shape, generator=r.generator, dtype=torch.float32).to(model.device)
-        frames = r.next_chunk_frames(self.frames_per_chunk)
-        r.chunk = Chunk(index=r.chunks_done, latents=noise, frames=frames, interactions=interactions)
-        patch = model.transformer.config.patch_size
-        seq_len = self.latent_frames * h * w // (patch[0] * patch[1] * patch[2])
-        sigmas = np.linspace(0.999, 0.0, r.steps + 1)[:-1]
-        mu = calculate_shift(seq_len, model.scheduler_config)
-        r.scheduler.set_timesteps(r.steps, device=model.device, sigmas=sigmas, mu=mu)  # type: ignore[attr-defined]
+        latents = torch.randn(shape, generator=r.generator, dtype=torch.float32).to(model.device)
+        first = r.chunks_done == 0
+        chunk = Chunk(
+            index=r.chunks_done,
+            latents=latents,
+            frames=r.next_chunk_frames(self.frames_per_chunk),
+            total_steps=self.chunk_steps(r, first),
+            interactions=interactions,
+        )
+        r.chunk = chunk
+        if not model.pyramid:
+            sigmas = np.linspace(0.999, 0.0, r.steps + 1)[:-1]
+            mu = calculate_shift(self._seq_len(latents), model.scheduler_config)
+            r.scheduler.set_timesteps(r.steps, device=model.device, sigmas=sigmas, mu=mu)  # type: ignore[attr-defined]
+            chunk.timesteps = r.scheduler.timesteps  # type: ignore[attr-defined]
+            return
+        frames = self.latent_frames
+        x = latents.permute(0, 2, 1, 3, 4).reshape(frames, model.latent_channels, h, w)
+        for _ in range(model.stages - 1):  # the first stage's resolution: halved per later stage
+            h, w = h // 2, w // 2
+            x = F.interpolate(x, size=(h, w), mode="bilinear") * 2
+        chunk.latents = x.reshape(1, frames, model.latent_channels, h, w).permute(0, 2, 1, 3, 4)
+
+    def _seq_len(self, latents: torch.Tensor) -> int:
+        patch = self.model.transformer.config.patch_size
+        return latents.shape[2] * latents.shape[3] * latents.shape[4] // (patch[0] * patch[1] * patch[2])
+
+    def enter_stage(self, r: VideoRequest) -> None:
+        """Pyramid: at a stage's first step, set the request's scheduler to the stage, and from the
+        second stage on double the latents' resolution and re-noise them (HeliosPyramidPipeline)."""
+        chunk = r.chunk
+        model = self.model
+        if not model.pyramid or chunk is None or chunk.stage_step or chunk.timesteps is not None:
+            return
+        scheduler = r.scheduler
+        stage = chunk.stage
+        amplify = model.distilled and self.amplify_first_chunk and chunk.index == 0
+        # The shift comes from the latents as they are before this stage doubles them, as there.
+        mu = calculate_shift(self._seq_len(chunk.latents), model.scheduler_config)
+        scheduler.set_timesteps(r.steps, stage, device=model.device, mu=mu, is_amplify_first_chunk=amplify)  # type: ignore[attr-defined]
+        chunk.timesteps = scheduler.timesteps  # type: ignore[attr-defined]
+        if stage > 0:
+            _, channels, frames, h, w = chunk.latents.shape
+            x = chunk.latents.permute(0, 2, 1, 3, 4).reshape(frames, channels, h, w)
+            x = F.interpolate(x, size=(2 * h, 2 * w), mode="nearest")
+            latents = x.reshape(1, frames, channels, 2 * h, 2 * w).permute(0, 2, 1, 3, 4)
+            ori_sigma = 1 - scheduler.ori_start_sigmas[stage]  # type: ignore[attr-defined]
+            gamma = scheduler.config.gamma  # type: ignore[attr-defined]
+            alpha = 1 / (math.sqrt(1 + (1 / gamma)) * (1 - ori_sigma) + ori_sigma)
+            beta = alpha * (1 - ori_sigma) / math.sqrt(gamma)
+            noise = self._block_noise(latents.shape, gamma, r.generator).to(model.device, model.dtype)
+            chunk.latents = alpha * latents + beta * noise  # the pyramid's fix of block artifacts
+        if model.distilled:
+            chunk.start_point = chunk.latents
+
+    def _block_noise(self, shape: torch.Size, gamma: float, generator: torch.Generator) -> torch.Tensor:
+        """Noise correlated within each transformer patch (covariance ``(1 + gamma) I - gamma``), as
+        the pyramid pipeline draws it for a stage's re-noising."""
+        _, ph, pw = self.model.transformer.config.patch_size
+        block = ph * pw
+        def covariance(dtype: torch.dtype) -> torch.Tensor:
+            eye = torch.eye(block, dtype=dtype)
+            return eye * (1 + gamma) - torch.ones(block, block, dtype=dtype) * gamma + eye * 1e-8
+
+        try:
+            lower = torch.linalg.cholesky(covariance(torch.float32))
+        except torch.linalg.LinAlgError:
+            # At gamma = 1/3 (the schedulers' default) the covariance is singular but for its 1e-8
+            # jitter, which float32 rounding can undo: the pipeline then fails; float64 does not.
+            lower = torch.linalg.cholesky(covariance(torch.float64)).float()
+        lower = lower.to(self.model.device)
+        b, c, f, h, w = shape
+        blocks = b * c * f * (h // ph) * (w // pw)
+        z = torch.randn(blocks, block, generator=generator, device=generator.device)
+        noise = z.to(self.model.device) @ lower.T
+        noise = noise.view(b, c, f, h // ph, w // pw, ph, pw).permute(0, 1, 2, 3, 5, 4, 6)
+        return noise.reshape(b, c, f, h, w)
 
     def _memory(self, r: VideoRequest) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
         """The request's (short, mid, long) history latents for its current chunk."""
@@ -144,14 +231,23 @@ class ChunkSampler:
         prefix = r.first_latent if r.first_latent is not None else torch.zeros_like(short[:, :, :1])
         return torch.cat([prefix, short], dim=2), mid, long
 
+    @staticmethod
+    def group_key(r: VideoRequest) -> tuple:
+        """Requests with the same key share a transformer call: the same frame size (the memory's
+        shape) and the same latent shape (the pyramid's stage)."""
+        assert r.chunk is not None
+        return (r.width, r.height, tuple(r.chunk.latents.shape))
+
     def denoise(self, group: list[VideoRequest]) -> None:
-        """One step for every request of ``group`` (all of one size): one transformer call per bucket."""
+        """One step for every request of ``group`` (one ``group_key``): one transformer call per bucket."""
         model, buckets = self.model, self.buckets
         dtype = model.dtype
         xs, ts, cs, shorts, mids, longs = [], [], [], [], [], []
         for r in group:
-            assert r.chunk is not None and r.embeds is not None
-            t = r.scheduler.timesteps[r.chunk.step]  # type: ignore[attr-defined]
+            assert r.chunk is not None and r.chunk.timesteps is not None and r.embeds is not None
+            t = r.chunk.timesteps[r.chunk.stage_step]
+            if model.pyramid:
+                t = t.to(torch.int64)  # the pyramid pipeline gives the transformer integer timesteps
             short, mid, long = self._memory(r)
             for cond in [r.embeds, r.negative] if r.guided else [r.embeds]:
                 xs.append(r.chunk.latents.to(dtype))
@@ -181,16 +277,50 @@ class ChunkSampler:
             flow[start:stop] = out[: stop - start]
         row = 0
         for r in group:
-            assert r.chunk is not None
             f = flow[row : row + r.rows]
             row += r.rows
-            if r.guided:
-                cond, uncond = f.chunk(2)
-                f = uncond + r.guidance * (cond - uncond)
-            t = r.scheduler.timesteps[r.chunk.step]  # type: ignore[attr-defined]
-            step = r.scheduler.step(f, t, r.chunk.latents, generator=r.generator, return_dict=False)  # type: ignore[attr-defined]
-            r.chunk.latents = step[0]
-            r.chunk.step += 1
+            self._step(r, self._guide(r, f) if r.guided else f)
+
+    def _guide(self, r: VideoRequest, flow: torch.Tensor) -> torch.Tensor:
+        """Classifier-free guidance of a request's two rows (CFG-Zero* where the pyramid asks for it:
+        the unconditional row scaled by its projection on the conditional one, and zero for the
+        first ``ZERO_INIT_STEPS`` steps of the first stage)."""
+        assert r.chunk is not None
+        cond, uncond = flow.chunk(2)
+        if not (self.model.pyramid and self.model.cfg_zero_star):
+            return uncond + r.guidance * (cond - uncond)
+        if r.chunk.stage == 0 and r.chunk.stage_step <= ZERO_INIT_STEPS:
+            return cond * 0.0
+        positive, negative = cond.reshape(1, -1).float(), uncond.reshape(1, -1).float()
+        dot = (positive * negative).sum(dim=1, keepdim=True)
+        scale = dot / ((negative**2).sum(dim=1, keepdim=True) + 1e-8)
+        scale = scale.view(1, *([1] * (cond.ndim - 1))).to(cond.dtype)
+        return uncond * scale + r.guidance * (cond - uncond * scale)
+
+    def _step(self, r: VideoRequest, flow: torch.Tensor) -> None:
+        """The request's scheduler step on its latents; the next stage starts after a stage's last."""
+        chunk = r.chunk
+        assert chunk is not None and chunk.timesteps is not None
+        timesteps = chunk.timesteps
+        t = timesteps[chunk.stage_step]
+        extra = {}
+        if self.model.distilled:
+            scheduler = r.scheduler
+            extra = {
+                "cur_sampling_step": chunk.stage_step,
+                "dmd_noisy_tensor": chunk.start_point,
+                "dmd_sigmas": scheduler.sigmas,  # type: ignore[attr-defined]
+                "dmd_timesteps": scheduler.timesteps,  # type: ignore[attr-defined]
+                "all_timesteps": timesteps,
+            }
+        step = r.scheduler.step(flow, t, chunk.latents, generator=r.generator, return_dict=False, **extra)  # type: ignore[attr-defined]
+        chunk.latents = step[0]
+        chunk.step += 1
+        chunk.stage_step += 1
+        if chunk.stage_step == len(timesteps) and not chunk.finished:
+            chunk.stage += 1
+            chunk.stage_step = 0
+            chunk.timesteps = None
 
     def decode(self, group: list[VideoRequest]) -> None:
         """Append each finished chunk to its request's memory and VAE-decode the chunks of ``group``

@@ -58,13 +58,26 @@ class PromptTransition:
 
 @dataclass
 class Chunk:
-    """The chunk being denoised: its latents, its step, and the interactions it shows."""
+    """The chunk being denoised: its latents, where it is, and the interactions it shows.
+
+    With the pyramid sampler a chunk goes through ``stages`` resolutions, each with its own
+    timesteps (set when the stage starts: ``timesteps`` is None until then) and, for the distilled
+    model, its own starting latents (``start_point``, the noise its DMD steps re-noise with)."""
 
     index: int
-    latents: torch.Tensor  # [1, C, F, h, w] float32
+    latents: torch.Tensor  # [1, C, F, h, w] float32, at the current stage's resolution
     frames: int  # pixel frames it contributes (the last chunk of a request may be cut)
-    step: int = 0
+    total_steps: int  # denoising steps of the whole chunk, every stage
+    step: int = 0  # steps done in the chunk
+    stage: int = 0
+    stage_step: int = 0  # steps done in the current stage
+    timesteps: torch.Tensor | None = None  # the current stage's
+    start_point: torch.Tensor | None = None  # distilled pyramid: the current stage's first latents
     interactions: InteractionProgress | None = None
+
+    @property
+    def finished(self) -> bool:
+        return self.step == self.total_steps
 
 
 @dataclass
@@ -106,11 +119,12 @@ class VideoRequest:
 
     @property
     def progress(self) -> float | None:
-        """Denoising steps done over all steps (None for a request without end)."""
+        """Chunks done over all chunks, the current one counted by its steps (None without end)."""
         if not self.chunks:
             return None
-        done = self.chunks_done * self.steps + (self.chunk.step if self.chunk is not None else 0)
-        return done / (self.chunks * self.steps)
+        chunk = self.chunk
+        part = chunk.step / chunk.total_steps if chunk is not None and chunk.total_steps else 0.0
+        return (self.chunks_done + part) / self.chunks
 
     def next_chunk_frames(self, frames_per_chunk: int) -> int:
         """The pixel frames the next chunk contributes (the last one is cut to ``num_frames``)."""

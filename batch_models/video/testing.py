@@ -5,10 +5,15 @@
 ``text_encoder/``, ``tokenizer/``, ``scheduler/``), so both ``helios`` and diffusers' own
 ``HeliosPipeline`` load it. Presets:
 
-``tiny``     the Helios architecture, tiny: 32 x 32 frames, 2 transformer layers of width 24, a
-             4-channel Wan VAE, a 2-layer umT5 (about 0.2 M parameters in all)
-``helios``   Helios at full size (the 14B transformer of Wan 2.1's width and depth, with its memory
-             patches; the Wan 2.1 VAE; umT5-XXL), 640 x 384 frames
+``tiny``              the Helios architecture, tiny: 32 x 32 frames, 2 transformer layers of width 24,
+                      a 4-channel Wan VAE, a 2-layer umT5 (about 0.2 M parameters in all);
+                      ``HeliosPipeline`` (one stage a chunk)
+``tiny-pyramid``      the same as ``HeliosPyramidPipeline``: three stages a chunk (64 x 64 frames: the
+                      first stage is a quarter of that)
+``tiny-distilled``    the pyramid, distilled: ``HeliosDMDScheduler``, DMD steps (Helios-Distilled's sampler)
+``helios``            Helios at full size (the 14B transformer of Wan 2.1's width and depth, with its
+                      memory patches; the Wan 2.1 VAE; umT5-XXL), 640 x 384 frames, one stage
+``helios-distilled``  the same architecture with the distilled pyramid sampler (Helios-Distilled)
 
 ``weights=False`` writes the configs, tokenizer and scheduler only: the full-size preset is then
 served with ``random_weights=True`` (nothing of gigabytes is written). The tokenizer is a tiny
@@ -24,7 +29,7 @@ from pathlib import Path
 
 __all__ = ["PRESETS", "write_checkpoint", "write_tokenizer"]
 
-PRESETS = ("tiny", "helios")
+PRESETS = ("tiny", "tiny-pyramid", "tiny-distilled", "helios", "helios-distilled")
 
 _MERGES = (("Ġ", "c"), ("a", "t"), ("Ġc", "at"), ("Ġ", "d"), ("o", "g"), ("Ġd", "og"))
 
@@ -61,7 +66,7 @@ def write_tokenizer(directory: Path, max_length: int = 512) -> int:
 
 
 def _transformer_config(preset: str) -> dict:
-    if preset == "tiny":
+    if preset.startswith("tiny"):
         sizes = {"num_attention_heads": 2, "attention_head_dim": 12, "ffn_dim": 32, "num_layers": 2}
         sizes |= {"in_channels": 4, "out_channels": 4, "text_dim": 32, "freq_dim": 32, "rope_dim": [4, 4, 4]}
     else:  # Wan 2.1 14B's width and depth
@@ -85,7 +90,7 @@ def _transformer_config(preset: str) -> dict:
 
 
 def _vae_config(preset: str) -> dict:
-    if preset == "tiny":
+    if preset.startswith("tiny"):
         sizes = {"base_dim": 8, "z_dim": 4, "dim_mult": [1, 1, 1, 1], "num_res_blocks": 1}
         sizes |= {"latents_mean": [0.1, -0.2, 0.05, 0.0], "latents_std": [1.5, 0.8, 1.2, 1.0]}
     else:  # Wan 2.1's VAE (its latent statistics are the class defaults)
@@ -102,7 +107,7 @@ def _vae_config(preset: str) -> dict:
 
 
 def _text_config(preset: str, vocab: int) -> dict:
-    if preset == "tiny":
+    if preset.startswith("tiny"):
         sizes = {"vocab_size": vocab, "d_model": 32, "d_kv": 8, "d_ff": 37, "num_layers": 2, "num_heads": 4}
         sizes |= {"relative_attention_num_buckets": 8, "relative_attention_max_distance": 16}
     else:  # umT5-XXL
@@ -125,24 +130,32 @@ def _text_config(preset: str, vocab: int) -> dict:
     }
 
 
-def _scheduler_config() -> dict:
-    return {
-        "_class_name": "HeliosScheduler",
+def _scheduler_config(preset: str) -> dict:
+    common = {
         "num_train_timesteps": 1000,
         "shift": 1.0,
-        "stages": 1,
-        "stage_range": [0, 1],
-        "gamma": 1 / 3,
+        # The schedulers' default 1/3 at full size; tiny: 1/4, at which diffusers' pipeline can
+        # draw its block noise on a CPU too (at 1/3 its float32 Cholesky fails there).
+        "gamma": 0.25 if preset.startswith("tiny") else 1 / 3,
         "prediction_type": "flow_prediction",
-        "solver_order": 2,
-        "predict_x0": True,
-        "solver_type": "bh2",
-        "lower_order_final": True,
         "use_flow_sigmas": True,
-        "scheduler_type": "unipc",
         "use_dynamic_shifting": True,
         "time_shift_type": "linear",
     }
+    pyramid = {"stages": 3, "stage_range": [0, 1 / 3, 2 / 3, 1]}
+    if preset.endswith("distilled"):
+        return {"_class_name": "HeliosDMDScheduler", **pyramid, **common}
+    unipc = {"solver_order": 2, "predict_x0": True, "solver_type": "bh2", "lower_order_final": True}
+    stages = pyramid if preset.endswith("pyramid") else {"stages": 1, "stage_range": [0, 1]}
+    return {"_class_name": "HeliosScheduler", "scheduler_type": "unipc", **stages, **unipc, **common}
+
+
+def _pipeline(preset: str) -> dict:
+    if preset.endswith("distilled"):
+        return {"_class_name": "HeliosPyramidPipeline", "is_distilled": True, "is_cfg_zero_star": False}
+    if preset.endswith("pyramid"):
+        return {"_class_name": "HeliosPyramidPipeline", "is_distilled": False, "is_cfg_zero_star": False}
+    return {"_class_name": "HeliosPipeline"}
 
 
 def _write_json(path: Path, payload: dict) -> None:
@@ -161,15 +174,16 @@ def write_checkpoint(
     _write_json(root / "transformer" / "config.json", _transformer_config(preset))
     _write_json(root / "vae" / "config.json", _vae_config(preset))
     _write_json(root / "text_encoder" / "config.json", _text_config(preset, vocab))
-    _write_json(root / "scheduler" / "scheduler_config.json", _scheduler_config())
+    scheduler = _scheduler_config(preset)
+    _write_json(root / "scheduler" / "scheduler_config.json", scheduler)
     components = {
         "transformer": ["diffusers", "HeliosTransformer3DModel"],
         "vae": ["diffusers", "AutoencoderKLWan"],
         "text_encoder": ["transformers", "UMT5EncoderModel"],
         "tokenizer": ["transformers", "PreTrainedTokenizerFast"],
-        "scheduler": ["diffusers", "HeliosScheduler"],
+        "scheduler": ["diffusers", scheduler["_class_name"]],
     }
-    _write_json(root / "model_index.json", {"_class_name": "HeliosPipeline", **components})
+    _write_json(root / "model_index.json", {**_pipeline(preset), **components})
     if weights:
         _write_weights(root, seed)
     return root

@@ -1,4 +1,5 @@
-"""``helios`` at full size on a CUDA device, random bfloat16 weights: the architecture runs batched.
+"""``helios`` at full size on a CUDA device, random bfloat16 weights: the architecture runs batched,
+with the one-stage sampler and with the distilled pyramid.
 
 Run on the GPU machine with ``pytest -m gpu tests/batch_models/test_helios_gpu.py``. The full-size
 configs (the 14B transformer, the Wan 2.1 VAE, umT5-XXL) are written without weights and served
@@ -28,8 +29,10 @@ pytestmark = [
 STEPS = 2
 
 
-def test_two_requests_at_different_chunks_share_steps_at_full_size(tmp_path: Path) -> None:
-    root = write_checkpoint(tmp_path / "helios", preset="helios", weights=False)
+@pytest.mark.parametrize("preset", ["helios", "helios-distilled"])
+def test_two_requests_at_different_chunks_share_steps_at_full_size(tmp_path: Path, preset: str) -> None:
+    root = write_checkpoint(tmp_path / preset, preset=preset, weights=False)
+    per_chunk = STEPS * (3 if preset.endswith("distilled") else 1)  # the pyramid: three stages
     options = {"device": "cuda", "random_weights": True, "max_sessions": 2, "default_guidance": 1.0}
     plugin = HeliosVideoPlugin.from_options(str(root), default_steps=STEPS, **options)
     plugin.load()
@@ -40,8 +43,8 @@ def test_two_requests_at_different_chunks_share_steps_at_full_size(tmp_path: Pat
         plugin.begin(BatchRequest(slot=0, epoch=1, text="a fox in the snow", options=endless))
         chunks: dict[int, list[np.ndarray]] = {0: [], 1: []}
         active = [0]
-        for step in range(4 * STEPS):
-            if step == STEPS + 1:  # joins in the middle of the first request's second chunk
+        for step in range(4 * per_chunk):
+            if step == per_chunk + 1:  # joins in the middle of the first request's second chunk
                 two_chunks = {"num_frames": 66, "seed": 2}
                 plugin.begin(BatchRequest(slot=1, epoch=1, text="waves", options=two_chunks))
                 plugin.interact(BatchInteraction(slot=0, epoch=1, event_id="e", prompt="a red car"))
