@@ -104,6 +104,19 @@ class OptionReader:
             raise PluginError(INPUT_TOO_LONG, message + " are accepted")
         return value
 
+    def take_bytes(self, name: str, max_bytes: int) -> bytes | None:
+        """Binary data (an image a route decoded from its data URL) of at most ``max_bytes``
+        bytes (``event_too_large`` above); None when absent."""
+        value = self._left.pop(name, None)
+        if value is None:
+            return None
+        if not isinstance(value, bytes | bytearray):
+            raise self._fail(name, f"must be bytes, got {type(value).__name__}")
+        if len(value) > max_bytes:
+            message = f"{self._plugin}: option {name!r} has {len(value)} bytes; at most {max_bytes}"
+            raise PluginError(INPUT_TOO_LONG, message + " are accepted")
+        return bytes(value)
+
     def take_choice(self, name: str, default: str, choices: Iterable[str]) -> str:
         """One of ``choices`` (compared as given); ``default`` when absent or None."""
         allowed = tuple(choices)

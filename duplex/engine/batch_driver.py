@@ -21,7 +21,11 @@ other session). zlib releases the GIL meanwhile.
 
 Requests join and leave only between steps, and ``stop`` takes effect at once on the loop side (a
 stopped request's outputs of the step in flight are dropped; the runner then calls
-``cancel_slot``, serialised after the step on the model thread). A ``PluginError`` from ``begin``
+``cancel_slot``, serialised after the step on the model thread). An interaction with a running
+request (``interact``: a video generator's new prompt) waits with its request and goes to the
+plugin in the call of the request's next step, after the joins and before ``advance``, so it is
+ordered after the request's ``begin`` whenever it arrived; a refused one is answered through its
+own callback and the request goes on. A ``PluginError`` from ``begin``
 fails that one request; any other exception from ``advance`` fails every request of the step, and
 the loop goes on for the others (DESIGN §2.7). The loop waits, costing nothing, while no request
 is active; while every active request is paused it waits for one of their sessions to catch up.
@@ -32,7 +36,8 @@ from __future__ import annotations
 import asyncio
 import logging
 import time
-from collections.abc import Sequence
+from collections import deque
+from collections.abc import Callable, Sequence
 
 import numpy as np
 
@@ -40,10 +45,17 @@ from duplex.engine.drivers import Driver
 from duplex.engine.metrics import EngineMetrics
 from duplex.engine.model_thread import ModelThread
 from duplex.engine.scheduler import SlotBinding
-from duplex.plugins.base import BatchPlugin, BatchRequest, PluginError, SlotOutput, TurnRequest
+from duplex.plugins.base import (
+    BatchInteraction,
+    BatchPlugin,
+    BatchRequest,
+    PluginError,
+    SlotOutput,
+    TurnRequest,
+)
 from duplex.protocol.image import encode_png
 
-__all__ = ["BatchDriver", "batch_request"]
+__all__ = ["BatchDriver", "Refusal", "batch_request"]
 
 log = logging.getLogger(__name__)
 
@@ -58,13 +70,19 @@ def batch_request(request: TurnRequest) -> BatchRequest:
     )
 
 
+#: What a refused interaction is answered with (called on the loop).
+Refusal = Callable[[PluginError], None]
+
+
 class _Request:
-    __slots__ = ("binding", "request", "started")
+    __slots__ = ("binding", "interactions", "request", "started")
 
     def __init__(self, request: BatchRequest, binding: SlotBinding) -> None:
         self.request = request
         self.binding = binding
         self.started = False
+        # Bounded by the caller (``BatchStream``: ``max_pending_interactions``).
+        self.interactions: deque[tuple[BatchInteraction, Refusal]] = deque()
 
 
 class BatchDriver(Driver):
@@ -87,6 +105,22 @@ class BatchDriver(Driver):
     async def stop(self, slot: int) -> None:
         self._requests.pop(slot, None)
 
+    def pending_interactions(self, slot: int) -> int:
+        """Interactions of the slot's request not yet handed to the plugin."""
+        entry = self._requests.get(slot)
+        return len(entry.interactions) if entry is not None else 0
+
+    def interact(self, slot: int, interaction: BatchInteraction, refused: Refusal) -> bool:
+        """Queue ``interaction`` for the slot's request; it reaches the plugin (``interact``) with
+        the request's next step. Returns False, with nothing queued, when the slot has no request.
+        ``refused(error)`` is called on the loop if the plugin refuses it."""
+        entry = self._requests.get(slot)
+        if entry is None:
+            return False
+        entry.interactions.append((interaction, refused))
+        self._wake.set()
+        return True
+
     @property
     def active(self) -> int:
         """Requests joining or in progress."""
@@ -104,6 +138,13 @@ class BatchDriver(Driver):
             planned = [r for r in self._requests.values() if r.started and not r.binding.paused()]
             if not joining and not planned:  # every request waits for its session to catch up
                 self._wake.clear()
+                # ``drained`` stays set once a session caught up on anything: cleared here, so the
+                # wait below waits for the next catch-up instead of returning at once (a busy loop).
+                # Re-checked after clearing (no await between): one that caught up meanwhile goes on.
+                for entry in self._requests.values():
+                    entry.binding.drained.clear()
+                if any(not entry.binding.paused() for entry in self._requests.values()):
+                    continue
                 paused = [asyncio.ensure_future(r.binding.drained.wait()) for r in self._requests.values()]
                 paused.append(asyncio.ensure_future(self._wake.wait()))
                 try:
@@ -115,7 +156,15 @@ class BatchDriver(Driver):
             await self._step(joining, planned)
 
     async def _step(self, joining: list[_Request], planned: list[_Request]) -> None:
-        begun, refused, outputs, failure, step_s = await self.model_thread.call(self._call, joining, planned)
+        interactions = []
+        for entry in (*joining, *planned):
+            while entry.interactions:
+                interactions.append((entry, *entry.interactions.popleft()))
+        begun, refused, outputs, failure, step_s, declined = await self.model_thread.call(
+            self._call, joining, planned, interactions
+        )
+        for answer, exc in declined:
+            answer(exc)
         for entry, exc in refused:
             if self._requests.get(entry.request.slot) is entry:
                 del self._requests[entry.request.slot]
@@ -144,13 +193,23 @@ class BatchDriver(Driver):
             entry.binding.deliver(output)
 
     def _call(
-        self, joining: list[_Request], planned: list[_Request]
+        self,
+        joining: list[_Request],
+        planned: list[_Request],
+        interactions: list[tuple[_Request, BatchInteraction, Refusal]],
     ) -> tuple[
-        list[_Request], list[tuple[_Request, PluginError]], Sequence[SlotOutput], Exception | None, float
+        list[_Request],
+        list[tuple[_Request, PluginError]],
+        Sequence[SlotOutput],
+        Exception | None,
+        float,
+        list[tuple[Refusal, PluginError]],
     ]:
-        """On the model thread: the joins, then one ``advance`` for every planned and joined slot."""
+        """On the model thread: the joins, the interactions of the requests that run, then one
+        ``advance`` for every planned and joined slot."""
         begun: list[_Request] = []
         refused: list[tuple[_Request, PluginError]] = []
+        declined: list[tuple[Refusal, PluginError]] = []
         for entry in joining:
             try:
                 self.plugin.begin(entry.request)
@@ -158,9 +217,20 @@ class BatchDriver(Driver):
                 refused.append((entry, exc))
             else:
                 begun.append(entry)
+        running = {id(e) for e in (*planned, *begun)}
+        for entry, interaction, answer in interactions:
+            if id(entry) not in running:
+                continue  # its request was refused: that failure answers it
+            try:
+                self.plugin.interact(interaction)
+            except PluginError as exc:
+                declined.append((answer, exc))
+            except Exception:  # a bug in the plugin: this interaction fails, the request goes on
+                log.exception("interaction %s on slot %d failed", interaction.event_id, interaction.slot)
+                declined.append((answer, PluginError("interaction_failed", "the model failed to apply it")))
         slots = [e.request.slot for e in (*planned, *begun)]
         if not slots:
-            return begun, refused, (), None, 0.0
+            return begun, refused, (), None, 0.0, declined
         t0 = time.perf_counter()
         try:
             outputs = self.plugin.advance(slots)
@@ -169,5 +239,5 @@ class BatchDriver(Driver):
                 if isinstance(output.image, np.ndarray):
                     output.image = encode_png(output.image)
         except Exception as exc:  # fails this step's requests; the loop goes on
-            return begun, refused, (), exc, time.perf_counter() - t0
-        return begun, refused, outputs, None, step_s
+            return begun, refused, (), exc, time.perf_counter() - t0, declined
+        return begun, refused, outputs, None, step_s, declined

@@ -88,6 +88,9 @@ class EngineConfig(msgspec.Struct, frozen=True, kw_only=True):
         (no more steps until input arrives again).
         ``max_pending_outputs``: model outputs waiting in one session's mailbox; a slot above
         it is not stepped (frozen) until its runner catches up.
+        ``max_pending_interactions``: interactions (a video generator's new prompt, camera move)
+        queued for one running request and not yet handed to the model (``BatchStream.interact``);
+        more are refused with ``input_backpressure``.
 
     Off-loop work
         ``offload_min_bytes``: appends larger than this are decoded on the worker pool
@@ -130,6 +133,7 @@ class EngineConfig(msgspec.Struct, frozen=True, kw_only=True):
     late_tolerance_ms: float = 40.0
     max_padding_frames: int = 25
     max_pending_outputs: int = 8
+    max_pending_interactions: int = 64
 
     offload_min_bytes: int = 64 * 1024
     worker_threads: int = 2
@@ -159,6 +163,7 @@ class EngineConfig(msgspec.Struct, frozen=True, kw_only=True):
             "mailbox_max",
             "outbox_max_events",
             "max_pending_outputs",
+            "max_pending_interactions",
             "max_conversation_items",
             "outbox_max_bytes",
             "max_conversation_bytes",

@@ -39,6 +39,7 @@ from duplex.engine.errors import SessionError
 from duplex.engine.manager import SessionManager, SessionRecord
 from duplex.engine.metrics import EngineMetrics
 from duplex.engine.model_thread import ModelThread
+from duplex.engine.stream import BatchStream
 from duplex.plugins.base import (
     BatchPlugin,
     Capabilities,
@@ -46,6 +47,7 @@ from duplex.plugins.base import (
     Plugin,
     PluginError,
     PluginKind,
+    SlotOptions,
     TurnPlugin,
 )
 from duplex.protocol.ext.dialect import Dialect
@@ -231,6 +233,14 @@ class Engine:
             resumable=resumable,
             dialect=dialect,
         )
+
+    async def open_stream(self, options: SlotOptions | None = None) -> BatchStream:
+        """Hold one slot of a ``batch`` model without a conversation session (``BatchStream``: the
+        seeds' generated-video route), admitted and counted like a session. ``options`` are the
+        slot's (``SlotOptions``). Raises ``SessionError``: ``resource_exhausted`` (retryable),
+        ``not_supported`` for a model of another kind, the plugin's code when it refuses the slot.
+        Not cancel-safe while the plugin opens the slot (the slot is released if it fails)."""
+        return await self.manager.open_stream(options or SlotOptions())
 
     async def resume(
         self, session_id: str, resume_token: str, last_event_seq: int, *, api_key_id: bytes | None = None

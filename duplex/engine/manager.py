@@ -35,14 +35,14 @@ import functools
 import logging
 import operator
 from collections.abc import Callable
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from duplex.engine.admission import Admission, QueueListener, WaitingRoom
 from duplex.engine.attachment import Attachment
 from duplex.engine.config import EngineConfig
 from duplex.engine.credentials import ResumeCredential
 from duplex.engine.drivers import Driver
-from duplex.engine.errors import SessionError
+from duplex.engine.errors import Detached, SessionError
 from duplex.engine.feed import SlotFeed
 from duplex.engine.input import InputPipeline
 from duplex.engine.journal import JournalCursorError, JournalGap
@@ -57,7 +57,7 @@ from duplex.engine.session import Session
 from duplex.engine.settings import SessionSettings
 from duplex.engine.transitions import LIVE_STATES
 from duplex.engine.vad import VadUnavailableError
-from duplex.plugins.base import Capabilities, Plugin, PluginError
+from duplex.plugins.base import Capabilities, Plugin, PluginError, SlotOptions
 from duplex.protocol.errors import ProtocolError
 from duplex.protocol.ext.commands import SessionEventAck, SessionResume
 from duplex.protocol.ext.dialect import Dialect
@@ -70,6 +70,9 @@ from duplex.protocol.realtime.commands import (
     ResponseCreate,
     SessionUpdate,
 )
+
+if TYPE_CHECKING:
+    from duplex.engine.stream import BatchStream
 
 __all__ = ["SessionManager", "SessionRecord"]
 
@@ -249,6 +252,7 @@ class SessionManager:
         budget = config.memory_budget_bytes
         self.memory = MemoryBudget(default_limit_bytes() if budget is None else budget)
         self.records: dict[str, SessionRecord] = {}
+        self.streams: dict[int, BatchStream] = {}  # slot -> a stream holding it (``open_stream``)
         self._free_slots = list(range(capabilities.max_sessions - 1, -1, -1))
         self._reserved = 0  # slots taken by admissions that hold no session yet
         self.room = WaitingRoom(
@@ -277,12 +281,12 @@ class SessionManager:
 
     @property
     def open_count(self) -> int:
-        return len(self.records) + self._reserved
+        return len(self.records) + len(self.streams) + self._reserved
 
     # ------------------------------------------------------------------ admission
 
     def _has_room(self) -> bool:
-        return len(self.records) + self._reserved < self.limit and bool(self._free_slots)
+        return self.open_count < self.limit and bool(self._free_slots)
 
     def _check_admissible(self) -> None:
         if self.model_error is not None:
@@ -434,10 +438,62 @@ class SessionManager:
         admission.used = True  # the session holds the slot now
         self._reserved -= 1
         self.metrics.sessions_opened.inc()
-        self.metrics.sessions_open.set(len(self.records))
+        self.metrics.sessions_open.set(len(self.records) + len(self.streams))
         assert self._spawn is not None, "the engine is not running (use `async with engine`)"
         record.task = self._spawn(record)
         return att
+
+    async def open_stream(self, options: SlotOptions) -> BatchStream:
+        """Admit a ``BatchStream`` (under the same limits as ``open``) and open its plugin slot.
+        Raises ``SessionError`` (``resource_exhausted``; the plugin's code when it refuses the
+        slot). Not cancel-safe while the plugin opens the slot (the slot is released if it fails)."""
+        from duplex.engine.batch_driver import BatchDriver
+        from duplex.engine.stream import BatchStream
+
+        if not isinstance(self.driver, BatchDriver):
+            raise SessionError("not_supported", f"{self.plugin.name} is not a batch model")
+        admission = await self.reserve(None)
+        slot = admission.slot
+        try:
+            await self.on_model_thread(self.plugin.open_slot, slot, options)
+        except PluginError as exc:
+            self.release(admission)
+            raise SessionError(exc.code, exc.message) from None
+        except BaseException:
+            self.release(admission)
+            raise
+        admission.used = True  # the stream holds the slot now
+        self._reserved -= 1
+        stream = BatchStream(
+            self,
+            self.driver,
+            slot,
+            max_pending_outputs=self.config.max_pending_outputs,
+            max_pending_interactions=self.config.max_pending_interactions,
+        )
+        if self.model_error is not None:  # the model was lost while the slot opened
+            stream.fail(self.model_error, final=True)
+        self.streams[slot] = stream
+        self.metrics.sessions_opened.inc()
+        self.metrics.sessions_open.set(len(self.records) + len(self.streams))
+        return stream
+
+    async def close_stream(self, stream: BatchStream) -> None:
+        """``stream`` is done (``BatchStream.aclose``): its request stopped, its plugin slot closed,
+        its admission slot given back."""
+        if self.streams.get(stream.slot) is not stream:
+            return
+        try:
+            await self.driver.stop(stream.slot)
+            await self.on_model_thread(self.plugin.close_slot, stream.slot)
+        except Exception:
+            log.exception("stream on slot %d: close_slot failed", stream.slot)
+        finally:
+            del self.streams[stream.slot]
+            self._free_slots.append(stream.slot)
+            self.metrics.sessions_closed.inc()
+            self.metrics.sessions_open.set(len(self.records) + len(self.streams))
+            self._offer_slots()
 
     def _attachment(self, record: SessionRecord, generation: int, token: str | None) -> Attachment:
         return Attachment(
@@ -496,7 +552,7 @@ class SessionManager:
             if record.lease.state.value == "expired":
                 self.metrics.sessions_expired.inc()
             self.metrics.sessions_closed.inc()
-            self.metrics.sessions_open.set(len(self.records))
+            self.metrics.sessions_open.set(len(self.records) + len(self.streams))
             self.room.session_ended(self.now() - record.opened_at)
             self._offer_slots()
 
@@ -509,6 +565,9 @@ class SessionManager:
         Returns how many sessions were failed."""
         self.model_error = error
         failed = 0
+        for stream in self.streams.values():
+            stream.fail(error, final=True)
+            failed += 1
         for record in list(self.records.values()):
             if record.lease.live:
                 try:
@@ -623,6 +682,8 @@ class SessionManager:
         cleanup (bounded)."""
         self.room.close(SessionError("resource_exhausted", "the server is shutting down; retry later"))
         records = list(self.records.values())
+        for stream in self.streams.values():
+            stream.fail(Detached("shutdown"), final=True)
         for record in records:
             self.close(record, "shutdown")
         for record in records:
@@ -637,7 +698,8 @@ class SessionManager:
     def stats(self) -> dict[str, Any]:
         live = sum(1 for r in self.records.values() if r.lease.live)
         return {
-            "sessions_open": len(self.records),
+            "sessions_open": len(self.records) + len(self.streams),
+            "streams_open": len(self.streams),
             "sessions_live": live,
             "sessions_closing": len(self.records) - live,
             "max_sessions": self.limit,

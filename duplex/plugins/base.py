@@ -21,7 +21,9 @@ The plugin's ``kind`` decides how the engine drives it:
            together: ``begin(request)`` joins a request between steps and
            ``advance(slots)`` takes one step (a decode or denoising step) for every
            active request in one call; each request streams its media chunks and its
-           progress, and leaves when its last output sets ``end_of_turn``.
+           progress, and leaves when its last output sets ``end_of_turn``. A running
+           request may take ``interact(interaction)`` calls (a video generator's new
+           prompt or camera move), which it applies at its next chunk boundary.
 
 Each kind implements only its own methods: ``FramePlugin`` (``frame`` and
 ``unit``: ``step``), ``TurnPlugin`` (``respond``) and ``BatchPlugin``
@@ -62,10 +64,13 @@ import numpy as np
 from duplex.protocol.errors import DuplexError
 
 __all__ = [
+    "BatchInteraction",
     "BatchPlugin",
     "BatchRequest",
+    "CameraControl",
     "Capabilities",
     "FramePlugin",
+    "InteractionProgress",
     "Plugin",
     "PluginError",
     "PluginKind",
@@ -124,6 +129,9 @@ class Capabilities(msgspec.Struct, frozen=True, kw_only=True):
     supports_text_input: bool = False
     supports_tools: bool = False
     output_modalities: tuple[str, ...] = ("audio", "text")
+    # What a running ``batch`` request takes through ``BatchPlugin.interact``: ``"prompt"`` (a new
+    # prompt), ``"camera"`` (a camera move). Empty: the model takes no interaction.
+    interactions: tuple[str, ...] = ()
     voices: tuple[str, ...] = ()
     default_voice: str | None = None
     # The slot options (``SlotOptions``) a ``session.update`` may still change once the slot is
@@ -247,6 +255,17 @@ class TokenUsage(msgspec.Struct, frozen=True, kw_only=True, array_like=True):
     output_audio: int = 0
 
 
+class InteractionProgress(msgspec.Struct, frozen=True, kw_only=True):
+    """Which interactions one video chunk shows, by ``event_id``: ``started`` (the first chunk that
+    shows it), ``active`` (every chunk during its transition, the first included) and
+    ``completed`` (the chunk that finished its transition). An interaction replaced before it
+    started is neither: a later one took its place (last write wins)."""
+
+    started: tuple[str, ...] = ()
+    active: tuple[str, ...] = ()
+    completed: tuple[str, ...] = ()
+
+
 class SlotOutput(msgspec.Struct, kw_only=True):
     """What a plugin produced for one slot in one step (or one chunk of a turn).
 
@@ -262,9 +281,12 @@ class SlotOutput(msgspec.Struct, kw_only=True):
 
     Media of the ``batch`` kind: ``image`` is one generated image (H x W x 3 uint8),
     ``video`` a chunk of generated frames (T x H x W x 3 uint8); ``progress`` is the
-    request's completed fraction in [0, 1] after this step. A plugin gives images as
-    arrays; the engine's batch driver replaces each by its PNG file (``bytes``) on the
-    model thread, so the session never spends the event loop's time encoding one.
+    request's completed fraction in [0, 1] after this step (None when the request has no
+    end: a video stream that runs until it is stopped). ``chunk_index`` numbers a request's
+    video chunks from 0, and ``interactions`` says which interactions (``BatchInteraction``)
+    the chunk shows. A plugin gives images as arrays; the engine's batch driver replaces each
+    by its PNG file (``bytes``) on the model thread, so the session never spends the event
+    loop's time encoding one.
 
     ``usage``: the tokens this step consumed and produced for the slot, from plugins with
     ``Capabilities.reports_usage``.
@@ -283,6 +305,8 @@ class SlotOutput(msgspec.Struct, kw_only=True):
     video: np.ndarray | None = None
     progress: float | None = None
     usage: TokenUsage | None = None
+    chunk_index: int | None = None
+    interactions: InteractionProgress | None = None
 
 
 class TurnRequest(msgspec.Struct, kw_only=True):
@@ -312,6 +336,34 @@ class BatchRequest(msgspec.Struct, kw_only=True):
     epoch: int
     text: str = ""
     options: dict[str, object] = {}
+
+
+class CameraControl(msgspec.Struct, frozen=True, kw_only=True):
+    """A camera move for a camera-conditioned video generator: a rigid pose in Unity axes (+X right,
+    +Y up, +Z forward), ``translation`` ``(x, y, z)`` and ``rotation`` a unit quaternion
+    ``(qx, qy, qz, qw)``. ``mode`` ``"target"``: move to that pose (over the interaction's
+    ``transition_chunks``); ``"velocity"``: move by that delta every frame until the next move."""
+
+    mode: str
+    translation: tuple[float, float, float]
+    rotation: tuple[float, float, float, float]
+
+
+class BatchInteraction(msgspec.Struct, frozen=True, kw_only=True):
+    """A change to a running ``batch`` request (``BatchPlugin.interact``), applied by the plugin at
+    the request's next chunk boundary: a new ``prompt``, a ``camera`` move, or both.
+
+    ``event_id`` names it in the outputs' ``InteractionProgress``. ``transition_chunks``: over how
+    many chunks the change is blended in (0: at once; None: the plugin's default). The plugin
+    lists what it takes in ``Capabilities.interactions``.
+    """
+
+    slot: int
+    epoch: int
+    event_id: str
+    prompt: str | None = None
+    camera: CameraControl | None = None
+    transition_chunks: int | None = None
 
 
 class PluginError(DuplexError):
@@ -482,3 +534,14 @@ class BatchPlugin(Plugin):
         ``end_of_turn`` and the slot is idle afterwards. A slot's outputs do not depend
         on which other slots share the step.
         """
+
+    def interact(self, interaction: BatchInteraction) -> None:
+        """Queue ``interaction`` for its slot's running request; the plugin applies it at the
+        request's next chunk boundary (never in the middle of a chunk) and reports it in the
+        outputs' ``interactions``. Called between steps, like ``begin``.
+
+        Raises ``PluginError`` when it is refused, with nothing changed: ``interaction_unsupported``
+        for what the model does not take (see ``Capabilities.interactions``), ``invalid_interaction``
+        for a bad value, ``invalid_slot`` for a slot without a running request.
+        """
+        raise PluginError("interaction_unsupported", f"{self.name} takes no interactions")

@@ -42,6 +42,11 @@ _INVALID_REQUEST: Final = (
     "unsupported_turn_detection",
     "invalid_video_frames",
     "config_timeout",
+    # generated video (``/v1/realtime/video``): interactions with a running generation
+    "invalid_interaction",
+    "interaction_unsupported",
+    "interaction_failed",
+    "event_id_conflict",
     # OpenAI's own codes that stock clients treat as non-fatal
     "response_cancel_not_active",
     "conversation_already_has_active_response",
@@ -106,6 +111,7 @@ _SERVER: Final = (
     "server_vad_unavailable",
     "runtime_resume_failed",
     "response_error",
+    "generation_stalled",  # a generation made no progress for the route's stall timeout
     # plugin and model loading: the server's configuration, not the client's request
     "invalid_plugin_config",
     "unknown_plugin",

@@ -1,6 +1,8 @@
-"""The ASGI application: ``/v1/realtime`` (WebSocket), ``/health``, ``/v1/models``, ``/metrics``, and
+"""The ASGI application: ``/v1/realtime`` (WebSocket), ``/health``, ``/v1/models``, ``/metrics``;
 the routes of batch models: ``POST /v1/audio/speech``, ``POST /v1/images/generations``,
-``WS /v1/audio/speech/stream`` (``speech.py``, ``images.py``, ``speech_stream.py``).
+``WS /v1/audio/speech/stream`` (``speech.py``, ``images.py``, ``speech_stream.py``); generated video,
+``WS /v1/realtime/video`` (``realtime_video.py``); and video chat, ``WS /v1/video/chat/stream``
+(``video_chat.py``).
 
 With ``api_keys`` configured, every route but ``/health`` needs a key (``/metrics`` too, unless
 ``metrics_public``): a refused HTTP request gets 401 with OpenAI's error body.
@@ -177,6 +179,7 @@ def create_app(
     model's worker processes, shown by ``/health`` and ``/metrics``."""
     from duplex.server.images import images_endpoint
     from duplex.server.realtime import realtime_endpoint
+    from duplex.server.realtime_video import realtime_video_endpoint
     from duplex.server.speech import speech_endpoint
     from duplex.server.speech_stream import speech_stream_endpoint
     from duplex.server.video_chat import video_chat_endpoint
@@ -238,6 +241,7 @@ def create_app(
             Route("/v1/images/generations", images_endpoint, methods=["POST"]),
             WebSocketRoute("/v1/audio/speech/stream", speech_stream_endpoint),
             WebSocketRoute("/v1/video/chat/stream", video_chat_endpoint),
+            WebSocketRoute("/v1/realtime/video", realtime_video_endpoint),
             *web_routes(),
         ],
         lifespan=lifespan,

@@ -36,6 +36,7 @@ __all__ = [
     "ConfigError",
     "EventLoop",
     "ModelConfig",
+    "RealtimeVideoConfig",
     "ServeConfig",
     "ServerConfig",
     "load_serve_config",
@@ -50,6 +51,33 @@ EVENT_LOOPS: tuple[str, ...] = get_args(EventLoop)
 
 class ConfigError(Exception):
     """A configuration file or option that cannot be used; the message names the key."""
+
+
+class RealtimeVideoConfig(msgspec.Struct, frozen=True, kw_only=True, forbid_unknown_fields=True):
+    """The generated-video route (``/v1/realtime/video``, ``duplex.server.realtime_video``)."""
+
+    # ``session.start`` must arrive within this many seconds of the socket opening (else
+    # ``config_timeout`` and the socket closes); the seeds wait 10 s.
+    start_timeout_s: float = 10.0
+    # A generation that made no progress (no output from the model) and got no ``session.ping`` for
+    # this long is stopped with ``generation_stalled``; the seeds declare a stall after 60 s.
+    stall_timeout_s: float = 60.0
+    # ``session.start`` may carry a reference image as a data URL; every later message is small.
+    max_start_message_bytes: int = 24 * MIB
+    max_control_message_bytes: int = 128 * 1024
+    # ``auto``: H.264 where the PyAV build has an encoder, else VP9, else MJPEG in MP4
+    # (``duplex.server.video_encoder.pick_codec``); or one of ``h264``, ``vp9``, ``mjpeg``.
+    video_codec: Literal["auto", "h264", "vp9", "mjpeg"] = "auto"
+    # Frames per second the stream is labelled with when ``session.start`` gives none.
+    default_fps: float = 24.0
+
+    def __post_init__(self) -> None:
+        for name in ("start_timeout_s", "stall_timeout_s", "default_fps"):
+            if not getattr(self, name) > 0:
+                raise ValueError(f"realtime_video.{name} must be positive")
+        if self.max_start_message_bytes < self.max_control_message_bytes:
+            message = "realtime_video.max_start_message_bytes must be at least max_control_message_bytes"
+            raise ValueError(message)
 
 
 class ServerConfig(msgspec.Struct, frozen=True, kw_only=True, forbid_unknown_fields=True):
@@ -121,6 +149,8 @@ class ServerConfig(msgspec.Struct, frozen=True, kw_only=True, forbid_unknown_fie
     # C) or the standard library's ``asyncio`` loop; ``auto`` takes uvloop where it is installed
     # (a core dependency off Windows) and asyncio elsewhere. Both run the same code.
     event_loop: EventLoop = "auto"
+    # The generated-video route's timeouts, message sizes and codec.
+    realtime_video: RealtimeVideoConfig = RealtimeVideoConfig()
 
     def __post_init__(self) -> None:
         if self.max_message_bytes > self.max_frame_bytes:

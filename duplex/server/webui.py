@@ -16,7 +16,9 @@ The files (plain ES modules, no build step, nothing from another origin):
 * ``camera.js``: the camera, its preview, and its picture as a JPEG sized for the model;
 * ``audio-worklet.js``: the processors: capture (resample to 24 kHz pcm16 chunks) and playback
   (a jitter buffer that counts what was played per item);
-* ``wire.js``: URLs, base64 and every command the page sends.
+* ``wire.js``: URLs, base64 and every command the page sends;
+* ``video.js``, ``video.css``: the generated-video player (``/v1/realtime/video`` into a
+  MediaSource), shown when the server lists a model that makes video.
 """
 
 from __future__ import annotations
@@ -35,11 +37,12 @@ STATIC_DIR = Path(__file__).resolve().parent / "static"
 # The page loads only its own files and talks only to its own origin; the browser enforces it, so
 # an injected script or a stray external URL fails loudly instead of running. ``ws:``/``wss:`` are
 # listed because older browsers do not count the origin's WebSocket scheme as 'self'. The empty
-# favicon is a ``data:`` image.
+# favicon is a ``data:`` image; the generated-video player plays a MediaSource, a ``blob:`` URL.
 PAGE_HEADERS = {
     "Content-Security-Policy": (
         "default-src 'self'; script-src 'self'; style-src 'self'; img-src 'self' data:; "
-        "connect-src 'self' ws: wss:; object-src 'none'; base-uri 'self'; form-action 'none'"
+        "media-src 'self' blob:; connect-src 'self' ws: wss:; object-src 'none'; base-uri 'self'; "
+        "form-action 'none'"
     ),
     "X-Content-Type-Options": "nosniff",
     "Referrer-Policy": "no-referrer",

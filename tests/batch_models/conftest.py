@@ -49,3 +49,27 @@ def tts_checkpoint(tmp_path_factory: pytest.TempPathFactory) -> Path:
     from batch_models.qwen3_tts.testing import write_checkpoint
 
     return write_checkpoint(tmp_path_factory.mktemp("qwen3_tts"), seed=4)
+
+
+@pytest.fixture(scope="session")
+def helios_checkpoint(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """A tiny Helios checkpoint (diffusers layout: transformer, Wan VAE, umT5, random weights)."""
+    from batch_models.video.testing import write_checkpoint
+
+    return write_checkpoint(tmp_path_factory.mktemp("helios"), preset="tiny", seed=5)
+
+
+@pytest.fixture(scope="session")
+def helios_pyramid_checkpoint(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """A tiny Helios checkpoint with the pyramid sampler (HeliosPyramidPipeline, three stages)."""
+    from batch_models.video.testing import write_checkpoint
+
+    return write_checkpoint(tmp_path_factory.mktemp("helios_pyramid"), preset="tiny-pyramid", seed=5)
+
+
+@pytest.fixture(scope="session")
+def helios_distilled_checkpoint(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """A tiny Helios-Distilled checkpoint (the pyramid with DMD steps, HeliosDMDScheduler)."""
+    from batch_models.video.testing import write_checkpoint
+
+    return write_checkpoint(tmp_path_factory.mktemp("helios_distilled"), preset="tiny-distilled", seed=5)

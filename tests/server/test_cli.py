@@ -69,7 +69,7 @@ def test_tiny_checkpoint_writes_a_personaplex_directory_that_loads(tmp_path, cap
         plugin.close()
 
 
-@pytest.mark.parametrize("name", ["minicpmo_4_5", "nemotron_voicechat", "qwen3_tts", "sd_turbo"])
+@pytest.mark.parametrize("name", ["minicpmo_4_5", "nemotron_voicechat", "qwen3_tts", "sd_turbo", "helios"])
 def test_every_model_plugin_writes_a_tiny_checkpoint_that_serves(tmp_path, capsys, name):
     out = tmp_path / name
     assert main(["tiny-checkpoint", name, str(out)]) == 0

@@ -97,6 +97,8 @@ async def test_every_asset_the_page_loads_is_served_as_javascript_or_css(srv):
         "/static/camera.js": (200, "js"),
         "/static/wire.js": (200, "js"),
         "/static/audio-worklet.js": (200, "js"),
+        "/static/video.css": (200, "css"),
+        "/static/video.js": (200, "js"),
     }
 
 
