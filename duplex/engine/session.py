@@ -43,8 +43,11 @@ seeds client's ``status_details.reason``, assistant item ids, per-delta ``metada
 one when the decision changes).
 
 Errors: a command whose content is refused gets exactly one ``error`` event (with the client's
-``event_id``) and changes nothing; ``handle`` never raises for it. After ``close`` the session
-answers nothing (a closed object refuses further use).
+``event_id``) and changes nothing; ``handle`` never raises for it. The one partial refusal is an
+append's camera frames to a model without video input: the error names ``video_frames`` and the
+append's audio is applied (``docs/protocol.md`` §5.1 says why). Input the model cannot take is
+refused by its capabilities, never dropped. After ``close`` the session answers nothing (a closed
+object refuses further use).
 """
 
 from __future__ import annotations
