@@ -43,8 +43,11 @@ seeds client's ``status_details.reason``, assistant item ids, per-delta ``metada
 one when the decision changes).
 
 Errors: a command whose content is refused gets exactly one ``error`` event (with the client's
-``event_id``) and changes nothing; ``handle`` never raises for it. After ``close`` the session
-answers nothing (a closed object refuses further use).
+``event_id``) and changes nothing; ``handle`` never raises for it. The one partial refusal is an
+append's camera frames to a model without video input: the error names ``video_frames`` and the
+append's audio is applied (``docs/protocol.md`` §5.1 says why). Input the model cannot take is
+refused by its capabilities, never dropped. After ``close`` the session answers nothing (a closed
+object refuses further use).
 """
 
 from __future__ import annotations
@@ -128,7 +131,13 @@ from duplex.protocol.realtime.events import (
     InputAudioBufferSpeechStopped,
     OutputAudioBufferCleared,
 )
-from duplex.protocol.realtime.items import FunctionCallOutputItem, InputAudioPart, InputTextPart, MessageItem
+from duplex.protocol.realtime.items import (
+    FunctionCallOutputItem,
+    InputAudioPart,
+    InputImagePart,
+    InputTextPart,
+    MessageItem,
+)
 from duplex.protocol.realtime.responses import ResponseError
 
 __all__ = ["Session", "TurnState"]
@@ -169,6 +178,36 @@ def _handler(command_type: type) -> Handler | None:
             _HANDLERS[command_type] = fn
             return fn
     return None
+
+
+def _refuse_unread_parts(item: MessageItem, caps: Capabilities, param: str) -> None:
+    """Raise ``ProtocolError`` (``invalid_input_modality``, ``param`` naming the part) for a content
+    part of ``item`` that no model would read: an image (a model reads text from the conversation;
+    camera frames ride appends), or audio without a transcript (the conversation keeps a part's
+    transcript, never its audio: the model would get nothing of it)."""
+    for i, part in enumerate(item.content):
+        if isinstance(part, InputImagePart):
+            where = (
+                "send camera frames as video_frames on input_audio_buffer.append"
+                if caps.supports_video_input
+                else "this model takes no images"
+            )
+            raise ProtocolError(
+                "invalid_input_modality",
+                f"images in conversation items are not read by the model: {where}",
+                param=f"{param}.content[{i}]",
+            )
+        if isinstance(part, InputAudioPart) and part.audio is not None and part.transcript is None:
+            where = (
+                "send it with input_audio_buffer.append and commit it, or give the part a transcript"
+                if caps.audio_input
+                else "this model takes no audio input; give the part a transcript or send text"
+            )
+            raise ProtocolError(
+                "invalid_input_modality",
+                f"audio in a conversation item is not heard by the model (a transcript is kept): {where}",
+                param=f"{param}.content[{i}].audio",
+            )
 
 
 class Session:
@@ -339,6 +378,10 @@ class Session:
         if self.caps.hears_stream:  # the model's next speech fills it
             return self._open_response(metadata, now, wait=True)
         # The text (``response.input`` or the conversation) and the request's options (``extra_body``).
+        inline = cmd.response.input if cmd.response is not None else None
+        for i, item in enumerate(inline or ()):
+            if isinstance(item, MessageItem):
+                _refuse_unread_parts(item, self.caps, f"response.input[{i}]")
         text, options = request_input(cmd.response, self.conversation, self.caps)
         pcm, self.user.committed_audio = self.user.committed_audio, None
         return self._start_turn(pcm, text, metadata, now, options)
@@ -410,6 +453,8 @@ class Session:
 
     @handles(ConversationItemCreate)
     def _item_create(self, cmd: ConversationItemCreate, now: float) -> list[Event]:
+        if isinstance(cmd.item, MessageItem):
+            _refuse_unread_parts(cmd.item, self.caps, "item")
         item, previous = self.conversation.add(cmd.item, cmd.previous_item_id)
         if isinstance(item, MessageItem) and item.role == "user":
             self.user.add_input()
@@ -512,9 +557,29 @@ class Session:
     def _append(self, cmd: InputAudioBufferAppend, decoded: DecodedAppend, now: float) -> list[Event]:
         """One decoded append: VAD events, overlap with the active response, and the audio itself
         fed to the model or buffered for the turn; the VAD's speech stop commits the turn."""
-        if not self.caps.audio_input:
-            raise ProtocolError("invalid_input_modality", "this model takes no audio input; send text items")
+        caps = self.caps
+        if not caps.audio_input:
+            raise ProtocolError(
+                "invalid_input_modality",
+                "this model takes no audio input: send text (conversation.item.create) and response.create",
+                param="audio",
+            )
         events: list[Event] = []
+        if decoded.video_frames and not caps.supports_video_input:
+            # The frames are refused, the audio is applied: a camera client's frames ride one append
+            # in several (one a unit), and refusing their audio would cut holes in the stream the
+            # model hears. A frames-only append has nothing else, and is refused whole.
+            frames_only = not decoded.duration_ms
+            applied = "nothing was applied" if frames_only else "its audio was applied, its frames were not"
+            refused = ProtocolError(
+                "invalid_input_modality",
+                f"this model takes no camera frames (capabilities.supports_image_input is false): {applied}",
+                param="video_frames",
+            )
+            if frames_only:
+                raise refused
+            events.append(self._error(refused, cmd.event_id))
+            decoded = msgspec.structs.replace(decoded, video_frames=())
         settings = self.settings
         user = self.user
         vad_events = decoded.vad_events
@@ -615,6 +680,12 @@ class Session:
             settings, is_speech=is_speech, create_response=create_response, response_active=response_active
         )
         if action is CommitAction.REJECT_EMPTY:
+            if not self.caps.audio_input:
+                raise ProtocolError(
+                    "invalid_input_modality",
+                    "this model takes no audio input, so there is no audio to commit: send text "
+                    "(conversation.item.create, or input.text.append before the commit) and response.create",
+                )
             raise ProtocolError(
                 "input_audio_buffer_empty",
                 "input_audio_buffer.commit requires a non-empty input audio buffer",

@@ -38,6 +38,9 @@ Decisions (DESIGN §4-§6):
   fixed once the slot is open (``ref_audio_update_unsupported``, ``invalid_session_config``). A
   model that needs a reference voice (``Capabilities.requires_ref_audio``) refuses audio output
   without one (``ref_audio_required``) and starts text-only;
+* a model that takes no audio input (``Capabilities.audio_input``: batch models) refuses an input
+  audio transcription (``invalid_session_config``) and server VAD (``unsupported_turn_detection``):
+  there is no input audio to transcribe or to listen to;
 * ``extra_body.auto_response`` (default: the lane's own rule) decides whether a commit that says
   nothing asks for a response; ``false`` on a model that hears the stream and decides itself
   when to speak is ``invalid_session_config``;
@@ -288,6 +291,15 @@ class SessionSettings(msgspec.Struct, frozen=True, kw_only=True):
             changes["tracing"] = patch.tracing
         transcription = patch.resolved_transcription()
         if transcription is not UNSET:
+            if transcription is not None and not caps.audio_input:
+                inp = patch.audio.input if patch.audio is not None else None
+                nested = inp is not None and inp.transcription is not UNSET
+                field = "audio.input.transcription" if nested else "input_audio_transcription"
+                raise ProtocolError(
+                    "invalid_session_config",
+                    "this model takes no audio input: there is no input audio to transcribe",
+                    param=f"session.{field}",
+                )
             changes["transcription"] = transcription
         noise = patch.resolved_noise_reduction()
         if noise is not UNSET:
@@ -429,11 +441,13 @@ def wire_capabilities(caps: Capabilities) -> SessionCapabilities:
         video_frame_max_pixels=caps.video_frame_max_pixels,
         supports_text_only_turn=caps.supports_text_input,
         supports_tools=caps.supports_tools,
-        supports_input_append=caps.audio_input,
+        supports_input_append=bool(caps.audio_input),
         supports_ref_audio="ref_audio" in caps.session_options,
         requires_ref_audio=caps.requires_ref_audio,
         session_options=list(caps.session_options),
+        required_input_modalities=["audio"] if caps.audio_input else ["text"],
         optional_input_modalities=["video"] if caps.supports_video_input else [],
+        input_modes=["append_audio_chunk"] if caps.audio_input else [],
         output_modalities=list(caps.output_modalities),
         signal_sources=sources,
         voices=list(caps.voices),

@@ -119,7 +119,14 @@ class Capabilities(msgspec.Struct, frozen=True, kw_only=True):
     supports_truncate: bool = True
     supports_playback_ack: bool = True
     # Inputs and outputs.
-    audio_input: bool = True  # the model listens (``input_audio_buffer.append``); batch models do not
+    # The model listens (``input_audio_buffer.append``). None: derived from the kind when the
+    # capabilities are built (every kind but ``batch``, whose request carries no audio); always a
+    # bool afterwards. A model that takes no audio has its appends and audio commits refused
+    # (``invalid_input_modality``), never silently buffered.
+    audio_input: bool | None = None
+    # The model takes camera frames (``video_frames`` on an append) with its audio: ``frame`` and
+    # ``unit`` kinds only (a turn or batch request carries no frames). Frames sent to any other
+    # model are refused (``invalid_input_modality``, param ``video_frames``).
     supports_video_input: bool = False
     # The size of camera frame the model works at, in pixels (width x height): it scales every frame
     # to about this area, so a client that sends larger frames spends bandwidth for nothing. Clients
@@ -172,6 +179,17 @@ class Capabilities(msgspec.Struct, frozen=True, kw_only=True):
             raise ValueError("input_dtype 'int16' applies to frame and unit plugins only")
         if self.video_frame_max_pixels < 0:
             raise ValueError(f"video_frame_max_pixels must be >= 0, not {self.video_frame_max_pixels}")
+        if self.audio_input is None:
+            msgspec.structs.force_setattr(self, "audio_input", self.kind is not PluginKind.BATCH)
+        elif self.audio_input and self.kind is PluginKind.BATCH:
+            raise ValueError(
+                "audio_input applies to frame, unit and turn plugins: a batch request carries no audio"
+            )
+        if self.supports_video_input and not self.hears_stream:
+            raise ValueError(
+                "supports_video_input applies to frame and unit plugins only: a turn or batch request "
+                "carries no frames"
+            )
 
     @property
     def hears_stream(self) -> bool:
