@@ -33,6 +33,29 @@ def test_window_counts_the_half_open_interval() -> None:
 
 
 def test_the_driver_reports_window_counts_only_when_asked() -> None:
+    """What the counts are depends on the load (``test_the_window_counts_match_the_schedule``,
+    slow); that they are there only when asked does not."""
+    port = free_port()
+    cmd = [sys.executable, "-m", "bench.server", "--serve-bare", "--port", str(port)]
+    server = subprocess.Popen(cmd)
+    try:
+        wait_port(port, proc=server)
+        t0 = time.monotonic() + 0.2
+        spec = {"variant": "bare-json", "port": port, "n": 1, "t0": t0, "measure_from": t0, "seed": 0}
+        plain = _drive({**spec, "stop_at": t0 + 0.2})
+        t1 = time.monotonic() + 0.2
+        window = {"t0": t1, "measure_from": t1, "stop_at": t1 + 0.2}
+        window |= {"count_from": t1, "count_until": t1 + 0.2}
+        windowed = _drive({**spec, **window})
+    finally:
+        server.kill()
+        server.wait(timeout=10)
+    assert "sent_in_window" not in plain and "deltas_in_window" not in plain
+    assert isinstance(windowed["sent_in_window"], int) and isinstance(windowed["deltas_in_window"], int)
+
+
+@pytest.mark.slow  # counts in a 0.8 s window depend on the load
+def test_the_window_counts_match_the_schedule() -> None:
     port = free_port()
     cmd = [sys.executable, "-m", "bench.server", "--serve-bare", "--port", str(port)]
     server = subprocess.Popen(cmd)

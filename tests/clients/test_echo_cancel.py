@@ -301,6 +301,7 @@ async def reply_energy_beyond_the_voice(
 
 
 @pytest.mark.timeout(60)
+@pytest.mark.slow_on_uvloop
 async def test_talk_sends_far_less_of_the_speakers_sound_with_the_echo_canceller(
     monkeypatch: pytest.MonkeyPatch, tmp_path: Path
 ) -> None:

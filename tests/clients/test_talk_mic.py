@@ -111,6 +111,7 @@ def reply_audio(events: list[Any], response_id: str) -> tuple[np.ndarray, list[t
     return (np.concatenate(pcm) if pcm else np.zeros(0, np.float32)), marks
 
 
+@pytest.mark.slow_on_uvloop
 async def test_a_spoken_question_is_transcribed_and_the_reply_is_played(
     models: tuple[WhisperTranscriber, PiperSpeaker],
     voice: Callable[[str], np.ndarray],
@@ -150,6 +151,7 @@ async def test_a_spoken_question_is_transcribed_and_the_reply_is_played(
     ]
 
 
+@pytest.mark.slow_on_uvloop
 async def test_speaking_over_the_reply_stops_it_and_the_history_keeps_what_was_heard(
     models: tuple[WhisperTranscriber, PiperSpeaker],
     voice: Callable[[str], np.ndarray],

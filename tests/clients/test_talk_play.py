@@ -61,6 +61,7 @@ def one_line_error(capsys: pytest.CaptureFixture[str]) -> str:
     return lines[0]
 
 
+@pytest.mark.slow_on_uvloop
 async def test_the_reply_is_played_as_sent_and_the_ledger_acknowledges_what_was_played(
     sd: FakeSoundDevice, tmp_path: Path, capsys: pytest.CaptureFixture[str]
 ) -> None:

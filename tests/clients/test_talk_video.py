@@ -54,6 +54,7 @@ def reporter_server() -> Any:
     return running_server(plugin=plugin, engine_config=EngineConfig(max_sessions=4), model_name="reporter")
 
 
+@pytest.mark.slow_on_uvloop
 async def test_a_clip_streams_its_sound_and_a_picture_a_second_at_the_models_size(
     tmp_path: Path, capsys: pytest.CaptureFixture[str]
 ) -> None:
@@ -91,6 +92,7 @@ async def test_a_model_that_takes_no_video_gets_the_clips_sound_alone(
     assert 1.4 <= echoed <= 1.8  # the clip's 1.5 s (AAC's priming adds a few ms) and the tail
 
 
+@pytest.mark.slow_on_uvloop
 async def test_a_camera_sends_its_newest_picture_with_each_second_of_audio(
     tmp_path: Path, capsys: pytest.CaptureFixture[str]
 ) -> None:
@@ -150,6 +152,7 @@ def test_without_pyav_the_video_flags_say_what_to_install(
     )
 
 
+@pytest.mark.slow_on_uvloop
 async def test_the_microphone_with_a_camera_sends_a_picture_with_each_second(
     tmp_path: Path, capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch
 ) -> None:

@@ -19,7 +19,7 @@ from duplex.engine import Engine, EngineConfig
 from duplex.server.app import create_app
 from duplex.server.config import ServeConfig, ServerConfig
 from duplex.server.models import ServedModel
-from duplex.server.serve import serve_in_background
+from tests.server.harness import serve_app
 
 
 @dataclass
@@ -59,7 +59,7 @@ async def batch_server(
     fields = {f: getattr(server_config, f) for f in server_config.__struct_fields__} if server_config else {}
     cfg = ServeConfig(server=ServerConfig(**{**fields, "port": 0}))
     app = create_app(engine, cfg.server, model_name=first, more_models=served)
-    async with serve_in_background(app, cfg) as server:
+    async with serve_app(app, cfg) as server:
         running = BatchServer(server.port, engines, app)
         try:
             yield running

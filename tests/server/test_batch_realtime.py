@@ -37,6 +37,7 @@ async def events_until(ws: Any, last: str) -> list[dict]:
     return events
 
 
+@pytest.mark.slow_on_uvloop
 async def test_speech_is_a_paced_ga_response_with_progress(piper) -> None:
     async with (
         batch_server([("piper", piper)]) as server,

@@ -92,6 +92,7 @@ def test_named_plugin_is_built_and_loaded():
     assert FALLBACK_PLUGIN == "echo"
 
 
+@pytest.mark.slow_on_uvloop
 async def test_talk_sends_a_wav_and_saves_the_reply(srv, tmp_path):
     rng = np.random.default_rng(3)
     wav, out = tmp_path / "in.wav", tmp_path / "out.wav"

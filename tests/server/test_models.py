@@ -16,7 +16,7 @@ from duplex.plugins.builtin.scripted import ScriptedBatchPlugin
 from duplex.server.app import create_app
 from duplex.server.config import ConfigError, ServeConfig, ServerConfig, load_serve_config
 from duplex.server.models import ServedModel
-from duplex.server.serve import serve_in_background
+from tests.server.harness import serve_app
 
 pytestmark = pytest.mark.timeout(60)
 
@@ -38,7 +38,7 @@ async def session_model(url: str) -> tuple[str, dict]:
 
 async def test_a_client_gets_the_model_it_names_and_an_unknown_name_gets_the_default() -> None:
     cfg = ServeConfig(server=ServerConfig(port=0))
-    async with serve_in_background(two_models(), cfg) as server:
+    async with serve_app(two_models(), cfg) as server:
         base = f"ws://127.0.0.1:{server.port}/v1/realtime"
         assert (await session_model(base + "?model=speech"))[0] == "speech"
         assert (await session_model(base + "?model=echo"))[0] == "echo"
@@ -55,7 +55,7 @@ async def test_a_client_gets_the_model_it_names_and_an_unknown_name_gets_the_def
 
 async def test_the_second_model_speaks_and_its_session_resumes_on_it() -> None:
     cfg = ServeConfig(server=ServerConfig(port=0))
-    async with serve_in_background(two_models(), cfg) as server:
+    async with serve_app(two_models(), cfg) as server:
         base = f"ws://127.0.0.1:{server.port}/v1/realtime"
         async with websockets.connect(base + "?model=speech", proxy=None) as ws:
             created = json.loads(await ws.recv())
@@ -68,7 +68,9 @@ async def test_the_second_model_speaks_and_its_session_resumes_on_it() -> None:
         assert kinds.count("response.output_audio.delta") == 2
         sid, token = created["session"]["id"], created["resume_token"]
         query = f"?session_id={sid}&resume_token={token}&last_event_seq=0"
-        async with websockets.connect(base + query, proxy=None) as ws:
+        # The journal's replay is left unread: an unbounded queue lets the client read on to the
+        # server's close frame (with the default 16 messages, its close waits out 10 s instead).
+        async with websockets.connect(base + query, proxy=None, max_queue=None) as ws:
             resumed = json.loads(await ws.recv())
         assert resumed["type"] == "session.resumed" and resumed["session"]["model"] == "speech"
 

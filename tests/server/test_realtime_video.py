@@ -106,6 +106,7 @@ async def chunks_until(client: VideoStreamClient, count: int) -> list[VideoChunk
     return got
 
 
+@pytest.mark.slow_on_uvloop
 async def test_a_new_prompt_is_queued_at_once_and_shows_from_a_chunk_boundary_on(video: Running) -> None:
     async with await VideoStreamClient.connect(url(video)) as client:
         await client.start("a cat on a mat", num_frames=6 * FRAMES_PER_CHUNK, seed=9)
@@ -295,6 +296,7 @@ class HangingHelios(HeliosVideoPlugin):
         return super().advance(slots)
 
 
+@pytest.mark.slow_on_uvloop
 async def test_a_generation_without_progress_is_stopped_as_stalled(checkpoint: Path) -> None:
     plugin = helios_plugin(checkpoint, plugin_class=HangingHelios)
     config = ServerConfig(realtime_video=RealtimeVideoConfig(stall_timeout_s=0.5))

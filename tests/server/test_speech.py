@@ -60,6 +60,7 @@ async def test_the_sdk_speaks_a_whole_wav_file_with_its_exact_sizes(piper) -> No
     assert 1.0 < len(samples) / rate < 6.0 and np.abs(samples).max() > 1000
 
 
+@pytest.mark.slow_on_uvloop
 async def test_every_format_decodes_to_the_same_speech(piper) -> None:
     async with batch_server([("piper", piper)]) as server:
         client = server.client()
@@ -79,6 +80,7 @@ async def test_every_format_decodes_to_the_same_speech(piper) -> None:
         assert abs(decoded / scale - samples) < 4096, (fmt, decoded, samples)  # codec padding only
 
 
+@pytest.mark.slow_on_uvloop
 async def test_a_streamed_file_is_the_whole_file_in_chunks(piper) -> None:
     async with batch_server([("piper", piper)]) as server:
         client = server.client()

@@ -31,6 +31,7 @@ async def send(ws: Any, **message: Any) -> None:
     await ws.send(json.dumps(message))
 
 
+@pytest.mark.slow_on_uvloop
 async def test_sentences_are_spoken_as_they_complete_and_the_socket_serves_the_next_utterance(piper) -> None:
     async with batch_server([("piper", piper)]) as server:
         whole = await server.client().audio.speech.create(

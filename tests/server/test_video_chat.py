@@ -355,17 +355,24 @@ async def test_a_query_without_text_asks_a_stream_model_to_answer_with_its_next_
 
 
 async def test_a_query_during_a_reply_cancels_it_and_is_answered():
-    plugin = ScriptedTurnPlugin(script=("One two three four five six seven eight nine ten.", "Short."))
+    # The count is 48 s of paced audio (798 characters at 60 ms): it cannot finish playing before
+    # the second query is read unless the machine stalls for most of a minute.
+    count = " ".join(["count"] * 133) + "."
+    plugin = ScriptedTurnPlugin(script=(count, "Short."))
     async with (
         running_server(plugin=plugin, engine_config=EngineConfig(max_sessions=4), model_name="turn") as srv,
         chat(srv) as ws,
     ):
         await send(ws, SessionConfig())
         await send(ws, VideoQuery(text="count"))
-        (first,) = await until_type(ws, "response.start")
-        await send(ws, VideoQuery(text="stop"))  # the count is paced: it is still playing
+        started = await until_type(ws, "response.text.delta")
+        first = started[0]
+        # The model is speaking (its first words are out), so the count took its script entry;
+        # a query sent before that could cancel the reply before the model began it.
+        await send(ws, VideoQuery(text="stop"))
         cut = await until_type(ws, "response.text.done")
         second = await until_type(ws, "response.text.done")
+    assert types(started)[0] == "response.start"
     assert (cut[-1].response_id, cut[-1].status) == (first.response_id, "cancelled")
     assert types(second)[0] == "response.start" and second[0].response_id != first.response_id
     assert (second[-1].text, second[-1].status) == ("Short.", "completed")

@@ -13,6 +13,8 @@ from __future__ import annotations
 import itertools
 import json
 
+import pytest
+
 from duplex.engine import EngineConfig
 from tests.clients.clip import FrameReporterPlugin, parse_report
 from tests.clients.test_camera import FRAME_SIZES
@@ -33,6 +35,7 @@ PREVIEW = "(v => [v.hidden, v.videoWidth, v.videoHeight])(document.querySelector
 BUTTON = "(b => [b.textContent, b.disabled])(document.querySelector('#camera'))"
 
 
+@pytest.mark.slow_on_uvloop
 async def test_the_camera_sends_a_picture_a_second_at_the_size_the_model_works_at(open_page):
     plugin = FrameReporterPlugin(video_frame_max_pixels=MAX_PIXELS)
     config = EngineConfig(max_sessions=4)
@@ -84,6 +87,7 @@ async def test_the_camera_sends_a_picture_a_second_at_the_size_the_model_works_a
     assert console == []
 
 
+@pytest.mark.slow_on_uvloop
 async def test_a_model_that_takes_no_video_leaves_the_camera_closed_and_says_so(open_page):
     async with running_server() as srv, open_page(srv.http + "/") as page:  # the echo plugin
         await page.evaluate(click("#camera"))

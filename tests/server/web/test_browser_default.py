@@ -9,6 +9,7 @@ tell the server how much of the reply was heard (``conversation.item.truncate``)
 
 from __future__ import annotations
 
+import pytest
 import soundfile
 
 from duplex.engine import EngineConfig
@@ -33,6 +34,7 @@ def conversation(snapshot):
     return [(t["role"], t["text"], t["interrupted"]) for t in snapshot["conversation"]]
 
 
+@pytest.mark.slow_on_uvloop
 async def test_the_page_shows_the_spoken_question_and_plays_the_spoken_reply(models, open_page, spoken_wav):
     async with (
         default_server(models) as srv,
@@ -60,6 +62,7 @@ async def test_the_page_shows_the_spoken_question_and_plays_the_spoken_reply(mod
     assert console == []
 
 
+@pytest.mark.slow_on_uvloop
 async def test_speaking_over_the_reply_stops_playback_and_truncates_it_where_it_was_heard(
     models, open_page, spoken_wav
 ):
@@ -92,6 +95,7 @@ async def test_speaking_over_the_reply_stops_playback_and_truncates_it_where_it_
     assert console == []
 
 
+@pytest.mark.slow_on_uvloop
 async def test_with_manual_turns_the_reply_button_ends_the_turn(models, open_page, spoken_wav):
     wav = spoken_wav((QUESTION, 1.0))
     said_bytes = 2 * soundfile.info(wav).frames  # the whole WAV, as 24 kHz pcm16

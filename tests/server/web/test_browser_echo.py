@@ -13,12 +13,13 @@ import json
 from collections.abc import AsyncIterator
 from typing import Any
 
+import pytest
+
 from duplex.engine import Engine, EngineConfig
 from duplex.plugins.builtin.echo import EchoPlugin
 from duplex.server.app import create_app
 from duplex.server.config import ServeConfig, ServerConfig
-from duplex.server.serve import serve_in_background
-from tests.server.harness import running_server
+from tests.server.harness import running_server, serve_app
 from tests.server.web.conftest import needs_chromium
 
 pytestmark = needs_chromium
@@ -44,6 +45,7 @@ def type_key(key: str) -> str:
     return f"document.querySelector('#api-key').value = {json.dumps(key)}"
 
 
+@pytest.mark.slow_on_uvloop
 async def test_the_page_streams_the_microphone_plays_the_echo_and_stops(open_page, spoken_wav):
     async with (
         running_server(ServerConfig(api_keys=(KEY,))) as srv,
@@ -162,12 +164,13 @@ async def served_below(prefix: str) -> AsyncIterator[tuple[str, list[str]]]:
         await send({"type": "http.response.body", "body": b""})
 
     try:
-        async with serve_in_background(proxy, cfg) as server:
+        async with serve_app(proxy, cfg) as server:
             yield f"http://127.0.0.1:{server.port}{prefix}/", refused
     finally:
         plugin.close()
 
 
+@pytest.mark.slow_on_uvloop
 async def test_the_page_works_below_a_path_prefix(open_page, spoken_wav):
     async with served_below("/voice") as (url, refused), open_page(url, spoken_wav(SENTENCE)) as page:
         await page.evaluate(click("#start"))
@@ -180,6 +183,7 @@ async def test_the_page_works_below_a_path_prefix(open_page, spoken_wav):
     assert console == []
 
 
+@pytest.mark.slow_on_uvloop
 async def test_a_socket_lost_under_an_open_session_is_resumed_and_the_call_goes_on(open_page, spoken_wav):
     async with running_server() as srv, open_page(srv.http + "/", spoken_wav(SENTENCE)) as page:
         await page.evaluate(click("#start"))

@@ -29,6 +29,7 @@ def checkpoint(tmp_path_factory: pytest.TempPathFactory) -> Path:
     return write_checkpoint(tmp_path_factory.mktemp("helios"), preset="tiny", seed=3)
 
 
+@pytest.mark.slow_on_uvloop
 async def test_the_page_plays_the_stream_shows_its_cadence_changes_the_prompt_and_stops(
     open_page, checkpoint
 ) -> None:
