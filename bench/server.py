@@ -247,8 +247,17 @@ class _TransportOnly:
         pass
 
     async def open(
-        self, model: str | None = None, update: Any = None, *, api_key_id: bytes | None = None
+        self,
+        model: str | None = None,
+        update: Any = None,
+        *,
+        api_key_id: bytes | None = None,
+        paced: bool = True,
+        admission: Any = None,
+        resumable: bool = True,
+        dialect: Any = None,
     ) -> _AnswerEachAppend:
+        """``Engine.open``'s signature (the route passes ``dialect``, ``admission``); all ignored."""
         return _AnswerEachAppend()
 
     def has_session(self, session_id: str) -> bool:

@@ -10,6 +10,7 @@ latencies (every variant, a stalled server, a run that passes in one round) are 
 
 from __future__ import annotations
 
+import inspect
 import json
 import subprocess
 import sys
@@ -18,11 +19,19 @@ from typing import Any
 
 import pytest
 
-from bench.server import VARIANTS, _split, capacities, paired_rounds, server_loop
+from bench.server import VARIANTS, _split, _TransportOnly, capacities, paired_rounds, server_loop
+from duplex.engine import Engine
 
 
 def test_clients_are_shared_by_the_drivers_without_loss() -> None:
     assert _split(5, 2) == [3, 2] and _split(1, 2) == [1] and _split(1000, 3) == [334, 333, 333]
+
+
+def test_the_transport_only_stand_in_takes_every_argument_engine_open_takes() -> None:
+    # The route calls engine.open with Engine.open's keywords; a stand-in that lagged behind
+    # (no ``dialect``) refused every transport-* session.
+    params = inspect.signature(_TransportOnly.open).parameters
+    assert list(params) == list(inspect.signature(Engine.open).parameters)
 
 
 def test_each_variant_runs_on_its_event_loop() -> None:
@@ -59,6 +68,7 @@ def test_a_run_nobody_passes_takes_every_round_and_writes_the_report(tmp_path: P
         2,
     )
     assert len(row["repeats"]) == 2 and {"held", "p99_ms", "server_cpu_pct"} <= set(row)
+    assert row["errors"] == []  # a client that falls behind is not held, but loses no connection
     assert result["capacity"] == {"duplex-msgpack": 0}
 
 

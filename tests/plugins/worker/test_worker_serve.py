@@ -198,7 +198,15 @@ def _serve(tmp_path: Path, model: str, request: pytest.FixtureRequest) -> Served
     return Served(path, *flags)
 
 
-@pytest.mark.parametrize("model", ["echo", "personaplex"])
+@pytest.mark.parametrize(
+    "model",
+    [
+        "echo",
+        # slow: 13 s of loading on a CPU; the kill, refusal and restart are the echo case's, and
+        # PersonaPlex in a worker is test_worker_personaplex's
+        pytest.param("personaplex", marks=pytest.mark.slow),
+    ],
+)
 def test_sigkill_of_the_worker_ends_its_sessions_with_1012_and_a_new_worker_serves(
     tmp_path: Path, model: str, request: pytest.FixtureRequest
 ) -> None:
