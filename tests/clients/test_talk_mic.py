@@ -111,7 +111,9 @@ def reply_audio(events: list[Any], response_id: str) -> tuple[np.ndarray, list[t
     return (np.concatenate(pcm) if pcm else np.zeros(0, np.float32)), marks
 
 
-@pytest.mark.slow_on_uvloop
+# slow: 6.5 s of real-time speech; the default model hearing and answering a spoken question is
+# tests/plugins/test_default_e2e.py's, duplex talk playing a reply and acking it test_talk_play's
+@pytest.mark.slow
 async def test_a_spoken_question_is_transcribed_and_the_reply_is_played(
     models: tuple[WhisperTranscriber, PiperSpeaker],
     voice: Callable[[str], np.ndarray],
@@ -151,7 +153,10 @@ async def test_a_spoken_question_is_transcribed_and_the_reply_is_played(
     ]
 
 
-@pytest.mark.slow_on_uvloop
+# slow: 8 s of real-time speech; the server cutting a reply at the user's speech and the history
+# keeping what was heard is tests/plugins/test_default_e2e.py's, the client flushing its playback
+# on a barge-in and truncating what was played tests/clients/test_talk_audio_device.py's
+@pytest.mark.slow
 async def test_speaking_over_the_reply_stops_it_and_the_history_keeps_what_was_heard(
     models: tuple[WhisperTranscriber, PiperSpeaker],
     voice: Callable[[str], np.ndarray],
