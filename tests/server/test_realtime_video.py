@@ -31,7 +31,7 @@ from tests.server.video_helpers import FRAMES_PER_CHUNK, helios_plugin, kind, re
 
 av = pytest.importorskip("av")
 pytest.importorskip("diffusers")
-pytestmark = pytest.mark.timeout(120)
+pytestmark = [pytest.mark.timeout(120), pytest.mark.usefixtures("one_torch_thread")]
 
 
 @pytest.fixture(scope="module")
@@ -39,13 +39,6 @@ def checkpoint(tmp_path_factory: pytest.TempPathFactory) -> Path:
     from batch_models.video.testing import write_checkpoint
 
     return write_checkpoint(tmp_path_factory.mktemp("helios"), preset="tiny", seed=3)
-
-
-@pytest.fixture(autouse=True)
-def one_torch_thread() -> None:
-    import torch
-
-    torch.set_num_threads(1)
 
 
 @pytest.fixture

@@ -15,7 +15,6 @@ from __future__ import annotations
 
 import base64
 import shutil
-from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
@@ -30,6 +29,8 @@ from duplex.protocol.audio import encode_wav
 from tests.plugins.minicpmo.conftest import LISTEN, SPEAK_AND_END, jpeg
 from tests.server.harness import running_server
 from tests.server.seeds_wire import SeedsClient, pcm16, validate_ga
+
+pytestmark = pytest.mark.usefixtures("one_torch_thread")
 
 MODEL = "openbmb/MiniCPM-o-4_5"
 APPEND_MS = 200  # the browser's SEND_INTERVAL_MS
@@ -79,16 +80,6 @@ def checkpoints(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Path]:
         shutil.copytree(base, root)
         scripted[name] = script_checkpoint(root, script)
     return scripted
-
-
-@pytest.fixture(scope="module", autouse=True)
-def one_torch_thread() -> Iterator[None]:
-    import torch
-
-    before = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(before)
 
 
 def plugin(path: Any) -> MiniCPMOPlugin:
