@@ -260,6 +260,9 @@ def _parser() -> argparse.ArgumentParser:
     ap.add_argument("--playback-buffer-chunks", type=int, default=1)
     ap.add_argument("--warmup", type=int, default=1, help="warm-up streams per size before measuring")
     ap.add_argument("--threads", type=int, default=0, help="torch threads in the server (0: its default)")
+    ap.add_argument("--compile", action="store_true", help="regional torch.compile (warms each N)")
+    ap.add_argument("--attention-backend", default="", help="diffusers attention backend: _native_cudnn, ...")
+    ap.add_argument("--cudnn-benchmark", action="store_true", help="cuDNN picks the fastest convolutions")
     ap.add_argument("--json", type=Path, default=DEFAULT_OUT)
     ap.add_argument("--plot", action="store_true")
     ap.add_argument("-q", "--quiet", action="store_true", help="no progress line")
@@ -276,14 +279,16 @@ async def _measure(
 ) -> list[dict[str, Any]]:
     url = f"ws://127.0.0.1:{port}/v1/realtime/video"
     rows = []
-    warmed: set[tuple[int, int]] = set()
+    warmed: set[tuple[tuple[int, int], int]] = set()
     for sessions, size, fps in cells:
         label = f"{sessions} x {size[0]}x{size[1]} @ {fps:g} fps"
-        if size not in warmed:
-            status[0] = f"warming {size[0]}x{size[1]}"
+        # Compiled, every batch shape is compiled on its first call: warm each N, not only one.
+        warm = (size, sessions if args.compile else 1)
+        if warm not in warmed:
+            status[0] = f"warming {warm[1]} x {size[0]}x{size[1]}"
             for _ in range(args.warmup):
-                await _cell(url, 1, size, fps, frames)
-            warmed.add(size)
+                await _cell(url, warm[1], size, fps, frames)
+            warmed.add(warm)
         status[0] = label
         await asyncio.to_thread(_gpu, port, True)
         started = time.perf_counter()
@@ -368,6 +373,9 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
             "default_steps": args.steps,
             "default_guidance": args.guidance,
             "max_batch_rows": max(1, max(levels) * (2 if args.guidance > 1 else 1)),
+            "compile": args.compile,
+            "attention_backend": args.attention_backend,
+            "cudnn_benchmark": args.cudnn_benchmark,
         }
         if args.dtype:
             options["dtype"] = args.dtype
