@@ -59,11 +59,12 @@ tokens), ``default_transition_chunks`` (3), ``max_transition_chunks`` (64), ``ma
 pyramid's first chunk with twice the steps, as ``is_amplify_first_chunk``).
 
 Speed options (off by default; ``bench.video_profile`` measures them): ``compile`` (regional
-``torch.compile`` of the transformer's blocks: each graph is compiled on its first call with a new
-shape, which is a stage's token count x a batch bucket x a frame size, so the first chunks after
-load are slow), ``attention_backend`` (a diffusers attention backend for the transformer, e.g.
-``_native_cudnn`` or ``_native_flash``; kernels fetched from a hub are refused), ``cudnn_benchmark``
-(cuDNN times the VAE's convolution algorithms once per shape and keeps the fastest; process-wide).
+``torch.compile`` of the transformer's blocks: ``load`` compiles a graph for every shape serving can
+give it, each stage's token count x each batch bucket x each frame size, so no stream stalls on a
+new shape; keep ``sizes`` and ``batch_buckets`` few, each shape takes seconds to compile),
+``attention_backend`` (a diffusers attention backend for the transformer, e.g. ``_native_cudnn`` or
+``_native_flash``; kernels fetched from a hub are refused), ``cudnn_benchmark`` (cuDNN times the
+VAE's convolution algorithms once per shape and keeps the fastest; process-wide).
 """
 
 from __future__ import annotations
@@ -73,6 +74,7 @@ import io
 import logging
 import re
 import secrets
+import time
 from collections.abc import Callable, Hashable, Sequence
 from pathlib import Path
 
@@ -300,6 +302,8 @@ class HeliosVideoPlugin(BatchPlugin):
             amplify_first_chunk=self._amplify_first_chunk,
         )
         self._model = model
+        with torch.inference_mode():
+            self._warm_up()
         log.info(
             "helios loaded on %s (%s): sizes %s, %d frames a chunk, %d slots",
             self._device,
@@ -329,6 +333,13 @@ class HeliosVideoPlugin(BatchPlugin):
                 if hasattr(config, name):
                     setattr(config, name, max(getattr(config, name), _COMPILED_SHAPES_PER_BLOCK))
             model.transformer.compile_repeated_blocks(fullgraph=True, dynamic=False)
+
+    def _warm_up(self) -> None:
+        """Compiled: every shape's graph compiled now (``ChunkSampler.warm_up``), not mid-stream."""
+        if self._compile:
+            started = time.perf_counter()
+            self.sampler.warm_up(list(self._sizes.values()))
+            log.info("helios: compiled the transformer's shapes in %.1f s", time.perf_counter() - started)
 
     def _parse_sizes(self, model: VideoModel) -> tuple[dict[str, tuple[int, int]], str]:
         texts = [t.strip() for t in self._sizes_text.split(",") if t.strip()] or ["640x384"]

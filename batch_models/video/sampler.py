@@ -281,6 +281,34 @@ class ChunkSampler:
                 longs.append(long.to(dtype))
         return tuple(torch.cat(parts) for parts in (xs, ts, cs, shorts, mids, longs))
 
+    def warm_up(self, sizes: list[tuple[int, int]]) -> None:
+        """One transformer call on zeros for every shape serving can give it: each frame size x each
+        stage's resolution x each batch bucket. A compiled transformer compiles its graphs here, at
+        load, instead of stalling every stream the first time a new shape comes up."""
+        model = self.model
+        stages = model.stages if model.pyramid else 1
+        for width, height in sizes:
+            h, w = height // model.vae_scale_spatial, width // model.vae_scale_spatial
+            for stage in range(stages):
+                scale = 2 ** (stages - 1 - stage)
+                for rows in self.buckets:
+                    self._forward(*self._zeros(rows, (h // scale, w // scale), (h, w)))
+
+    def _zeros(
+        self, rows: int, latent_size: tuple[int, int], memory_size: tuple[int, int]
+    ) -> tuple[torch.Tensor, ...]:
+        """``_forward``'s inputs for ``rows`` rows, all zeros, at the given latent and memory sizes."""
+        model = self.model
+        on = {"device": model.device, "dtype": model.dtype}
+        channels = model.latent_channels
+        latents = torch.zeros(rows, channels, self.latent_frames, *latent_size, **on)
+        history = torch.zeros(rows, channels, sum(self.history_sizes), *memory_size, **on)
+        long, mid, short = history.split(self.history_sizes, dim=2)
+        short = torch.cat([short[:, :, :1], short], dim=2)  # the first frame's latent, then short
+        text = torch.zeros(rows, self.max_sequence_length, model.transformer.config.text_dim, **on)
+        t = torch.zeros(rows, device=model.device, dtype=torch.int64 if model.pyramid else torch.float32)
+        return latents, t, text, short, mid, long
+
     def _forward(
         self,
         x: torch.Tensor,

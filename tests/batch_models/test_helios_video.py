@@ -170,9 +170,17 @@ def test_a_chunk_cut_short_decodes_only_the_latent_frames_its_frames_come_from(
 
 
 @pytest.mark.slow  # inductor compiles each shape's graph on a CPU: about a minute
-def test_compiled_blocks_make_the_frames_the_eager_model_makes(helios_checkpoint: Path) -> None:
+def test_compiled_blocks_are_compiled_at_load_and_make_the_frames_the_eager_model_makes(
+    helios_checkpoint: Path,
+) -> None:
+    from torch._dynamo.utils import counters
+
     eager = video(drive(loaded(helios_checkpoint, slots=1), {0: [request(0)]})[0].outputs)
-    compiled = video(drive(loaded(helios_checkpoint, slots=1, compile=True), {0: [request(0)]})[0].outputs)
+    plugin = loaded(helios_checkpoint, slots=2, compile=True)
+    graphs = counters["stats"]["unique_graphs"]
+    assert graphs >= 2  # one a frame size (32x32, 48x32) at the one batch bucket
+    compiled = video(drive(plugin, {0: [request(0)], 1: [request(1, width=48, epoch=3)]})[0].outputs)
+    assert counters["stats"]["unique_graphs"] == graphs  # nothing compiled while serving
     assert compiled.shape == eager.shape == (20, 32, 32, 3)
     # Fused kernels round differently in the last bits; the frames are the same to a level or two.
     assert np.abs(compiled.astype(int) - eager.astype(int)).max() <= 2
