@@ -260,7 +260,7 @@ def _parser() -> argparse.ArgumentParser:
     ap.add_argument("--playback-buffer-chunks", type=int, default=1)
     ap.add_argument("--warmup", type=int, default=1, help="warm-up streams per size before measuring")
     ap.add_argument("--threads", type=int, default=0, help="torch threads in the server (0: its default)")
-    ap.add_argument("--compile", action="store_true", help="regional torch.compile (warms each N)")
+    ap.add_argument("--compile", action="store_true", help="regional torch.compile (at load)")
     ap.add_argument("--attention-backend", default="", help="diffusers attention backend: _native_cudnn, ...")
     ap.add_argument("--cudnn-benchmark", action="store_true", help="cuDNN picks the fastest convolutions")
     ap.add_argument("--json", type=Path, default=DEFAULT_OUT)
@@ -279,16 +279,14 @@ async def _measure(
 ) -> list[dict[str, Any]]:
     url = f"ws://127.0.0.1:{port}/v1/realtime/video"
     rows = []
-    warmed: set[tuple[tuple[int, int], int]] = set()
+    warmed: set[tuple[int, int]] = set()
     for sessions, size, fps in cells:
         label = f"{sessions} x {size[0]}x{size[1]} @ {fps:g} fps"
-        # Compiled, every batch shape is compiled on its first call: warm each N, not only one.
-        warm = (size, sessions if args.compile else 1)
-        if warm not in warmed:
-            status[0] = f"warming {warm[1]} x {size[0]}x{size[1]}"
+        if size not in warmed:
+            status[0] = f"warming {size[0]}x{size[1]}"
             for _ in range(args.warmup):
-                await _cell(url, warm[1], size, fps, frames)
-            warmed.add(warm)
+                await _cell(url, 1, size, fps, frames)
+            warmed.add(size)
         status[0] = label
         await asyncio.to_thread(_gpu, port, True)
         started = time.perf_counter()
