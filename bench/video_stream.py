@@ -50,7 +50,7 @@ from bench.report import machine, print_table, write_json
 from clients.video_stream import VideoChunk, VideoStreamClient
 from duplex.protocol.video_output import VideoError, VideoSessionDone, VideoStart
 
-__all__ = ["SessionTrace", "main", "playback_stalls", "summarize"]
+__all__ = ["PRESETS", "PROMPTS", "SessionTrace", "check_sizes", "main", "playback_stalls", "summarize"]
 
 DEFAULT_OUT = Path("bench/results/video_stream.json")
 PROMPTS = (
@@ -74,7 +74,7 @@ COLUMNS = [
     "stall_ms",
     ("gpu_peak_gb", "gpu GB"),
 ]
-_PRESETS = {  # preset -> (default size, steps (a stage, for the pyramid), latent frames a chunk)
+PRESETS = {  # preset -> (default size, steps (a stage, for the pyramid), latent frames a chunk)
     "tiny": ("32x32", 2, 3),
     "tiny-distilled": ("64x64", 1, 3),
     "helios": ("640x384", 4, 9),
@@ -220,6 +220,18 @@ def _serve(spec: dict[str, Any]) -> None:
     serve_engine(engine, spec["port"], "helios", [Route("/bench/gpu", gpu)])
 
 
+def check_sizes(model_path: str | Path, sizes: list[tuple[int, int]]) -> None:
+    """Exit with a clear message, before anything is built, when a size does not fit the
+    checkpoint: its sides must be multiples of the VAE's 8x times the transformer's 2x patch (16),
+    times 4 for the three-stage pyramid, whose first stage is a quarter of the frame (64)."""
+    from batch_models.video.loading import frame_size_multiple
+
+    step = frame_size_multiple(model_path)
+    bad = [f"{w}x{h}" for w, h in sizes if w < step or h < step or w % step or h % step]
+    if bad:
+        sys.exit(f"size {', '.join(bad)}: this checkpoint's frame sides must be positive multiples of {step}")
+
+
 def _model_path(args: argparse.Namespace, workdir: Path) -> tuple[str, bool]:
     """The checkpoint to serve, and whether its weights are random (configs only)."""
     if args.model_path:
@@ -233,7 +245,7 @@ def _model_path(args: argparse.Namespace, workdir: Path) -> tuple[str, bool]:
 
 def _parser() -> argparse.ArgumentParser:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    ap.add_argument("--preset", choices=sorted(_PRESETS), default="tiny", help="checkpoint written here")
+    ap.add_argument("--preset", choices=sorted(PRESETS), default="tiny", help="checkpoint written here")
     ap.add_argument("--model-path", help="serve this Helios checkpoint instead (its real weights)")
     ap.add_argument("--device", default="cpu")
     ap.add_argument("--dtype", default=None, help="float32, bfloat16, float16 (default: bfloat16 on CUDA)")
@@ -248,6 +260,9 @@ def _parser() -> argparse.ArgumentParser:
     ap.add_argument("--playback-buffer-chunks", type=int, default=1)
     ap.add_argument("--warmup", type=int, default=1, help="warm-up streams per size before measuring")
     ap.add_argument("--threads", type=int, default=0, help="torch threads in the server (0: its default)")
+    ap.add_argument("--compile", action="store_true", help="regional torch.compile (at load)")
+    ap.add_argument("--attention-backend", default="", help="diffusers attention backend: _native_cudnn, ...")
+    ap.add_argument("--cudnn-benchmark", action="store_true", help="cuDNN picks the fastest convolutions")
     ap.add_argument("--json", type=Path, default=DEFAULT_OUT)
     ap.add_argument("--plot", action="store_true")
     ap.add_argument("-q", "--quiet", action="store_true", help="no progress line")
@@ -334,7 +349,7 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
     if args.serve:
         _serve(json.loads(args.serve))
         return {}
-    size_default, steps_default, latent_default = _PRESETS[args.preset]
+    size_default, steps_default, latent_default = PRESETS[args.preset]
     args.steps = args.steps or steps_default
     args.latent_frames = args.latent_frames or latent_default
     texts = (args.sizes or size_default).split(",")
@@ -346,6 +361,7 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
     frames = args.chunks * frames_per_chunk
     with tempfile.TemporaryDirectory(prefix="video-bench-") as workdir:
         model_path, random_weights = _model_path(args, Path(workdir))
+        check_sizes(model_path, sizes)  # type: ignore[arg-type]
         options: dict[str, Any] = {
             "max_sessions": max(levels),
             "device": args.device,
@@ -355,6 +371,9 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
             "default_steps": args.steps,
             "default_guidance": args.guidance,
             "max_batch_rows": max(1, max(levels) * (2 if args.guidance > 1 else 1)),
+            "compile": args.compile,
+            "attention_backend": args.attention_backend,
+            "cudnn_benchmark": args.cudnn_benchmark,
         }
         if args.dtype:
             options["dtype"] = args.dtype

@@ -39,7 +39,7 @@ import torch
 from batch_models.weights import find_weights, load_strict, read_safetensors
 from duplex.plugins.base import PluginError
 
-__all__ = ["VideoModel", "load_model"]
+__all__ = ["VideoModel", "frame_size_multiple", "load_model"]
 
 log = logging.getLogger(__name__)
 
@@ -176,6 +176,25 @@ def _pipeline(root: Path) -> tuple[type, dict, dict]:
     return getattr(diffusers, wanted), config, index
 
 
+def _size_multiple(spatial: int, patch: list[int], pyramid: bool, stages: int) -> int:
+    """Frame sides must be a multiple of this: the VAE's spatial scale x the transformer's patch,
+    x 2 per stage halving for the pyramid (its first stage's latents must still patch)."""
+    return spatial * max(int(patch[1]), int(patch[2])) * (2 ** (stages - 1) if pyramid else 1)
+
+
+def frame_size_multiple(root: str | Path) -> int:
+    """The multiple the frame sides of the checkpoint at ``root`` must be, from its configs alone
+    (nothing built); raises ``PluginError`` as ``load_model`` does for a missing or bad config."""
+    root = Path(root)
+    vae = _read_json(_folder(root, "vae") / "config.json")
+    transformer = _read_json(_folder(root, "transformer") / "config.json")
+    _, scheduler, index = _pipeline(root)
+    pyramid = index.get("_class_name") == "HeliosPyramidPipeline"
+    patch = transformer.get("patch_size", [1, 2, 2])
+    spatial, stages = int(vae.get("scale_factor_spatial", 8)), int(scheduler.get("stages", 1))
+    return _size_multiple(spatial, patch, pyramid, stages)
+
+
 def load_model(
     root: str | Path, *, device: torch.device, dtype: torch.dtype, random_weights: bool
 ) -> VideoModel:
@@ -228,8 +247,7 @@ def load_model(
         latent_channels=channels,
         vae_scale_temporal=int(vae.config.scale_factor_temporal),
         vae_scale_spatial=spatial,
-        # The pyramid's first stage halves the latents (stages - 1) times; each stage must still patch.
-        size_multiple=spatial * max(int(patch[1]), int(patch[2])) * (2 ** (stages - 1) if pyramid else 1),
+        size_multiple=_size_multiple(spatial, patch, pyramid, stages),
         device=device,
         dtype=dtype,
         vae_dtype=vae_dtype,

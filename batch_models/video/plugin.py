@@ -57,6 +57,14 @@ float32 on a CPU), ``random_weights``, ``sizes`` (comma-separated ``WIDTHxHEIGHT
 tokens), ``default_transition_chunks`` (3), ``max_transition_chunks`` (64), ``max_image_bytes``
 (16 MiB), ``max_batch_rows`` (16), ``batch_buckets``, ``amplify_first_chunk`` (False; the distilled
 pyramid's first chunk with twice the steps, as ``is_amplify_first_chunk``).
+
+Speed options (off by default; ``bench.video_profile`` measures them): ``compile`` (regional
+``torch.compile`` of the transformer's blocks: ``load`` compiles a graph for every shape serving can
+give it, each stage's token count x each batch bucket x each frame size, so no stream stalls on a
+new shape; keep ``sizes`` and ``batch_buckets`` few, each shape takes seconds to compile),
+``attention_backend`` (a diffusers attention backend for the transformer, e.g. ``_native_cudnn`` or
+``_native_flash``; kernels fetched from a hub are refused), ``cudnn_benchmark`` (cuDNN times the
+VAE's convolution algorithms once per shape and keeps the fastest; process-wide).
 """
 
 from __future__ import annotations
@@ -66,6 +74,7 @@ import io
 import logging
 import re
 import secrets
+import time
 from collections.abc import Callable, Hashable, Sequence
 from pathlib import Path
 
@@ -77,6 +86,7 @@ from batch_models.plugin_options import parse_options
 from batch_models.requests import INVALID_OPTION, OptionReader, check_text
 from batch_models.slots import SlotTable
 from batch_models.video.loading import VideoModel, load_model
+from batch_models.video.phases import phase
 from batch_models.video.sampler import ChunkSampler
 from batch_models.video.state import PendingPrompt, VideoRequest
 from duplex.plugins.base import (
@@ -118,7 +128,13 @@ _OPTION_TYPES: dict[str, type] = {
     "max_batch_rows": int,
     "batch_buckets": str,
     "amplify_first_chunk": bool,
+    "compile": bool,
+    "attention_backend": str,
+    "cudnn_benchmark": bool,
 }
+# The compiled transformer block's graphs: one per (stage's token count, batch bucket, frame size)
+# is kept; dynamo's default limit (8) would fall back to eager past the 8th.
+_COMPILED_SHAPES_PER_BLOCK = 64
 
 
 def clean_prompt(text: str) -> str:
@@ -163,6 +179,9 @@ class HeliosVideoPlugin(BatchPlugin):
         max_batch_rows: int = 16,
         batch_buckets: str = "",
         amplify_first_chunk: bool = False,
+        compile: bool = False,
+        attention_backend: str = "",
+        cudnn_benchmark: bool = False,
     ) -> None:
         if model_path is None:
             raise PluginError("invalid_plugin_config", "helios needs a model path (a diffusers directory)")
@@ -220,6 +239,12 @@ class HeliosVideoPlugin(BatchPlugin):
         self._max_transition = max_transition_chunks
         self._max_image_bytes = max_image_bytes
         self._amplify_first_chunk = amplify_first_chunk
+        if "hub" in attention_backend:
+            message = f"helios: attention_backend {attention_backend!r} downloads its kernel; not here"
+            raise PluginError("invalid_plugin_config", message)
+        self._compile = compile
+        self._attention_backend = attention_backend
+        self._cudnn_benchmark = cudnn_benchmark
         self._model: VideoModel | None = None
         self._sampler: ChunkSampler | None = None
         self._sizes: dict[str, tuple[int, int]] = {}
@@ -267,6 +292,7 @@ class HeliosVideoPlugin(BatchPlugin):
             self._model_path, device=self._device, dtype=self._dtype, random_weights=self._random
         )
         self._sizes, self._default_size = self._parse_sizes(model)
+        self._speed_up(model)
         self._sampler = ChunkSampler(
             model,
             history_sizes=self._history_sizes,  # type: ignore[arg-type]
@@ -276,6 +302,8 @@ class HeliosVideoPlugin(BatchPlugin):
             amplify_first_chunk=self._amplify_first_chunk,
         )
         self._model = model
+        with torch.inference_mode():
+            self._warm_up()
         log.info(
             "helios loaded on %s (%s): sizes %s, %d frames a chunk, %d slots",
             self._device,
@@ -284,6 +312,34 @@ class HeliosVideoPlugin(BatchPlugin):
             model.pixel_frames(self._latent_frames),
             self._max_sessions,
         )
+
+    def _speed_up(self, model: VideoModel) -> None:
+        """The speed options: the attention kernel, regional ``torch.compile`` of the transformer's
+        blocks (each block's graph compiled once per shape, on its first call), cuDNN's search for
+        the fastest convolutions (the VAE's, once per shape; process-wide)."""
+        if self._attention_backend:
+            try:
+                model.transformer.set_attention_backend(self._attention_backend)
+            except (ValueError, RuntimeError, ImportError) as exc:
+                message = f"helios: attention_backend {self._attention_backend!r}: {exc}"
+                raise PluginError("invalid_plugin_config", message) from exc
+        if self._cudnn_benchmark:
+            torch.backends.cudnn.benchmark = True
+        if self._compile:
+            from torch import _dynamo
+
+            config = _dynamo.config
+            for name in ("recompile_limit", "cache_size_limit"):
+                if hasattr(config, name):
+                    setattr(config, name, max(getattr(config, name), _COMPILED_SHAPES_PER_BLOCK))
+            model.transformer.compile_repeated_blocks(fullgraph=True, dynamic=False)
+
+    def _warm_up(self) -> None:
+        """Compiled: every shape's graph compiled now (``ChunkSampler.warm_up``), not mid-stream."""
+        if self._compile:
+            started = time.perf_counter()
+            self.sampler.warm_up(list(self._sizes.values()))
+            log.info("helios: compiled the transformer's shapes in %.1f s", time.perf_counter() - started)
 
     def _parse_sizes(self, model: VideoModel) -> tuple[dict[str, tuple[int, int]], str]:
         texts = [t.strip() for t in self._sizes_text.split(",") if t.strip()] or ["640x384"]
@@ -468,17 +524,18 @@ class HeliosVideoPlugin(BatchPlugin):
             if r.pending is not None:
                 prompts.append(r.pending.prompt)
         embeds = iter(sampler.encode(prompts).split(1)) if prompts else iter(())
-        for r in starting:
-            fresh = r.embeds is None
-            if fresh:
-                r.embeds = next(embeds)
-                r.negative = next(embeds) if r.guided else None
-            if r.pending is not None:
-                r.new_target = next(embeds)
-            if fresh:
-                sampler.start_memory(r)
-        for r in starting:
-            sampler.start_chunk(r, r.start_interaction())
+        with phase("chunk_start"):
+            for r in starting:
+                fresh = r.embeds is None
+                if fresh:
+                    r.embeds = next(embeds)
+                    r.negative = next(embeds) if r.guided else None
+                if r.pending is not None:
+                    r.new_target = next(embeds)
+                if fresh:
+                    sampler.start_memory(r)
+            for r in starting:
+                sampler.start_chunk(r, r.start_interaction())
 
 
 def _groups(

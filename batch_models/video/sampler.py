@@ -28,6 +28,7 @@ import torch.nn.functional as F
 
 from batch_models.diffusion.batching import pad_rows, split_rows
 from batch_models.video.loading import VideoModel
+from batch_models.video.phases import phase
 from batch_models.video.state import Chunk, VideoRequest
 from duplex.plugins.base import InteractionProgress
 
@@ -90,16 +91,17 @@ class ChunkSampler:
             return_attention_mask=True,
             return_tensors="pt",
         )
-        ids, mask = tokens.input_ids.to(model.device), tokens.attention_mask.to(model.device)
-        parts = []
-        for start, stop in split_rows(len(prompts), self.buckets):
-            rows = pad_rows(ids[start:stop], self.buckets)
-            out = model.text_encoder(rows, pad_rows(mask[start:stop], self.buckets))
-            parts.append(out.last_hidden_state[: stop - start])
-        hidden = torch.cat(parts).to(model.dtype)
-        lengths = mask.gt(0).sum(dim=1)
-        keep = torch.arange(length, device=model.device)[None, :, None] < lengths[:, None, None]
-        return torch.where(keep, hidden, torch.zeros((), dtype=hidden.dtype, device=hidden.device))
+        with phase("text_encoder"):
+            ids, mask = tokens.input_ids.to(model.device), tokens.attention_mask.to(model.device)
+            parts = []
+            for start, stop in split_rows(len(prompts), self.buckets):
+                rows = pad_rows(ids[start:stop], self.buckets)
+                out = model.text_encoder(rows, pad_rows(mask[start:stop], self.buckets))
+                parts.append(out.last_hidden_state[: stop - start])
+            hidden = torch.cat(parts).to(model.dtype)
+            lengths = mask.gt(0).sum(dim=1)
+            keep = torch.arange(length, device=model.device)[None, :, None] < lengths[:, None, None]
+            return torch.where(keep, hidden, torch.zeros((), dtype=hidden.dtype, device=hidden.device))
 
     def start_memory(self, r: VideoRequest) -> None:
         """A new request's memory: zeros, or (image-to-video) the reference image's latents."""
@@ -180,6 +182,11 @@ class ChunkSampler:
         model = self.model
         if not model.pyramid or chunk is None or chunk.stage_step or chunk.timesteps is not None:
             return
+        with phase(f"stage{chunk.stage}.prepare"):
+            self._enter_stage(r, chunk)
+
+    def _enter_stage(self, r: VideoRequest, chunk: Chunk) -> None:
+        model = self.model
         scheduler = r.scheduler
         stage = chunk.stage
         amplify = model.distilled and self.amplify_first_chunk and chunk.index == 0
@@ -240,7 +247,23 @@ class ChunkSampler:
 
     def denoise(self, group: list[VideoRequest]) -> None:
         """One step for every request of ``group`` (one ``group_key``): one transformer call per bucket."""
-        model, buckets = self.model, self.buckets
+        assert group[0].chunk is not None
+        name = f"stage{group[0].chunk.stage}"
+        with phase(f"{name}.inputs"):
+            x, t, c, short, mid, long = self._inputs(group)
+        with phase(f"{name}.transformer"):
+            flow = self._forward(x, t, c, short, mid, long)
+        with phase(f"{name}.scheduler"):
+            row = 0
+            for r in group:
+                f = flow[row : row + r.rows]
+                row += r.rows
+                self._step(r, self._guide(r, f) if r.guided else f)
+
+    def _inputs(self, group: list[VideoRequest]) -> tuple[torch.Tensor, ...]:
+        """The transformer's batched inputs: latents, timesteps, prompts, and the (short, mid, long)
+        memory, one row per request (two with guidance)."""
+        model = self.model
         dtype = model.dtype
         xs, ts, cs, shorts, mids, longs = [], [], [], [], [], []
         for r in group:
@@ -256,8 +279,47 @@ class ChunkSampler:
                 shorts.append(short.to(dtype))
                 mids.append(mid.to(dtype))
                 longs.append(long.to(dtype))
-        x, t, c = torch.cat(xs), torch.cat(ts), torch.cat(cs)
-        short, mid, long = torch.cat(shorts), torch.cat(mids), torch.cat(longs)
+        return tuple(torch.cat(parts) for parts in (xs, ts, cs, shorts, mids, longs))
+
+    def warm_up(self, sizes: list[tuple[int, int]]) -> None:
+        """One transformer call on zeros for every shape serving can give it: each frame size x each
+        stage's resolution x each batch bucket. A compiled transformer compiles its graphs here, at
+        load, instead of stalling every stream the first time a new shape comes up."""
+        model = self.model
+        stages = model.stages if model.pyramid else 1
+        for width, height in sizes:
+            h, w = height // model.vae_scale_spatial, width // model.vae_scale_spatial
+            for stage in range(stages):
+                scale = 2 ** (stages - 1 - stage)
+                for rows in self.buckets:
+                    self._forward(*self._zeros(rows, (h // scale, w // scale), (h, w)))
+
+    def _zeros(
+        self, rows: int, latent_size: tuple[int, int], memory_size: tuple[int, int]
+    ) -> tuple[torch.Tensor, ...]:
+        """``_forward``'s inputs for ``rows`` rows, all zeros, at the given latent and memory sizes."""
+        model = self.model
+        on = {"device": model.device, "dtype": model.dtype}
+        channels = model.latent_channels
+        latents = torch.zeros(rows, channels, self.latent_frames, *latent_size, **on)
+        history = torch.zeros(rows, channels, sum(self.history_sizes), *memory_size, **on)
+        long, mid, short = history.split(self.history_sizes, dim=2)
+        short = torch.cat([short[:, :, :1], short], dim=2)  # the first frame's latent, then short
+        text = torch.zeros(rows, self.max_sequence_length, model.transformer.config.text_dim, **on)
+        t = torch.zeros(rows, device=model.device, dtype=torch.int64 if model.pyramid else torch.float32)
+        return latents, t, text, short, mid, long
+
+    def _forward(
+        self,
+        x: torch.Tensor,
+        t: torch.Tensor,
+        c: torch.Tensor,
+        short: torch.Tensor,
+        mid: torch.Tensor,
+        long: torch.Tensor,
+    ) -> torch.Tensor:
+        """The transformer's flow prediction for the batched rows: one call per bucket of rows."""
+        model, buckets = self.model, self.buckets
         chunk_index, short_index, mid_index, long_index = self.indices
         flow = torch.empty_like(x)
         for start, stop in split_rows(x.shape[0], buckets):
@@ -275,11 +337,7 @@ class ChunkSampler:
                 return_dict=False,
             )[0]
             flow[start:stop] = out[: stop - start]
-        row = 0
-        for r in group:
-            f = flow[row : row + r.rows]
-            row += r.rows
-            self._step(r, self._guide(r, f) if r.guided else f)
+        return flow
 
     def _guide(self, r: VideoRequest, flow: torch.Tensor) -> torch.Tensor:
         """Classifier-free guidance of a request's two rows (CFG-Zero* where the pyramid asks for it:
@@ -324,23 +382,42 @@ class ChunkSampler:
 
     def decode(self, group: list[VideoRequest]) -> None:
         """Append each finished chunk to its request's memory and VAE-decode the chunks of ``group``
-        (all of one size) into uint8 ``T x H x W x 3`` frames (``VideoRequest.video``)."""
-        model, buckets = self.model, self.buckets
-        latents = []
+        (all of one size) into uint8 ``T x H x W x 3`` frames (``VideoRequest.video``).
+
+        The VAE is causal in time, so a chunk cut short (a request's last) decodes only the latent
+        frames its frames come from (``latent_frames_for``): the same frames, less work."""
+        with phase("history"):
+            for r in group:
+                assert r.chunk is not None and r.history is not None
+                if r.first_latent is None:
+                    r.first_latent = r.chunk.latents[:, :, :1]  # keep_first_frame: chunk 0's first frame
+                r.history = torch.cat([r.history, r.chunk.latents], dim=2)[:, :, -sum(self.history_sizes) :]
+        by_length: dict[int, list[VideoRequest]] = {}
         for r in group:
-            assert r.chunk is not None and r.history is not None
-            if r.first_latent is None:
-                r.first_latent = r.chunk.latents[:, :, :1]  # keep_first_frame: chunk 0's first frame
-            r.history = torch.cat([r.history, r.chunk.latents], dim=2)[:, :, -sum(self.history_sizes) :]
-            latents.append(r.chunk.latents)
-        x = torch.cat(latents).to(model.vae_dtype) / model.latents_std + model.latents_mean
-        decoded = []
-        for start, stop in split_rows(x.shape[0], buckets):
-            out = model.vae.decode(pad_rows(x[start:stop], buckets), return_dict=False)[0]
-            decoded.append(out[: stop - start])
-        pixels = (torch.cat(decoded) / 2 + 0.5).clamp(0, 1).float()  # [B, 3, T, H, W]
-        frames = (pixels * 255).round().to(torch.uint8).permute(0, 2, 3, 4, 1).cpu().numpy()
+            assert r.chunk is not None
+            by_length.setdefault(self.latent_frames_for(r.chunk.frames), []).append(r)
+        for length, rows in by_length.items():
+            self._decode_rows(rows, length)
+
+    def latent_frames_for(self, frames: int) -> int:
+        """The latent frames a chunk's first ``frames`` frames decode from (the first stands alone)."""
+        scale = self.model.vae_scale_temporal
+        return min(self.latent_frames, 1 + -(-(frames - 1) // scale))
+
+    def _decode_rows(self, group: list[VideoRequest], length: int) -> None:
+        model, buckets = self.model, self.buckets
+        latents = [r.chunk.latents[:, :, :length] for r in group if r.chunk is not None]
+        with phase("vae_decode"):
+            x = torch.cat(latents).to(model.vae_dtype) / model.latents_std + model.latents_mean
+            decoded = []
+            for start, stop in split_rows(x.shape[0], buckets):
+                out = model.vae.decode(pad_rows(x[start:stop], buckets), return_dict=False)[0]
+                decoded.append(out[: stop - start])
+        with phase("frames"):
+            pixels = (torch.cat(decoded) / 2 + 0.5).clamp(0, 1).float()  # [B, 3, T, H, W]
+            # Laid out as frames on the device: the copy to the host is then one contiguous block.
+            frames = (pixels * 255).round().to(torch.uint8).permute(0, 2, 3, 4, 1).contiguous().cpu().numpy()
         for i, r in enumerate(group):
             assert r.chunk is not None
-            r.video = np.ascontiguousarray(frames[i, : r.chunk.frames])
+            r.video = frames[i, : r.chunk.frames]
             r.frames_sent += r.chunk.frames

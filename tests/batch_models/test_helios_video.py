@@ -153,6 +153,39 @@ def test_a_requests_frames_are_the_same_alone_or_batched_with_others_joining_lat
     assert video(together[2].outputs).shape == (20, 32, 48, 3)
 
 
+def test_a_chunk_cut_short_decodes_only_the_latent_frames_its_frames_come_from(
+    helios_checkpoint: Path,
+) -> None:
+    plugin = loaded(helios_checkpoint, slots=1)
+    decoded: list[int] = []  # the Wan VAE decodes one latent frame a decoder call (it is causal)
+    decoder = plugin.model.vae.decoder
+    hook = decoder.register_forward_pre_hook(lambda _, args: decoded.append(args[0].shape[2]))
+    try:
+        outputs = drive(plugin, {0: [request(0, num_frames=20)]})[0].outputs
+    finally:
+        hook.remove()
+    assert [len(o.video) for o in outputs if o.video is not None] == [9, 9, 2]
+    # 3 latent frames for each whole chunk; the last one's 2 frames come from its first 2 (1 + 1 x 4).
+    assert decoded == [1] * (3 + 3 + 2)
+
+
+@pytest.mark.slow  # inductor compiles each shape's graph on a CPU: about a minute
+def test_compiled_blocks_are_compiled_at_load_and_make_the_frames_the_eager_model_makes(
+    helios_checkpoint: Path,
+) -> None:
+    from torch._dynamo.utils import counters
+
+    eager = video(drive(loaded(helios_checkpoint, slots=1), {0: [request(0)]})[0].outputs)
+    plugin = loaded(helios_checkpoint, slots=2, compile=True)
+    graphs = counters["stats"]["unique_graphs"]
+    assert graphs >= 2  # one a frame size (32x32, 48x32) at the one batch bucket
+    compiled = video(drive(plugin, {0: [request(0)], 1: [request(1, width=48, epoch=3)]})[0].outputs)
+    assert counters["stats"]["unique_graphs"] == graphs  # nothing compiled while serving
+    assert compiled.shape == eager.shape == (20, 32, 32, 3)
+    # Fused kernels round differently in the last bits; the frames are the same to a level or two.
+    assert np.abs(compiled.astype(int) - eager.astype(int)).max() <= 2
+
+
 def test_a_stream_without_end_runs_until_it_is_cancelled(helios_checkpoint: Path) -> None:
     plugin = loaded(helios_checkpoint, slots=1)
     plugin.begin(request(0, num_frames=0))
@@ -365,8 +398,16 @@ def test_a_missing_folder_or_a_pyramid_scheduler_is_refused(helios_checkpoint: P
 
 @pytest.mark.parametrize(
     "options",
-    [{"sizes": "30x32"}, {"history_sizes": "16,2"}, {"max_sessions": 0}, {"unknown": 1}, {"dtype": "int8"}],
-    ids=["size", "history", "sessions", "unknown", "dtype"],
+    [
+        {"sizes": "30x32"},
+        {"history_sizes": "16,2"},
+        {"max_sessions": 0},
+        {"unknown": 1},
+        {"dtype": "int8"},
+        {"attention_backend": "no-such-kernel"},
+        {"attention_backend": "flash_hub"},  # fetched from a hub: never here
+    ],
+    ids=["size", "history", "sessions", "unknown", "dtype", "attention", "attention-hub"],
 )
 def test_bad_plugin_options_are_refused(helios_checkpoint: Path, options: dict) -> None:
     with pytest.raises(PluginError) as err:
