@@ -251,6 +251,7 @@ def test_random_weights_need_only_the_configs(tmp_path: Path) -> None:
         {"max_sessions": 0},
         {"colour": "red"},
         {"default_guidance": 99.0},
+        {"warmup": "maybe"},
     ],
 )
 def test_plugin_options_are_checked(sd_checkpoint: Path, options: dict) -> None:
@@ -261,3 +262,37 @@ def test_plugin_options_are_checked(sd_checkpoint: Path, options: dict) -> None:
     with pytest.raises(PluginError) as err:
         StableDiffusionPlugin.from_options(None)
     assert err.value.code == "invalid_plugin_config"
+
+
+@pytest.mark.parametrize("xl", [False, True], ids=["sd", "sdxl"])
+def test_the_warm_up_runs_every_reachable_bucket_at_every_size_and_changes_no_image(
+    sd_checkpoint: Path, sdxl_checkpoint: Path, xl: bool
+) -> None:
+    from torch.nn.modules.module import register_module_forward_pre_hook
+
+    calls: set[tuple[str, tuple[int, ...]]] = set()
+    watched = ("UNet2DConditionModel", "Decoder", "CLIPTextModel", "CLIPTextModelWithProjection")
+
+    def record(module: torch.nn.Module, args: tuple) -> None:
+        name = type(module).__name__
+        if name in watched and args and isinstance(args[0], torch.Tensor):  # inner calls pass keywords
+            calls.add((name, tuple(args[0].shape)))
+
+    path = sdxl_checkpoint if xl else sd_checkpoint
+    options = {"batch_buckets": "1,2,4", "max_batch_rows": 4, "max_images": 1}
+    hook = register_module_forward_pre_hook(record)
+    try:
+        warm = loaded(path, slots=2, warmup=True, **options)
+    finally:
+        hook.remove()
+    # two slots, one image each: at most 4 prompts (guided), 4 UNet rows and 2 images per call
+    encoders = ["CLIPTextModel"] + (["CLIPTextModelWithProjection"] if xl else [])
+    latents = {"32x32": (16, 16), "48x32": (16, 24)}
+    expected = {(name, (b, 77)) for name in encoders for b in (1, 2, 4)}
+    expected |= {("UNet2DConditionModel", (b, 4, *latents[s])) for b in (1, 2, 4) for s in latents}
+    expected |= {("Decoder", (b, 4, *latents[s])) for b in (1, 2) for s in latents}
+    assert calls == expected
+    cold = loaded(path, slots=2, warmup=False, **options)
+    joins = {0: [request(0, steps=2)], 1: [request(1, "a boat", steps=2, size="48x32", guidance_scale=2.0)]}
+    for slot, trace in drive(warm, joins).items():  # every slot idle after the warm-up
+        np.testing.assert_array_equal(images(trace)[0], images(drive(cold, joins)[slot])[0])
