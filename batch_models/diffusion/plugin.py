@@ -399,7 +399,7 @@ class StableDiffusionPlugin(BatchPlugin):
         for group in _by_size(fresh):
             shape = _latent_shape(model, group[0].width, group[0].height)
             noise = [torch.randn((r.n, *shape), generator=r.generator, dtype=model.dtype) for r in group]
-            # One copy for the group; from pageable memory it is staged at once, so no device sync.
+            # One non-blocking copy for the group instead of a synchronous one per request.
             noise_here = torch.cat(noise).to(model.device, non_blocking=True)
             row = 0
             for r in group:
