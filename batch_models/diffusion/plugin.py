@@ -206,6 +206,7 @@ class StableDiffusionPlugin(BatchPlugin):
         self._warmup = (self._device.type != "cpu") if warmup is None else warmup
         self._model: DiffusionModel | None = None
         self._scheduler: object = None  # the checkpoint's scheduler, copied for each request
+        self._time_ids: dict[tuple[int, int], torch.Tensor] = {}  # SDXL: (height, width) -> [1, 6]
         self._sizes: dict[str, tuple[int, int]] = {}
         self._default_size = ""
         self._slots: SlotTable[_Request] = SlotTable(self.name, max_sessions)
@@ -276,6 +277,7 @@ class StableDiffusionPlugin(BatchPlugin):
     def close(self) -> None:
         self._model = None
         self._scheduler = None
+        self._time_ids.clear()
         self._slots.clear()
         self._closed = True
 
@@ -477,9 +479,12 @@ class StableDiffusionPlugin(BatchPlugin):
         rows included in the result). ``size`` is ``(height, width)``: SDXL's size conditioning."""
         extra = None
         if pooled is not None:
-            h, w = size  # original and target size, no crop
+            time_ids = self._time_ids.get(size)
+            if time_ids is None:  # made once per size: a tensor built from a list is a synchronous copy
+                h, w = size  # original and target size, no crop
+                time_ids = torch.tensor([[h, w, 0, 0, h, w]], dtype=c.dtype, device=c.device)
+                self._time_ids[size] = time_ids
             text_embeds = pad_rows(pooled, self._buckets)
-            time_ids = torch.tensor([[h, w, 0, 0, h, w]], dtype=c.dtype, device=c.device)
             extra = {"text_embeds": text_embeds, "time_ids": time_ids.expand(text_embeds.shape[0], -1)}
         return model.unet(
             pad_rows(x, self._buckets),
