@@ -35,17 +35,18 @@ the pipeline's guidance and VAE scaling), so a request's image matches ``StableD
 Where the time goes
 -------------------
 A model call at a batch shape it has not run before costs far more than its compute: on CUDA each
-convolution's cuDNN plan is chosen per shape, and the caching allocator grows to the new sizes
-(an H200 run without the warm-up, sd-turbo at 512 x 512, 8 clients: p99 1.8 s against a p50
-of 0.36 s, about 1.5 s of the run's 2.3 s outside its 82 ms steps). So ``load`` warms up (``warmup``, on by default on an accelerator): it
-runs the text encoder, the UNet and the VAE decoder once at every bucket a step can reach, for
-every size, and a step never meets a new shape. The per-step host work is kept off the
-accelerator's path: each request's scheduler is a copy of one built at load (diffusers'
-``from_config`` costs milliseconds of Python), timesteps stay on the CPU (no device lookups, no
-``.item()``), the new requests' initial noise goes to the device in one copy per size, and the
-decoded images come back in one copy per step. What stays is diffusers' own scheduler ``step``
-per request: it draws its noise from the request's CPU generator and copies it to the device
-(one small synchronous copy per request and step; the price of the same image on any device).
+convolution's cuDNN plan is chosen per shape, and the caching allocator grows to the new sizes.
+An H200 run without a warm-up (sd-turbo at 512 x 512, 8 clients) had a p99 latency of 1.8 s
+against a p50 of 0.36 s, and about 1.5 s of its 2.3 s outside its 82 ms steps. So ``load`` warms
+up (``warmup``, on by default on an accelerator): it runs the text encoder, the UNet and the VAE
+decoder once at every bucket a step can reach, for every size, and a step never meets a new
+shape. The per-step host work is kept off the accelerator's path: each request's scheduler is a
+copy of one built at load (diffusers' ``from_config`` costs milliseconds of Python), timesteps
+stay on the CPU (no device lookups, no ``.item()``), the new requests' initial noise goes to the
+device in one copy per size, SDXL's size conditioning is made once per size, and the decoded
+images come back in one copy per size. What stays is diffusers' own scheduler ``step`` per
+request: it draws its noise from the request's CPU generator and copies it to the device (one
+small synchronous copy per request and step; the price of the same image on any device).
 
 Plugin options (``from_options``): ``max_sessions`` (32), ``device`` ("cpu", "cuda[:N]"), ``dtype``
 (bfloat16 on CUDA, float32 on a CPU), ``random_weights`` (False: the configs of the model path
