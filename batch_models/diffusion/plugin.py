@@ -532,7 +532,9 @@ class StableDiffusionPlugin(BatchPlugin):
             for bucket in reachable(self._buckets, 2 * self._max_sessions):
                 self._encode(model, [""] * bucket)
             embeds, pooled = self._encode(model, [""])
-            timestep = self._scheduler.timesteps[0]  # type: ignore[attr-defined]
+            scheduler = copy.deepcopy(self._scheduler)  # a request's timesteps: their dtype, on the CPU
+            scheduler.set_timesteps(self._default_steps, device="cpu")  # type: ignore[attr-defined]
+            timestep = scheduler.timesteps[0]  # type: ignore[attr-defined]
             for width, height in self._sizes.values():
                 shape = _latent_shape(model, width, height)
                 zeros = torch.zeros((max(self._buckets), *shape), dtype=model.dtype, device=model.device)
