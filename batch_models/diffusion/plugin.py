@@ -55,6 +55,8 @@ model's native square size), ``max_images`` (4, the most ``n``), ``default_steps
 ``max_steps`` (50), ``default_guidance`` (0.0: SD-Turbo and SDXL-Turbo use none),
 ``max_prompt_chars`` (1000), ``max_batch_rows`` (64, the most rows in one model call),
 ``batch_buckets`` (comma-separated row counts; default ``batching.fine_buckets(max_batch_rows)``),
+``max_decode_images`` (8, the most images in one VAE call: a decoder call at full size holds
+gigabytes of activations per 8 images, and 8 already keep an accelerator busy),
 ``warmup`` (run every model call at every reachable bucket and size during ``load``; default: on
 an accelerator, not on a CPU, where a new shape costs little).
 """
@@ -107,6 +109,7 @@ _OPTION_TYPES: dict[str, type] = {
     "max_prompt_chars": int,
     "max_batch_rows": int,
     "batch_buckets": str,
+    "max_decode_images": int,
     "warmup": bool,
 }
 
@@ -168,6 +171,7 @@ class StableDiffusionPlugin(BatchPlugin):
         max_prompt_chars: int = 1000,
         max_batch_rows: int = 64,
         batch_buckets: str = "",
+        max_decode_images: int = 8,
         warmup: bool | None = None,
     ) -> None:
         if model_path is None:
@@ -179,6 +183,7 @@ class StableDiffusionPlugin(BatchPlugin):
             ("max_steps", max_steps, default_steps),
             ("max_prompt_chars", max_prompt_chars, 1),
             ("max_batch_rows", max_batch_rows, 1),
+            ("max_decode_images", max_decode_images, 1),
         ):
             if value < lo:
                 message = f"sd_turbo: {key} must be at least {lo}, got {value}"
@@ -191,6 +196,8 @@ class StableDiffusionPlugin(BatchPlugin):
         try:
             self._device = torch.device(device)
             self._buckets = parse_buckets(batch_buckets, max_batch_rows, default=fine_buckets)
+            most = min(max_decode_images, self._buckets[-1])
+            self._decode_buckets = (*(size for size in self._buckets if size < most), most)
         except (RuntimeError, ValueError) as exc:
             raise PluginError("invalid_plugin_config", f"sd_turbo: {exc}") from exc
         self._model_path = Path(model_path)
@@ -505,14 +512,15 @@ class StableDiffusionPlugin(BatchPlugin):
             row += r.n
 
     def _vae_decode(self, model: DiffusionModel, latents: torch.Tensor) -> torch.Tensor:
-        """uint8 ``[B, H, W, 3]`` images (on the device) of ``latents``, one VAE call per bucket of rows."""
+        """uint8 ``[B, H, W, 3]`` images (on the device) of ``latents``: one VAE call per
+        ``max_decode_images``, padded to the buckets below it (and it)."""
         vae = model.vae
         latents = latents.to(model.vae_dtype) / vae.config.scaling_factor
         if getattr(vae.config, "shift_factor", None) is not None:
             latents = latents + vae.config.shift_factor
         images = []
-        for start, stop in split_rows(latents.shape[0], self._buckets):
-            out = vae.decode(pad_rows(latents[start:stop], self._buckets), return_dict=False)[0]
+        for start, stop in split_rows(latents.shape[0], self._decode_buckets):
+            out = vae.decode(pad_rows(latents[start:stop], self._decode_buckets), return_dict=False)[0]
             images.append(out[: stop - start])
         pixels = (torch.cat(images) * 0.5 + 0.5).clamp(0, 1).float()
         return (pixels * 255).round().to(torch.uint8).permute(0, 2, 3, 1)
@@ -525,7 +533,8 @@ class StableDiffusionPlugin(BatchPlugin):
 
         A step then never meets a shape for the first time (cuDNN plans, allocator growth: see
         "Where the time goes"). The most rows a call can have: two prompts per request for the text
-        encoder, ``max_images`` images of two rows each for the UNet, ``max_images`` for the VAE.
+        encoder, ``max_images`` images of two rows each for the UNet, ``max_images`` for the VAE (in
+        calls of at most ``max_decode_images``).
         Raises ``PluginError("model_load_failed")`` when the largest call does not fit in memory.
         """
         try:
@@ -543,7 +552,7 @@ class StableDiffusionPlugin(BatchPlugin):
                     t = timestep.reshape(1).expand(bucket).to(model.device)
                     rows = pooled.repeat(bucket, 1) if pooled is not None else None
                     self._unet(model, x, t, embeds.repeat(bucket, 1, 1), rows, (height, width))
-                for bucket in reachable(self._buckets, self._max_images * self._max_sessions):
+                for bucket in reachable(self._decode_buckets, self._max_images * self._max_sessions):
                     self._vae_decode(model, zeros[:bucket])
             if model.device.type == "cuda":
                 torch.cuda.synchronize(model.device)
