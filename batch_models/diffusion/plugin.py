@@ -5,9 +5,10 @@ Theory of operation
 -------------------
 A request is a prompt plus its options (``n`` images, ``size``, ``seed``, ``steps``,
 ``guidance_scale``, ``negative_prompt``). ``begin`` checks it and sets up its own scheduler
-(a fresh instance of the checkpoint's scheduler, with the request's number of steps) and its own
-``torch.Generator`` (on the CPU, seeded with the request's seed: the same seed gives the same
-image on any device, alone or batched; no global random state is used).
+(a copy of the checkpoint's scheduler built once at load, with the request's number of steps and
+its timesteps on the CPU) and its own ``torch.Generator`` (on the CPU, seeded with the request's
+seed: the same seed gives the same image on any device, alone or batched; no global random state
+is used).
 
 Each ``advance`` takes one denoising step for every active request:
 
@@ -24,11 +25,28 @@ Each step returns one output per slot: ``progress`` (steps done / steps) while d
 image per step (``n`` of them, the first in the step that finished denoising), the last with
 ``end_of_turn``. Encoding the images (PNG) is the route's job.
 
-The model calls are padded to a small set of batch sizes (``batching``): with one bucket a
-request's image is bit-identical alone or batched; with the default buckets it may differ in the
-last bits of a float. The denoising math is diffusers' own (the scheduler's ``scale_model_input``
-and ``step``, the pipeline's guidance and VAE scaling), so a request's image matches
-``StableDiffusionPipeline`` (or ``StableDiffusionXLPipeline``) with the same seed.
+The model calls are padded to a small set of batch sizes (``batching``; by default the fine
+ladder 1, 2, 4, 6, 8, 12, 16, 24, 32, ...: at most a third of a call is padding): with one bucket a
+request's image is bit-identical alone or batched; with several it may differ in the last bits of
+a float. The denoising math is diffusers' own (the scheduler's ``scale_model_input`` and ``step``,
+the pipeline's guidance and VAE scaling), so a request's image matches ``StableDiffusionPipeline``
+(or ``StableDiffusionXLPipeline``) with the same seed.
+
+Where the time goes
+-------------------
+A model call at a batch shape it has not run before costs far more than its compute: on CUDA each
+convolution's cuDNN plan is chosen per shape, and the caching allocator grows to the new sizes.
+An H200 run without a warm-up (sd-turbo at 512 x 512, 8 clients) had a p99 latency of 1.8 s
+against a p50 of 0.36 s, and about 1.5 s of its 2.3 s outside its 82 ms steps. So ``load`` warms
+up (``warmup``, on by default on an accelerator): it runs the text encoder, the UNet and the VAE
+decoder once at every bucket a step can reach, for every size, and a step never meets a new
+shape. The per-step host work is kept off the accelerator's path: each request's scheduler is a
+copy of one built at load (diffusers' ``from_config`` costs milliseconds of Python), timesteps
+stay on the CPU (no device lookups, no ``.item()``), the new requests' initial noise goes to the
+device in one copy per size, SDXL's size conditioning is made once per size, and the decoded
+images come back in one copy per size. What stays is diffusers' own scheduler ``step`` per
+request: it draws its noise from the request's CPU generator and copies it to the device (one
+small synchronous copy per request and step; the price of the same image on any device).
 
 Plugin options (``from_options``): ``max_sessions`` (32), ``device`` ("cpu", "cuda[:N]"), ``dtype``
 (bfloat16 on CUDA, float32 on a CPU), ``random_weights`` (False: the configs of the model path
@@ -36,13 +54,19 @@ with random weights, for benchmarks), ``sizes`` (comma-separated ``WIDTHxHEIGHT`
 model's native square size), ``max_images`` (4, the most ``n``), ``default_steps`` (1),
 ``max_steps`` (50), ``default_guidance`` (0.0: SD-Turbo and SDXL-Turbo use none),
 ``max_prompt_chars`` (1000), ``max_batch_rows`` (64, the most rows in one model call),
-``batch_buckets`` (comma-separated row counts; default powers of two up to ``max_batch_rows``).
+``batch_buckets`` (comma-separated row counts; default ``batching.fine_buckets(max_batch_rows)``),
+``max_decode_images`` (8, the most images in one VAE call: a decoder call at full size holds
+gigabytes of activations per 8 images, and 8 already keep an accelerator busy),
+``warmup`` (run every model call at every reachable bucket and size during ``load``; default: on
+an accelerator, not on a CPU, where a new shape costs little).
 """
 
 from __future__ import annotations
 
+import copy
 import logging
 import secrets
+import time
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -50,7 +74,7 @@ from pathlib import Path
 import numpy as np
 import torch
 
-from batch_models.diffusion.batching import pad_rows, parse_buckets, split_rows
+from batch_models.diffusion.batching import fine_buckets, pad_rows, parse_buckets, reachable, split_rows
 from batch_models.diffusion.loading import DiffusionModel, load_model
 from batch_models.plugin_options import parse_options
 from batch_models.requests import OptionReader, check_text
@@ -85,6 +109,8 @@ _OPTION_TYPES: dict[str, type] = {
     "max_prompt_chars": int,
     "max_batch_rows": int,
     "batch_buckets": str,
+    "max_decode_images": int,
+    "warmup": bool,
 }
 
 
@@ -145,6 +171,8 @@ class StableDiffusionPlugin(BatchPlugin):
         max_prompt_chars: int = 1000,
         max_batch_rows: int = 64,
         batch_buckets: str = "",
+        max_decode_images: int = 8,
+        warmup: bool | None = None,
     ) -> None:
         if model_path is None:
             raise PluginError("invalid_plugin_config", "sd_turbo needs a model path (a diffusers directory)")
@@ -155,6 +183,7 @@ class StableDiffusionPlugin(BatchPlugin):
             ("max_steps", max_steps, default_steps),
             ("max_prompt_chars", max_prompt_chars, 1),
             ("max_batch_rows", max_batch_rows, 1),
+            ("max_decode_images", max_decode_images, 1),
         ):
             if value < lo:
                 message = f"sd_turbo: {key} must be at least {lo}, got {value}"
@@ -166,7 +195,9 @@ class StableDiffusionPlugin(BatchPlugin):
             raise PluginError("invalid_plugin_config", message)
         try:
             self._device = torch.device(device)
-            self._buckets = parse_buckets(batch_buckets, max_batch_rows)
+            self._buckets = parse_buckets(batch_buckets, max_batch_rows, default=fine_buckets)
+            most = min(max_decode_images, self._buckets[-1])
+            self._decode_buckets = (*(size for size in self._buckets if size < most), most)
         except (RuntimeError, ValueError) as exc:
             raise PluginError("invalid_plugin_config", f"sd_turbo: {exc}") from exc
         self._model_path = Path(model_path)
@@ -180,7 +211,10 @@ class StableDiffusionPlugin(BatchPlugin):
         self._max_steps = max_steps
         self._default_guidance = default_guidance
         self._max_prompt_chars = max_prompt_chars
+        self._warmup = (self._device.type != "cpu") if warmup is None else warmup
         self._model: DiffusionModel | None = None
+        self._scheduler: object = None  # the checkpoint's scheduler, copied for each request
+        self._time_ids: dict[tuple[int, int], torch.Tensor] = {}  # SDXL: (height, width) -> [1, 6]
         self._sizes: dict[str, tuple[int, int]] = {}
         self._default_size = ""
         self._slots: SlotTable[_Request] = SlotTable(self.name, max_sessions)
@@ -214,14 +248,20 @@ class StableDiffusionPlugin(BatchPlugin):
             self._model_path, device=self._device, dtype=self._dtype, random_weights=self._random
         )
         self._sizes, self._default_size = self._parse_sizes(model)
+        self._scheduler = model.scheduler_class.from_config(model.scheduler_config)
+        started = time.perf_counter()
+        if self._warmup:
+            self._warm_up(model)
         self._model = model
         log.info(
-            "sd_turbo loaded: %s on %s (%s), sizes %s, %d slots",
+            "sd_turbo loaded: %s on %s (%s), sizes %s, %d slots, buckets %s%s",
             "SDXL" if model.xl else "SD",
             self._device,
             self._dtype,
             ", ".join(self.image_sizes),
             self._max_sessions,
+            ",".join(map(str, self._buckets)),
+            f", warmed up in {time.perf_counter() - started:.1f} s" if self._warmup else "",
         )
 
     def _parse_sizes(self, model: DiffusionModel) -> tuple[dict[str, tuple[int, int]], str]:
@@ -244,6 +284,8 @@ class StableDiffusionPlugin(BatchPlugin):
 
     def close(self) -> None:
         self._model = None
+        self._scheduler = None
+        self._time_ids.clear()
         self._slots.clear()
         self._closed = True
 
@@ -275,7 +317,7 @@ class StableDiffusionPlugin(BatchPlugin):
 
         Raises ``PluginError`` (codes in ``batch_models.requests``) with nothing changed.
         """
-        model = self.model
+        self.model  # noqa: B018 - raises plugin_not_loaded
         self._slots.check_idle(request.slot)
         prompt = check_text(self.name, request.text, self._max_prompt_chars, what="prompt")
         reader = OptionReader(self.name, request.options)
@@ -288,9 +330,11 @@ class StableDiffusionPlugin(BatchPlugin):
         reader.done()
         width, height = self._sizes[self._default_size if size == "auto" else size]
         seed = secrets.randbits(63) if seed is None else seed  # unseeded: a fresh image every time
-        scheduler = model.scheduler_class.from_config(model.scheduler_config)
+        scheduler = copy.deepcopy(self._scheduler)  # a fresh one without from_config's milliseconds
         try:
-            scheduler.set_timesteps(steps, device=self._device)
+            # On the CPU: the step loop reads them there (no device lookup); the UNet gets one
+            # copy of the whole batch's timesteps per call.
+            scheduler.set_timesteps(steps, device="cpu")  # type: ignore[attr-defined]
         except ValueError as exc:  # e.g. more steps than the scheduler's training steps allow
             raise PluginError("invalid_session_config", f"sd_turbo: steps={steps}: {exc}") from exc
         self._slots.start(
@@ -345,7 +389,8 @@ class StableDiffusionPlugin(BatchPlugin):
         return outputs
 
     def _prepare(self, model: DiffusionModel, fresh: list[_Request]) -> None:
-        """Encode the prompts of ``fresh`` in one call per text encoder; draw their initial latents."""
+        """Encode the prompts of ``fresh`` in one call per text encoder; draw their initial latents
+        (each from its own generator, on the CPU) and copy them to the device in one copy per size."""
         prompts: list[str] = []
         for r in fresh:
             if r.guided:
@@ -353,7 +398,6 @@ class StableDiffusionPlugin(BatchPlugin):
             prompts.append(r.prompt)
         embeds, pooled = self._encode(model, prompts)
         row = 0
-        channels = model.unet.config.in_channels
         for r in fresh:
             count = 2 if r.guided else 1
             r.embeds = embeds[row : row + count]
@@ -362,9 +406,15 @@ class StableDiffusionPlugin(BatchPlugin):
                 r.embeds[0].zero_()  # SDXL's pipeline uses zeros, not the empty prompt, when none is given
                 r.pooled[0].zero_()  # type: ignore[index]
             row += count
-            shape = (r.n, channels, r.height // model.vae_scale_factor, r.width // model.vae_scale_factor)
-            noise = torch.randn(shape, generator=r.generator, dtype=model.dtype)
-            r.latents = noise.to(model.device) * r.scheduler.init_noise_sigma
+        for group in _by_size(fresh):
+            shape = _latent_shape(model, group[0].width, group[0].height)
+            noise = [torch.randn((r.n, *shape), generator=r.generator, dtype=model.dtype) for r in group]
+            # One non-blocking copy for the group instead of a synchronous one per request.
+            noise_here = torch.cat(noise).to(model.device, non_blocking=True)
+            row = 0
+            for r in group:
+                r.latents = noise_here[row : row + r.n] * r.scheduler.init_noise_sigma  # type: ignore[attr-defined]
+                row += r.n
 
     def _encode(self, model: DiffusionModel, prompts: list[str]) -> tuple[torch.Tensor, torch.Tensor | None]:
         """Prompt embeddings ``[B, L, D]`` (SDXL: and pooled ``[B, P]``) as diffusers' pipelines make them."""
@@ -377,7 +427,7 @@ class StableDiffusionPlugin(BatchPlugin):
                 max_length=tokenizer.model_max_length,  # type: ignore[attr-defined]
                 truncation=True,  # longer prompts are cut at the encoder's context, as diffusers does
                 return_tensors="pt",
-            ).input_ids.to(model.device)
+            ).input_ids.to(model.device, non_blocking=True)
             parts_hidden, parts_pooled = [], []
             for start, stop in split_rows(len(prompts), self._buckets):
                 out = encoder(pad_rows(ids[start:stop], self._buckets), output_hidden_states=model.xl)
@@ -404,26 +454,15 @@ class StableDiffusionPlugin(BatchPlugin):
             cs.append(r.embeds.repeat_interleave(r.n, dim=0))
             if r.pooled is not None:
                 ps.append(r.pooled.repeat_interleave(r.n, dim=0))
-        x, t, c = torch.cat(xs), torch.cat(ts), torch.cat(cs)
+        x, c = torch.cat(xs), torch.cat(cs)
+        t = torch.cat(ts).to(model.device, non_blocking=True)  # the CPU timesteps, in one copy
         pooled = torch.cat(ps) if ps else None
         eps = torch.empty_like(x)
         for start, stop in split_rows(x.shape[0], self._buckets):
-            extra = None
-            if pooled is not None:
-                h, w = group[0].height, group[0].width  # original and target size, no crop
-                time_ids = torch.tensor([[h, w, 0, 0, h, w]], dtype=c.dtype, device=c.device)
-                extra = {
-                    "text_embeds": pad_rows(pooled[start:stop], self._buckets),
-                    "time_ids": time_ids.expand(pad_rows(pooled[start:stop], self._buckets).shape[0], -1),
-                }
-            out = model.unet(
-                pad_rows(x[start:stop], self._buckets),
-                pad_rows(t[start:stop], self._buckets),
-                encoder_hidden_states=pad_rows(c[start:stop], self._buckets),
-                added_cond_kwargs=extra,
-                return_dict=False,
-            )[0]
-            eps[start:stop] = out[: stop - start]
+            rows = slice(start, stop)
+            size = (group[0].height, group[0].width)
+            chunk = pooled[rows] if pooled is not None else None
+            eps[rows] = self._unet(model, x[rows], t[rows], c[rows], chunk, size)[: stop - start]
         row = 0
         for r in group:
             e = eps[row : row + r.rows]
@@ -435,24 +474,96 @@ class StableDiffusionPlugin(BatchPlugin):
             r.latents = r.scheduler.step(e, t, r.latents, generator=r.generator, return_dict=False)[0]  # type: ignore[attr-defined]
             r.step += 1
 
+    def _unet(
+        self,
+        model: DiffusionModel,
+        x: torch.Tensor,
+        t: torch.Tensor,
+        c: torch.Tensor,
+        pooled: torch.Tensor | None,
+        size: tuple[int, int],
+    ) -> torch.Tensor:
+        """The UNet's prediction for at most ``buckets[-1]`` rows, padded to their bucket (padding
+        rows included in the result). ``size`` is ``(height, width)``: SDXL's size conditioning."""
+        extra = None
+        if pooled is not None:
+            time_ids = self._time_ids.get(size)
+            if time_ids is None:  # made once per size: a tensor built from a list is a synchronous copy
+                h, w = size  # original and target size, no crop
+                time_ids = torch.tensor([[h, w, 0, 0, h, w]], dtype=c.dtype, device=c.device)
+                self._time_ids[size] = time_ids
+            text_embeds = pad_rows(pooled, self._buckets)
+            extra = {"text_embeds": text_embeds, "time_ids": time_ids.expand(text_embeds.shape[0], -1)}
+        return model.unet(
+            pad_rows(x, self._buckets),
+            pad_rows(t, self._buckets),
+            encoder_hidden_states=pad_rows(c, self._buckets),
+            added_cond_kwargs=extra,
+            return_dict=False,
+        )[0]
+
     def _decode(self, model: DiffusionModel, group: list[_Request]) -> None:
         """VAE-decode the latents of ``group`` (all of one size) into uint8 ``H x W x 3`` images."""
-        vae = model.vae
-        latents = torch.cat([r.latents for r in group]).to(model.vae_dtype)  # type: ignore[misc]
-        latents = latents / vae.config.scaling_factor
-        if getattr(vae.config, "shift_factor", None) is not None:
-            latents = latents + vae.config.shift_factor
-        images = []
-        for start, stop in split_rows(latents.shape[0], self._buckets):
-            out = vae.decode(pad_rows(latents[start:stop], self._buckets), return_dict=False)[0]
-            images.append(out[: stop - start])
-        pixels = (torch.cat(images) * 0.5 + 0.5).clamp(0, 1).float()
-        pixels = (pixels * 255).round().to(torch.uint8).permute(0, 2, 3, 1).cpu().numpy()
+        pixels = self._vae_decode(model, torch.cat([r.latents for r in group])).cpu().numpy()  # type: ignore[misc]
         row = 0
         for r in group:
             r.images = [np.ascontiguousarray(pixels[row + i]) for i in range(r.n)]
             r.latents = None  # freed: the images are what is left to send
             row += r.n
+
+    def _vae_decode(self, model: DiffusionModel, latents: torch.Tensor) -> torch.Tensor:
+        """uint8 ``[B, H, W, 3]`` images (on the device) of ``latents``: one VAE call per
+        ``max_decode_images``, padded to the buckets below it (and it)."""
+        vae = model.vae
+        latents = latents.to(model.vae_dtype) / vae.config.scaling_factor
+        if getattr(vae.config, "shift_factor", None) is not None:
+            latents = latents + vae.config.shift_factor
+        images = []
+        for start, stop in split_rows(latents.shape[0], self._decode_buckets):
+            out = vae.decode(pad_rows(latents[start:stop], self._decode_buckets), return_dict=False)[0]
+            images.append(out[: stop - start])
+        pixels = (torch.cat(images) * 0.5 + 0.5).clamp(0, 1).float()
+        return (pixels * 255).round().to(torch.uint8).permute(0, 2, 3, 1)
+
+    # -- warm-up ----------------------------------------------------------
+
+    @torch.inference_mode()
+    def _warm_up(self, model: DiffusionModel) -> None:
+        """Run each model call once at every bucket a step can reach, for every size.
+
+        A step then never meets a shape for the first time (cuDNN plans, allocator growth: see
+        "Where the time goes"). The most rows a call can have: two prompts per request for the text
+        encoder, ``max_images`` images of two rows each for the UNet, ``max_images`` for the VAE (in
+        calls of at most ``max_decode_images``).
+        Raises ``PluginError("model_load_failed")`` when the largest call does not fit in memory.
+        """
+        try:
+            for bucket in reachable(self._buckets, 2 * self._max_sessions):
+                self._encode(model, [""] * bucket)
+            embeds, pooled = self._encode(model, [""])
+            scheduler = copy.deepcopy(self._scheduler)  # a request's timesteps: their dtype, on the CPU
+            scheduler.set_timesteps(self._default_steps, device="cpu")  # type: ignore[attr-defined]
+            timestep = scheduler.timesteps[0]  # type: ignore[attr-defined]
+            for width, height in self._sizes.values():
+                shape = _latent_shape(model, width, height)
+                zeros = torch.zeros((max(self._buckets), *shape), dtype=model.dtype, device=model.device)
+                for bucket in reachable(self._buckets, 2 * self._max_images * self._max_sessions):
+                    x = zeros[:bucket]
+                    t = timestep.reshape(1).expand(bucket).to(model.device)
+                    rows = pooled.repeat(bucket, 1) if pooled is not None else None
+                    self._unet(model, x, t, embeds.repeat(bucket, 1, 1), rows, (height, width))
+                for bucket in reachable(self._decode_buckets, self._max_images * self._max_sessions):
+                    self._vae_decode(model, zeros[:bucket])
+            if model.device.type == "cuda":
+                torch.cuda.synchronize(model.device)
+        except torch.OutOfMemoryError as exc:
+            message = f"sd_turbo: the warm-up ran out of device memory ({exc}); lower max_batch_rows"
+            raise PluginError("model_load_failed", message) from exc
+
+
+def _latent_shape(model: DiffusionModel, width: int, height: int) -> tuple[int, int, int]:
+    """``(C, h, w)`` of one image's latents."""
+    return (model.unet.config.in_channels, height // model.vae_scale_factor, width // model.vae_scale_factor)
 
 
 def _by_size(requests: list[_Request]) -> list[list[_Request]]:

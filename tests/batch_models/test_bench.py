@@ -29,6 +29,9 @@ def test_the_bench_serves_images_and_speech_and_writes_its_report(tmp_path: Path
     }
     images = rows["image:tiny", "plugin", 3]
     assert images["requests"] == 6 and images["unit"] == "images/s"
+    hand = rows["image:tiny", "diffusers-batch", 3]
+    assert images["p99_vs_batch"] == round(images["latency_p99_ms"] / hand["latency_p50_ms"], 2)
+    assert rows["tts:qwen3:tiny", "plugin", 3].get("p99_vs_batch") is None  # no hand batch to compare
     assert rows["image:tiny", "diffusers-1by1", 1]["speedup"] == 1.0
     speech = rows["tts:qwen3:tiny", "plugin", 3]
     assert speech["unit"] == "audio_s/s" and speech["first_audio_p99_ms"] >= speech["first_audio_p50_ms"] > 0

@@ -251,6 +251,8 @@ def test_random_weights_need_only_the_configs(tmp_path: Path) -> None:
         {"max_sessions": 0},
         {"colour": "red"},
         {"default_guidance": 99.0},
+        {"warmup": "maybe"},
+        {"max_decode_images": 0},
     ],
 )
 def test_plugin_options_are_checked(sd_checkpoint: Path, options: dict) -> None:
@@ -261,3 +263,48 @@ def test_plugin_options_are_checked(sd_checkpoint: Path, options: dict) -> None:
     with pytest.raises(PluginError) as err:
         StableDiffusionPlugin.from_options(None)
     assert err.value.code == "invalid_plugin_config"
+
+
+@pytest.mark.parametrize("xl", [False, True], ids=["sd", "sdxl"])
+def test_the_warm_up_runs_every_reachable_bucket_at_every_size_and_changes_no_image(
+    sd_checkpoint: Path, sdxl_checkpoint: Path, xl: bool
+) -> None:
+    from torch.nn.modules.module import register_module_forward_pre_hook
+
+    calls: set[tuple[str, tuple[int, ...]]] = set()
+    watched = ("UNet2DConditionModel", "Decoder", "CLIPTextModel", "CLIPTextModelWithProjection")
+
+    def record(module: torch.nn.Module, args: tuple) -> None:
+        name = type(module).__name__
+        if name in watched and args and isinstance(args[0], torch.Tensor):  # inner calls pass keywords
+            calls.add((name, tuple(args[0].shape)))
+
+    path = sdxl_checkpoint if xl else sd_checkpoint
+    options = {"batch_buckets": "1,2,4", "max_batch_rows": 4, "max_images": 1}
+    options["max_decode_images"] = 2 if xl else 1  # the VAE's calls: at most 2 images, or 1
+    hook = register_module_forward_pre_hook(record)
+    try:
+        warm = loaded(path, slots=2, warmup=True, **options)
+    finally:
+        hook.remove()
+    # two slots, one image each: at most 4 prompts (guided), 4 UNet rows and 2 images (decoded)
+    encoders = ["CLIPTextModel"] + (["CLIPTextModelWithProjection"] if xl else [])
+    latents = {"32x32": (16, 16), "48x32": (16, 24)}
+    expected = {(name, (b, 77)) for name in encoders for b in (1, 2, 4)}
+    expected |= {("UNet2DConditionModel", (b, 4, *latents[s])) for b in (1, 2, 4) for s in latents}
+    expected |= {("Decoder", (b, 4, *latents[s])) for b in ((1, 2) if xl else (1,)) for s in latents}
+    assert calls == expected
+    cold = loaded(path, slots=2, warmup=False, **options)
+    joins = {0: [request(0, steps=2)], 1: [request(1, "a boat", steps=2, size="48x32", guidance_scale=2.0)]}
+    for slot, trace in drive(warm, joins).items():  # every slot idle after the warm-up
+        np.testing.assert_array_equal(images(trace)[0], images(drive(cold, joins)[slot])[0])
+
+
+def test_more_images_than_max_decode_images_are_decoded_in_more_calls(sd_checkpoint: Path) -> None:
+    joins = {0: [request(0, steps=2, n=3)], 1: [request(1, "a boat", steps=1, n=2)]}  # 5 images at step 1
+    whole = drive(loaded(sd_checkpoint, slots=2), joins)
+    one_by_one = drive(loaded(sd_checkpoint, slots=2, max_decode_images=1), joins)
+    for slot in (0, 1):
+        assert len(images(one_by_one[slot])) == len(images(whole[slot])) == 3 - slot
+        for mine, ref in zip(images(one_by_one[slot]), images(whole[slot]), strict=True):
+            assert np.abs(mine.astype(int) - ref.astype(int)).max() <= 1
