@@ -348,6 +348,7 @@ def _tts_plugin(args: argparse.Namespace, root: Path | None, slots: int) -> Any:
             dtype=args.dtype,
             random_weights=args.qwen_size != "tiny",
             max_audio_s=args.tts_max_audio_s,
+            cuda_graphs=args.cuda_graphs,
         )
     plugin.load()
     return plugin
@@ -472,6 +473,12 @@ def _parser() -> argparse.ArgumentParser:
     ap.add_argument("--warmup", type=int, default=1)
     ap.add_argument("--threads", type=int, default=0, help="Piper: ONNX Runtime threads per voice")
     ap.add_argument("--tts-max-audio-s", type=float, default=6.0)
+    ap.add_argument(
+        "--cuda-graphs",
+        action=argparse.BooleanOptionalAction,
+        default=True,
+        help="qwen3 TTS on CUDA: replay the decode step and the prefill as CUDA graphs (default on)",
+    )
     ap.add_argument(
         "--through-server", action="store_true", help="also run each level through a server's HTTP routes"
     )
