@@ -3,7 +3,8 @@
 N requests join at once (as ``bench.batch_models``' closed loop starts them) and the parts of
 their first audio are timed one after another, each ended by a device sync: ``begin`` (tokenizer,
 prompt embeddings, the prefill), per request and in total; the decode step (``BatchedTalker.step``);
-the step's one read-back (end-of-speech per row); the codec decode of each row's first chunk; and,
+the step's one read-back (end-of-speech per row); the codec decode of each row's first chunk, one
+row at a time and all rows in one call (``decode_opening``, what ``advance`` does); and,
 for comparison, the whole ``advance`` that does the last three. Repeated ``--repeats`` times after
 a warm-up (graph capture happens there); medians are printed in ms and written as JSON.
 
@@ -37,6 +38,7 @@ COLUMNS = [
     ("readback_ms", "read-back"),
     ("codec_each_ms", "codec each"),
     ("codec_all_ms", "codec all"),
+    ("codec_opening_ms", "codec opening"),
     ("advance_ms", "advance"),
     ("first_audio_ms", "first audio"),
 ]
@@ -78,6 +80,9 @@ def _measure(plugin: Any, n: int, repeats: int, sync: Any) -> dict:
             gen.decode(slot, 0, 1, plugin._left_context)
             parts["codec1"].append(time.perf_counter() - t1)
         parts["codec"].append(time.perf_counter() - t)
+        t = time.perf_counter()
+        gen.decode_opening(1)
+        parts["open"].append(time.perf_counter() - t)
         for slot in range(n):  # the same joins again, then one real advance
             plugin.cancel_slot(slot, epoch=0)
             plugin.begin(BatchRequest(slot=slot, epoch=0, text=TEXT, options={"seed": 100 * r + slot}))
@@ -98,6 +103,7 @@ def _measure(plugin: Any, n: int, repeats: int, sync: Any) -> dict:
         "readback_ms": _median_ms(parts["read"]),
         "codec_each_ms": _median_ms(parts["codec1"]),
         "codec_all_ms": _median_ms(parts["codec"]),
+        "codec_opening_ms": _median_ms(parts["open"]),
         "advance_ms": _median_ms(parts["adv"]),
     }
     row["first_audio_ms"] = round(row["begin_all_ms"] + row["advance_ms"], 2)

@@ -302,3 +302,15 @@ class BatchedTalker:
         first = max(0, start - left_context)
         window = self.codes[slot : slot + 1, :, first:stop].clamp(0, self.cfg.codec.codebook_size - 1)
         return self.codec.decode_window(window, stop - start)[0].float().cpu()
+
+    @torch.inference_mode()
+    def decode_opening(self, frames: int) -> torch.Tensor:
+        """The audio of frames ``[0, frames)`` of every row at once, ``[slots, samples]`` float32 on the CPU.
+
+        For the first chunk of the requests that reach it at the same step: one codec call and one
+        read-back instead of one each. Always at the full ``[slots, G, frames]`` shape (rows without a
+        chunk due decode whatever codes they hold, and are ignored), so a row's audio does not depend
+        on which other rows had a chunk due, and a request's first chunk is the same alone or batched.
+        """
+        window = self.codes[:, :, :frames].clamp(0, self.cfg.codec.codebook_size - 1)
+        return self.codec.decode_window(window, frames).float().cpu()

@@ -373,18 +373,31 @@ class Qwen3TTSPlugin(BatchPlugin):
         codes = gen.step(self._exec_host)
         # The one read back per step: which rows said end-of-speech (the host decides chunks and ends).
         eos = (codes[:, 0] == gen.cfg.talker.codec_eos_token_id).cpu().tolist()
-        outputs = []
+        ended: dict[int, bool] = {}
+        due: list[int] = []
         for slot, request in batch:
             if not eos[slot]:
                 request.frames += 1
-            ended = eos[slot] or request.frames >= self._max_frames
-            due = self._first_chunk if request.decoded == 0 else self._chunk
+            ended[slot] = eos[slot] or request.frames >= self._max_frames
+            chunk = self._first_chunk if request.decoded == 0 else self._chunk
+            waiting = request.frames - request.decoded
+            if waiting > 0 and (ended[slot] or waiting >= chunk):
+                due.append(slot)
+        # First chunks of a full first_chunk_frames: one codec call for all rows (first audio).
+        requests = dict(batch)
+        openings = [s for s in due if requests[s].decoded == 0 and requests[s].frames == self._first_chunk]
+        opening = gen.decode_opening(self._first_chunk) if openings else None
+        outputs = []
+        for slot, request in batch:
             pcm = None
-            if request.frames > request.decoded and (ended or request.frames - request.decoded >= due):
-                audio = gen.decode(slot, request.decoded, request.frames, self._left_context)
-                pcm = audio.numpy()
+            if opening is not None and slot in openings:
+                pcm = opening[slot].numpy()
+            elif slot in due:
+                pcm = gen.decode(slot, request.decoded, request.frames, self._left_context).numpy()
+            if pcm is not None:
                 request.decoded = request.frames
-            text = self._text_delta(request, ended) if pcm is not None or ended else ""
+            end = ended[slot]
+            text = self._text_delta(request, end) if pcm is not None or end else ""
             read = min(len(request.text_ids), request.frames + 1)
             outputs.append(
                 SlotOutput(
@@ -393,11 +406,11 @@ class Qwen3TTSPlugin(BatchPlugin):
                     pcm=pcm,
                     sample_rate=SAMPLE_RATE,
                     text=text,
-                    progress=1.0 if ended else min(0.99, read / len(request.text_ids)),
-                    end_of_turn=ended,
+                    progress=1.0 if end else min(0.99, read / len(request.text_ids)),
+                    end_of_turn=end,
                 )
             )
-            if ended:
+            if end:
                 self._slots.drop(slot)
                 gen.release(slot)
         return outputs
