@@ -53,7 +53,8 @@ def _measure(plugin: Any, n: int, repeats: int, sync: Any) -> dict:
 
     gen = plugin.generator
     eos_id = gen.cfg.talker.codec_eos_token_id
-    parts: dict[str, list[float]] = {k: [] for k in ("each", "all", "step", "read", "codec1", "codec", "adv")}
+    names = ("each", "all", "step", "read", "codec1", "codec", "open", "adv")
+    parts: dict[str, list[float]] = {k: [] for k in names}
     for r in range(repeats + 1):
         for slot in range(n):
             plugin.open_slot(slot, SlotOptions())
