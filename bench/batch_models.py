@@ -368,6 +368,7 @@ def _tts_plugin(args: argparse.Namespace, root: Path | None, slots: int) -> Any:
             dtype=args.dtype,
             random_weights=args.qwen_size != "tiny",
             max_audio_s=args.tts_max_audio_s,
+            cuda_graphs=args.cuda_graphs,
         )
     plugin.load()
     return plugin
@@ -503,6 +504,12 @@ def _parser() -> argparse.ArgumentParser:
         "--no-shape-warmup",
         action="store_true",
         help="image plugin: do not warm its batch shapes at load (shows a new shape's first-call cost)",
+    )
+    ap.add_argument(
+        "--cuda-graphs",
+        action=argparse.BooleanOptionalAction,
+        default=True,
+        help="qwen3 TTS on CUDA: replay the decode step and the prefill as CUDA graphs (default on)",
     )
     ap.add_argument(
         "--through-server", action="store_true", help="also run each level through a server's HTTP routes"

@@ -12,24 +12,28 @@ text input), so a long text costs no longer prompt.
 Each ``advance`` takes one 80 ms frame for every slot at once: codebook 0 from the talker, the
 other codebooks from the code predictor, then one talker step with each row at its own position
 (``generation``). A slot's codes are turned into audio by the codec decoder in chunks: the first
-after ``first_chunk_frames`` frames (a quick first audio), then every ``chunk_frames`` frames, each
+after ``first_chunk_frames`` frames, then every ``chunk_frames`` frames, each
 decoded with up to ``left_context_frames`` earlier frames as context (the decoder is causal, so
-the chunks join into the audio a whole-utterance decode gives, up to its receptive field). The
-request ends when the model emits end-of-speech, or at ``max_audio_s``; the last output carries
-the rest of the audio and ``end_of_turn``.
+the chunks join into the audio a whole-utterance decode gives, up to its receptive field). One
+frame is the fewest the codec allows and the default for the first chunk: every convolution of
+the decoder is padded on the left only, its transposed convolutions are trimmed on the right and
+its attention sees only the past, so the 1,920 samples of frame t depend on frames 0..t alone and
+need no lookahead frame. The request ends when the model emits end-of-speech, or at
+``max_audio_s``; the last output carries the rest of the audio and ``end_of_turn``.
 
 Each output's ``text`` is the part of the input the model has read by the end of that chunk (one
 text token per frame, so it runs a little ahead of the audio), and ``progress`` the share of the
 text read; the texts join back to the input. Sampling (temperature, top-k, repetition penalty,
-from ``generation_config.json``) draws from each request's own ``torch.Generator`` (``seed``), so a
-request's audio is the same alone or batched.
+from ``generation_config.json``) draws counter-based noise keyed by each request's ``seed``
+(``noise``), so a request's audio is the same alone or batched.
 
 Plugin options (``from_options``): ``max_sessions`` (16), ``device`` ("cpu", "cuda[:N]"), ``dtype``
 (bfloat16 on CUDA, float32 on a CPU), ``random_weights`` (False: the configs of the model path
 with random weights, for benchmarks), ``default_voice`` (the first speaker by name),
 ``max_input_chars`` (4096), ``max_text_tokens`` (1024), ``max_instruction_tokens`` (256),
-``max_audio_s`` (120), ``first_chunk_frames`` (2), ``chunk_frames`` (10), ``left_context_frames``
-(the codec's attention window, 72).
+``max_audio_s`` (120), ``first_chunk_frames`` (1), ``chunk_frames`` (10), ``left_context_frames``
+(the codec's attention window, 72), ``cuda_graphs`` (True: on CUDA the decode step and each
+prefill bucket run as captured graphs; False runs the same code eagerly).
 
 Request options: ``voice`` (a speaker of ``config.json``; default: the session's voice, given when
 its slot opened, else ``default_voice``), ``language``
@@ -91,6 +95,7 @@ _OPTION_TYPES: dict[str, type] = {
     "first_chunk_frames": int,
     "chunk_frames": int,
     "left_context_frames": int,
+    "cuda_graphs": bool,
 }
 
 
@@ -129,9 +134,10 @@ class Qwen3TTSPlugin(BatchPlugin):
         max_text_tokens: int = 1024,
         max_instruction_tokens: int = 256,
         max_audio_s: float = 120.0,
-        first_chunk_frames: int = 2,
+        first_chunk_frames: int = 1,
         chunk_frames: int = 10,
         left_context_frames: int | None = None,
+        cuda_graphs: bool = True,
     ) -> None:
         if model_path is None:
             message = "qwen3_tts needs a model path (a checkpoint directory)"
@@ -169,6 +175,7 @@ class Qwen3TTSPlugin(BatchPlugin):
         self._first_chunk = first_chunk_frames
         self._chunk = chunk_frames
         self._left_context_opt = left_context_frames
+        self._cuda_graphs = cuda_graphs
         self._loaded: LoadedTTS | None = None
         self._gen: BatchedTalker | None = None
         self._sampling = Sampling()
@@ -218,8 +225,8 @@ class Qwen3TTSPlugin(BatchPlugin):
             self._left_context_opt if self._left_context_opt is not None else cfg.codec.sliding_window
         )
         self._loaded = loaded
-        self._exec_host = torch.zeros(self._max_sessions, dtype=torch.bool)
-        self._exec = torch.zeros(self._max_sessions, dtype=torch.bool, device=self._device)
+        pinned = self._device.type == "cuda"  # the step's one upload needs no sync
+        self._exec_host = torch.zeros(self._max_sessions, dtype=torch.bool, pin_memory=pinned)
         self._gen = BatchedTalker(
             loaded.model.talker,
             loaded.codec.decoder,
@@ -232,6 +239,7 @@ class Qwen3TTSPlugin(BatchPlugin):
             subtalker_top_k=int(g.get("subtalker_top_k", 50)),
             device=self._device,
             dtype=self._dtype,
+            cuda_graphs=self._cuda_graphs,
         )
         log.info(
             "qwen3_tts loaded: %s on %s (%s), %d voices, %d slots",
@@ -362,22 +370,34 @@ class Qwen3TTSPlugin(BatchPlugin):
         rows = [slot for slot, _ in batch]
         self._exec_host.zero_()
         self._exec_host[rows] = True
-        self._exec.copy_(self._exec_host)
-        codes = gen.step(self._exec, rows)
+        codes = gen.step(self._exec_host)
         # The one read back per step: which rows said end-of-speech (the host decides chunks and ends).
         eos = (codes[:, 0] == gen.cfg.talker.codec_eos_token_id).cpu().tolist()
-        outputs = []
+        ended: dict[int, bool] = {}
+        due: list[int] = []
         for slot, request in batch:
             if not eos[slot]:
                 request.frames += 1
-            ended = eos[slot] or request.frames >= self._max_frames
-            due = self._first_chunk if request.decoded == 0 else self._chunk
+            ended[slot] = eos[slot] or request.frames >= self._max_frames
+            chunk = self._first_chunk if request.decoded == 0 else self._chunk
+            waiting = request.frames - request.decoded
+            if waiting > 0 and (ended[slot] or waiting >= chunk):
+                due.append(slot)
+        # First chunks of a full first_chunk_frames: one codec call for all rows (first audio).
+        requests = dict(batch)
+        openings = [s for s in due if requests[s].decoded == 0 and requests[s].frames == self._first_chunk]
+        opening = gen.decode_opening(self._first_chunk) if openings else None
+        outputs = []
+        for slot, request in batch:
             pcm = None
-            if request.frames > request.decoded and (ended or request.frames - request.decoded >= due):
-                audio = gen.decode(slot, request.decoded, request.frames, self._left_context)
-                pcm = audio.numpy()
+            if opening is not None and slot in openings:
+                pcm = opening[slot].numpy()
+            elif slot in due:
+                pcm = gen.decode(slot, request.decoded, request.frames, self._left_context).numpy()
+            if pcm is not None:
                 request.decoded = request.frames
-            text = self._text_delta(request, ended) if pcm is not None or ended else ""
+            end = ended[slot]
+            text = self._text_delta(request, end) if pcm is not None or end else ""
             read = min(len(request.text_ids), request.frames + 1)
             outputs.append(
                 SlotOutput(
@@ -386,11 +406,11 @@ class Qwen3TTSPlugin(BatchPlugin):
                     pcm=pcm,
                     sample_rate=SAMPLE_RATE,
                     text=text,
-                    progress=1.0 if ended else min(0.99, read / len(request.text_ids)),
-                    end_of_turn=ended,
+                    progress=1.0 if end else min(0.99, read / len(request.text_ids)),
+                    end_of_turn=end,
                 )
             )
-            if ended:
+            if end:
                 self._slots.drop(slot)
                 gen.release(slot)
         return outputs

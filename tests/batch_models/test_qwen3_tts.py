@@ -1,6 +1,6 @@
 """``qwen3_tts`` at the plugin level on a tiny random-weight checkpoint in the public layout.
 
-What is proved: audio streams in chunks (a short first one) and the texts join back to the input;
+What is proved: audio streams in chunks (a first one of one frame) and the texts join back to the input;
 the chunks are the whole-utterance decode; a request's audio is bit-identical alone or batched
 with requests that join at other steps, in any slot; cancel frees the slot for the next step; bad
 requests are refused with codes; the checkpoint loads strictly by key (the codec's encoder keys
@@ -80,8 +80,12 @@ def test_the_chunks_join_into_the_whole_utterance_decode(tts_checkpoint: Path) -
     bounds = np.cumsum([0] + [o.pcm.size // FRAME_SAMPLES for o in trace.outputs if o.pcm is not None])
     pairs = list(itertools.pairwise(bounds.tolist()))
     codec = plugin.generator.codec
-    chunks = [codec.decode_window(codes[..., :stop], stop - start)[0] for start, stop in pairs]
-    np.testing.assert_array_equal(pcm, torch.cat(chunks).numpy())  # the plugin decoded these windows
+    # The plugin decoded these windows: the first at the full slot shape (first chunks of all rows in
+    # one call), the others for the slot alone.
+    opening = plugin.generator.decode_opening(pairs[0][1])[0]
+    later = [codec.decode_window(codes[..., :stop], stop - start)[0] for start, stop in pairs[1:]]
+    chunks = [opening, *later]
+    np.testing.assert_array_equal(pcm, torch.cat(chunks).numpy())
     # Causal decoding: each chunk (all of its past as context) is the whole decode's slice. In float64,
     # because random weights saturate the output and make float32 rounding audible in a few samples.
     codec64 = copy.deepcopy(codec).double()
