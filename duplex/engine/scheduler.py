@@ -283,25 +283,35 @@ class FrameScheduler:
             raise RuntimeError(f"{self.plugin.name}: step returned {len(outputs)} outputs for {len(batch)}")
         return outputs
 
-    def apply(self, batch: Batch, outputs: Sequence[SlotOutput], started: float) -> None:
-        """Route outputs and record metrics; ``started`` is the tick time on the loop clock.
+    def apply(
+        self, batch: Batch, outputs: Sequence[SlotOutput], started: float, finished: float | None = None
+    ) -> None:
+        """Route outputs and record metrics; ``started`` is the tick time on the loop clock, ``finished``
+        the time the step returned (``append_to_audio_s``: from a frame's completing append to its
+        audio, for each output with audio; not recorded without it).
 
         Outputs usually come in the order of the inputs; any other order is routed by slot."""
-        inputs, bindings = batch.inputs, batch.bindings
-        by_slot: dict[int, SlotBinding] | None = None
+        inputs, bindings, frames = batch.inputs, batch.bindings, batch.frames
+        by_slot: dict[int, int] | None = None
+        audio_waits: list[float] = []
         for i, output in enumerate(outputs):
-            if inputs[i].slot == output.slot:
-                binding: SlotBinding | None = bindings[i]
-            else:
+            k: int | None = i
+            if inputs[i].slot != output.slot:
                 if by_slot is None:
-                    by_slot = {inp.slot: b for inp, b in zip(inputs, bindings, strict=True)}
-                binding = by_slot.get(output.slot)
-            if binding is None:
+                    by_slot = {inp.slot: j for j, inp in enumerate(inputs)}
+                k = by_slot.get(output.slot)
+            if k is None:
                 self.metrics.stale_outputs_dropped.inc()
                 log.error("%s: output for slot %s, which was not in the batch", self.plugin.name, output.slot)
                 continue
-            binding.deliver(output)
+            bindings[k].deliver(output)
+            if finished is not None and output.pcm is not None and len(output.pcm):
+                at = frames[k].submitted_at
+                if at is not None:
+                    audio_waits.append(finished - at if finished > at else 0.0)
         metrics = self.metrics
+        if audio_waits:
+            metrics.append_to_audio_s.observe_many(audio_waits)
         metrics.ticks.inc()
         frames = batch.frames
         metrics.frames_stepped.inc(len(frames))
@@ -339,7 +349,7 @@ class FrameScheduler:
                 outputs = self.step(batch)
             else:
                 outputs = await self.on_model_thread(self.step, batch)
-            self.apply(batch, outputs, now)
+            self.apply(batch, outputs, now, asyncio.get_running_loop().time())
         except Exception as exc:  # the plugin's failure (or ours) ends those sessions, not the scheduler
             self.fail(batch, exc)
         return len(batch)

@@ -282,7 +282,7 @@ async def test_scheduler_drives_the_echo_plugin(model_thread) -> None:
     plugin = EchoPlugin(max_sessions=4)
     plugin.load()
     plugin.open_slot(2, SlotOptions())
-    sched, _ = _scheduler(plugin, model_thread)
+    sched, metrics = _scheduler(plugin, model_thread)
     sink = Sink()
     feed = sched.join(2, sink.binding())
     assert feed.dtype == np.int16  # echo takes int16 samples (Capabilities.input_dtype)
@@ -292,6 +292,8 @@ async def test_scheduler_drives_the_echo_plugin(model_thread) -> None:
         await sched.tick(k * P)
     assert [o.pcm is not None for o in sink.outputs] == [False, True, True]
     np.testing.assert_array_equal(sink.outputs[1].pcm, voiced)
+    # From each frame's completing append to its audio: the two outputs with audio, not the silent one.
+    assert metrics.append_to_audio_s.count == 2 and metrics.append_to_step_s.count == 3
 
 
 # -- eager scheduling (tick_ms=0): step as soon as a frame is ready --------------------------
