@@ -10,12 +10,20 @@ tiny one that ``duplex tiny-checkpoint minicpmo_4_5 DIR`` writes, for a CPU run)
 Per N, one row: ``unit_p50_ms``/``unit_p99_ms`` (the engine's step time for a batch of units: must stay
 under the 1000 ms unit), ``missed_units`` (steps over 1000 ms), ``wait_p50_ms`` (the engine's median
 wait from the append that completed a unit to the start of its step: a unit that just misses a step
-waits for it), ``turn_first_audio_ms`` (median over every response of every client, from the append
-that closed the unit it started in to the response's first audio delta: the latency a listener hears
-when the model starts to speak; ``turns`` responses), ``first_audio_ms`` (median over the client's
-units, from a unit's closing append to the next audio delta received; while a session is already
-speaking that delta is often paced audio of an earlier unit, so it understates a unit's latency),
-``speaking_units``, ``batch_p50``, ``gpu_mem_gib`` (peak allocated), and who opened and held.
+waits for it), ``unit_first_audio_p50_ms``/``unit_first_audio_p99_ms`` (the issue's figure: over every
+speaking unit, the time from the unit's close, when the append that completes it reaches the server, to
+the unit's first audio, when the engine hands it to the session, which sends it as an audio delta in
+the same event-loop pass; the engine's ``append_to_audio_s``, so each unit's audio is paired with its
+own unit exactly; ``speaking_units`` of them), ``turn_first_audio_ms`` (median over every response of
+every client, from the append that closed the unit it started in to the response's first audio delta
+as the client receives it; ``turns`` responses), ``first_audio_ms`` (kept for comparison with earlier
+runs; not a unit's latency: the median over the client's units of the time from the most recent
+closing append to the next audio delta received, whichever unit that delta belongs to: when a step
+ends after the next unit has closed (a unit that waited for a step in flight, or steps over the
+period) the delta of the earlier unit is timed from the later close, so it understates; when a unit
+listens, the next speaking unit's delta is timed from it, so it overstates: 869 ms at 16 sessions and
+252 at 32 in the saved H200 runs), ``batch_p50``, ``gpu_mem_gib`` (peak allocated), and who opened
+and held.
 
 Run: ``python -m bench.minicpmo_capacity --sessions 1,4,8,16 --seconds 20 --json
 bench/results/minicpmo_capacity_h200.json --plot``. CPU smoke run: ``--model-path DIR --device cpu
@@ -58,6 +66,8 @@ COLUMNS = (
     "unit_p99_ms",
     "missed_units",
     "wait_p50_ms",
+    "unit_first_audio_p50_ms",
+    "unit_first_audio_p99_ms",
     "turn_first_audio_ms",
     "first_audio_ms",
     "speaking_units",
@@ -129,11 +139,13 @@ def serve(args: argparse.Namespace) -> None:
             "unit_ms": [x * 1e3 for x in metrics.tick_duration_s.recent],
             "batch": list(metrics.batch_size.recent),
             "wait_ms": [x * 1e3 for x in metrics.append_to_step_s.recent],
+            "audio_ms": [x * 1e3 for x in metrics.append_to_audio_s.recent],
             "gpu_mem_gib": gpu_mem_gib(args.device),
         }
         if request.query_params.get("reset"):
             waits = metrics.append_to_step_s
-            for h in (metrics.tick_duration_s, metrics.lateness_s, metrics.batch_size, waits):
+            audio = metrics.append_to_audio_s
+            for h in (metrics.tick_duration_s, metrics.lateness_s, metrics.batch_size, waits, audio):
                 h.reset_recent()
             if args.device.startswith("cuda"):
                 torch.cuda.reset_peak_memory_stats()
@@ -309,6 +321,7 @@ def run(n: int, args: argparse.Namespace) -> dict[str, Any]:
         stop_process(proc)
     units = stats["unit_ms"]
     firsts = [x for c in clients for x in c.first_audio_ms]
+    audio = stats["audio_ms"]
     turns = [x for c in clients for x in c.turn_first_audio_ms]
     return {
         "sessions": n,
@@ -318,10 +331,12 @@ def run(n: int, args: argparse.Namespace) -> dict[str, Any]:
         "missed_units": int(sum(t > UNIT_MS for t in units)),
         "steps": len(units),
         "wait_p50_ms": round(percentile(stats["wait_ms"], 50), 1),
+        "unit_first_audio_p50_ms": round(percentile(audio, 50), 1) if audio else None,
+        "unit_first_audio_p99_ms": round(percentile(audio, 99), 1) if audio else None,
+        "speaking_units": len(audio),
         "turn_first_audio_ms": round(statistics.median(turns), 1) if turns else None,
         "turns": len(turns),
         "first_audio_ms": round(statistics.median(firsts), 1) if firsts else None,
-        "speaking_units": len(firsts),
         "batch_p50": percentile(stats["batch"], 50),
         "gpu_mem_gib": round(stats["gpu_mem_gib"], 2),
         "opened": sum(c.created for c in clients),

@@ -158,6 +158,14 @@ def _frame(
     return FrameDriver(FrameScheduler(plugin, caps, config, metrics, mt))
 
 
+def _unit(
+    plugin: Plugin, caps: Capabilities, config: EngineConfig, metrics: EngineMetrics, mt: ModelThread
+) -> Driver:
+    """``frame``'s scheduler, gathering units that close together (``EngineConfig.unit_gather_ms``)."""
+    assert isinstance(plugin, FramePlugin)
+    return FrameDriver(FrameScheduler(plugin, caps, config, metrics, mt, gather_ms=config.unit_gather_ms))
+
+
 def _turn(
     plugin: Plugin, caps: Capabilities, config: EngineConfig, metrics: EngineMetrics, mt: ModelThread
 ) -> Driver:
@@ -180,7 +188,7 @@ DriverFactory = Callable[[Plugin, Capabilities, EngineConfig, EngineMetrics, Mod
 #: The driver of each kind.
 DRIVERS: dict[PluginKind, DriverFactory] = {
     PluginKind.FRAME: _frame,
-    PluginKind.UNIT: _frame,
+    PluginKind.UNIT: _unit,
     PluginKind.TURN: _turn,
     PluginKind.BATCH: _batch,
 }

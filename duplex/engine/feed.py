@@ -104,6 +104,9 @@ class SlotFeed:
         self.consumed = 0
         self._submits: deque[tuple[int, float]] = deque()  # (received after that append, submitted_at)
         self.due_at: float | None = None
+        # When the last complete frame became complete: a client on time completes the next one a
+        # period later (the unit scheduler's gather, ``FrameScheduler``).
+        self.completed_at: float | None = None
         self.not_before = float("-inf")
         # The pace as a virtual clock (GCRA): the bucket is empty at ``_pace_at``; every step
         # moves it one gap on (from now, when it had fallen behind); a step may come once it is
@@ -150,6 +153,7 @@ class SlotFeed:
             self._whole = pcm
             self._held = n
             self.received += n
+            self.completed_at = now
             if self._on_ready is not None:
                 self._on_ready()
             self._submits.append((self.received, submitted_at))
@@ -175,8 +179,11 @@ class SlotFeed:
         buf[end : end + n] = pcm
         self._end = end = end + n
         self.received += n
-        if end - start >= self.chunk and self._on_ready is not None:
-            self._on_ready()
+        if end - start >= self.chunk:
+            if end - start - n < self.chunk:  # this append completed a frame
+                self.completed_at = now
+            if self._on_ready is not None:
+                self._on_ready()
         if n:
             self._submits.append((self.received, submitted_at))
             self.pads = 0

@@ -203,6 +203,10 @@ class EngineMetrics:
         self.append_to_step_s = Histogram(
             "duplex_append_to_step_seconds", "From the submit of the append completing a frame to its step"
         )
+        self.append_to_audio_s = Histogram(
+            "duplex_append_to_audio_seconds",
+            "From the submit of the append completing a frame to its audio, handed to its session",
+        )
 
     def all(self) -> list[Counter | Gauge | Histogram]:
         return [v for v in vars(self).values() if isinstance(v, Counter | Gauge | Histogram)]

@@ -17,7 +17,9 @@ A tick comes as soon as a frame is ready (``EngineConfig.tick_ms=0``, the defaul
 frame completed in the same event-loop iteration, or during the step in flight, joins one
 batch (continuous batching, ``_run_eager``); under load a ready frame may wait up to
 ``batch_window_ms`` for the frames expected meanwhile. A positive ``tick_ms`` ticks on a fixed clock,
-``None`` once per plugin frame period.
+``None`` once per plugin frame period. A ``unit`` plugin's scheduler also gathers: a ready unit waits
+up to ``unit_gather_ms`` for the units that other sessions' clients are due to close with it
+(``_gather``).
 Sessions join (``join``) and leave (``leave``) between ticks: slot open, cancel and
 close run on the same single model thread as ``step``, so they are serialized
 with it and never happen during one (the plugin contract).
@@ -107,7 +109,11 @@ class FrameScheduler:
         config: EngineConfig,
         metrics: EngineMetrics,
         model_thread: ModelThread,
+        *,
+        gather_ms: float = 0.0,
     ) -> None:
+        """``gather_ms``: how long a ready frame may wait for the frames that their clients are due to
+        complete with it (``_gather``; the unit driver's ``EngineConfig.unit_gather_ms``); 0: never."""
         self.plugin = plugin
         self.capabilities = capabilities
         self.config = config
@@ -117,6 +123,7 @@ class FrameScheduler:
         self.eager = config.tick_ms == 0  # step whenever a frame is ready
         self.tick_s = (config.tick_ms / 1000) if config.tick_ms else self.period_s
         self.batch_window_s = config.batch_window_ms / 1000
+        self.gather_s = gather_ms / 1000
         self.chunk = capabilities.chunk_samples
         self._slots: dict[int, tuple[SlotFeed, SlotBinding]] = {}
         # Slots whose feed holds a complete frame, in the order their frames completed (a dict as
@@ -276,25 +283,35 @@ class FrameScheduler:
             raise RuntimeError(f"{self.plugin.name}: step returned {len(outputs)} outputs for {len(batch)}")
         return outputs
 
-    def apply(self, batch: Batch, outputs: Sequence[SlotOutput], started: float) -> None:
-        """Route outputs and record metrics; ``started`` is the tick time on the loop clock.
+    def apply(
+        self, batch: Batch, outputs: Sequence[SlotOutput], started: float, finished: float | None = None
+    ) -> None:
+        """Route outputs and record metrics; ``started`` is the tick time on the loop clock, ``finished``
+        the time the step returned (``append_to_audio_s``: from a frame's completing append to its
+        audio, for each output with audio; not recorded without it).
 
         Outputs usually come in the order of the inputs; any other order is routed by slot."""
-        inputs, bindings = batch.inputs, batch.bindings
-        by_slot: dict[int, SlotBinding] | None = None
+        inputs, bindings, frames = batch.inputs, batch.bindings, batch.frames
+        by_slot: dict[int, int] | None = None
+        audio_waits: list[float] = []
         for i, output in enumerate(outputs):
-            if inputs[i].slot == output.slot:
-                binding: SlotBinding | None = bindings[i]
-            else:
+            k: int | None = i
+            if inputs[i].slot != output.slot:
                 if by_slot is None:
-                    by_slot = {inp.slot: b for inp, b in zip(inputs, bindings, strict=True)}
-                binding = by_slot.get(output.slot)
-            if binding is None:
+                    by_slot = {inp.slot: j for j, inp in enumerate(inputs)}
+                k = by_slot.get(output.slot)
+            if k is None:
                 self.metrics.stale_outputs_dropped.inc()
                 log.error("%s: output for slot %s, which was not in the batch", self.plugin.name, output.slot)
                 continue
-            binding.deliver(output)
+            bindings[k].deliver(output)
+            if finished is not None and output.pcm is not None and len(output.pcm):
+                at = frames[k].submitted_at
+                if at is not None:
+                    audio_waits.append(finished - at if finished > at else 0.0)
         metrics = self.metrics
+        if audio_waits:
+            metrics.append_to_audio_s.observe_many(audio_waits)
         metrics.ticks.inc()
         frames = batch.frames
         metrics.frames_stepped.inc(len(frames))
@@ -332,7 +349,7 @@ class FrameScheduler:
                 outputs = self.step(batch)
             else:
                 outputs = await self.on_model_thread(self.step, batch)
-            self.apply(batch, outputs, now)
+            self.apply(batch, outputs, now, asyncio.get_running_loop().time())
         except Exception as exc:  # the plugin's failure (or ours) ends those sessions, not the scheduler
             self.fail(batch, exc)
         return len(batch)
@@ -400,12 +417,48 @@ class FrameScheduler:
                     # the window: let them join this batch (``EngineConfig.batch_window_ms``). A
                     # wake-up for the scan alone (nothing ready) scans at once.
                     await asyncio.sleep(window)
+                if self.gather_s and self._ready:
+                    await self._gather(loop)
                 self._fed = False
                 await self.tick(loop.time())
         finally:
             if self._scan_timer is not None:
                 self._scan_timer.cancel()
                 self._scan_timer = None
+
+    async def _gather(self, loop: asyncio.AbstractEventLoop) -> None:
+        """Wait, at most ``gather_s``, while a joined slot's client is due to complete its frame now.
+
+        A client on time completes a frame one period after its previous one (``SlotFeed.completed_at``).
+        Sessions whose frames complete a few milliseconds apart (clients that started together) would
+        otherwise split into two steps whenever the first frame wakes the scheduler before the others
+        arrive, and the later ones wait a whole step (at a one-second unit, half a second). The wait
+        ends as soon as every expected frame is ready; a frame that no other session is due to
+        complete with (a lone session) does not wait at all.
+        """
+        deadline = loop.time() + self.gather_s
+        while (now := loop.time()) < deadline and self._expected(now):
+            waiter = loop.create_future()
+            self._waiter = waiter
+            timer = loop.call_at(deadline, _wake, waiter)
+            try:
+                await waiter
+            finally:
+                self._waiter = None
+                timer.cancel()
+
+    def _expected(self, now: float) -> bool:
+        """Whether a joined slot without a ready frame is due to complete one within ``gather_s`` of
+        ``now`` (a period after its previous frame completed, give or take ``gather_s``)."""
+        ready, paced, chunk = self._ready, self._paced_slots, self.chunk
+        period, gather = self.period_s, self.gather_s
+        for slot, (feed, binding) in self._slots.items():
+            at = feed.completed_at
+            if at is None or slot in ready or slot in paced or feed.buffered >= chunk:
+                continue
+            if abs(at + period - now) <= gather and not binding.paused():
+                return True
+        return False
 
     def _scan_due(self) -> None:
         """The scan (or paced-frame) timer: wake a waiting eager scheduler (a busy one scans on its
@@ -422,6 +475,11 @@ class FrameScheduler:
         waiter = self._waiter
         if waiter is not None and not waiter.done():
             waiter.set_result(None)
+
+
+def _wake(waiter: asyncio.Future[None]) -> None:
+    if not waiter.done():
+        waiter.set_result(None)
 
 
 _EMPTY = Batch()  # what ``plan`` returns when nothing is ready (never appended to)

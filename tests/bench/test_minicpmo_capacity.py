@@ -30,3 +30,7 @@ def test_the_capacity_bench_measures_units_through_the_server(tmp_path):
         assert row["steps"] > 0 and row["unit_p50_ms"] > 0
         assert row["errors"] == []
         assert row["wait_p50_ms"] >= 0 and row["turns"] >= 0
+        # Each speaking unit's close to its own audio, from the engine (None when no unit spoke).
+        assert (row["unit_first_audio_p50_ms"] is None) == (row["speaking_units"] == 0)
+        if row["speaking_units"]:
+            assert row["unit_first_audio_p99_ms"] >= row["unit_first_audio_p50_ms"] > 0

@@ -282,7 +282,7 @@ async def test_scheduler_drives_the_echo_plugin(model_thread) -> None:
     plugin = EchoPlugin(max_sessions=4)
     plugin.load()
     plugin.open_slot(2, SlotOptions())
-    sched, _ = _scheduler(plugin, model_thread)
+    sched, metrics = _scheduler(plugin, model_thread)
     sink = Sink()
     feed = sched.join(2, sink.binding())
     assert feed.dtype == np.int16  # echo takes int16 samples (Capabilities.input_dtype)
@@ -292,6 +292,8 @@ async def test_scheduler_drives_the_echo_plugin(model_thread) -> None:
         await sched.tick(k * P)
     assert [o.pcm is not None for o in sink.outputs] == [False, True, True]
     np.testing.assert_array_equal(sink.outputs[1].pcm, voiced)
+    # From each frame's completing append to its audio: the two outputs with audio, not the silent one.
+    assert metrics.append_to_audio_s.count == 2 and metrics.append_to_step_s.count == 3
 
 
 # -- eager scheduling (tick_ms=0): step as soon as a frame is ready --------------------------
@@ -368,6 +370,74 @@ async def test_a_light_load_a_full_batch_and_a_zero_window_step_at_once() -> Non
     # The window off: the eager scheduler of before.
     first, steps = await _first_steps(joined=8, window_ms=0, ready_at_once=[0], later=3)
     assert first == [[0]] and steps == [[0], [3]]
+
+
+async def _gathered(gather_ms: float, offset_s: float, later: bool = True) -> list:
+    """A scheduler gathering for ``gather_ms``, slots 0 and 1 having completed a frame ``P`` and
+    ``P + offset_s`` ago (slot 2 never): slot 0 completes its next frame, then (5 ms later, when
+    ``later``) slot 1. Returns the steps taken at once and all the steps."""
+    plugin = NullPlugin()
+    sched = FrameScheduler(
+        plugin,
+        plugin.capabilities(),
+        EngineConfig(tick_ms=0),
+        EngineMetrics(),
+        ModelThread(on_loop=True),
+        gather_ms=gather_ms,
+    )
+    feeds = [sched.join(slot, Sink().binding()) for slot in range(3)]
+    task = asyncio.create_task(sched.run())
+    loop = asyncio.get_running_loop()
+    try:
+        await asyncio.sleep(0.01)  # the first scan (nothing to step) has run
+        t = loop.time()
+        feeds[0].feed(np.zeros(CHUNK, np.float32), t - P, t - P)
+        feeds[1].feed(np.zeros(CHUNK, np.float32), t - P - offset_s, t - P - offset_s)
+        await _until(lambda: sum(len(s) for s in plugin.steps) == 2)
+        plugin.steps.clear()
+        feeds[0].feed(np.zeros(CHUNK, np.float32), loop.time(), loop.time())
+        await asyncio.sleep(0)
+        first = [list(s) for s in plugin.steps]
+        if later:
+            await asyncio.sleep(0.005)
+            feeds[1].feed(np.zeros(CHUNK, np.float32), loop.time(), loop.time())
+        await _until(lambda: sum(len(s) for s in plugin.steps) == 1 + later)
+        return [first, plugin.steps]
+    finally:
+        task.cancel()
+
+
+async def test_a_unit_scheduler_gathers_the_frames_whose_clients_are_due_to_complete_them_together() -> None:
+    # Slot 1's client completed its last frame with slot 0's: its next is due now, and joins the step.
+    first, steps = await _gathered(gather_ms=20, offset_s=0.0)
+    assert first == [] and steps == [[0, 1]]
+    # An expected frame that does not come holds the step for the gather time only.
+    first, steps = await _gathered(gather_ms=20, offset_s=0.0, later=False)
+    assert first == [] and steps == [[0]]
+
+
+async def test_a_frame_no_other_client_is_due_to_complete_with_it_steps_at_once() -> None:
+    # Slot 1 runs half a period out of phase (and slot 2 never sent): slot 0 is alone, no wait.
+    first, steps = await _gathered(gather_ms=20, offset_s=P / 2)
+    assert first == [[0]] and steps == [[0], [1]]
+    # The gather off (``frame`` plugins): the eager scheduler of before.
+    first, steps = await _gathered(gather_ms=0, offset_s=0.0)
+    assert first == [[0]] and steps == [[0], [1]]
+
+
+def test_the_unit_driver_gathers_and_the_frame_driver_does_not() -> None:
+    from duplex.engine.drivers import driver_for
+
+    class UnitPlugin(NullPlugin):
+        def capabilities(self) -> Capabilities:
+            return Capabilities(kind=PluginKind.UNIT, chunk_period_ms=1000, input_sample_rate=16000)
+
+    config = EngineConfig(unit_gather_ms=15)
+    for plugin, gather_s in ((UnitPlugin(), 0.015), (NullPlugin(), 0.0)):
+        driver = driver_for(plugin, plugin.capabilities(), config, EngineMetrics(), ModelThread(on_loop=True))
+        assert driver.scheduler.gather_s == gather_s  # type: ignore[attr-defined]
+    with pytest.raises(ValueError, match="unit_gather_ms"):
+        EngineConfig(unit_gather_ms=-1)
 
 
 def test_a_negative_batch_window_is_refused() -> None:

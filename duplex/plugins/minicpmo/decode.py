@@ -14,10 +14,16 @@ the fed tokens' hidden states) and one ``graphs.Step`` per key span of the cache
 embed the last token, run the language model
 one position for every row, sample the next token under MiniCPM-o's stage-0 policy (``_sample``),
 all as tensor operations with in-place updates. With ``capture`` it is a CUDA graph per bucket, captured
-once at start-up with every row frozen; without, the same code runs eagerly (CPU, tests). Between
-steps the host reads one flag (does any row still decode) for the early exit: with the steps replayed
-from graphs the device waits about 0.3 ms for it (measured on an H200), far less than the steps it
-saves whenever every row ends its unit early.
+once at start-up with every row frozen; without, the same code runs eagerly (CPU, tests).
+
+The early exit: after each step a flag (does any row still decode) is copied to the host behind the
+step (``_ActiveReads``). The first token's flag is read at once: a unit where every row listens ends
+after one token, and the device waits only for one launch. Later flags are read one step late: before
+launching step ``i`` the host waits for step ``i - 2``'s flag while step ``i - 1`` runs, so the steps
+queue back to back on the device (reading step ``i - 1``'s flag left the device idle about 0.3 ms a
+step on an H200, a launch gap per step). When every row has ended, the one step already launched
+runs with every row frozen: it changes nothing (frozen rows sample ``-1`` and write to scratch), so
+the tokens are exactly those of a loop that stops at once.
 """
 
 from __future__ import annotations
@@ -82,6 +88,30 @@ class _Rows:
         self.fed_hidden = torch.zeros(size, max_new, hidden, device=device, dtype=dtype)
 
 
+class _ActiveReads:
+    """Per decode step, whether any row still decodes, copied to the host behind the step's work.
+
+    ``post(i, active)`` queues the reduction and the copy (into pinned memory on CUDA, so the copy
+    does not stall the stream) and records an event; ``read(i)`` waits for that event only. On a CPU
+    the copy is done when ``post`` returns.
+    """
+
+    def __init__(self, steps: int, device: torch.device) -> None:
+        self.cuda = device.type == "cuda"
+        self.host = torch.zeros(steps, dtype=torch.bool, pin_memory=self.cuda)
+        self.events = [torch.cuda.Event() for _ in range(steps)] if self.cuda else []
+
+    def post(self, i: int, active: torch.Tensor) -> None:
+        self.host[i].copy_(active.any(), non_blocking=True)
+        if self.cuda:
+            self.events[i].record()
+
+    def read(self, i: int) -> bool:
+        if self.cuda:
+            self.events[i].synchronize()
+        return bool(self.host[i])
+
+
 class LMDecoder:
     """The unit's decode loop over bucketed batches (see the module docstring)."""
 
@@ -113,6 +143,7 @@ class LMDecoder:
         if capture and pool is None:
             pool = graph_pool()
         self.spans = thinker.cache.spans
+        self._reads = _ActiveReads(options.max_new_tokens, device)
         self._steps: dict[tuple[int, int], Step] = {}
         for size in self.buckets:
             rows = self._rows[size]
@@ -164,13 +195,21 @@ class LMDecoder:
         r.generated.fill_(-1)
         self._sample(r, logits[rows])
         step = self._steps[len(rows_h), span]
-        for _ in range(self.opts.max_new_tokens - 1):
-            if self.opts.early_exit:
+        early, reads = self.opts.early_exit, self._reads
+        if early:
+            reads.post(0, r.active)
+        for i in range(1, self.opts.max_new_tokens):
+            # Before step i: the first token's flag is read at once (the device has only the prefill
+            # queued, and a unit where every row listens ends here); later, the flag of step i - 2,
+            # while step i - 1 runs, so the device always has a step queued (module docstring).
+            if early and (i == 1 or i >= 3):
                 with stage("decode.sync"):
-                    if not bool(r.active.any()):
+                    if not reads.read(0 if i == 1 else i - 2):
                         break
             with stage("decode.step"):
                 step()
+            if early:
+                reads.post(i, r.active)
         pos = torch.tensor([i for i, live in enumerate(live_h) if live], device=dev)
         slots = rows[pos]
         for name in ("lm_len", "counter", "history", "turn_open"):

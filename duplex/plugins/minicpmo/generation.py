@@ -76,7 +76,7 @@ class GenerationOptions:
     window_high_tokens: int = 8000
     window_low_tokens: int = 6000
     max_frames_per_unit: int = 2
-    frame_threads: int = 4
+    frame_threads: int = 16
     early_exit: bool = True
     cuda_graphs: bool = False
 

@@ -25,7 +25,7 @@ Plugin options (``from_options``): ``max_sessions`` (4), ``device`` ("cpu", "cud
 (bfloat16 on CUDA, float32 on a CPU), ``seed`` (0; a session without a seed gets ``seed + n`` for its
 n-th open), ``temperature`` (0.7), ``max_new_tokens`` (20 per unit), ``top_p`` (0.8), ``top_k`` (20),
 ``repetition_penalty`` (1.05), ``context_tokens`` (8192), ``window_high_tokens`` (8000),
-``window_low_tokens`` (6000), ``max_frames_per_unit`` (2), ``frame_threads`` (4: threads that decode
+``window_low_tokens`` (6000), ``max_frames_per_unit`` (2), ``frame_threads`` (16: threads that decode
 and resize a step's camera frames), ``max_ref_audio_s`` (10),
 ``early_exit`` (True), ``cuda_graphs`` (False; CUDA only: the prefill, the decode step of the language
 model, the speech head's code step and the code-to-wave stage replay CUDA graphs captured at load, per

@@ -16,10 +16,11 @@ def _pcm(seed: int) -> np.ndarray:
     return (0.1 * np.random.default_rng(seed).standard_normal(16000)).astype(np.float32)
 
 
-def _plugin(ckpt, slots: int = 5) -> MiniCPMOPlugin:
+def _plugin(ckpt, slots: int = 5, **options: object) -> MiniCPMOPlugin:
     plugin = MiniCPMOPlugin.from_options(
         str(ckpt),
         max_sessions=slots,
+        **options,
         context_tokens=1024,
         window_high_tokens=700,
         window_low_tokens=400,
@@ -78,6 +79,35 @@ def test_every_bucket_decodes_the_same_tokens_as_the_full_batch(minicpmo_ckpt):
         assert _step(bucketed, slots, unit) == _step(full, slots, unit)
     for name in ("lm_len", "counter", "history", "turn_open"):
         assert torch.equal(getattr(bucketed.generator, name), getattr(full.generator, name)), name
+
+
+@pytest.mark.parametrize("ckpt", ["minicpmo_ckpt", "speak_ckpt", "listen_ckpt"])
+def test_the_early_exit_decodes_what_running_every_step_does(ckpt, request):
+    """The early exit reads its flag one step late (``decode``): the step it launches after every row
+    has ended changes nothing, so tokens and state equal those of a loop that runs every step."""
+    path = request.getfixturevalue(ckpt)
+    early, every = _plugin(path), _plugin(path, early_exit=False)
+    schedule = [[0, 1, 2, 3, 4], [2], [1, 3], [0, 2, 4], [0, 1, 2, 3]]
+    for unit, slots in enumerate(schedule):
+        assert _step(early, slots, unit) == _step(every, slots, unit)
+    for name in ("lm_len", "counter", "history", "turn_open", "tts_len"):
+        assert torch.equal(getattr(early.generator, name), getattr(every.generator, name)), name
+
+
+@pytest.mark.parametrize(("ckpt", "steps"), [("listen_ckpt", 0), ("speak_ckpt", 3)])
+def test_the_early_exit_reads_the_first_token_at_once_and_later_flags_one_step_late(ckpt, steps, request):
+    """A unit where every row listens runs no decode step; one whose rows end after three tokens
+    (``<|tts_bos|> hello <|chunk_eos|>``: two steps) runs one step more, launched before the flag that
+    ends the loop was read."""
+    from duplex.plugins.minicpmo.stages import StageClock
+
+    plugin = _plugin(request.getfixturevalue(ckpt))
+    clock = StageClock(torch.device("cpu"))
+    with clock.active():
+        _step(plugin, [0, 1, 2], 0)
+    times = clock.collect()
+    assert times["decode.step"].count == steps if steps else "decode.step" not in times
+    assert times["decode.sync"].count == (1 if steps == 0 else steps)
 
 
 def test_the_captured_steps_read_nothing_back_to_the_host(minicpmo_ckpt):
