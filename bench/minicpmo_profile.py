@@ -4,7 +4,7 @@ No server: the plugin is built as ``bench.minicpmo_capacity``'s server child bui
 architecture with random weights materialised on the accelerator, or a checkpoint directory with
 ``--model-path``), N slots are opened, and ``plugin.step`` is called with one unit of audio (quiet noise)
 and one 640x480 JPEG camera frame per slot per unit. After ``--warmup`` units, ``--units`` units are
-timed with ``duplex.plugins.minicpmo.stages`` (CUDA events around every marked stage: the host's frame
+timed with ``duplex.plugins.stage_clock`` (CUDA events around every marked stage: the host's frame
 decoding and layout, the vision tower and resampler, the prefill (audio encoder, input embeddings and
 the language model's pass), each decode step and each host read between them, the speech head's
 condition and code generation, the code-to-wave stage, the reads back to the host). Per N and stage
@@ -127,7 +127,7 @@ def profile(n: int, args: argparse.Namespace) -> dict[str, Any]:
     import torch
 
     from duplex.plugins.base import SlotOptions
-    from duplex.plugins.minicpmo.stages import StageClock
+    from duplex.plugins.stage_clock import StageClock
 
     t0 = time.perf_counter()
     plugin = _plugin(args, n)

@@ -4,7 +4,7 @@ No server: the plugin (``batch_models.video``) is built in this process as ``ben
 server child builds it (the preset's architecture with random weights made on the device, or a
 checkpoint with ``--model-path``), N requests begin together (so they step in lockstep, every step
 one batched call per phase) and ``advance`` is called until each has made ``--warmup-chunks`` +
-``--chunks`` chunks. Every step runs under ``batch_models.video.phases.PhaseClock`` (CUDA events
+``--chunks`` chunks. Every step runs under ``duplex.plugins.stage_clock.StageClock`` (CUDA events
 around each marked phase): ``text_encoder`` (a request's prompt, once), ``chunk_start`` (the
 chunk's noise and memory), per pyramid stage ``stageK.prepare`` (its timesteps, the upsampling and
 block noise), ``stageK.inputs`` (the batched memory and latents), ``stageK.transformer`` (the
@@ -125,8 +125,8 @@ def profile(plugin: Any, n: int, size: tuple[int, int], args: argparse.Namespace
     returns the row: the steady chunks' mean phases and rates, and the first chunk's."""
     import torch
 
-    from batch_models.video.phases import PhaseClock
     from duplex.plugins.base import BatchRequest
+    from duplex.plugins.stage_clock import StageClock
 
     width, height = size
     frames_per_chunk = plugin.frames_per_chunk
@@ -138,7 +138,7 @@ def profile(plugin: Any, n: int, size: tuple[int, int], args: argparse.Namespace
     writers = {slot: _mp4_writer(width, height, args.fps) for slot in range(n)}
     if args.device.startswith("cuda"):
         torch.cuda.reset_peak_memory_stats()
-    clock = PhaseClock(torch.device(args.device))
+    clock = StageClock(torch.device(args.device))
     active = list(range(n))
     rounds: list[dict[str, Any]] = []
     current: dict[str, Any] = {"wall_ms": 0.0, "phases": {}, "encode_ms": 0.0, "frames": 0}

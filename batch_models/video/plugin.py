@@ -86,7 +86,6 @@ from batch_models.plugin_options import parse_options
 from batch_models.requests import INVALID_OPTION, OptionReader, check_text
 from batch_models.slots import SlotTable
 from batch_models.video.loading import VideoModel, load_model
-from batch_models.video.phases import phase
 from batch_models.video.sampler import ChunkSampler
 from batch_models.video.state import PendingPrompt, VideoRequest
 from duplex.plugins.base import (
@@ -99,6 +98,7 @@ from duplex.plugins.base import (
     SlotOptions,
     SlotOutput,
 )
+from duplex.plugins.stage_clock import stage as phase
 
 __all__ = ["HeliosVideoPlugin"]
 

@@ -28,9 +28,9 @@ import torch.nn.functional as F
 
 from batch_models.diffusion.batching import pad_rows, split_rows
 from batch_models.video.loading import VideoModel
-from batch_models.video.phases import phase
 from batch_models.video.state import Chunk, VideoRequest
 from duplex.plugins.base import InteractionProgress
+from duplex.plugins.stage_clock import stage as phase
 
 __all__ = ["ChunkSampler", "calculate_shift"]
 

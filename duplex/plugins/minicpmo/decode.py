@@ -35,9 +35,9 @@ import torch
 
 from duplex.plugins.minicpmo.graphs import Step, buckets_for, graph_pool
 from duplex.plugins.minicpmo.sampling import gumbel, penalize_presence, sample
-from duplex.plugins.minicpmo.stages import stage
 from duplex.plugins.minicpmo.thinker import Thinker
 from duplex.plugins.minicpmo.tokens import SpecialTokens
+from duplex.plugins.stage_clock import stage
 
 __all__ = ["LMDecoder", "SlotSampling", "buckets_for"]
 

@@ -53,11 +53,11 @@ from duplex.plugins.minicpmo.graphs import graph_pool
 from duplex.plugins.minicpmo.modules import MiniCPMOModel
 from duplex.plugins.minicpmo.prefill import KIND_AUDIO, KIND_TOKEN, KIND_VISION, UnitPrefill
 from duplex.plugins.minicpmo.speech import SpeechGenerator
-from duplex.plugins.minicpmo.stages import stage
 from duplex.plugins.minicpmo.thinker import Thinker
 from duplex.plugins.minicpmo.token2wav import CodeToWave
 from duplex.plugins.minicpmo.tokens import SpecialTokens, session_texts
 from duplex.plugins.minicpmo.vision import PreparedFrame, VisionEncoder
+from duplex.plugins.stage_clock import stage
 
 __all__ = ["GenerationOptions", "UnitGenerator", "UnitResult"]
 

@@ -38,8 +38,8 @@ from duplex.plugins.minicpmo.config import CODES_PER_UNIT, OUTPUT_SAMPLES_PER_UN
 from duplex.plugins.minicpmo.flow import FlowStream, Voice
 from duplex.plugins.minicpmo.graphs import Step, buckets_for, graph_pool
 from duplex.plugins.minicpmo.hift import Vocoder
-from duplex.plugins.minicpmo.stages import stage
 from duplex.plugins.minicpmo.token2wav_modules import FlowModel, HiFTModel, weight_normed
+from duplex.plugins.stage_clock import stage
 
 __all__ = [
     "ASSETS_DIR",

@@ -99,7 +99,7 @@ def test_the_early_exit_reads_the_first_token_at_once_and_later_flags_one_step_l
     """A unit where every row listens runs no decode step; one whose rows end after three tokens
     (``<|tts_bos|> hello <|chunk_eos|>``: two steps) runs one step more, launched before the flag that
     ends the loop was read."""
-    from duplex.plugins.minicpmo.stages import StageClock
+    from duplex.plugins.stage_clock import StageClock
 
     plugin = _plugin(request.getfixturevalue(ckpt))
     clock = StageClock(torch.device("cpu"))

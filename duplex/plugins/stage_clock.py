@@ -1,17 +1,19 @@
-"""Per-phase timing of the step loop, for profiling (``bench.video_profile``); off unless a clock is active.
+"""Per-stage timing of a plugin's step, for profiling; off unless a clock is active.
 
-The sampler marks its phases with ``with phase("transformer"): ...``. With no clock active (serving)
-``phase`` returns one shared no-op context: no events, no syncs, no allocation. Inside
-``with PhaseClock(device).active():`` every marked phase is timed twice:
+A plugin marks the stages of its step with ``with stage("lm.prefill"): ...`` (MiniCPM-o's unit step for
+``bench.minicpmo_profile``, the Helios sampler's chunk for ``bench.video_profile``). With no clock
+active (serving) ``stage`` returns one shared no-op context: no events, no syncs, no allocation. Inside
+``with StageClock(device).active():`` every marked stage is timed twice:
 
-* ``host_ms``: wall time the host spent inside the block (launching work, and waiting where the
-  block reads a tensor back);
+* ``host_ms``: wall time the host spent inside the block (launching work, and waiting where the block
+  reads a tensor back);
 * ``device_ms``: on CUDA, the time between two events recorded on the current stream at the block's
-  entry and exit: the device's work for the block plus any gap where it waited for the host (on a
-  CPU the host time: the work ran inside the block).
+  entry and exit, so the device's work for the block plus any gap in which it waited for the host to
+  launch more (on a CPU the host time: the work ran inside the block).
 
-A name used several times accumulates and counts its uses. ``PhaseClock.collect`` synchronises once,
-after the steps, and returns their figures; nothing in a step waits for the clock.
+Stages nest (``decode`` holds ``decode.step`` and ``decode.sync``); a name used several times in one
+step accumulates and counts its uses. ``StageClock.collect`` synchronises once, after the step, and
+returns the step's figures; nothing in the step itself waits for the clock.
 """
 
 from __future__ import annotations
@@ -24,36 +26,36 @@ from dataclasses import dataclass
 
 import torch
 
-__all__ = ["PhaseClock", "PhaseTime", "phase"]
+__all__ = ["StageClock", "StageTime", "stage"]
 
-_ACTIVE: ContextVar[PhaseClock | None] = ContextVar("video_phase_clock", default=None)
+_ACTIVE: ContextVar[StageClock | None] = ContextVar("stage_clock", default=None)
 _OFF: AbstractContextManager[None] = nullcontext()
 
 
-def phase(name: str) -> AbstractContextManager[None]:
-    """Time the block as phase ``name`` when a clock is active (module docstring); else a no-op."""
+def stage(name: str) -> AbstractContextManager[None]:
+    """Time the block as stage ``name`` when a clock is active (module docstring); else a no-op."""
     clock = _ACTIVE.get()
     return _OFF if clock is None else clock.time(name)
 
 
 @dataclass
-class PhaseTime:
-    """One phase's figures: its uses, host time and device time (milliseconds)."""
+class StageTime:
+    """One stage's figures over one step: its uses, host time and device time (milliseconds)."""
 
     count: int = 0
     host_ms: float = 0.0
     device_ms: float = 0.0
 
 
-class PhaseClock:
-    """Collects the phases of the steps run while it is active (see the module docstring)."""
+class StageClock:
+    """Collects the stages of the steps run while it is active (see the module docstring)."""
 
     def __init__(self, device: torch.device) -> None:
         self.cuda = device.type == "cuda"
         self._pending: list[tuple[str, float, object, object]] = []
 
     @contextmanager
-    def active(self) -> Iterator[PhaseClock]:
+    def active(self) -> Iterator[StageClock]:
         token = _ACTIVE.set(self)
         try:
             yield self
@@ -76,13 +78,13 @@ class PhaseClock:
                 end_event.record()
             self._pending.append((name, host, start_event, end_event))
 
-    def collect(self) -> dict[str, PhaseTime]:
-        """The phases timed since the last call (synchronises the device once), by name."""
+    def collect(self) -> dict[str, StageTime]:
+        """The stages timed since the last call (synchronises the device once), by name."""
         if self.cuda:
             torch.cuda.synchronize()
-        out: dict[str, PhaseTime] = {}
+        out: dict[str, StageTime] = {}
         for name, host, start, end in self._pending:
-            item = out.setdefault(name, PhaseTime())
+            item = out.setdefault(name, StageTime())
             item.count += 1
             item.host_ms += host
             if start is not None and end is not None:
