@@ -43,7 +43,7 @@ from pathlib import Path
 from typing import Any
 
 from bench.report import machine, print_table, write_json
-from bench.video_stream import PRESETS, PROMPTS, check_sizes
+from bench.video_stream import PRESETS, PROMPTS, check_sizes, model_path_for, plugin_options
 
 __all__ = ["main", "profile"]
 
@@ -198,32 +198,10 @@ def profile(plugin: Any, n: int, size: tuple[int, int], args: argparse.Namespace
 
 def _build(args: argparse.Namespace, workdir: Path, sizes: list[tuple[int, int]], slots: int) -> Any:
     from batch_models.video.plugin import HeliosVideoPlugin
-    from batch_models.video.testing import write_checkpoint
 
-    if args.model_path:
-        model_path, random_weights = args.model_path, False
-    else:
-        full = not args.preset.startswith("tiny")
-        root = write_checkpoint(workdir / args.preset, preset=args.preset, seed=0, weights=not full)
-        model_path, random_weights = str(root), full
+    model_path, random_weights = model_path_for(args, workdir)
     check_sizes(model_path, sizes)
-    options: dict[str, Any] = {
-        "max_sessions": slots,
-        "device": args.device,
-        "random_weights": random_weights,
-        "sizes": ",".join(f"{w}x{h}" for w, h in sizes),
-        "latent_frames_per_chunk": args.latent_frames,
-        "default_steps": args.steps,
-        "default_guidance": args.guidance,
-        "max_batch_rows": slots * (2 if args.guidance > 1 else 1),
-        "compile": args.compile,
-        "attention_backend": args.attention_backend,
-        "cudnn_benchmark": args.cudnn_benchmark,
-    }
-    if args.dtype:
-        options["dtype"] = args.dtype
-    if args.preset.startswith("tiny") and not args.model_path:
-        options["max_sequence_length"] = 16
+    options = plugin_options(args, sizes, slots, random_weights)
     plugin = HeliosVideoPlugin.from_options(model_path, **options)
     plugin.load()
     return plugin

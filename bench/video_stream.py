@@ -232,7 +232,7 @@ def check_sizes(model_path: str | Path, sizes: list[tuple[int, int]]) -> None:
         sys.exit(f"size {', '.join(bad)}: this checkpoint's frame sides must be positive multiples of {step}")
 
 
-def _model_path(args: argparse.Namespace, workdir: Path) -> tuple[str, bool]:
+def model_path_for(args: argparse.Namespace, workdir: Path) -> tuple[str, bool]:
     """The checkpoint to serve, and whether its weights are random (configs only)."""
     if args.model_path:
         return args.model_path, False
@@ -241,6 +241,30 @@ def _model_path(args: argparse.Namespace, workdir: Path) -> tuple[str, bool]:
     full = not args.preset.startswith("tiny")
     root = write_checkpoint(workdir / args.preset, preset=args.preset, seed=0, weights=not full)
     return str(root), full
+
+
+def plugin_options(
+    args: argparse.Namespace, sizes: list[tuple[int, int]], sessions: int, random_weights: bool
+) -> dict[str, Any]:
+    """The Helios plugin's options for ``sessions`` concurrent requests at ``sizes`` (both video benches)."""
+    options: dict[str, Any] = {
+        "max_sessions": sessions,
+        "device": args.device,
+        "random_weights": random_weights,
+        "sizes": ",".join(f"{w}x{h}" for w, h in sizes),
+        "latent_frames_per_chunk": args.latent_frames,
+        "default_steps": args.steps,
+        "default_guidance": args.guidance,
+        "max_batch_rows": max(1, sessions * (2 if args.guidance > 1 else 1)),
+        "compile": args.compile,
+        "attention_backend": args.attention_backend,
+        "cudnn_benchmark": args.cudnn_benchmark,
+    }
+    if args.dtype:
+        options["dtype"] = args.dtype
+    if args.preset.startswith("tiny") and not args.model_path:
+        options["max_sequence_length"] = 16
+    return options
 
 
 def _parser() -> argparse.ArgumentParser:
@@ -360,25 +384,9 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
     frames_per_chunk = (args.latent_frames - 1) * 4 + 1
     frames = args.chunks * frames_per_chunk
     with tempfile.TemporaryDirectory(prefix="video-bench-") as workdir:
-        model_path, random_weights = _model_path(args, Path(workdir))
+        model_path, random_weights = model_path_for(args, Path(workdir))
         check_sizes(model_path, sizes)  # type: ignore[arg-type]
-        options: dict[str, Any] = {
-            "max_sessions": max(levels),
-            "device": args.device,
-            "random_weights": random_weights,
-            "sizes": ",".join(f"{w}x{h}" for w, h in sizes),
-            "latent_frames_per_chunk": args.latent_frames,
-            "default_steps": args.steps,
-            "default_guidance": args.guidance,
-            "max_batch_rows": max(1, max(levels) * (2 if args.guidance > 1 else 1)),
-            "compile": args.compile,
-            "attention_backend": args.attention_backend,
-            "cudnn_benchmark": args.cudnn_benchmark,
-        }
-        if args.dtype:
-            options["dtype"] = args.dtype
-        if args.preset.startswith("tiny") and not args.model_path:
-            options["max_sequence_length"] = 16
+        options = plugin_options(args, sizes, max(levels), random_weights)
         port = free_port()
         spec = {"model_path": model_path, "options": options, "port": port, "threads": args.threads}
         proc = subprocess.Popen([sys.executable, "-m", "bench.video_stream", "--serve", json.dumps(spec)])
