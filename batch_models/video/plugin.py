@@ -335,11 +335,13 @@ class HeliosVideoPlugin(BatchPlugin):
             model.transformer.compile_repeated_blocks(fullgraph=True, dynamic=False)
 
     def _warm_up(self) -> None:
-        """Compiled: every shape's graph compiled now (``ChunkSampler.warm_up``), not mid-stream."""
-        if self._compile:
+        """Compiled: every shape's graph compiled now; with ``cudnn_benchmark``: every VAE decode
+        shape timed now (``ChunkSampler.warm_up``), not mid-stream."""
+        if self._compile or self._cudnn_benchmark:
             started = time.perf_counter()
-            self.sampler.warm_up(list(self._sizes.values()))
-            log.info("helios: compiled the transformer's shapes in %.1f s", time.perf_counter() - started)
+            sizes = list(self._sizes.values())
+            self.sampler.warm_up(sizes, transformer=self._compile, vae=self._cudnn_benchmark)
+            log.info("helios: warmed every serving shape in %.1f s", time.perf_counter() - started)
 
     def _parse_sizes(self, model: VideoModel) -> tuple[dict[str, tuple[int, int]], str]:
         texts = [t.strip() for t in self._sizes_text.split(",") if t.strip()] or ["640x384"]

@@ -281,18 +281,27 @@ class ChunkSampler:
                 longs.append(long.to(dtype))
         return tuple(torch.cat(parts) for parts in (xs, ts, cs, shorts, mids, longs))
 
-    def warm_up(self, sizes: list[tuple[int, int]]) -> None:
-        """One transformer call on zeros for every shape serving can give it: each frame size x each
-        stage's resolution x each batch bucket. A compiled transformer compiles its graphs here, at
-        load, instead of stalling every stream the first time a new shape comes up."""
+    def warm_up(self, sizes: list[tuple[int, int]], *, transformer: bool = True, vae: bool = False) -> None:
+        """Run the model calls on zeros for every shape serving can give them, so that no stream
+        stalls the first time a new shape comes up.
+
+        ``transformer``: one call for each frame size x each stage's resolution x each batch bucket
+        (a compiled transformer compiles its graphs here). ``vae``: one full chunk's decode for each
+        frame size x batch bucket (with ``cudnn.benchmark`` cuDNN times its convolutions for each new
+        shape: seconds for a 3-D decoder, which a second session's first chunk paid mid-stream). A
+        request's last chunk, cut short, decodes fewer latent frames: that shape is not warmed."""
         model = self.model
         stages = model.stages if model.pyramid else 1
         for width, height in sizes:
             h, w = height // model.vae_scale_spatial, width // model.vae_scale_spatial
-            for stage in range(stages):
+            for stage in range(stages if transformer else 0):
                 scale = 2 ** (stages - 1 - stage)
                 for rows in self.buckets:
                     self._forward(*self._zeros(rows, (h // scale, w // scale), (h, w)))
+            for rows in self.buckets if vae else ():
+                shape = (rows, model.latent_channels, self.latent_frames, h, w)
+                zeros = torch.zeros(shape, device=model.device, dtype=model.vae_dtype)
+                model.vae.decode(zeros, return_dict=False)
 
     def _zeros(
         self, rows: int, latent_size: tuple[int, int], memory_size: tuple[int, int]

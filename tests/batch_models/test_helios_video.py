@@ -169,6 +169,29 @@ def test_a_chunk_cut_short_decodes_only_the_latent_frames_its_frames_come_from(
     assert decoded == [1] * (3 + 3 + 2)
 
 
+def test_cudnn_benchmark_decodes_a_whole_chunk_of_every_size_and_bucket_at_load(
+    helios_checkpoint: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    from diffusers import AutoencoderKLWan
+
+    decoded: list[tuple[int, ...]] = []
+    decode = AutoencoderKLWan.decode
+
+    def counting(self: AutoencoderKLWan, z: torch.Tensor, *args: object, **kwargs: object) -> object:
+        decoded.append(tuple(z.shape))
+        return decode(self, z, *args, **kwargs)
+
+    monkeypatch.setattr(AutoencoderKLWan, "decode", counting)
+    monkeypatch.setattr(torch.backends.cudnn, "benchmark", torch.backends.cudnn.benchmark)  # restored after
+    loaded(helios_checkpoint, slots=2, batch_buckets="1,2", cudnn_benchmark=True)
+    # (rows, latent channels, the chunk's 3 latent frames, latent height, latent width), VAE scale 8
+    channels = decoded[0][1]
+    assert decoded == [(rows, channels, 3, 4, w) for w in (4, 6) for rows in (1, 2)]
+    decoded.clear()
+    loaded(helios_checkpoint, slots=2, batch_buckets="1,2")
+    assert decoded == []  # without it nothing is decoded at load
+
+
 @pytest.mark.slow  # inductor compiles each shape's graph on a CPU: about a minute
 def test_compiled_blocks_are_compiled_at_load_and_make_the_frames_the_eager_model_makes(
     helios_checkpoint: Path,
