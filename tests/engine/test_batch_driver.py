@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import asyncio
 
+import numpy as np
 import pytest
 
 from duplex.engine import Engine, EngineConfig
@@ -101,3 +102,19 @@ async def test_a_batch_model_refuses_audio_appends_and_stays_usable() -> None:
         events = await until(att, "session.heartbeat_ack")
     (error,) = [e for e in events if types([e]) == ["error"]]
     assert error.error.code == "invalid_input_modality"
+
+
+def test_the_images_of_one_step_become_their_own_pngs_in_order() -> None:
+    from duplex.engine.batch_driver import BatchDriver
+    from duplex.plugins.base import SlotOutput
+    from duplex.protocol.image import encode_png
+
+    rng = np.random.default_rng(0)
+    images = [rng.integers(0, 256, (8 + i, 12, 3), dtype=np.uint8) for i in range(5)]
+    outputs = [SlotOutput(slot=i, epoch=1, image=image) for i, image in enumerate(images)]
+    outputs.insert(2, SlotOutput(slot=9, epoch=1))  # an output without an image stays without one
+    driver = BatchDriver(ScriptedBatchPlugin(), None, None)  # type: ignore[arg-type]
+    driver._encode_images(outputs[:1])  # one image: encoded on the calling thread
+    driver._encode_images(outputs[1:])  # several: on the pool
+    assert [o.image for o in outputs if o.slot != 9] == [encode_png(image) for image in images]
+    assert outputs[2].image is None

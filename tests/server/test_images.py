@@ -4,6 +4,7 @@ OpenAI's error body and status."""
 
 from __future__ import annotations
 
+import asyncio
 import base64
 import io
 
@@ -87,3 +88,20 @@ async def test_without_a_model_the_first_image_model_answers(piper, sd) -> None:
     async with batch_server([("piper", piper), ("sd", sd)]) as server, httpx.AsyncClient() as http:
         reply = await http.post(f"{server.http}/v1/images/generations", json={"prompt": "a fox"})
     assert reply.status_code == 200 and len(reply.json()["data"]) == 1
+
+
+async def test_concurrent_requests_get_the_images_they_get_alone(sd) -> None:
+    """Requests that finish in one step have their PNGs encoded together (on the driver's pool):
+    each still gets its own image, the one its seed gives alone."""
+
+    async def generate(client, seed: int) -> str:
+        reply = await client.images.generate(
+            model="sd", prompt="a lighthouse", size="32x32", extra_body={"seed": seed, "steps": 2}
+        )
+        return reply.data[0].b64_json  # type: ignore[index, return-value]
+
+    async with batch_server([("sd", sd)]) as server:
+        client = server.client()
+        together = await asyncio.gather(*(generate(client, seed) for seed in (5, 6, 7)))
+        alone = [await generate(client, seed) for seed in (5, 6, 7)]
+    assert together == alone and len(set(alone)) == 3
