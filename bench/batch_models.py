@@ -79,6 +79,7 @@ import numpy as np
 from bench.batch_server import through_server
 from bench.progress import Progress
 from bench.report import machine, print_table, write_json
+from duplex.engine.model_thread import on_model_thread
 
 __all__ = ["Job", "Record", "main", "serve"]
 
@@ -228,7 +229,7 @@ def _sync(device: str) -> Callable[[], None] | None:
 
 
 def _run_plugin(model: str, plugin: Any, n: int, jobs: list[list[Job]], device: str) -> dict:
-    records, steps = serve(plugin, jobs, sync=_sync(device))
+    records, steps = on_model_thread(plugin, lambda: serve(plugin, jobs, sync=_sync(device)))
     wall = max(r.finished for r in records) - min(r.submitted for r in records)
     return _row(model, "plugin", n, records, wall, steps)
 
@@ -248,7 +249,7 @@ def _image_plugin(args: argparse.Namespace, root: Path, slots: int) -> Any:
         max_batch_rows=max(slots, 1),
         warmup=False if args.no_shape_warmup else None,  # None: the plugin's default for the device
     )
-    plugin.load()
+    on_model_thread(plugin, plugin.load)  # the thread every row steps it on, the server's too
     return plugin
 
 
@@ -321,15 +322,15 @@ def run_images(args: argparse.Namespace, levels: list[int], status: list[str]) -
         pipe = _pipeline(plugin)
         status[0] = f"{model}: warm-up"
         for _ in range(args.warmup):
-            serve(plugin, _image_jobs(args, 1))
-            _diffusers(pipe, [PROMPTS[0]], args, 0)
+            on_model_thread(plugin, serve, plugin, _image_jobs(args, 1))
+            on_model_thread(plugin, _diffusers, pipe, [PROMPTS[0]], args, 0)
         status[0] = f"{model}: diffusers one at a time"
         count = args.baseline_requests
         t0 = time.perf_counter()
         lone = []
         for i in range(count):
             t = time.perf_counter()
-            _diffusers(pipe, [PROMPTS[i % len(PROMPTS)]], args, i)
+            on_model_thread(plugin, _diffusers, pipe, [PROMPTS[i % len(PROMPTS)]], args, i)
             lone.append(time.perf_counter() - t)
         wall = time.perf_counter() - t0
         rows.append(
@@ -340,7 +341,7 @@ def run_images(args: argparse.Namespace, levels: list[int], status: list[str]) -
             rows.append(_run_plugin(model, plugin, n, _image_jobs(args, n), args.device))
             status[0] = f"{model}: diffusers batch N={n}"
             t = time.perf_counter()
-            _diffusers(pipe, [PROMPTS[i % len(PROMPTS)] for i in range(n)], args, 0)
+            on_model_thread(plugin, _diffusers, pipe, [PROMPTS[i % len(PROMPTS)] for i in range(n)], args, 0)
             took = time.perf_counter() - t
             batch = [Record(0.0, finished=took, images=1) for _ in range(n)]  # all end together
             rows.append(_row(model, "diffusers-batch", n, batch, took, []))
@@ -370,7 +371,7 @@ def _tts_plugin(args: argparse.Namespace, root: Path | None, slots: int) -> Any:
             max_audio_s=args.tts_max_audio_s,
             cuda_graphs=args.cuda_graphs,
         )
-    plugin.load()
+    on_model_thread(plugin, plugin.load)  # the thread every row steps it on, the server's too
     return plugin
 
 
@@ -418,7 +419,7 @@ def run_tts(args: argparse.Namespace, levels: list[int], status: list[str]) -> l
         plugin = _tts_plugin(args, root, max(levels))
         status[0] = f"{model}: warm-up"
         for _ in range(args.warmup):
-            serve(plugin, _tts_jobs(args, 1))
+            on_model_thread(plugin, serve, plugin, _tts_jobs(args, 1))
         if args.tts == "piper":
             status[0] = f"{model}: Piper one at a time"
             rows.append(_piper_one_by_one(args, args.baseline_requests))

@@ -107,7 +107,7 @@ class Engine:
             raise RuntimeError("engine already running")
         loop = asyncio.get_running_loop()
         clock = self._clock or loop.time
-        self._model_thread = ModelThread(on_loop=self.capabilities.calls_on_loop)
+        self._model_thread = ModelThread(on_loop=self.capabilities.calls_on_loop, plugin=self.plugin)
         self._workers = concurrent.futures.ThreadPoolExecutor(
             self.config.worker_threads, thread_name_prefix="duplex-worker"
         )

@@ -23,6 +23,7 @@ from typing import Any
 import msgspec
 import uvicorn
 
+from duplex.engine.model_thread import on_model_thread
 from duplex.plugins import registry
 from duplex.plugins.base import Plugin, PluginError
 from duplex.plugins.worker import (
@@ -75,7 +76,7 @@ def build_plugin(
         if worker is not None:
             return start_worker(plugin_name, path, opts, worker)
         plugin = registry.load_class(plugin_name).from_options(path, **opts)
-        plugin.load()
+        on_model_thread(plugin, plugin.load)  # the thread that will step it: warm-ups warm that thread
         return plugin
 
     if name is not None:
