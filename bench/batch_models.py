@@ -31,13 +31,13 @@ The image goal's two halves cannot hold together on that machine, whatever the s
 closed-loop clients with mean latency L get N / L requests per second (Little's law), and a p99
 under 2x a lone request's latency bounds L too. With the H200's figures (sd-turbo architecture,
 bf16, 4 steps, 512 x 512; ``bench/results/batch_models_image_h200.json``): a lone request takes
-173 ms, so p99 < 346 ms at N=32 needs 32 / 0.346 s = 92 images/s. But 32 clients never have
+160-200 ms, so p99 < 2 x 160 ms at N=32 needs 32 / 0.32 s = 100 images/s. But 32 clients never have
 more than 32 requests in flight, so no step batches more than 32 images' rows, and a hand-made
-batch of 32 makes 34 images/s (its 32 images take 932 ms together; 8 take 429 ms). At 34
-images/s the 32 clients see a mean latency of 32 / 34 = 0.93 s, 5.4x a lone request. What the
-plugin can reach instead is the hand batch: its throughput (6.8x one at a time, past the
+batch of 32 makes 38 images/s (its 32 images take 834 ms together; 8 take 264 ms). At 38
+images/s the 32 clients see a mean latency of 32 / 38 = 0.84 s, 5x a lone request. What the
+plugin can reach instead is the hand batch: its throughput (6.5x one at a time, past the
 ``speedup >= 3`` half) at about its latency (``p99_vs_batch`` near 1, so ``p99_vs_lone`` near
-5.4). Both halves need about 2.7x more images per second from the model itself (fewer denoising
+5). Both halves need about 2.6x more images per second from the model itself (fewer denoising
 steps per image, faster kernels), not a better batch loop.
 
 The plugin warms every batch shape it can meet at load (``StableDiffusionPlugin``'s ``warmup``
