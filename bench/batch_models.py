@@ -79,7 +79,6 @@ import numpy as np
 from bench.batch_server import through_server
 from bench.progress import Progress
 from bench.report import machine, print_table, write_json
-from duplex.engine.model_thread import on_model_thread
 
 __all__ = ["Job", "Record", "main", "serve"]
 
@@ -220,6 +219,14 @@ def _row(model: str, mode: str, n: int, records: list[Record], wall_s: float, st
         "first_audio_p99_ms": _ms(first, 99) if audio else None,
         "step_p50_ms": _ms(steps, 50),
     }
+
+
+def on_model_thread(plugin: Any, fn: Callable[..., Any], *args: Any) -> Any:
+    """``fn(*args)`` on the plugin's model thread, the one its engine steps it on (imported here:
+    the bench reaches the engine only when it runs one)."""
+    from duplex.engine.model_thread import on_model_thread as run
+
+    return run(plugin, fn, *args)
 
 
 def _sync(device: str) -> Callable[[], None] | None:

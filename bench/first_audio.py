@@ -38,7 +38,6 @@ import numpy as np
 
 from bench.loopback import free_port, serve_engine, stop_process, streaming_session_update, wait_port
 from bench.report import percentile, print_table
-from duplex.engine.model_thread import on_model_thread
 
 __all__ = ["main", "probe_engine", "probe_websocket", "summary"]
 
@@ -212,6 +211,8 @@ def make_plugin(name: str, sessions: int, assets: str | None) -> Any:
         plugin = PersonaPlexPlugin.from_options(str(assets), max_sessions=sessions)
     else:
         raise SystemExit(f"unknown plugin {name!r}")
+    from duplex.engine.model_thread import on_model_thread
+
     on_model_thread(plugin, plugin.load)  # the engine steps it there: warm-ups warm that thread
     return plugin
 

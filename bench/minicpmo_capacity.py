@@ -53,7 +53,6 @@ from bench.loopback import free_port, serve_engine, stop_process
 from bench.personaplex.common import device_name, gpu_mem_gib, percentile
 from bench.progress import Progress
 from bench.report import machine, print_table, write_json
-from duplex.engine.model_thread import on_model_thread
 
 __all__ = ["camera_frame", "main"]
 
@@ -131,6 +130,8 @@ def serve(args: argparse.Namespace) -> None:
 
     n = int(args.sessions)
     plugin = _plugin(args, n)
+    from duplex.engine.model_thread import on_model_thread
+
     on_model_thread(plugin, plugin.load)  # the engine steps it there: warm-ups warm that thread
     engine = Engine(plugin, EngineConfig(max_sessions=n, idle_ttl_s=None), model_name=MODEL)
     metrics = engine.metrics

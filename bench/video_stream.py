@@ -48,7 +48,6 @@ from bench.loopback import free_port, serve_engine, stop_process, wait_port
 from bench.progress import Progress
 from bench.report import machine, print_table, write_json
 from clients.video_stream import VideoChunk, VideoStreamClient
-from duplex.engine.model_thread import on_model_thread
 from duplex.protocol.video_output import VideoError, VideoSessionDone, VideoStart
 
 __all__ = ["PRESETS", "PROMPTS", "SessionTrace", "check_sizes", "main", "playback_stalls", "summarize"]
@@ -206,6 +205,8 @@ def _serve(spec: dict[str, Any]) -> None:
     if spec["threads"]:
         torch.set_num_threads(spec["threads"])
     plugin = HeliosVideoPlugin.from_options(spec["model_path"], **spec["options"])
+    from duplex.engine.model_thread import on_model_thread
+
     on_model_thread(plugin, plugin.load)  # the engine steps it there: warm-ups warm that thread
     config = EngineConfig(max_sessions=spec["options"]["max_sessions"])
     engine = Engine(plugin, config, model_name="helios")
