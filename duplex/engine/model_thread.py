@@ -22,6 +22,7 @@ from __future__ import annotations
 
 import asyncio
 import concurrent.futures
+import contextlib
 import functools
 import queue
 import threading
@@ -32,6 +33,7 @@ from typing import Any, TypeVar
 __all__ = ["ModelThread", "model_thread_of", "on_model_thread"]
 
 T = TypeVar("T")
+
 
 class _Thread(concurrent.futures.Executor):
     """One daemon thread running the calls submitted to it in order.
@@ -54,11 +56,15 @@ class _Thread(concurrent.futures.Executor):
         self._calls.put((future, functools.partial(fn, **kwargs) if kwargs else fn, args))
         return future
 
+    def is_current(self) -> bool:
+        """Whether the caller runs on this thread."""
+        return self._thread is threading.current_thread()
+
     def shutdown(self, wait: bool = True, *, cancel_futures: bool = False) -> None:
         if not self._closed:
             self._closed = True
             self._calls.put(None)
-        if wait and self._thread is not threading.current_thread():
+        if wait and not self.is_current():
             self._thread.join()
 
     def _run(self) -> None:
@@ -78,23 +84,39 @@ class _Thread(concurrent.futures.Executor):
             future.set_result(result)
 
 
-_THREADS: weakref.WeakKeyDictionary[object, _Thread] = weakref.WeakKeyDictionary()
+_THREADS: dict[int, _Thread] = {}  # id(plugin) -> its thread, dropped when the plugin is collected
+_THREADS_LOCK = threading.Lock()
+
+
+def _forget(key: int) -> None:
+    thread = _THREADS.pop(key, None)
+    if thread is not None:
+        thread.shutdown(wait=False)
 
 
 def model_thread_of(plugin: object) -> concurrent.futures.Executor:
     """The single thread that runs ``plugin``'s calls, made on first use; it lives as long as the
-    plugin (the module docstring says why it is one thread for loading and stepping)."""
-    executor = _THREADS.get(plugin)
-    if executor is None:
-        executor = _THREADS[plugin] = _Thread()
-        weakref.finalize(plugin, executor.shutdown, False)  # the thread ends with its plugin
-    return executor
+    plugin (the module docstring says why it is one thread for loading and stepping). Keyed by
+    identity, so a plugin need not be hashable; one that cannot be weakly referenced keeps its
+    thread until the process ends."""
+    with _THREADS_LOCK:
+        executor = _THREADS.get(id(plugin))
+        if executor is None:
+            executor = _THREADS[id(plugin)] = _Thread()
+            with contextlib.suppress(TypeError):  # not weakly referenceable: it stays
+                weakref.finalize(plugin, _forget, id(plugin))  # the thread ends with its plugin
+        return executor
 
 
 def on_model_thread(plugin: object, fn: Callable[..., T], *args: Any) -> T:
-    """``fn(*args)`` on ``plugin``'s model thread, from a thread without a running loop (loading,
-    benchmarks); blocks until it returns, and raises what it raised."""
-    return model_thread_of(plugin).submit(fn, *args).result()
+    """``fn(*args)`` on ``plugin``'s model thread, blocking until it returns, and raising what it
+    raised (loading, benchmarks: from a thread without a running loop). Called on that thread
+    itself, it calls ``fn`` directly instead of waiting for itself."""
+    executor = model_thread_of(plugin)
+    assert isinstance(executor, _Thread)
+    if executor.is_current():
+        return fn(*args)
+    return executor.submit(fn, *args).result()
 
 
 class ModelThread:

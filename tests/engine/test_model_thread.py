@@ -65,6 +65,8 @@ def test_a_call_raises_on_the_caller_and_the_thread_goes_on() -> None:
     with pytest.raises(ValueError, match="boom"):
         on_model_thread(plugin, fail)
     assert on_model_thread(plugin, threading.get_ident) != threading.get_ident()
+    # From the model thread itself: called there, not queued behind the call that waits for it.
+    assert on_model_thread(plugin, on_model_thread, plugin, lambda: 5) == 5
 
 
 def test_the_thread_ends_with_its_plugin_and_an_owned_one_with_its_shutdown() -> None:
