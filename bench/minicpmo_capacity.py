@@ -126,13 +126,13 @@ def serve(args: argparse.Namespace) -> None:
     from starlette.responses import Response
     from starlette.routing import Route
 
-    from duplex.engine import Engine, EngineConfig
+    from duplex.engine import Engine, EngineConfig, collector
+    from duplex.engine.model_thread import on_model_thread
 
     n = int(args.sessions)
     plugin = _plugin(args, n)
-    from duplex.engine.model_thread import on_model_thread
-
     on_model_thread(plugin, plugin.load)  # the engine steps it there: warm-ups warm that thread
+    collector.freeze_loaded()  # as duplex serve does: what the load left is out of every collection
     engine = Engine(plugin, EngineConfig(max_sessions=n, idle_ttl_s=None), model_name=MODEL)
     metrics = engine.metrics
 

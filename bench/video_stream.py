@@ -200,14 +200,14 @@ def _serve(spec: dict[str, Any]) -> None:
     from starlette.routing import Route
 
     from batch_models.video.plugin import HeliosVideoPlugin
-    from duplex.engine import Engine, EngineConfig
+    from duplex.engine import Engine, EngineConfig, collector
+    from duplex.engine.model_thread import on_model_thread
 
     if spec["threads"]:
         torch.set_num_threads(spec["threads"])
     plugin = HeliosVideoPlugin.from_options(spec["model_path"], **spec["options"])
-    from duplex.engine.model_thread import on_model_thread
-
     on_model_thread(plugin, plugin.load)  # the engine steps it there: warm-ups warm that thread
+    collector.freeze_loaded()  # as duplex serve does: what the load left is out of every collection
     config = EngineConfig(max_sessions=spec["options"]["max_sessions"])
     engine = Engine(plugin, config, model_name="helios")
 

@@ -71,12 +71,13 @@ def serve(args: argparse.Namespace, model: ServedModel = PERSONAPLEX) -> None:
     from starlette.responses import Response
     from starlette.routing import Route
 
-    from duplex.engine import Engine, EngineConfig
+    from duplex.engine import Engine, EngineConfig, collector
     from duplex.engine.model_thread import on_model_thread
 
     n = args.sessions_one
     plugin = model.make_plugin(Path(args.assets), n, args)
     on_model_thread(plugin, plugin.load)  # the engine steps it there: warm-ups warm that thread
+    collector.freeze_loaded()  # as duplex serve does: what the load left is out of every collection
     engine = Engine(
         plugin, EngineConfig(max_sessions=n, idle_ttl_s=None, tick_ms=args.tick_ms), model_name=model.name
     )

@@ -12,6 +12,13 @@ collection small (a small second one) and make full collections rare (a large th
 one). Reference counting still frees acyclic garbage at once; only cyclic garbage waits
 longer for a full collection.
 
+A serving process also freezes what it loaded (``freeze_loaded``, once its models are loaded
+and before it serves): the interpreter's and the libraries' objects, a model's modules and their
+parameters, hundreds of thousands of objects that live as long as the process. A full collection
+would scan them all every time (about 200 ms with torch and transformers imported, on one core of
+the development machine; 0 once frozen), and it runs on whichever thread allocates when it is due,
+the model thread in the middle of a step as often as not.
+
 The setting is process-wide. ``apply`` leaves the collector alone when it is disabled
 or when the process already asked for a first threshold at least as large (it tuned the
 collector itself); ``restore`` puts the previous thresholds back unless someone changed
@@ -22,7 +29,7 @@ from __future__ import annotations
 
 import gc
 
-__all__ = ["apply", "restore"]
+__all__ = ["apply", "freeze_loaded", "restore"]
 
 Thresholds = tuple[int, int, int]
 
@@ -45,3 +52,14 @@ def restore(token: tuple[Thresholds, Thresholds] | None) -> None:
     previous, applied = token
     if gc.get_threshold() == applied:
         gc.set_threshold(*previous)
+
+
+def freeze_loaded() -> int:
+    """Collect once, then move every object alive now into the permanent generation
+    (``gc.freeze``), where collections never look. Returns how many objects are frozen. For a
+    process about to serve (``duplex serve``, a model worker): objects frozen here are still freed
+    by reference counting; only a reference cycle among them would stay."""
+    gc.collect()
+    gc.freeze()
+    return gc.get_freeze_count()
+

@@ -18,6 +18,7 @@ its sessions, then stops the worker).
 from __future__ import annotations
 
 import argparse
+import gc
 import logging
 import os
 import signal
@@ -141,6 +142,11 @@ class WorkerServer:
         )
         plugin.load()
         self.plugin = plugin
+        # What the load left lives as long as the worker: kept out of every later collection's scan
+        # (the reason is in duplex/engine/collector.py, freeze_loaded; the plugin layer does not
+        # import the engine).
+        gc.collect()
+        gc.freeze()
         return Ready(name=plugin.name, capabilities=plugin.capabilities(), pid=os.getpid())
 
     def _attach(self, request: Attach) -> Done:

@@ -183,6 +183,7 @@ class Supervisor:
         self._restarts = 0
         self._generation = 0
         self._last_exit: str | None = None
+        self._last_pid: int | None = None  # the child that died last (its death's message names it)
         self._stopping = threading.Event()
         self._first_done = threading.Event()
         self._first_result: Ready | BaseException | None = None
@@ -243,8 +244,20 @@ class Supervisor:
     def connection(self) -> Connection:
         """The ready child's connection; raises ``WorkerFailed`` while there is none."""
         conn = self._conn
-        if conn is None or conn.dead:
+        if conn is not None and conn.dead:
+            message = f"the model worker of {self.name!r} (pid {conn.pid}) died; reconnect to continue"
+            raise WorkerFailed(message)
+        if conn is None:
             status = self.status()
+            with self._lock:
+                last_pid = self._last_pid
+            if status.state is WorkerState.RESTARTING and last_pid is not None:
+                # A call between the death and the engine hearing of it: the session it fails reads
+                # the same story as the death's own message (which worker, and what to do).
+                raise WorkerFailed(
+                    f"the model worker of {self.name!r} (pid {last_pid}) died ({status.last_exit}) and is "
+                    f"restarting (restarts so far: {status.restarts}); reconnect to continue"
+                )
             raise WorkerFailed(
                 f"the model worker of {self.name!r} is {status.state} (restarts so far: {status.restarts})"
             )
@@ -340,6 +353,7 @@ class Supervisor:
                     self._conn = None
                     self._state = WorkerState.STOPPED if stopping else WorkerState.RESTARTING
                     self._last_exit = describe_exit(status)
+                    self._last_pid = conn.pid
                 conn.shut(config.stop_timeout_s)
                 if stopping:
                     return

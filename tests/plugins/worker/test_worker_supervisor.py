@@ -72,6 +72,11 @@ def test_a_killed_worker_fails_pending_and_later_calls_then_a_new_one_serves(eve
             with pytest.raises(WorkerFailed) as err:
                 call(*args)
             assert err.value.code == "model_worker_failed"
+            # The same story as the death's own message, whichever reaches a session first.
+            assert str(err.value) == (
+                f"the model worker of 'echo' (pid {pid}) died (killed by SIGKILL) and is restarting "
+                "(restarts so far: 0); reconnect to continue"
+            )
         status = plugin.supervisor.status()
         assert (status.state, status.pid, status.last_exit) == (
             WorkerState.RESTARTING,
