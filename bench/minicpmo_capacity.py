@@ -25,6 +25,11 @@ listens, the next speaking unit's delta is timed from it, so it overstates: 869 
 252 at 32 in the saved H200 runs), ``batch_p50``, ``gpu_mem_gib`` (peak allocated), and who opened
 and held.
 
+Each row also has ``gc`` (the garbage collections in the window, by generation: count, total and
+longest ms) and ``slow_steps`` (steps of ``--slow-ms`` or more, default the unit: wall time, batch,
+the collections that overlapped them, and with ``--trace-stages`` each stage's host and device time;
+``bench.step_trace``), printed under the table.
+
 Run: ``python -m bench.minicpmo_capacity --sessions 1,4,8,16 --seconds 20 --json
 bench/results/minicpmo_capacity_h200.json --plot``. CPU smoke run: ``--model-path DIR --device cpu
 --sessions 1,2 --seconds 3``. ``--cuda-graphs`` replays the language model's decode step (per
@@ -53,6 +58,7 @@ from bench.loopback import free_port, serve_engine, stop_process
 from bench.personaplex.common import device_name, gpu_mem_gib, percentile
 from bench.progress import Progress
 from bench.report import machine, print_table, write_json
+from bench.step_trace import StepTrace
 
 __all__ = ["camera_frame", "main"]
 
@@ -92,6 +98,17 @@ def _parser() -> argparse.ArgumentParser:
     ap.add_argument("--cuda-graphs", action="store_true", help="replay the decode steps from CUDA graphs")
     ap.add_argument(
         "--code-to-wave", choices=("flow", "silent"), default="flow", help="code-to-wave stage or silence"
+    )
+    ap.add_argument(
+        "--slow-ms",
+        type=float,
+        default=float(UNIT_MS),
+        help="keep the steps that take this long, with the garbage collections that overlapped them",
+    )
+    ap.add_argument(
+        "--trace-stages",
+        action="store_true",
+        help="time every step's stages too, for the slow steps (adds CUDA events and a sync a step)",
     )
     ap.add_argument("--json", default=None, help="write the result here")
     ap.add_argument("--plot", action="store_true", help="draw unit time against sessions beside the JSON")
@@ -133,6 +150,7 @@ def serve(args: argparse.Namespace) -> None:
     plugin = _plugin(args, n)
     on_model_thread(plugin, plugin.load)  # the engine steps it there: warm-ups warm that thread
     collector.freeze_loaded()  # as duplex serve does: what the load left is out of every collection
+    trace = StepTrace(plugin, slow_ms=args.slow_ms, stages=args.trace_stages, device=args.device)
     engine = Engine(plugin, EngineConfig(max_sessions=n, idle_ttl_s=None), model_name=MODEL)
     metrics = engine.metrics
 
@@ -143,8 +161,10 @@ def serve(args: argparse.Namespace) -> None:
             "wait_ms": [x * 1e3 for x in metrics.append_to_step_s.recent],
             "audio_ms": [x * 1e3 for x in metrics.append_to_audio_s.recent],
             "gpu_mem_gib": gpu_mem_gib(args.device),
+            **trace.snapshot(),
         }
         if request.query_params.get("reset"):
+            trace.reset()
             waits = metrics.append_to_step_s
             audio = metrics.append_to_audio_s
             for h in (metrics.tick_duration_s, metrics.lateness_s, metrics.batch_size, waits, audio):
@@ -273,7 +293,8 @@ def run(n: int, args: argparse.Namespace) -> dict[str, Any]:
     cmd += ["--sessions", str(n), "--device", args.device, "--context-tokens", str(args.context_tokens)]
     cmd += ["--model-path", args.model_path] if args.model_path else []
     cmd += ["--cuda-graphs"] if args.cuda_graphs else []
-    cmd += ["--code-to-wave", args.code_to_wave]
+    cmd += ["--code-to-wave", args.code_to_wave, "--slow-ms", str(args.slow_ms)]
+    cmd += ["--trace-stages"] if args.trace_stages else []
     proc = subprocess.Popen(cmd, env={**os.environ, "PYTHONUNBUFFERED": "1"})
 
     def get(path: str) -> dict[str, Any]:
@@ -344,7 +365,19 @@ def run(n: int, args: argparse.Namespace) -> dict[str, Any]:
         "opened": sum(c.created for c in clients),
         "held": sum(c.created and c.error is None for c in clients),
         "errors": sorted({c.error for c in clients if c.error})[:3],
+        "gc": stats["gc"],  # collections in the window, by generation: count, total_ms, max_ms
+        "slow_steps": stats["slow_steps"],  # steps of --slow-ms or more: wall, batch, collections, stages
     }
+
+
+def _print_slow(row: dict[str, Any]) -> None:
+    """The run's full collections and its slow steps, one line each (the JSON has the stages)."""
+    full = row["gc"].get("2")
+    if full:
+        print(f"  full collections: {full['count']}, longest {full['max_ms']} ms", file=sys.stderr)
+    for step in row["slow_steps"]:
+        pauses = ", ".join(f"gen {c['generation']} {c['ms']} ms" for c in step["gc"]) or "none"
+        print(f"  slow step: {step['ms']} ms, batch {step['batch']}, collections: {pauses}", file=sys.stderr)
 
 
 def plot(result: dict[str, Any], path: Path) -> Path:
@@ -383,6 +416,7 @@ def main(argv: list[str] | None = None) -> dict[str, Any] | None:
     for n in [int(x) for x in args.sessions.split(",") if x]:
         rows.append(run(n, args))
         print_table(rows[-1:], COLUMNS, title=f"N={n}", file=sys.stderr)
+        _print_slow(rows[-1])
     result = {
         "benchmark": "minicpmo_capacity",
         "device": device_name(args.device),

@@ -19,6 +19,7 @@ def test_the_capacity_bench_measures_units_through_the_server(tmp_path):
     MiniCPMOPlugin.write_tiny_checkpoint(str(ckpt))
     out = tmp_path / "result.json"
     args = ["--model-path", str(ckpt), "--device", "cpu", "--sessions", "1,2", "--seconds", "2"]
+    args += ["--slow-ms", "0", "--trace-stages"]  # every step kept, with its stages
     result = main([*args, "--warmup", "1", "--context-tokens", "1024", "--json", str(out)])
     assert result is not None
     saved = json.loads(out.read_text())
@@ -30,6 +31,10 @@ def test_the_capacity_bench_measures_units_through_the_server(tmp_path):
         assert row["steps"] > 0 and row["unit_p50_ms"] > 0
         assert row["errors"] == []
         assert row["wait_p50_ms"] >= 0 and row["turns"] >= 0
+        slow = row["slow_steps"]
+        assert slow and all(s["batch"] >= 1 and s["ms"] > 0 for s in slow)
+        assert {"prefill", "decode"} <= set(slow[-1]["stages"])  # the unit step's stages, timed
+        assert all(set(g) == {"count", "total_ms", "max_ms"} for g in row["gc"].values())
         # Each speaking unit's close to its own audio, from the engine (None when no unit spoke).
         assert (row["unit_first_audio_p50_ms"] is None) == (row["speaking_units"] == 0)
         if row["speaking_units"]:
