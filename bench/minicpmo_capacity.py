@@ -15,9 +15,10 @@ speaking unit, the time from the unit's close, when the append that completes it
 the unit's first audio, when the engine hands it to the session, which sends it as an audio delta in
 the same event-loop pass; the engine's ``append_to_audio_s``, so each unit's audio is paired with its
 own unit exactly; ``speaking_units`` of them), ``turn_first_audio_ms`` (median over every response of
-every client, from the append that closed the unit it started in to the response's first audio delta
-as the client receives it; ``turns`` responses), ``first_audio_ms`` (kept for comparison with earlier
-runs; not a unit's latency: the median over the client's units of the time from the most recent
+every client, from the most recent closing append to the response's first audio delta as the client
+receives it: the unit it started in unless a step ran past the next unit's close, when it is timed
+from that later close and understates; ``turns`` responses), ``first_audio_ms`` (kept for comparison
+with earlier runs; not a unit's latency: the median over the client's units of the time from the most recent
 closing append to the next audio delta received, whichever unit that delta belongs to: when a step
 ends after the next unit has closed (a unit that waited for a step in flight, or steps over the
 period) the delta of the earlier unit is timed from the later close, so it understates; when a unit
