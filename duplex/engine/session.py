@@ -155,6 +155,10 @@ _SIGNAL_STATES: dict[str, TurnState | None] = {
     "close": None,
 }
 
+#: Without a server VAD: how much of the audio dropped while a response played leads the next audio
+#: kept (``UserTurn.hold``); with one, its ``prefix_padding_ms`` plus ``min_speech_duration_ms``.
+HELD_LEAD_MS = 300
+
 #: Command type -> its handler (``@handles``). Subclasses of a command (our extended spellings of a
 #: GA command) find their base's handler, looked up once and cached.
 _HANDLERS: dict[type, Handler] = {}
@@ -645,6 +649,10 @@ class Session:
             self._actions.append(FeedAudio(pcm, decoded.video_frames, now))
         elif action is not OverlapAction.DROP:
             user.buffer(decoded.pcm)
+        elif decoded.duration_ms > 0:
+            vad = settings.vad
+            lead_ms = vad.prefix_padding_ms + vad.min_speech_duration_ms if vad is not None else HELD_LEAD_MS
+            user.hold(decoded.pcm, int(len(decoded.pcm) * lead_ms / decoded.duration_ms))
         for vad_event in vad_events:
             if isinstance(vad_event, SpeechStopped):
                 events.append(

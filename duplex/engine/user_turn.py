@@ -48,6 +48,10 @@ class UserTurn:
         self._max_samples = MAX_TURN_AUDIO_S * sample_rate
         self._audio: list[np.ndarray] = []
         self._samples = 0
+        # Audio dropped while a response played (``hold``): its tail leads the next audio kept.
+        self._held: deque[np.ndarray] = deque()
+        self._held_samples = 0
+        self._held_keep = 0
         self._text: list[str] = []
         self._text_chars = 0
         self.input_ms = 0.0  # heard since the last commit
@@ -90,11 +94,34 @@ class UserTurn:
             self.speech_ms += decoded.duration_ms
 
     def buffer(self, pcm: np.ndarray) -> None:
-        """Keep ``pcm`` for the turn's request; refused past ``MAX_TURN_AUDIO_S`` (nothing kept)."""
+        """Keep ``pcm`` for the turn's request, after the tail of what was held just before it
+        (``hold``); refused past ``MAX_TURN_AUDIO_S`` (nothing kept)."""
+        if self._held:
+            held = np.concatenate(self._held)[-self._held_keep :]
+            self._drop_held()
+            pcm = np.concatenate([held, pcm]) if len(held) else pcm
         if self._samples + len(pcm) > self._max_samples:
             raise ProtocolError("input_backpressure", f"a turn holds at most {MAX_TURN_AUDIO_S} s of audio")
         self._audio.append(pcm)
         self._samples += len(pcm)
+
+    def hold(self, pcm: np.ndarray, keep: int) -> None:
+        """Audio the overlap policy dropped while a response played: only its last ``keep``
+        samples are kept, and they lead the next audio buffered.
+
+        Speech that interrupts a response is quiet at its onset, and a VAD confirms it only after
+        ``min_speech_duration_ms``: the appends before the one that barges in were judged not speech
+        and dropped. Without this the interrupting turn began there, its first syllable cut off
+        (the default model heard "top, tell me about London" for "Stop, tell me about London")."""
+        self._held.append(pcm)
+        self._held_samples += len(pcm)
+        self._held_keep = keep
+        while self._held and self._held_samples - len(self._held[0]) >= keep:
+            self._held_samples -= len(self._held.popleft())
+
+    def _drop_held(self) -> None:
+        self._held.clear()
+        self._held_samples = 0
 
     def append_text(self, text: str) -> None:
         """Typed text joins the turn; refused past ``MAX_TURN_TEXT_CHARS`` (nothing kept)."""
@@ -130,6 +157,7 @@ class UserTurn:
         """Forget the uncommitted input (``input_audio_buffer.clear``, ``input.cancel``, a commit)."""
         self._audio = []
         self._samples = 0
+        self._drop_held()
         self._text = []
         self._text_chars = 0
         self.input_ms = 0.0

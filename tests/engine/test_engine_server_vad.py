@@ -66,3 +66,59 @@ async def test_speech_is_detected_committed_and_answered() -> None:
 async def test_create_response_false_commits_without_answering() -> None:
     events = await _run(create_response=False)
     assert "response.created" not in types(events)
+
+
+class _Heard(ScriptedTurnPlugin):
+    """The scripted turn plugin, keeping the audio of every request it answers."""
+
+    def __init__(self, **options: object) -> None:
+        super().__init__(**options)  # type: ignore[arg-type]
+        self.heard: list[np.ndarray] = []
+
+    def respond(self, request):  # type: ignore[no-untyped-def]
+        self.heard.append(request.pcm)
+        return super().respond(request)
+
+
+async def test_speech_that_barges_in_keeps_its_onset() -> None:
+    """The appends before the one whose speech the VAD confirms were dropped as not speech while the
+    reply played; their tail (prefix padding plus the VAD's minimum speech) leads the new turn, so
+    the interrupting turn holds all of its speech, not a clipped first syllable."""
+    plugin = _Heard(ms_per_char=400)  # a reply that lasts: the interruption comes while it plays
+    plugin.load()
+    update = DuplexSessionUpdate(
+        session=DuplexSessionConfig(
+            input_audio_format="pcm16",
+            sample_rate_hz=16000,
+            turn_detection=ServerVad(silence_duration_ms=300, prefix_padding_ms=300),
+        )
+    )
+    question = np.concatenate([silence(0.3), speech_16k("What time is it in Paris?"), silence(0.8)])
+    stop = speech_16k("Stop, tell me about London instead.")
+    interruption = np.concatenate([silence(0.5), stop, silence(0.8)])
+    async with Engine(plugin, EngineConfig(reaper_interval_s=3600)) as engine:
+        att = await engine.open(update=update)
+
+        async def send(audio: np.ndarray) -> None:
+            for start in range(0, len(audio), 1600):  # 100 ms appends
+                att.submit(InputAudioBufferAppend(audio=pcm16_encode(audio[start : start + 1600])))
+
+        async def until(kind: str, count: int = 1) -> None:
+            seen = 0
+            while seen < count:
+                seen += types([await att.next_event()]) == [kind]
+
+        await send(question)
+        await until("response.output_audio.delta")
+        await send(interruption)
+        await until("input_audio_buffer.committed")
+        await until("response.created")
+    assert len(plugin.heard) == 2
+    heard = plugin.heard[1]
+    sent = np.frombuffer(pcm16_encode(stop), dtype="<i2").astype(np.float32) / 32768.0
+    onset = int(np.flatnonzero(np.abs(sent) > 0.01)[0])
+    starts = np.flatnonzero(np.abs(heard) > 0.01)
+    first = int(starts[0])
+    assert np.allclose(heard[first : first + 800], sent[onset : onset + 800], atol=1e-4)  # its onset
+    assert float(np.abs(heard[:first]).max(initial=0.0)) <= 0.01  # only the silence before it
+    assert first >= 1600  # the held lead: at least 100 ms of the silence before the speech
