@@ -62,4 +62,3 @@ def freeze_loaded() -> int:
     gc.collect()
     gc.freeze()
     return gc.get_freeze_count()
-

@@ -14,7 +14,7 @@ from __future__ import annotations
 
 from duplex.plugins.base import PluginError
 
-__all__ = ["WORKER_FAILED", "WorkerCallError", "WorkerFailed"]
+__all__ = ["WORKER_FAILED", "WorkerCallError", "WorkerFailed", "worker_died"]
 
 WORKER_FAILED = "model_worker_failed"
 
@@ -29,6 +29,11 @@ class WorkerFailed(PluginError):
 
     def __init__(self, message: str) -> None:
         super().__init__(WORKER_FAILED, message)
+
+
+def worker_died(name: str, pid: int) -> WorkerFailed:
+    """What a call on the dead worker ``pid`` of plugin ``name`` fails with."""
+    return WorkerFailed(f"the model worker of {name!r} (pid {pid}) died; reconnect to continue")
 
 
 class WorkerCallError(Exception):

@@ -56,7 +56,7 @@ from duplex.plugins.base import (
 )
 from duplex.plugins.worker.channel import ChannelClosed
 from duplex.plugins.worker.config import WorkerConfig
-from duplex.plugins.worker.errors import WorkerCallError, WorkerFailed
+from duplex.plugins.worker.errors import WorkerCallError, WorkerFailed, worker_died
 from duplex.plugins.worker.protocol import (
     Advance,
     Begin,
@@ -181,7 +181,7 @@ class WorkerPlugin(Plugin):
         return reply
 
     def _gone(self, conn: Connection) -> WorkerFailed:
-        return WorkerFailed(f"the model worker of {self.name!r} (pid {conn.pid}) died; reconnect to continue")
+        return worker_died(self.name, conn.pid)
 
     @staticmethod
     def _output(block: np.ndarray, o: OutputMsg) -> SlotOutput:

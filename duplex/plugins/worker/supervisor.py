@@ -51,7 +51,7 @@ import msgspec
 from duplex.plugins.base import PluginError
 from duplex.plugins.worker.channel import Channel, ChannelClosed
 from duplex.plugins.worker.config import WorkerConfig
-from duplex.plugins.worker.errors import WorkerFailed
+from duplex.plugins.worker.errors import WorkerFailed, worker_died
 from duplex.plugins.worker.protocol import MAX_MESSAGE_BYTES, Done, Failure, Init, Ready, Reply
 from duplex.plugins.worker.shm import SharedAreas, area_sizes
 
@@ -245,8 +245,7 @@ class Supervisor:
         """The ready child's connection; raises ``WorkerFailed`` while there is none."""
         conn = self._conn
         if conn is not None and conn.dead:
-            message = f"the model worker of {self.name!r} (pid {conn.pid}) died; reconnect to continue"
-            raise WorkerFailed(message)
+            raise worker_died(self.name, conn.pid)
         if conn is None:
             status = self.status()
             with self._lock:
