@@ -67,6 +67,9 @@ log = logging.getLogger(__name__)
 #: Threads that encode the images of one step together.
 PNG_THREADS = 8
 
+#: One pool for the process; its threads start with the first step that finishes several images.
+_PNG_POOL = ThreadPoolExecutor(min(PNG_THREADS, os.cpu_count() or 1), thread_name_prefix="duplex-png")
+
 #: How long the loop waits for a paused session before it looks again (its ``drained`` wakes it sooner).
 PAUSED_POLL_S = 0.05
 
@@ -102,7 +105,6 @@ class BatchDriver(Driver):
         self.model_thread = model_thread
         self._requests: dict[int, _Request] = {}  # slot -> its current request (joining or active)
         self._wake = asyncio.Event()
-        self._png_pool: ThreadPoolExecutor | None = None  # made by the first step with several images
 
     # ------------------------------------------------------------------ the session side
 
@@ -207,10 +209,7 @@ class BatchDriver(Driver):
         if len(images) == 1:
             images[0].image = encode_png(images[0].image)
         elif images:
-            if self._png_pool is None:
-                workers = min(PNG_THREADS, os.cpu_count() or 1)
-                self._png_pool = ThreadPoolExecutor(workers, thread_name_prefix="duplex-png")
-            pngs = self._png_pool.map(encode_png, [output.image for output in images])
+            pngs = _PNG_POOL.map(encode_png, [output.image for output in images])
             for output, png in zip(images, pngs, strict=True):
                 output.image = png
 
