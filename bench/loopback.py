@@ -15,7 +15,14 @@ import time
 from collections.abc import Sequence
 from typing import Any
 
-__all__ = ["free_port", "serve_engine", "stop_process", "streaming_session_update", "wait_port"]
+__all__ = [
+    "free_port",
+    "load_to_serve",
+    "serve_engine",
+    "stop_process",
+    "streaming_session_update",
+    "wait_port",
+]
 
 
 def free_port() -> int:
@@ -64,6 +71,16 @@ def streaming_session_update(instructions: str | None = None) -> Any:
 
     audio = AudioConfig(input=AudioInputConfig(turn_detection=None))
     return DuplexSessionUpdate(session=DuplexSessionConfig(instructions=instructions, audio=audio))
+
+
+def load_to_serve(plugin: Any) -> None:
+    """Load ``plugin`` as ``duplex serve`` does: on the model thread its engine will step it on
+    (warm-ups warm that thread), then freeze what the load left out of every later collection."""
+    from duplex.engine import collector
+    from duplex.engine.model_thread import on_model_thread
+
+    on_model_thread(plugin, plugin.load)
+    collector.freeze_loaded()
 
 
 def serve_engine(

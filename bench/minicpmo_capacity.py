@@ -55,7 +55,7 @@ from typing import Any
 
 import numpy as np
 
-from bench.loopback import free_port, serve_engine, stop_process
+from bench.loopback import free_port, load_to_serve, serve_engine, stop_process
 from bench.personaplex.common import device_name, gpu_mem_gib, percentile
 from bench.progress import Progress
 from bench.report import machine, print_table, write_json
@@ -144,13 +144,11 @@ def serve(args: argparse.Namespace) -> None:
     from starlette.responses import Response
     from starlette.routing import Route
 
-    from duplex.engine import Engine, EngineConfig, collector
-    from duplex.engine.model_thread import on_model_thread
+    from duplex.engine import Engine, EngineConfig
 
     n = int(args.sessions)
     plugin = _plugin(args, n)
-    on_model_thread(plugin, plugin.load)  # the engine steps it there: warm-ups warm that thread
-    collector.freeze_loaded()  # as duplex serve does: what the load left is out of every collection
+    load_to_serve(plugin)
     trace = StepTrace(plugin, slow_ms=args.slow_ms, stages=args.trace_stages, device=args.device)
     engine = Engine(plugin, EngineConfig(max_sessions=n, idle_ttl_s=None), model_name=MODEL)
     metrics = engine.metrics

@@ -44,7 +44,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from bench.loopback import free_port, serve_engine, stop_process, wait_port
+from bench.loopback import free_port, load_to_serve, serve_engine, stop_process, wait_port
 from bench.progress import Progress
 from bench.report import machine, print_table, write_json
 from clients.video_stream import VideoChunk, VideoStreamClient
@@ -200,14 +200,12 @@ def _serve(spec: dict[str, Any]) -> None:
     from starlette.routing import Route
 
     from batch_models.video.plugin import HeliosVideoPlugin
-    from duplex.engine import Engine, EngineConfig, collector
-    from duplex.engine.model_thread import on_model_thread
+    from duplex.engine import Engine, EngineConfig
 
     if spec["threads"]:
         torch.set_num_threads(spec["threads"])
     plugin = HeliosVideoPlugin.from_options(spec["model_path"], **spec["options"])
-    on_model_thread(plugin, plugin.load)  # the engine steps it there: warm-ups warm that thread
-    collector.freeze_loaded()  # as duplex serve does: what the load left is out of every collection
+    load_to_serve(plugin)
     config = EngineConfig(max_sessions=spec["options"]["max_sessions"])
     engine = Engine(plugin, config, model_name="helios")
 

@@ -45,7 +45,7 @@ import urllib.request
 from pathlib import Path
 from typing import Any, TextIO
 
-from bench.loopback import free_port, serve_engine, stop_process, streaming_session_update
+from bench.loopback import free_port, load_to_serve, serve_engine, stop_process, streaming_session_update
 from bench.personaplex.common import (
     FRAME_MS,
     PERSONAPLEX,
@@ -71,13 +71,11 @@ def serve(args: argparse.Namespace, model: ServedModel = PERSONAPLEX) -> None:
     from starlette.responses import Response
     from starlette.routing import Route
 
-    from duplex.engine import Engine, EngineConfig, collector
-    from duplex.engine.model_thread import on_model_thread
+    from duplex.engine import Engine, EngineConfig
 
     n = args.sessions_one
     plugin = model.make_plugin(Path(args.assets), n, args)
-    on_model_thread(plugin, plugin.load)  # the engine steps it there: warm-ups warm that thread
-    collector.freeze_loaded()  # as duplex serve does: what the load left is out of every collection
+    load_to_serve(plugin)
     engine = Engine(
         plugin, EngineConfig(max_sessions=n, idle_ttl_s=None, tick_ms=args.tick_ms), model_name=model.name
     )
