@@ -136,6 +136,10 @@ class LMDecoder:
         self._terminators = torch.tensor(special.terminators, device=device)
         self._forbidden = torch.tensor(special.forbidden, device=device)
         self.buckets = buckets_for(slots)
+        # The boundary draw hashes every id of the vocabulary: about twenty elementwise passes over
+        # [rows, 151k] int64 eagerly, one fused kernel compiled (bit-identical; 0.19 -> 0.02 ms for 16
+        # rows on an H200). Only for the captured steps: the CPU runs the eager ops.
+        self._noise = torch.compile(gumbel, fullgraph=True) if capture else gumbel
         hidden = int(weight.shape[1])
         self._rows = {
             b: _Rows(b, history, options.max_new_tokens, hidden, device, dtype) for b in self.buckets
@@ -247,7 +251,7 @@ class LMDecoder:
         """
         sp, opts = self.sp, self.opts
         temp = r.temperature
-        boundary_draw = logits + gumbel(r.seed, r.counter, logits.shape[-1], SALT_BOUNDARY)
+        boundary_draw = logits + self._noise(r.seed, r.counter, logits.shape[-1], SALT_BOUNDARY)
         boundary = torch.where(temp > 0, boundary_draw.argmax(-1), logits.argmax(-1))
         masked = logits.index_fill(1, self._forbidden, float("-inf"))
         masked = penalize_presence(masked, r.history, opts.repetition_penalty)

@@ -12,9 +12,10 @@ A step, for the rows that have a unit:
 
 1. host: the unit's input layout per row (``layout``): the previous unit's terminator and
    ``</unit>``, ``<unit>``, ``<image>`` + vision embeddings + ``</image>`` per frame, ten audio
-   embeddings; padded to one width ``unit_width``. Frames are decoded and patched here, on the
-   ``frame_threads`` threads. The slots' lengths are read (the device is idle between steps): they
-   give each unit's start and the key span the step's attention reads (``attention``).
+   embeddings; padded to the narrowest prefill width that holds every row (``UnitPrefill.widths``: a
+   width per number of frames a unit may have, up to ``unit_width``). Frames are decoded and patched
+   here, on the ``frame_threads`` threads. The slots' lengths are read (the device is idle between
+   steps): they give each unit's start and the key span the step's attention reads (``attention``).
 2. device: the frames through the vision tower; then ``prefill.UnitPrefill``: the unit's audio through
    the streaming encoder, the input embeddings assembled by ``torch.where`` over gathers, one prefill
    of the whole block (a CUDA graph per key span with ``cuda_graphs``).
@@ -45,7 +46,7 @@ import torch
 from tokenizers import Tokenizer
 
 from duplex.plugins.base import PluginError
-from duplex.plugins.minicpmo.attention import SlotCache
+from duplex.plugins.minicpmo.attention import SlotCache, eager_attention
 from duplex.plugins.minicpmo.audio import CONTEXT_SAMPLES, ENCODER_FRAMES_PER_UNIT, AudioEncoder
 from duplex.plugins.minicpmo.config import AUDIO_TOKENS_PER_UNIT, UNIT_SAMPLES, MiniCPMOConfig
 from duplex.plugins.minicpmo.decode import DecodeOptions, LMDecoder, SlotSampling
@@ -212,7 +213,7 @@ class UnitGenerator:
             self.audio,
             self.lm_len,
             self.audio_len,
-            self.unit_width,
+            [3 + f * (q + 2) + AUDIO_TOKENS_PER_UNIT for f in range(options.max_frames_per_unit + 1)],
             slots * options.max_frames_per_unit * q,
             capture=capture,
             pool=pool,
@@ -240,7 +241,8 @@ class UnitGenerator:
         prefix, suffix = session_texts(instructions, ref_audio is not None)
         parts.append(self._embed_ids(self.tok.encode(prefix, add_special_tokens=False).ids))
         if ref_audio is not None:
-            parts.append(self._encode_reference(ref_audio, rows))
+            with eager_attention():
+                parts.append(self._encode_reference(ref_audio, rows))
         parts.append(self._embed_ids(self.tok.encode(suffix, add_special_tokens=False).ids))
         embeds = torch.cat(parts, dim=0)[None].to(self.dtype)
         n = embeds.shape[1]
@@ -251,7 +253,8 @@ class UnitGenerator:
                 f"the instructions and reference voice take {n} tokens; the context window fits {limit}",
             )
         pos = torch.arange(n, device=self.device)[None]
-        self.thinker.forward(embeds, pos, pos, pos + 1, rows=rows)
+        with eager_attention():  # every prompt length is a new shape
+            self.thinker.forward(embeds, pos, pos, pos + 1, rows=rows)
         self.lm_len[slot] = n
         self.audio_len[slot] = 0
         self.tts_len[slot] = 0
@@ -343,11 +346,13 @@ class UnitGenerator:
     @torch.no_grad()
     def step(self, batch: dict[int, tuple[np.ndarray, list[bytes]]]) -> dict[int, UnitResult]:
         """Advance every slot in ``batch`` (slot -> (16000 float32 samples, encoded frames)) by one unit."""
-        w, opts = self.unit_width, self.opts
+        opts = self.opts
         with stage("layout.host"):
             ids_h, kind_h, src_h, valid_h, frames = self.layout(batch)
+        w = self.prefill.width_for(int(valid_h.max()))
         layout = np.zeros((5, self.slots, w), dtype=np.int64)
-        layout[0], layout[1], layout[2], layout[3] = ids_h, kind_h, src_h, valid_h[:, None]
+        layout[0], layout[1], layout[2] = ids_h[:, :w], kind_h[:, :w], src_h[:, :w]
+        layout[3] = valid_h[:, None]
         samples = np.zeros((self.slots, CONTEXT_SAMPLES + UNIT_SAMPLES), dtype=np.float32)
         for slot, (pcm, _frames) in batch.items():
             layout[4, slot] = 1

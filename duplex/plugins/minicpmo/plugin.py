@@ -97,6 +97,7 @@ _OPTION_TYPES: dict[str, type] = {
     "random_weights": bool,
     "config": str,
     "code_to_wave": str,
+    "flow_dtype": str,
     "voice": str,
 }
 _GENERATION_OPTIONS = (
@@ -138,6 +139,7 @@ class MiniCPMOPlugin(FramePlugin):
         random_weights: bool = False,
         config: str | None = None,
         code_to_wave: str = "flow",
+        flow_dtype: str = "float32",
         voice: str | None = None,
         **generation: object,
     ) -> None:
@@ -159,6 +161,10 @@ class MiniCPMOPlugin(FramePlugin):
             raise PluginError(
                 "invalid_plugin_config", f"code_to_wave must be 'flow' or 'silent', got {code_to_wave!r}"
             )
+        if flow_dtype not in _DTYPES:
+            raise PluginError(
+                "invalid_plugin_config", f"flow_dtype must be one of {sorted(_DTYPES)}, got {flow_dtype!r}"
+            )
         unknown = sorted(set(generation) - set(_GENERATION_OPTIONS))
         if unknown:
             raise PluginError("invalid_plugin_config", f"minicpmo_4_5: unknown options {unknown}")
@@ -174,6 +180,7 @@ class MiniCPMOPlugin(FramePlugin):
         self._random = random_weights
         self._config_name = config
         self._code_to_wave = code_to_wave
+        self._flow_dtype = _DTYPES[flow_dtype]
         self._voice = voice
         self._gen_options = GenerationOptions(**generation)  # type: ignore[arg-type]
         self._gen: UnitGenerator | None = None
@@ -226,7 +233,13 @@ class MiniCPMOPlugin(FramePlugin):
             if self._code_to_wave == "flow":
                 codes = 12 if tiny else 150
                 wave = random_code_to_wave(
-                    cfg.token2wav, slots, device, self._seed, voice_codes=codes, capture=capture
+                    cfg.token2wav,
+                    slots,
+                    device,
+                    self._seed,
+                    voice_codes=codes,
+                    capture=capture,
+                    flow_dtype=self._flow_dtype,
                 )
         else:
             assert self._model_path is not None
@@ -234,7 +247,13 @@ class MiniCPMOPlugin(FramePlugin):
             cfg = files.config
             if self._code_to_wave == "flow":
                 wave = load_code_to_wave(
-                    files.root, cfg.token2wav, slots, device, self._voice, capture=capture
+                    files.root,
+                    cfg.token2wav,
+                    slots,
+                    device,
+                    self._voice,
+                    capture=capture,
+                    flow_dtype=self._flow_dtype,
                 )
             model = load_model(files, device, self._dtype)
             tok, special = load_tokenizer(files.tokenizer)

@@ -5,7 +5,10 @@ Theory of operation
 The host lays a unit out (``UnitGenerator.layout``: token ids, what each position takes, the valid
 width) and hands it over with the unit's audio; the vision tower's embeddings, when the step has
 frames, are copied into a buffer of the largest size a step can have. ``UnitPrefill`` then runs, over
-static buffers and always at ``[slots, unit_width]``:
+static buffers at ``[slots, width]``, where ``width`` is the narrowest of ``widths`` that holds every
+row's unit (a unit's width is set by its frames: 13 positions without one, 79 with one frame and 145
+with two for the published model, whose ``max_frames_per_unit`` is 2; so a step where every camera sent
+one frame prefills 79 columns, not 145, and the language model's pass takes about half as long):
 
 1. the streaming audio encoder on every slot's audio (rows without a unit frozen),
 2. the input embeddings: token embeddings, with audio and vision positions taken by gathers from the
@@ -13,9 +16,9 @@ static buffers and always at ``[slots, unit_width]``:
 3. the language model over the block (frozen rows write to scratch) and the logits of each row's last
    valid position; the slots' lengths move on in place.
 
-So the whole prefill is one fixed step per key span of the language model's cache (``attention``):
-with ``capture`` a CUDA graph each, captured at start-up with every row frozen (replaying a few
-thousand kernels in one launch); without, the same code runs eagerly (CPU, tests).
+So the whole prefill is one fixed step per width and key span of the language model's cache
+(``attention``): with ``capture`` a CUDA graph each, captured at start-up with every row frozen
+(replaying a few thousand kernels in one launch); without, the same code runs eagerly (CPU, tests).
 """
 
 from __future__ import annotations
@@ -47,7 +50,7 @@ class UnitPrefill:
         audio: AudioEncoder,
         lm_len: torch.Tensor,
         audio_len: torch.Tensor,
-        unit_width: int,
+        widths: list[int],
         vision_rows: int,
         *,
         capture: bool,
@@ -60,18 +63,26 @@ class UnitPrefill:
         weight = thinker.embed_tokens.weight
         device, dtype = weight.device, weight.dtype
         slots = lm_len.shape[0]
-        self.slots, self.width = slots, unit_width
+        self.slots, self.widths = slots, sorted(widths)
         # The host's inputs: the layout (ids, kind, src, valid, exec; one copy a step) and the audio.
-        self.layout = torch.zeros(5, slots, unit_width, dtype=torch.long, device=device)
+        self.layouts = {w: torch.zeros(5, slots, w, dtype=torch.long, device=device) for w in self.widths}
         self.samples = torch.zeros(slots, CONTEXT_SAMPLES + UNIT_SAMPLES, device=device)
         self.vision = torch.zeros(max(vision_rows, 1), weight.shape[1], device=device, dtype=dtype)
         self.logits = torch.zeros(slots, weight.shape[0], device=device)
         spans = thinker.cache.spans
-        self._steps = {n: Step(lambda n=n: self._run(n), capture=capture, pool=pool) for n in spans}
+        self._steps = {
+            (w, n): Step(lambda w=w, n=n: self._run(w, n), capture=capture, pool=pool)
+            for w in self.widths
+            for n in spans
+        }
 
     @property
     def captured(self) -> bool:
         return all(step.captured for step in self._steps.values())
+
+    def width_for(self, valid: int) -> int:
+        """The narrowest width that holds a unit of ``valid`` positions."""
+        return next(w for w in self.widths if w >= valid)
 
     @torch.no_grad()
     def run(
@@ -80,24 +91,25 @@ class UnitPrefill:
         """Prefill one unit; returns the logits ``[slots, vocab]`` (float32; a buffer the next call
         overwrites).
 
-        ``layout [5, slots, unit_width]`` int64: ids, kind (``KIND_*``), src (the embedding a position
-        takes: an audio row ``slot * 10 + j`` or a vision row), valid width (every column), executes
-        (every column; 0 freezes the row); ``samples [slots, 16560]`` float32 (context + unit);
-        ``vision [rows, hidden]`` the step's vision embeddings or None; ``span`` the key span holding
-        every executing row's length plus ``unit_width``.
+        ``layout [5, slots, width]`` int64, ``width`` one of ``widths``: ids, kind (``KIND_*``), src (the
+        embedding a position takes: an audio row ``slot * 10 + j`` or a vision row), valid width (every
+        column), executes (every column; 0 freezes the row); ``samples [slots, 16560]`` float32 (context
+        + unit); ``vision [rows, hidden]`` the step's vision embeddings or None; ``span`` the key span
+        holding every executing row's length plus ``width``.
         """
-        self.layout.copy_(torch.from_numpy(layout))
+        width = layout.shape[2]
+        self.layouts[width].copy_(torch.from_numpy(layout))
         self.samples.copy_(torch.from_numpy(samples))
         if vision is not None:
             self.vision[: vision.shape[0]].copy_(vision)
-        self._steps[span]()
+        self._steps[width, span]()
         return self.logits
 
-    def _run(self, span: int) -> None:
-        """Steps 1-3 of the module docstring, in place (capturable)."""
-        thinker, cap, w = self.thinker, self.thinker.cache.capacity, self.width
-        ids, kind, src, valid = self.layout[0], self.layout[1], self.layout[2], self.layout[3][:, 0]
-        executes = self.layout[4][:, 0] > 0
+    def _run(self, w: int, span: int) -> None:
+        """Steps 1-3 of the module docstring at width ``w``, in place (capturable)."""
+        thinker, cap, layout = self.thinker, self.thinker.cache.capacity, self.layouts[w]
+        ids, kind, src, valid = layout[0], layout[1], layout[2], layout[3][:, 0]
+        executes = layout[4][:, 0] > 0
         audio_emb, audio_len = self.audio.encode(self.samples, self.audio_len, executes)
         self.audio_len.copy_(audio_len)
         embeds = thinker.embed_tokens(ids)

@@ -28,7 +28,7 @@ from duplex.plugins.minicpmo.attention import Rope, SlotCache, attend, attention
 from duplex.plugins.minicpmo.config import CODES_PER_UNIT, TTSConfig
 from duplex.plugins.minicpmo.graphs import Step, graph_pool
 from duplex.plugins.minicpmo.modules import SpeechHead
-from duplex.plugins.minicpmo.sampling import filter_top_k_top_p, gumbel, penalize_frequency
+from duplex.plugins.minicpmo.sampling import draw, penalize_frequency
 
 __all__ = ["SpeechGenerator"]
 
@@ -199,9 +199,8 @@ class SpeechGenerator:
         cache = self.cache
         logits = self.head.head_code[0](self._last).float().index_fill(1, self._eos, float("-inf"))
         logits = penalize_frequency(logits, self._history, REPETITION_PENALTY)
-        filtered = filter_top_k_top_p(logits / TEMPERATURE, TOP_K, TOP_P)
-        noise = gumbel(self._seed, self._counter + self._index, logits.shape[-1], _SALT)
-        code = torch.where(self._sampled, (filtered + noise).argmax(dim=-1), logits.argmax(dim=-1))
+        drawn = draw(logits / TEMPERATURE, TOP_K, TOP_P, self._seed, self._counter + self._index, _SALT)
+        code = torch.where(self._sampled, drawn, logits.argmax(dim=-1))
         self._codes.index_copy_(1, self._index, code[:, None])
         self._history.copy_(torch.cat([self._history[:, 1:], code[:, None]], dim=1))
         pos = self._length[:, None]

@@ -148,7 +148,7 @@ class FlowCodeToWave(CodeToWave):
         rows, pending, last, cached = r.flags[0], r.flags[1] > 0, r.flags[2] > 0, r.flags[3] > 0
         mel, frames = self.flow.chunk(rows, self.codes[rows], pending, last)
         # Hamming halves overlap-add to up to 1.08: clip as upstream does when it writes int16.
-        r.audio.copy_(self.vocoder.stream(rows, mel, frames, cached).clamp(-1.0, 1.0))
+        r.audio.copy_(self.vocoder.stream(rows, mel.float(), frames, cached).clamp(-1.0, 1.0))
 
     def decode(self, codes: torch.Tensor, speaking: np.ndarray, last: np.ndarray) -> dict[int, np.ndarray]:
         slots = np.flatnonzero(speaking)
@@ -193,6 +193,7 @@ def load_code_to_wave(
     voice: str | Path | None = None,
     *,
     capture: bool = False,
+    flow_dtype: torch.dtype = torch.float32,
 ) -> FlowCodeToWave:
     """Load ``root/assets/token2wav`` strictly and build the stage for ``slots`` slots on ``device``.
 
@@ -209,7 +210,7 @@ def load_code_to_wave(
     if voice is None and (assets / VOICE_FILE).is_file():
         voice = assets / VOICE_FILE
     prompt = read_voice(Path(voice), cfg) if voice is not None else unprompted_voice(cfg)
-    return _build(flow, hift, cfg, slots, device, prompt, capture)
+    return _build(flow, hift, cfg, slots, device, prompt, capture, flow_dtype)
 
 
 def _build(
@@ -220,8 +221,11 @@ def _build(
     device: torch.device,
     voice: Voice,
     capture: bool = False,
+    flow_dtype: torch.dtype = torch.float32,
 ) -> FlowCodeToWave:
-    flow = flow.to(device=device, dtype=torch.float32).eval().requires_grad_(False)
+    """The stage on ``device``: the flow in ``flow_dtype`` (upstream's ``float16`` switch runs it in half
+    precision; float32 by default, as upstream), the vocoder always in float32 (as upstream)."""
+    flow = flow.to(device=device, dtype=flow_dtype).eval().requires_grad_(False)
     hift = hift.to(device=device, dtype=torch.float32).eval().requires_grad_(False)
     rows = slots + 1  # the last row is the buckets' scratch row
     return FlowCodeToWave(
@@ -396,6 +400,7 @@ def random_code_to_wave(
     voice_codes: int = 150,
     *,
     capture: bool = False,
+    flow_dtype: torch.dtype = torch.float32,
 ) -> FlowCodeToWave:
     """The stage with random weights and a random ``voice_codes``-code voice (6 s by default, like the
     checkpoint's reference clip), for benchmarks."""
@@ -404,4 +409,5 @@ def random_code_to_wave(
         flow, hift = FlowModel(cfg), HiFTModel(cfg)
     flow.load_state_dict(flow_state, assign=True)
     hift.load_state_dict(_fold(hift_state), assign=True)
-    return _build(flow, hift, cfg, slots, device, random_voice(cfg, voice_codes, seed), capture)
+    voice = random_voice(cfg, voice_codes, seed)
+    return _build(flow, hift, cfg, slots, device, voice, capture, flow_dtype)

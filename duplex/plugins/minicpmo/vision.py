@@ -3,11 +3,17 @@
 A frame (JPEG or PNG bytes) is decoded, converted to RGB and resized with its aspect ratio kept so
 that its area is about ``image_size``² and each side a multiple of the patch size (MiniCPM-o's
 ``max_slice_nums=1``: one tile, no slices, no image ids), then normalised to [-1, 1] and cut into
-``patch_size``² patches, row-major. Every frame of a step is padded to ``max_patches`` patches and run
-through the vision tower together, with a key-padding mask; positions are NaViT's (each patch's
-fractional coordinates bucketed onto the ``image_size / patch_size`` grid of learned positions). The
-resampler's ``query_num`` queries then attend to each frame's patches (2-D sin-cos positions), giving
-``query_num`` embeddings of the language model's width per frame.
+``patch_size``² patches, row-major. The frames of a step that share a patch grid (every frame of one
+camera does) run through the vision tower together, one pass per grid, unpadded; positions are NaViT's
+(each patch's fractional coordinates bucketed onto the ``image_size / patch_size`` grid of learned
+positions). The resampler's ``query_num`` queries then attend to each frame's patches (2-D sin-cos
+positions), giving ``query_num`` embeddings of the language model's width per frame.
+
+Why a pass per grid and not one padded batch with a key-padding mask: attention without a mask runs
+the fused flash kernel, 3.6 times faster than the masked one for 16 frames of 1024 patches on an H200
+(0.23 against 0.81 ms a layer), and the masked one is cuDNN's, which builds an execution plan for every
+new shape: 1.2-1.7 s the first time a step had a frame count not seen before, a stall of every session
+on the accelerator (``attention.eager_attention``).
 """
 
 from __future__ import annotations
@@ -21,7 +27,7 @@ import torch.nn.functional as F
 from PIL import Image, UnidentifiedImageError
 
 from duplex.plugins.base import PluginError
-from duplex.plugins.minicpmo.attention import attend
+from duplex.plugins.minicpmo.attention import eager_attention
 from duplex.plugins.minicpmo.modules import Resampler, VisionTower
 
 __all__ = ["PreparedFrame", "VisionEncoder", "prepare_frame"]
@@ -144,45 +150,49 @@ class VisionEncoder:
 
     @torch.no_grad()
     def encode(self, frames: list[PreparedFrame]) -> torch.Tensor:
-        """Embeddings ``[F, query_num, llm_hidden]`` of ``frames`` (one batched pass)."""
+        """Embeddings ``[F, query_num, llm_hidden]`` of ``frames``, in order (a pass per patch grid)."""
+        groups: dict[tuple[int, int], list[int]] = {}
+        for i, frame in enumerate(frames):
+            groups.setdefault(frame.grid, []).append(i)
+        if len(groups) == 1:
+            return self._encode_grid(frames)
+        out: torch.Tensor | None = None
+        for idx in groups.values():
+            part = self._encode_grid([frames[i] for i in idx])
+            if out is None:
+                out = part.new_empty(len(frames), *part.shape[1:])
+            out[torch.tensor(idx, device=part.device)] = part
+        assert out is not None
+        return out
+
+    @torch.no_grad()
+    def _encode_grid(self, frames: list[PreparedFrame]) -> torch.Tensor:
+        """``encode`` of frames that share one patch grid: one batched pass, no padding, no mask."""
         vpm, rs = self.vpm, self.resampler
         weight = vpm.embeddings.patch_embedding.weight
         device, dtype = weight.device, weight.dtype
-        n, p = len(frames), self.max_patches
-        pixels = np.zeros((n, p, weight[0].numel()), dtype=np.uint8)
-        valid = np.zeros((n, p), dtype=bool)
-        for i, frame in enumerate(frames):
-            count = frame.patches.shape[0]
-            pixels[i, :count] = frame.patches
-            valid[i, :count] = True
-        pos_ids = torch.zeros(n, p, dtype=torch.long, device=device)
-        rs_pos = torch.zeros(n, p, rs.embed_dim, dtype=dtype, device=device)
-        for i, frame in enumerate(frames):
-            count = frame.patches.shape[0]
-            pos_ids[i, :count] = self._position_ids(frame.grid)
-            rs_pos[i, :count] = self._resampler_pos(frame.grid)
-        x = (torch.from_numpy(pixels).to(device).float() / 255.0 - 0.5) / 0.5
-        keep = torch.from_numpy(valid).to(device)
+        grid = frames[0].grid
+        n, p = len(frames), grid[0] * grid[1]
+        pixels = torch.from_numpy(np.stack([frame.patches for frame in frames])).to(device)
+        x = (pixels.float() / 255.0 - 0.5) / 0.5
         x = F.linear(x.to(dtype), weight.reshape(weight.shape[0], -1), vpm.embeddings.patch_embedding.bias)
-        x = x + vpm.embeddings.position_embedding(pos_ids)
-        mask = keep[:, None, None, :]
-        for layer in vpm.encoder.layers:
-            attn = layer.self_attn
-            h = layer.layer_norm1(x)
-            q = attn.q_proj(h).view(n, p, self.heads, -1).transpose(1, 2)
-            k = attn.k_proj(h).view(n, p, self.heads, -1).transpose(1, 2)
-            v = attn.v_proj(h).view(n, p, self.heads, -1).transpose(1, 2)
-            o = attend(q, k, v, mask).transpose(1, 2).reshape(n, p, -1)
-            x = x + attn.out_proj(o)
-            h = layer.layer_norm2(x)
-            x = x + layer.mlp.fc2(F.gelu(layer.mlp.fc1(h), approximate="tanh"))
-        x = vpm.post_layernorm(x)
-        # Resampler: queries attend to the frame's patches (padding masked out).
-        kv = rs.ln_kv(rs.kv_proj(x))
-        pos = rs_pos
-        q = rs.ln_q(rs.query)[:, None].expand(-1, n, -1)
-        out, _ = rs.attn(
-            q, (kv + pos).transpose(0, 1), kv.transpose(0, 1), key_padding_mask=~keep, need_weights=False
-        )
+        x = x + vpm.embeddings.position_embedding(self._position_ids(grid))[None]
+        with eager_attention():
+            for layer in vpm.encoder.layers:
+                attn = layer.self_attn
+                h = layer.layer_norm1(x)
+                q = attn.q_proj(h).view(n, p, self.heads, -1).transpose(1, 2)
+                k = attn.k_proj(h).view(n, p, self.heads, -1).transpose(1, 2)
+                v = attn.v_proj(h).view(n, p, self.heads, -1).transpose(1, 2)
+                o = F.scaled_dot_product_attention(q, k, v).transpose(1, 2).reshape(n, p, -1)
+                x = x + attn.out_proj(o)
+                h = layer.layer_norm2(x)
+                x = x + layer.mlp.fc2(F.gelu(layer.mlp.fc1(h), approximate="tanh"))
+            x = vpm.post_layernorm(x)
+            # Resampler: the queries attend to each frame's patches.
+            kv = rs.ln_kv(rs.kv_proj(x))
+            q = rs.ln_q(rs.query)[:, None].expand(-1, n, -1)
+            pos = self._resampler_pos(grid)[None]
+            out, _ = rs.attn(q, (kv + pos).transpose(0, 1), kv.transpose(0, 1), need_weights=False)
         out = rs.ln_post(out.transpose(0, 1))
         return out @ rs.proj

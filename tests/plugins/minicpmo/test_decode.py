@@ -122,9 +122,11 @@ def test_the_captured_steps_read_nothing_back_to_the_host(minicpmo_ckpt):
         for span in spans:
             with FakeTensorMode(allow_non_fake_inputs=True):
                 gen.decoder._step(gen.decoder._rows[size], span)
-    for span in spans:
-        with FakeTensorMode(allow_non_fake_inputs=True):
-            gen.prefill._run(span)
+    assert len(gen.prefill.widths) == 3  # no frame, one, two
+    for width in gen.prefill.widths:
+        for span in spans:
+            with FakeTensorMode(allow_non_fake_inputs=True):
+                gen.prefill._run(width, span)
     for span in gen.speech.cache.spans:
         with FakeTensorMode(allow_non_fake_inputs=True):
             gen.speech._code_step(span)

@@ -252,3 +252,7 @@ def test_unknown_options_and_a_missing_path_are_config_errors(tmp_path):
     with pytest.raises(PluginError) as exc:
         MiniCPMOPlugin.from_options(str(tmp_path / "absent")).load()
     assert exc.value.code == "model_path_unavailable"
+    with pytest.raises(PluginError) as exc:
+        MiniCPMOPlugin.from_options(str(tmp_path), flow_dtype="float8")
+    assert exc.value.code == "invalid_plugin_config"
+    assert str(exc.value) == "flow_dtype must be one of ['bfloat16', 'float16', 'float32'], got 'float8'"

@@ -57,6 +57,20 @@ def test_a_turn_of_n_units_is_n_seconds_first_unit_late_by_the_lookahead_and_ove
         assert np.sqrt(np.mean(pcm**2)) > 1e-3 and np.abs(pcm).max() <= 1.0
 
 
+def test_a_half_precision_flow_sounds_like_the_float32_one_and_the_vocoder_stays_float32():
+    plan = [{0: False, 1: False}, {0: False, 1: True}, {0: True}]
+    full = _units(_stage(), plan)
+    half_stage = random_code_to_wave(CFG, 3, CPU, seed=0, voice_codes=12, flow_dtype=torch.float16)
+    assert half_stage.flow.dtype == torch.float16 and half_stage.flow.noise.dtype == torch.float16
+    assert next(half_stage.vocoder.model.parameters()).dtype == torch.float32
+    half = _units(half_stage, plan)
+    for slot in (0, 1):
+        a, b = np.concatenate(full[slot]), np.concatenate(half[slot])
+        assert a.shape == b.shape and b.dtype == np.float32
+        # About 3 % here (random tiny weights); unrelated audio of this loudness is over 100 %.
+        assert np.linalg.norm(a - b) / np.linalg.norm(a) < 0.1
+
+
 def test_a_slot_sounds_the_same_alone_and_batched_with_slots_at_other_points_of_their_turns():
     alone = _units(_stage(), [{1: False}, {1: False}, {1: True}])[1]
     # Slot 1 shares its steps with a slot mid-turn, a slot starting and ending, and sits one step out.

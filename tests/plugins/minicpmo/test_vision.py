@@ -1,0 +1,74 @@
+"""MiniCPM-o's camera frames: a pass per patch grid, each frame's embeddings as if it ran alone."""
+
+from __future__ import annotations
+
+import io
+
+import numpy as np
+import pytest
+import torch
+
+pytest.importorskip("transformers")
+
+from duplex.plugins.minicpmo.config import TINY_CONFIG, MiniCPMOConfig
+from duplex.plugins.minicpmo.modules import MiniCPMOModel
+from duplex.plugins.minicpmo.vision import VisionEncoder
+
+
+@pytest.fixture(scope="module")
+def encoder() -> VisionEncoder:
+    cfg = MiniCPMOConfig.from_json(TINY_CONFIG)
+    model = MiniCPMOModel.random(cfg, torch.device("cpu"), torch.float32, seed=3)
+    return VisionEncoder(model.vpm, model.resampler, cfg.image_size, cfg.patch_size)
+
+
+def _noise_jpeg(seed: int, size: tuple[int, int]) -> bytes:
+    from PIL import Image
+
+    pixels = np.random.default_rng(seed).integers(0, 256, (size[1], size[0], 3), dtype=np.uint8)
+    buf = io.BytesIO()
+    Image.fromarray(pixels).save(buf, "JPEG")
+    return buf.getvalue()
+
+
+def _reference(enc: VisionEncoder, data: bytes) -> torch.Tensor:
+    """One frame through transformers' own SigLIP layers and the resampler's attention, unbatched."""
+    frame = enc.prepare(data)
+    vpm, rs = enc.vpm, enc.resampler
+    weight = vpm.embeddings.patch_embedding.weight
+    x = (torch.from_numpy(frame.patches).float()[None] / 255.0 - 0.5) / 0.5
+    bias = vpm.embeddings.patch_embedding.bias
+    x = torch.nn.functional.linear(x, weight.reshape(weight.shape[0], -1), bias)
+    x = x + vpm.embeddings.position_embedding(enc._position_ids(frame.grid))[None]
+    for layer in vpm.encoder.layers:
+        out = layer(x, attention_mask=None)
+        x = out[0] if isinstance(out, tuple) else out
+    x = vpm.post_layernorm(x)
+    kv = rs.ln_kv(rs.kv_proj(x))
+    q = rs.ln_q(rs.query)[:, None]
+    pos = enc._resampler_pos(frame.grid)[None]
+    o, _ = rs.attn(q, (kv + pos).transpose(0, 1), kv.transpose(0, 1))
+    return (rs.ln_post(o.transpose(0, 1)) @ rs.proj)[0]
+
+
+@torch.no_grad()
+def test_frames_of_two_cameras_in_one_step_each_get_their_own_embeddings(encoder):
+    # Two grids (4:3 and 16:9), interleaved: each frame comes back in its place, as if encoded alone.
+    sizes = [(64, 48), (128, 72), (64, 48), (128, 72), (64, 48)]
+    data = [_noise_jpeg(i, size) for i, size in enumerate(sizes)]
+    frames = [encoder.prepare(d) for d in data]
+    assert len({f.grid for f in frames}) == 2
+    together = encoder.encode(frames)
+    assert together.shape == (5, encoder.resampler.query.shape[0], encoder.resampler.proj.shape[1])
+    for i, d in enumerate(data):
+        torch.testing.assert_close(together[i], _reference(encoder, d), rtol=1e-4, atol=1e-5)
+    # Different frames differ: a result put in the wrong place would fail above.
+    assert not torch.allclose(together[0], together[2], atol=1e-3)
+
+
+@torch.no_grad()
+def test_one_camera_is_one_pass_whatever_the_frame_count(encoder):
+    data = [_noise_jpeg(10 + i, (64, 48)) for i in range(3)]
+    frames = [encoder.prepare(d) for d in data]
+    alone = encoder.encode(frames[1:2])[0]
+    torch.testing.assert_close(encoder.encode(frames)[1], alone, rtol=1e-4, atol=1e-5)
