@@ -35,7 +35,10 @@ Run: ``python -m bench.minicpmo_capacity --sessions 1,4,8,16 --seconds 20 --json
 bench/results/minicpmo_capacity_h200.json --plot``. CPU smoke run: ``--model-path DIR --device cpu
 --sessions 1,2 --seconds 3``. ``--cuda-graphs`` replays the language model's decode step (per
 batch-size bucket) and the speech head's code step from CUDA graphs; ``--code-to-wave silent`` skips
-the code-to-wave stage (silence per speaking unit) to measure the rest alone.
+the code-to-wave stage (silence per speaking unit) to measure the rest alone; ``--flow-dtype float16``
+runs the code-to-wave flow in half precision (upstream's ``float16`` switch). Random weights never end
+a unit early, so every unit decodes ``--max-new-tokens`` text tokens (20, the model's cap: the worst
+case); a real model ends a unit after its few words, which ``--max-new-tokens 8`` stands in for.
 """
 
 from __future__ import annotations
@@ -101,6 +104,18 @@ def _parser() -> argparse.ArgumentParser:
         "--code-to-wave", choices=("flow", "silent"), default="flow", help="code-to-wave stage or silence"
     )
     ap.add_argument(
+        "--max-new-tokens",
+        type=int,
+        default=20,
+        help="text tokens a unit may take (random weights never end a unit early: every unit takes them all)",
+    )
+    ap.add_argument(
+        "--flow-dtype",
+        choices=("float32", "float16", "bfloat16"),
+        default="float32",
+        help="the code-to-wave flow's precision (float16: upstream's float16 switch)",
+    )
+    ap.add_argument(
         "--slow-ms",
         type=float,
         default=float(UNIT_MS),
@@ -127,6 +142,8 @@ def _plugin(args: argparse.Namespace, n: int) -> Any:
         "context_tokens": args.context_tokens,
         "cuda_graphs": args.cuda_graphs,
         "code_to_wave": args.code_to_wave,
+        "flow_dtype": args.flow_dtype,
+        "max_new_tokens": args.max_new_tokens,
     }
     if args.context_tokens < 8192:
         options["window_high_tokens"] = args.context_tokens * 5 // 8
@@ -292,7 +309,9 @@ def run(n: int, args: argparse.Namespace) -> dict[str, Any]:
     cmd += ["--sessions", str(n), "--device", args.device, "--context-tokens", str(args.context_tokens)]
     cmd += ["--model-path", args.model_path] if args.model_path else []
     cmd += ["--cuda-graphs"] if args.cuda_graphs else []
-    cmd += ["--code-to-wave", args.code_to_wave, "--slow-ms", str(args.slow_ms)]
+    cmd += ["--code-to-wave", args.code_to_wave, "--flow-dtype", args.flow_dtype]
+    cmd += ["--max-new-tokens", str(args.max_new_tokens)]
+    cmd += ["--slow-ms", str(args.slow_ms)]
     cmd += ["--trace-stages"] if args.trace_stages else []
     proc = subprocess.Popen(cmd, env={**os.environ, "PYTHONUNBUFFERED": "1"})
 
@@ -422,6 +441,8 @@ def main(argv: list[str] | None = None) -> dict[str, Any] | None:
         "model": args.model_path or "random full-size weights",
         "cuda_graphs": args.cuda_graphs,
         "code_to_wave": args.code_to_wave,
+        "flow_dtype": args.flow_dtype,
+        "max_new_tokens": args.max_new_tokens,
         "seconds": args.seconds,
         "machine": machine(),
         "rows": rows,

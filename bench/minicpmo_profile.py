@@ -54,6 +54,8 @@ def _parser() -> argparse.ArgumentParser:
     ap.add_argument("--context-tokens", type=int, default=8192)
     ap.add_argument("--cuda-graphs", action="store_true", help="replay the captured steps")
     ap.add_argument("--code-to-wave", choices=("flow", "silent"), default="flow")
+    ap.add_argument("--flow-dtype", choices=("float32", "float16", "bfloat16"), default="float32")
+    ap.add_argument("--max-new-tokens", type=int, default=20, help="text tokens a unit may take")
     ap.add_argument("--frames", type=int, default=1, help="camera frames per slot per unit")
     ap.add_argument(
         "--prompt-tokens",
@@ -75,6 +77,8 @@ def _plugin(args: argparse.Namespace, n: int) -> Any:
         "context_tokens": args.context_tokens,
         "cuda_graphs": args.cuda_graphs,
         "code_to_wave": args.code_to_wave,
+        "flow_dtype": args.flow_dtype,
+        "max_new_tokens": args.max_new_tokens,
     }
     if args.context_tokens < 8192:
         options["window_high_tokens"] = args.context_tokens * 5 // 8
@@ -267,6 +271,8 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
         "model": args.model_path or f"random {args.config}-size weights",
         "cuda_graphs": args.cuda_graphs,
         "code_to_wave": args.code_to_wave,
+        "flow_dtype": args.flow_dtype,
+        "max_new_tokens": args.max_new_tokens,
         "units": args.units,
         "frames_per_unit": args.frames,
         "machine": machine(),
