@@ -348,15 +348,10 @@ class UnitGenerator:
     def step(self, batch: dict[int, tuple[np.ndarray, list[bytes]]]) -> dict[int, UnitResult]:
         """Advance every slot in ``batch`` (slot -> (16000 float32 samples, encoded frames)) by one unit."""
         opts = self.opts
-        with stage("layout.host"):
-            ids_h, kind_h, src_h, valid_h, frames = self.layout(batch)
-        w = self.prefill.width_for(int(valid_h.max()))
-        layout = np.zeros((5, self.slots, w), dtype=np.int64)
-        layout[0], layout[1], layout[2] = ids_h[:, :w], kind_h[:, :w], src_h[:, :w]
-        layout[3] = valid_h[:, None]
         samples = np.zeros((self.slots, CONTEXT_SAMPLES + UNIT_SAMPLES), dtype=np.float32)
+        executes = np.zeros(self.slots, dtype=bool)
         for slot, (pcm, _frames) in batch.items():
-            layout[4, slot] = 1
+            executes[slot] = True
             host = self.hosts[slot]
             samples[slot, :CONTEXT_SAMPLES] = host.tail
             samples[slot, CONTEXT_SAMPLES:] = pcm
@@ -364,6 +359,15 @@ class UnitGenerator:
         # The device is idle between steps: reading the lengths costs no wait. They give each unit's start
         # and the key span that covers every row of the step (prefill, then max_new_tokens decoded).
         starts_h = self.lm_len.cpu().numpy()
+        # The audio encoder first: the frames are decoded on the host while it runs (``prefill``).
+        with stage("audio"):
+            self.prefill.run_audio(samples, executes)
+        with stage("layout.host"):
+            ids_h, kind_h, src_h, valid_h, frames = self.layout(batch)
+        w = self.prefill.width_for(int(valid_h.max()))
+        layout = np.zeros((5, self.slots, w), dtype=np.int64)
+        layout[0], layout[1], layout[2] = ids_h[:, :w], kind_h[:, :w], src_h[:, :w]
+        layout[3], layout[4] = valid_h[:, None], executes[:, None]
         span = self.thinker.cache.span_for(max(int(starts_h[s]) for s in batch) + w + opts.max_new_tokens)
         vision = None
         if frames:
@@ -371,7 +375,7 @@ class UnitGenerator:
                 vision = self.vision.encode(frames)
                 vision = vision.reshape(-1, vision.shape[-1])
         with stage("prefill"):
-            logits = self.prefill.run(layout, samples, vision, span)
+            logits = self.prefill.run(layout, vision, span)
         state = SlotSampling(
             self.lm_len, self.seed, self.counter, self.temperature, self.history, self.turn_open
         )

@@ -2,23 +2,28 @@
 
 Theory of operation
 -------------------
-The host lays a unit out (``UnitGenerator.layout``: token ids, what each position takes, the valid
-width) and hands it over with the unit's audio; the vision tower's embeddings, when the step has
-frames, are copied into a buffer of the largest size a step can have. ``UnitPrefill`` then runs, over
-static buffers at ``[slots, width]``, where ``width`` is the narrowest of ``widths`` that holds every
-row's unit (a unit's width is set by its frames: 13 positions without one, 79 with one frame and 145
-with two for the published model, whose ``max_frames_per_unit`` is 2; so a step where every camera sent
-one frame prefills 79 columns, not 145, and the language model's pass takes about half as long):
+Two fixed steps over static buffers, in this order:
 
-1. the streaming audio encoder on every slot's audio (rows without a unit frozen),
-2. the input embeddings: token embeddings, with audio and vision positions taken by gathers from the
-   encoders' outputs (``torch.where`` over the position kinds),
-3. the language model over the block (frozen rows write to scratch) and the logits of each row's last
-   valid position; the slots' lengths move on in place.
+1. the audio step (``run_audio``): the streaming audio encoder on every slot's second of audio (rows
+   without a unit frozen), its embeddings kept in a buffer. It needs nothing the host lays out, so the
+   generator launches it first and decodes the step's camera frames on the host while it runs (the
+   host work would otherwise leave the device idle: some 18 ms for 16 frames, against about as long
+   for the encoder at 16 slots on an H200);
+2. the language-model step (``run``): the host's layout (``UnitGenerator.layout``: token ids, what
+   each position takes, the valid width) and the vision tower's embeddings (when the step has frames,
+   copied into a buffer of the largest size a step can have); the input embeddings (token embeddings,
+   with audio and vision positions taken by gathers from the encoders' outputs, ``torch.where`` over
+   the position kinds); the language model over the block (frozen rows write to scratch) and the
+   logits of each row's last valid position; the slots' lengths move on in place. It runs at
+   ``[slots, width]``, where ``width`` is the narrowest of ``widths`` that holds every row's unit (a
+   unit's width is set by its frames: 13 positions without one, 79 with one frame and 145 with two for
+   the published model, whose ``max_frames_per_unit`` is 2; so a step where every camera sent one frame
+   prefills 79 columns, not 145, and the language model's pass takes about half as long).
 
-So the whole prefill is one fixed step per width and key span of the language model's cache
-(``attention``): with ``capture`` a CUDA graph each, captured at start-up with every row frozen
-(replaying a few thousand kernels in one launch); without, the same code runs eagerly (CPU, tests).
+The audio step is one graph; the language-model step one per width and key span of the language
+model's cache (``attention``). With ``capture`` each is a CUDA graph, captured at start-up with every
+row frozen (replaying a few thousand kernels in one launch); without, the same code runs eagerly (CPU,
+tests).
 """
 
 from __future__ import annotations
@@ -29,7 +34,7 @@ import numpy as np
 import torch
 
 from duplex.plugins.minicpmo.audio import CONTEXT_SAMPLES, AudioEncoder
-from duplex.plugins.minicpmo.config import UNIT_SAMPLES
+from duplex.plugins.minicpmo.config import AUDIO_TOKENS_PER_UNIT, UNIT_SAMPLES
 from duplex.plugins.minicpmo.graphs import Step
 from duplex.plugins.minicpmo.thinker import Thinker
 
@@ -67,9 +72,13 @@ class UnitPrefill:
         # The host's inputs: the layout (ids, kind, src, valid, exec; one copy a step) and the audio.
         self.layouts = {w: torch.zeros(5, slots, w, dtype=torch.long, device=device) for w in self.widths}
         self.samples = torch.zeros(slots, CONTEXT_SAMPLES + UNIT_SAMPLES, device=device)
+        self.executes = torch.zeros(slots, dtype=torch.bool, device=device)
+        rows = slots * AUDIO_TOKENS_PER_UNIT
+        self.audio_emb = torch.zeros(rows, weight.shape[1], device=device, dtype=dtype)
         self.vision = torch.zeros(max(vision_rows, 1), weight.shape[1], device=device, dtype=dtype)
         self.logits = torch.zeros(slots, weight.shape[0], device=device)
         spans = thinker.cache.spans
+        self._audio_step = Step(self._run_audio, capture=capture, pool=pool)
         self._steps = {
             (w, n): Step(lambda w=w, n=n: self._run(w, n), capture=capture, pool=pool)
             for w in self.widths
@@ -78,44 +87,51 @@ class UnitPrefill:
 
     @property
     def captured(self) -> bool:
-        return all(step.captured for step in self._steps.values())
+        return self._audio_step.captured and all(step.captured for step in self._steps.values())
 
     def width_for(self, valid: int) -> int:
         """The narrowest width that holds a unit of ``valid`` positions."""
         return next(w for w in self.widths if w >= valid)
 
     @torch.no_grad()
-    def run(
-        self, layout: np.ndarray, samples: np.ndarray, vision: torch.Tensor | None, span: int
-    ) -> torch.Tensor:
-        """Prefill one unit; returns the logits ``[slots, vocab]`` (float32; a buffer the next call
-        overwrites).
+    def run_audio(self, samples: np.ndarray, executes: np.ndarray) -> None:
+        """Step 1 (module docstring), queued on the device: ``samples [slots, 16560]`` float32 (context +
+        unit), ``executes [slots]`` bool (False freezes the row)."""
+        self.samples.copy_(torch.from_numpy(samples))
+        self.executes.copy_(torch.from_numpy(executes))
+        self._audio_step()
+
+    def _run_audio(self) -> None:
+        emb, audio_len = self.audio.encode(self.samples, self.audio_len, self.executes)
+        self.audio_len.copy_(audio_len)
+        self.audio_emb.copy_(emb.reshape(-1, emb.shape[-1]))
+
+    @torch.no_grad()
+    def run(self, layout: np.ndarray, vision: torch.Tensor | None, span: int) -> torch.Tensor:
+        """Step 2 of one unit, after ``run_audio``; returns the logits ``[slots, vocab]`` (float32; a
+        buffer the next call overwrites).
 
         ``layout [5, slots, width]`` int64, ``width`` one of ``widths``: ids, kind (``KIND_*``), src (the
         embedding a position takes: an audio row ``slot * 10 + j`` or a vision row), valid width (every
-        column), executes (every column; 0 freezes the row); ``samples [slots, 16560]`` float32 (context
-        + unit); ``vision [rows, hidden]`` the step's vision embeddings or None; ``span`` the key span
-        holding every executing row's length plus ``width``.
+        column), executes (every column; 0 freezes the row, as ``run_audio``'s); ``vision [rows,
+        hidden]`` the step's vision embeddings or None; ``span`` the key span holding every executing
+        row's length plus ``width``.
         """
         width = layout.shape[2]
         self.layouts[width].copy_(torch.from_numpy(layout))
-        self.samples.copy_(torch.from_numpy(samples))
         if vision is not None:
             self.vision[: vision.shape[0]].copy_(vision)
         self._steps[width, span]()
         return self.logits
 
     def _run(self, w: int, span: int) -> None:
-        """Steps 1-3 of the module docstring at width ``w``, in place (capturable)."""
+        """Step 2 of the module docstring at width ``w``, in place (capturable)."""
         thinker, cap, layout = self.thinker, self.thinker.cache.capacity, self.layouts[w]
         ids, kind, src, valid = layout[0], layout[1], layout[2], layout[3][:, 0]
         executes = layout[4][:, 0] > 0
-        audio_emb, audio_len = self.audio.encode(self.samples, self.audio_len, executes)
-        self.audio_len.copy_(audio_len)
         embeds = thinker.embed_tokens(ids)
-        flat_audio = audio_emb.reshape(-1, audio_emb.shape[-1]).to(embeds.dtype)
         a_idx = torch.where(kind == KIND_AUDIO, src, 0)
-        embeds = torch.where((kind == KIND_AUDIO)[..., None], flat_audio[a_idx], embeds)
+        embeds = torch.where((kind == KIND_AUDIO)[..., None], self.audio_emb[a_idx], embeds)
         v_idx = torch.where(kind == KIND_VISION, src, 0)
         embeds = torch.where((kind == KIND_VISION)[..., None], self.vision[v_idx], embeds)
         steps = torch.arange(w, device=ids.device)

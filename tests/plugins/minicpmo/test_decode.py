@@ -122,6 +122,8 @@ def test_the_captured_steps_read_nothing_back_to_the_host(minicpmo_ckpt):
         for span in spans:
             with FakeTensorMode(allow_non_fake_inputs=True):
                 gen.decoder._step(gen.decoder._rows[size], span)
+    with FakeTensorMode(allow_non_fake_inputs=True):
+        gen.prefill._run_audio()
     assert len(gen.prefill.widths) == 3  # no frame, one, two
     for width in gen.prefill.widths:
         for span in spans:

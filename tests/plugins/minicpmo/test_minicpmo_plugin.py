@@ -137,6 +137,31 @@ def test_a_slot_says_the_same_alone_and_batched_with_joining_and_leaving_slots(m
     assert batched == alone
 
 
+def test_what_a_slot_hears_and_sees_reaches_the_language_model_and_nothing_else_does(minicpmo_ckpt):
+    """The audio encoder runs as its own step before the frames are laid out: each row's prefill must
+    read its own audio and its own frame, whatever the other rows carry."""
+    plugin = _plugin(minicpmo_ckpt)
+    for slot in range(3):
+        plugin.open_slot(slot, GREEDY)
+    frames = (jpeg(),)
+    plugin.step(
+        [
+            SlotInput(slot=0, epoch=0, pcm=_pcm(1), video_frames=frames),
+            SlotInput(slot=1, epoch=0, pcm=_pcm(2), video_frames=frames),
+            SlotInput(slot=2, epoch=0, pcm=_pcm(1), video_frames=(jpeg((0, 0, 255)),)),
+        ]
+    )
+    logits = plugin.generator.prefill.logits.clone()
+    other = _plugin(minicpmo_ckpt)
+    for slot in range(3):
+        other.open_slot(slot, GREEDY)
+    other.step([SlotInput(slot=2, epoch=0, pcm=_pcm(1), video_frames=frames)])  # slot 0's unit, alone
+    alone = other.generator.prefill.logits[2]
+    np.testing.assert_allclose(logits[0].numpy(), alone.numpy(), rtol=1e-4, atol=1e-4)
+    assert not np.allclose(logits[1].numpy(), alone.numpy(), atol=1e-3)  # other audio
+    assert not np.allclose(logits[2].numpy(), alone.numpy(), atol=1e-3)  # other frame
+
+
 def test_greedy_sessions_repeat_and_sampled_sessions_follow_their_seed(minicpmo_ckpt):
     def run(options: SlotOptions) -> list[list[int]]:
         plugin = _plugin(minicpmo_ckpt)
