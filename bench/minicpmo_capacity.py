@@ -10,7 +10,8 @@ tiny one that ``duplex tiny-checkpoint minicpmo_4_5 DIR`` writes, for a CPU run)
 Per N, one row: ``unit_p50_ms``/``unit_p99_ms`` (the engine's step time for a batch of units: must stay
 under the 1000 ms unit), ``missed_units`` (steps over 1000 ms), ``wait_p50_ms`` (the engine's median
 wait from the append that completed a unit to the start of its step: a unit that just misses a step
-waits for it), ``unit_first_audio_p50_ms``/``unit_first_audio_p99_ms`` (the issue's figure: over every
+waits for it; ``wait_p99_ms`` and ``wait_max_ms`` in the JSON, and printed when a unit waited over
+half a unit), ``unit_first_audio_p50_ms``/``unit_first_audio_p99_ms`` (the issue's figure: over every
 speaking unit, the time from the unit's close, when the append that completes it reaches the server, to
 the unit's first audio, when the engine hands it to the session, which sends it as an audio delta in
 the same event-loop pass; the engine's ``append_to_audio_s``, so each unit's audio is paired with its
@@ -372,8 +373,11 @@ def run(n: int, args: argparse.Namespace) -> dict[str, Any]:
         "missed_units": int(sum(t > UNIT_MS for t in units)),
         "steps": len(units),
         "wait_p50_ms": round(percentile(stats["wait_ms"], 50), 1),
+        "wait_p99_ms": round(percentile(stats["wait_ms"], 99), 1),
+        "wait_max_ms": round(max(stats["wait_ms"]), 1) if stats["wait_ms"] else None,
         "unit_first_audio_p50_ms": round(percentile(audio, 50), 1) if audio else None,
         "unit_first_audio_p99_ms": round(percentile(audio, 99), 1) if audio else None,
+        "unit_first_audio_max_ms": round(max(audio), 1) if audio else None,
         "speaking_units": len(audio),
         "turn_first_audio_ms": round(statistics.median(turns), 1) if turns else None,
         "turns": len(turns),
@@ -396,6 +400,13 @@ def _print_slow(row: dict[str, Any]) -> None:
     for step in row["slow_steps"]:
         pauses = ", ".join(f"gen {c['generation']} {c['ms']} ms" for c in step["gc"]) or "none"
         print(f"  slow step: {step['ms']} ms, batch {step['batch']}, collections: {pauses}", file=sys.stderr)
+    if row["wait_max_ms"] is not None and row["wait_max_ms"] > UNIT_MS / 2:
+        # A unit's audio late with no slow step: it waited for its step (a step in flight, or pacing).
+        print(
+            f"  longest wait for a step: {row['wait_max_ms']} ms (p99 {row['wait_p99_ms']});"
+            f" longest unit close to audio: {row['unit_first_audio_max_ms']} ms",
+            file=sys.stderr,
+        )
 
 
 def plot(result: dict[str, Any], path: Path) -> Path:

@@ -9,6 +9,7 @@ import pytest
 pytest.importorskip("transformers")
 
 STAGES = {
+    "audio",
     "layout.host",
     "vision.encode",
     "prefill",
