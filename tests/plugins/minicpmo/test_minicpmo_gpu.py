@@ -65,3 +65,15 @@ def test_cuda_graphs_decode_the_same_tokens_codes_and_audio_as_eager(minicpmo_ck
             if a[slot][1] is not None:
                 np.testing.assert_array_equal(a[slot][1], b[slot][1])
                 np.testing.assert_allclose(a[slot][2], b[slot][2], atol=1e-4)
+
+
+def test_the_compiled_boundary_noise_is_the_eager_noise_bit_for_bit():
+    from duplex.plugins.minicpmo.decode import _boundary_noise
+    from duplex.plugins.minicpmo.sampling import gumbel
+
+    noise = _boundary_noise(151_748, torch.device("cuda"))
+    assert noise is not gumbel
+    for rows in (1, 5, 16):
+        seed = torch.arange(rows, device="cuda") * 7919
+        counter = torch.arange(rows, device="cuda") + (1 << 33)
+        assert torch.equal(noise(seed, counter, 151_748, 1), gumbel(seed, counter, 151_748, 1))

@@ -69,3 +69,19 @@ def test_a_greedy_row_takes_the_argmax_and_a_sampled_row_draws():
     assert got[0] == logits[0].argmax()
     expected = _whole(logits / 0.7, 20, 0.8, seed, counter, 2)
     assert got[1] == expected[1]
+
+
+def test_without_a_working_compiler_the_boundary_noise_runs_eagerly_and_says_so(monkeypatch, caplog):
+    from duplex.plugins.minicpmo import decode
+
+    def broken(fn, **_):
+        def run(*args):
+            raise RuntimeError("Failed to find C compiler")
+
+        return run
+
+    monkeypatch.setattr(decode.torch, "compile", broken)
+    with caplog.at_level("WARNING", logger=decode.__name__):
+        noise = decode._boundary_noise(VOCAB, torch.device("cpu"))
+    assert noise is gumbel
+    assert "runs eagerly (compiling failed: Failed to find C compiler)" in caplog.text
