@@ -1,0 +1,92 @@
+"""Our batched forward passes over per-slot caches compute what transformers' own modules compute.
+
+The language model (``Thinker``, on a Qwen3's weights) and the speech head's backbone
+(``SpeechGenerator._forward``, on a Llama's) are our code over transformers' parameters: a prefill of
+several tokens into one slot of a shared cache, then a decode step, must give transformers' hidden
+states for the same sequence. Norm weights are randomised so that a norm applied in the wrong place
+shows. (A model built on the meta device has no values in transformers' rotary buffers, which our
+passes never read: the references get fresh rotary modules.)
+"""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+pytest.importorskip("transformers")
+
+from duplex.plugins.minicpmo.attention import SlotCache
+from duplex.plugins.minicpmo.config import TINY_CONFIG, MiniCPMOConfig
+from duplex.plugins.minicpmo.modules import MiniCPMOModel
+from duplex.plugins.minicpmo.speech import SpeechGenerator
+from duplex.plugins.minicpmo.thinker import Thinker
+
+CPU = torch.device("cpu")
+SLOTS, SLOT, T = 3, 1, 12
+
+
+@pytest.fixture(scope="module")
+def model() -> tuple[MiniCPMOModel, MiniCPMOConfig]:
+    cfg = MiniCPMOConfig.from_json(TINY_CONFIG)
+    model = MiniCPMOModel.random(cfg, CPU, torch.float32, seed=5)
+    from transformers.models.llama.modeling_llama import LlamaRotaryEmbedding
+    from transformers.models.qwen3.modeling_qwen3 import Qwen3RotaryEmbedding
+
+    gen = torch.Generator().manual_seed(6)
+    with torch.no_grad():
+        for name, param in model.named_parameters():
+            if name.endswith("norm.weight"):
+                param.copy_(0.5 + torch.rand(param.shape, generator=gen))
+    model.llm.model.rotary_emb = Qwen3RotaryEmbedding(config=model.llm.config)
+    model.tts.model.rotary_emb = LlamaRotaryEmbedding(config=model.tts.model.config)
+    return model, cfg
+
+
+def _prefill_then_decode(forward, embeds: torch.Tensor) -> torch.Tensor:
+    """Hidden states ``[T + 1, H]``: ``T`` tokens into slot ``SLOT`` at once, then the last one alone."""
+    rows = torch.tensor([[SLOT]])
+    pos = torch.arange(T)[None]
+    first = forward(embeds[:, :T], pos, pos, pos + 1, rows)
+    last = torch.tensor([[T]])
+    second = forward(embeds[:, T:], last, last, last + 1, rows)
+    return torch.cat([first[0], second[0]])
+
+
+@torch.no_grad()
+def test_the_language_model_over_slot_caches_is_transformers_qwen3(model):
+    model, cfg = model
+    llm = model.llm
+    c = llm.config
+    kv = c.num_key_value_heads
+    cache = SlotCache(c.num_hidden_layers, SLOTS, kv, 64, c.head_dim, 16, CPU, torch.float32)
+    thinker = Thinker(llm, cache, cfg.rope_theta)
+    embeds = torch.randn(1, T + 1, c.hidden_size, generator=torch.Generator().manual_seed(1))
+    ours = _prefill_then_decode(lambda x, p, w, lim, rows: thinker.forward(x, p, w, lim, rows=rows), embeds)
+    theirs = llm.model(inputs_embeds=embeds).last_hidden_state[0]
+    torch.testing.assert_close(ours, theirs, rtol=1e-4, atol=1e-4)
+
+
+@torch.no_grad()
+def test_the_speech_heads_backbone_over_slot_caches_is_transformers_llama(model):
+    model, cfg = model
+    head = model.tts
+    b = head.model.config
+    dim = b.hidden_size // b.num_attention_heads
+    cache = SlotCache(b.num_hidden_layers, SLOTS, b.num_key_value_heads, 64, dim, 16, CPU, torch.float32)
+    speech = SpeechGenerator(head, cfg.tts, cache, max_condition=8)
+    embeds = torch.randn(1, T + 1, b.hidden_size, generator=torch.Generator().manual_seed(2))
+
+    def forward(x, positions, write_pos, limit, rows):
+        # The speech head's pass runs every slot's row: the other rows are frozen (scratch writes).
+        full = torch.zeros(SLOTS, x.shape[1], x.shape[2])
+        full[SLOT] = x[0]
+        n = x.shape[1]
+        scratch = cache.capacity + torch.arange(n)[None].expand(SLOTS, n)
+        pos = positions.expand(SLOTS, n)
+        write = torch.where(torch.arange(SLOTS)[:, None] == SLOT, write_pos.expand(SLOTS, n), scratch)
+        lim = torch.where(torch.arange(SLOTS)[:, None] == SLOT, limit.expand(SLOTS, n), scratch + 1)
+        return speech._forward(full, pos, write, lim, cache.total)[SLOT : SLOT + 1]
+
+    ours = _prefill_then_decode(forward, embeds)
+    theirs = head.model(inputs_embeds=embeds).last_hidden_state[0]
+    torch.testing.assert_close(ours, theirs, rtol=1e-4, atol=1e-4)
