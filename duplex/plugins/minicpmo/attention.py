@@ -44,6 +44,7 @@ __all__ = [
     "attention_bias",
     "eager_attention",
     "fuse_linears",
+    "residual_linear",
     "rms_norm",
     "visible_mask",
 ]
@@ -56,7 +57,13 @@ def rms_norm(x: torch.Tensor, weight: torch.Tensor, eps: float) -> torch.Tensor:
 
 
 class Rope:
-    """Rotary position embedding (the "rotate half" layout of Llama/Qwen), for positions ``[B, T]``."""
+    """Rotary position embedding (the "rotate half" layout of Llama/Qwen), for positions ``[B, T]``.
+
+    ``x * cos + rotate_half(x) * sin``, with ``rotate_half(x) = cat(-x2, x1)``, is computed as
+    ``x * cos + roll(x, half) * sin_signed``: ``roll`` is ``cat(x2, x1)`` and ``sin_signed`` the sine with
+    its first half negated (``cos_sin`` returns it). Three kernels where the textbook form takes five;
+    a decode step applies it once per layer.
+    """
 
     def __init__(self, head_dim: int, theta: float, device: torch.device) -> None:
         self.inv_freq = 1.0 / (
@@ -64,16 +71,22 @@ class Rope:
         )
 
     def cos_sin(self, positions: torch.Tensor, dtype: torch.dtype) -> tuple[torch.Tensor, torch.Tensor]:
-        """``cos, sin`` of shape ``[B, 1, T, head_dim]`` for integer ``positions [B, T]``."""
+        """``cos, sin_signed`` of shape ``[B, 1, T, head_dim]`` for integer ``positions [B, T]``."""
         freqs = positions.to(torch.float32)[..., None] * self.inv_freq
         emb = torch.cat([freqs, freqs], dim=-1)[:, None]
-        return emb.cos().to(dtype), emb.sin().to(dtype)
+        sin = torch.cat([-freqs.sin(), freqs.sin()], dim=-1)[:, None]
+        return emb.cos().to(dtype), sin.to(dtype)
 
     @staticmethod
-    def apply(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor:
-        half = x.shape[-1] // 2
-        rotated = torch.cat([-x[..., half:], x[..., :half]], dim=-1)
-        return x * cos + rotated * sin
+    def apply(x: torch.Tensor, cos: torch.Tensor, sin_signed: torch.Tensor) -> torch.Tensor:
+        return torch.addcmul(x * cos, x.roll(x.shape[-1] // 2, dims=-1), sin_signed)
+
+
+def residual_linear(x: torch.Tensor, h: torch.Tensor, weight: torch.Tensor) -> torch.Tensor:
+    """``x + h @ weight.T`` for ``[B, T, .]`` tensors in one matrix product (the library adds ``x`` as
+    it writes the result): one kernel, not two, for each residual branch of a layer."""
+    b, t, _ = h.shape
+    return torch.addmm(x.reshape(b * t, -1), h.reshape(b * t, -1), weight.t()).view(b, t, -1)
 
 
 _ALIGN = 16

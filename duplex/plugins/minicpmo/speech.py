@@ -24,7 +24,15 @@ from typing import Any
 import torch
 import torch.nn.functional as F
 
-from duplex.plugins.minicpmo.attention import Rope, SlotCache, attend, attention_bias, fuse_linears, rms_norm
+from duplex.plugins.minicpmo.attention import (
+    Rope,
+    SlotCache,
+    attend,
+    attention_bias,
+    fuse_linears,
+    residual_linear,
+    rms_norm,
+)
 from duplex.plugins.minicpmo.config import CODES_PER_UNIT, TTSConfig
 from duplex.plugins.minicpmo.graphs import Step, graph_pool
 from duplex.plugins.minicpmo.modules import SpeechHead
@@ -120,10 +128,10 @@ class SpeechGenerator:
             self.cache.write(i, k, qkv[:, :, hq + hkv :].transpose(1, 2), write_pos, self.cache.rows)
             kc, vc = self.cache.layer(i, None, span)
             o = attend(q, kc, vc, mask).transpose(1, 2).reshape(b, t, -1)
-            x = x + layer.self_attn.o_proj(o)
+            x = residual_linear(x, o, layer.self_attn.o_proj.weight)
             h = rms_norm(x, layer.post_attention_layernorm.weight, self.eps)
             gate, up = F.linear(h, self._gate_up[i]).chunk(2, dim=-1)
-            x = x + layer.mlp.down_proj(F.silu(gate) * up)
+            x = residual_linear(x, F.silu(gate) * up, layer.mlp.down_proj.weight)
         return rms_norm(x, self.head.model.norm.weight, self.eps)
 
     def condition(self, text_ids: torch.Tensor, hidden: torch.Tensor, count: torch.Tensor) -> torch.Tensor:

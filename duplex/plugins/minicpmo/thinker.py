@@ -14,7 +14,15 @@ import torch
 import torch.nn.functional as F
 from transformers import Qwen3ForCausalLM
 
-from duplex.plugins.minicpmo.attention import Rope, SlotCache, attend, attention_bias, fuse_linears, rms_norm
+from duplex.plugins.minicpmo.attention import (
+    Rope,
+    SlotCache,
+    attend,
+    attention_bias,
+    fuse_linears,
+    residual_linear,
+    rms_norm,
+)
 
 __all__ = ["Thinker"]
 
@@ -91,10 +99,10 @@ class Thinker:
             cache.write(i, k, v, write_pos, all_rows)
             kc, vc = cache.layer(i, rows, span)
             o = attend(q, kc, vc, mask).transpose(1, 2).reshape(b, t, hq * d)
-            x = x + attn.o_proj(o)
+            x = residual_linear(x, o, attn.o_proj.weight)
             h = rms_norm(x, layer.post_attention_layernorm.weight, self.eps)
             gate, up = F.linear(h, self._gate_up[i]).chunk(2, dim=-1)
-            x = x + layer.mlp.down_proj(F.silu(gate) * up)
+            x = residual_linear(x, F.silu(gate) * up, layer.mlp.down_proj.weight)
         return rms_norm(x, self.llm.model.norm.weight, self.eps)
 
     @torch.no_grad()

@@ -90,3 +90,33 @@ def test_the_speech_heads_backbone_over_slot_caches_is_transformers_llama(model)
     ours = _prefill_then_decode(forward, embeds)
     theirs = head.model(inputs_embeds=embeds).last_hidden_state[0]
     torch.testing.assert_close(ours, theirs, rtol=1e-4, atol=1e-4)
+
+
+def _first_layer_kv(llm, cfg, embeds: torch.Tensor, start: int, move_to: int | None = None) -> tuple:
+    """The first layer's keys and values of ``embeds`` written at ``start..`` into a fresh cache (then
+    moved to ``move_to..`` by the context window's ``shift_keys``), where they end up."""
+    c = llm.config
+    kv = c.num_key_value_heads
+    cache = SlotCache(c.num_hidden_layers, SLOTS, kv, 64, c.head_dim, 16, CPU, torch.float32)
+    thinker = Thinker(llm, cache, cfg.rope_theta)
+    n = embeds.shape[1]
+    at = torch.arange(start, start + n)[None]
+    thinker.forward(embeds, at, at, at + 1, rows=torch.tensor([[SLOT]]))
+    if move_to is not None:
+        thinker.shift_keys(SLOT, start, start + n, move_to)
+        start = move_to
+    return cache.k[0, SLOT, :, start : start + n], cache.v[0, SLOT, :, start : start + n]
+
+
+@torch.no_grad()
+def test_keys_moved_by_the_context_window_are_the_keys_of_their_new_positions(model):
+    """The first layer's keys and values depend on the token and its position only (deeper ones also on
+    what each token attended to): moved from 20.. to 5.., they are those of the tokens written at 5.."""
+    model, cfg = model
+    embeds = torch.randn(1, T, model.llm.config.hidden_size, generator=torch.Generator().manual_seed(3))
+    moved_k, moved_v = _first_layer_kv(model.llm, cfg, embeds, 20, move_to=5)
+    direct_k, direct_v = _first_layer_kv(model.llm, cfg, embeds, 5)
+    torch.testing.assert_close(moved_k, direct_k, rtol=1e-5, atol=1e-5)
+    torch.testing.assert_close(moved_v, direct_v)
+    before_k, _ = _first_layer_kv(model.llm, cfg, embeds, 20)
+    assert not torch.allclose(before_k, direct_k, atol=1e-3)  # the move did rotate them
