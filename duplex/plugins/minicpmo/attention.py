@@ -51,9 +51,16 @@ __all__ = [
 
 
 def rms_norm(x: torch.Tensor, weight: torch.Tensor, eps: float) -> torch.Tensor:
-    """Llama/Qwen RMS norm: normalised in float32, rounded to ``x``'s dtype, then scaled by ``weight``
-    (transformers' rounding order), in two kernels where a fused RMS norm exists."""
-    return weight * F.rms_norm(x, (x.shape[-1],), eps=eps)
+    """Llama/Qwen RMS norm over the last dimension, scaled by ``weight``.
+
+    A ``weight`` of that one dimension is applied inside the fused kernel, before the result is rounded
+    to ``x``'s dtype (transformers rounds the normalised value first, then scales: at most an ulp apart
+    in bfloat16, identical in float32); one kernel where a decode step has several per layer. A weight
+    with more dimensions (per-head query and key norms) scales after, a second kernel."""
+    d = x.shape[-1]
+    if weight.dim() == 1:
+        return F.rms_norm(x, (d,), weight, eps)
+    return weight * F.rms_norm(x, (d,), eps=eps)
 
 
 class Rope:
