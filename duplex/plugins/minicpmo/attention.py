@@ -43,6 +43,7 @@ __all__ = [
     "attend",
     "attention_bias",
     "eager_attention",
+    "fuse_biased_linears",
     "fuse_linears",
     "residual_linear",
     "rms_norm",
@@ -211,10 +212,20 @@ def fuse_linears(*linears: torch.nn.Linear) -> torch.Tensor:
     """One weight ``[sum of outputs, inputs]`` holding the bias-free layers' weights, in order; each layer's
     weight becomes a view of it (no second copy is kept). One matrix product then replaces several."""
     assert all(layer.bias is None for layer in linears), "fuse_linears takes bias-free layers"
-    weight = torch.cat([layer.weight.detach() for layer in linears], dim=0)
+    return _fuse(linears, "weight")
+
+
+def fuse_biased_linears(*linears: torch.nn.Linear) -> tuple[torch.Tensor, torch.Tensor]:
+    """``fuse_linears`` for layers that all have a bias: the fused weight and the fused bias."""
+    assert all(layer.bias is not None for layer in linears), "fuse_biased_linears takes biased layers"
+    return _fuse(linears, "weight"), _fuse(linears, "bias")
+
+
+def _fuse(linears: tuple[torch.nn.Linear, ...], name: str) -> torch.Tensor:
+    fused = torch.cat([getattr(layer, name).detach() for layer in linears], dim=0)
     start = 0
     for layer in linears:
-        rows = layer.weight.shape[0]
-        layer.weight = torch.nn.Parameter(weight[start : start + rows], requires_grad=False)
+        rows = getattr(layer, name).shape[0]
+        setattr(layer, name, torch.nn.Parameter(fused[start : start + rows], requires_grad=False))
         start += rows
-    return weight
+    return fused

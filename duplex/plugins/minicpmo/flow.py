@@ -38,6 +38,7 @@ from dataclasses import dataclass
 import torch
 import torch.nn.functional as F
 
+from duplex.plugins.minicpmo.attention import fuse_biased_linears
 from duplex.plugins.minicpmo.config import CODES_PER_UNIT, Token2WavConfig
 from duplex.plugins.minicpmo.token2wav_modules import TIME_EMBED_DIM, ConformerLayer, DiTBlock, FlowModel
 
@@ -94,8 +95,10 @@ def _compact(hist: torch.Tensor, chunk: torch.Tensor, keep: torch.Tensor) -> tor
     return both.gather(-2, keep.view(shape).expand(*both.shape[:-2], keep.shape[1], both.shape[-1]))
 
 
-def _modulate(x: torch.Tensor, shift: torch.Tensor, scale: torch.Tensor) -> torch.Tensor:
-    return x * (1 + scale) + shift
+def _norm_modulate(h: torch.Tensor, shift: torch.Tensor, scale1: torch.Tensor) -> torch.Tensor:
+    """adaLN: ``layer_norm(h) * (1 + scale) + shift``, as the layer norm's own affine (one kernel, not
+    four); ``scale1`` is ``1 + scale`` (precomputed: the modulations depend on the step only)."""
+    return F.layer_norm(h, (h.shape[-1],), scale1, shift, eps=1e-6)
 
 
 class _Context:
@@ -175,7 +178,11 @@ class FlowStream:
             self.mods = torch.stack(
                 [blk.adaLN_modulation[1](F.silu(temb_t)) for blk in est.blocks], dim=1
             ).view(steps, depth, 9, dsz)
+            self.mods[:, :, [1, 4, 7]] += 1  # the scales as 1 + scale (``_norm_modulate``)
             self.final_mods = est.final_layer.adaLN_modulation[1](F.silu(temb_t)).view(steps, 2, dsz)
+            self.final_mods[:, 1] += 1
+        # Each block's q, k and v projections as one matrix product (the modules keep views).
+        self._qkv = [fuse_biased_linears(b.attn.to_q, b.attn.to_k, b.attn.to_v) for b in est.blocks]
         self._setup(voice)
 
     def _time_embedding(self, t: torch.Tensor) -> torch.Tensor:
@@ -443,7 +450,7 @@ class FlowStream:
             if collected is not None:
                 collected.append(kvs)
             shift, scale = self.final_mods[step]
-            out = est.final_layer.linear(_modulate(F.layer_norm(h, (h.shape[-1],), eps=1e-6), shift, scale))
+            out = est.final_layer.linear(_norm_modulate(h, shift, scale))
             guided, free = out.transpose(1, 2).chunk(2, dim=0)
             x = x + self.dts[step] * ((1.0 + cfg.cfg_rate) * guided - cfg.cfg_rate * free)
         valid = torch.arange(t, device=mu.device)[None] < frames[:, None]
@@ -470,10 +477,11 @@ class FlowStream:
         heads, hd = cfg.dit_heads, cfg.dit_head_dim
         shift_a, scale_a, gate_a, shift_m, scale_m, gate_m, shift_c, scale_c, gate_c = self.mods[step, layer]
         att = block.attn
-        a = _modulate(F.layer_norm(h, (size,), eps=1e-6), shift_a, scale_a)
-        q = att.q_norm(att.to_q(a).view(b2, t, heads, hd)).transpose(1, 2)
-        k = att.k_norm(att.to_k(a).view(b2, t, heads, hd)).transpose(1, 2)
-        v = att.to_v(a).view(b2, t, heads, hd).transpose(1, 2)
+        a = _norm_modulate(h, shift_a, scale_a)
+        q, k, v = F.linear(a, *self._qkv[layer]).view(b2, t, 3, heads, hd).unbind(2)
+        q = att.q_norm(q).transpose(1, 2)
+        k = att.k_norm(k).transpose(1, 2)
+        v = v.transpose(1, 2)
 
         def halves(x: torch.Tensor) -> torch.Tensor:  # [cfg half, B, ...] -> [2B, ...]
             return x.reshape(b2, *x.shape[2:])
@@ -487,20 +495,20 @@ class FlowStream:
         o = F.scaled_dot_product_attention(
             q, torch.cat(parts_k, dim=2), torch.cat(parts_v, dim=2), attn_mask=mask
         )
-        h = h + gate_a * att.proj(o.transpose(1, 2).reshape(b2, t, heads * hd))
+        h = torch.addcmul(h, gate_a, att.proj(o.transpose(1, 2).reshape(b2, t, heads * hd)))
         if rows is not None and keep is not None:
             ck, cv = k.view(2, b, heads, t, hd).transpose(0, 1), v.view(2, b, heads, t, hd).transpose(0, 1)
             self.est_k[step, layer, rows] = _compact(self.est_k[step, layer, rows], ck, keep)
             self.est_v[step, layer, rows] = _compact(self.est_v[step, layer, rows], cv, keep)
         # The causal convolution block; each row keeps the last two valid input frames of both convs.
         cache = halves(conv.transpose(0, 1))  # [2B, conv1/conv2, C, 2]
-        c = _modulate(F.layer_norm(h, (size,), eps=1e-6), shift_c, scale_c).transpose(1, 2)
+        c = _norm_modulate(h, shift_c, scale_c).transpose(1, 2)
         seq = block.conv.block
         both1 = torch.cat([cache[:, 0], c], dim=2)
         y = F.mish(seq[3](seq[1](both1).transpose(1, 2))).transpose(1, 2)
         both2 = torch.cat([cache[:, 1], y], dim=2)
-        h = h + gate_c * seq[6](both2).transpose(1, 2)
+        h = torch.addcmul(h, gate_c, seq[6](both2).transpose(1, 2))
         tails = torch.stack([_last_valid(both1, frames2 + 2, 2), _last_valid(both2, frames2 + 2, 2)], dim=1)
-        m = _modulate(F.layer_norm(h, (size,), eps=1e-6), shift_m, scale_m)
-        h = h + gate_m * block.mlp.fc2(F.gelu(block.mlp.fc1(m), approximate="tanh"))
+        m = _norm_modulate(h, shift_m, scale_m)
+        h = torch.addcmul(h, gate_m, block.mlp.fc2(F.gelu(block.mlp.fc1(m), approximate="tanh")))
         return h, (k, v), tails.view(2, b, 2, size, 2).transpose(0, 1)

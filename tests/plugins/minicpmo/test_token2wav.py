@@ -78,7 +78,9 @@ def test_a_slot_sounds_the_same_alone_and_batched_with_slots_at_other_points_of_
     batched = _units(_stage(), plan)[1]
     assert [len(p) for p in batched] == [len(p) for p in alone] == [17280, 24000, 30720]
     for a, b in zip(alone, batched, strict=True):
-        np.testing.assert_allclose(b, a, atol=2e-5, rtol=0)
+        # Float32 rounding that depends on the batch's shape; a row given another's audio is off by the
+        # signal's own size.
+        np.testing.assert_allclose(b, a, atol=5e-5, rtol=0)
 
 
 def test_a_reset_starts_the_turn_from_the_voice_prompt_again():
