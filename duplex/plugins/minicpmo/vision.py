@@ -34,7 +34,7 @@ import torch.nn.functional as F
 from PIL import Image, UnidentifiedImageError
 
 from duplex.plugins.base import PluginError
-from duplex.plugins.minicpmo.attention import eager_attention
+from duplex.plugins.minicpmo.attention import eager_attention, fuse_biased_linears
 from duplex.plugins.minicpmo.modules import Resampler, VisionTower
 
 __all__ = ["PreparedFrame", "VisionEncoder", "prepare_frame", "resize_like_pil"]
@@ -146,6 +146,11 @@ class VisionEncoder:
         self._sincos: dict[tuple[int, int], torch.Tensor] = {}
         layer0 = vpm.encoder.layers[0] if len(vpm.encoder.layers) else None
         self.heads = int(layer0.self_attn.num_heads) if layer0 is not None else 1
+        # Each layer's q, k and v projections as one matrix product (the modules keep views).
+        self._qkv = [
+            fuse_biased_linears(x.self_attn.q_proj, x.self_attn.k_proj, x.self_attn.v_proj)
+            for x in vpm.encoder.layers
+        ]
 
     def prepare(self, data: bytes) -> PreparedFrame:
         return prepare_frame(data, self.resolution, self.patch, self.max_patches)
@@ -218,12 +223,11 @@ class VisionEncoder:
         x = F.linear(x.to(dtype), weight.reshape(weight.shape[0], -1), vpm.embeddings.patch_embedding.bias)
         x = x + vpm.embeddings.position_embedding(self._position_ids(grid))[None]
         with eager_attention():
-            for layer in vpm.encoder.layers:
+            for i, layer in enumerate(vpm.encoder.layers):
                 attn = layer.self_attn
                 h = layer.layer_norm1(x)
-                q = attn.q_proj(h).view(n, p, self.heads, -1).transpose(1, 2)
-                k = attn.k_proj(h).view(n, p, self.heads, -1).transpose(1, 2)
-                v = attn.v_proj(h).view(n, p, self.heads, -1).transpose(1, 2)
+                qkv = F.linear(h, *self._qkv[i]).view(n, p, 3, self.heads, -1)
+                q, k, v = (x.transpose(1, 2) for x in qkv.unbind(2))
                 o = F.scaled_dot_product_attention(q, k, v).transpose(1, 2).reshape(n, p, -1)
                 x = x + attn.out_proj(o)
                 h = layer.layer_norm2(x)
