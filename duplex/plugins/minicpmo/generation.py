@@ -312,8 +312,7 @@ class UnitGenerator:
         valid = np.zeros(self.slots, dtype=np.int64)
         frames: list[PreparedFrame] = []
         kept = {slot: raw[: self.opts.max_frames_per_unit] for slot, (_pcm, raw) in batch.items()}
-        # Decoding releases the GIL: the step's frames are decoded on the frame threads (the resize is
-        # on the device, ``vision``).
+        # Decoding and resizing release the GIL: the step's frames are prepared on the frame threads.
         prepared = {slot: [self._frames.submit(self.vision.prepare, d) for d in kept[slot]] for slot in kept}
         for slot, (_pcm, raw_frames) in batch.items():
             host = self.hosts[slot]

@@ -1,15 +1,9 @@
-"""Camera frames in: decoded on the host; resized, patched, SigLIP + resampler batched on the device.
+"""Camera frames in: decode, resize and patch on the host; SigLIP + resampler batched on the device.
 
-A frame (JPEG or PNG bytes) is decoded to RGB on the host (``prepare_frame``, on the generator's frame
-threads). On the device it is resized with its aspect ratio kept so that its area is about
-``image_size``² and each side a multiple of the patch size (MiniCPM-o's ``max_slice_nums=1``: one tile, no
-slices, no image ids), normalised to [-1, 1] and cut into ``patch_size``² patches, row-major. The resize
-is PIL's bicubic (the model's image processor uses it), done as PIL does it: a horizontal then a vertical
-pass of the antialiased bicubic filter (``a = -0.5``), each rounded to 8 bits; it agrees with PIL within
-one level on about 0.05 % of the pixels. On the host PIL's resize was 5 of the 8 ms a 640x480 frame cost
-on one core, and the copies around it held the interpreter lock: 16 frames kept the step's host
-layout at 18 ms on an H200 machine, the accelerator idle.
-
+A frame (JPEG or PNG bytes) is decoded, converted to RGB and resized with its aspect ratio kept so
+that its area is about ``image_size``² and each side a multiple of the patch size (MiniCPM-o's
+``max_slice_nums=1``: one tile, no slices, no image ids), with PIL's bicubic filter as the model's image
+processor does, then cut into ``patch_size``² patches, row-major (normalised to [-1, 1] on the device).
 The frames of a step that share a patch grid (every frame of one camera does) run through the vision
 tower together, one pass per grid, unpadded; positions are NaViT's (each patch's fractional coordinates
 bucketed onto the ``image_size / patch_size`` grid of learned positions). The resampler's ``query_num``
@@ -37,21 +31,21 @@ from duplex.plugins.base import PluginError
 from duplex.plugins.minicpmo.attention import eager_attention, fuse_biased_linears
 from duplex.plugins.minicpmo.modules import Resampler, VisionTower
 
-__all__ = ["PreparedFrame", "VisionEncoder", "prepare_frame", "resize_like_pil"]
+__all__ = ["PreparedFrame", "VisionEncoder", "prepare_frame"]
 
 _MAX_FRAME_PIXELS = 16_000_000  # refuse decompression bombs before resizing
 
 
 class PreparedFrame:
-    """One decoded frame on the host: ``pixels [H, W, 3]`` uint8 RGB, the ``size (h, w)`` it is resized to
-    and its patch ``grid (h, w)``. The pixels stay uint8 until they are on the device (a quarter of the
-    bytes to copy)."""
+    """One frame on the host: ``patches [N, 3 * p * p]`` uint8 pixels and its grid ``(h, w)`` in patches.
 
-    __slots__ = ("grid", "pixels", "size")
+    The pixels stay uint8 until they are on the device (a quarter of the bytes to copy); ``encode``
+    normalises them there with the same float32 arithmetic."""
 
-    def __init__(self, pixels: np.ndarray, size: tuple[int, int], grid: tuple[int, int]) -> None:
-        self.pixels = pixels
-        self.size = size
+    __slots__ = ("grid", "patches")
+
+    def __init__(self, patches: np.ndarray, grid: tuple[int, int]) -> None:
+        self.patches = patches
         self.grid = grid
 
 
@@ -73,50 +67,33 @@ def max_patches_for(resolution: int, patch: int) -> int:
     return side * side
 
 
-def _open(data: bytes) -> Image.Image:
-    """The image (header read, pixels not yet decoded); ``PluginError`` for what is not a usable frame."""
+def prepare_frame(data: bytes, resolution: int, patch: int, max_patches: int) -> PreparedFrame:
+    """Decode and patch one frame; raises ``PluginError("invalid_video_frames")`` for a bad image."""
     if not data.startswith((b"\xff\xd8\xff", b"\x89PNG\r\n\x1a\n")):
         raise PluginError("invalid_video_frames", "a video frame must be JPEG or PNG bytes")
     try:
-        img = Image.open(io.BytesIO(data))
-    except (UnidentifiedImageError, OSError, ValueError) as exc:
-        raise PluginError("invalid_video_frames", f"a video frame could not be decoded: {exc}") from exc
-    if img.width * img.height > _MAX_FRAME_PIXELS:
-        raise PluginError("invalid_video_frames", f"a video frame of {img.width}x{img.height} is too large")
-    return img
-
-
-def _sizes(width: int, height: int, resolution: int, patch: int, max_patches: int) -> tuple[tuple, tuple]:
-    """The resized ``(h, w)`` and the patch grid ``(h, w)`` of a ``width`` x ``height`` frame."""
-    new_w, new_h = best_size(width, height, resolution, patch)
-    gh, gw = new_h // patch, new_w // patch
-    if gh * gw > max_patches:
-        raise PluginError("invalid_video_frames", f"a video frame of aspect {width}:{height} is unsupported")
-    return (new_h, new_w), (gh, gw)
-
-
-def prepare_frame(data: bytes, resolution: int, patch: int, max_patches: int) -> PreparedFrame:
-    """Decode one frame on the host; raises ``PluginError("invalid_video_frames")`` for a bad image."""
-    try:
-        with _open(data) as img:
+        with Image.open(io.BytesIO(data)) as img:
+            if img.width * img.height > _MAX_FRAME_PIXELS:
+                raise PluginError(
+                    "invalid_video_frames", f"a video frame of {img.width}x{img.height} is too large"
+                )
             img.load()
             rgb = img if img.mode == "RGB" else img.convert("RGB")
-            pixels = np.asarray(rgb, dtype=np.uint8)  # [H, W, 3]
+            width, height = best_size(rgb.width, rgb.height, resolution, patch)
+            # PIL's resize releases the interpreter lock: the frame threads resize in parallel.
+            rgb = rgb.resize((width, height), resample=Image.Resampling.BICUBIC)
     except (UnidentifiedImageError, OSError, ValueError) as exc:
         raise PluginError("invalid_video_frames", f"a video frame could not be decoded: {exc}") from exc
-    size, grid = _sizes(pixels.shape[1], pixels.shape[0], resolution, patch, max_patches)
-    return PreparedFrame(pixels, size, grid)
-
-
-def resize_like_pil(x: torch.Tensor, size: tuple[int, int]) -> torch.Tensor:
-    """``x [N, C, H, W]`` (float, 0-255) resized to ``size (h, w)`` as PIL's 8-bit bicubic resize does it:
-    horizontally, rounded to 8 bits, then vertically, rounded again (module docstring)."""
-    h, w = size
-    if x.shape[3] != w:
-        x = F.interpolate(x, size=(x.shape[2], w), mode="bicubic", antialias=True).round_().clamp_(0, 255)
-    if x.shape[2] != h:
-        x = F.interpolate(x, size=(h, w), mode="bicubic", antialias=True).round_().clamp_(0, 255)
-    return x
+    pixels = np.asarray(rgb, dtype=np.uint8)  # [H, W, 3]; normalised to [-1, 1] on the device
+    gh, gw = height // patch, width // patch
+    if gh * gw > max_patches:
+        raise PluginError(
+            "invalid_video_frames", f"a video frame of aspect {rgb.width}:{rgb.height} is unsupported"
+        )
+    patches = (
+        pixels.reshape(gh, patch, gw, patch, 3).transpose(0, 2, 4, 1, 3).reshape(gh * gw, 3 * patch * patch)
+    )
+    return PreparedFrame(np.ascontiguousarray(patches), (gh, gw))
 
 
 def _sincos_2d(dim: int, h: int, w: int) -> np.ndarray:
@@ -195,22 +172,6 @@ class VisionEncoder:
         assert out is not None
         return out
 
-    def _pixels(self, frames: list[PreparedFrame]) -> torch.Tensor:
-        """The frames (one grid) resized and cut into patches on the device: ``[N, patches, 3 * p * p]``
-        float, 0-255, each patch channel-major (channel, row, column) as the patch embedding's weight."""
-        device = self.vpm.embeddings.patch_embedding.weight.device
-        (gh, gw), size, p = frames[0].grid, frames[0].size, self.patch
-        by_shape: dict[tuple[int, ...], list[int]] = {}
-        for i, frame in enumerate(frames):
-            by_shape.setdefault(frame.pixels.shape, []).append(i)
-        out = torch.empty(len(frames), 3, *size, device=device)
-        for idx in by_shape.values():
-            host = torch.from_numpy(np.stack([frames[i].pixels for i in idx]))
-            x = host.to(device).permute(0, 3, 1, 2).float()
-            out[torch.tensor(idx, device=device)] = resize_like_pil(x, size)
-        n = len(frames)
-        return out.view(n, 3, gh, p, gw, p).permute(0, 2, 4, 1, 3, 5).reshape(n, gh * gw, 3 * p * p)
-
     @torch.no_grad()
     def _encode_grid(self, frames: list[PreparedFrame]) -> torch.Tensor:
         """``encode`` of frames that share one patch grid: one batched pass, no padding, no mask."""
@@ -219,7 +180,8 @@ class VisionEncoder:
         dtype = weight.dtype
         grid = frames[0].grid
         n, p = len(frames), grid[0] * grid[1]
-        x = (self._pixels(frames) / 255.0 - 0.5) / 0.5
+        pixels = torch.from_numpy(np.stack([frame.patches for frame in frames])).to(weight.device)
+        x = (pixels.float() / 255.0 - 0.5) / 0.5
         x = F.linear(x.to(dtype), weight.reshape(weight.shape[0], -1), vpm.embeddings.patch_embedding.bias)
         x = x + vpm.embeddings.position_embedding(self._position_ids(grid))[None]
         with eager_attention():
@@ -227,7 +189,7 @@ class VisionEncoder:
                 attn = layer.self_attn
                 h = layer.layer_norm1(x)
                 qkv = F.linear(h, *self._qkv[i]).view(n, p, 3, self.heads, -1)
-                q, k, v = (x.transpose(1, 2) for x in qkv.unbind(2))
+                q, k, v = (t.transpose(1, 2) for t in qkv.unbind(2))
                 o = F.scaled_dot_product_attention(q, k, v).transpose(1, 2).reshape(n, p, -1)
                 x = x + attn.out_proj(o)
                 h = layer.layer_norm2(x)

@@ -1,5 +1,5 @@
-"""MiniCPM-o's camera frames: PIL's resize on the device; a pass per patch grid, each frame's embeddings
-as if it ran alone through transformers' layers."""
+"""MiniCPM-o's camera frames: a pass per patch grid, each frame's embeddings as if it ran alone through
+transformers' layers."""
 
 from __future__ import annotations
 
@@ -13,7 +13,7 @@ pytest.importorskip("transformers")
 
 from duplex.plugins.minicpmo.config import TINY_CONFIG, MiniCPMOConfig
 from duplex.plugins.minicpmo.modules import MiniCPMOModel
-from duplex.plugins.minicpmo.vision import VisionEncoder, best_size, resize_like_pil
+from duplex.plugins.minicpmo.vision import VisionEncoder, best_size
 
 
 @pytest.fixture(scope="module")
@@ -74,8 +74,7 @@ def test_frames_of_two_cameras_in_one_step_each_get_their_own_embeddings(encoder
     together = encoder.encode(frames)
     assert together.shape == (5, encoder.resampler.query.shape[0], encoder.resampler.proj.shape[1])
     for i, d in enumerate(data):
-        # The resize differs from PIL's by one level in a few pixels (test below): a small tolerance.
-        torch.testing.assert_close(together[i], _reference(encoder, d), rtol=1e-3, atol=1e-3)
+        torch.testing.assert_close(together[i], _reference(encoder, d), rtol=1e-4, atol=1e-5)
     # Different frames differ: a result put in the wrong place would fail above.
     assert not torch.allclose(together[0], together[2], atol=1e-3)
 
@@ -87,30 +86,3 @@ def test_one_camera_is_one_pass_whatever_the_frame_count(encoder):
     alone = encoder.encode(frames[1:2])[0]
     torch.testing.assert_close(encoder.encode(frames)[1], alone, rtol=1e-4, atol=1e-5)
 
-
-def _photo(width: int, height: int) -> np.ndarray:
-    """Gradients, noise and hard edges: what a resize gets wrong shows."""
-    rng = np.random.default_rng(width)
-    y, x = np.mgrid[0:height, 0:width]
-    img = np.stack([(x * 0.4) % 256, (y * 0.5) % 256, ((x + y) * 0.3) % 256], -1)
-    img = img + rng.normal(0, 20, img.shape)
-    img[height // 5 : height // 2, width // 6 : width // 2] = 255
-    img[height // 2 : height // 2 + 8] = 0
-    return np.clip(img, 0, 255).astype(np.uint8)
-
-
-@pytest.mark.parametrize(
-    ("src", "dst"), [((640, 480), (518, 392)), ((1280, 720), (602, 336)), ((320, 240), (518, 392))]
-)
-def test_the_device_resize_is_pils_bicubic_within_one_level(src, dst):
-    from PIL import Image
-
-    pixels = _photo(*src)
-    expected = np.asarray(Image.fromarray(pixels).resize(dst, resample=Image.Resampling.BICUBIC)).astype(int)
-    x = torch.from_numpy(pixels).permute(2, 0, 1)[None].float()
-    got = resize_like_pil(x, (dst[1], dst[0]))[0].permute(1, 2, 0).numpy().astype(int)
-    diff = np.abs(got - expected)
-    assert diff.max() <= 2 and (diff > 0).mean() < 0.005
-    # One resize pass (no rounding between the two) is off by up to 4 levels in a fifth of the pixels.
-    one_pass = torch.nn.functional.interpolate(x, size=(dst[1], dst[0]), mode="bicubic", antialias=True)
-    assert (np.abs(one_pass.round()[0].permute(1, 2, 0).numpy() - expected) > 0).mean() > 0.05
