@@ -7,8 +7,8 @@ Two fixed steps over static buffers, in this order:
 1. the audio step (``run_audio``): the streaming audio encoder on every slot's second of audio (rows
    without a unit frozen), its embeddings kept in a buffer. It needs nothing the host lays out, so the
    generator launches it first and decodes the step's camera frames on the host while it runs (the
-   host work would otherwise leave the device idle: some 18 ms for 16 frames, against about as long
-   for the encoder at 16 slots on an H200);
+   host work would otherwise leave the device idle: some 18 ms for 16 frames on an H200 machine; the
+   encoder took 18 ms of device time at 16 slots when it was last timed alone, before CUDA graphs);
 2. the language-model step (``run``): the host's layout (``UnitGenerator.layout``: token ids, what
    each position takes, the valid width) and the vision tower's embeddings (when the step has frames,
    copied into a buffer of the largest size a step can have); the input embeddings (token embeddings,
