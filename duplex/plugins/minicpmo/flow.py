@@ -444,17 +444,32 @@ class FlowStream:
             for layer, block in enumerate(est.blocks):
                 assert isinstance(block, DiTBlock)
                 h, kv, new_conv[step, layer] = self._block(
-                    block, h, step, layer, mask, rows, keep, frames2, new_conv[step, layer]
+                    block, h, step, layer, mask, rows, frames2, new_conv[step, layer]
                 )
                 kvs.append(kv)
             if collected is not None:
                 collected.append(kvs)
+            elif rows is not None and keep is not None:
+                self._keep_history(step, rows, kvs, keep)
             shift, scale = self.final_mods[step]
             out = est.final_layer.linear(_norm_modulate(h, shift, scale))
             guided, free = out.transpose(1, 2).chunk(2, dim=0)
             x = x + self.dts[step] * ((1.0 + cfg.cfg_rate) * guided - cfg.cfg_rate * free)
         valid = torch.arange(t, device=mu.device)[None] < frames[:, None]
         return x * valid[:, None], collected, new_conv
+
+    def _keep_history(
+        self, step: int, rows: torch.Tensor, kvs: list[tuple[torch.Tensor, torch.Tensor]], keep: torch.Tensor
+    ) -> None:
+        """The rows' new history of every block of ``step``, from the blocks' chunk keys and values: one
+        compaction for the step's blocks together (a block's history is read only by that block, so the
+        update waits for the step's end), not one per block (six kernels each, 160 blocks a chunk)."""
+        b, depth = rows.shape[0], len(kvs)
+        for cache, j in ((self.est_k, 0), (self.est_v, 1)):
+            chunk = torch.stack([kv[j] for kv in kvs])  # [depth, 2B, H, T, D], guided rows first
+            chunk = chunk.view(depth, 2, b, *chunk.shape[2:]).permute(2, 0, 1, 3, 4, 5)  # [B, depth, 2, ..]
+            hist = cache[step][:, rows].movedim(1, 0)  # [B, depth, 2, H, cap, D]
+            cache[step][:, rows] = _compact(hist, chunk, keep).movedim(0, 1)
 
     def _block(
         self,
@@ -464,13 +479,13 @@ class FlowStream:
         layer: int,
         mask: torch.Tensor,
         rows: torch.Tensor | None,
-        keep: torch.Tensor | None,
         frames2: torch.Tensor,
         conv: torch.Tensor,
     ) -> tuple[torch.Tensor, tuple[torch.Tensor, torch.Tensor], torch.Tensor]:
-        """One DiT block over ``h [2B, T, C]`` (the guided rows, then the unguided ones); updates the
-        rows' history of this step and block in place. ``conv [B, 2, 2, C, 2]`` (per guidance half, the
-        two convolutions' input tails) -> the new tails."""
+        """One DiT block over ``h [2B, T, C]`` (the guided rows, then the unguided ones), attending to
+        the rows' history of this step and block; returns the chunk's keys and values (``[2B, H, T, D]``
+        each, for ``_keep_history``). ``conv [B, 2, 2, C, 2]`` (per guidance half, the two convolutions'
+        input tails) -> the new tails."""
         cfg = self.cfg
         b2, t, size = h.shape
         b = b2 // 2
@@ -496,10 +511,6 @@ class FlowStream:
             q, torch.cat(parts_k, dim=2), torch.cat(parts_v, dim=2), attn_mask=mask
         )
         h = torch.addcmul(h, gate_a, att.proj(o.transpose(1, 2).reshape(b2, t, heads * hd)))
-        if rows is not None and keep is not None:
-            ck, cv = k.view(2, b, heads, t, hd).transpose(0, 1), v.view(2, b, heads, t, hd).transpose(0, 1)
-            self.est_k[step, layer, rows] = _compact(self.est_k[step, layer, rows], ck, keep)
-            self.est_v[step, layer, rows] = _compact(self.est_v[step, layer, rows], cv, keep)
         # The causal convolution block; each row keeps the last two valid input frames of both convs.
         cache = halves(conv.transpose(0, 1))  # [2B, conv1/conv2, C, 2]
         c = _norm_modulate(h, shift_c, scale_c).transpose(1, 2)
