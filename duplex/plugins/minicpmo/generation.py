@@ -134,7 +134,10 @@ class UnitGenerator:
         self.device, self.dtype = weight.device, weight.dtype
         dev, dt = self.device, self.dtype
         q = cfg.query_num
-        self.unit_width = 3 + options.max_frames_per_unit * (q + 2) + AUDIO_TOKENS_PER_UNIT
+        # A unit's width by its frames (none, one, ...): markers, each frame's embeddings in <image>
+        # ... </image>, the audio; the widest is the cache's scratch and the host layout's width.
+        widths = [3 + f * (q + 2) + AUDIO_TOKENS_PER_UNIT for f in range(options.max_frames_per_unit + 1)]
+        self.unit_width = widths[-1]
         if options.window_high_tokens + self.unit_width + options.max_new_tokens > options.context_tokens:
             raise PluginError(
                 "invalid_plugin_config",
@@ -213,7 +216,7 @@ class UnitGenerator:
             self.audio,
             self.lm_len,
             self.audio_len,
-            [3 + f * (q + 2) + AUDIO_TOKENS_PER_UNIT for f in range(options.max_frames_per_unit + 1)],
+            widths,
             slots * options.max_frames_per_unit * q,
             capture=capture,
             pool=pool,
