@@ -367,9 +367,9 @@ class UnitGenerator:
         with stage("layout.host"):
             ids_h, kind_h, src_h, valid_h, frames = self.layout(batch)
         w = self.prefill.width_for(int(valid_h.max()))
-        layout = np.zeros((5, self.slots, w), dtype=np.int64)
+        layout = np.zeros((4, self.slots, w), dtype=np.int64)
         layout[0], layout[1], layout[2] = ids_h[:, :w], kind_h[:, :w], src_h[:, :w]
-        layout[3], layout[4] = valid_h[:, None], executes[:, None]
+        layout[3] = valid_h[:, None]
         span = self.thinker.cache.span_for(max(int(starts_h[s]) for s in batch) + w + opts.max_new_tokens)
         vision = None
         if frames:

@@ -69,8 +69,9 @@ class UnitPrefill:
         device, dtype = weight.device, weight.dtype
         slots = lm_len.shape[0]
         self.slots, self.widths = slots, sorted(widths)
-        # The host's inputs: the layout (ids, kind, src, valid, exec; one copy a step) and the audio.
-        self.layouts = {w: torch.zeros(5, slots, w, dtype=torch.long, device=device) for w in self.widths}
+        # The host's inputs: the layout (ids, kind, src, valid; one copy a step), the audio and the rows
+        # that execute (the audio step's, read by the language model's too).
+        self.layouts = {w: torch.zeros(4, slots, w, dtype=torch.long, device=device) for w in self.widths}
         self.samples = torch.zeros(slots, CONTEXT_SAMPLES + UNIT_SAMPLES, device=device)
         self.executes = torch.zeros(slots, dtype=torch.bool, device=device)
         rows = slots * AUDIO_TOKENS_PER_UNIT
@@ -111,11 +112,10 @@ class UnitPrefill:
         """Step 2 of one unit, after ``run_audio``; returns the logits ``[slots, vocab]`` (float32; a
         buffer the next call overwrites).
 
-        ``layout [5, slots, width]`` int64, ``width`` one of ``widths``: ids, kind (``KIND_*``), src (the
+        ``layout [4, slots, width]`` int64, ``width`` one of ``widths``: ids, kind (``KIND_*``), src (the
         embedding a position takes: an audio row ``slot * 10 + j`` or a vision row), valid width (every
-        column), executes (every column; 0 freezes the row, as ``run_audio``'s); ``vision [rows,
-        hidden]`` the step's vision embeddings or None; ``span`` the key span holding every executing
-        row's length plus ``width``.
+        column); the rows that execute are ``run_audio``'s; ``vision [rows, hidden]`` the step's vision
+        embeddings or None; ``span`` the key span holding every executing row's length plus ``width``.
         """
         width = layout.shape[2]
         self.layouts[width].copy_(torch.from_numpy(layout))
@@ -128,7 +128,7 @@ class UnitPrefill:
         """Step 2 of the module docstring at width ``w``, in place (capturable)."""
         thinker, cap, layout = self.thinker, self.thinker.cache.capacity, self.layouts[w]
         ids, kind, src, valid = layout[0], layout[1], layout[2], layout[3][:, 0]
-        executes = layout[4][:, 0] > 0
+        executes = self.executes
         embeds = thinker.embed_tokens(ids)
         a_idx = torch.where(kind == KIND_AUDIO, src, 0)
         embeds = torch.where((kind == KIND_AUDIO)[..., None], self.audio_emb[a_idx], embeds)
