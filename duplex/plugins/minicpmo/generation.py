@@ -10,15 +10,17 @@ samples is discarded (``exec`` mask). A slot's outputs therefore do not depend o
 
 A step, for the rows that have a unit:
 
-1. host: the unit's input layout per row (``layout``): the previous unit's terminator and
+1. host, then device: the slots' lengths are read (the device is idle between steps): they give each
+   unit's start and the key span the step's attention reads (``attention``). The unit's audio goes
+   through the streaming encoder (``prefill.UnitPrefill.run_audio``, a CUDA graph with
+   ``cuda_graphs``), queued first so that the host's work below runs while it does.
+2. host: the unit's input layout per row (``layout``): the previous unit's terminator and
    ``</unit>``, ``<unit>``, ``<image>`` + vision embeddings + ``</image>`` per frame, ten audio
    embeddings; padded to the narrowest prefill width that holds every row (``UnitPrefill.widths``: a
    width per number of frames a unit may have, up to ``unit_width``). Frames are decoded and patched
-   here, on the ``frame_threads`` threads. The slots' lengths are read (the device is idle between
-   steps): they give each unit's start and the key span the step's attention reads (``attention``).
-2. device: the frames through the vision tower; then ``prefill.UnitPrefill``: the unit's audio through
-   the streaming encoder, the input embeddings assembled by ``torch.where`` over gathers, one prefill
-   of the whole block (a CUDA graph per key span with ``cuda_graphs``).
+   here, on the ``frame_threads`` threads. Then, on the device: the frames through the vision tower,
+   and ``UnitPrefill.run``: the input embeddings assembled by ``torch.where`` over gathers, one prefill
+   of the whole block (a CUDA graph per width and key span with ``cuda_graphs``).
 3. device: up to ``max_new_tokens`` decode steps in lockstep for the step's slots (``decode``: the
    batch compacted to a bucket, MiniCPM-o's stage-0 policy, a CUDA graph per bucket and span with
    ``cuda_graphs``), rows leaving as they sample a unit terminator; the loop ends early once every row
