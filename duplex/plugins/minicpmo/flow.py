@@ -77,6 +77,22 @@ def _last_valid(seq: torch.Tensor, end: torch.Tensor, width: int) -> torch.Tenso
     return seq.gather(2, idx.expand(-1, seq.shape[1], -1))
 
 
+def _last_valid_frames(seq: torch.Tensor, end: torch.Tensor, width: int) -> torch.Tensor:
+    """``seq[b, end[b] - width : end[b]]`` for every row of a time-major ``seq [B, T, C]``."""
+    idx = (end[:, None] - width + torch.arange(width, device=seq.device))[:, :, None]
+    return seq.gather(1, idx.expand(-1, -1, seq.shape[2]))
+
+
+def _causal_conv(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor) -> torch.Tensor:
+    """A valid 1-D convolution over time-major ``x [B, T + K - 1, C_in]`` -> ``[B, T, C_out]``, with
+    ``weight [C_out, C_in * K]`` (a ``Conv1d`` weight flattened) as one matrix product over the
+    ``K``-frame windows: two kernels, where cuDNN's convolution of the channel-major layout took three
+    (two of them layout transposes) and the block two transposes more around it."""
+    k = weight.shape[1] // x.shape[2]
+    windows = x.unfold(1, k, 1)  # [B, T, C_in, K], a view
+    return F.linear(windows.reshape(*windows.shape[:2], -1), weight, bias)
+
+
 def _keep_index(hist_len: torch.Tensor, n: torch.Tensor, cap: int, width: int) -> torch.Tensor:
     """``[B, cap]``: where each entry of the new history comes from in ``history (cap) ++ chunk (width)``:
     the most recent ``cap`` of each row's ``hist_len`` history entries and ``n`` chunk entries, oldest
@@ -154,7 +170,7 @@ class FlowStream:
         self.up_k, self.up_v = zeros(n_up, slots, heads, hm, dk), zeros(n_up, slots, heads, hm, dk)
         self.est_k = zeros(steps, depth, slots, 2, dh, hm, hd)
         self.est_v = zeros(steps, depth, slots, 2, dh, hm, hd)
-        self.est_conv = zeros(steps, depth, slots, 2, 2, dsz, 2)  # [.., cfg half, conv1/conv2 input, C, 2]
+        self.est_conv = zeros(steps, depth, slots, 2, 2, 2, dsz)  # [.., cfg half, conv1/conv2 input, 2, C]
         self.pre_cache = zeros(slots, size, 2)
         self.up_cache = zeros(slots, size, 2 * cfg.up_rate)
         self.hist_len = torch.zeros(slots, dtype=torch.long, device=device)
@@ -183,6 +199,11 @@ class FlowStream:
             self.final_mods[:, 1] += 1
         # Each block's q, k and v projections as one matrix product (the modules keep views).
         self._qkv = [fuse_biased_linears(b.attn.to_q, b.attn.to_k, b.attn.to_v) for b in est.blocks]
+        # Each block's two causal convolutions as matrix products (``_causal_conv``; views of the weights).
+        self._convs = [
+            tuple((c.weight.detach().flatten(1), c.bias.detach()) for c in (b.conv.block[1], b.conv.block[6]))
+            for b in est.blocks
+        ]
         self._setup(voice)
 
     def _time_embedding(self, t: torch.Tensor) -> torch.Tensor:
@@ -216,7 +237,7 @@ class FlowStream:
         self.p_est = (zeros(steps, depth, 2, dh, 0, hd, device=dev, dtype=dt),) * 2
         self.p_pre_cache = zeros(size, 2, device=dev, dtype=dt)
         self.p_up_cache = zeros(size, 2 * cfg.up_rate, device=dev, dtype=dt)
-        self.p_conv = zeros(steps, depth, 2, 2, cfg.dit_size, 2, device=dev, dtype=dt)
+        self.p_conv = zeros(steps, depth, 2, 2, 2, cfg.dit_size, device=dev, dtype=dt)
         if n == 0:
             return
         tokens = torch.cat([voice.tokens, voice.tokens[: self.la]])[None].to(dev)
@@ -410,7 +431,7 @@ class FlowStream:
 
         ``rows``: the slots whose history the DiT attends to and updates in place (``None``: no
         history, the prompt's own pass, whose chunk keys/values are returned per step and block);
-        ``conv [steps, depth, B, 2, 2, C, 2]``: the convolution caches. Returns the mel (zero past
+        ``conv [steps, depth, B, 2, 2, 2, C]``: the convolution caches. Returns the mel (zero past
         ``frames``), the keys/values (prompt pass only) and the new convolution caches.
         """
         cfg = self.cfg
@@ -484,7 +505,7 @@ class FlowStream:
     ) -> tuple[torch.Tensor, tuple[torch.Tensor, torch.Tensor], torch.Tensor]:
         """One DiT block over ``h [2B, T, C]`` (the guided rows, then the unguided ones), attending to
         the rows' history of this step and block; returns the chunk's keys and values (``[2B, H, T, D]``
-        each, for ``_keep_history``). ``conv [B, 2, 2, C, 2]`` (per guidance half, the two convolutions'
+        each, for ``_keep_history``). ``conv [B, 2, 2, 2, C]`` (per guidance half, the two convolutions'
         input tails) -> the new tails."""
         cfg = self.cfg
         b2, t, size = h.shape
@@ -498,28 +519,28 @@ class FlowStream:
         k = att.k_norm(k).transpose(1, 2)
         v = v.transpose(1, 2)
 
-        def halves(x: torch.Tensor) -> torch.Tensor:  # [cfg half, B, ...] -> [2B, ...]
-            return x.reshape(b2, *x.shape[2:])
+        # Keys and values as [cfg half, B, H, prompt + history + chunk, D], written by one ``cat`` from
+        # views: the prompt's expanded over the rows, the rows' history, the chunk's (no copy before it).
+        def context(prompt: torch.Tensor, hist: torch.Tensor, new: torch.Tensor) -> torch.Tensor:
+            parts = [prompt[step, layer][:, None].expand(-1, b, -1, -1, -1)]
+            if rows is not None:
+                parts.append(hist[step, layer, rows].transpose(0, 1))
+            parts.append(new.view(2, b, *new.shape[1:]))
+            return torch.cat(parts, dim=3).flatten(0, 1)
 
-        pk = halves(self.p_est[0][step, layer][:, None].expand(-1, b, -1, -1, -1))
-        pv = halves(self.p_est[1][step, layer][:, None].expand(-1, b, -1, -1, -1))
-        parts_k, parts_v = [pk, k], [pv, v]
-        if rows is not None:
-            parts_k.insert(1, halves(self.est_k[step, layer, rows].transpose(0, 1)))
-            parts_v.insert(1, halves(self.est_v[step, layer, rows].transpose(0, 1)))
-        o = F.scaled_dot_product_attention(
-            q, torch.cat(parts_k, dim=2), torch.cat(parts_v, dim=2), attn_mask=mask
-        )
+        keys, values = context(self.p_est[0], self.est_k, k), context(self.p_est[1], self.est_v, v)
+        o = F.scaled_dot_product_attention(q, keys, values, attn_mask=mask)
         h = torch.addcmul(h, gate_a, att.proj(o.transpose(1, 2).reshape(b2, t, heads * hd)))
         # The causal convolution block; each row keeps the last two valid input frames of both convs.
-        cache = halves(conv.transpose(0, 1))  # [2B, conv1/conv2, C, 2]
-        c = _norm_modulate(h, shift_c, scale_c).transpose(1, 2)
-        seq = block.conv.block
-        both1 = torch.cat([cache[:, 0], c], dim=2)
-        y = F.mish(seq[3](seq[1](both1).transpose(1, 2))).transpose(1, 2)
-        both2 = torch.cat([cache[:, 1], y], dim=2)
-        h = torch.addcmul(h, gate_c, seq[6](both2).transpose(1, 2))
-        tails = torch.stack([_last_valid(both1, frames2 + 2, 2), _last_valid(both2, frames2 + 2, 2)], dim=1)
+        # Time-major throughout (``h``'s own layout): no transposes around the convolutions.
+        cache = conv.transpose(0, 1).flatten(0, 1)  # [2B, conv1/conv2, 2, C]
+        (w1, b1), (w2, b2) = self._convs[layer]
+        both1 = torch.cat([cache[:, 0], _norm_modulate(h, shift_c, scale_c)], dim=1)
+        y = F.mish(block.conv.block[3](_causal_conv(both1, w1, b1)))
+        both2 = torch.cat([cache[:, 1], y], dim=1)
+        h = torch.addcmul(h, gate_c, _causal_conv(both2, w2, b2))
+        ends = frames2 + 2
+        tails = torch.stack([_last_valid_frames(both1, ends, 2), _last_valid_frames(both2, ends, 2)], dim=1)
         m = _norm_modulate(h, shift_m, scale_m)
         h = torch.addcmul(h, gate_m, block.mlp.fc2(F.gelu(block.mlp.fc1(m), approximate="tanh")))
-        return h, (k, v), tails.view(2, b, 2, size, 2).transpose(0, 1)
+        return h, (k, v), tails.view(2, b, 2, 2, size).transpose(0, 1)

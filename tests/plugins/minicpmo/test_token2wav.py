@@ -104,6 +104,20 @@ def test_the_history_keeps_each_rows_most_recent_entries_oldest_first():
     assert new[2].tolist() == [33, 34, 35]  # a full chunk pushes the whole history out
 
 
+def test_the_dits_convolution_as_a_matrix_product_is_the_conv1d_module_and_keeps_each_rows_last_frames():
+    from duplex.plugins.minicpmo.flow import _causal_conv, _last_valid_frames
+
+    torch.manual_seed(3)
+    conv = torch.nn.Conv1d(8, 6, 3)
+    x = torch.randn(2, 9, 8)  # time-major [B, T + 2, C]
+    ours = _causal_conv(x, conv.weight.detach().flatten(1), conv.bias.detach())
+    want = conv(x.transpose(1, 2)).transpose(1, 2)  # the module over the channel-major layout
+    assert ours.shape == (2, 7, 6)
+    torch.testing.assert_close(ours, want, rtol=1e-5, atol=1e-5)
+    tails = _last_valid_frames(x, torch.tensor([4, 9]), 2)
+    assert torch.equal(tails[0], x[0, 2:4]) and torch.equal(tails[1], x[1, 7:9])
+
+
 def test_each_unit_cross_fades_the_audio_held_back_from_the_unit_before_over_the_same_mel_frames():
     voc = _stage(1).vocoder
     rows = torch.tensor([0])
