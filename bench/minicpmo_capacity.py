@@ -32,6 +32,11 @@ longest ms) and ``slow_steps`` (steps of ``--slow-ms`` or more, default the unit
 the collections that overlapped them, and with ``--trace-stages`` each stage's host and device time;
 ``bench.step_trace``), printed under the table.
 
+The measured window starts ``--warmup`` units after the clients' first append: the engine's figures
+restart half a unit before its first close, once a warm-up step still running has ended (a session's
+first unit may be stepped alone and slowly, a moment before the others close: the others wait for it,
+and that step's waits and audio must not count), and the clients count the units closed from then on.
+
 Run: ``python -m bench.minicpmo_capacity --sessions 1,4,8,16 --seconds 20 --json
 bench/results/minicpmo_capacity_h200.json --plot``. CPU smoke run: ``--model-path DIR --device cpu
 --sessions 1,2 --seconds 3``. ``--cuda-graphs`` replays the language model's decode step (per
@@ -181,6 +186,7 @@ def serve(args: argparse.Namespace) -> None:
             **trace.snapshot(),
         }
         if request.query_params.get("reset"):
+            await trace.idle(UNIT_MS / 1000)  # a warm-up step in flight is not the window's
             trace.reset()
             waits = metrics.append_to_step_s
             audio = metrics.append_to_audio_s
@@ -209,6 +215,7 @@ class _Client:
         self.sent = 0
         self.deltas = 0
         self.closes: list[float] = []  # send time of each unit-closing append
+        self.measure_from = float("inf")  # units closed before this are the warm-up's: not counted
         self.answered = 0  # units whose first audio was seen (or that were passed by)
         self.first_audio_ms: list[float] = []
         self.responses: set[str] = set()
@@ -259,14 +266,15 @@ async def _client(
                     now = loop.time()
                     closed = [t for t in c.closes[c.answered :] if t <= now]
                     if closed:
-                        c.first_audio_ms.append((now - closed[-1]) * 1e3)
+                        if closed[-1] >= c.measure_from:
+                            c.first_audio_ms.append((now - closed[-1]) * 1e3)
                         c.answered += len(closed)
                     event = decode_event(message)
                     response = getattr(event, "response_id", None)
                     if response is not None and response not in c.responses:
                         c.responses.add(response)
                         before = [t for t in c.closes if t <= now]
-                        if before:
+                        if before and before[-1] >= c.measure_from:
                             c.turn_first_audio_ms.append((now - before[-1]) * 1e3)
 
             rtask = asyncio.create_task(reader())
@@ -345,10 +353,14 @@ def run(n: int, args: argparse.Namespace) -> dict[str, Any]:
                 await asyncio.sleep(0.1)
             start = loop.time() + 0.5
             measure_from = start + args.warmup * UNIT_MS / 1000
+            for c in clients:
+                c.measure_from = measure_from - 0.05  # the first measured close, give or take a send
             go.set_result(start)
             stop.set_result(measure_from + args.seconds)
             progress = Progress(f"N={n}", args.seconds, stream=sys.stderr)
-            await asyncio.sleep(max(0.0, measure_from - loop.time()))
+            # The engine's figures restart half a unit before the first measured close, once the
+            # warm-up's last step has ended (``StepTrace.idle``).
+            await asyncio.sleep(max(0.0, measure_from - UNIT_MS / 2000 - loop.time()))
             await asyncio.to_thread(get, "/bench/stats?reset=1")
             async with progress.running(
                 lambda: loop.time() - measure_from, lambda: f"audio deltas {sum(c.deltas for c in clients)}"

@@ -9,11 +9,14 @@ events and one synchronisation at the step's end, so use it to explain a slow st
 capacity). Collections are timed through ``gc.callbacks``, whichever thread ran them: a full one
 scans every tracked object while holding the GIL, so the model thread cannot launch work meanwhile.
 
-``snapshot()`` is what the bench's stats route returns; ``reset()`` starts the measured window.
+``snapshot()`` is what the bench's stats route returns; ``reset()`` starts the measured window;
+``busy`` says whether a step is running (a reset waits for it to end: ``idle``), so that a step of the
+warm-up that ends inside the window, and the waits its units had, are not counted in it.
 """
 
 from __future__ import annotations
 
+import asyncio
 import gc
 import time
 from collections import deque
@@ -39,6 +42,7 @@ class StepTrace:
             from duplex.plugins.stage_clock import StageClock
 
             self._clock = StageClock(torch.device(device or "cpu"))
+        self.busy = False
         self._step = plugin.step
         plugin.step = self._traced  # the instance's own attribute: the engine's calls come here
         gc.callbacks.append(self._on_gc)
@@ -59,12 +63,16 @@ class StepTrace:
         clock = self._clock
         start = time.perf_counter()
         stages = None
-        if clock is None:
-            out = self._step(batch)
-        else:
-            with clock.active():
+        self.busy = True
+        try:
+            if clock is None:
                 out = self._step(batch)
-            stages = clock.collect()
+            else:
+                with clock.active():
+                    out = self._step(batch)
+                stages = clock.collect()
+        finally:
+            self.busy = False
         end = time.perf_counter()
         ms = (end - start) * 1e3
         if ms >= self.slow_ms:
@@ -84,6 +92,14 @@ class StepTrace:
                 }
             self.slow.append(record)
         return out
+
+    async def idle(self, timeout_s: float) -> None:
+        """Return once no step runs (at most ``timeout_s``), and the engine has recorded the last one
+        (it does so on the event loop as soon as the step returns)."""
+        deadline = time.monotonic() + timeout_s
+        while self.busy and time.monotonic() < deadline:
+            await asyncio.sleep(0.005)
+        await asyncio.sleep(0.02)
 
     def reset(self) -> None:
         self.slow.clear()

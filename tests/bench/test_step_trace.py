@@ -40,3 +40,32 @@ def test_only_slow_steps_are_kept_with_their_collections_and_stages() -> None:
     assert slow[0]["stages"]["work"]["host_ms"] >= 50
     assert snapshot["gc"]["2"]["count"] == 1
     assert trace._on_gc not in gc.callbacks
+
+
+def test_a_reset_waits_for_the_step_in_flight_to_end() -> None:
+    import asyncio
+    import threading
+
+    plugin = _Stepper()
+    trace = StepTrace(plugin, slow_ms=1e9)
+    ended: list[float] = []
+
+    def run_step() -> None:
+        plugin.step([0.2])
+        ended.append(time.monotonic())
+
+    async def main() -> float:
+        worker = threading.Thread(target=run_step)
+        worker.start()
+        while not trace.busy:
+            await asyncio.sleep(0.001)
+        await trace.idle(5.0)
+        idle_at = time.monotonic()
+        worker.join()
+        return idle_at
+
+    try:
+        idle_at = asyncio.run(main())
+    finally:
+        trace.close()
+    assert not trace.busy and ended and idle_at >= ended[0]
