@@ -10,22 +10,23 @@ tiny one that ``duplex tiny-checkpoint minicpmo_4_5 DIR`` writes, for a CPU run)
 Per N, one row: ``unit_p50_ms``/``unit_p99_ms`` (the engine's step time for a batch of units: must stay
 under the 1000 ms unit), ``missed_units`` (steps over 1000 ms), ``wait_p50_ms`` (the engine's median
 wait from the append that completed a unit to the start of its step: a unit that just misses a step
-waits for it; ``wait_p99_ms`` and ``wait_max_ms`` in the JSON, and printed when a unit waited over
-half a unit), ``unit_first_audio_p50_ms``/``unit_first_audio_p99_ms`` (the issue's figure: over every
+waits for it; ``wait_p99_ms`` and ``wait_max_ms`` in the JSON, and printed when a unit waited over half
+a unit), ``unit_first_audio_p50_ms``/``unit_first_audio_p99_ms`` (the issue's figure: over every
 speaking unit, the time from the unit's close, when the append that completes it reaches the server, to
-the unit's first audio, when the engine hands it to the session, which sends it as an audio delta in
-the same event-loop pass; the engine's ``append_to_audio_s``, so each unit's audio is paired with its
-own unit exactly; ``speaking_units`` of them), ``turn_first_audio_ms`` (median over every response of
-every client, from the most recent closing append to the response's first audio delta as the client
-receives it: the unit it started in unless a step ran past the next unit's close, when it is timed
-from that later close and understates; ``turns`` responses), ``first_audio_ms`` (kept for comparison
-with earlier runs; not a unit's latency: the median over the client's units of the time from the most recent
-closing append to the next audio delta received, whichever unit that delta belongs to: when a step
-ends after the next unit has closed (a unit that waited for a step in flight, or steps over the
-period) the delta of the earlier unit is timed from the later close, so it understates; when a unit
-listens, the next speaking unit's delta is timed from it, so it overstates: 869 ms at 16 sessions and
-252 at 32 in the saved H200 runs), ``batch_p50``, ``gpu_mem_gib`` (peak allocated), and who opened
-and held.
+the unit's first audio, when the engine hands it to the session, which sends it as an audio delta in the
+same event-loop pass; the engine's ``append_to_audio_s``, so each unit's audio is paired with its own
+unit exactly; ``speaking_units`` of them), ``turn_first_audio_ms`` (median over every response of every
+client, from the most recent closing append to the response's first audio delta as the client receives
+it: the unit it started in unless a step ran past the next unit's close, when it is timed from that
+later close and understates; ``turns`` responses that began in the window: none when random weights
+speak from every session's first unit on and never end the turn), ``first_audio_ms`` (kept for
+comparison with earlier runs; not a unit's latency: the median over the client's units of the time from
+the most recent closing append to the next audio delta received, whichever unit that delta belongs to:
+when a step ends after the next unit has closed (a unit that waited for a step in flight, or steps over
+the period) the delta of the earlier unit is timed from the later close, so it understates; when a unit
+listens, the next speaking unit's delta is timed from it, so it overstates; with every unit speaking it
+is close to the unit's own figure), ``batch_p50``, ``gpu_mem_gib`` (peak allocated), and who opened and
+held.
 
 Each row also has ``gc`` (the garbage collections in the window, by generation: count, total and
 longest ms) and ``slow_steps`` (steps of ``--slow-ms`` or more, default the unit: wall time, batch,

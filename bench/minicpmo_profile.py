@@ -17,9 +17,9 @@ operators (``profile_N<n>.txt``) with the number of device kernels launched. ``-
 opens every slot with instructions of about K tokens, so the units run against a long context (the
 attention reads more of the cache; a fresh conversation reads little).
 
-Run on the GPU: ``python -m bench.minicpmo_profile --sessions 1,16 --cuda-graphs --json
-bench/results/minicpmo_profile_h200.json``. CPU smoke run: ``--model-path DIR --device cpu
---sessions 1,2 --units 1 --warmup 1 --context-tokens 1024``.
+Run on the GPU: ``python -m bench.minicpmo_profile --sessions 16 --units 4 --warmup 2 --cuda-graphs
+--flow-dtype float16 --json bench/results/minicpmo_profile_h200_16.json``. CPU smoke run:
+``--model-path DIR --device cpu --sessions 1,2 --units 1 --warmup 1 --context-tokens 1024``.
 """
 
 from __future__ import annotations
