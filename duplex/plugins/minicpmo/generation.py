@@ -175,6 +175,8 @@ class UnitGenerator:
         )
         self.audio = AudioEncoder(model.apm, model.audio_projection_layer, cfg.audio_pool_step, audio_cache)
         self.vision = VisionEncoder(model.vpm, model.resampler, cfg.image_size, cfg.patch_size)
+        if dev.type == "cuda":
+            self.vision.warm()
         t = cfg.tts
         max_condition = options.max_new_tokens + 1
         tts_cache = SlotCache(

@@ -6,7 +6,9 @@ with the same shapes run every time. ``Step(fn, capture=True)`` runs ``fn`` twic
 initialisations, cuBLAS workspaces) and captures a third run into a graph; every later call replays it,
 one launch instead of thousands. While it captures, the caller must hold the buffers in a state where
 ``fn`` changes nothing that matters (every row frozen: writes go to scratch). ``capture=False`` calls
-``fn`` itself: the same code path, so the CPU tests run exactly what the graph replays.
+``fn`` itself: the same code path, so the CPU tests run exactly what the graph replays; on an
+accelerator it runs under ``attention.eager_attention`` (a step's spans and widths are new shapes the
+first time they come up, and cuDNN's attention would build a plan for each while every session waits).
 """
 
 from __future__ import annotations
@@ -15,6 +17,8 @@ from collections.abc import Callable
 from typing import Any
 
 import torch
+
+from duplex.plugins.minicpmo.attention import eager_attention
 
 __all__ = ["Step", "buckets_for", "graph_pool"]
 
@@ -72,4 +76,5 @@ class Step:
         if self.graph is not None:
             self.graph.replay()
         else:
-            self.fn()
+            with eager_attention():
+                self.fn()

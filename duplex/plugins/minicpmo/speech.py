@@ -29,6 +29,7 @@ from duplex.plugins.minicpmo.attention import (
     SlotCache,
     attend,
     attention_bias,
+    eager_attention,
     fuse_linears,
     residual_linear,
     rms_norm,
@@ -182,7 +183,10 @@ class SpeechGenerator:
         positions = start[:, None] + steps
         write_pos = torch.where(speaking[:, None], positions, cache.capacity + steps)
         limit = torch.where(speaking[:, None], positions + 1, cache.capacity + steps + 1)
-        hidden = self._forward(condition, positions, write_pos, limit, span)
+        # Eager, and a new shape with every span: never cuDNN's attention (``eager_attention``), whose
+        # plan for a new shape took 0.5 s on an H200 (a session's first unit, and each new span).
+        with eager_attention():
+            hidden = self._forward(condition, positions, write_pos, limit, span)
         last = hidden.gather(1, (cond_len - 1).clamp(min=0)[:, None, None].expand(-1, 1, hidden.shape[-1]))[
             :, 0
         ]

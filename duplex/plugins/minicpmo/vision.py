@@ -156,6 +156,13 @@ class VisionEncoder:
         return table
 
     @torch.no_grad()
+    def warm(self) -> None:
+        """One pass over a blank square frame, at load: the first pass on an accelerator loads its
+        kernels (80 ms on an H200), which would otherwise lengthen the first step that has a frame."""
+        side = self.resolution // self.patch
+        blank = np.zeros((side * side, 3 * self.patch * self.patch), dtype=np.uint8)
+        self.encode([PreparedFrame(blank, (side, side))])
+
     def encode(self, frames: list[PreparedFrame]) -> torch.Tensor:
         """Embeddings ``[F, query_num, llm_hidden]`` of ``frames``, in order (a pass per patch grid)."""
         groups: dict[tuple[int, int], list[int]] = {}

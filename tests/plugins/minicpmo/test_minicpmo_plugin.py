@@ -90,6 +90,28 @@ def test_speak_units_carry_text_and_24khz_speech_a_second_each_after_the_first(s
     assert not any(o.end_of_turn for o in outs)
 
 
+def test_no_attention_of_an_eager_step_may_use_cudnns_kernel(speak_ckpt, monkeypatch):
+    """On an accelerator cuDNN's attention builds a plan per new shape (0.5-1.7 s on an H200): every
+    pass a step runs eagerly (vision, the speech head's condition, uncaptured steps) excludes it."""
+    import torch
+    import torch.nn.functional as F
+
+    plugin = _plugin(speak_ckpt)
+    plugin.open_slot(0, GREEDY)
+    cudnn_allowed: list[bool] = []
+    sdpa = F.scaled_dot_product_attention
+
+    def recording(*args, **kwargs):
+        cudnn_allowed.append(torch.backends.cuda.cudnn_sdp_enabled())
+        return sdpa(*args, **kwargs)
+
+    monkeypatch.setattr(F, "scaled_dot_product_attention", recording)
+    out = plugin.step([SlotInput(slot=0, epoch=0, pcm=_pcm(0), video_frames=(jpeg(),))])[0]
+    assert out.decision == "speak" and out.pcm is not None  # the speech head and code-to-wave ran
+    assert torch.backends.cuda.cudnn_sdp_enabled()  # outside a step: the default
+    assert len(cudnn_allowed) > 10 and not any(cudnn_allowed)
+
+
 def test_turn_eos_ends_the_turn(speak_end_ckpt):
     plugin = _plugin(speak_end_ckpt)
     plugin.open_slot(0, GREEDY)

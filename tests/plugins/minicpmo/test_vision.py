@@ -86,3 +86,11 @@ def test_one_camera_is_one_pass_whatever_the_frame_count(encoder):
     alone = encoder.encode(frames[1:2])[0]
     torch.testing.assert_close(encoder.encode(frames)[1], alone, rtol=1e-4, atol=1e-5)
 
+
+
+@torch.no_grad()
+def test_the_load_time_warm_pass_changes_no_frames_embedding(encoder):
+    frame = encoder.prepare(_noise_jpeg(20, (64, 48)))
+    before = encoder.encode([frame])
+    encoder.warm()  # a blank square frame through the tower (on an accelerator, at load)
+    assert torch.equal(encoder.encode([frame]), before)
