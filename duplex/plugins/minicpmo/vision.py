@@ -155,7 +155,6 @@ class VisionEncoder:
             self._sincos[grid] = table
         return table
 
-    @torch.no_grad()
     def warm(self) -> None:
         """One pass over a blank square frame, at load: the first pass on an accelerator loads its
         kernels (80 ms on an H200), which would otherwise lengthen the first step that has a frame."""
@@ -163,6 +162,7 @@ class VisionEncoder:
         blank = np.zeros((side * side, 3 * self.patch * self.patch), dtype=np.uint8)
         self.encode([PreparedFrame(blank, (side, side))])
 
+    @torch.no_grad()
     def encode(self, frames: list[PreparedFrame]) -> torch.Tensor:
         """Embeddings ``[F, query_num, llm_hidden]`` of ``frames``, in order (a pass per patch grid)."""
         groups: dict[tuple[int, int], list[int]] = {}
