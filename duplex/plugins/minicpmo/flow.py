@@ -71,16 +71,14 @@ def _rel_table(size: int, lo: int, hi: int, device: torch.device) -> torch.Tenso
     return table
 
 
-def _last_valid(seq: torch.Tensor, end: torch.Tensor, width: int) -> torch.Tensor:
-    """``seq[b, :, end[b] - width : end[b]]`` for every row of ``seq [B, C, T]``."""
-    idx = (end[:, None] - width + torch.arange(width, device=seq.device))[:, None, :]
-    return seq.gather(2, idx.expand(-1, seq.shape[1], -1))
-
-
-def _last_valid_frames(seq: torch.Tensor, end: torch.Tensor, width: int) -> torch.Tensor:
-    """``seq[b, end[b] - width : end[b]]`` for every row of a time-major ``seq [B, T, C]``."""
-    idx = (end[:, None] - width + torch.arange(width, device=seq.device))[:, :, None]
-    return seq.gather(1, idx.expand(-1, -1, seq.shape[2]))
+def _last_valid(seq: torch.Tensor, end: torch.Tensor, width: int, dim: int = 2) -> torch.Tensor:
+    """Each row's ``width`` entries before ``end[b]`` along the time dimension ``dim`` of ``seq``: 2 for a
+    channel-major ``[B, C, T]`` (``seq[b, :, end[b] - width : end[b]]``), 1 for a time-major ``[B, T, C]``."""
+    idx = end[:, None] - width + torch.arange(width, device=seq.device)  # [B, width]
+    idx = idx[:, None, :] if dim == 2 else idx[:, :, None]
+    shape = list(seq.shape)
+    shape[dim] = width
+    return seq.gather(dim, idx.expand(shape))
 
 
 def _causal_conv(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor) -> torch.Tensor:
@@ -540,7 +538,7 @@ class FlowStream:
         both2 = torch.cat([cache[:, 1], y], dim=1)
         h = torch.addcmul(h, gate_c, _causal_conv(both2, w2, b2))
         ends = frames2 + 2
-        tails = torch.stack([_last_valid_frames(both1, ends, 2), _last_valid_frames(both2, ends, 2)], dim=1)
+        tails = torch.stack([_last_valid(both1, ends, 2, dim=1), _last_valid(both2, ends, 2, dim=1)], dim=1)
         m = _norm_modulate(h, shift_m, scale_m)
         h = torch.addcmul(h, gate_m, block.mlp.fc2(F.gelu(block.mlp.fc1(m), approximate="tanh")))
         return h, (k, v), tails.view(2, b, 2, 2, size).transpose(0, 1)

@@ -105,7 +105,7 @@ def test_the_history_keeps_each_rows_most_recent_entries_oldest_first():
 
 
 def test_the_dits_convolution_as_a_matrix_product_is_the_conv1d_module_and_keeps_each_rows_last_frames():
-    from duplex.plugins.minicpmo.flow import _causal_conv, _last_valid_frames
+    from duplex.plugins.minicpmo.flow import _causal_conv, _last_valid
 
     torch.manual_seed(3)
     conv = torch.nn.Conv1d(8, 6, 3)
@@ -114,7 +114,7 @@ def test_the_dits_convolution_as_a_matrix_product_is_the_conv1d_module_and_keeps
     want = conv(x.transpose(1, 2)).transpose(1, 2)  # the module over the channel-major layout
     assert ours.shape == (2, 7, 6)
     torch.testing.assert_close(ours, want, rtol=1e-5, atol=1e-5)
-    tails = _last_valid_frames(x, torch.tensor([4, 9]), 2)
+    tails = _last_valid(x, torch.tensor([4, 9]), 2, dim=1)
     assert torch.equal(tails[0], x[0, 2:4]) and torch.equal(tails[1], x[1, 7:9])
 
 
