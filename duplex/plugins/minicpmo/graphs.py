@@ -6,9 +6,9 @@ with the same shapes run every time. ``Step(fn, capture=True)`` runs ``fn`` twic
 initialisations, cuBLAS workspaces) and captures a third run into a graph; every later call replays it,
 one launch instead of thousands. While it captures, the caller must hold the buffers in a state where
 ``fn`` changes nothing that matters (every row frozen: writes go to scratch). ``capture=False`` calls
-``fn`` itself: the same code path, so the CPU tests run exactly what the graph replays; on an
-accelerator it runs under ``attention.eager_attention`` (a step's spans and widths are new shapes the
-first time they come up, and cuDNN's attention would build a plan for each while every session waits).
+``fn`` itself: the same code path, so the CPU tests run exactly what the graph replays. It runs under
+``attention.eager_attention``, which matters on an accelerator: a step's spans and widths are new shapes
+the first time they come up, and cuDNN's attention would build a plan for each while every session waits.
 """
 
 from __future__ import annotations
