@@ -53,6 +53,13 @@ def of_response(client, rid: str) -> list[str]:
     return [event_type(e) for e in events[start : end + 1]]
 
 
+def response_of(event) -> str | None:
+    """The id of the response an event belongs to (``response.created``/``done`` carry it in ``response``)."""
+    if event_type(event) in ("response.created", "response.done"):
+        return event.response.id
+    return getattr(event, "response_id", None)
+
+
 async def test_open_reports_session_model_and_capabilities(make_client):
     c = await make_client()
     assert c.session_id and c.session_id.startswith("sess_")
@@ -93,9 +100,20 @@ async def test_cancel_ends_the_response_cancelled_and_nothing_of_it_follows(make
     types = of_response(c, handle.response_id)
     assert types[: len(RESPONSE_START)] == RESPONSE_START
     assert types[-len(CANCEL_END) :] == CANCEL_END
-    # After response.done{cancelled}, nothing more of that response arrives (the echo may start a new one).
-    later = [r.event for r in c.collector.events][len(c.collector.events) - 1 :]
-    assert all(getattr(e, "response_id", None) != handle.response_id for e in later)
+    # More speech, then silence: the echo answers it with a new response that completes. A completed
+    # response after the cancel needs silence stepped after speech, so by its response.done every frame
+    # of the cancelled response's audio has been stepped and its output applied.
+    await c.stream_pcm(np.concatenate([voiced(2), silent(3)]), realtime=False)
+    await c.wait_for(
+        "response.done",
+        predicate=lambda e: e.response.id != handle.response_id and e.response.status == "completed",
+    )
+    events = [r.event for r in c.collector.events]
+    cancelled_at = events.index(done)
+    later = events[cancelled_at + 1 :]
+    assert "response.created" in [event_type(e) for e in later]
+    # After response.done{cancelled}, nothing more of that response arrives.
+    assert [event_type(e) for e in later if response_of(e) == handle.response_id] == []
     assert c.collector.stop_latency().count == 1
 
 
