@@ -20,6 +20,7 @@ import pytest
 import websockets
 
 from duplex.engine import EngineConfig
+from duplex.engine.transitions import SessionState
 from duplex.plugins.builtin.scripted import ScriptedUnitPlugin
 from duplex.server.config import ServerConfig
 from tests.server.harness import running_server
@@ -346,16 +347,19 @@ async def test_an_unknown_mode_and_a_video_session_on_an_audio_model_are_refused
 
 
 async def test_a_dropped_socket_closes_its_session_at_once():
-    async with unit_server() as srv:
+    # A disconnect grace and an idle TTL of an hour: only a close when the socket goes, not the
+    # reaper after a grace, can end the session within the timeout (and it ends closed, not expired).
+    async with unit_server(disconnect_grace_s=3600.0, idle_ttl_s=None) as srv:
         ws = await raw(srv)
         await recv(ws)
         await ws.send(json.dumps({"type": "session.init"}))
         created = await recv(ws)
-        assert srv.engine.has_session(created["session_id"])
+        record = srv.engine.manager.records[created["session_id"]]
         await ws.close()
         async with asyncio.timeout(10):
-            while srv.engine.has_session(created["session_id"]):
-                await asyncio.sleep(0.01)
+            await record.finished.wait()
+        assert (record.lease.state, record.lease.end_reason) == (SessionState.CLOSED, "disconnect")
+        assert not srv.engine.has_session(created["session_id"])
 
 
 async def _get(srv, path: str) -> Any:
