@@ -27,11 +27,11 @@ A step, for the rows that have a unit:
    has (one host read of a flag per decode step, for the whole batch).
 4. host: one copy of the sampled tokens; per row the decision (``listen`` when the unit's first token
    is ``<|listen|>``, else ``speak``), the text, the end of the turn.
-5. device: the speech head turns each speaking row's text (tokens + their hidden states) into one
-   second of speech codes (a graph per code step); the code-to-wave stage (``token2wav``; a graph per
-   bucket of speaking rows) turns the codes of every speaking row into 24 kHz audio, streaming per
-   turn (a turn of N units is N seconds of audio; its first unit is 280 ms shorter and its last 280 ms
-   longer, see ``token2wav``).
+5. device: the speech head turns each speaking row's unit (the tokens it fed after the first, special
+   ones included, and their hidden states) into one second of speech codes (a graph per code step);
+   the code-to-wave stage (``token2wav``; a graph per bucket of speaking rows) turns the codes of
+   every speaking row into 24 kHz audio, streaming per turn (a turn of N units is N seconds of audio;
+   its first unit is 280 ms shorter and its last 280 ms longer, see ``token2wav``).
 
 The context window: when a row's language-model cache passes ``window_high_tokens``, its oldest whole
 units after the system context are dropped until it holds at most ``window_low_tokens``; the kept
@@ -96,6 +96,7 @@ class UnitResult:
     codes: np.ndarray | None = None
     pcm: np.ndarray | None = None
     input_tokens: tuple[int, int, int] = (0, 0, 0)
+    speech_tokens: list[int] = field(default_factory=list)
 
 
 @dataclass
@@ -432,6 +433,7 @@ class UnitGenerator:
         where_h = np.zeros((self.slots, max_new), dtype=np.int64)
         count_h = np.zeros(self.slots, dtype=np.int64)
         starts: list[int] = []
+        terminators = set(self.sp.terminators)
         for slot, res in results.items():
             if res.decision != "speak":
                 self.hosts[slot].speaking = False
@@ -441,11 +443,10 @@ class UnitGenerator:
                 starts.append(slot)
             host.speaking = not res.end_of_turn
             speaking_h[slot] = True
-            spoken = [
-                (t, x)
-                for t, x in enumerate(gen_h[slot][: len(res.tokens)])
-                if int(x) not in self._special_ids
-            ][: max_new - 1]
+            # MiniCPM-o's rule: the speech head hears every token the unit feeds after its first one,
+            # special tokens included (``<|tts_bos|>``, ``<|turn_eos|>``); the first never, even text.
+            spoken = [(t, x) for t, x in enumerate(res.tokens) if t >= 1 and x not in terminators]
+            res.speech_tokens = [x for _t, x in spoken]
             count_h[slot] = len(spoken)
             for j, (t, x) in enumerate(spoken):
                 text_h[slot, j] = x

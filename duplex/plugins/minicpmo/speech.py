@@ -1,7 +1,9 @@
 """The speech head: what the language model says this unit, as ``CODES_PER_UNIT`` speech codes per slot.
 
-Per unit, a speaking slot's condition is one vector per spoken text token, ``emb_text(token) +
-normalize(projector_semantic(llm hidden state of that token))``, followed by ``emb_text(audio_bos)``.
+Per unit, a speaking slot's condition is one vector per token the unit fed after its first one (MiniCPM-o's
+rule: text and special tokens alike, ``<|turn_eos|>`` included; the unit's first token never, even when it
+is text), ``emb_text(token) + normalize(projector_semantic(llm hidden state of that token))``, followed by
+``emb_text(audio_bos)``.
 The Llama backbone runs the condition after everything the slot said earlier in the turn (its cache
 holds the turn: conditions and codes), then decodes ``CODES_PER_UNIT`` codes one at a time, each fed
 back through ``emb_code``. So one second of text gives one second of speech codes, and speech that

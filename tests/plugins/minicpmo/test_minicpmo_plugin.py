@@ -303,3 +303,37 @@ def test_unknown_options_and_a_missing_path_are_config_errors(tmp_path):
         MiniCPMOPlugin.from_options(str(tmp_path), flow_dtype="float8")
     assert exc.value.code == "invalid_plugin_config"
     assert str(exc.value) == "flow_dtype must be one of ['bfloat16', 'float16', 'float32'], got 'float8'"
+
+
+@pytest.fixture(scope="module")
+def text_first_ckpt(minicpmo_ckpt, tmp_path_factory):
+    """Every unit opens with text (a turn that goes on): ``hello <|chunk_eos|>``."""
+    from tests.plugins.minicpmo.conftest import _scripted
+
+    script = {"audio": "hello", "hello": "<|chunk_eos|>"}
+    return _scripted(minicpmo_ckpt, tmp_path_factory, "text-first", script)
+
+
+def test_the_speech_head_hears_every_token_after_the_units_first_special_ones_included(speak_end_ckpt):
+    """MiniCPM-o's duplex loop conditions the speech head on the tokens it feeds at positions 1, 2, ...
+    of a unit, whatever they are (``<|turn_eos|>`` too); the unit's first token never."""
+    plugin = _plugin(speak_end_ckpt)
+    plugin.open_slot(0, GREEDY)
+    plugin.step([SlotInput(slot=0, epoch=0, pcm=_pcm(0))])
+    gen = plugin.generator
+    res = plugin.last_results[0]
+    hello = gen.tok.token_to_id("hello")
+    assert res.tokens == [gen.sp.tts_bos, hello, gen.sp.turn_eos, gen.sp.chunk_tts_eos]
+    assert res.speech_tokens == [hello, gen.sp.turn_eos]
+
+
+def test_the_speech_head_never_hears_a_units_first_token_even_when_it_is_text(text_first_ckpt):
+    plugin = _plugin(text_first_ckpt)
+    plugin.open_slot(0, GREEDY)
+    outs = [plugin.step([SlotInput(slot=0, epoch=0, pcm=_pcm(u))])[0] for u in range(2)]
+    assert [o.decision for o in outs] == ["speak", "speak"]
+    assert [o.text for o in outs] == ["hello", "hello"]
+    res = plugin.last_results[0]
+    assert res.tokens == [plugin.generator.tok.token_to_id("hello"), plugin.generator.sp.chunk_eos]
+    assert res.speech_tokens == []
+    assert res.codes.shape == (25,)  # the audio_bos condition alone still gives the unit's second
