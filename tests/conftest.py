@@ -1,7 +1,8 @@
 """Project-wide test settings.
 
 Each test directory keeps its own fixtures in its own conftest.py; this file only
-holds what every test needs: no model hub, and the ``slow_on_uvloop`` marker.
+holds what every test needs: no model hub, the ``slow_on_uvloop`` marker, and no skips in CI
+(``tests/no_skips.py``).
 
 ``@pytest.mark.slow_on_uvloop`` is for a heavy end-to-end test of a directory whose async tests
 run on both event loops (``tests.event_loops``): its asyncio run stays in the default tier and
@@ -15,6 +16,8 @@ slow readers, header timeouts, hostile frames) stay on both loops: the loops' tr
 import os
 
 import pytest
+
+pytest_plugins = ["tests.no_skips"]
 
 # Never reach a model hub from a test: every model loads from a local path or package data.
 os.environ.setdefault("HF_HUB_OFFLINE", "1")
@@ -37,3 +40,4 @@ def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item
         factory = callspec.params.get(_LOOP_PARAM) if callspec is not None else None
         if factory is not None and factory is not standard:
             item.add_marker(pytest.mark.slow)
+
