@@ -128,17 +128,55 @@ def test_a_requests_frames_are_the_same_alone_or_batched_with_requests_at_other_
 
 
 def test_cfg_zero_star_runs_where_the_checkpoint_asks_for_it(
-    helios_pyramid_checkpoint: Path, tmp_path: Path
+    helios_pyramid_checkpoint: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
+    from diffusers import HeliosPyramidPipeline
+
     root = tmp_path / "zero_star"
     shutil.copytree(helios_pyramid_checkpoint, root)
     index = json.loads((root / "model_index.json").read_text())
     (root / "model_index.json").write_text(json.dumps({**index, "is_cfg_zero_star": True}))
     guided = {"guidance_scale": 3.0, "negative_prompt": "blurry"}
-    star = video(drive(loaded(root, slots=1), {0: [request(0, **guided)]})[0].outputs)
+    plugin = loaded(root, slots=1, batch_buckets="1")
+    star = video(drive(plugin, {0: [request(0, **guided)]})[0].outputs)
     plain = video(drive(loaded(helios_pyramid_checkpoint, slots=1), {0: [request(0, **guided)]})[0].outputs)
     assert star.shape == plain.shape == (20, 64, 64, 3)
     assert not np.array_equal(star, plain)
+    # The pipeline's CFG-Zero* takes a view of the transformer's output, which is not contiguous
+    # (it raises): the same values, made contiguous, let it run.
+    model = plugin.model
+    forward = model.transformer.forward
+
+    def contiguous_forward(*args: object, **kwargs: object) -> tuple[torch.Tensor, ...]:
+        out = forward(*args, **kwargs)
+        return (out[0].contiguous(), *out[1:])
+
+    monkeypatch.setattr(model.transformer, "forward", contiguous_forward)
+    pipe = HeliosPyramidPipeline(
+        tokenizer=model.tokenizer,
+        text_encoder=model.text_encoder,
+        vae=model.vae,
+        scheduler=model.scheduler_class.from_config(model.scheduler_config),
+        transformer=model.transformer,
+        is_distilled=False,
+        is_cfg_zero_star=True,
+    )
+    pipe.set_progress_bar_config(disable=True)
+    embeds = plugin.sampler.encode(["a cat on a mat", "blurry"])
+    theirs = pipe(
+        prompt_embeds=embeds[:1],
+        negative_prompt_embeds=embeds[1:],
+        height=64,
+        width=64,
+        num_frames=20,
+        guidance_scale=3.0,
+        generator=torch.Generator("cpu").manual_seed(7),
+        max_sequence_length=16,
+        num_latent_frames_per_chunk=3,
+        pyramid_num_inference_steps_list=[STEPS] * 3,
+        output_type="np",
+    ).frames[0]
+    np.testing.assert_array_equal(star, (theirs[:20] * 255).round().astype(np.uint8))
 
 
 def test_frame_sizes_must_allow_the_first_stages_quarter_resolution(
