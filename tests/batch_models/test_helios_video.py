@@ -401,7 +401,17 @@ def test_the_text_encoders_tied_embedding_loads_under_either_name(
         "model.safetensors",
         lambda s: s.__setitem__("encoder.embed_tokens.weight", s.pop("shared.weight")),
     )
-    loaded(root, slots=1)
+    from safetensors.torch import load_file
+
+    stored = load_file(str(root / "text_encoder" / "model.safetensors"))
+    assert "shared.weight" not in stored
+    encoder = loaded(root, slots=1).model.text_encoder
+    state = encoder.state_dict()
+    # Every stored tensor is the model's under its name; the other name of the tied pair is the same tensor.
+    assert set(state) == {*stored, "shared.weight"}
+    for name, tensor in stored.items():
+        assert torch.equal(state[name], tensor), name
+    assert encoder.shared.weight is encoder.encoder.embed_tokens.weight
 
 
 def test_a_missing_folder_or_a_pyramid_scheduler_is_refused(helios_checkpoint: Path, tmp_path: Path) -> None:
