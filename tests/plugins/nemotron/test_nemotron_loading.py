@@ -10,11 +10,20 @@ from pathlib import Path
 
 import numpy as np
 import pytest
+import torch
 from safetensors.torch import load_file, save_file
 
 from duplex.plugins.base import PluginError, SlotInput, SlotOptions
 from duplex.plugins.nemotron.config import parse_config
-from duplex.plugins.nemotron.loading import find_checkpoint
+from duplex.plugins.nemotron.loading import (
+    build_model,
+    find_checkpoint,
+    load_tokenizer,
+    load_weights,
+    read_state,
+    voices_of,
+)
+from duplex.plugins.nemotron.model import checkpoint_key
 from duplex.plugins.nemotron.plugin import NemotronVoiceChatPlugin
 from duplex.plugins.nemotron.presets import tiny_config
 
@@ -109,9 +118,24 @@ def test_a_tensor_of_the_wrong_shape_fails_the_load(nemotron_ckpt, tmp_path):
 def test_the_user_transcription_head_is_the_only_part_skipped(nemotron_ckpt, tmp_path):
     root = _copy(nemotron_ckpt, tmp_path / "ckpt")
     state = load_file(str(root / "model.safetensors"))
-    state["stt_model.rnnt_decoder.prediction.embed.weight"] = state["stt_model.lm_head.weight"].clone()
-    save_file(state, str(root / "model.safetensors"))
+    skipped = {
+        "stt_model.rnnt_decoder.prediction.embed.weight": state["stt_model.lm_head.weight"].clone(),
+        "stt_model.asr_head.weight": state["stt_model.function_head.weight"].clone(),
+    }
+    save_file({**state, **skipped}, str(root / "model.safetensors"))
     _load(root)
+    # What the plugin's load does, in float32: every other tensor of the file is the model's, exactly.
+    files = find_checkpoint(root)
+    stored = read_state(files.weights)
+    tokenizer = load_tokenizer(files.llm_dir, files.config)
+    model = build_model(
+        files.config, tokenizer, voices_of(stored), torch.device("cpu"), torch.float32, torch.float32
+    )
+    load_weights(model, stored, str(root))
+    loaded = {checkpoint_key(k): v for k, v in model.state_dict().items()}
+    assert set(loaded) == set(state) == set(stored) - set(skipped)
+    for key, value in loaded.items():
+        assert torch.equal(value, stored[key].to(value.dtype)), key
 
 
 def test_sharded_weights_load_through_their_index(nemotron_ckpt, tmp_path):
