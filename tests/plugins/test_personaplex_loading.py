@@ -150,7 +150,14 @@ def test_a_wrapper_prefix_is_stripped(tmp_path, ckpt):
     for name in (MIMI_FILE, TOKENIZER_FILE, "config.json"):
         (tmp_path / name).write_bytes((ckpt / name).read_bytes())
     files = find_checkpoint(tmp_path)
-    build_lm(files.config, files.lm, CPU, torch.float32)
+    got = build_lm(files.config, files.lm, CPU, torch.float32).state_dict()
+    plain = find_checkpoint(ckpt)
+    want = build_lm(plain.config, plain.lm, CPU, torch.float32).state_dict()
+    # The same model as from the checkpoint without the prefix, with the file's tensors in it.
+    assert set(got) == set(want)
+    assert [k for k in want if not torch.equal(got[k], want[k])] == []
+    for key in ("text_emb.weight", "text_linear.weight", "emb.0.weight"):
+        assert torch.equal(got[key], state[key]), key
 
 
 @pytest.mark.parametrize("change", ["missing", "unexpected"])
