@@ -56,7 +56,10 @@ decode, and the packing of tokens and audio into one buffer. On a GPU it is one
 CUDA graph (moshi's own graphs inside it run as part of it), fed from pinned host
 buffers; the tick's one host sync is the copy of that buffer. With batch buckets
 the step runs the first ``n`` rows only, the smallest bucket holding every stepped
-slot, through views of the same state (``_Rows``; one graph per bucket).
+slot, through views of the same state (``_Rows``; one graph per bucket). Graphs and
+views both need every state update to write into the state's own tensors; the one
+moshi update that replaces a tensor (Mimi's downsampling padding flag) is made a
+copy by ``in_place``.
 
 Sampling uses per-slot counter-based noise (``sampling.py``), so a session's
 tokens do not depend on its slot or on the other sessions in the batch.
@@ -82,6 +85,7 @@ from moshi.utils.compile import CUDAGraphed, no_compile
 
 from duplex.plugins.personaplex.attention import DecodeKernel, use_ring_cache
 from duplex.plugins.personaplex.config import FRAME_SAMPLES, PersonaPlexConfig
+from duplex.plugins.personaplex.in_place import keep_state_in_place
 from duplex.plugins.personaplex.kv_cache import RingCache
 from duplex.plugins.personaplex.prompt import PromptScript
 from duplex.plugins.personaplex.sampling import sample_top_k
@@ -192,6 +196,8 @@ class BatchedGenerator:
                     if isinstance(module, StreamingModule):  # (the resamplers wrap theirs)
                         module.set_streaming_detached(True)
             mimi._cached_children = None
+            # Graphs and bucket views need every state update in place (``in_place``).
+            keep_state_in_place(mimi)
         self.lm = lm.eval()
         self.enc_mimi = enc_mimi.eval()
         self.dec_mimi = dec_mimi.eval()

@@ -5,6 +5,18 @@ public layout (``model.safetensors``, Mimi weights, a sentencepiece tokenizer,
 ``voices/*.pt``, ``config.json``) for the tiny architecture of
 ``config.tiny_config()``. Same ``seed``, same files. Nothing is downloaded: the
 tokenizer is trained on a short built-in text.
+
+Mimi's codebooks. A Mimi built by moshi starts with every codebook at zero (its
+centroids are learnt, not drawn), so every frame would encode to code 0 and
+decoding would not depend on the codes: nothing the model hears or says would
+reach the audio. ``calibrate_codebooks`` gives each codebook random centroids
+spread like the latents it quantizes (the latents of ``speech_like`` audio, level
+by level of each residual quantizer), so different audio encodes to different
+codes and different codes decode to different audio.
+
+``speech_like(frames, seed)`` is deterministic test audio with the shape of
+speech: a voiced source whose pitch glides, shaped by two formants, with
+syllables (about 4 a second) and pauses, over a little noise.
 """
 
 from __future__ import annotations
@@ -12,15 +24,24 @@ from __future__ import annotations
 import io
 from pathlib import Path
 
+import numpy as np
 import torch
+from moshi.models.compression import MimiModel
 
-from duplex.plugins.personaplex.config import PersonaPlexConfig, tiny_config
+from duplex.plugins.personaplex.config import FRAME_SAMPLES, SAMPLE_RATE, PersonaPlexConfig, tiny_config
 from duplex.plugins.personaplex.loading import build_lm, build_mimi, export_checkpoint
 
-__all__ = ["TINY_VOICES", "make_tiny_checkpoint", "train_tokenizer"]
+__all__ = ["TINY_VOICES", "calibrate_codebooks", "make_tiny_checkpoint", "speech_like", "train_tokenizer"]
 
 TINY_VOICES = ("NATF2", "VARM0")
 _VOICE_FRAMES = 4
+# The published voices' token cache is a ring of 4 columns; the tiny ones use 3, so that a reader
+# that assumed 4 instead of reading the file's width would pick the wrong columns.
+_VOICE_CACHE_COLUMNS = 3
+# Seconds of speech-like audio the codebooks are spread over (a few hundred latent frames), and
+# the seconds of it that scale the convolutions (each one runs its SEANet once).
+_CALIBRATION_SECONDS = 24
+_SCALING_SECONDS = 3
 
 _CORPUS = """\
 you are a helpful assistant who answers questions about the weather
@@ -63,9 +84,101 @@ def train_tokenizer(path: str | Path, vocab_size: int = 200, min_pieces: int = 0
 def _random_voice(cfg: PersonaPlexConfig, generator: torch.Generator) -> dict[str, torch.Tensor]:
     dim = int(cfg.lm["dim"])
     emb = torch.randn(_VOICE_FRAMES, 1, 1, dim, generator=generator) * 0.1
-    cache = torch.randint(0, int(cfg.lm["card"]), (1, cfg.num_streams, 3), generator=generator)
+    cache = torch.randint(
+        0, int(cfg.lm["card"]), (1, cfg.num_streams, _VOICE_CACHE_COLUMNS), generator=generator
+    )
     cache[0, 0] = cfg.text_pad
     return {"embeddings": emb, "cache": cache}
+
+
+def speech_like(frames: int, seed: int = 0) -> np.ndarray:
+    """``frames`` x 1920 samples (24 kHz, float32, peak below 0.5) of deterministic speech-like audio.
+
+    A sum of harmonics of a pitch that glides between about 90 and 260 Hz, weighted by two formants
+    that move with each syllable, under a syllable envelope (about 4 a second, with pauses between
+    phrases), plus noise 40 dB down. Different seeds give different voices and words.
+    """
+    rng = np.random.default_rng(seed)
+    n = frames * FRAME_SAMPLES
+    t = np.arange(n) / SAMPLE_RATE
+    base = rng.uniform(100.0, 200.0)
+    f0 = base * (1.0 + 0.25 * np.sin(2 * np.pi * rng.uniform(0.3, 0.9) * t + rng.uniform(0, 6.3)))
+    phase = 2 * np.pi * np.cumsum(f0) / SAMPLE_RATE
+    syllable = rng.uniform(3.0, 5.0)
+    which = np.floor(t * syllable).astype(np.int64)
+    formants = rng.uniform([300.0, 900.0], [900.0, 2500.0], size=(int(which.max()) + 1, 2))
+    f1, f2 = formants[which, 0], formants[which, 1]
+    voiced = np.zeros(n)
+    for k in range(1, 40):
+        fk = k * f0
+        gain = np.exp(-(((fk - f1) / 150.0) ** 2)) + 0.5 * np.exp(-(((fk - f2) / 250.0) ** 2)) + 0.02 / k
+        voiced += np.where(fk < SAMPLE_RATE / 2, gain * np.sin(k * phase), 0.0)
+    envelope = np.sin(np.pi * (t * syllable - which)) ** 2
+    pauses = rng.random(int(which.max()) + 1) < 0.2  # a fifth of the syllables are silent
+    envelope = envelope * ~pauses[which]
+    pcm = voiced * envelope
+    pcm = 0.4 * pcm / max(float(np.abs(pcm).max()), 1e-9)
+    pcm += 0.004 * rng.standard_normal(n)
+    return pcm.astype(np.float32)
+
+
+def _unit_variance(net: torch.nn.Module, x: torch.Tensor, last: float) -> None:
+    """Drop the biases of ``net``'s convolutions and scale each, in order, so that its output on
+    ``x`` has unit spread (``last`` for the last one): layer-sequential unit-variance initialization."""
+    convs = [m for m in net.modules() if isinstance(m, (torch.nn.Conv1d, torch.nn.ConvTranspose1d))]
+    for conv in convs:
+        if conv.bias is not None:
+            conv.bias.zero_()
+    for i, conv in enumerate(convs):
+        seen: list[torch.Tensor] = []
+        hook = conv.register_forward_hook(lambda _m, _i, out, seen=seen: seen.append(out))
+        net(x)
+        hook.remove()
+        target = last if i == len(convs) - 1 else 1.0
+        conv.weight.mul_(target / max(float(seen[0].std()), 1e-12))
+
+
+@torch.no_grad()
+def calibrate_codebooks(mimi: MimiModel, seed: int = 0) -> None:
+    """Make a random ``mimi`` hear and speak: an encoder and a decoder that pass their input on,
+    codebooks spread like the latents they quantize.
+
+    A freshly initialized SEANet shrinks its input at every convolution, so what comes out is its
+    biases whatever went in. Both SEANets lose their convolutions' biases, and each convolution in
+    turn is scaled to give outputs of unit spread (layer-sequential unit-variance initialization),
+    the encoder's on ``_SCALING_SECONDS`` of ``speech_like`` audio, the decoder's on the decoded
+    latents of that audio, its last one to a speech level of 0.1. The codebooks are spread over the
+    latents of ``_CALIBRATION_SECONDS``. Each residual quantizer's levels
+    are drawn in order: a level's centroids are Gaussian with the per-dimension mean and spread of
+    what the levels before it left over, and what this level leaves over feeds the next; marked
+    initialized, as a trained Mimi's are.
+    """
+    gen = torch.Generator().manual_seed(seed)
+    frames = int(_CALIBRATION_SECONDS * SAMPLE_RATE) // FRAME_SAMPLES
+    audio = torch.from_numpy(
+        np.stack([speech_like(frames, seed=1000 * seed + i) for i in range(2)])
+    )[:, None]
+    device = next(mimi.parameters()).device
+    audio = audio.to(device)
+    short = _SCALING_SECONDS * SAMPLE_RATE
+    _unit_variance(mimi.encoder, audio[:1, :, :short], last=1.0)
+    latent = mimi._encode_to_unquantized_latent(audio)  # [B, D, T], not streaming
+    for rvq in (mimi.quantizer.rvq_first, mimi.quantizer.rvq_rest):
+        residual = rvq.input_proj(latent)  # [B, d, T]
+        for layer in rvq.vq.layers:
+            book = layer._codebook
+            flat = residual.transpose(1, 2).reshape(-1, residual.shape[1])
+            mean, std = flat.mean(dim=0), flat.std(dim=0)
+            draw = torch.randn(book.codebook_size, flat.shape[1], generator=gen).to(device)
+            book.embedding_sum.copy_(mean + std * draw)
+            book.cluster_usage.fill_(1.0)
+            book._initialized.fill_(1.0)
+            book._embedding = None  # moshi caches centroids on first use: drop any stale copy
+            residual = residual - layer.decode(layer.encode(residual))
+    latent = latent[:1, :, : int(_SCALING_SECONDS * mimi.frame_rate)]
+    emb = mimi._to_encoder_framerate(mimi.quantizer.decode(mimi.quantizer.encode(latent)))
+    (emb,) = mimi.decoder_transformer(emb)
+    _unit_variance(mimi.decoder, emb, last=0.1)
 
 
 def make_tiny_checkpoint(root: str | Path, seed: int = 0) -> Path:
@@ -77,6 +190,7 @@ def make_tiny_checkpoint(root: str | Path, seed: int = 0) -> Path:
     # The published layout: all 16 depformer steps (the loader keeps the agent's 8).
     lm = build_lm(cfg, None, torch.device("cpu"), torch.float32, depformer_steps=int(cfg.lm["dep_q"]))
     mimi = build_mimi(cfg, None, torch.device("cpu"))
+    calibrate_codebooks(mimi, seed=seed)
     tok = train_tokenizer(root / "_tokenizer.model")
     gen = torch.Generator().manual_seed(seed)
     voices = {name: _random_voice(cfg, gen) for name in TINY_VOICES}
