@@ -1,8 +1,13 @@
-"""Slot feeds and the frame scheduler, driven with an injected clock and real plugins."""
+"""Slot feeds and the frame scheduler, driven with an injected clock and real plugins.
+
+``tick(now)`` takes the clock as an argument; the eager loop (``run``) reads the event loop's clock,
+so its tests run on a virtual one (``tests.engine._virtual_time``) and assert the exact time of each
+step, whatever the machine's load."""
 
 from __future__ import annotations
 
 import asyncio
+import math
 import threading
 from collections.abc import Sequence
 from typing import Any
@@ -17,6 +22,7 @@ from duplex.engine.model_thread import ModelThread
 from duplex.engine.scheduler import FrameScheduler, SlotBinding
 from duplex.plugins.base import Capabilities, FramePlugin, PluginKind, SlotInput, SlotOptions, SlotOutput
 from duplex.plugins.builtin.echo import EchoPlugin
+from tests.engine._virtual_time import run
 
 CHUNK = 1920
 P = 0.08
@@ -121,21 +127,6 @@ class NullPlugin(FramePlugin):
         if self.fail_on_slot in self.steps[-1]:
             raise RuntimeError("boom")
         return [SlotOutput(slot=i.slot, epoch=i.epoch) for i in batch]
-
-
-class SlowFirstStep(NullPlugin):
-    """Its first step blocks (on the model thread) until ``release`` is set; ``started`` says it began."""
-
-    def __init__(self) -> None:
-        super().__init__()
-        self.release = threading.Event()
-        self.started = threading.Event()
-
-    def step(self, batch: Sequence[SlotInput]) -> Sequence[SlotOutput]:
-        if not self.steps:
-            self.started.set()
-            self.release.wait(5)
-        return super().step(batch)
 
 
 class Sink:
@@ -299,14 +290,6 @@ async def test_scheduler_drives_the_echo_plugin(model_thread) -> None:
 # -- eager scheduling (tick_ms=0): step as soon as a frame is ready --------------------------
 
 
-async def _until(cond, timeout: float = 2.0) -> None:
-    loop = asyncio.get_running_loop()
-    deadline = loop.time() + timeout
-    while not cond():
-        assert loop.time() < deadline, "condition not met in time"
-        await asyncio.sleep(0.001)
-
-
 async def test_eager_scheduler_batches_frames_completed_in_the_same_loop_iteration() -> None:
     plugin = NullPlugin()
     mt = ModelThread(on_loop=True)
@@ -329,10 +312,48 @@ async def test_eager_scheduler_batches_frames_completed_in_the_same_loop_iterati
         task.cancel()
 
 
+class Clocked(NullPlugin):
+    """A ``NullPlugin`` called on the loop (``ModelThread(on_loop=True)``) that also records the loop
+    time of each step."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.times: list[float] = []
+
+    def step(self, batch: Sequence[SlotInput]) -> Sequence[SlotOutput]:
+        self.times.append(asyncio.get_running_loop().time())
+        return super().step(batch)
+
+    def timeline(self, since: float) -> list[tuple[float, list[int]]]:
+        """``(seconds after since, slots)`` of each step. The times are sums of a few float seconds
+        on the virtual clock (about 1000 s): exact to well under a nanosecond, so 1e-9 is compared."""
+        steps = zip(self.times, self.steps, strict=True)
+        return [(pytest.approx(t - since, abs=1e-9), slots) for t, slots in steps]
+
+
+class GatedFirstStep(NullPlugin):
+    """Its first step blocks (on the model thread) until the test sets ``release``; each step hands
+    its ``(slot, padded)`` pairs to the loop (``stepped``), so the test waits for steps without a
+    timer of its own."""
+
+    def __init__(self, loop: asyncio.AbstractEventLoop) -> None:
+        super().__init__()
+        self.release = threading.Event()
+        self.stepped: asyncio.Queue[list[tuple[int, bool]]] = asyncio.Queue(maxsize=8)
+        self._loop = loop
+
+    def step(self, batch: Sequence[SlotInput]) -> Sequence[SlotOutput]:
+        if not self.steps:
+            self.release.wait(30)
+        self._loop.call_soon_threadsafe(self.stepped.put_nowait, [(i.slot, i.padded) for i in batch])
+        return super().step(batch)
+
+
 async def _first_steps(joined: int, window_ms: float, ready_at_once: list[int], later: int | None) -> list:
-    """An eager scheduler with ``joined`` slots: frames of ``ready_at_once`` complete together, then
-    (5 ms later) one of ``later``; returns the steps taken once the loop has settled."""
-    plugin = NullPlugin()
+    """An eager scheduler with ``joined`` slots (on the virtual clock): frames of ``ready_at_once``
+    complete together at ``t``, then (5 ms later) one of ``later``; returns the steps of the next
+    50 ms as ``(seconds after t, slots)``."""
+    plugin = Clocked()
     config = EngineConfig(tick_ms=0, batch_window_ms=window_ms)
     sched, _ = _scheduler(plugin, ModelThread(on_loop=True), config)
     feeds = [sched.join(slot, Sink().binding()) for slot in range(joined)]
@@ -340,43 +361,39 @@ async def _first_steps(joined: int, window_ms: float, ready_at_once: list[int], 
     loop = asyncio.get_running_loop()
     try:
         await asyncio.sleep(0.01)  # the first scan (nothing to step) has run
+        t = loop.time()
         for slot in ready_at_once:
-            feeds[slot].feed(np.zeros(CHUNK, np.float32), loop.time(), loop.time())
-        await asyncio.sleep(0)
-        first = [list(s) for s in plugin.steps]
+            feeds[slot].feed(np.zeros(CHUNK, np.float32), t, t)
         if later is not None:
             await asyncio.sleep(0.005)
             feeds[later].feed(np.zeros(CHUNK, np.float32), loop.time(), loop.time())
-        await _until(lambda: sum(len(s) for s in plugin.steps) == len(ready_at_once) + (later is not None))
-        return [first, plugin.steps]
+        await asyncio.sleep(0.05)
+        return plugin.timeline(t)
     finally:
         task.cancel()
 
 
-async def test_under_load_a_ready_frame_waits_the_batch_window_for_the_frames_expected_meanwhile() -> None:
-    # 8 sessions, 80 ms frames, a 20 ms window: 2 frames expected per window, 1 ready: it waits,
-    # and the frame that completes 5 ms later joins its batch.
-    first, steps = await _first_steps(joined=8, window_ms=20, ready_at_once=[0], later=3)
-    assert first == [] and steps == [[0, 3]]
+def test_under_load_a_ready_frame_waits_the_batch_window_for_the_frames_expected_meanwhile() -> None:
+    # 8 sessions, 80 ms frames, a 20 ms window: 2 frames expected per window, 1 ready: it waits the
+    # window, and the frame that completes 5 ms later joins its batch.
+    assert run(_first_steps(joined=8, window_ms=20, ready_at_once=[0], later=3)) == [(0.02, [0, 3])]
 
 
-async def test_a_light_load_a_full_batch_and_a_zero_window_step_at_once() -> None:
+def test_a_light_load_a_full_batch_and_a_zero_window_step_at_once() -> None:
     # 3 sessions: under one frame expected per window, so no wait (the late frame steps alone).
-    first, steps = await _first_steps(joined=3, window_ms=20, ready_at_once=[0], later=2)
-    assert first == [[0]] and steps == [[0], [2]]
+    assert run(_first_steps(joined=3, window_ms=20, ready_at_once=[0], later=2)) == [(0.0, [0]), (0.005, [2])]
     # 8 sessions with the 2 expected frames already ready: no wait.
-    first, steps = await _first_steps(joined=8, window_ms=20, ready_at_once=[1, 0], later=None)
-    assert first == [[0, 1]] and steps == [[0, 1]]
+    assert run(_first_steps(joined=8, window_ms=20, ready_at_once=[1, 0], later=None)) == [(0.0, [0, 1])]
     # The window off: the eager scheduler of before.
-    first, steps = await _first_steps(joined=8, window_ms=0, ready_at_once=[0], later=3)
-    assert first == [[0]] and steps == [[0], [3]]
+    assert run(_first_steps(joined=8, window_ms=0, ready_at_once=[0], later=3)) == [(0.0, [0]), (0.005, [3])]
 
 
 async def _gathered(gather_ms: float, offset_s: float, later: bool = True) -> list:
-    """A scheduler gathering for ``gather_ms``, slots 0 and 1 having completed a frame ``P`` and
-    ``P + offset_s`` ago (slot 2 never): slot 0 completes its next frame, then (5 ms later, when
-    ``later``) slot 1. Returns the steps taken at once and all the steps."""
-    plugin = NullPlugin()
+    """A scheduler gathering for ``gather_ms`` (on the virtual clock), slots 0 and 1 having completed a
+    frame ``P`` and ``P + offset_s`` before ``t`` (slot 2 never): slot 0 completes its next frame at
+    ``t``, then (5 ms later, when ``later``) slot 1. Returns the steps from ``t`` on as ``(seconds
+    after t, slots)``."""
+    plugin = Clocked()
     sched = FrameScheduler(
         plugin,
         plugin.capabilities(),
@@ -393,36 +410,33 @@ async def _gathered(gather_ms: float, offset_s: float, later: bool = True) -> li
         t = loop.time()
         feeds[0].feed(np.zeros(CHUNK, np.float32), t - P, t - P)
         feeds[1].feed(np.zeros(CHUNK, np.float32), t - P - offset_s, t - P - offset_s)
-        await _until(lambda: sum(len(s) for s in plugin.steps) == 2)
+        await asyncio.sleep(0)  # the scheduler's wake-up: both step at once, at t
+        assert plugin.timeline(t) == [(0.0, [0, 1])]
         plugin.steps.clear()
-        feeds[0].feed(np.zeros(CHUNK, np.float32), loop.time(), loop.time())
-        await asyncio.sleep(0)
-        first = [list(s) for s in plugin.steps]
+        plugin.times.clear()
+        feeds[0].feed(np.zeros(CHUNK, np.float32), t, t)
         if later:
             await asyncio.sleep(0.005)
             feeds[1].feed(np.zeros(CHUNK, np.float32), loop.time(), loop.time())
-        await _until(lambda: sum(len(s) for s in plugin.steps) == 1 + later)
-        return [first, plugin.steps]
+        await asyncio.sleep(0.05)
+        return plugin.timeline(t)
     finally:
         task.cancel()
 
 
-async def test_a_unit_scheduler_gathers_the_frames_whose_clients_are_due_to_complete_them_together() -> None:
-    # Slot 1's client completed its last frame with slot 0's: its next is due now, and joins the step.
-    first, steps = await _gathered(gather_ms=20, offset_s=0.0)
-    assert first == [] and steps == [[0, 1]]
+def test_a_unit_scheduler_gathers_the_frames_whose_clients_are_due_to_complete_them_together() -> None:
+    # Slot 1's client completed its last frame with slot 0's: its next is due now, and joins the
+    # step as soon as it comes.
+    assert run(_gathered(gather_ms=20, offset_s=0.0)) == [(0.005, [0, 1])]
     # An expected frame that does not come holds the step for the gather time only.
-    first, steps = await _gathered(gather_ms=20, offset_s=0.0, later=False)
-    assert first == [] and steps == [[0]]
+    assert run(_gathered(gather_ms=20, offset_s=0.0, later=False)) == [(0.02, [0])]
 
 
-async def test_a_frame_no_other_client_is_due_to_complete_with_it_steps_at_once() -> None:
+def test_a_frame_no_other_client_is_due_to_complete_with_it_steps_at_once() -> None:
     # Slot 1 runs half a period out of phase (and slot 2 never sent): slot 0 is alone, no wait.
-    first, steps = await _gathered(gather_ms=20, offset_s=P / 2)
-    assert first == [[0]] and steps == [[0], [1]]
+    assert run(_gathered(gather_ms=20, offset_s=P / 2)) == [(0.0, [0]), (0.005, [1])]
     # The gather off (``frame`` plugins): the eager scheduler of before.
-    first, steps = await _gathered(gather_ms=0, offset_s=0.0)
-    assert first == [[0]] and steps == [[0], [1]]
+    assert run(_gathered(gather_ms=0, offset_s=0.0)) == [(0.0, [0]), (0.005, [1])]
 
 
 def test_the_unit_driver_gathers_and_the_frame_driver_does_not() -> None:
@@ -445,80 +459,94 @@ def test_a_negative_batch_window_is_refused() -> None:
         EngineConfig(batch_window_ms=-1)
 
 
-async def test_eager_scheduler_batches_frames_that_complete_during_a_step() -> None:
-    plugin = SlowFirstStep()
-    release, started = plugin.release, plugin.started
-    mt = ModelThread(on_loop=False)
-    sched, _ = _scheduler(plugin, mt, EngineConfig(tick_ms=0))
-    feeds = [sched.join(slot, Sink().binding()) for slot in range(3)]
-    task = asyncio.create_task(sched.run())
-    try:
+@pytest.mark.timeout(60)  # a wait for a step that never comes fails here, not at the suite's bound
+def test_eager_scheduler_batches_frames_that_complete_during_a_step() -> None:
+    async def main() -> list[list[tuple[int, bool]]]:
+        plugin = GatedFirstStep(asyncio.get_running_loop())
+        mt = ModelThread(on_loop=False)
+        sched, _ = _scheduler(plugin, mt, EngineConfig(tick_ms=0))
+        feeds = [sched.join(slot, Sink().binding()) for slot in range(3)]
+        task = asyncio.create_task(sched.run())
+        try:
+            await asyncio.sleep(0.005)  # the first scan has run
+            feeds[0].feed(np.zeros(CHUNK, np.float32), 1.0, 1.0)
+            await asyncio.sleep(0.001)  # slot 0's step is in flight (held until released)
+            feeds[1].feed(np.zeros(CHUNK, np.float32), 1.0, 1.0)
+            feeds[2].feed(np.zeros(CHUNK, np.float32), 1.0, 1.0)
+            plugin.release.set()
+            return [await plugin.stepped.get(), await plugin.stepped.get()]
+        finally:
+            plugin.release.set()
+            task.cancel()
+            mt.shutdown()
+
+    assert run(main()) == [[(0, False)], [(1, False), (2, False)]]
+
+
+def test_eager_scheduler_pads_a_late_frame_on_its_scan() -> None:
+    async def main() -> tuple[list, int, int]:
+        plugin = Clocked()
+        config = EngineConfig(tick_ms=0, late_tolerance_ms=10)
+        sched, metrics = _scheduler(plugin, ModelThread(on_loop=True), config)
+        sink = Sink()
+        feed = sched.join(0, sink.binding())
         loop = asyncio.get_running_loop()
-        feeds[0].feed(np.zeros(CHUNK, np.float32), loop.time(), loop.time())
-        await _until(started.is_set)
-        feeds[1].feed(np.zeros(CHUNK, np.float32), loop.time(), loop.time())
-        feeds[2].feed(np.zeros(CHUNK, np.float32), loop.time(), loop.time())
-        release.set()
-        await _until(lambda: len(plugin.steps) == 2)
-        assert plugin.steps == [[0], [1, 2]]
-    finally:
-        release.set()
-        task.cancel()
-        mt.shutdown()
+        t0 = loop.time()
+        task = asyncio.create_task(sched.run())  # its first scan at t0; then one every 20 ms
+        try:
+            await asyncio.sleep(0.005)
+            now = loop.time()
+            feed.feed(np.zeros(CHUNK // 2, np.float32), now, now)  # half a frame, then silence
+            await asyncio.sleep(0.1)
+            return plugin.timeline(t0), metrics.frames_padded.value, len(sink.outputs)
+        finally:
+            task.cancel()
+
+    # Due half a period after it began (0.045) and overdue 10 ms later (0.055): the scan after that,
+    # on the 20 ms grid, pads it. Nothing is stepped before.
+    assert run(main()) == ([(0.06, [0])], 1, 1)
 
 
-async def test_eager_scheduler_pads_a_late_frame_on_its_scan() -> None:
-    plugin = NullPlugin()
-    mt = ModelThread(on_loop=True)
-    sched, metrics = _scheduler(plugin, mt, EngineConfig(tick_ms=0, late_tolerance_ms=10))
-    sink = Sink()
-    feed = sched.join(0, sink.binding())
-    task = asyncio.create_task(sched.run())
-    try:
+@pytest.mark.timeout(60)  # a wait for a step that never comes fails here, not at the suite's bound
+def test_eager_scheduler_arms_one_scan_timer_per_scan_and_rearms_one_that_fired_during_a_step() -> None:
+    async def main() -> tuple[list[list[tuple[int, bool]]], list[float]]:
         loop = asyncio.get_running_loop()
-        feed.feed(np.zeros(CHUNK // 2, np.float32), loop.time(), loop.time())  # half a frame, then silence
-        await asyncio.sleep(0.005)
-        assert plugin.steps == []  # nothing is complete yet
-        await _until(lambda: plugin.steps == [[0]])  # due (40 ms) + tolerance, found by a scan
-        assert metrics.frames_padded.value == 1 and len(sink.outputs) == 1
-    finally:
-        task.cancel()
+        plugin = GatedFirstStep(loop)
+        mt = ModelThread(on_loop=False)
+        sched, _ = _scheduler(plugin, mt, EngineConfig(tick_ms=0, late_tolerance_ms=10))
+        feeds = [sched.join(slot, Sink().binding()) for slot in range(2)]
+        armed: list[float] = []
+        call_at = loop.call_at
 
+        def counting_call_at(when: float, callback: Any, *args: Any, **kw: Any) -> asyncio.TimerHandle:
+            if getattr(callback, "__name__", "") == "_scan_due":
+                armed.append(when)
+            return call_at(when, callback, *args, **kw)
 
-async def test_eager_scheduler_arms_one_scan_timer_per_scan_and_rearms_one_that_fired_during_a_step() -> None:
-    plugin = SlowFirstStep()
-    release, started = plugin.release, plugin.started
-    mt = ModelThread(on_loop=False)
-    sched, metrics = _scheduler(plugin, mt, EngineConfig(tick_ms=0, late_tolerance_ms=10))
-    feeds = [sched.join(slot, Sink().binding()) for slot in range(2)]
-    loop = asyncio.get_running_loop()
-    armed: list[float] = []
-    call_at = loop.call_at
+        loop.call_at = counting_call_at  # type: ignore[method-assign]
+        t0 = loop.time()
+        task = asyncio.create_task(sched.run())  # its first scan at t0; then one every 20 ms
+        try:
+            await asyncio.sleep(0.005)  # the first scan has run; the scheduler waits, its timer armed
+            feeds[0].feed(np.zeros(CHUNK, np.float32), loop.time(), loop.time())  # stepped (and held) next
+            feeds[1].feed(np.zeros(CHUNK // 2, np.float32), loop.time(), loop.time())  # due at 0.045
+            await asyncio.sleep(0.03)  # the scan timer (0.02) fires during the step
+            plugin.release.set()
+            # Nothing completes from here on: only a re-armed scan finds slot 1's overdue frame.
+            steps = [await plugin.stepped.get(), await plugin.stepped.get()]
+            return steps, [round(when - t0, 9) for when in armed]
+        finally:
+            plugin.release.set()
+            task.cancel()
+            loop.call_at = call_at  # type: ignore[method-assign]
+            mt.shutdown()
 
-    def counting_call_at(when: float, callback: Any, *args: Any, **kw: Any) -> asyncio.TimerHandle:
-        if getattr(callback, "__name__", "") == "_scan_due":
-            armed.append(when)
-        return call_at(when, callback, *args, **kw)
-
-    loop.call_at = counting_call_at  # type: ignore[method-assign]
-    task = asyncio.create_task(sched.run())
-    try:
-        await asyncio.sleep(0.005)  # the first scan has run; the scheduler waits, its timer armed
-        feeds[0].feed(np.zeros(CHUNK, np.float32), loop.time(), loop.time())
-        await _until(started.is_set)
-        feeds[1].feed(np.zeros(CHUNK // 2, np.float32), loop.time(), loop.time())  # due in 40 ms
-        await asyncio.sleep(0.03)  # that timer (a quarter period) fires during the step
-        release.set()
-        # Nothing completes from here on: only a re-armed scan finds slot 1's overdue frame.
-        await _until(lambda: plugin.steps == [[0], [1]])
-        assert metrics.frames_padded.value == 1
-        # One timer per scan time (not one per wait), plus the one re-armed after it fired mid-step.
-        assert len(armed) <= len(set(armed)) + 1 <= 7
-    finally:
-        release.set()
-        task.cancel()
-        loop.call_at = call_at  # type: ignore[method-assign]
-        mt.shutdown()
+    steps, armed = run(main())
+    assert steps == [[(0, False)], [(1, True)]]
+    # One timer per scan time (not one per wait): the first scan's (at once: no scan has run), the
+    # scan at 0.02, re-armed once after it fired during the step (then past: it scans at once,
+    # 0.035, and finds slot 1's frame not yet overdue), then 0.055, when it is (0.045 + 10 ms).
+    assert armed == [-math.inf, 0.02, 0.02, 0.055]
 
 
 def test_tick_ms_zero_is_eager_and_negative_is_refused() -> None:
@@ -619,38 +647,29 @@ async def test_a_slot_that_leaves_while_paced_is_never_stepped_again(model_threa
     assert await sched.tick(0.34) == 1 and plugin.steps == [[0]] * 9 and sched.paced == 0
 
 
-async def test_eager_scheduler_steps_a_paced_frame_when_its_pace_comes_due() -> None:
-    """A lone client's burst: its first four frames step back to back; while its next frame
-    waits for its pace, the scheduler's timer is set for that moment once no scan comes sooner
-    (not for the scan after it, up to a quarter period later), and each frame is stepped no
-    sooner than the pace the step before it set."""
-    steps: list[float] = []
-    paces: list[float] = []  # the feed's ``not_before`` each step's plan set
+def test_eager_scheduler_steps_a_paced_frame_when_its_pace_comes_due() -> None:
+    """A lone client's burst: its first four frames step back to back; each frame after them
+    waits for its pace (two frames a period), and the scheduler wakes for that moment, which is
+    off its scan grid (every 20 ms from the first scan), not for the scan after it."""
 
-    class Timed(NullPlugin):
-        def step(self, batch: Sequence[SlotInput]) -> Sequence[SlotOutput]:
-            steps.append(asyncio.get_running_loop().time())
-            paces.append(feed.not_before)
-            return super().step(batch)
-
-    plugin = Timed()
-    mt = ModelThread(on_loop=True)
-    sched, _ = _scheduler(plugin, mt, EngineConfig(tick_ms=0, late_tolerance_ms=10))
-    feed = sched.join(0, Sink().binding())
-    task = asyncio.create_task(sched.run())
-    try:
+    async def main() -> tuple[list, list[float]]:
+        plugin = Clocked()
+        config = EngineConfig(tick_ms=0, late_tolerance_ms=10)
+        sched, _ = _scheduler(plugin, ModelThread(on_loop=True), config)
+        feed = sched.join(0, Sink().binding())
         loop = asyncio.get_running_loop()
-        await asyncio.sleep(0.011)  # off the scan grid (every 20 ms from the first one)
-        feed.feed(np.zeros(CHUNK * 6, np.float32), loop.time(), loop.time())
-        await _until(lambda: len(steps) == 4)
-        assert steps[3] - steps[0] < P / 4  # the burst allowance: no pace between them
-        assert sched.paced == 1 and feed.not_before == pytest.approx(steps[0] + P / 2, abs=0.002)
-        # The scans before it come first (the timer is for whichever is sooner); then the timer
-        # is set for the paced frame's turn, which is off the scan grid.
-        await _until(lambda: sched._scan_timer is not None and sched._scan_timer.when() == feed.not_before)
-        assert len(steps) == 4 and sched._next_scan > feed.not_before
-        await _until(lambda: len(steps) == 6)
-        assert all(step >= pace for pace, step in zip(paces, steps[1:], strict=False)), (paces, steps)
-    finally:
-        task.cancel()
-        mt.shutdown()
+        task = asyncio.create_task(sched.run())
+        try:
+            await asyncio.sleep(0.011)  # off the scan grid
+            t = loop.time()
+            feed.feed(np.zeros(CHUNK * 6, np.float32), t, t)
+            await asyncio.sleep(0.001)  # the burst allowance: four steps at once
+            held = [sched.paced, round(feed.not_before - t, 9)]
+            await asyncio.sleep(0.2)
+            return plugin.timeline(t), held
+        finally:
+            task.cancel()
+
+    timeline, held = run(main())
+    assert held == [1, P / 2]  # the fifth frame set aside until half a period after the first
+    assert timeline == [(0.0, [0])] * 4 + [(P / 2, [0]), (P, [0])]
