@@ -47,6 +47,7 @@ from tests.server.wire import recv, send
 
 PCM16 = AudioFormat("pcm16", 24000)
 APPEND_SAMPLES = 960  # 40 ms at 24 kHz
+TRAILING_SILENCE = 21600  # the 900 ms after the words of a ``voice`` (``spoken``)
 QUESTION = "What time is it in Paris?"
 INTERRUPTION = "Stop, tell me about London instead."
 LONG_REPLY = (
@@ -68,18 +69,22 @@ def voice(models: tuple[WhisperTranscriber, PiperSpeaker]) -> Callable[[str], np
 
 
 class Transcript:
-    """Every event one socket received, in order, with waits on what arrives."""
+    """Every event one socket received, in order, with waits on what arrives, and the loop time each
+    one was read at (``times``; the in-process server runs on the same loop and clock)."""
 
     def __init__(self, ws: Any) -> None:
         self.ws = ws
         self.events: list[Any] = []
+        self.times: list[float] = []
         self._changed = asyncio.Condition()
 
     async def read_forever(self) -> None:
+        loop = asyncio.get_running_loop()
         while True:
             event = await recv(self.ws, timeout=60)
             async with self._changed:
                 self.events.append(event)
+                self.times.append(loop.time())
                 self._changed.notify_all()
 
     async def wait_for(self, predicate: Callable[[list[Any]], bool], timeout: float = 30) -> None:
@@ -252,13 +257,16 @@ async def test_a_client_that_never_truncates_cuts_a_paced_reply_by_speaking_and_
     models: tuple[WhisperTranscriber, PiperSpeaker], voice: Callable[[str], np.ndarray], chat: ChatStub
 ) -> None:
     # The reply is made at once, several seconds of speech; the server paces it out at playback
-    # speed. One second into playback the user speaks over it; the client never truncates or acks.
+    # speed. Once a second of it has arrived the user speaks over it; the client never truncates or acks.
     chat.replies = [LONG_REPLY, "London is calm."]
     plugin = plugin_with(models, reply="openai", reply_url=chat.url)
     async with session(plugin) as log:
-        await speak(log.ws, voice(QUESTION))
-        await log.wait_for(log.count("response.output_audio.delta"))
-        await asyncio.sleep(1.0)  # the listener hears one second of the reply
+        question = voice(QUESTION)
+        assert not question[-TRAILING_SILENCE:].any()  # every word is sent before asked_at
+        await speak(log.ws, question[:-TRAILING_SILENCE])
+        asked_at = asyncio.get_running_loop().time()  # all speech sent: the reply starts later, on this clock
+        await speak(log.ws, question[-TRAILING_SILENCE:])
+        await log.wait_for(lambda events: len(b"".join(response_audio(events)[0])) / 2 / 24 >= 1000)
         await speak(log.ws, voice(INTERRUPTION))
         await log.wait_for(log.count("response.done", 2))
 
@@ -268,8 +276,20 @@ async def test_a_client_that_never_truncates_cuts_a_paced_reply_by_speaking_and_
     speech_started = log.index("input_audio_buffer.speech_started", log.index("response.output_audio.delta"))
     assert "response.output_audio.delta" not in log.types()[speech_started:first_done]
     audio, texts = response_audio(log.events[:first_done])
-    sent_ms = len(b"".join(audio)) / 2 / 24
-    assert 1000 < sent_ms < 1000 + 2000  # paced: far less than the whole reply went out
+    assert len(b"".join(audio)) / 2 / 24 >= 1000  # what the user waited for before speaking
+    # Paced: a piece of audio goes out once what was sent before it is less than the lead ahead of
+    # the listener, whose clock starts with the first piece, after the question. So each delta is
+    # read no sooner than that; a loaded machine only makes it later. (1e-6 s: the pacer's own
+    # allowance for clock arithmetic.)
+    lead_s = EngineConfig().output_lead_ms / 1000
+    sent_s = 0.0
+    for event, read_at in zip(log.events[:first_done], log.times[:first_done], strict=True):
+        if event_type(event) == "response.output_audio.delta":
+            assert read_at - asked_at >= sent_s - lead_s - 1e-6, (sent_s, read_at - asked_at)
+            sent_s += len(event.delta) / 2 / 24000
+    # Cut: not all of the reply's text went out. (How soon the cut comes after the user starts to
+    # speak is bench.latency's barge-in figure.)
+    assert LONG_REPLY.startswith("".join(texts)) and len("".join(texts)) < len(LONG_REPLY)
     # The history the model reads next holds the reply's sentences the listener heard to their end.
     heard = chat.requests[1]["messages"][-2]
     assert heard["role"] == "assistant"
