@@ -10,8 +10,9 @@ in four phases; every token of every phase is given, none is sampled:
    recording (``voices/NAME.wav``), loudness-normalised, Mimi-encoded and
    given as agent codes with text PAD and the user's sine filler;
 2. **0.5 s of silence**: 6 frames of agent ``SILENCE_TOKENS``, text PAD, user ``SINE_TOKENS``;
-3. **the persona**: the sentencepiece tokens of ``"<system> {instructions} <system>"``,
-   one per frame, with agent silence and user sine;
+3. **the persona**: the sentencepiece tokens of ``"<system> {instructions} <system>"``
+   (``persona_text``: stripped, and not tagged again if already tagged), one per frame, with
+   agent silence and user sine;
 4. **0.5 s of silence** again.
 
 ``build_prompt`` returns the frames ``[P, 17]`` (frame coordinates:
@@ -65,9 +66,16 @@ class PromptScript:
     phases: tuple[str, ...]
 
 
+SYSTEM_TAG = "<system>"
+
+
 def persona_text(instructions: str) -> str:
-    """The persona prompt as PersonaPlex reads it."""
-    return f"<system> {instructions} <system>"
+    """The persona prompt as PersonaPlex reads it: the stripped text between ``<system>`` tags,
+    unless it already begins and ends with one (then it is kept as it is, not tagged twice)."""
+    text = instructions.strip()
+    if text.startswith(SYSTEM_TAG) and text.endswith(SYSTEM_TAG):
+        return text
+    return f"{SYSTEM_TAG} {text} {SYSTEM_TAG}"
 
 
 def _filler_frame(cfg: PersonaPlexConfig, text: int) -> list[int]:
