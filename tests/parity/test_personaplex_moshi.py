@@ -251,6 +251,21 @@ def plugin_run(ckpt: Path) -> PluginRun:
     return PluginRun(steps, prompts, waited)
 
 
+def test_the_prompt_reads_what_the_vendors_reads(ckpt: Path, plugin_run: PluginRun) -> None:
+    """Token ids and embeddings of every prompt position: the voice file's replay (its embeddings,
+    then the whole ring column ``V % W`` at position ``V``, silence from ``V + 1``), the
+    persona's tags and ids, the silences."""
+    cfg = tiny_config()
+    for name, session in SESSIONS.items():
+        voice = torch.load(str(ckpt / "voices" / f"{session.options.voice}.pt"), weights_only=True)
+        want = system_prompt(cfg, voice, _persona_ids(ckpt, session.options.instructions))
+        columns, embeddings = plugin_run.prompts[name]
+        V = int(want.embeddings.shape[0])
+        assert embeddings is not None and torch.equal(embeddings, want.embeddings), name
+        assert columns.shape[0] == want.length, (name, columns.shape[0], want.length)
+        assert columns[V:].tolist() == want.columns.tolist(), name
+
+
 def test_the_persona_is_tagged_as_the_vendor_tags_it(ckpt: Path) -> None:
     """``<system>`` tags are added unless the text already has them; the text is stripped."""
     with PersonaPlexPlugin.from_options(str(ckpt), max_sessions=1) as plugin:

@@ -253,12 +253,15 @@ def _voice_from_pt(name: str, data: object, cfg: PersonaPlexConfig) -> VoiceProm
             "invalid_voice", f"voice {name!r}: embeddings of width {emb.shape[-1]}, model has {dim}"
         )
     emb = emb.reshape(-1, dim)
-    last = None
     cache = data.get("cache")
-    if isinstance(cache, torch.Tensor):
-        cache = cache.reshape(cfg.num_streams, -1)
-        last = cache[:, emb.shape[0] % cache.shape[1]].to(torch.long)
-    return VoicePrompt(name=name, embeddings=emb, last_frame=last)
+    if not isinstance(cache, torch.Tensor) or cache.numel() % cfg.num_streams or cache.numel() == 0:
+        shape = f"[1, {cfg.num_streams}, CT]"
+        raise PluginError("invalid_voice", f"voice {name!r}: expected a 'cache' of {shape} tokens")
+    # The token cache is a ring: position p's column is p % CT (``prompt``'s docstring).
+    cache = cache.reshape(cfg.num_streams, -1).to(torch.long)
+    V, CT = emb.shape[0], cache.shape[1]
+    column, after = cache[:, V % CT], cache[:, (V + 1) % CT]
+    return VoicePrompt(name=name, embeddings=emb, last_frame=column, next_frame=after)
 
 
 def encode_voice_wav(path: Path, mimi: MimiModel, target_dbfs: float = -24.0) -> torch.Tensor:

@@ -5,10 +5,12 @@ in four phases; every token of every phase is given, none is sampled:
 
 1. **voice prompt**: either a voice file of per-position input embeddings
    (``voices/NAME.pt``: ``{"embeddings": [V, dim], "cache": [1, 17, CT]}``;
-   they replace the token embeddings of positions ``0..V-1``, and the token
-   cache supplies the delayed streams of the voice's last frame), or a WAV
-   recording (``voices/NAME.wav``), loudness-normalised, Mimi-encoded and
-   given as agent codes with text PAD and the user's sine filler;
+   they replace the token embeddings of positions ``0..V-1``, position ``V``
+   reads the token cache's whole column of that position, and the cache's next
+   column supplies the delayed streams of position ``V + 1``: ``V + 1``
+   positions in all), or a WAV recording (``voices/NAME.wav``),
+   loudness-normalised, Mimi-encoded and given as agent codes with text PAD and
+   the user's sine filler;
 2. **0.5 s of silence**: 6 frames of agent ``SILENCE_TOKENS``, text PAD, user ``SINE_TOKENS``;
 3. **the persona**: the sentencepiece tokens of ``"<system> {instructions} <system>"``
    (``persona_text``: stripped, and not tagged again if already tagged), one per frame, with
@@ -19,9 +21,15 @@ in four phases; every token of every phase is given, none is sampled:
 ``[text, agent x 8, user x 8]`` of each frame) and the voice embeddings; the
 generator turns them into input columns and runs them in one prefill.
 
-In a ``.pt`` voice's token cache ``[1, 17, CT]``, the column of position ``V``
-(``V`` = number of embedding frames) is ``cache[0, :, V % CT]``: this is the
-layout of a ring-buffer token cache written while the voice was recorded.
+A ``.pt`` voice is the state PersonaPlex's own generator was in after it
+recorded the voice: ``V`` embeddings of the positions it ran, and its token
+cache, a ring of ``CT`` columns (4 in the published voices) in which the column
+of position ``p`` is ``cache[0, :, p % CT]``. Replaying it, PersonaPlex runs the
+embeddings, then reads position ``V`` from the cache whole (the voice's last
+frame: its delay-0 streams and its predecessor's delay-1 streams), and the
+delay-1 streams that go with the first silence frame at ``V + 1`` are those of
+the cache's next column. In frame coordinates that is one more voice frame,
+frame ``V``, after the ``V`` embedding frames.
 """
 
 from __future__ import annotations
@@ -41,7 +49,8 @@ class VoicePrompt:
 
     name: str
     embeddings: torch.Tensor | None = None  # [V, dim]
-    last_frame: torch.Tensor | None = None  # [17] tokens of frame V-1 (delay-1 streams are used)
+    last_frame: torch.Tensor | None = None  # [17] the cache's column of position V (read whole)
+    next_frame: torch.Tensor | None = None  # [17] its column of position V+1 (delay-1 streams used)
     codes: torch.Tensor | None = None  # [8, V] agent codes (WAV voices)
 
     @property
@@ -97,16 +106,16 @@ def build_prompt(
     embeddings = None
     if voice is not None and voice.embeddings is not None:
         V = voice.num_frames
-        filler = [-1] * cfg.num_streams
-        frames.extend([list(filler) for _ in range(V)])
-        if voice.last_frame is not None and V > 0:
-            # Only the delayed streams of the voice's last frame reach the first
-            # column after the embeddings; a negative id (never generated) is "no token".
-            frames[-1] = [
-                max(int(t), -1) if d == 1 else -1
-                for t, d in zip(voice.last_frame.tolist(), cfg.delays, strict=True)
-            ]
-        phases.extend(["voice"] * V)
+        assert voice.last_frame is not None and voice.next_frame is not None, "a .pt voice has its cache"
+        frames.extend([[-1] * cfg.num_streams for _ in range(V)])  # their embeddings are read instead
+        column_v, column_next = voice.last_frame.tolist(), voice.next_frame.tolist()
+        delayed = [d == 1 for d in cfg.delays]
+        if V > 0:  # the delayed streams of position V come from frame V-1
+            frames[-1] = [int(t) if late else -1 for t, late in zip(column_v, delayed, strict=True)]
+        # Frame V: position V's own streams, and the delayed streams of position V+1.
+        pairs = zip(column_v, column_next, delayed, strict=True)
+        frames.append([int(b if late else a) for a, b, late in pairs])
+        phases.extend(["voice"] * (V + 1))
         embeddings = voice.embeddings
     elif voice is not None and voice.codes is not None:
         codes = voice.codes
