@@ -34,6 +34,7 @@ that ``pytest -s`` prints).
 
 from __future__ import annotations
 
+import dataclasses
 from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
@@ -49,7 +50,7 @@ from duplex.plugins.personaplex.config import FRAME_SAMPLES, tiny_config
 from duplex.plugins.personaplex.generation import frames_to_columns
 from duplex.plugins.personaplex.loading import TOKENIZER_FILE
 from duplex.plugins.personaplex.plugin import PersonaPlexPlugin
-from duplex.plugins.personaplex.testing import make_tiny_checkpoint, speech_like
+from duplex.plugins.personaplex.testing import make_tiny_checkpoint, rounding_bound, speech_like
 from tests.parity.personaplex_upstream import Frame, Upstream, system_prompt, wrap_with_system_tags
 
 SLOTS = 4
@@ -251,6 +252,131 @@ def plugin_run(ckpt: Path) -> PluginRun:
     return PluginRun(steps, prompts, waited)
 
 
+def _chain(transformer: torch.nn.Module, positions: int) -> int:
+    """Terms summed along one path through ``transformer``: per layer, each projection's inner width
+    (one step's weights where they are per step), the attended positions and two norms' widths."""
+    terms = 0
+    for layer in transformer.layers:
+        for name, module in layer.named_modules():
+            per_step = any(part.isdigit() and part != "0" for part in name.split("."))
+            if isinstance(module, torch.nn.Linear) and not per_step:
+                terms += module.in_features
+        terms += positions + 2 * layer.self_attn.embed_dim
+    return terms
+
+
+def _logit_bounds(lm: torch.nn.Module) -> tuple[float, float]:
+    """The first-order rounding bounds of the module docstring for the text and agent logits,
+    relative to the logits' peak: unit roundoff times the terms summed on the way to them."""
+    temporal = _chain(lm.transformer, int(lm.context)) + int(lm.dim)
+    text = temporal + lm.text_linear.in_features
+    agent = temporal + lm.depformer_in[0].in_features + _chain(lm.depformer, int(lm.dep_q))
+    agent += lm.linears[0].in_features + lm.linears[0].in_features
+    return text * 2.0**-24, agent * 2.0**-24
+
+
+@dataclass
+class Compared:
+    """One session's comparison, frame by frame (see ``_compare``)."""
+
+    frames: int = 0  # frames compared
+    stopped: str = ""  # why the comparison stopped before the end (a near tie), if it did
+    failures: list[str] = dataclasses.field(default_factory=list)
+    text_logits: float = 0.0  # largest difference
+    agent_logits: float = 0.0
+    pcm: float = 0.0
+    text_bound: float = 0.0  # the tolerances used
+    agent_bound: float = 0.0
+    pcm_bound: float = 0.0
+
+
+def _decision(name: str, got: np.ndarray, want: np.ndarray, out: Compared) -> bool:
+    """Whether the greedy choice on ``got`` is the reference's; a different choice within the
+    logits' actual difference of a tie is a near tie (``out.stopped``), otherwise a failure."""
+    if int(got.argmax()) == int(want.argmax()):
+        return True
+    top2 = np.sort(want)[-2:]
+    gap = float(np.abs(got - want).max())
+    if top2[1] - top2[0] <= 2 * gap:
+        out.stopped = f"{name}: the reference's margin {top2[1] - top2[0]:.3g} is within rounding ({gap:.3g})"
+    else:
+        out.failures.append(f"{name}: chose {int(got.argmax())}, the reference {int(want.argmax())}")
+    return False
+
+
+def _compare(
+    got: list[Step], ref: list[Frame], upstream: Upstream, bounds: tuple[float, float, float, float]
+) -> Compared:
+    """Walk one session: the plugin's step ``i`` against the reference's call ``i + 1``."""
+    text_bound, agent_bound, pcm_bound, code_bound = bounds
+    out = Compared()
+    A = 8
+    for i, g in enumerate(got):
+        r = ref[i + 1]
+        where = f"frame {i}"
+        # The Mimi codes of the user's frame i: the plugin reads codebook 0 in this column and the
+        # others in the next one (the reference encoded it in call i).
+        want_codes = ref[i].user_codes
+        assert want_codes is not None
+        got_codes = [g.column[9]] + (got[i + 1].column[10:] if i + 1 < len(got) else want_codes[1:])
+        if got_codes != want_codes:
+            margins = upstream.code_margins(ref[i].latent)
+            level = next(k for k in range(A) if got_codes[k] != want_codes[k])
+            scale = float(ref[i].latent.abs().max())
+            if margins[level] <= 2 * code_bound * scale * ref[i].latent.shape[1] ** 0.5:
+                out.stopped = f"{where}: Mimi code {level}, the reference's margin {margins[level]:.3g}"
+            else:
+                out.failures.append(f"{where}: Mimi codes {got_codes} != {want_codes}")
+            return out
+        if g.column != r.column:
+            out.failures.append(f"{where}: column {g.column} != {r.column}")
+            return out
+        out.text_logits = max(out.text_logits, float(np.abs(g.text_logits - r.text_logits).max()))
+        if np.abs(g.text_logits - r.text_logits).max() > text_bound * np.abs(r.text_logits).max():
+            out.failures.append(f"{where}: text logits past the rounding bound")
+        tie = not _decision(f"{where} text", g.text_logits, r.text_logits, out)
+        for j in range(A):
+            diff = float(np.abs(g.agent_logits[j] - r.agent_logits[j]).max())
+            out.agent_logits = max(out.agent_logits, diff)
+            if diff > agent_bound * np.abs(r.agent_logits[j]).max():
+                out.failures.append(f"{where}: agent logits {j} past the rounding bound")
+            if not _decision(f"{where} codebook {j}", g.agent_logits[j], r.agent_logits[j], out):
+                tie = True
+                break  # the later codebooks are fed this one: no longer comparable
+        if out.failures or tie:
+            return out
+        if (g.text, g.agent) != (r.text, r.agent):
+            out.failures.append(f"{where}: frame {(g.text, g.agent)} != {(r.text, r.agent)}")
+            return out
+        gap = float(np.abs(g.pcm - r.pcm).max())
+        out.pcm = max(out.pcm, gap)
+        if gap > pcm_bound * np.abs(r.pcm).max():
+            out.failures.append(f"{where}: PCM differs by {gap:.3g}")
+        out.frames += 1
+    return out
+
+
+@pytest.fixture(scope="module")
+def compared(ckpt: Path, reference: dict[str, list[Frame]], plugin_run: PluginRun) -> dict[str, Compared]:
+    cfg = tiny_config()
+    upstream = Upstream(ckpt, cfg)
+    text_bound, agent_bound = _logit_bounds(upstream.lm)
+    mimi = upstream.mimi
+    decoder = rounding_bound(mimi.upsample, mimi.decoder_transformer, mimi.decoder)
+    encoder = rounding_bound(mimi.encoder, mimi.encoder_transformer, mimi.downsample, mimi.quantizer)
+    bounds = (text_bound, agent_bound, decoder, encoder)
+    out = {}
+    for name in SESSIONS:
+        result = _compare(plugin_run.steps[name], reference[name], upstream, bounds)
+        result.text_bound, result.agent_bound, result.pcm_bound = bounds[:3]
+        out[name] = result
+    print("\nsession   frames  text logits  agent logits  PCM        stopped")
+    for name, c in out.items():
+        row = f"{name:9} {c.frames:6}  {c.text_logits:11.3g}  {c.agent_logits:12.3g}  {c.pcm:9.3g}"
+        print(f"{row}  {c.stopped}")
+    return out
+
+
 def test_the_prompt_reads_what_the_vendors_reads(ckpt: Path, plugin_run: PluginRun) -> None:
     """Token ids and embeddings of every prompt position: the voice file's replay (its embeddings,
     then the whole ring column ``V % W`` at position ``V``, silence from ``V + 1``), the
@@ -288,3 +414,12 @@ def test_a_session_opened_mid_run_waits_for_its_prompt_in_chunks(plugin_run: Plu
     for name in ("late", "reused"):
         prompt = plugin_run.prompts[name][0].shape[0]
         assert plugin_run.waited[name] == -(-prompt // CHUNK) > 1, name
+
+
+def test_every_frame_is_the_vendors(compared: dict[str, Compared]) -> None:
+    """Per session and frame: the user's Mimi codes, the column read, the text and agent logits
+    (within rounding), the text token, the agent's codes and the PCM (within rounding)."""
+    for name, c in compared.items():
+        assert c.failures == [], (name, c.failures)
+        assert c.frames == FRAMES or c.stopped, name
+        assert c.frames > 0, (name, c.stopped)

@@ -42,9 +42,12 @@ in chunks of ``prefill_chunk_frames`` positions (one fixed-shape function, a CUD
 graph on a GPU; the last chunk is padded and the state's offsets are set back to
 ``P`` afterwards, so the padding is never attended to). When the last chunk is done
 the first conversation column is sampled from position ``P - 1`` (exactly what the
-step at position ``P - 1`` would do) and the state's row is copied into the slot's
-row of the batched state: the slot is *ready*. When nothing else is ready (or the
-caller does not ``defer``) the whole prefill runs inside ``start_slot``; otherwise
+step at position ``P - 1`` would do), the state's row is copied into the slot's
+row of the batched state and the prompt's last frame (silence) is decoded into the
+slot's Mimi decoder state (PersonaPlex's own loop decodes and sends it before the
+first frame that hears the user; here it is decoded, not sent): the slot is *ready*.
+When nothing else is ready (or the caller does not ``defer``) the whole prefill runs
+inside ``start_slot``; otherwise
 ``advance_prefill`` runs one chunk per call, which the plugin enqueues after each
 tick's step, so an open never holds the other sessions' tick for a whole prompt.
 Other slots are never touched. A slot's frames before it is ready are the caller's
@@ -81,7 +84,7 @@ from moshi.models.compression import MimiModel
 from moshi.models.lm import LMModel
 from moshi.modules.streaming import StreamingModule
 from moshi.modules.transformer import RingKVCache
-from moshi.utils.compile import CUDAGraphed, no_compile
+from moshi.utils.compile import CUDAGraphed, no_compile, no_cuda_graph
 
 from duplex.plugins.personaplex.attention import DecodeKernel, use_ring_cache
 from duplex.plugins.personaplex.config import FRAME_SAMPLES, PersonaPlexConfig
@@ -437,6 +440,7 @@ class BatchedGenerator:
             self._copy_row(self._prefill_state, self._main_state, slot)
         finally:
             self.lm.set_streaming_state(self._main_state)
+        self._decode_last_prompt_frame(slot, job.last_frame)
         column = torch.where(self._delays == 1, job.last_frame, torch.full_like(job.last_frame, -1))
         column = torch.where(self._delay0 & (torch.arange(self.K, device=self.device) > 0), first[0], column)
         column[0] = first[0, 0]
@@ -445,6 +449,20 @@ class BatchedGenerator:
         self._queue.pop(0)
         self.ready[slot] = True
         return slot
+
+    def _decode_last_prompt_frame(self, slot: int, frame: torch.Tensor) -> None:
+        """Run the prompt's last frame (``frame [K]``, its agent codes) through the slot's Mimi
+        decoder, output unused, as PersonaPlex's own loop does before the first frame that hears
+        the user: the decoder's state after it is what that frame is decoded with. Eager (outside
+        any graph), the other slots frozen by the exec mask."""
+        A = self.A
+        mask = torch.zeros(self.B, dtype=torch.bool, device=self.device)
+        mask[slot] = True
+        codes = torch.zeros(self.B, A, 1, dtype=torch.long, device=self.device)
+        codes[slot, :, 0] = frame[1 : 1 + A].clamp(0, self.lm.card - 1)
+        with no_cuda_graph():
+            self.dec_mimi.set_exec_mask(mask)
+            self.dec_mimi.decode(codes)
 
     @torch.no_grad()
     def warm_up(self, scripts: list[PromptScript]) -> None:
