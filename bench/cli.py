@@ -110,6 +110,10 @@ def add_bench_subcommands(subparsers: Any) -> argparse.ArgumentParser:
     omni.add_argument("--judge-api-key", default=os.environ.get("DUPLEX_JUDGE_API_KEY", "EMPTY"))
     omni.add_argument("--judge-timeout-s", type=float, default=60.0)
     omni.add_argument("--judge-max-tokens", type=int, default=512)
+    omni.add_argument("--judge-prompts", choices=["official", "ours"],
+                      help="the judge's prompt set (default: official with --benchmark-repo, else ours)")
+    omni.add_argument("--benchmark-repo", help="a checkout of Lucky-Lance/OmniInteract: the official judge "
+                      "prompts are read from its eval/evaluation/llm_judge.py")
     omni.add_argument("--eval-workers", type=int, default=8)
     omni.add_argument("--eval-output-dir")
     omni.add_argument("--eval-skip-existing", action="store_true")
@@ -273,7 +277,8 @@ def _cmd_omniinteract(args: argparse.Namespace) -> int:
         judge = JudgeOptions(base_url=args.judge_url, model=args.judge_model, api_key=args.judge_api_key,
                              timeout_s=args.judge_timeout_s, max_tokens=args.judge_max_tokens,
                              workers=args.eval_workers, skip_existing=args.eval_skip_existing,
-                             output_dir=args.eval_output_dir)
+                             output_dir=args.eval_output_dir, prompt_set=args.judge_prompts,
+                             benchmark_repo=args.benchmark_repo)
     opts = RunOptions(
         dataset_path=args.dataset_path, replay=replay, subsets=tuple(args.subsets), num=args.num_prompts,
         tags=tuple(args.scenario_tags), focus=args.scenario_focus, seed=args.seed,

@@ -10,7 +10,11 @@ Modules, in the order a run uses them:
 * ``playback``: the serialized playback clock and its ``playback.ack`` rules;
 * ``timing``: per-response and per-session timing metrics;
 * ``artifacts``: the per-case and per-run files, written atomically after timing;
-* ``scoring``: IA-QTF1, interruption and nested diagnostics (pure math);
+* ``slots``: the benchmark's slots, transcript chunks, matching and word-level early/core split;
+* ``verdicts``: the judge's verdicts, read from its replies as leniently as the benchmark does;
+* ``scoring``: IA-QTF1, interruption and nested diagnostics, the paper's slices (pure math);
+* ``prompts``: the judge's prompt sets (the benchmark's, read from a checkout, or ours);
+* ``evaluate``: one case from annotation and transcript to judge questions and scores (pure);
 * ``judge``: the opt-in external judge (OpenAI-compatible) and the evaluation files;
 * ``runner``: the whole run (``run_omniinteract``).
 """

@@ -11,10 +11,15 @@ hold it under ``data/``)::
 ``scene_type`` ``nested`` or ``multi_turn`` (the default). Annotations:
 
 * 1Q1A: a list of ``{question_time, question_text, answer_time, answer_text, question_type,
-  is_interrupted}``; ``question_type`` is ``realtime`` or ``proactive``;
+  is_interrupted}`` (or an object holding it as ``items``); ``question_type`` is ``realtime``,
+  ``proactive`` or missing (``unknown``: in neither slice);
 * 1QnA: ``{question_time, question_text, answers: [{answer_time, answer_text, label,
-  interrupted}]}``, or ``{conversations: [{from: user|assistant, timestamp, value}],
-  inferred_knowledge?}`` (the first user turn is the question, every assistant turn a step).
+  interrupted | is_interrupted}]}``, or ``{conversations: [{from: user|assistant, timestamp,
+  value, label?, interrupted?}], inferred_knowledge?}`` (the first user turn is the question,
+  every assistant turn a step). A step's ``question_type`` is its label (``step`` without one).
+  With ``conversations``, the question the judge sees is the inferred knowledge, a blank line
+  and the question, as in the benchmark's evaluation code (with ``answers`` it is the question
+  alone).
 
 Times are seconds (numbers or numeric strings) or ``MM:SS`` / ``HH:MM:SS`` (fractions allowed).
 Everything is parsed into ``QA`` rows and ``Case`` objects; any inconsistency raises
@@ -119,8 +124,12 @@ def parse_time(value: Any) -> float:
 
 def _flag(value: Any) -> bool:
     if isinstance(value, str):
-        return value.strip().lower() in {"1", "true", "yes", "y"}
+        return value.strip().lower() in {"1", "true", "yes", "y", "t"}
     return bool(value)
+
+
+def _label(value: Any, default: str) -> str:
+    return str(value or "").strip().lower() or default
 
 
 def parse_annotation(
@@ -130,15 +139,17 @@ def parse_annotation(
     try:
         if subset == "1qna":
             return _parse_qna(obj)
+        if isinstance(obj, dict) and isinstance(obj.get("items"), list):
+            obj = obj["items"]
         if not isinstance(obj, list):
-            raise ValueError("a 1Q1A annotation is a list of rows")
+            raise ValueError("a 1Q1A annotation is a list of rows (or an object with items)")
         rows = [
             QA(
                 question_time=parse_time(r["question_time"]),
                 question_text=str(r.get("question_text") or ""),
                 answer_time=parse_time(r["answer_time"]),
                 answer_text=str(r.get("answer_text") or ""),
-                question_type=str(r.get("question_type") or "realtime").strip().lower(),
+                question_type=_label(r.get("question_type"), "unknown"),
                 interrupted=_flag(r.get("is_interrupted", False)),
             )
             for r in obj
@@ -146,7 +157,7 @@ def parse_annotation(
     except (KeyError, TypeError, ValueError) as exc:
         raise DatasetError(f"{where}: {exc}") from None
     for r in rows:
-        if r.question_type not in ("realtime", "proactive"):
+        if r.question_type not in ("realtime", "proactive", "unknown"):
             raise DatasetError(f"{where}: unknown question_type {r.question_type!r}")
     return tuple(sorted(rows, key=lambda r: (r.answer_time, r.question_time))), None
 
@@ -162,8 +173,11 @@ def _parse_qna(obj: Any) -> tuple[tuple[QA, ...], str | None]:
         if not users:
             raise ValueError("conversations without a user turn")
         q_time, q_text = parse_time(users[0]["timestamp"]), str(users[0].get("value") or "")
+        if knowledge and knowledge.strip():
+            q_text = f"{knowledge.strip()}\n\n{q_text}".strip()
         steps = [
-            QA(q_time, q_text, parse_time(t["timestamp"]), str(t.get("value") or ""), "step", False)
+            QA(q_time, q_text, parse_time(t["timestamp"]), str(t.get("value") or ""),
+               _label(t.get("label"), "step"), _flag(t.get("interrupted", False)))
             for t in turns
             if str(t.get("from")).lower() in ("assistant", "gpt")
         ]
@@ -171,7 +185,7 @@ def _parse_qna(obj: Any) -> tuple[tuple[QA, ...], str | None]:
         q_time, q_text = parse_time(obj["question_time"]), str(obj.get("question_text") or "")
         steps = [
             QA(q_time, q_text, parse_time(a["answer_time"]), str(a.get("answer_text") or ""),
-               str(a.get("label") or "step").strip().lower(), _flag(a.get("interrupted", False)))
+               _label(a.get("label"), "step"), _flag(a.get("interrupted", a.get("is_interrupted", False))))
             for a in obj["answers"]
         ]
     if not steps:

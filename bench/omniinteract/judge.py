@@ -1,35 +1,36 @@
 """Opt-in scoring of OmniInteract transcripts with an external OpenAI-compatible judge (``--judge-url``).
 
-The judge must already be running (it is never started here) and answers Chat Completions
-(``temperature 0``, ``stream false``, ``max_tokens``). Three questions per slot, each answered
-with one JSON object (prompts below, our own wording of the protocol's three stages):
+The judge must already be running (it is never started here) and answers Chat Completions: a
+system and a user message per question, ``temperature`` 0, ``stream`` false, ``max_tokens``, as
+the benchmark's evaluation code sends them. The questions come from
+``bench.omniinteract.evaluate`` (early stage, core stage, interrupted slot), their wording from
+the prompt set chosen by name (``bench.omniinteract.prompts``: ``official`` read from a checkout
+of the benchmark, or ``ours``). Replies are read leniently, as the benchmark reads them: a reply
+without a verdict scores what the benchmark's parser gives it (mostly 0) and is counted in
+``judge_replies.llm_parse_failed``; it does not fail the case. A failed request fails the case.
 
-* early stage (output before the answer is due): ``{"flag": "Neutral" | "FP_Hallucination" |
-  "Other", "score": 0..1}``;
-* core stage: ``{"score": 0..1, "trigger_phrase": str, "spoiler": bool}``; a bare line
-  ``score: <0..1>`` is also accepted when the reply holds no JSON object;
-* interrupted slot: ``{"quality": 0..1, "hallucination": bool}``.
+Each case is scored from the first of ``transcript_names`` in its folder: a transcript with
+word timestamps (``precise_truncation.json`` or ``wav_transcript_aligned.json``, see
+``bench.omniinteract.align``) before the runner's ``wav_transcript.json``, as the benchmark's
+pipeline prefers them.
 
-Parsing is strict: a missing, non-numeric, non-finite or out-of-range value, a score found only
-inside a rationale, or an unknown early flag is a parse failure; the case is then
-``parse_failed`` and counts as failed (never a silent zero). Numbers from a local judge are
-"protocol-compatible", not the paper's GPT-4o table.
-
-Per case ``evaluation/<sample_id>.unified_eval.json`` keeps the verdicts and an
+Per case ``evaluation/<sample_id>.unified_eval.json`` keeps the replies, the slot details and an
 ``inputs_fingerprint`` (annotation and transcript SHA-256, judge model, canonical URL,
-max_tokens, protocol source, schema version); ``skip_existing`` reuses it only when its status
-is ``ok`` and the fingerprint matches. ``evaluation/unified_eval_summary.json`` holds the pooled
-result (``bench.omniinteract.scoring.aggregate``).
+max_tokens, prompt set and its digest, the scoring configuration, schema version);
+``skip_existing`` reuses it only when its status is ``ok`` and the fingerprint matches. Statuses:
+``ok``; ``failed`` (the judge failed, or no transcript); ``rejected`` (the benchmark does not
+score this annotation, e.g. a nested row without an inner question). ``evaluation/
+unified_eval_summary.json`` holds the pooled result (``bench.omniinteract.scoring.aggregate``).
 """
 
 from __future__ import annotations
 
 import asyncio
+import dataclasses
 import hashlib
 import json
-import math
-import re
 import sys
+from collections import Counter
 from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
@@ -39,74 +40,54 @@ import httpx
 
 from bench.omniinteract.artifacts import write_json_atomic
 from bench.omniinteract.dataset import Case
-from bench.omniinteract.scoring import (
-    CoreVerdict,
-    EarlyVerdict,
-    EvaluationConfig,
-    PartialVerdict,
-    SlotPlan,
-    aggregate,
-    build_slots,
-    match_chunks,
-    score_slot,
-)
+from bench.omniinteract.evaluate import Question, plan_case, questions, score_case, slot_details
+from bench.omniinteract.prompts import PromptSet, load_prompt_set
+from bench.omniinteract.scoring import CaseScore, EvaluationConfig, aggregate
+from bench.omniinteract.slots import SlotError, normalize_chunks
 
 __all__ = [
+    "TRANSCRIPT_NAMES",
     "JudgeError",
     "JudgeOptions",
+    "accuracy_report",
     "canonical_url",
     "evaluate_run",
-    "parse_core",
-    "parse_early",
-    "parse_partial",
 ]
 
-PROTOCOL_SOURCE = "OmniInteract IA-QTF1 (slots, matching, decay, three judge stages)"
-SCHEMA_VERSION = 1
-EARLY_FLAGS = frozenset({"Neutral", "FP_Hallucination", "Other"})
-_SCORE_LINE = re.compile(r"^\s*score\s*:\s*([0-9]*\.?[0-9]+)\s*$", re.IGNORECASE | re.MULTILINE)
-
-EARLY_PROMPT = """You judge a real-time video assistant. A user asked: {question}
-The correct answer, due at {t_a:.1f} s, is: {answer}
-Before that moment the assistant said: {said}
-Was this early output a harmless acknowledgement or a correct early hint (Neutral), a claim that
-is wrong or invents facts (FP_Hallucination), or something else (Other)? Rate its usefulness 0..1.
-Reply with one JSON object only: {{"flag": "Neutral|FP_Hallucination|Other", "score": <0..1>}}"""
-
-CORE_PROMPT = """You judge a real-time video assistant. A user asked: {question}
-The reference answer is: {answer}
-The assistant answered: {said}
-Score how well the answer matches the reference in content, from 0 (wrong or empty) to 1 (fully
-correct). Quote the phrase where the answer starts, and say whether it spoils later steps.
-Reply with one JSON object only: {{"score": <0..1>, "trigger_phrase": "...", "spoiler": false}}"""
-
-PARTIAL_PROMPT = """You judge a real-time video assistant whose answer was interrupted by the user.
-Question: {question}
-Reference answer: {answer}
-What the assistant said before the interruption: {said}
-Rate the quality of this partial answer from 0 to 1, and say whether it contains invented facts.
-Reply with one JSON object only: {{"quality": <0..1>, "hallucination": false}}"""
+SCHEMA_VERSION = 2
+TRANSCRIPT_NAMES = ("precise_truncation.json", "wav_transcript_aligned.json", "wav_transcript.json")
 
 
 class JudgeError(RuntimeError):
-    """The judge endpoint failed (HTTP error, timeout); the case is marked failed."""
-
-
-class ParseFailure(ValueError):
-    """A judge reply that does not hold a valid verdict."""
+    """The judge endpoint failed (HTTP error, timeout, no message); the case is marked failed."""
 
 
 @dataclass(frozen=True)
 class JudgeOptions:
+    """The judge endpoint and how to use it.
+
+    ``prompt_set``: ``official`` (needs ``benchmark_repo``, a checkout of the benchmark's
+    repository) or ``ours``; ``None`` picks ``official`` when ``benchmark_repo`` is given.
+    """
+
     base_url: str
     model: str
     api_key: str = "EMPTY"
     timeout_s: float = 60.0
     max_tokens: int = 512
+    temperature: float = 0.0
     workers: int = 8
     skip_existing: bool = False
     output_dir: str | None = None  # default: <run output>/evaluation
+    prompt_set: str | None = None
+    benchmark_repo: str | None = None
+    transcript_names: tuple[str, ...] = TRANSCRIPT_NAMES
     transport: Any = None  # an httpx transport (tests)
+
+    def prompts(self) -> PromptSet:
+        """The chosen prompt set; ``PromptError`` when it cannot be loaded."""
+        name = self.prompt_set or ("official" if self.benchmark_repo else "ours")
+        return load_prompt_set(name, self.benchmark_repo)
 
 
 def canonical_url(base: str) -> str:
@@ -119,104 +100,98 @@ def canonical_url(base: str) -> str:
     return url + "/v1/chat/completions"
 
 
-def _json_object(text: str) -> dict[str, Any] | None:
-    start, end = text.find("{"), text.rfind("}")
-    if start < 0 or end <= start:
-        return None
-    try:
-        obj = json.loads(text[start : end + 1], parse_constant=lambda c: c)
-    except json.JSONDecodeError:
-        return None
-    return obj if isinstance(obj, dict) else None
-
-
-def _unit(value: Any, name: str) -> float:
-    if isinstance(value, bool) or not isinstance(value, int | float):
-        raise ParseFailure(f"{name} is not a number: {value!r}")
-    x = float(value)
-    if not math.isfinite(x) or not 0.0 <= x <= 1.0:
-        raise ParseFailure(f"{name} is not in [0, 1]: {value!r}")
-    return x
-
-
-def parse_early(text: str) -> EarlyVerdict:
-    obj = _json_object(text)
-    if obj is None or obj.get("flag") not in EARLY_FLAGS:
-        raise ParseFailure("unparsed early-stage flag")
-    return EarlyVerdict(obj["flag"], _unit(obj.get("score"), "score"))
-
-
-def parse_core(text: str) -> CoreVerdict:
-    obj = _json_object(text)
-    if obj is not None:
-        if "score" not in obj:
-            raise ParseFailure("no top-level score (a score inside a rationale does not count)")
-        return CoreVerdict(_unit(obj["score"], "score"))
-    match = _SCORE_LINE.search(text)
-    if match is None:
-        raise ParseFailure("no score")
-    return CoreVerdict(_unit(float(match.group(1)), "score"))
-
-
-def parse_partial(text: str) -> PartialVerdict:
-    obj = _json_object(text)
-    if obj is None:
-        raise ParseFailure("no JSON object")
-    hall = obj.get("hallucination", False)
-    if not isinstance(hall, bool):
-        raise ParseFailure(f"hallucination is not a boolean: {hall!r}")
-    return PartialVerdict(_unit(obj.get("quality"), "quality"), hall)
-
-
 class _Client:
-    def __init__(self, opts: JudgeOptions) -> None:
+    def __init__(self, opts: JudgeOptions, prompts: PromptSet) -> None:
         self.opts = opts
+        self.prompts = prompts
         self.url = canonical_url(opts.base_url)
         self.http = httpx.AsyncClient(timeout=opts.timeout_s, transport=opts.transport,
                                       headers={"Authorization": f"Bearer {opts.api_key}"})
         self.gate = asyncio.Semaphore(max(1, opts.workers))
 
-    async def ask(self, prompt: str) -> str:
-        body = {"model": self.opts.model, "messages": [{"role": "user", "content": prompt}],
-                "temperature": 0.0, "stream": False, "max_tokens": self.opts.max_tokens}
+    async def ask(self, question: Question) -> str:
+        system, user = self.prompts.messages(question.stage, question.fields)
+        body = {"model": self.opts.model,
+                "messages": [{"role": "system", "content": system}, {"role": "user", "content": user}],
+                "temperature": self.opts.temperature, "stream": False, "max_tokens": self.opts.max_tokens}
         async with self.gate:
             try:
                 resp = await self.http.post(self.url, json=body)
                 resp.raise_for_status()
-                return str(resp.json()["choices"][0]["message"]["content"] or "")
+                return str(resp.json()["choices"][0]["message"]["content"])
             except (httpx.HTTPError, KeyError, IndexError, TypeError, ValueError) as exc:
                 raise JudgeError(f"judge request failed: {exc}") from None
 
 
-def _said(chunks: Sequence[dict[str, Any]]) -> str:
-    return " ".join(c["text"] for c in chunks) or "(nothing)"
-
-
-async def _verdicts(client: _Client, plan: SlotPlan) -> dict[str, Any]:
-    s = plan.slot
-    fields = {"question": s.question, "answer": s.answer, "t_a": s.t_a}
-    out: dict[str, Any] = {}
-    if plan.early:
-        out["early"] = await client.ask(EARLY_PROMPT.format(said=_said(plan.early), **fields))
-    if s.interrupted and plan.chunks:
-        out["partial"] = await client.ask(PARTIAL_PROMPT.format(said=_said(plan.chunks), **fields))
-    elif not s.interrupted and plan.core:
-        out["core"] = await client.ask(CORE_PROMPT.format(said=_said(plan.core), **fields))
-    return out
-
-
-def _score(plans: Sequence[SlotPlan], replies: Sequence[dict[str, Any]], cfg: EvaluationConfig) -> list[Any]:
-    scores = []
-    for plan, rep in zip(plans, replies, strict=True):
-        early = parse_early(rep["early"]) if "early" in rep else None
-        core = parse_core(rep["core"]) if "core" in rep else None
-        partial = parse_partial(rep["partial"]) if "partial" in rep else None
-        scores.append(score_slot(plan, early, core, partial, cfg))
-    return scores
-
-
 def _sha(path: Path) -> str:
     return hashlib.sha256(path.read_bytes()).hexdigest()
+
+
+def _transcript_path(folder: Path, names: Sequence[str]) -> Path | None:
+    return next((folder / n for n in names if (folder / n).is_file()), None)
+
+
+def _timing(chunks: int, timed: int) -> str:
+    if chunks == 0 or timed == 0:
+        return "chunk-level"
+    if timed == chunks:
+        return "word-level"
+    return f"mixed ({timed} of {chunks} chunks with word timestamps)"
+
+
+async def _judge_case(
+    client: _Client, case: Case, result: dict[str, Any], out: Path, opts: JudgeOptions, cfg: EvaluationConfig
+) -> tuple[dict[str, Any], CaseScore | None, Counter[str], int, int]:
+    """One case's evaluation item (written to its cache file), its score when ok, reply sources, chunks."""
+    folder = Path(result["output_dir"])
+    sample_id = f"{case.subset}__{folder.name}"
+    item: dict[str, Any] = {"sample_id": sample_id}
+    transcript_path = _transcript_path(folder, opts.transcript_names)
+    if transcript_path is None:
+        item.update(status="failed", error=f"no transcript ({', '.join(opts.transcript_names)}) in {folder}")
+        return item, None, Counter(), 0, 0
+    transcript = json.loads(transcript_path.read_text(encoding="utf-8"))
+    chunks = normalize_chunks(transcript)
+    fingerprint = {
+        "annotation_sha256": _sha(case.annotation_path), "transcript": transcript_path.name,
+        "transcript_sha256": _sha(transcript_path), "judge_model": opts.model,
+        "judge_base_url": canonical_url(opts.base_url), "judge_max_tokens": opts.max_tokens,
+        "judge_temperature": opts.temperature, "prompt_set": client.prompts.name,
+        "prompt_digest": client.prompts.digest, "config": dataclasses.asdict(cfg),
+        "evaluator_schema_version": SCHEMA_VERSION,
+    }
+    item["inputs_fingerprint"] = fingerprint
+    cache = out / f"{sample_id}.unified_eval.json"
+    try:
+        plans, unmatched = plan_case(case, transcript, cfg)
+    except SlotError as exc:
+        item.update(status="rejected", error=str(exc))
+        write_json_atomic(cache, item)
+        return item, None, Counter(), 0, 0
+    asked = questions(plans, cfg)
+    replies: dict[str, str] | None = None
+    if opts.skip_existing and cache.is_file():
+        cached = json.loads(cache.read_text(encoding="utf-8"))
+        if cached.get("status") == "ok" and cached.get("inputs_fingerprint") == fingerprint:
+            replies = cached["replies"]
+            item["cached"] = True
+    if replies is None:
+        error = None
+        try:
+            async with asyncio.TaskGroup() as tg:
+                tasks = [tg.create_task(client.ask(q)) for q in asked]
+        except* JudgeError as group:
+            error = str(group.exceptions[0])
+        if error is not None:
+            item.update(status="failed", error=error)
+            write_json_atomic(cache, item)
+            return item, None, Counter(), 0, 0
+        replies = {q.key: t.result() for q, t in zip(asked, tasks, strict=True)}
+    scored, sources = score_case(plans, unmatched, replies, cfg, math=case.subset == "1q1a_math")
+    item.update(status="ok", replies=replies, judge_replies=dict(sources), summary=aggregate([scored]),
+                slots=[slot_details(x) for x in scored.slots])
+    write_json_atomic(cache, item)
+    return item, scored, sources, len(chunks), sum(1 for c in chunks if c.words)
 
 
 async def evaluate_run(
@@ -228,61 +203,40 @@ async def evaluate_run(
     progress: TextIO | None = sys.stderr,
     cfg: EvaluationConfig = EvaluationConfig(),
 ) -> dict[str, Any]:
-    """Judge every eligible case of a run and write ``evaluation/`` (module docstring)."""
+    """Judge every eligible case of a run and write ``evaluation/`` (module docstring).
+
+    ``PromptError`` (before any request) when the prompt set cannot be loaded."""
+    prompts = opts.prompts()
     out = Path(opts.output_dir) if opts.output_dir else Path(root) / "evaluation"
     out.mkdir(parents=True, exist_ok=True)
     by_video = {str(c.video_path): c for c in cases}
-    client = _Client(opts)
-    items, all_scores = [], []
-    unmatched_total = evaluated = failed = skipped = 0
+    client = _Client(opts, prompts)
+    items, scored = [], []
+    sources: Counter[str] = Counter()
+    chunks = timed = skipped = 0
     try:
         for r in results:
             if not (r["success"] and r["eligible_for_official_eval"]):
                 continue
-            case = by_video[r["video"]]
-            sample_id = f"{case.subset}__{Path(r['output_dir']).name}"
-            transcript_path = Path(r["output_dir"]) / "wav_transcript.json"
-            fingerprint = {
-                "annotation_sha256": _sha(case.annotation_path), "transcript_sha256": _sha(transcript_path),
-                "judge_model": opts.model, "judge_base_url": canonical_url(opts.base_url),
-                "judge_max_tokens": opts.max_tokens, "protocol_source": PROTOCOL_SOURCE,
-                "evaluator_schema_version": SCHEMA_VERSION,
-            }
-            cache = out / f"{sample_id}.unified_eval.json"
-            plans, unmatched = match_chunks(build_slots(case, cfg),
-                                            json.loads(transcript_path.read_text())["chunks"])
-            replies: list[dict[str, Any]] | None = None
-            if opts.skip_existing and cache.is_file():
-                cached = json.loads(cache.read_text())
-                if cached.get("status") == "ok" and cached.get("inputs_fingerprint") == fingerprint:
-                    replies, skipped = cached["replies"], skipped + 1
-            item: dict[str, Any] = {"sample_id": sample_id, "inputs_fingerprint": fingerprint}
-            try:
-                if replies is None:
-                    replies = list(await asyncio.gather(*(_verdicts(client, p) for p in plans)))
-                scores = _score(plans, replies, cfg)
-            except JudgeError as exc:
-                item.update(status="failed", error=str(exc))
-                failed += 1
-            except ParseFailure as exc:
-                item.update(status="parse_failed", error=str(exc), replies=replies,
-                            parse_source="llm_parse_failed")
-                failed += 1
-            else:
-                item.update(status="ok", replies=replies, summary=aggregate(scores, unmatched, cfg))
-                all_scores += scores
-                unmatched_total += unmatched
-                evaluated += 1
-            write_json_atomic(cache, item)
-            items.append({k: v for k, v in item.items() if k != "replies"})
+            item, score, src, n, t = await _judge_case(client, by_video[r["video"]], r, out, opts, cfg)
+            items.append({k: v for k, v in item.items() if k not in ("replies", "slots")})
+            if score is not None:
+                scored.append(score)
+                sources += src
+                chunks, timed = chunks + n, timed + t
+                skipped += 1 if item.get("cached") else 0
     finally:
         await client.http.aclose()
-    status = "ok" if failed == 0 and evaluated > 0 else ("partial" if evaluated else "failed")
+    failed = sum(1 for i in items if i["status"] == "failed")
+    rejected = sum(1 for i in items if i["status"] == "rejected")
+    status = "ok" if failed == 0 and scored else ("partial" if scored else "failed")
     summary = {
         "status": status, "judge_model": opts.model, "judge_base_url": canonical_url(opts.base_url),
-        "protocol_source": PROTOCOL_SOURCE, "total": len(items), "evaluated": evaluated, "failed": failed,
-        "skipped": skipped, "timing_precision": "chunk-level-approximate",
-        "summary": aggregate(all_scores, unmatched_total, cfg), "items": items,
+        "prompt_set": prompts.name, "prompt_source": prompts.source, "total": len(items),
+        "evaluated": len(scored), "failed": failed, "rejected": rejected, "skipped": skipped,
+        "judge_replies": {k: sources.get(k, 0) for k in ("llm_json", "llm_float_text", "llm_parse_failed")},
+        "timing_precision": _timing(chunks, timed), "config": dataclasses.asdict(cfg),
+        "summary": aggregate(scored), "items": items,
     }
     write_json_atomic(out / "unified_eval_summary.json", summary)
     if progress is not None:
@@ -298,10 +252,15 @@ def accuracy_report(summary: dict[str, Any]) -> str:
     def num(x: Any) -> str:
         return "-" if x is None else f"{x:.3f}"
 
+    replies = summary["judge_replies"]
     lines = [
         "OmniInteract Accuracy",
         f"  judge: {summary['judge_model']} at {summary['judge_base_url']}",
-        f"  cases: {summary['evaluated']} evaluated, {summary['failed']} failed, {summary['skipped']} cached",
+        f"  prompts: {summary['prompt_set']} ({summary['prompt_source']})",
+        f"  cases: {summary['evaluated']} evaluated, {summary['failed']} failed, "
+        f"{summary['rejected']} rejected, {summary['skipped']} cached",
+        f"  judge replies: {replies['llm_json']} JSON, {replies['llm_float_text']} bare numbers, "
+        f"{replies['llm_parse_failed']} unreadable (scored as the benchmark scores them)",
         f"  timing precision: {summary['timing_precision']}",
         f"  Global TP {g['TP']:.3f}  FP {g['FP']}  FN {g['FN']}  "
         f"P {num(g['precision'])}  R {num(g['recall'])}",

@@ -28,7 +28,9 @@ from typing import Any, TextIO
 
 from bench.omniinteract.artifacts import build_case, case_output_dir, publish_case, write_batch
 from bench.omniinteract.dataset import SUBSETS, Case, discover
+from bench.omniinteract.judge import JudgeOptions, evaluate_run
 from bench.omniinteract.media import Media, MediaError, load_media
+from bench.omniinteract.prompts import PromptError
 from bench.omniinteract.replay import ReplayOptions, replay_case
 from bench.omniinteract.sampling import SamplingError, read_video_list, sample_cases
 
@@ -53,7 +55,7 @@ class RunOptions:
     output_dir: str = "omniinteract-output"
     max_concurrency: int = 1
     max_video_duration_s: float = 3600.0
-    judge: Any = None  # bench.omniinteract.judge.JudgeOptions
+    judge: JudgeOptions | None = None
 
 
 def select_cases(opts: RunOptions) -> tuple[list[Case], list[str]]:
@@ -99,6 +101,11 @@ async def run_omniinteract(opts: RunOptions, *, progress: TextIO | None = sys.st
     """Run (module docstring); returns the batch summary (with ``evaluation`` when judged)."""
     if opts.max_concurrency < 1:
         raise RunnerError("max_concurrency must be >= 1")
+    if opts.judge is not None:
+        try:
+            opts.judge.prompts()  # refuse a prompt set that cannot load before replaying anything
+        except PromptError as exc:
+            raise RunnerError(str(exc)) from None
     try:
         cases, warnings = select_cases(opts)
     except SamplingError as exc:
@@ -124,8 +131,6 @@ async def run_omniinteract(opts: RunOptions, *, progress: TextIO | None = sys.st
         extra = {"warnings": warnings, "options": _public_options(opts)}
         batch = write_batch(root, cases, results, extra)
         if opts.judge is not None:
-            from bench.omniinteract.judge import evaluate_run
-
             batch["evaluation"] = await evaluate_run(root, cases, results, opts.judge, progress=progress)
     return batch
 

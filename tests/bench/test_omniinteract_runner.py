@@ -10,9 +10,11 @@ from pathlib import Path
 import httpx
 import pytest
 
+from bench.cli import main
 from bench.omniinteract.artifacts import TIMESTAMP_SEMANTICS
 from bench.omniinteract.dataset import discover
 from bench.omniinteract.judge import JudgeOptions, evaluate_run
+from bench.omniinteract.prompts import OUR_PROMPTS
 from bench.omniinteract.replay import ReplayOptions, select_frame_transport
 from bench.omniinteract.runner import RunnerError, RunOptions, run_omniinteract
 from duplex.protocol import SessionCapabilities
@@ -139,12 +141,14 @@ async def test_a_video_list_cannot_be_combined_with_tags(dataset_root: Path, tmp
 
 
 async def test_judging_scores_the_eligible_cases(dataset_root: Path, tmp_path: Path) -> None:
-    asked: list[str] = []
+    asked: list[list[dict[str, str]]] = []
 
     def answer(request: httpx.Request) -> httpx.Response:
-        prompt = json.loads(request.content)["messages"][0]["content"]
-        asked.append(prompt)
-        reply = '{"flag": "Neutral", "score": 1}' if "Before that moment" in prompt else '{"score": 1}'
+        body = json.loads(request.content)
+        asked.append(body["messages"])
+        assert (body["temperature"], body["stream"], body["max_tokens"]) == (0.0, False, 512)
+        early = body["messages"][0]["content"] == OUR_PROMPTS.early_system
+        reply = '{"flag": "Neutral", "score": 1}' if early else '{"score": 1}'
         return httpx.Response(200, json={"choices": [{"message": {"content": reply}}]})
 
     judge = JudgeOptions(base_url="http://judge", model="judge-model", transport=httpx.MockTransport(answer))
@@ -156,7 +160,11 @@ async def test_judging_scores_the_eligible_cases(dataset_root: Path, tmp_path: P
     summary = json.loads((tmp_path / "evaluation" / "unified_eval_summary.json").read_text())
     assert summary["summary"]["global"]["slots"] == 1
     assert summary["summary"]["global"]["TP"] > 0 and summary["summary"]["global"]["IA_QTF1"] > 0
-    assert len(asked) == 1 and "The reference answer is: four" in asked[0]
+    assert summary["prompt_set"] == "ours" and summary["judge_replies"]["llm_json"] == 1
+    ((system, user),) = asked
+    assert (system["role"], system["content"], user["role"]) == ("system", OUR_PROMPTS.core_system, "user")
+    assert "The reference answer: four" in user["content"]
+    assert "Scene: multi_turn; slot 1 (turn 1, step None); boundary Hard;" in user["content"]
     cache = tmp_path / "evaluation" / f"{ev['items'][0]['sample_id']}.unified_eval.json"
     cached = json.loads(cache.read_text())
     assert cached["status"] == "ok" and cached["inputs_fingerprint"]["judge_model"] == "judge-model"
@@ -210,7 +218,7 @@ async def test_a_server_vad_model_gets_a_silent_tail_instead_of_a_commit(
     assert kinds.count("input_audio_buffer.append") == 10 + 8  # 2 s of video + 1.5 s of silence
 
 
-async def test_an_unparseable_judge_reply_fails_the_case_instead_of_scoring_zero(
+async def test_an_unreadable_judge_reply_scores_as_the_benchmark_scores_it_and_is_counted(
     dataset_root: Path, tmp_path: Path
 ) -> None:
     def answer(request: httpx.Request) -> httpx.Response:
@@ -220,5 +228,38 @@ async def test_an_unparseable_judge_reply_fails_the_case_instead_of_scoring_zero
     async with scripted_server(Script(**{**MID_STREAM, "reply_after_appends": 6})) as srv:
         batch = await run_omniinteract(_opts(srv.url, tmp_path, dataset_root, judge=judge), progress=None)
     ev = batch["evaluation"]
+    assert (ev["status"], ev["evaluated"], ev["failed"]) == ("ok", 1, 0)
+    assert ev["judge_replies"] == {"llm_json": 0, "llm_float_text": 0, "llm_parse_failed": 1}
+    g = ev["summary"]["global"]
+    assert (g["TP"], g["FP"], g["FN"]) == (0.0, 1, 1)  # a core score of 0: below the threshold, no answer
+
+
+async def test_a_judge_failure_fails_the_case(dataset_root: Path, tmp_path: Path) -> None:
+    def answer(request: httpx.Request) -> httpx.Response:
+        return httpx.Response(503, text="busy")
+
+    judge = JudgeOptions(base_url="http://judge", model="m", transport=httpx.MockTransport(answer))
+    async with scripted_server(Script(**{**MID_STREAM, "reply_after_appends": 6})) as srv:
+        batch = await run_omniinteract(_opts(srv.url, tmp_path, dataset_root, judge=judge), progress=None)
+    ev = batch["evaluation"]
     assert (ev["status"], ev["evaluated"], ev["failed"]) == ("failed", 0, 1)
-    assert ev["items"][0]["status"] == "parse_failed" and ev["items"][0]["parse_source"] == "llm_parse_failed"
+    assert ev["items"][0]["status"] == "failed" and "503" in ev["items"][0]["error"]
+
+
+async def test_the_official_prompt_set_without_a_checkout_is_refused_before_replaying(
+    dataset_root: Path, tmp_path: Path
+) -> None:
+    judge = JudgeOptions(base_url="http://judge", model="m", prompt_set="official")
+    with pytest.raises(RunnerError, match="checkout of the benchmark's repository"):
+        await run_omniinteract(_opts("ws://unused", tmp_path, dataset_root, judge=judge), progress=None)
+    assert not (tmp_path / "batch_summary.json").exists()
+
+
+def test_the_cli_refuses_the_official_prompts_without_a_checkout(
+    dataset_root: Path, tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    status = main(["omniinteract", "--dataset-path", str(dataset_root), "--judge-url", "http://j",
+                   "--judge-model", "m", "--judge-prompts", "official", "--output-dir", str(tmp_path),
+                   "--quiet"])
+    assert status == 2 and "--benchmark-repo" in capsys.readouterr().err
+    assert not (tmp_path / "batch_summary.json").exists()
