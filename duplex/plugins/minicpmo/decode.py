@@ -57,6 +57,7 @@ class SlotSampling:
     temperature: torch.Tensor
     history: torch.Tensor
     turn_open: torch.Tensor
+    force_listen: torch.Tensor  # bool: the unit's first token is ``<|listen|>``, whatever the model says
 
 
 @dataclass(frozen=True)
@@ -66,6 +67,7 @@ class DecodeOptions:
     top_p: float
     repetition_penalty: float
     early_exit: bool
+    length_penalty: float = 1.1
 
 
 class _Rows:
@@ -87,6 +89,7 @@ class _Rows:
         self.temperature = torch.zeros(size, device=device)
         self.active = torch.zeros(size, dtype=torch.bool, device=device)
         self.turn_open = torch.zeros(size, dtype=torch.bool, device=device)
+        self.force_listen = torch.zeros(size, dtype=torch.bool, device=device)
         self.generated = torch.full((size, max_new), -1, dtype=torch.long, device=device)
         self.fed_hidden = torch.zeros(size, max_new, hidden, device=device, dtype=dtype)
 
@@ -156,6 +159,7 @@ class LMDecoder:
         self.device = device
         self._terminators = torch.tensor(special.terminators, device=device)
         self._forbidden = torch.tensor(special.forbidden, device=device)
+        self._turn_eos = torch.tensor([special.turn_eos], device=device)
         self.buckets = buckets_for(slots)
         self._noise = _boundary_noise(int(thinker.llm.lm_head.weight.shape[0]), device) if capture else gumbel
         hidden = int(weight.shape[1])
@@ -210,7 +214,7 @@ class LMDecoder:
         dev = self.device
         rows = torch.tensor(rows_h, device=dev)
         r.rows.copy_(rows)
-        for name in ("lm_len", "seed", "counter", "temperature", "history", "turn_open"):
+        for name in ("lm_len", "seed", "counter", "temperature", "history", "turn_open", "force_listen"):
             getattr(r, name).copy_(getattr(state, name)[rows])
         r.active.copy_(torch.tensor(live_h, device=dev))
         r.step.zero_()
@@ -261,11 +265,14 @@ class LMDecoder:
         """MiniCPM-o's stage-0 policy for one token of every row (``-1`` for frozen rows), in place.
 
         First a draw from the raw distribution decides only whether the unit ends here with
-        ``<|chunk_eos|>``; otherwise the banned tokens are masked, the repetition penalty applied and a
-        token drawn (temperature, top-k, top-p). At ``max_new_tokens - 1`` the unit ends with
-        ``<|chunk_eos|>``. A ``<|listen|>`` while the assistant's turn is open becomes ``<|tts_bos|>``:
-        the model keeps speaking until it ends its turn with ``<|turn_eos|>``. A row stops decoding at a
-        unit terminator.
+        ``<|chunk_eos|>``; otherwise the banned tokens are masked, the repetition penalty applied (to
+        every token drawn this way in the slot's last ``repetition_history`` draws, as MiniCPM-o records
+        them: before any rewrite below), the length penalty applied to ``<|turn_eos|>`` (its logit
+        divided by ``length_penalty`` when positive, multiplied when not) and a token drawn (temperature,
+        top-k, top-p). At ``max_new_tokens - 1`` the unit ends with ``<|chunk_eos|>``. A ``<|listen|>``
+        while the assistant's turn is open becomes ``<|tts_bos|>``: the model keeps speaking until it
+        ends its turn with ``<|turn_eos|>``. A row whose ``force_listen`` is set listens (its first
+        token is ``<|listen|>``, not drawn). A row stops decoding at a unit terminator.
         """
         sp, opts = self.sp, self.opts
         temp = r.temperature
@@ -273,16 +280,23 @@ class LMDecoder:
         boundary = torch.where(temp > 0, boundary_draw.argmax(-1), logits.argmax(-1))
         masked = logits.index_fill(1, self._forbidden, float("-inf"))
         masked = penalize_presence(masked, r.history, opts.repetition_penalty)
-        token = sample(masked, temp, opts.top_k, opts.top_p, r.seed, r.counter, SALT_TOKEN)
-        token = torch.where(boundary == sp.chunk_eos, sp.chunk_eos, token)
-        token = torch.where(r.step >= opts.max_new_tokens - 1, sp.chunk_eos, token)
+        if opts.length_penalty != 1.0:
+            eos = masked.index_select(1, self._turn_eos)
+            eos = torch.where(eos > 0, eos / opts.length_penalty, eos * opts.length_penalty)
+            masked = masked.index_copy(1, self._turn_eos, eos)
+        drawn = sample(masked, temp, opts.top_k, opts.top_p, r.seed, r.counter, SALT_TOKEN)
+        ends = (boundary == sp.chunk_eos) | (r.step >= opts.max_new_tokens - 1)
+        forced = r.force_listen & (r.step == 0)
+        token = torch.where(ends, sp.chunk_eos, drawn)
         token = torch.where((token == sp.listen) & r.turn_open, sp.tts_bos, token)
+        token = torch.where(forced, sp.listen, token)
         token = torch.where(r.active, token, -1)
         r.counter.add_(r.active.long())
-        record = r.active & ~(token[:, None] == self._terminators).any(-1)
+        drew = r.active & ~ends & ~forced  # MiniCPM-o's history: every token of the second draw
         r.history.copy_(
-            torch.where(record[:, None], torch.cat([r.history[:, 1:], token[:, None]], 1), r.history)
+            torch.where(drew[:, None], torch.cat([r.history[:, 1:], drawn[:, None]], 1), r.history)
         )
+        record = r.active & ~(token[:, None] == self._terminators).any(-1)
         speaking = record & (token != sp.turn_eos)
         r.turn_open.copy_(torch.where(r.active & (token == sp.turn_eos), False, r.turn_open | speaking))
         r.generated.index_copy_(1, r.step, token[:, None])

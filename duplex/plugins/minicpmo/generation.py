@@ -75,6 +75,12 @@ class GenerationOptions:
     top_k: int = 20
     repetition_penalty: float = 1.05
     repetition_history: int = 512
+    length_penalty: float = 1.1  # on ``<|turn_eos|>``: MiniCPM-o's duplex default
+    force_listen_units: int = 0  # a session's first units that listen whatever the model says
+    tts_temperature: float = 0.8
+    tts_top_k: int = 0  # 0 and 1.0: the speech codes are drawn from the whole distribution, as upstream
+    tts_top_p: float = 1.0
+    voice_markers: str = "always"  # "always" or "with_voice": ``<|audio_start|><|audio_end|>`` in the prompt
     context_tokens: int = 8192
     window_high_tokens: int = 8000
     window_low_tokens: int = 6000
@@ -147,6 +153,13 @@ class UnitGenerator:
                 f"window_high_tokens ({options.window_high_tokens}) + a unit ({self.unit_width}) + "
                 f"max_new_tokens ({options.max_new_tokens}) exceed context_tokens ({options.context_tokens})",
             )
+        if options.voice_markers not in ("always", "with_voice"):
+            raise PluginError("invalid_plugin_config", "voice_markers must be 'always' or 'with_voice'")
+        if options.tts_temperature <= 0 or options.length_penalty <= 0 or options.force_listen_units < 0:
+            raise PluginError(
+                "invalid_plugin_config",
+                "tts_temperature and length_penalty must be positive, force_listen_units >= 0",
+            )
         if not 0 < options.window_low_tokens < options.window_high_tokens:
             raise PluginError("invalid_plugin_config", "window_low_tokens must be in (0, window_high_tokens)")
         if options.cuda_graphs and dev.type != "cuda":
@@ -193,7 +206,15 @@ class UnitGenerator:
         # Every captured step of the generator replays from one memory pool: they never run at once.
         pool = graph_pool() if options.cuda_graphs else None
         capture = options.cuda_graphs
-        self.speech = SpeechGenerator(model.tts, t, tts_cache, max_condition, capture=capture, pool=pool)
+        self.speech = SpeechGenerator(
+            model.tts,
+            t,
+            tts_cache,
+            max_condition,
+            capture=capture,
+            pool=pool,
+            sampling=(options.tts_temperature, options.tts_top_k, options.tts_top_p),
+        )
         zeros = torch.zeros(slots, dtype=torch.long, device=dev)
         self.lm_len = zeros.clone()
         self.audio_len = zeros.clone()
@@ -201,6 +222,7 @@ class UnitGenerator:
         self.seed = zeros.clone()
         self.counter = zeros.clone()
         self.turn_open = torch.zeros(slots, dtype=torch.bool, device=dev)
+        self.force_listen = torch.zeros(slots, dtype=torch.bool, device=dev)
         self.temperature = torch.zeros(slots, dtype=torch.float32, device=dev)
         self.history = torch.full((slots, options.repetition_history), -1, dtype=torch.long, device=dev)
         self.hosts: dict[int, _SlotHost] = {}
@@ -215,6 +237,7 @@ class UnitGenerator:
             options.top_p,
             options.repetition_penalty,
             options.early_exit,
+            options.length_penalty,
         )
         self.prefill = UnitPrefill(
             self.thinker,
@@ -246,7 +269,8 @@ class UnitGenerator:
         rows = torch.tensor([[slot]], device=self.device)
         self.audio_len[slot] = 0
         parts: list[torch.Tensor] = []
-        prefix, suffix = session_texts(instructions, ref_audio is not None)
+        markers = ref_audio is not None or self.opts.voice_markers == "always"
+        prefix, suffix = session_texts(instructions, markers)
         parts.append(self._embed_ids(self.tok.encode(prefix, add_special_tokens=False).ids))
         if ref_audio is not None:
             with eager_attention():
@@ -383,8 +407,18 @@ class UnitGenerator:
                 vision = vision.reshape(-1, vision.shape[-1])
         with stage("prefill"):
             logits = self.prefill.run(layout, vision, span)
+        force = np.zeros(self.slots, dtype=bool)
+        for slot in batch:
+            force[slot] = self.hosts[slot].units < opts.force_listen_units
+        self.force_listen.copy_(torch.from_numpy(force))
         state = SlotSampling(
-            self.lm_len, self.seed, self.counter, self.temperature, self.history, self.turn_open
+            self.lm_len,
+            self.seed,
+            self.counter,
+            self.temperature,
+            self.history,
+            self.turn_open,
+            self.force_listen,
         )
         with stage("decode"):
             generated, fed_hidden = self.decoder.run(sorted(batch), logits, state, span)

@@ -8,7 +8,9 @@ The directory holds::
     tokenizer.json                     the tokenizer with MiniCPM-o's special tokens (``tokens``)
 
 Weights load strictly by key: every tensor of the module tree (``modules.MiniCPMOModel``) must be in the
-checkpoint with its shape, and nothing else may be. A missing, unexpected or misshapen tensor is
+checkpoint with its shape, and nothing else may be, except the tensors of the public layout that no step
+of this plugin runs (``UNUSED``: the official class defines them, so the public checkpoint holds them);
+those are not read, and loading logs their names. A missing, unexpected or misshapen tensor is
 ``PluginError("model_load_failed")`` naming it, never a silently random layer. Nothing is downloaded
 and no code from the checkpoint runs.
 """
@@ -16,6 +18,7 @@ and no code from the checkpoint runs.
 from __future__ import annotations
 
 import json
+import logging
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -26,11 +29,19 @@ from duplex.plugins.base import PluginError
 from duplex.plugins.minicpmo.config import MiniCPMOConfig
 from duplex.plugins.minicpmo.modules import MiniCPMOModel
 
-__all__ = ["INDEX_FILE", "CheckpointFiles", "find_checkpoint", "load_model", "read_config"]
+__all__ = ["INDEX_FILE", "UNUSED", "CheckpointFiles", "find_checkpoint", "load_model", "read_config"]
+
+log = logging.getLogger(__name__)
 
 INDEX_FILE = "model.safetensors.index.json"
 SINGLE_FILE = "model.safetensors"
 TOKENIZER_FILE = "tokenizer.json"
+
+# Key prefixes of the public layout that the official MiniCPM-o 4.5 class defines and no step here runs,
+# with what they are. Checked against that class's own module tree (tests/parity/minicpmo).
+UNUSED: dict[str, str] = {
+    "tts.projector_spk.": "the speech head's speaker projector (unused by the duplex loop)",
+}
 
 
 @dataclass(frozen=True)
@@ -86,8 +97,9 @@ def load_model(files: CheckpointFiles, device: torch.device, dtype: torch.dtype)
     """Build the module tree on the meta device and fill it from the shards, strictly by key and shape."""
     model = MiniCPMOModel.on_meta(files.config)
     expected = {key: tuple(value.shape) for key, value in model.state_dict().items()}
+    unused = sorted(k for k in files.shards if k not in expected and k.startswith(tuple(UNUSED)))
     missing = sorted(set(expected) - set(files.shards))
-    unexpected = sorted(set(files.shards) - set(expected))
+    unexpected = sorted(set(files.shards) - set(expected) - set(unused))
     if missing:
         raise PluginError(
             "model_load_failed", f"the checkpoint lacks {len(missing)} tensor(s): {_names(missing)}"
@@ -97,10 +109,17 @@ def load_model(files: CheckpointFiles, device: torch.device, dtype: torch.dtype)
             "model_load_failed",
             f"the checkpoint has {len(unexpected)} unexpected tensor(s): {_names(unexpected)}",
         )
+    if unused:
+        log.info(
+            "minicpmo_4_5: ignoring %d tensor(s) of the public layout that no step runs: %s",
+            len(unused),
+            ", ".join(unused),
+        )
     state: dict[str, torch.Tensor] = {}
     by_file: dict[Path, list[str]] = {}
     for key, path in files.shards.items():
-        by_file.setdefault(path, []).append(key)
+        if key in expected:
+            by_file.setdefault(path, []).append(key)
     for path, keys in by_file.items():
         with safe_open(str(path), framework="pt", device=str(device)) as f:
             present = set(f.keys())

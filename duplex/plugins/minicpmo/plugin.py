@@ -24,7 +24,11 @@ Every output reports its tokens (``Capabilities.reports_usage``): the unit's inp
 Plugin options (``from_options``): ``max_sessions`` (4), ``device`` ("cpu", "cuda[:N]"), ``dtype``
 (bfloat16 on CUDA, float32 on a CPU), ``seed`` (0; a session without a seed gets ``seed + n`` for its
 n-th open), ``temperature`` (0.7), ``max_new_tokens`` (20 per unit), ``top_p`` (0.8), ``top_k`` (20),
-``repetition_penalty`` (1.05), ``context_tokens`` (8192), ``window_high_tokens`` (8000),
+``repetition_penalty`` (1.05), ``length_penalty`` (1.1, on ``<|turn_eos|>``), ``force_listen_units`` (0:
+a session's first units that listen whatever the model says; MiniCPM-o's demo server uses 3),
+``tts_temperature`` (0.8), ``tts_top_k`` (0, off) and ``tts_top_p`` (1.0, off) for the speech codes,
+``voice_markers`` ("always": ``<|audio_start|><|audio_end|>`` in the system prompt with or without a
+reference voice, as MiniCPM-o's demo; "with_voice"), ``context_tokens`` (8192), ``window_high_tokens`` (8000),
 ``window_low_tokens`` (6000), ``max_frames_per_unit`` (2), ``frame_threads`` (16: threads that decode
 and resize a step's camera frames), ``max_ref_audio_s`` (10),
 ``early_exit`` (True), ``cuda_graphs`` (False; CUDA only: the prefill, the decode step of the language
@@ -86,6 +90,12 @@ _OPTION_TYPES: dict[str, type] = {
     "top_p": float,
     "top_k": int,
     "repetition_penalty": float,
+    "length_penalty": float,
+    "force_listen_units": int,
+    "tts_temperature": float,
+    "tts_top_k": int,
+    "tts_top_p": float,
+    "voice_markers": str,
     "context_tokens": int,
     "window_high_tokens": int,
     "window_low_tokens": int,
@@ -105,6 +115,12 @@ _GENERATION_OPTIONS = (
     "top_p",
     "top_k",
     "repetition_penalty",
+    "length_penalty",
+    "force_listen_units",
+    "tts_temperature",
+    "tts_top_k",
+    "tts_top_p",
+    "voice_markers",
     "context_tokens",
     "window_high_tokens",
     "window_low_tokens",

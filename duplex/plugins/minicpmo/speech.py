@@ -10,8 +10,10 @@ back through ``emb_code``. So one second of text gives one second of speech code
 continues across units stays one utterance. The cache is cleared when a turn starts, and starts again
 empty when the next unit would not fit.
 
-Sampling (upstream's TTS defaults): temperature 0.8, top-p 0.85, top-k 25, a repetition penalty of 1.05
-over the last 16 codes; the end-of-speech code is masked so every speaking unit yields its full second.
+Sampling (MiniCPM-o's duplex loop): the logits divided by the temperature (0.8), a repetition penalty of
+1.05 over the unit's codes so far (16 at most), then a draw from the whole distribution (``sampling``
+may add a top-k and a top-p filter); greedy sessions take the argmax. The end-of-speech code is masked,
+so every speaking unit yields its full second (upstream lets a turn's first and last unit end early).
 
 The code loop is one fixed step over static ``[slots]`` buffers repeated ``CODES_PER_UNIT`` times (sample a
 code, feed it), so with ``capture`` it is one CUDA graph (``graphs.Step``), captured with every row
@@ -43,9 +45,6 @@ from duplex.plugins.minicpmo.sampling import draw, penalize_frequency
 
 __all__ = ["SpeechGenerator"]
 
-TEMPERATURE = 0.8
-TOP_P = 0.85
-TOP_K = 25
 REPETITION_PENALTY = 1.05
 PENALTY_WINDOW = 16
 _SALT = 7
@@ -63,7 +62,10 @@ class SpeechGenerator:
         *,
         capture: bool = False,
         pool: Any = None,
+        sampling: tuple[float, int, float] = (0.8, 0, 1.0),
     ) -> None:
+        """``sampling``: the codes' temperature, top-k (0: off) and top-p (1.0: off)."""
+        self.temperature, self.top_k, self.top_p = sampling
         self.head = head
         self.cfg = cfg
         self.cache = cache
@@ -212,8 +214,8 @@ class SpeechGenerator:
         """Sample every row's next code and feed it (frozen rows write to scratch); in place, capturable."""
         cache = self.cache
         logits = self.head.head_code[0](self._last).float().index_fill(1, self._eos, float("-inf"))
-        logits = penalize_frequency(logits, self._history, REPETITION_PENALTY)
-        drawn = draw(logits / TEMPERATURE, TOP_K, TOP_P, self._seed, self._counter + self._index, _SALT)
+        logits = penalize_frequency(logits / self.temperature, self._history, REPETITION_PENALTY)
+        drawn = draw(logits, self.top_k, self.top_p, self._seed, self._counter + self._index, _SALT)
         code = torch.where(self._sampled, drawn, logits.argmax(dim=-1))
         self._codes.index_copy_(1, self._index, code[:, None])
         self._history.copy_(torch.cat([self._history[:, 1:], code[:, None]], dim=1))

@@ -1,10 +1,11 @@
 """Tiny MiniCPM-o 4.5 checkpoints with random weights, for tests and CPU serving.
 
 ``make_tiny_checkpoint(root, seed)`` writes a directory in the public layout (``config.json``,
-``model.safetensors.index.json`` and two shards with the public tensor keys, ``tokenizer.json`` with
-the special tokens of the duplex loop, ``assets/token2wav/flow.pt`` and ``hift.pt`` in the public key
-layout, and a small random ``prompt_voice.safetensors``) for ``config.TINY_CONFIG``. The same seed
-writes the same files.
+``model.safetensors.index.json`` and two shards with the public tensor keys (the unused
+``tts.projector_spk.*`` included), ``tokenizer.json`` with the special tokens of the duplex loop,
+``tokenizer_config.json`` with ``bad_token_ids``, ``assets/token2wav/flow.pt`` and ``hift.pt`` in the
+public key layout, and a small random ``prompt_voice.safetensors``) for ``config.TINY_CONFIG``. The same
+seed writes the same bytes.
 Nothing is downloaded: the tokenizer is a byte-level BPE trained on a short built-in text.
 """
 
@@ -68,6 +69,7 @@ def make_tiny_checkpoint(root: str | Path, seed: int = 0) -> Path:
     torch.manual_seed(seed)
     model = MiniCPMOModel.random(cfg, torch.device("cpu"), torch.float32, seed=seed)
     state = {key: value.detach().contiguous().clone() for key, value in model.state_dict().items()}
+    state.update(_unused_tensors(cfg, seed))
     shards = {
         "model-00001-of-00002.safetensors": {k: v for k, v in state.items() if k.startswith("llm.")},
         "model-00002-of-00002.safetensors": {k: v for k, v in state.items() if not k.startswith("llm.")},
@@ -83,12 +85,32 @@ def make_tiny_checkpoint(root: str | Path, seed: int = 0) -> Path:
     (root / "config.json").write_text(json.dumps(raw, indent=1))
     tok.save(str(root / TOKENIZER_FILE))
     write_token2wav_assets(root, cfg, seed)
-    (root / "tokenizer_config.json").write_text(
-        json.dumps(
-            {"model_max_length": 8192, "eos_token": "<|im_end|>", "pad_token": "<|endoftext|>"}, indent=1
-        )
-    )
+    tokenizer_config = {
+        "model_max_length": 8192,
+        "eos_token": "<|im_end|>",
+        "pad_token": "<|endoftext|>",
+        "bad_token_ids": list(BAD_TOKEN_IDS),
+    }
+    (root / "tokenizer_config.json").write_text(json.dumps(tokenizer_config, indent=1))
     return root
+
+
+# Ids the tiny tokenizer's config bans from sampling (as the public ``tokenizer_config.json`` bans some
+# byte pieces): ordinary byte tokens, none of them in the scripted tests' words.
+BAD_TOKEN_IDS = (7, 8, 94, 95, 96, 97)
+
+
+def _unused_tensors(cfg: MiniCPMOConfig, seed: int) -> dict[str, torch.Tensor]:
+    """The public layout's tensors that the plugin does not run (``loading.UNUSED``), random."""
+    t = cfg.tts
+    gen = torch.Generator().manual_seed(seed + 1)
+    shapes = {
+        "tts.projector_spk.linear1.weight": (t.hidden_size, t.llm_dim),
+        "tts.projector_spk.linear1.bias": (t.hidden_size,),
+        "tts.projector_spk.linear2.weight": (t.hidden_size, t.hidden_size),
+        "tts.projector_spk.linear2.bias": (t.hidden_size,),
+    }
+    return {key: 0.02 * torch.randn(shape, generator=gen) for key, shape in shapes.items()}
 
 
 def write_token2wav_assets(root: Path, cfg: MiniCPMOConfig, seed: int, voice_codes: int = 12) -> None:

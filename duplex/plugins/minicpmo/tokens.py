@@ -5,15 +5,18 @@ A unit's input is ``[terminator of the previous unit] </unit>`` (every unit but 
 unit's ten audio embeddings. The model answers with ``<|listen|>`` (keep listening: the unit ends), or
 speaks: ``<|tts_bos|>`` (or ``<|speak|>``) and text, ending the unit with ``<|chunk_eos|>`` (more to say)
 or ``<|chunk_tts_eos|>``; ``<|turn_eos|>`` ends the assistant's turn and is fed like text. The session
-starts with ``<|im_start|>system\\n{instructions}`` and, with a reference voice,
-``\\n<|audio_start|>`` + its audio embeddings + ``<|audio_end|>``, closed by ``<|im_end|>``.
+starts with ``<|im_start|>system\\n{instructions}``, then ``\\n<|audio_start|>`` + the reference
+voice's audio embeddings (none without one) + ``<|audio_end|>`` (optionally only with a voice), closed
+by ``<|im_end|>``.
 
 The tokenizer is ``tokenizer.json`` (the ``tokenizers`` library; no remote code). A missing special
-token is ``PluginError("model_load_failed")`` naming it.
+token is ``PluginError("model_load_failed")`` naming it. ``tokenizer_config.json`` beside it may list
+``bad_token_ids``: the duplex loop never samples them (MiniCPM-o bans them with ``<|tts_pad|>``).
 """
 
 from __future__ import annotations
 
+import json
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -65,6 +68,7 @@ class SpecialTokens:
     audio_end: int
     image: int
     image_end: int
+    bad: tuple[int, ...] = ()  # ``tokenizer_config.json``'s ``bad_token_ids``
 
     @property
     def terminators(self) -> tuple[int, ...]:
@@ -74,7 +78,7 @@ class SpecialTokens:
     @property
     def forbidden(self) -> tuple[int, ...]:
         """Tokens the model may not sample in a unit (``<|chunk_eos|>`` only through its boundary draw)."""
-        return (self.tts_pad, self.chunk_eos)
+        return (self.tts_pad, *self.bad, self.chunk_eos)
 
     def all_ids(self) -> tuple[int, ...]:
         return tuple(getattr(self, name) for name in SPECIAL_TOKENS)
@@ -96,14 +100,30 @@ def load_tokenizer(path: Path) -> tuple[Tokenizer, SpecialTokens]:
             ids[name] = int(value)
     if missing:
         raise PluginError("model_load_failed", f"{path.name} lacks the special tokens {', '.join(missing)}")
-    return tok, SpecialTokens(**ids)
+    return tok, SpecialTokens(**ids, bad=_bad_token_ids(path.parent / "tokenizer_config.json", tok))
 
 
-def session_texts(instructions: str, has_ref_audio: bool) -> tuple[str, str]:
-    """The system context around the reference-voice embeddings: ``(prefix, suffix)``."""
+def _bad_token_ids(path: Path, tok: Tokenizer) -> tuple[int, ...]:
+    """``bad_token_ids`` of ``tokenizer_config.json`` (none when the file or the field is absent)."""
+    if not path.is_file():
+        return ()
+    try:
+        value = json.loads(path.read_text()).get("bad_token_ids", [])
+    except (json.JSONDecodeError, AttributeError) as exc:
+        raise PluginError("model_load_failed", f"{path.name}: {exc}") from exc
+    vocab = tok.get_vocab_size(with_added_tokens=True)
+    if not isinstance(value, list) or not all(isinstance(i, int) and 0 <= i < vocab for i in value):
+        raise PluginError("model_load_failed", f"{path.name}: bad_token_ids must be token ids below {vocab}")
+    return tuple(value)
+
+
+def session_texts(instructions: str, voice_markers: bool) -> tuple[str, str]:
+    """The system context around the reference-voice embeddings: ``(prefix, suffix)``; with
+    ``voice_markers`` the voice's place is ``\n<|audio_start|>`` ... ``<|audio_end|>`` (MiniCPM-o's demo
+    writes them with or without a voice)."""
     prefix = f"<|im_start|>system\n{instructions or DEFAULT_SYSTEM_PROMPT}"
     suffix = "<|im_end|>"
-    if has_ref_audio:
+    if voice_markers:
         prefix += "\n<|audio_start|>"
         suffix = "<|audio_end|>" + suffix
     return prefix, suffix

@@ -253,8 +253,8 @@ def test_a_reference_voice_is_prefilled_into_the_system_context(minicpmo_ckpt):
     plain = int(plugin.generator.lm_len[0])
     url = "data:audio/wav;base64," + base64.b64encode(buf.getvalue()).decode()
     plugin.open_slot(1, SlotOptions(temperature=0.0, extra={"ref_audio": url}))
-    # "\n<|audio_start|>", one second of voice, "<|audio_end|>"
-    assert int(plugin.generator.lm_len[1]) == plain + 3 + AUDIO_TOKENS_PER_UNIT
+    # "\n<|audio_start|>" and "<|audio_end|>" are there without a voice too (MiniCPM-o's demo): + one second
+    assert int(plugin.generator.lm_len[1]) == plain + AUDIO_TOKENS_PER_UNIT
     with pytest.raises(PluginError) as exc:
         plugin.open_slot(2, SlotOptions(extra={"ref_audio": "not base64!"}))
     assert exc.value.code == "invalid_session_config"
@@ -337,3 +337,105 @@ def test_the_speech_head_never_hears_a_units_first_token_even_when_it_is_text(te
     assert res.tokens == [plugin.generator.tok.token_to_id("hello"), plugin.generator.sp.chunk_eos]
     assert res.speech_tokens == []
     assert res.codes.shape == (25,)  # the audio_bos condition alone still gives the unit's second
+
+
+def test_the_system_prompt_marks_the_voices_place_without_a_voice_unless_asked_not_to(minicpmo_ckpt):
+    lengths = {}
+    for markers in ("always", "with_voice"):
+        plugin = _plugin(minicpmo_ckpt, voice_markers=markers)
+        plugin.open_slot(0, GREEDY)
+        lengths[markers] = int(plugin.generator.lm_len[0])
+    tok = plugin.generator.tok
+    marks = len(tok.encode("\n<|audio_start|>").ids) + len(tok.encode("<|audio_end|>").ids)
+    assert marks == 3 and lengths["always"] == lengths["with_voice"] + marks
+
+
+def test_the_public_layouts_unused_tensors_load_and_are_named(minicpmo_ckpt, caplog):
+    index = json.loads((minicpmo_ckpt / "model.safetensors.index.json").read_text())["weight_map"]
+    unused = sorted(k for k in index if k.startswith("tts.projector_spk."))
+    assert len(unused) == 4  # the official class's speaker projector, in the public and the tiny layout
+    with caplog.at_level("INFO", logger="duplex.plugins.minicpmo.loading"):
+        _plugin(minicpmo_ckpt)
+    (line,) = [r.getMessage() for r in caplog.records if "ignoring" in r.getMessage()]
+    assert all(key in line for key in unused)
+
+
+def _banned_script_ckpt(base, tmp_path_factory, name, keep_bad: bool):
+    from tokenizers import Tokenizer
+
+    from duplex.plugins.minicpmo.testing import BAD_TOKEN_IDS
+    from tests.plugins.minicpmo.conftest import _scripted
+
+    banned = Tokenizer.from_file(str(base / "tokenizer.json")).id_to_token(BAD_TOKEN_IDS[2])
+    root = _scripted(base, tmp_path_factory, name, {"audio": banned})
+    if not keep_bad:
+        config = json.loads((root / "tokenizer_config.json").read_text())
+        del config["bad_token_ids"]
+        (root / "tokenizer_config.json").write_text(json.dumps(config))
+    return root
+
+
+def test_the_tokenizer_configs_bad_token_ids_are_never_sampled(minicpmo_ckpt, tmp_path_factory):
+    from duplex.plugins.minicpmo.testing import BAD_TOKEN_IDS
+
+    firsts = {}
+    for keep in (True, False):
+        plugin = _plugin(_banned_script_ckpt(minicpmo_ckpt, tmp_path_factory, f"banned-{keep}", keep))
+        plugin.open_slot(0, GREEDY)
+        plugin.step([SlotInput(slot=0, epoch=0, pcm=_pcm(0))])
+        firsts[keep] = plugin.last_results[0].tokens[0]
+    assert firsts[False] == BAD_TOKEN_IDS[2]  # the script's choice when nothing bans it
+    assert firsts[True] != BAD_TOKEN_IDS[2]
+
+
+def _sample_one(plugin, logits, *, turn_open: bool = False):
+    """One draw of the decoder's stage-0 policy for a greedy row (bucket of one)."""
+    import torch
+
+    dec = plugin.generator.decoder
+    r = dec._rows[1]
+    r.rows.zero_()
+    r.active.fill_(True)
+    r.step.zero_()
+    r.temperature.zero_()
+    r.history.fill_(-1)
+    r.force_listen.fill_(False)
+    r.turn_open.fill_(turn_open)
+    r.generated.fill_(-1)
+    dec._sample(r, torch.as_tensor(logits, dtype=torch.float32)[None])
+    return int(r.generated[0, 0]), [int(x) for x in r.history[0] if x >= 0]
+
+
+def test_the_length_penalty_holds_back_turn_eos(minicpmo_ckpt):
+    import torch
+
+    gen_plugin = {lp: _plugin(minicpmo_ckpt, length_penalty=lp) for lp in (1.0, 1.1)}
+    sp = gen_plugin[1.0].generator.sp
+    vocab = int(gen_plugin[1.0].generator.prefill.logits.shape[1])
+    other = gen_plugin[1.0].generator.tok.token_to_id("hello")
+    for eos, hello in ((1.05, 1.0), (-0.96, -1.0)):  # /1.1 when positive, *1.1 when not
+        logits = torch.full((vocab,), -5.0)
+        logits[sp.turn_eos], logits[other] = eos, hello
+        assert _sample_one(gen_plugin[1.0], logits, turn_open=True)[0] == sp.turn_eos
+        assert _sample_one(gen_plugin[1.1], logits, turn_open=True)[0] == other
+
+
+def test_the_repetition_history_records_the_drawn_token_before_listen_becomes_tts_bos(minicpmo_ckpt):
+    import torch
+
+    plugin = _plugin(minicpmo_ckpt)
+    sp = plugin.generator.sp
+    logits = torch.full((int(plugin.generator.prefill.logits.shape[1]),), -5.0)
+    logits[sp.listen] = 1.0
+    assert _sample_one(plugin, logits, turn_open=True) == (sp.tts_bos, [sp.listen])
+    assert _sample_one(plugin, logits, turn_open=False) == (sp.listen, [sp.listen])  # a terminator too
+    logits[sp.chunk_eos] = 2.0  # the boundary draw ends the unit: nothing was drawn by the second draw
+    assert _sample_one(plugin, logits) == (sp.chunk_eos, [])
+
+
+def test_a_sessions_first_units_can_be_forced_to_listen(speak_ckpt):
+    plugin = _plugin(speak_ckpt, force_listen_units=2)
+    plugin.open_slot(0, GREEDY)
+    outs = [plugin.step([SlotInput(slot=0, epoch=0, pcm=_pcm(u))])[0] for u in range(3)]
+    assert [o.decision for o in outs] == ["listen", "listen", "speak"]
+    assert plugin.last_results[0].tokens[0] == plugin.generator.sp.tts_bos
