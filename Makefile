@@ -30,10 +30,11 @@ test: $(STAMP)
 	$(BIN)/ruff check .
 	$(BIN)/python -m pytest -q $(PYTEST_ARGS)
 
-# The numerics-heavy tests (the model plugins, the batch models, the reference parity) once more with PyTorch's CPU kernels
-# forced to the baseline x86-64 instruction set: ATen's vectorised kernels, oneDNN's convolutions and
-# MKL's matrix products then take other code paths than on this CPU (AVX2, AVX-512), so a float
-# comparison that holds only for one CPU's kernel choice fails here, not on a user's machine.
+# The numerics-heavy tests (the model plugins, the batch models, the reference parity) once more with
+# PyTorch's CPU kernels forced to the baseline x86-64 instruction set: ATen's vectorised kernels,
+# oneDNN's convolutions and MKL's matrix products then take other code paths than on this CPU (AVX2,
+# AVX-512), so a float comparison that holds only for one CPU's kernel choice fails here, not on a
+# user's machine.
 KERNEL_ENV := ATEN_CPU_CAPABILITY=default ONEDNN_MAX_CPU_ISA=SSE41 MKL_ENABLE_INSTRUCTIONS=SSE4_2
 KERNEL_TESTS ?= tests/plugins tests/batch_models tests/parity
 
