@@ -110,6 +110,8 @@ def add_bench_subcommands(subparsers: Any) -> argparse.ArgumentParser:
     omni.add_argument("--judge-api-key", default=os.environ.get("DUPLEX_JUDGE_API_KEY", "EMPTY"))
     omni.add_argument("--judge-timeout-s", type=float, default=60.0)
     omni.add_argument("--judge-max-tokens", type=int, default=512)
+    omni.add_argument("--align-words", action="store_true",
+                      help="word timestamps for the transcripts (our Whisper on output.wav) before judging")
     omni.add_argument("--judge-prompts", choices=["official", "ours"],
                       help="the judge's prompt set (default: official with --benchmark-repo, else ours)")
     omni.add_argument("--benchmark-repo", help="a checkout of Lucky-Lance/OmniInteract: the official judge "
@@ -284,6 +286,7 @@ def _cmd_omniinteract(args: argparse.Namespace) -> int:
         tags=tuple(args.scenario_tags), focus=args.scenario_focus, seed=args.seed,
         shuffle=not args.disable_shuffle, video_list=args.video_list, output_dir=args.output_dir,
         max_concurrency=args.max_concurrency, max_video_duration_s=args.max_video_duration_s, judge=judge,
+        align_words=args.align_words,
     )
     try:
         batch = asyncio.run(run_omniinteract(opts, progress=_progress(args)))

@@ -10,6 +10,7 @@ Modules, in the order a run uses them:
 * ``playback``: the serialized playback clock and its ``playback.ack`` rules;
 * ``timing``: per-response and per-session timing metrics;
 * ``artifacts``: the per-case and per-run files, written atomically after timing;
+* ``align``: word timestamps for a run's transcripts (our Whisper on ``output.wav``);
 * ``slots``: the benchmark's slots, transcript chunks, matching and word-level early/core split;
 * ``verdicts``: the judge's verdicts, read from its replies as leniently as the benchmark does;
 * ``scoring``: IA-QTF1, interruption and nested diagnostics, the paper's slices (pure math);

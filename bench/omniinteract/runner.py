@@ -8,8 +8,9 @@
 3. for each case (``max_concurrency`` at a time): decodes the video off the event loop, before
    timing starts; replays it (``bench.omniinteract.replay``); builds and publishes the case
    artifacts after timing ended;
-4. writes the batch files, and with a judge configured, scores the eligible cases
-   (``bench.omniinteract.judge``) into ``evaluation/``.
+4. writes the batch files; with ``align_words``, adds word timestamps to the eligible cases'
+   transcripts (``bench.omniinteract.align``, our ASR on ``output.wav``); with a judge
+   configured, scores the eligible cases (``bench.omniinteract.judge``) into ``evaluation/``.
 
 A failed case is a row with ``success: false`` (the run goes on); the summary's ``failed`` counts
 them.
@@ -26,6 +27,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, TextIO
 
+from bench.omniinteract.align import align_run
 from bench.omniinteract.artifacts import build_case, case_output_dir, publish_case, write_batch
 from bench.omniinteract.dataset import SUBSETS, Case, discover
 from bench.omniinteract.judge import JudgeOptions, evaluate_run
@@ -56,6 +58,7 @@ class RunOptions:
     max_concurrency: int = 1
     max_video_duration_s: float = 3600.0
     judge: JudgeOptions | None = None
+    align_words: bool = False
 
 
 def select_cases(opts: RunOptions) -> tuple[list[Case], list[str]]:
@@ -130,6 +133,8 @@ async def run_omniinteract(opts: RunOptions, *, progress: TextIO | None = sys.st
         results = await asyncio.gather(*(guarded(c) for c in cases))
         extra = {"warnings": warnings, "options": _public_options(opts)}
         batch = write_batch(root, cases, results, extra)
+        if opts.align_words:
+            batch["aligned_cases"] = await asyncio.to_thread(align_run, root, progress=progress)
         if opts.judge is not None:
             batch["evaluation"] = await evaluate_run(root, cases, results, opts.judge, progress=progress)
     return batch
@@ -140,7 +145,8 @@ def _public_options(opts: RunOptions) -> dict[str, Any]:
     return {
         "subsets": list(opts.subsets), "num": opts.num, "tags": list(opts.tags), "focus": opts.focus,
         "seed": opts.seed, "shuffle": opts.shuffle, "video_list": opts.video_list,
-        "max_concurrency": opts.max_concurrency, "chunk_ms": r.chunk_ms, "turn_detection": r.turn_detection,
+        "max_concurrency": opts.max_concurrency, "align_words": opts.align_words,
+        "chunk_ms": r.chunk_ms, "turn_detection": r.turn_detection,
         "frame_transport": r.frame_transport, "settle_s": r.settle_s, "timeout_s": r.timeout_s,
     }
 

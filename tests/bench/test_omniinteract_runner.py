@@ -263,3 +263,23 @@ def test_the_cli_refuses_the_official_prompts_without_a_checkout(
                    "--quiet"])
     assert status == 2 and "--benchmark-repo" in capsys.readouterr().err
     assert not (tmp_path / "batch_summary.json").exists()
+
+
+async def test_aligned_words_are_written_and_the_judge_scores_them(
+    dataset_root: Path, tmp_path: Path
+) -> None:
+    def answer(request: httpx.Request) -> httpx.Response:
+        return httpx.Response(200, json={"choices": [{"message": {"content": '{"score": 1}'}}]})
+
+    judge = JudgeOptions(base_url="http://judge", model="m", transport=httpx.MockTransport(answer))
+    async with scripted_server(Script(**{**MID_STREAM, "reply_after_appends": 6})) as srv:
+        batch = await run_omniinteract(_opts(srv.url, tmp_path, dataset_root, judge=judge, align_words=True),
+                                       progress=None)
+    assert batch["aligned_cases"] == 1
+    case_dir = Path(batch["results"][0]["output_dir"])
+    aligned = json.loads((case_dir / "wav_transcript_aligned.json").read_text())
+    (chunk,) = aligned["chunks"]
+    assert chunk["text"] == "four" and [w["text"] for w in chunk["aligned_words"]] == ["four"]
+    ev = batch["evaluation"]
+    assert ev["items"][0]["inputs_fingerprint"]["transcript"] == "wav_transcript_aligned.json"
+    assert ev["timing_precision"] == "word-level" and ev["evaluated"] == 1
