@@ -11,7 +11,7 @@ import msgspec
 import numpy as np
 
 from duplex.engine.vad_config import VadConfig
-from duplex.plugins.base import ToolResult, TurnRequest
+from duplex.plugins.base import SlotOptions, ToolResult, TurnRequest
 
 __all__ = [
     "Action",
@@ -21,9 +21,29 @@ __all__ = [
     "ConfigureVad",
     "FeedAudio",
     "FeedToolResult",
+    "OpenSlot",
+    "RestartSlot",
     "StartTurn",
     "WakeAt",
 ]
+
+
+class OpenSlot(msgspec.Struct, frozen=True):
+    """Open the session's plugin slot with ``options`` (``plugin.open_slot``, where the model reads
+    its prompt) and join the driver. The session asks for it once, at its first input that needs
+    the model, before the actions that feed or start it; a refusal comes back through
+    ``Session.slot_failed``."""
+
+    options: SlotOptions
+
+
+class RestartSlot(msgspec.Struct, frozen=True):
+    """Restart the model's context with ``options``: the slot's request stops, its buffered input
+    is dropped, ``plugin.close_slot`` then ``plugin.open_slot`` (a new prompt), and the slot joins
+    the driver again. The session advanced its epoch first, so nothing of the old context is
+    applied; a refusal comes back through ``Session.slot_failed``."""
+
+    options: SlotOptions
 
 
 class FeedAudio(msgspec.Struct, frozen=True):
@@ -77,5 +97,14 @@ class WakeAt(msgspec.Struct, frozen=True):
 
 
 Action = (
-    FeedAudio | FeedToolResult | ClearFeed | CancelSlot | StartTurn | ConfigureVad | CloseSession | WakeAt
+    OpenSlot
+    | RestartSlot
+    | FeedAudio
+    | FeedToolResult
+    | ClearFeed
+    | CancelSlot
+    | StartTurn
+    | ConfigureVad
+    | CloseSession
+    | WakeAt
 )

@@ -27,8 +27,12 @@ Bounds: the feed holds at most ``max_buffered_samples``; ``feed`` refuses (retur
 False) an append that would exceed it, so the session can tell the client. The
 buffer starts at a few frames and doubles up to that bound only when a client runs
 ahead, so a thousand sessions on time keep a small, cache-warm buffer each.
-Video frames wait for the next stepped chunk, at most ``MAX_VIDEO_FRAMES`` (older ones
-are dropped and counted in ``video_dropped``).
+Video frames ride the chunk their append's audio falls in (an append's frames are placed at the
+end of its audio; a frames-only append's at the chunk in progress), so frames that arrive in a
+burst with the audio of several chunks (a late client catching up, a session's first appends
+while its model opens) stay with their own chunks. At most ``MAX_VIDEO_FRAMES`` ride one chunk and
+at most ``MAX_PENDING_VIDEO_FRAMES`` wait in all (older ones are dropped and counted in
+``video_dropped``).
 
 Sans-IO: ``now`` and ``submitted_at`` are passed in.
 """
@@ -47,6 +51,8 @@ from duplex.plugins.base import ToolResult
 __all__ = ["FeedFrame", "SlotFeed"]
 
 MAX_VIDEO_FRAMES = 2
+#: Video frames a feed holds for the chunks still buffered.
+MAX_PENDING_VIDEO_FRAMES = 4 * MAX_VIDEO_FRAMES
 #: Initial buffer size, in frames (it grows up to ``max_buffered_samples`` when needed).
 INITIAL_FRAMES = 4
 #: Time between two steps of one slot once its burst allowance is spent, in frame periods
@@ -115,7 +121,8 @@ class SlotFeed:
         self._burst_s = self._gap * (BURST_FRAMES - 1)
         self._pace_at = float("-inf")
         self.pads = 0
-        self.video: deque[bytes] = deque(maxlen=MAX_VIDEO_FRAMES)
+        # (the input position the frame goes with: ``received`` after its append, the frame)
+        self.video: deque[tuple[int, bytes]] = deque(maxlen=MAX_PENDING_VIDEO_FRAMES)
         self.video_dropped = 0
         self.tool_results: list[ToolResult] = []  # the client's answers, for the next frame
 
@@ -195,10 +202,23 @@ class SlotFeed:
 
     def _add_video(self, video_frames: tuple[bytes, ...]) -> None:
         video = self.video
+        position = self.received
         for frame in video_frames:
             if len(video) == video.maxlen:
                 self.video_dropped += 1
-            video.append(frame)
+            video.append((position, frame))
+
+    def _take_video(self, consumed: int) -> tuple[bytes, ...]:
+        """The frames of the input up to ``consumed`` (the chunk being taken), the newest
+        ``MAX_VIDEO_FRAMES`` of them."""
+        video = self.video
+        frames = []
+        while video and video[0][0] <= consumed:
+            frames.append(video.popleft()[1])
+        if len(frames) > MAX_VIDEO_FRAMES:
+            self.video_dropped += len(frames) - MAX_VIDEO_FRAMES
+            del frames[:-MAX_VIDEO_FRAMES]
+        return tuple(frames)
 
     def _spill(self) -> None:
         """Copy a held whole frame into the (empty) buffer, before more input joins it."""
@@ -268,11 +288,7 @@ class SlotFeed:
         pace_at = self._pace_at
         self._pace_at = pace_at = (pace_at if pace_at > now else now) + self._gap
         self.not_before = pace_at - self._burst_s
-        if self.video:
-            video = tuple(self.video)
-            self.video.clear()
-        else:
-            video = ()
+        video = self._take_video(consumed) if self.video else ()
         if start == self._end:
             self._start = self._end = 0
         if self.tool_results:

@@ -10,6 +10,9 @@ slot (open, attached, detached or closing). It
   the open in the waiting room (``duplex.engine.admission``) until a slot frees; a closing
   session keeps its slot until its cleanup finished (``release_slot`` then
   ``SessionRecord.finish``), and a freed slot goes to the head of the queue at once;
+* **opens the plugin's slot** when the session asks (``open_slot``, ``restart_slot``: the session's
+  ``OpenSlot`` / ``RestartSlot``, at its first input that needs the model), not at ``open``: a
+  session holds its admission slot from ``open`` on, and its model state from its first input;
 * **checks budgets before the mailbox** (``SessionRecord.submit``): encoded input
   bytes and pending turns not yet processed; over budget the command is refused
   with ``input_backpressure`` and nothing is applied;
@@ -101,8 +104,9 @@ class SessionRecord:
         self.mailbox = Mailbox(manager.config.mailbox_max)
         caps = manager.capabilities
         self.pipeline = InputPipeline(caps.input_sample_rate, int16=caps.input_dtype == "int16")
-        self.feed: SlotFeed | None = None
+        self.feed: SlotFeed | None = None  # set while the plugin's slot is open, for a model that hears
         self.binding: SlotBinding | None = None  # how the driver reaches the session (``_binding``)
+        self.slot_open = False  # the plugin's slot is open (``SessionManager.open_slot``)
         self.attachment: Attachment | None = None
         self.runner = SessionRunner(self, manager)
         self.task: asyncio.Task[None] | None = None
@@ -418,12 +422,7 @@ class SessionManager:
                 await self.offload(record.pipeline.configure_vad, settings.vad)
             except VadUnavailableError as exc:
                 raise SessionError(exc.code, str(exc), param="turn_detection") from None
-        try:
-            await self.on_model_thread(self.plugin.open_slot, slot, session.slot_options())
-        except PluginError as exc:
-            raise SessionError(exc.code, exc.message) from None
-        if self.model_error is not None:  # the model was lost while the slot opened
-            await self.on_model_thread(self.plugin.close_slot, slot)
+        if self.model_error is not None:  # the model was lost while the VAD loaded
             self._refuse_unavailable()
         generation = lease.attach(now)
         token = credential.issue() if credential is not None else None
@@ -433,7 +432,6 @@ class SessionManager:
             att.push(session.updated_events(now), preload=True)
         record.attachment = att
         record.binding = self._binding(record)
-        record.feed = self.driver.join(slot, record.binding)
         self.records[session_id] = record
         admission.used = True  # the session holds the slot now
         self._reserved -= 1
@@ -536,12 +534,38 @@ class SessionManager:
             drained=record.runner.drained,
         )
 
-    async def release_slot(self, record: SessionRecord) -> None:
-        """Cleanup of a closing session: its request stopped, its slot left, the plugin slot closed."""
+    async def open_slot(self, record: SessionRecord, options: SlotOptions) -> None:
+        """The session's ``OpenSlot``: ``plugin.open_slot`` on the model thread (the model reads its
+        prompt), then the slot joins the driver. Raises ``PluginError`` (the plugin's refusal;
+        the slot is not open then)."""
+        assert record.binding is not None and not record.slot_open
+        await self.on_model_thread(self.plugin.open_slot, record.slot, options)
+        record.slot_open = True
+        record.feed = self.driver.join(record.slot, record.binding)
+
+    async def restart_slot(self, record: SessionRecord, options: SlotOptions) -> None:
+        """The session's ``RestartSlot``: the slot's request stops and it leaves the driver (its
+        buffered input is dropped), ``plugin.close_slot``, then ``open_slot`` with ``options``.
+        Raises ``PluginError`` as ``open_slot`` (the slot is closed then)."""
+        await self._leave(record)
+        await self.open_slot(record, options)
+
+    async def _leave(self, record: SessionRecord) -> None:
+        """Stop the slot's request; if the plugin's slot is open, leave the driver and close it.
+        Raises what ``plugin.close_slot`` raises (the slot counts as closed whatever it does)."""
         await self.driver.stop(record.slot)
+        if not record.slot_open:
+            return
+        record.slot_open = False
+        record.feed = None
         self.driver.leave(record.slot)
+        await self.on_model_thread(self.plugin.close_slot, record.slot)
+
+    async def release_slot(self, record: SessionRecord) -> None:
+        """Cleanup of a closing session: its request stopped, its slot left, the plugin slot closed
+        (a slot the session never opened is not)."""
         try:
-            await self.on_model_thread(self.plugin.close_slot, record.slot)
+            await self._leave(record)
         except Exception:
             log.exception("session %s: close_slot(%d) failed", record.session_id, record.slot)
 

@@ -110,6 +110,7 @@ class EndReason(enum.StrEnum):
     MAX_OUTPUT_TOKENS = "max_output_tokens"
     CONTENT_FILTER = "content_filter"
     SESSION_CLOSED = "session_closed"
+    SESSION_UPDATED = "session_updated"  # a ``session.update`` restarted the model's context
     ERROR = "error"  # the model failed (``status_details.error`` carries it)
 
     @property
@@ -124,13 +125,15 @@ _USER_TOOK_TURN = frozenset({EndReason.BARGE_IN, EndReason.TURN_DETECTED, EndRea
 #: ``status_details.reason`` on the wire. OpenAI's models accept only ``turn_detected`` /
 #: ``client_cancelled`` (cancelled) and ``max_output_tokens`` / ``content_filter`` (incomplete), and
 #: strict clients validate against them. A barge-in is the user taking the turn over the response; a
-#: cleared output buffer is the client cancelling; a normal end, a model that chose to listen or stayed
-#: silent, a closing session and a failure (``status_details.error`` carries it) have no reason.
+#: cleared output buffer, or an update that restarted the model, is the client cancelling; a normal
+#: end, a model that chose to listen or stayed silent, a closing session and a failure
+#: (``status_details.error`` carries it) have no reason.
 WIRE_REASONS: dict[EndReason, str | None] = {
     EndReason.TURN_DETECTED: "turn_detected",
     EndReason.BARGE_IN: "turn_detected",
     EndReason.CLIENT_CANCELLED: "client_cancelled",
     EndReason.OUTPUT_CLEARED: "client_cancelled",
+    EndReason.SESSION_UPDATED: "client_cancelled",
     EndReason.MAX_OUTPUT_TOKENS: "max_output_tokens",
     EndReason.CONTENT_FILTER: "content_filter",
     EndReason.STOP: None,

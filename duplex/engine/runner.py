@@ -20,8 +20,11 @@ and handles each item with the same code, in order:
   only then does the manager free the admission slot.
 
 After each item the session's events go to the attachment and its actions are carried out: the
-synchronous ones at once (``FeedAudio``, ``ClearFeed``, ``WakeAt``), the rest (they await: a slot
-cancel, a started request, a VAD change, a close) by the runner task.
+synchronous ones at once (``FeedAudio``, ``ClearFeed``, ``WakeAt``), the rest (they await: the
+slot's open or restart, a slot cancel, a started request, a VAD change, a close) by the runner task,
+in order: the audio of the append that opens the slot is fed once the slot is open. When the plugin
+refuses to open the slot, the session hears why (``Session.slot_failed``) and the actions of that
+item that needed the slot are dropped with it (the client was told: the ``error``).
 
 Handling at once (the mailbox's hand-off, ``Mailbox`` docstring) happens while the runner is parked
 on an empty mailbox and the item needs no await (``_now_ok``: an output, an ack, a timer, a command
@@ -51,6 +54,8 @@ from duplex.engine.actions import (
     ConfigureVad,
     FeedAudio,
     FeedToolResult,
+    OpenSlot,
+    RestartSlot,
     StartTurn,
     WakeAt,
 )
@@ -76,6 +81,9 @@ __all__ = [
 ]
 
 log = logging.getLogger(__name__)
+
+#: What a refused ``OpenSlot`` / ``RestartSlot`` takes with it: the actions that need the slot.
+_NEED_SLOT = (FeedAudio, FeedToolResult, ClearFeed, CancelSlot, StartTurn)
 
 
 # The two per-frame items are msgspec structs: built in C, several times cheaper than a class
@@ -364,10 +372,26 @@ class SessionRunner:
         self._emit(self.session.reject(error, None, now))
 
     async def _run_actions(self, actions: list[Any] | None = None) -> None:
+        slot_refused = False
         for action in self.session.take_actions() if actions is None else actions:
+            if slot_refused and isinstance(action, _NEED_SLOT):
+                continue
             if self._sync_action(action, self.manager.now()):
                 continue
-            if isinstance(action, CancelSlot):
+            if isinstance(action, OpenSlot | RestartSlot):
+                try:
+                    if isinstance(action, OpenSlot):
+                        await self.manager.open_slot(self.record, action.options)
+                    else:
+                        await self.manager.restart_slot(self.record, action.options)
+                except PluginError as exc:
+                    slot_refused = True
+                    self._emit(self.session.slot_failed(exc.code, exc.message, self.manager.now()))
+                    if exc.fatal:  # the model is gone (its worker died): the session ends here
+                        self.manager.metrics.session_failures.inc()
+                        await self._close(exc.code, expired=False)
+                        return
+            elif isinstance(action, CancelSlot):
                 await self.manager.driver.stop(self.record.slot)
                 try:
                     await self._model(self.manager.plugin.cancel_slot, self.record.slot, action.epoch)

@@ -33,6 +33,16 @@ its next speech fills (or that ends empty, ``model_silent``, after ``response_wa
 that answers requests gets a ``StartTurn`` per committed turn or ``response.create``, and its
 audio is paced out at playback speed when ``output_lead_ms`` is set (``output_stream``).
 
+The model's slot (``slot_open``): a session is created without it. Its first input that needs the
+model (an append, a commit, a ``response.create``, typed text, a tool's result) asks the shell to
+open it (``OpenSlot``, carrying ``slot_options()``: every setting received until then) before the
+actions that feed or start the model, so a client may configure the session freely until then, as
+stock clients do right after ``session.created``. Once it is open, a ``session.update`` that changes
+a setting the model fixed there is refused, unless the session asked for
+``extra_body.restart_on_update``: then the model's context restarts with the new settings
+(``RestartSlot``; the active response ends cancelled, the conversation's items stay, and the model
+forgets everything it heard and said). A refused open comes back as ``slot_failed``.
+
 Epochs (DESIGN §6): a cancel, a barge-in, ``output_audio_buffer.clear``, ``input.cancel`` and the
 cancel of a response by VAD speech advance ``epoch``; a model output tagged with an older epoch is
 dropped (and counted in ``stale_outputs``). ``input_audio_buffer.clear`` only drops uncommitted input.
@@ -66,6 +76,8 @@ from duplex.engine.actions import (
     ConfigureVad,
     FeedAudio,
     FeedToolResult,
+    OpenSlot,
+    RestartSlot,
     StartTurn,
     WakeAt,
 )
@@ -244,6 +256,7 @@ class Session:
         self.response_wait_s = response_wait_s
         self.turn_state = TurnState.IDLE
         self.audio_started = False
+        self.slot_open = False  # the plugin's slot was asked to open (``OpenSlot``), and not refused
         self.closed = False
         self.stale_outputs = 0
         self.usage = UsageMeter()  # the model's token counts (``Capabilities.reports_usage``)
@@ -271,6 +284,29 @@ class Session:
         return SlotOptions(
             instructions=s.instructions, voice=s.voice, temperature=s.temperature, tools=tools, extra=extra
         )
+
+    def _use_model(self) -> None:
+        """An input needs the model: open its slot first, with the settings in force now."""
+        if not self.slot_open:
+            self.slot_open = True
+            self._actions.append(OpenSlot(self.slot_options()))
+
+    def slot_failed(self, code: str, message: str, now: float) -> list[Event]:
+        """The plugin refused to open (or reopen) the slot (``OpenSlot``, ``RestartSlot``): one
+        ``error`` with its code; the active response ends as failed and the turns waiting for it
+        are dropped. The slot counts as closed: the next input that needs the model opens it again
+        with the settings then in force (a ``session.update`` may change them meanwhile)."""
+        if self.closed:
+            return []
+        self.slot_open = False
+        error = ProtocolError(code, message)
+        events: list[Event] = [error.to_event(new_event_id())]
+        if self.output.active is not None:
+            self.epoch += 1  # no ``CancelSlot``: there is no slot to cancel
+            self.user.deferred.clear()
+            detail = ResponseError(type=error.type, code=code, message=message)
+            events += self._finish("failed", EndReason.ERROR, now, detail)
+        return self._journal(events, now)
 
     def take_actions(self) -> list[Action]:
         """The actions queued by the last calls, in order; the caller must carry them out
@@ -344,10 +380,25 @@ class Session:
     @handles(SessionUpdate)
     def _update(self, cmd: SessionUpdate, now: float) -> list[Event]:
         before = self.settings
-        self.settings = before.apply(cmd.session, self.caps, audio_started=self.audio_started, opened=True)
+        opened = self.slot_open
+        self.settings = before.apply(cmd.session, self.caps, audio_started=self.audio_started, opened=opened)
         if self.settings.vad != before.vad:
             self._actions.append(ConfigureVad(self.settings.vad))
-        return [DuplexSessionUpdated(event_id=new_event_id(), session=self._render())]
+        events: list[Event] = []
+        if opened and before.fixed_changes(self.settings, self.caps):
+            events += self._restart_model(now)  # ``apply`` allowed it: ``restart_on_update``
+        events.append(DuplexSessionUpdated(event_id=new_event_id(), session=self._render()))
+        return events
+
+    def _restart_model(self, now: float) -> list[Event]:
+        """Restart the model's context with the current settings (``RestartSlot``): the epoch
+        advances, so nothing the old context produced is applied, and the active response ends
+        cancelled. The conversation's items stay; the model forgets what it heard and said."""
+        self.epoch += 1  # no ``CancelSlot``: the slot is reopened
+        self._actions.append(RestartSlot(self.slot_options()))
+        if self.output.active is None:
+            return []
+        return self._finish("cancelled", EndReason.SESSION_UPDATED, now)
 
     @handles(InputAudioBufferCommit)
     def _on_commit(self, cmd: InputAudioBufferCommit, now: float) -> list[Event]:
@@ -380,6 +431,7 @@ class Session:
             )
         metadata = cmd.response.metadata if cmd.response is not None else None
         if self.caps.hears_stream:  # the model's next speech fills it
+            self._use_model()
             return self._open_response(metadata, now, wait=True)
         # The text (``response.input`` or the conversation) and the request's options (``extra_body``).
         inline = cmd.response.input if cmd.response is not None else None
@@ -465,6 +517,7 @@ class Session:
         if isinstance(item, FunctionCallOutputItem) and self.caps.hears_stream and self.caps.supports_tools:
             # A model that hears the stream reads the result in step with its frames: it rides on
             # the slot's next frame (``SlotInput.tool_results``). A turn model reads it in its history.
+            self._use_model()
             self._actions.append(FeedToolResult(ToolResult(call_id=item.call_id, output=item.output)))
         return [
             ConversationItemAdded(event_id=new_event_id(), item=item, previous_item_id=previous),
@@ -553,6 +606,7 @@ class Session:
             )
         if not self.caps.supports_text_input:
             raise ProtocolError("invalid_input_modality", "this model takes no text input")
+        self._use_model()
         self.user.append_text(cmd.text)
         return []
 
@@ -584,6 +638,7 @@ class Session:
                 raise refused
             events.append(self._error(refused, cmd.event_id))
             decoded = msgspec.structs.replace(decoded, video_frames=())
+        self._use_model()
         settings = self.settings
         user = self.user
         vad_events = decoded.vad_events
@@ -704,6 +759,7 @@ class Session:
                 "input_backpressure",
                 f"{user.deferred.maxlen} turns already wait for the active response to end",
             )
+        self._use_model()
         item_id = user.speech_item_id or new_item_id()
         text = user.text
         content: list[Any] = [InputAudioPart(transcript=None)] if user.has_audio or not text else []
@@ -788,13 +844,15 @@ class Session:
         now: float,
         options: dict[str, object] | None = None,
     ) -> list[Event]:
+        self._use_model()
         events = self._open_response(metadata, now)
         self._actions.append(StartTurn(self._turn_request(pcm, text, options)))
         return events
 
     def _advance_epoch(self) -> None:
         self.epoch += 1
-        self._actions.append(CancelSlot(self.epoch))
+        if self.slot_open:  # a slot never opened has nothing to cancel
+            self._actions.append(CancelSlot(self.epoch))
 
     def _cancel(self, reason: EndReason, now: float) -> list[Event]:
         """End the active response as cancelled and fence its output (epoch + 1)."""

@@ -21,21 +21,29 @@ Decisions (DESIGN §4-§6):
   (strict clients, the ``openai`` SDK and Pipecat among them, refuse a ``session.created`` with
   another rate); a model with another rate is resampled to it. A client may ask for any rate;
 * OpenAI's own voice names (``OPENAI_VOICES``: stock clients send one by default) map onto the
-  model's default voice when the model has no voice of that name; any other unknown voice is
-  ``voice_not_found``;
+  model's default voice when the model has no voice of that name (none, for a model without named
+  voices); any other unknown voice is ``voice_not_found``;
 * the voice may not change once the session produced audio;
-* once the plugin's slot is open, instructions, voice and tools change only where the plugin
-  says so (``Capabilities.updatable_options``); a change to one it fixed at open is refused
-  with ``instructions_update_unsupported`` (``persona_update_unsupported`` where the
-  instructions are the model's persona, ``Capabilities.persona_instructions``) /
-  ``voice_update_unsupported`` / ``tools_update_unsupported`` (a patch that repeats the current
-  value changes nothing and is accepted);
+* a model that cannot call tools (``Capabilities.supports_tools`` false) takes a session's
+  ``tools`` without an error, as stock clients send theirs to every model, and the session object
+  it answers with lists none: the model will not call them;
+* the plugin's slot opens at the session's first input that needs the model, not when the
+  session is created (``Session``): until then every setting may change. Once it is open,
+  instructions, voice and tools change only where the plugin says so
+  (``Capabilities.updatable_options``), and the seeds' options below not at all
+  (``fixed_changes``). A change to one of them is refused (``fixed_refusal``:
+  ``instructions_update_unsupported``, ``persona_update_unsupported`` where the instructions are
+  the model's persona (``Capabilities.persona_instructions``), ``voice_update_unsupported``,
+  ``tools_update_unsupported``, ``ref_audio_update_unsupported``, ``invalid_session_config``;
+  a patch that repeats the current value changes nothing and is accepted), unless the session
+  asked for ``extra_body.restart_on_update: true`` (``restart_on_update``): then the session
+  restarts the model's context with the new settings. A new voice or reference voice after the
+  session produced audio is refused either way;
 * the seeds' session options are honoured or refused, never ignored: ``ref_audio`` (or
   ``extra_body.ref_audio`` / ``tts_ref_audio``, a base64 data URI, decoded here),
   ``initial_user_text`` (or ``extra_body.duplex_initial_user_text``) and a non-zero
   ``extra_body.force_listen_count`` reach the plugin (``SlotOptions.extra``) when it reads them
-  (``Capabilities.session_options``), else they are ``invalid_session_config``; all three are
-  fixed once the slot is open (``ref_audio_update_unsupported``, ``invalid_session_config``). A
+  (``Capabilities.session_options``), else they are ``invalid_session_config``. A
   model that needs a reference voice (``Capabilities.requires_ref_audio``) refuses audio output
   without one (``ref_audio_required``) and starts text-only;
 * a model that takes no audio input (``Capabilities.audio_input``: batch models) refuses an input
@@ -112,6 +120,8 @@ OPENAI_VOICES = frozenset(
 OVERLAP_POLICIES = ("listen_only", "barge_in_on_speech")
 #: The settings a plugin receives as ``SlotOptions`` when its slot opens (``Capabilities.updatable_options``).
 _SLOT_OPTIONS = ("instructions", "voice", "tools")
+#: The seeds' options a plugin reads from ``SlotOptions.extra`` when its slot opens: always fixed there.
+_OPEN_OPTIONS = ("ref_audio", "initial_user_text", "force_listen_count")
 COMMIT_POLICIES = ("ack_only", "commit_all_on_done")
 
 
@@ -144,6 +154,7 @@ class SessionSettings(msgspec.Struct, frozen=True, kw_only=True):
     ref_audio: bytes | None = None  # the reference voice's audio file (never rendered)
     initial_user_text: str | None = None
     force_listen_count: int = 0
+    restart_on_update: bool = False  # a change to a setting fixed at open restarts the model
 
     @classmethod
     def defaults(cls, model: str, caps: Capabilities, dialect: Dialect = Dialect.GA) -> SessionSettings:
@@ -175,40 +186,22 @@ class SessionSettings(msgspec.Struct, frozen=True, kw_only=True):
     ) -> SessionSettings:
         """New settings with ``patch`` applied; raises ``ProtocolError`` (nothing changes).
 
-        ``opened``: the plugin's slot is open (a ``session.update`` after the session opened),
-        so only ``caps.updatable_options`` may change.
+        ``opened``: the plugin's slot is open, so a setting it fixed there may change only when the
+        new settings ask for a restart (``restart_on_update``); otherwise the change is refused
+        (``fixed_refusal``).
         """
         changes: dict[str, Any] = {}
-        fixed = () if not opened else [o for o in _SLOT_OPTIONS if o not in caps.updatable_options]
         if patch.instructions is not None and patch.instructions != self.instructions:
-            if "instructions" in fixed:
-                persona = caps.persona_instructions
-                raise ProtocolError(
-                    "persona_update_unsupported" if persona else "instructions_update_unsupported",
-                    f"this model fixes its {'persona' if persona else 'instructions'} when the session opens",
-                    param="session.instructions",
-                )
             changes["instructions"] = patch.instructions
         voice = patch.resolved_voice()
-        if voice is not None and caps.voices and voice not in caps.voices and voice in OPENAI_VOICES:
-            voice = caps.default_voice or caps.voices[0]  # a stock client's default: the model's own
+        if voice is not None and voice in OPENAI_VOICES and voice not in caps.voices:
+            # A stock client's default: the model's own (none, for a model without named voices).
+            voice = caps.default_voice or (caps.voices[0] if caps.voices else self.voice)
         if voice is not None and voice != self.voice:
-            if "voice" in fixed:
-                raise ProtocolError(
-                    "voice_update_unsupported",
-                    "this model fixes its voice when the session opens",
-                    param="session.voice",
-                )
             if caps.voices and voice not in caps.voices:
                 raise ProtocolError(
                     "voice_not_found",
                     f"unknown voice {voice!r}; available: {', '.join(caps.voices)}",
-                    param="session.voice",
-                )
-            if audio_started:
-                raise ProtocolError(
-                    "voice_update_after_audio_unsupported",
-                    "the voice cannot change after the session produced audio",
                     param="session.voice",
                 )
             changes["voice"] = voice
@@ -270,17 +263,8 @@ class SessionSettings(msgspec.Struct, frozen=True, kw_only=True):
         if tools is not None:
             patch = msgspec.structs.replace(patch, tools=tools)
         if patch.tools is not None:
-            if patch.tools and not caps.supports_tools:
-                raise ProtocolError(
-                    "invalid_session_config", "this model cannot call tools", param="session.tools"
-                )
-            if "tools" in fixed and tuple(patch.tools) != self.tools:
-                raise ProtocolError(
-                    "tools_update_unsupported",
-                    "this model fixes its tools when the session opens",
-                    param="session.tools",
-                )
-            changes["tools"] = tuple(patch.tools)
+            # A model that cannot call tools lists none (see the module docstring).
+            changes["tools"] = tuple(patch.tools) if caps.supports_tools else ()
         if patch.tool_choice is not None:
             choice = patch.tool_choice
             changes["tool_choice"] = choice if isinstance(choice, str) else "required"
@@ -304,7 +288,10 @@ class SessionSettings(msgspec.Struct, frozen=True, kw_only=True):
         noise = patch.resolved_noise_reduction()
         if noise is not UNSET:
             changes["noise_reduction"] = noise
-        changes.update(self._seeds_options(patch, caps, extra, opened=opened))
+        changes.update(self._seeds_options(patch, caps, extra))
+        restart = extra.get("restart_on_update")
+        if isinstance(restart, bool):
+            changes["restart_on_update"] = restart
         modalities_after = changes.get("output_modalities", self.output_modalities)
         voice_missing = changes.get("ref_audio", self.ref_audio) is None
         if caps.requires_ref_audio and "audio" in modalities_after and voice_missing:
@@ -317,10 +304,33 @@ class SessionSettings(msgspec.Struct, frozen=True, kw_only=True):
             extra.pop(key, None)
         if extra:
             changes["extra_body"] = {**self.extra_body, **extra}
-        return msgspec.structs.replace(self, **changes)
+        after = msgspec.structs.replace(self, **changes)
+        fixed = self.fixed_changes(after, caps)
+        if opened and fixed and not after.restart_on_update:
+            raise fixed_refusal(fixed[0], caps, patch)
+        if audio_started and after.voice != self.voice:
+            raise ProtocolError(
+                "voice_update_after_audio_unsupported",
+                "the voice cannot change after the session produced audio",
+                param="session.voice",
+            )
+        if audio_started and after.ref_audio != self.ref_audio:
+            raise ProtocolError(
+                "ref_audio_update_unsupported",
+                "the reference voice cannot change after the session produced audio",
+                param=_ref_audio_param(patch),
+            )
+        return after
+
+    def fixed_changes(self, after: SessionSettings, caps: Capabilities) -> list[str]:
+        """The settings that differ in ``after`` and that the plugin fixes when its slot opens
+        (``SlotOptions`` fields outside ``caps.updatable_options``, the seeds' options), in the
+        order a refusal names them."""
+        names = [o for o in _SLOT_OPTIONS if o not in caps.updatable_options]
+        return [n for n in (*names, *_OPEN_OPTIONS) if getattr(self, n) != getattr(after, n)]
 
     def _seeds_options(
-        self, patch: SessionConfig, caps: Capabilities, extra: dict[str, Any], *, opened: bool
+        self, patch: SessionConfig, caps: Capabilities, extra: dict[str, Any]
     ) -> dict[str, Any]:
         """The seeds' session options of ``patch`` (see the module docstring): honoured when the
         plugin reads them, refused otherwise."""
@@ -336,35 +346,16 @@ class SessionSettings(msgspec.Struct, frozen=True, kw_only=True):
             uri, param = found
             if "ref_audio" not in caps.session_options:
                 raise unsupported("a reference voice (ref_audio)", param)
-            data = ref_audio_bytes(uri, param)
-            if opened and data != self.ref_audio:
-                raise ProtocolError(
-                    "ref_audio_update_unsupported",
-                    "the reference voice is fixed when the session opens",
-                    param=param,
-                )
-            changes["ref_audio"] = data
+            changes["ref_audio"] = ref_audio_bytes(uri, param)
         text = patch.resolved_initial_user_text() if hasattr(patch, "resolved_initial_user_text") else None
         if text is not None and text != self.initial_user_text:
             if "initial_user_text" not in caps.session_options:
                 raise unsupported("initial_user_text", "session.initial_user_text")
-            if opened:
-                raise ProtocolError(
-                    "invalid_session_config",
-                    "initial_user_text opens the conversation: it is read when the session opens",
-                    param="session.initial_user_text",
-                )
             changes["initial_user_text"] = text
         count = extra.get("force_listen_count")
         if isinstance(count, int) and not isinstance(count, bool) and count != self.force_listen_count:
             if "force_listen_count" not in caps.session_options:
                 raise unsupported("force_listen_count", "session.extra_body.force_listen_count")
-            if opened:
-                raise ProtocolError(
-                    "invalid_session_config",
-                    "force_listen_count is fixed when the session opens",
-                    param="session.extra_body.force_listen_count",
-                )
             changes["force_listen_count"] = count
         auto = extra.get("auto_response")
         if isinstance(auto, bool):
@@ -413,6 +404,49 @@ class SessionSettings(msgspec.Struct, frozen=True, kw_only=True):
             playback_commit_policy=self.playback_commit_policy,
             epoch=epoch,
         )
+
+
+_RESTART_HINT = "; set extra_body.restart_on_update: true to restart the model's context with the new one"
+
+
+def fixed_refusal(option: str, caps: Capabilities, patch: SessionConfig) -> ProtocolError:
+    """The refusal of a change to ``option``, a setting the plugin fixed when its slot opened
+    (``SessionSettings.fixed_changes``): its code, and ``param`` naming it."""
+    if option == "instructions":
+        what = "persona" if caps.persona_instructions else "instructions"
+        return ProtocolError(
+            f"{what}_update_unsupported",
+            f"this model fixes its {what} when the session opens{_RESTART_HINT}",
+            param="session.instructions",
+        )
+    if option in ("voice", "tools"):
+        return ProtocolError(
+            f"{option}_update_unsupported",
+            f"this model fixes its {option} when the session opens{_RESTART_HINT}",
+            param=f"session.{option}",
+        )
+    if option == "ref_audio":
+        return ProtocolError(
+            "ref_audio_update_unsupported",
+            f"the reference voice is fixed when the session opens{_RESTART_HINT}",
+            param=_ref_audio_param(patch),
+        )
+    if option == "initial_user_text":
+        return ProtocolError(
+            "invalid_session_config",
+            f"initial_user_text opens the conversation: it is read when the session opens{_RESTART_HINT}",
+            param="session.initial_user_text",
+        )
+    return ProtocolError(
+        "invalid_session_config",
+        f"{option} is fixed when the session opens{_RESTART_HINT}",
+        param=f"session.extra_body.{option}",
+    )
+
+
+def _ref_audio_param(patch: SessionConfig) -> str:
+    found = patch.resolved_ref_audio() if hasattr(patch, "resolved_ref_audio") else None
+    return found[1] if found is not None else "session.ref_audio"
 
 
 def wire_capabilities(caps: Capabilities) -> SessionCapabilities:

@@ -5,6 +5,7 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
+from duplex.engine.actions import OpenSlot
 from duplex.engine.input import DecodedAppend
 from duplex.engine.session import Session
 from duplex.engine.settings import SessionSettings
@@ -50,6 +51,17 @@ def decoded(
 
 def append() -> InputAudioBufferAppend:
     return InputAudioBufferAppend(audio=b"")
+
+
+def open_model(s: Session, now: float = 0.0) -> OpenSlot:
+    """Open the model of ``s`` (one that hears the stream) as a client does, with its first input:
+    one silent frame appended at ``now``. Returns the ``OpenSlot`` it asked for first; the other
+    actions (the frame's ``FeedAudio``) are taken with it."""
+    assert s.caps.hears_stream and not s.slot_open
+    s.handle(append(), now, decoded(level=0.0))
+    opened, *_ = s.take_actions()
+    assert isinstance(opened, OpenSlot) and s.slot_open
+    return opened
 
 
 def types(events) -> list[str]:

@@ -69,12 +69,15 @@ def streaming() -> SessionUpdate:
 
 
 async def opened(eng: Engine):
-    """An attachment whose preloaded events were read, and its record once the runner parked."""
+    """An attachment whose preloaded events were read, and its record once its first input (an
+    empty append) opened the model's slot and the runner parked again."""
     att = await eng.open(update=streaming())
     assert types([await att.next_event(), await att.next_event()]) == ["session.created", "session.updated"]
     record = eng.manager.records[att.session_id]
-    while record.mailbox.parked is None:
+    att.submit(InputAudioBufferAppend(audio=b""))
+    while not record.slot_open or record.mailbox.parked is None or record.mailbox.parked.done():
         await asyncio.sleep(0)
+    assert record.feed is not None and record.feed.buffered == 0
     return att, record
 
 

@@ -10,7 +10,7 @@ import msgspec
 import numpy as np
 import pytest
 
-from duplex.engine.actions import FeedAudio, StartTurn
+from duplex.engine.actions import FeedAudio, OpenSlot, StartTurn
 from duplex.engine.input import DecodedAppend
 from duplex.engine.session import Session
 from duplex.engine.settings import SessionSettings, wire_capabilities
@@ -69,7 +69,8 @@ def test_frames_to_a_model_without_video_are_refused_and_its_audio_still_reaches
     assert types(events) == ["error"]
     assert error_of(events[0]) == ("invalid_input_modality", "video_frames", "evt_cam")
     assert events[0].error.message.endswith("its audio was applied, its frames were not")
-    (feed,) = s.take_actions()
+    opened, feed = s.take_actions()  # its audio is the session's first input: it opens the model
+    assert isinstance(opened, OpenSlot)
     assert isinstance(feed, FeedAudio) and len(feed.pcm) == 1920 and feed.video_frames == ()
     # The session goes on: a plain append is fed as before, with no error.
     assert s.handle(InputAudioBufferAppend(audio=b""), 0.08, with_frames(frames=())) == []
@@ -96,7 +97,8 @@ def test_a_model_with_video_input_gets_the_frames_with_their_audio() -> None:
     s = make_session("unit")
     events = s.handle(InputAudioBufferAppend(audio=b""), 0.0, with_frames(rate=16000, frames=(JPEG, JPEG)))
     assert events == []
-    (feed,) = s.take_actions()
+    opened, feed = s.take_actions()
+    assert isinstance(opened, OpenSlot)
     assert isinstance(feed, FeedAudio) and feed.video_frames == (JPEG, JPEG)
 
 

@@ -17,7 +17,7 @@ import msgspec
 import numpy as np
 import pytest
 
-from duplex.engine.actions import CancelSlot, ClearFeed, CloseSession, FeedAudio, StartTurn
+from duplex.engine.actions import CancelSlot, ClearFeed, CloseSession, FeedAudio, OpenSlot, StartTurn
 from duplex.engine.session import Session
 from duplex.engine.settings import SessionSettings
 from duplex.plugins.base import Capabilities, SlotOutput
@@ -26,7 +26,7 @@ from duplex.protocol.audio import encode_wav
 from duplex.protocol.ext.events import SpeakMetadata, TextMark
 from duplex.protocol.formats import AudioFormat
 
-from .conftest import CAPS, decoded, make_session, types
+from .conftest import CAPS, decoded, make_session, open_model, types
 
 VOICED = np.full(1920, 0.2, np.float32)  # 80 ms at 24 kHz
 SEEDS = Dialect.SEEDS
@@ -287,8 +287,15 @@ def test_input_cancel_cancels_the_response_drops_the_input_and_advances_the_epoc
 def test_input_cancel_without_a_response_still_advances_the_epoch() -> None:
     s = make_session("turn", dialect=SEEDS, vad=None)
     s.handle(append_frame(), 0.0, decoded(200))
+    assert s.take_actions() == [OpenSlot(s.slot_options())]  # the first input opens the model
     assert types(s.handle(seed({"type": "input.cancel"}), 0.1)) == ["input_audio_buffer.cleared"]
     assert s.epoch == 1 and s.take_actions() == [CancelSlot(1)] and not s.user.has_input
+
+
+def test_input_cancel_before_any_input_advances_the_epoch_with_no_slot_to_cancel() -> None:
+    s = make_session("echo", dialect=SEEDS)
+    assert types(s.handle(seed({"type": "input.cancel"}), 0.0)) == ["input_audio_buffer.cleared"]
+    assert s.epoch == 1 and s.take_actions() == [ClearFeed()] and not s.slot_open
 
 
 def test_typed_text_joins_the_turn_of_a_turn_model() -> None:
@@ -300,7 +307,8 @@ def test_typed_text_joins_the_turn_of_a_turn_model() -> None:
     item = of(events, "conversation.item.added").item
     assert [type(part).__struct_config__.tag for part in item.content] == ["input_text"]
     assert item.content[0].text == "What is the time?"
-    (start,) = s.take_actions()
+    opened, start = s.take_actions()  # typed text is the first input: it opened the model's slot
+    assert opened == OpenSlot(s.slot_options())
     assert isinstance(start, StartTurn) and start.request.pcm is None
     assert start.request.text == "What is the time?"
 
@@ -317,6 +325,7 @@ def test_typed_text_is_refused_by_a_model_that_hears_the_stream() -> None:
 
 def overlapping(dialect: Dialect = SEEDS, caps: Capabilities | None = None, **settings: Any) -> Session:
     s = session(caps or CAPS["echo"], dialect, **settings)
+    open_model(s)
     s.on_output(speak(), 0.1)
     return s
 
@@ -435,12 +444,15 @@ def test_ref_audio_reaches_a_plugin_that_reads_it_decoded_from_its_data_uri() ->
     extra = s.slot_options().extra
     assert extra["ref_audio"] == base64.b64decode(uri.split(",", 1)[1])
     assert extra["ref_audio"][:4] == b"RIFF" and "ref_audio" not in s.settings.extra_body
-    again = {"type": "session.update", "session": {"ref_audio": uri, "instructions": ""}}
-    assert types(s.handle(seed(again), 0.0)) == ["session.updated"]  # the same voice: accepted
     other = {"type": "session.update", "session": {"extra_body": {"tts_ref_audio": wav_uri(0.2)}}}
-    assert codes(s.handle(seed(other), 0.0)) == [
-        ("ref_audio_update_unsupported", "session.extra_body.tts_ref_audio")
-    ]
+    assert types(s.handle(seed(other), 0.0)) == ["session.updated"]  # the model's slot is not open yet
+    assert s.slot_options().extra["ref_audio"] != extra["ref_audio"]
+    opened = open_model(s)
+    assert opened.options.extra["ref_audio"] == s.settings.ref_audio
+    again = {"type": "session.update", "session": {"extra_body": {"tts_ref_audio": wav_uri(0.2)}}}
+    assert types(s.handle(seed(again), 0.1)) == ["session.updated"]  # the same voice: accepted
+    changed = {"type": "session.update", "session": {"ref_audio": uri}}
+    assert codes(s.handle(seed(changed), 0.2)) == [("ref_audio_update_unsupported", "session.ref_audio")]
 
 
 @pytest.mark.parametrize(
@@ -512,8 +524,9 @@ def test_a_model_that_speaks_in_a_reference_voice_only_needs_one_for_audio() -> 
 def test_a_persona_prompt_fixed_at_open_is_persona_update_unsupported() -> None:
     caps = msgspec.structs.replace(CAPS["echo"], persona_instructions=True, updatable_options=())
     s = session(caps)
+    open_model(s)
     update = {"type": "session.update", "session": {"instructions": "You are a pirate."}}
-    assert codes(s.handle(seed(update), 0.0)) == [("persona_update_unsupported", "session.instructions")]
+    assert codes(s.handle(seed(update), 0.1)) == [("persona_update_unsupported", "session.instructions")]
 
 
 def test_auto_response_decides_what_a_bare_commit_asks_of_a_turn_model() -> None:

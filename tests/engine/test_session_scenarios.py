@@ -6,7 +6,7 @@ import msgspec
 import numpy as np
 import pytest
 
-from duplex.engine.actions import CancelSlot, ClearFeed, CloseSession, FeedAudio, StartTurn
+from duplex.engine.actions import CancelSlot, ClearFeed, CloseSession, FeedAudio, OpenSlot, StartTurn
 from duplex.engine.vad import SpeechStarted, SpeechStopped
 from duplex.engine.vad_config import VadConfig
 from duplex.plugins.base import SlotOutput, ToolCall
@@ -33,7 +33,7 @@ from duplex.protocol.realtime.commands import (
 from duplex.protocol.realtime.items import FunctionCallOutputItem, InputTextPart, MessageItem
 from duplex.protocol.realtime.session import SessionConfig
 
-from .conftest import CAPS, append, decoded, make_session, types
+from .conftest import CAPS, append, decoded, make_session, open_model, types
 
 VOICED = np.full(1920, 0.2, np.float32)
 
@@ -99,8 +99,12 @@ def test_model_output_opens_a_response_in_exact_ga_order_and_end_of_turn_complet
 def test_every_append_feeds_the_frame_model() -> None:
     s = make_session("echo")
     assert s.handle(append(), 0.0, decoded()) == []
-    (action,) = s.take_actions()
+    opened, action = s.take_actions()  # the first input opens the model's slot, then feeds it
+    assert opened == OpenSlot(s.slot_options())
     assert isinstance(action, FeedAudio) and len(action.pcm) == 1920 and action.submitted_at == 0.0
+    assert s.handle(append(), 0.08, decoded()) == []
+    (action,) = s.take_actions()
+    assert isinstance(action, FeedAudio) and action.submitted_at == 0.08
 
 
 def test_listen_decision_without_a_response_is_response_listen() -> None:
@@ -122,6 +126,7 @@ def test_unit_model_listen_mid_response_ends_it_then_listens() -> None:
 
 def test_barge_in_during_audio_cancels_in_order_and_fences_stale_output() -> None:
     s = make_session("echo")
+    open_model(s)
     s.on_output(speak(text="w1 "), 0.1)
     events = s.handle(BargeIn(), 0.2)
     assert types(events) == [
@@ -204,7 +209,7 @@ def test_client_lane_commit_keeps_the_item_and_waits_for_response_create() -> No
         "input_audio_buffer.committed",
         "conversation.item.done",
     ]
-    assert s.take_actions() == []
+    assert s.take_actions() == [OpenSlot(s.slot_options())]  # the append opened the model's slot
     events = s.handle(ResponseCreate(response=None), 0.2)
     assert types(events) == ["response.created"]
     (start,) = s.take_actions()
@@ -221,7 +226,7 @@ def test_commit_with_create_response_starts_a_turn_after_the_committed_event() -
         "conversation.item.done",
         "response.created",
     ]
-    assert isinstance(s.take_actions()[0], StartTurn)
+    assert [type(a) for a in s.take_actions()] == [OpenSlot, StartTurn]
 
 
 def test_silent_commit_is_committed_then_response_listen() -> None:
@@ -452,7 +457,8 @@ def test_item_errors_and_operations() -> None:
         "bad_event"
     ]
     s.handle(ResponseCreate(), 0.1)
-    assert s.take_actions()[0].request.text == "hi"
+    opened, start = s.take_actions()  # the first input that needs the model opens its slot
+    assert isinstance(opened, OpenSlot) and start.request.text == "hi"
 
 
 def test_session_update_and_its_refusals() -> None:
@@ -463,8 +469,9 @@ def test_session_update_and_its_refusals() -> None:
     s.on_output(speak(text="hello"), 0.1)
     assert "response.output_text.delta" in types(s.on_output(speak(text=" there"), 0.2))
     s2 = make_session("echo")
+    open_model(s2)
     s2.on_output(speak(), 0.1)
-    voice = SessionUpdate(session=SessionConfig(voice="alloy"))
+    voice = SessionUpdate(session=SessionConfig(voice="narrator"))
     assert error_codes(s2.handle(voice, 0.2)) == ["voice_update_after_audio_unsupported"]
 
 

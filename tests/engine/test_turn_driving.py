@@ -15,9 +15,9 @@ from collections.abc import Iterator
 import pytest
 
 from duplex.engine import Engine, EngineConfig
-from duplex.plugins.base import SlotOutput, TurnRequest
+from duplex.plugins.base import SlotOptions, SlotOutput, TurnRequest
 from duplex.plugins.builtin.scripted import ScriptedTurnPlugin
-from duplex.protocol.realtime.commands import ResponseCreate
+from duplex.protocol.realtime.commands import InputAudioBufferAppend, ResponseCreate
 from tests.engine.conftest import types, until
 
 pytestmark = pytest.mark.timeout(30)
@@ -25,7 +25,8 @@ pytestmark = pytest.mark.timeout(30)
 
 class GatedTurnPlugin(ScriptedTurnPlugin):
     """The first slot that asks for a reply is gated: each of its pulls signals ``holding`` and
-    then waits for one ``permits`` (``free`` lets every pull through)."""
+    then waits for one ``permits`` (``free`` lets every pull through). Each slot it opens signals
+    ``opened``."""
 
     def __init__(self) -> None:
         super().__init__(script=("one two three four five six seven eight",), max_sessions=2)
@@ -33,6 +34,11 @@ class GatedTurnPlugin(ScriptedTurnPlugin):
         self.holding = threading.Semaphore(0)
         self.permits = threading.Semaphore(0)
         self.free = threading.Event()
+        self.opened = threading.Semaphore(0)
+
+    def open_slot(self, slot: int, options: SlotOptions) -> None:
+        super().open_slot(slot, options)
+        self.opened.release()
 
     def respond(self, request: TurnRequest) -> Iterator[SlotOutput]:
         if self.gated_slot is None:
@@ -56,6 +62,8 @@ async def test_a_new_reply_waits_for_one_pull_of_a_long_reply_not_two() -> None:
     async with Engine(plugin, EngineConfig(reaper_interval_s=3600), model_name="m") as engine:
         talker, other = await engine.open(), await engine.open()
         try:
+            other.submit(InputAudioBufferAppend(audio=bytes(3200)))  # its first input opens its slot
+            await asyncio.to_thread(plugin.opened.acquire)
             talker.submit(ResponseCreate())
             await asyncio.to_thread(plugin.holding.acquire)  # the long reply's first pull holds the thread
             other.submit(ResponseCreate())

@@ -208,6 +208,9 @@ class ExtraBodySettings(msgspec.Struct, frozen=True, kw_only=True):
     ref_audio_path: str | None = None
     tts_ref_audio_path: str | None = None
     duplex_initial_user_text: Text | None = None
+    # Once the model's slot is open, a change to a setting it fixed there (a persona, a voice
+    # prompt, tools) restarts the model's context with the new prompt instead of being refused.
+    restart_on_update: bool | None = None
 
 
 class DuplexSessionConfig(SessionConfig, kw_only=True):
