@@ -41,12 +41,12 @@ in the first column after the prompt, the prompt's last delay-1 agent tokens ove
 Stock ``LMGen`` reads no embeddings, so the voice's positions run through the language model's
 temporal transformer directly (the only part of a step that keeps state) and its position counters
 are moved past them. Logits and the columns the transformer reads are observed with forward hooks
-on ``text_linear``, ``linears`` and the embedding tables.
+(``testing.LogitWatch``).
 """
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from pathlib import Path
 
 import numpy as np
@@ -57,6 +57,7 @@ from moshi.utils.compile import no_compile
 
 from duplex.plugins.personaplex.config import PersonaPlexConfig
 from duplex.plugins.personaplex.loading import LM_FILE, MIMI_FILE
+from duplex.plugins.personaplex.testing import LogitWatch
 
 __all__ = ["UPSTREAM_COMMIT", "Frame", "Upstream", "UpstreamPrompt", "system_prompt", "wrap_with_system_tags"]
 
@@ -124,15 +125,6 @@ class Frame:
     latent: torch.Tensor | None
 
 
-@dataclass
-class _Seen:
-    """What the forward hooks saw during one step."""
-
-    text_logits: torch.Tensor | None = None
-    agent_logits: dict[int, torch.Tensor] = field(default_factory=dict)
-    column: dict[int, int] = field(default_factory=dict)
-
-
 class Upstream:
     """The checkpoint under ``root`` in stock moshi, one session at a time (as the vendor's server
     runs them), in float32 on the CPU."""
@@ -146,33 +138,7 @@ class Upstream:
         self.mimi = loaders.get_mimi(root / MIMI_FILE, dict(cfg.mimi), device="cpu", num_codebooks=8)
         self.gen = LMGen(self.lm, use_sampling=False)
         self.A = cfg.num_audio_codebooks
-        self._seen = _Seen()
-        self._watch()
-
-    def _watch(self) -> None:
-        seen = self
-
-        def text_logits(_m: object, _i: object, out: torch.Tensor) -> None:
-            seen._seen.text_logits = out.detach().reshape(-1).clone()
-
-        def agent_logits(j: int):
-            def hook(_m: object, _i: object, out: torch.Tensor) -> None:
-                seen._seen.agent_logits[j] = out.detach().reshape(-1).clone()
-
-            return hook
-
-        def column(k: int):
-            def hook(_m: object, args: tuple[torch.Tensor, ...]) -> None:
-                seen._seen.column[k] = int(args[0].reshape(-1)[0])
-
-            return hook
-
-        self.lm.text_linear.register_forward_hook(text_logits)
-        for j in range(self.A):
-            self.lm.linears[j].register_forward_hook(agent_logits(j))
-        self.lm.text_emb.register_forward_pre_hook(column(0))
-        for k in range(self.lm.n_q):
-            self.lm.emb[k].register_forward_pre_hook(column(1 + k))
+        self.watch = LogitWatch(self.lm, self.A)
 
     @torch.no_grad()
     def run(self, prompt: UpstreamPrompt, audio: list[np.ndarray]) -> list[Frame]:
@@ -213,7 +179,7 @@ class Upstream:
                     latent = self.mimi._encode_to_unquantized_latent(frame)
                     codes.append(self.mimi.quantizer.encode(latent)[0, :, 0])
                     user_codes = codes[-1].tolist()
-                self._seen = _Seen()
+                self.watch.arm()
                 tokens = self.gen.step(none)
                 assert tokens is not None
                 if i == 0:
@@ -225,16 +191,15 @@ class Upstream:
                     given = torch.where(delayed[agent], last_delayed[agent], tokens[0, agent, 0])
                     tokens[0, agent, 0] = given
                 pcm = self.mimi.decode(tokens[:, 1 : 1 + A])
-                seen = self._seen
-                assert seen.text_logits is not None and len(seen.agent_logits) == A
+                seen = self.watch.take()
                 out.append(
                     Frame(
-                        column=[seen.column[k] for k in range(K)],
+                        column=seen.column[0].tolist(),
                         text=int(tokens[0, 0, 0]),
                         agent=tokens[0, 1 : 1 + A, 0].tolist(),
                         user_codes=user_codes,
-                        text_logits=seen.text_logits.float().numpy(),
-                        agent_logits=torch.stack([seen.agent_logits[j] for j in range(A)]).float().numpy(),
+                        text_logits=seen.text[0],
+                        agent_logits=seen.agent[0],
                         pcm=pcm[0, 0].float().numpy(),
                         latent=latent,
                     )

@@ -50,7 +50,13 @@ from duplex.plugins.personaplex.config import FRAME_SAMPLES, tiny_config
 from duplex.plugins.personaplex.generation import frames_to_columns
 from duplex.plugins.personaplex.loading import TOKENIZER_FILE
 from duplex.plugins.personaplex.plugin import PersonaPlexPlugin
-from duplex.plugins.personaplex.testing import make_tiny_checkpoint, rounding_bound, speech_like
+from duplex.plugins.personaplex.testing import (
+    LogitWatch,
+    make_tiny_checkpoint,
+    rounding_bound,
+    same_choice,
+    speech_like,
+)
 from tests.parity.personaplex_upstream import Frame, Upstream, system_prompt, wrap_with_system_tags
 
 SLOTS = 4
@@ -141,50 +147,6 @@ class Step:
     pcm: np.ndarray
 
 
-class _Watch:
-    """Forward hooks on the plugin's language model that keep one batched step's logits and input
-    column (shapes ``[SLOTS, 1, ...]``: the prefill's batch-1 passes are not kept)."""
-
-    def __init__(self, lm: torch.nn.Module, agent: int) -> None:
-        self.text: torch.Tensor | None = None
-        self.agent: dict[int, torch.Tensor] = {}
-        self.column: dict[int, torch.Tensor] = {}
-
-        def keep(store: dict, key: int):
-            def hook(_m: object, _i: object, out: torch.Tensor) -> None:
-                if out.shape[:2] == (SLOTS, 1):
-                    store[key] = out.detach()[:, 0].clone()
-
-            return hook
-
-        def keep_input(k: int):
-            def hook(_m: object, args: tuple[torch.Tensor, ...]) -> None:
-                if args[0].shape == (SLOTS, 1):
-                    self.column[k] = args[0][:, 0].clone()
-
-            return hook
-
-        texts: dict[int, torch.Tensor] = {}
-        self._texts = texts
-        lm.text_linear.register_forward_hook(keep(texts, 0))
-        for j in range(agent):
-            lm.linears[j].register_forward_hook(keep(self.agent, j))
-        lm.text_emb.register_forward_pre_hook(keep_input(0))
-        for k in range(lm.n_q):
-            lm.emb[k].register_forward_pre_hook(keep_input(1 + k))
-
-    def clear(self) -> None:
-        self._texts.clear()
-        self.agent.clear()
-        self.column.clear()
-
-    def row(self, slot: int, K: int, A: int) -> tuple[list[int], np.ndarray, np.ndarray]:
-        column = [int(self.column[k][slot]) for k in range(K)]
-        text = self._texts[0][slot].float().numpy()
-        agent = torch.stack([self.agent[j][slot] for j in range(A)]).float().numpy()
-        return column, text, agent
-
-
 @dataclass
 class PluginRun:
     steps: dict[str, list[Step]]
@@ -196,14 +158,14 @@ class PluginRun:
 def plugin_run(ckpt: Path) -> PluginRun:
     """The five sessions through the plugin, batched (see the module docstring)."""
     cfg = tiny_config()
-    K, A = cfg.num_streams, cfg.num_audio_codebooks
+    A = cfg.num_audio_codebooks
     steps: dict[str, list[Step]] = {name: [] for name in SESSIONS}
     prompts = {}
     waited = dict.fromkeys(SESSIONS, 0)
     audio = {name: _audio(s) for name, s in SESSIONS.items()}
     with PersonaPlexPlugin.from_options(str(ckpt), max_sessions=SLOTS, prefill_chunk_frames=CHUNK) as plugin:
         gen = plugin.generator
-        watch = _Watch(gen.lm, A)
+        watch = LogitWatch(gen.lm, A)  # dies with the plugin
         delays = torch.tensor(cfg.delays)
         initial = gen._initial.cpu()
         for name, s in SESSIONS.items():
@@ -229,19 +191,22 @@ def plugin_run(ckpt: Path) -> PluginRun:
                     waited[name] += 1
             if not batch:
                 continue
-            watch.clear()
+            watch.arm()
             outputs = {o.slot: o for o in plugin.step(batch)}
+            if not heard:
+                continue
+            seen = watch.take()
+            assert seen.text.shape[0] == SLOTS  # every step runs all rows (no buckets)
             for slot, name in heard:
-                column, text_logits, agent_logits = watch.row(slot, K, A)
                 result = plugin.last_step
                 assert result is not None
                 steps[name].append(
                     Step(
-                        column=column,
+                        column=seen.column[slot].tolist(),
                         text=int(result.text[slot]),
                         agent=[int(c) for c in result.agent[slot]],
-                        text_logits=text_logits,
-                        agent_logits=agent_logits,
+                        text_logits=seen.text[slot],
+                        agent_logits=seen.agent[slot],
                         pcm=outputs[slot].pcm.copy(),
                     )
                 )
@@ -291,17 +256,14 @@ class Compared:
 
 
 def _decision(name: str, got: np.ndarray, want: np.ndarray, out: Compared) -> bool:
-    """Whether the greedy choice on ``got`` is the reference's; a different choice within the
-    logits' actual difference of a tie is a near tie (``out.stopped``), otherwise a failure."""
-    if int(got.argmax()) == int(want.argmax()):
-        return True
-    top2 = np.sort(want)[-2:]
-    gap = float(np.abs(got - want).max())
-    if top2[1] - top2[0] <= 2 * gap:
-        out.stopped = f"{name}: the reference's margin {top2[1] - top2[0]:.3g} is within rounding ({gap:.3g})"
-    else:
+    """Whether the greedy choice on ``got`` is the reference's (``testing.same_choice``); a near
+    tie stops the session's comparison (``out.stopped``), another difference fails it."""
+    same = same_choice(got, want)
+    if same is None:
+        out.stopped = f"{name}: a near tie in the reference's logits"
+    elif not same:
         out.failures.append(f"{name}: chose {int(got.argmax())}, the reference {int(want.argmax())}")
-    return False
+    return bool(same)
 
 
 def _compare(

@@ -22,6 +22,8 @@ syllables (about 4 a second) and pauses, over a little noise.
 from __future__ import annotations
 
 import io
+from collections.abc import Callable
+from dataclasses import dataclass
 from pathlib import Path
 
 import numpy as np
@@ -31,7 +33,17 @@ from moshi.models.compression import MimiModel
 from duplex.plugins.personaplex.config import FRAME_SAMPLES, SAMPLE_RATE, PersonaPlexConfig, tiny_config
 from duplex.plugins.personaplex.loading import build_lm, build_mimi, export_checkpoint
 
-__all__ = ["TINY_VOICES", "calibrate_codebooks", "make_tiny_checkpoint", "speech_like", "train_tokenizer"]
+__all__ = [
+    "TINY_VOICES",
+    "LogitWatch",
+    "WatchedStep",
+    "calibrate_codebooks",
+    "make_tiny_checkpoint",
+    "rounding_bound",
+    "same_choice",
+    "speech_like",
+    "train_tokenizer",
+]
 
 TINY_VOICES = ("NATF2", "VARM0")
 _VOICE_FRAMES = 4
@@ -179,6 +191,111 @@ def calibrate_codebooks(mimi: MimiModel, seed: int = 0) -> None:
     emb = mimi._to_encoder_framerate(mimi.quantizer.decode(mimi.quantizer.encode(latent)))
     (emb,) = mimi.decoder_transformer(emb)
     _unit_variance(mimi.decoder, emb, last=0.1)
+
+
+def rounding_bound(*parts: torch.nn.Module) -> float:
+    """How far float32 results of ``parts`` (run one after the other) may move, relative to their
+    peak, when their sums run in another order (another batch size, another kernel): to first
+    order, the unit roundoff 2**-24 times the number of terms summed along the chain, every
+    convolution's and projection's inner width. For tolerances in tests of the tiny model, whose
+    Mimi's layers are scaled to unit gain (``calibrate_codebooks``)."""
+    terms = 0
+    for part in parts:
+        for module in part.modules():
+            if isinstance(module, torch.nn.Conv1d):
+                terms += module.in_channels // module.groups * module.kernel_size[0]
+            elif isinstance(module, torch.nn.ConvTranspose1d):
+                terms += module.in_channels // module.groups * -(-module.kernel_size[0] // module.stride[0])
+            elif isinstance(module, torch.nn.Linear):
+                terms += module.in_features
+    return terms * 2.0**-24
+
+
+def same_choice(got: np.ndarray, want: np.ndarray) -> bool | None:
+    """Whether greedy decoding picks the same candidate from logits ``got`` as from ``want`` (one
+    decision's logits, computed twice in float arithmetic of other groupings).
+
+    ``True`` or ``False``; ``None`` when it may go either way: where two logit vectors differ by at
+    most ``d``, a candidate that beats its runner-up by more than ``2 d`` in ``want`` stays first in
+    ``got``, so a different pick is only possible when ``want``'s margin is within ``2 d`` (a near
+    tie, after which two conversations part)."""
+    if int(got.argmax()) == int(want.argmax()):
+        return True
+    top2 = np.sort(want)[-2:]
+    return None if top2[1] - top2[0] <= 2 * float(np.abs(got - want).max()) else False
+
+
+@dataclass
+class WatchedStep:
+    """What one batched step of a PersonaPlex language model computed, by row: ``text [n, V]`` the
+    text logits, ``agent [n, A, card]`` the agent codebooks' depformer logits, ``column [n, 17]``
+    the token column its temporal transformer read."""
+
+    text: np.ndarray
+    agent: np.ndarray
+    column: np.ndarray
+
+
+class LogitWatch:
+    """Forward hooks on a PersonaPlex ``LMModel`` (the plugin's, or moshi's own in a reference)
+    that keep what its next one-position step computes (``WatchedStep``).
+
+    ``arm()`` before the step, ``take()`` after it. Only the first pass of each layer after
+    ``arm()`` is kept: the plugin runs its step before any prefill chunk that a tick enqueues.
+    ``take()`` refuses (``AssertionError``) a pass of more than one position (a prefill's). A
+    context manager: leaving it (or ``close()``) removes the hooks.
+    """
+
+    def __init__(self, lm: torch.nn.Module, agent_codebooks: int) -> None:
+        self._seen: dict[str, torch.Tensor] = {}
+        self._armed = False
+        self._agent = agent_codebooks
+        self._streams = 1 + int(lm.n_q)
+        self._hooks = [lm.text_linear.register_forward_hook(self._output("text"))]
+        for j in range(agent_codebooks):
+            self._hooks.append(lm.linears[j].register_forward_hook(self._output(f"agent{j}")))
+        self._hooks.append(lm.text_emb.register_forward_pre_hook(self._input("column0")))
+        for k in range(lm.n_q):
+            self._hooks.append(lm.emb[k].register_forward_pre_hook(self._input(f"column{1 + k}")))
+
+    def __enter__(self) -> LogitWatch:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
+
+    def close(self) -> None:
+        """Remove the hooks."""
+        for hook in self._hooks:
+            hook.remove()
+        self._hooks.clear()
+
+    def _output(self, key: str) -> Callable[..., None]:
+        def hook(_module: object, _args: object, out: torch.Tensor) -> None:
+            if self._armed and key not in self._seen:
+                self._seen[key] = out.detach().float().clone()
+
+        return hook
+
+    def _input(self, key: str) -> Callable[..., None]:
+        def hook(_module: object, args: tuple[torch.Tensor, ...]) -> None:
+            if self._armed and key not in self._seen:
+                self._seen[key] = args[0].detach().clone()
+
+        return hook
+
+    def arm(self) -> None:
+        self._seen = {}
+        self._armed = True
+
+    def take(self) -> WatchedStep:
+        self._armed = False
+        seen = self._seen
+        text = seen["text"]
+        assert text.dim() == 3 and text.shape[1] == 1, f"not a one-position step: {tuple(text.shape)}"
+        agent = torch.stack([seen[f"agent{j}"][:, 0] for j in range(self._agent)], dim=1)
+        column = torch.stack([seen[f"column{k}"][:, 0] for k in range(self._streams)], dim=1)
+        return WatchedStep(text[:, 0].cpu().numpy(), agent.cpu().numpy(), column.cpu().numpy())
 
 
 def make_tiny_checkpoint(root: str | Path, seed: int = 0) -> Path:
