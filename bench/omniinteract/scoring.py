@@ -48,6 +48,7 @@ __all__ = [
     "EvaluationConfig",
     "PartialDiagnostic",
     "SlotScore",
+    "Verdicts",
     "aggregate",
     "case_score",
     "decay",
@@ -71,6 +72,15 @@ class EvaluationConfig:
     count_unmatched_as_fp: bool = True
     evaluate_interrupted_outputs: bool = True
     last_slot_tail_s: float = 60.0
+
+
+@dataclass(frozen=True)
+class Verdicts:
+    """The judge's verdicts for one slot: one per stage it was asked (``stages``)."""
+
+    early: EarlyVerdict | None = None
+    core: CoreVerdict | None = None
+    partial: PartialVerdict | None = None
 
 
 @dataclass(frozen=True)
@@ -208,26 +218,26 @@ def _early(plan: SlotPlan, verdict: EarlyVerdict, w_ack: float, cfg: EvaluationC
 
 def score_slot(
     plan: SlotPlan,
-    verdicts: dict[str, Any],
+    verdicts: Verdicts,
     cfg: EvaluationConfig = EvaluationConfig(),
 ) -> SlotScore:
-    """One slot's TP/FP/FN (module docstring). ``verdicts`` maps each of ``stages(plan, cfg)`` to its
-    ``EarlyVerdict`` / ``CoreVerdict`` / ``PartialVerdict``; ``KeyError`` names a missing one."""
+    """One slot's TP/FP/FN (module docstring). ``verdicts`` must hold one for each of
+    ``stages(plan, cfg)``; ``ValueError`` names a missing one (others are ignored)."""
     s = plan.slot
     w_ack = 0.0 if s.scene == "1qna" and (s.step or 1) > 1 else cfg.w_ack
     needed = stages(plan, cfg)
-    missing = [k for k in needed if k not in verdicts]
+    missing = [k for k in needed if getattr(verdicts, k) is None]
     if missing:
-        raise KeyError(f"slot {s.slot_id} needs a verdict for {', '.join(missing)}")
+        raise ValueError(f"slot {s.slot_id} needs a verdict for {', '.join(missing)}")
     fp = 0
     tp_ack = t_ack = s_ack = tp_core = t_core = s_core = 0.0
     answer_start = trigger = order = None
-    if "early" in needed:
-        tp_ack, t_ack, s_ack, fp = _early(plan, verdicts["early"], w_ack, cfg)
+    if verdicts.early is not None and "early" in needed:
+        tp_ack, t_ack, s_ack, fp = _early(plan, verdicts.early, w_ack, cfg)
     if s.interrupted:
         order = plan.core[-1].end if plan.core else None
-    elif "core" in needed:
-        core: CoreVerdict = verdicts["core"]
+    elif verdicts.core is not None and "core" in needed:
+        core = verdicts.core
         first = plan.core[0]
         fallback = max(first.start if first.split_at is None else min(first.start, first.split_at), s.t_a)
         s_core = core.score
@@ -245,7 +255,7 @@ def score_slot(
         fp += 1 if spill > 0 else 0
     partial = None
     if s.interrupted:
-        partial = _partial(plan, verdicts.get("partial"), spill > 0, cfg)
+        partial = _partial(plan, verdicts.partial if "partial" in needed else None, spill > 0, cfg)
     tp = max(0.0, min(1.0, tp_ack + tp_core))
     fn = 0 if s.interrupted else (1 if tp_core <= 0 else 0)
     return SlotScore(plan, tp, fp, fn, tp_ack, tp_core, t_ack, s_ack, t_core, s_core, answer_start, trigger,

@@ -16,6 +16,7 @@ from bench.omniinteract.dataset import QA, Case, parse_annotation
 from bench.omniinteract.evaluate import plan_case, score_case
 from bench.omniinteract.scoring import (
     EvaluationConfig,
+    Verdicts,
     aggregate,
     case_score,
     decay,
@@ -70,7 +71,7 @@ def test_a_slot_ends_at_the_next_question_even_before_its_own_answer_is_due() ->
     case = _case([_qa(0, "timer?", 10, "rang", "proactive"), _qa(5, "pot?", 8, "pasta")])
     assert [(s.start, s.t_a, s.end) for s in build_slots(case)] == [(0, 10, 5), (5, 8, 68)]
     plans, _ = _plans(case, [_chunk(3, 6.5)])
-    score = score_slot(plans[0], {"early": EarlyVerdict(False, 1.0)})
+    score = score_slot(plans[0], Verdicts(early=EarlyVerdict(False, 1.0)))
     assert (score.spill_s, score.fp, score.fn) == (1.5, 1, 1)  # it talked past the next question
 
 
@@ -144,7 +145,7 @@ def test_chunks_are_taken_in_time_order_whatever_the_file_order() -> None:
     plan = plans[0]
     assert [c.chunk_id for c in plan.chunks] == [3, 1, 2, 0]
     assert [p.text for p in plan.early] == ["x", "y"] and [p.text for p in plan.core] == ["a", "b"]
-    score = score_slot(plan, {"early": EarlyVerdict(False, 1.0), "core": CoreVerdict(1.0)})
+    score = score_slot(plan, Verdicts(early=EarlyVerdict(False, 1.0), core=CoreVerdict(1.0)))
     assert score.t_ack == pytest.approx(0.7)  # the first early chunk starts at 3 s
     assert score.answer_start == 11  # the first core chunk
 
@@ -165,9 +166,9 @@ def test_a_chunk_across_the_answer_time_is_split_at_its_words() -> None:
     assert (core.start, core.end, core.text, core.split_at) == (5.4, 7.0, "it is milk", 5)
     assert early.full_text == core.full_text == "Let me see, it is milk"
     # the answer starts at t_a at the latest; with the judge's trigger phrase, at its first word
-    plain = score_slot(plans[0], {"early": EarlyVerdict(False, 1.0), "core": CoreVerdict(1.0)})
+    plain = score_slot(plans[0], Verdicts(early=EarlyVerdict(False, 1.0), core=CoreVerdict(1.0)))
     quoted = CoreVerdict(1.0, "\u201cmilk\u201d")
-    phrase = score_slot(plans[0], {"early": EarlyVerdict(False, 1.0), "core": quoted})
+    phrase = score_slot(plans[0], Verdicts(early=EarlyVerdict(False, 1.0), core=quoted))
     assert (plain.answer_start, plain.trigger_start) == (5, None)
     assert (phrase.answer_start, phrase.trigger_start) == (6.6, 6.6)
     assert phrase.tp_core == pytest.approx((1 - 1.6 / 60) * 0.8)
@@ -186,29 +187,29 @@ def test_chinese_words_join_without_spaces_and_time_the_trigger_phrase() -> None
     assert [p.text for p in plans[0].early] == ["\u6211\u770b\u770b"]
     assert [p.text for p in plans[0].core] == ["\u662f\u7ea2\u8272"]
     red = CoreVerdict(1.0, "\u7ea2\u8272")
-    score = score_slot(plans[0], {"early": EarlyVerdict(False, 1.0), "core": red})
+    score = score_slot(plans[0], Verdicts(early=EarlyVerdict(False, 1.0), core=red))
     assert score.answer_start == 5.8
 
 
 def test_a_trigger_phrase_in_text_the_words_do_not_spell_has_no_time() -> None:
     words = [("Still", 7.0, 7.4), ("sleeping", 7.5, 8.0)]
     plans, _ = _plans(_case([_qa(0, "cat?", 3, "sleeping")]), [_chunk(7, 8, "Still, sleeping!", words)])
-    score = score_slot(plans[0], {"core": CoreVerdict(0.9, "Still, sleeping")})
+    score = score_slot(plans[0], Verdicts(core=CoreVerdict(0.9, "Still, sleeping")))
     assert (score.trigger_start, score.answer_start) == (None, 7)
-    found = score_slot(plans[0], {"core": CoreVerdict(0.9, "sleeping!")})  # words spell "Still sleeping"
+    found = score_slot(plans[0], Verdicts(core=CoreVerdict(0.9, "sleeping!")))  # words spell "Still sleeping"
     assert found.trigger_start is None
     plans, _ = _plans(_case([_qa(0, "cat?", 3, "sleeping")]), [_chunk(7, 8, "Still sleeping!", words)])
-    assert score_slot(plans[0], {"core": CoreVerdict(0.9, "sleeping")}).trigger_start == 7.5
+    assert score_slot(plans[0], Verdicts(core=CoreVerdict(0.9, "sleeping"))).trigger_start == 7.5
 
 
 def test_ia_qtf1_worked_example() -> None:
     plans, unmatched = _plans(_case([_qa(0, "q1", 10, "a1"), _qa(20, "q2", 30, "a2")]),
                               [_chunk(5, 6), _chunk(12, 15), _chunk(100, 101)])
     assert unmatched == 1
-    first = score_slot(plans[0], {"early": EarlyVerdict(False, 1.0), "core": CoreVerdict(0.8)})
+    first = score_slot(plans[0], Verdicts(early=EarlyVerdict(False, 1.0), core=CoreVerdict(0.8)))
     # T_ack = 0.5 -> 0.5 * 1.0 * 0.2; T_core = decay(12, 10, 20) = 0.8 -> 0.8 * 0.8 * 0.8
     assert first.tp == pytest.approx(0.1 + 0.512) and (first.fp, first.fn) == (0, 0)
-    second = score_slot(plans[1], {})
+    second = score_slot(plans[1], Verdicts())
     assert (second.tp, second.fp, second.fn) == (0.0, 0, 1)
     g = aggregate([case_score([first, second], unmatched)])["global"]
     assert (g["TP"], g["FP"], g["FN"]) == (pytest.approx(0.612), 1, 1)
@@ -221,7 +222,7 @@ def test_ia_qtf1_worked_example() -> None:
 
 def test_hallucination_low_quality_and_spill_are_false_positives() -> None:
     plans, _ = _plans(_case([_qa(0, "q", 10, "a"), _qa(20, "q2", 30, "a2")]), [_chunk(5, 6), _chunk(15, 25)])
-    s = score_slot(plans[0], {"early": EarlyVerdict(True), "core": CoreVerdict(0.3)})
+    s = score_slot(plans[0], Verdicts(early=EarlyVerdict(True), core=CoreVerdict(0.3)))
     assert (s.tp, s.fp, s.fn, s.s_ack) == (0.0, 3, 1, 0.0)  # hallucination + low quality + spill past 20 s
     assert s.spill_s == pytest.approx(5.0)
 
@@ -229,15 +230,15 @@ def test_hallucination_low_quality_and_spill_are_false_positives() -> None:
 def test_an_interrupted_slots_partial_answer_is_a_diagnostic_outside_the_global_counts() -> None:
     plans, _ = _plans(_case([_qa(0, "rules?", 4, "wash hands", "realtime", interrupted=True)]),
                       [_chunk(1, 2), _chunk(5, 9)])
-    good = score_slot(plans[0], {"early": EarlyVerdict(False, 1.0), "partial": PartialVerdict(0.8)})
+    good = score_slot(plans[0], Verdicts(early=EarlyVerdict(False, 1.0), partial=PartialVerdict(0.8)))
     # the slot counts its ack TP (decay(1, 0, 4) * 1 * 0.2), its spill past 64 s (none) and FN 0
     assert (good.tp, good.fp, good.fn) == (pytest.approx(0.15), 0, 0)
     p = good.partial
     assert p is not None and (p.status, p.quality, p.tp, p.fp, p.fn) == ("ok", 0.8, 0.8, 0, 0)
-    bad = score_slot(plans[0], {"early": EarlyVerdict(True), "partial": PartialVerdict(0.3, True)})
+    bad = score_slot(plans[0], Verdicts(early=EarlyVerdict(True), partial=PartialVerdict(0.3, True)))
     assert (bad.tp, bad.fp, bad.fn) == (0.0, 1, 0)  # only the early hallucination
     assert bad.partial is not None and (bad.partial.tp, bad.partial.fp, bad.partial.fn) == (0.0, 2, 1)
-    silent = score_slot(_plans(_case([_qa(0, "q", 4, "a", interrupted=True)]), [])[0][0], {})
+    silent = score_slot(_plans(_case([_qa(0, "q", 4, "a", interrupted=True)]), [])[0][0], Verdicts())
     assert (silent.tp, silent.fp, silent.fn) == (0.0, 0, 0)
     assert silent.partial is not None and silent.partial.status == "no_output"
     diag = aggregate([case_score([good, silent], 0)])["exp_interruption"]
@@ -258,8 +259,8 @@ def _nested(inner_core: float, outer_core: float, inner_at: float = 8.5, outer_a
     rows = [_qa(0, "tell me when", 20, "now", "proactive"), _qa(5, "what is it", 8, "a sign", "realtime")]
     chunks = [_chunk(inner_at, inner_at + 1), _chunk(outer_at, outer_at + 1)]
     plans, unmatched = _plans(_case(rows, "nested"), chunks)
-    scores = [score_slot(plans[0], {"core": CoreVerdict(outer_core)}),
-              score_slot(plans[1], {"core": CoreVerdict(inner_core)})]
+    scores = [score_slot(plans[0], Verdicts(core=CoreVerdict(outer_core))),
+              score_slot(plans[1], Verdicts(core=CoreVerdict(inner_core)))]
     return case_score(scores, unmatched)
 
 
@@ -290,7 +291,7 @@ def test_pooled_nccs_counts_the_pairs_of_every_case() -> None:
 def test_slices_subtract_nested_slots_and_the_math_slice_holds_math_cases() -> None:
     nested = _nested(0.9, 0.85)
     plans, unmatched = _plans(_case([_qa(0, "q", 3, "a")], subset="1q1a_math"), [_chunk(3.5, 4)])
-    math_case = case_score([score_slot(plans[0], {"core": CoreVerdict(1.0)})], unmatched, math=True)
+    math_case = case_score([score_slot(plans[0], Verdicts(core=CoreVerdict(1.0)))], unmatched, math=True)
     s = aggregate([nested, math_case])["slices"]
     assert (s["realtime"]["slots"], s["proactive"]["slots"], s["nested"]["slots"]) == (1, 0, 2)
     assert s["realtime"]["TP"] == pytest.approx(math_case.slots[0].tp)
@@ -301,17 +302,18 @@ def test_slices_subtract_nested_slots_and_the_math_slice_holds_math_cases() -> N
 def test_one_qna_steps_after_the_first_earn_no_ack_and_soft_slots_do_not_spill() -> None:
     rows = [_qa(0, "how?", 5, "one", "step"), _qa(0, "how?", 12, "two", "step")]
     plans, _ = _plans(_case(rows, "1qna", "1qna"), [_chunk(6, 30)])
-    first = score_slot(plans[0], {"core": CoreVerdict(1.0)})
+    first = score_slot(plans[0], Verdicts(core=CoreVerdict(1.0)))
     assert (first.spill_s, first.fp) == (0.0, 0)  # ends after 12 s, but the boundary is soft
     assert first.tp_core == pytest.approx((1 - 1 / 7) * 0.8)
     plans, _ = _plans(_case(rows, "1qna", "1qna"), [_chunk(13, 14)])
-    assert score_slot(plans[1], {"core": CoreVerdict(1.0)}).tp_core == pytest.approx(1 - 1 / 60)  # W_ack 0
+    later = score_slot(plans[1], Verdicts(core=CoreVerdict(1.0)))
+    assert later.tp_core == pytest.approx(1 - 1 / 60)  # W_ack 0: the whole score is the core's
 
 
 def test_a_missing_verdict_is_named() -> None:
     plans, _ = _plans(_case([_qa(0, "q", 3, "a")]), [_chunk(1, 2), _chunk(4, 5)])
-    with pytest.raises(KeyError, match="slot 1 needs a verdict for core"):
-        score_slot(plans[0], {"early": EarlyVerdict(False, 1.0)})
+    with pytest.raises(ValueError, match="slot 1 needs a verdict for core"):
+        score_slot(plans[0], Verdicts(early=EarlyVerdict(False, 1.0)))
     with pytest.raises(KeyError, match="no judge reply for 1:early"):
         score_case(plans, 0, {"1:core": "{}"})
 
