@@ -267,6 +267,8 @@ def accuracy_report(summary: dict[str, Any]) -> str:
     ]
     for name, value in s["paper_metrics"]["exp_f1"].items():
         lines.append(f"  IA-QTF1 {name}: {num(value)}")
+    if s["slices"]["math"]["slots"]:
+        lines.append(f"  IA-QTF1 math (1q1a_math cases): {num(s['slices']['math']['IA_QTF1'])}")
     i = s["exp_interruption"]
     if i["interrupted_slot_count"]:
         lines.append(f"  Interruption: NOR {num(i['NOR'])}  PAQ {num(i['PAQ'])}  CSM-SR {num(i['CSM_SR'])}  "

@@ -7,8 +7,8 @@ from pathlib import Path
 import pytest
 
 from bench.omniinteract.dataset import QA, Case
-from bench.omniinteract.evaluate import plan_case, questions
-from bench.omniinteract.judge import JudgeOptions, canonical_url
+from bench.omniinteract.evaluate import plan_case, questions, score_case
+from bench.omniinteract.judge import JudgeOptions, accuracy_report, canonical_url
 from bench.omniinteract.prompts import (
     OUR_PROMPTS,
     PINNED_JUDGE_BLOB,
@@ -16,6 +16,7 @@ from bench.omniinteract.prompts import (
     load_official_prompts,
     load_prompt_set,
 )
+from bench.omniinteract.scoring import aggregate
 from bench.omniinteract.verdicts import (
     CoreVerdict,
     EarlyVerdict,
@@ -142,3 +143,27 @@ def test_judge_url_is_normalised_to_chat_completions() -> None:
     assert canonical_url("http://h:8000") == "http://h:8000/v1/chat/completions"
     assert canonical_url("http://h:8000/v1/") == "http://h:8000/v1/chat/completions"
     assert canonical_url("http://h/v1/chat/completions") == "http://h/v1/chat/completions"
+
+
+def test_the_accuracy_report_names_the_prompts_the_unreadable_replies_and_the_math_slice() -> None:
+    rows = (QA(0, "Two plus two?", 3, "Four.", "realtime"),)
+    case = Case("1q1a_math", Path("/v.mp4"), "videos/v.mp4", Path("/a.json"), "multi_turn", rows)
+    plans, unmatched = plan_case(case, {"chunks": [{"text": "Four.", "timestamp": [3.5, 4]}]})
+    scored, sources = score_case(plans, unmatched, {"1:core": "no idea"}, math=True)
+    summary = {"judge_model": "m", "judge_base_url": "http://j/v1/chat/completions", "prompt_set": "ours",
+               "prompt_source": OUR_PROMPTS.source, "evaluated": 1, "failed": 0, "rejected": 0, "skipped": 0,
+               "judge_replies": {"llm_json": 0, "llm_float_text": 0, **sources},
+               "timing_precision": "chunk-level", "summary": aggregate([scored])}
+    assert accuracy_report(summary).splitlines() == [
+        "OmniInteract Accuracy",
+        "  judge: m at http://j/v1/chat/completions",
+        "  prompts: ours (bench.omniinteract.prompts (our wording))",
+        "  cases: 1 evaluated, 0 failed, 0 rejected, 0 cached",
+        "  judge replies: 0 JSON, 0 bare numbers, 1 unreadable (scored as the benchmark scores them)",
+        "  timing precision: chunk-level",
+        "  Global TP 0.000  FP 1  FN 1  P 0.000  R 0.000",
+        "  IA-QTF1 realtime: 0.000",
+        "  IA-QTF1 one_q1a_global: 0.000",
+        "  IA-QTF1 all_global: 0.000",
+        "  IA-QTF1 math (1q1a_math cases): 0.000",
+    ]

@@ -292,7 +292,9 @@ def test_slices_subtract_nested_slots_and_the_math_slice_holds_math_cases() -> N
     nested = _nested(0.9, 0.85)
     plans, unmatched = _plans(_case([_qa(0, "q", 3, "a")], subset="1q1a_math"), [_chunk(3.5, 4)])
     math_case = case_score([score_slot(plans[0], Verdicts(core=CoreVerdict(1.0)))], unmatched, math=True)
-    s = aggregate([nested, math_case])["slices"]
+    summary = aggregate([nested, math_case])
+    s = summary["slices"]
+    assert list(summary["paper_metrics"]["exp_f1"]) == ["realtime", "nested", "one_q1a_global", "all_global"]
     assert (s["realtime"]["slots"], s["proactive"]["slots"], s["nested"]["slots"]) == (1, 0, 2)
     assert s["realtime"]["TP"] == pytest.approx(math_case.slots[0].tp)
     assert (s["math"]["slots"], s["math"]["TP"]) == (1, pytest.approx(math_case.slots[0].tp))
