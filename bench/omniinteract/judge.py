@@ -150,7 +150,11 @@ async def _judge_case(
     if transcript_path is None:
         item.update(status="failed", error=f"no transcript ({', '.join(opts.transcript_names)}) in {folder}")
         return item, None, Counter(), 0, 0
-    transcript = json.loads(transcript_path.read_text(encoding="utf-8"))
+    try:
+        transcript = json.loads(transcript_path.read_text(encoding="utf-8"))
+    except (OSError, ValueError) as exc:
+        item.update(status="failed", error=f"{transcript_path}: {exc}")
+        return item, None, Counter(), 0, 0
     chunks = normalize_chunks(transcript)
     fingerprint = {
         "annotation_sha256": _sha(case.annotation_path), "transcript": transcript_path.name,

@@ -32,6 +32,7 @@ from typing import Any
 from bench.omniinteract.slots import OFFICIAL_SCENES, Piece, SlotPlan
 
 __all__ = [
+    "FIELDS",
     "OFFICIAL_JUDGE_FILE",
     "OUR_PROMPTS",
     "PINNED_COMMIT",

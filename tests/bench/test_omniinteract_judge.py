@@ -2,13 +2,15 @@
 
 from __future__ import annotations
 
+import json
 from pathlib import Path
 
+import httpx
 import pytest
 
 from bench.omniinteract.dataset import QA, Case
 from bench.omniinteract.evaluate import plan_case, questions, score_case
-from bench.omniinteract.judge import JudgeOptions, accuracy_report, canonical_url
+from bench.omniinteract.judge import JudgeOptions, accuracy_report, canonical_url, evaluate_run
 from bench.omniinteract.prompts import (
     OUR_PROMPTS,
     PINNED_JUDGE_BLOB,
@@ -167,3 +169,35 @@ def test_the_accuracy_report_names_the_prompts_the_unreadable_replies_and_the_ma
         "  IA-QTF1 all_global: 0.000",
         "  IA-QTF1 math (1q1a_math cases): 0.000",
     ]
+
+
+async def test_cases_the_judge_cannot_score_are_failed_or_rejected_and_counted(tmp_path: Path) -> None:
+    annotation = tmp_path / "a.json"
+    annotation.write_text("[]")
+    answered = (QA(0, "Colour?", 2, "Red.", "realtime"),)
+    unpairable = (QA(0, "Tell me when.", 10, "Now.", "proactive"), QA(20, "What?", 22, "That.", "realtime"))
+    folders = {"ok": '{"chunks": [{"text": "Red.", "timestamp": [2.5, 3]}]}', "broken": "{",
+               "missing": None, "rejected": '{"chunks": []}'}
+    cases, results = [], []
+    for name, text in folders.items():
+        folder = tmp_path / name
+        folder.mkdir()
+        if text is not None:
+            (folder / "wav_transcript.json").write_text(text)
+        scene, rows = ("nested", unpairable) if name == "rejected" else ("multi_turn", answered)
+        cases.append(Case("1q1a", tmp_path / f"{name}.mp4", f"videos/{name}.mp4", annotation, scene, rows))
+        results.append({"success": True, "eligible_for_official_eval": True,
+                        "video": str(tmp_path / f"{name}.mp4"), "output_dir": str(folder)})
+
+    def answer(request: httpx.Request) -> httpx.Response:
+        return httpx.Response(200, json={"choices": [{"message": {"content": '{"score": 1}'}}]})
+
+    judge = JudgeOptions("http://j", "m", transport=httpx.MockTransport(answer))
+    summary = await evaluate_run(tmp_path, cases, results, judge, progress=None)
+    assert {i["sample_id"]: i["status"] for i in summary["items"]} == {
+        "1q1a__ok": "ok", "1q1a__broken": "failed", "1q1a__missing": "failed", "1q1a__rejected": "rejected"}
+    counts = (summary["status"], summary["evaluated"], summary["failed"], summary["rejected"])
+    assert counts == ("partial", 1, 2, 1)
+    rejected = json.loads((tmp_path / "evaluation" / "1q1a__rejected.unified_eval.json").read_text())
+    assert "asked at 0 s has no inner question" in rejected["error"]
+    assert summary["summary"]["global"]["slots"] == 1
