@@ -20,7 +20,8 @@ with ``resource_exhausted``, unless its caller asked to wait (a ``QueueListener`
 * past ``max_queue_length`` waiters a new one is refused (``resource_exhausted``, "queue is full"),
   and a waiter still waiting after ``max_queue_wait_s`` is refused as well ("waited ... s");
 * a waiter whose caller goes away (its task cancelled) leaves the queue; a slot handed to it in the
-  same instant is given back (``give_back``) and goes to the next waiter.
+  same instant is given back (``give_back``) and goes to the next waiter, and a slot that frees
+  after the cancellation but before the waiter's task ran again passes it over.
 
 Estimated wait (a documented simple rule): slots free one after another, on average every
 ``D / limit`` seconds, where ``D`` is the mean duration of the last ``queue_duration_samples``
@@ -196,16 +197,22 @@ class WaitingRoom:
     # ------------------------------------------------------------------ the manager's side
 
     def hand(self, slot: int) -> bool:
-        """A slot is free: the head waiter takes it (it leaves the queue). False when nobody waits
-        (the caller keeps the slot)."""
+        """A slot is free: the head waiter still waiting takes it (it leaves the queue). False when
+        nobody waits (the caller keeps the slot).
+
+        A waiter whose wait was cancelled stays queued until its task runs again (``_leave``); its
+        future is already cancelled then, so it is passed over (and dropped from the queue) here,
+        and the slot goes to the next one."""
         tickets = self._tickets
-        if not tickets:
-            return False
-        ticket = tickets.popleft()
-        ticket.future.set_result(slot)
+        handed = False
+        while tickets and not handed:
+            ticket = tickets.popleft()
+            if not ticket.future.done():
+                ticket.future.set_result(slot)
+                handed = True
         self._metrics.queue_length.set(len(tickets))
         self._tell()
-        return True
+        return handed
 
     def session_ended(self, duration_s: float) -> None:
         """A session finished after ``duration_s``: one more sample for the estimate."""

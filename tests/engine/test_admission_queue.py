@@ -167,6 +167,29 @@ async def test_a_slot_handed_to_a_waiter_cancelled_in_the_same_instant_goes_to_t
         assert eng.stats()["sessions_open"] == 1
 
 
+async def test_a_slot_freed_after_a_waiter_was_cancelled_but_before_it_ran_again_is_not_lost() -> None:
+    async with engine(max_sessions=1) as eng:
+        first, second = Heard(), Heard()
+        async with eng.admit() as admission:
+            t1 = asyncio.create_task(queued_open(eng, first))
+            await first.until(1)
+            t2 = asyncio.create_task(queued_open(eng, second))
+            await second.until(2)
+            t1.cancel()  # its wait is cancelled at once; its task has not run since
+        # Leaving the block gave the slot back in the same instant: the cancelled waiter still
+        # stands at the head of the queue, and is passed over.
+        assert admission.used
+        with pytest.raises(asyncio.CancelledError):
+            await t1
+        att, _ = await t2
+        assert types([await att.next_event()]) == ["session.created"]
+        assert eng.stats()["queue_length"] == 0 and eng.metrics.queue_length.value == 0
+        await close(att)
+        assert eng.manager.open_count == 0
+        again = await eng.open()  # the one slot is free again: nothing was lost
+        assert types([await again.next_event()]) == ["session.created"]
+
+
 async def test_an_admission_released_unused_frees_its_slot_for_the_queue() -> None:
     async with engine(max_sessions=1) as eng:
         waiter = Heard()
