@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import io
 import shutil
-from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
@@ -57,13 +56,9 @@ def speak_end_ckpt(minicpmo_ckpt: Path, tmp_path_factory: pytest.TempPathFactory
 
 
 @pytest.fixture(scope="module", autouse=True)
-def two_torch_threads() -> Iterator[None]:
-    import torch
-
-    before = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(before)
+def one_torch_thread(one_torch_thread: None) -> None:
+    """Every MiniCPM-o test module runs on one intra-op thread (``tests/plugins/conftest.py``'s fixture,
+    made automatic here)."""
 
 
 def jpeg(color: tuple[int, int, int] = (200, 20, 20), size: tuple[int, int] = (64, 48)) -> bytes:
