@@ -12,6 +12,7 @@ import pytest
 
 from tests.event_loops import LOOP_FACTORIES
 from tests.server.harness import Running, running_server
+from tests.server.model_servers import tiny_checkpoint  # noqa: F401 - a fixture
 
 
 def pytest_asyncio_loop_factories(config: pytest.Config, item: pytest.Item) -> dict[str, object]:

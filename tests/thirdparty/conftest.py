@@ -1,7 +1,9 @@
 """Fixtures of the third-party client tests (``harness.py`` says how they run).
 
 The servers are started once per test run and shared: ``echo`` is up in about 3 s, ``default``
-in about 7 s (it loads Whisper and Piper). Each client opens its own session on them.
+in about 7 s (it loads Whisper and Piper). Each client opens its own session on them. The real
+model plugins run on tiny checkpoints (``tiny_checkpoint``, written once per run) in a server of
+the test's own (``tests.server.model_servers``).
 """
 
 from __future__ import annotations
@@ -12,6 +14,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 
+from tests.server.model_servers import tiny_checkpoint  # noqa: F401 - a fixture
 from tests.thirdparty.harness import QUESTION, Served, duplex_serve, venv_python
 
 

@@ -5,11 +5,14 @@ native SDK) that must not enter the server's environment, so each lives in a ven
 next to ``.venv`` (``make thirdparty-envs`` builds ``.venv-pipecat`` and ``.venv-livekit``). A
 test runs a small program with that venv's python (``pipecat_client.py``, ``livekit_client.py``:
 they import nothing of ours) against a server started with ``python -m duplex.cli serve``, and
-asserts on the JSON summary the program prints last. Without the venv the test is skipped.
+asserts on the JSON summary the program prints last. Without the venv the test is skipped. The
+real model plugins are served in the test's own process instead (``tests.server.model_servers``),
+where the test sees what each slot opened with; their clients run with ``run_client_async``.
 """
 
 from __future__ import annotations
 
+import asyncio
 import contextlib
 import json
 import os
@@ -76,16 +79,40 @@ def venv_python(name: str) -> Path:
     return python
 
 
+def _client_command(python: Path, program: str, args: tuple[str, ...]) -> tuple[list[str], dict[str, str]]:
+    """The command line and environment of a client program: no ``PYTHONPATH``, so the child runs
+    on its own venv alone."""
+    env = {k: v for k, v in os.environ.items() if k != "PYTHONPATH"}
+    return [str(python), str(HERE / program), *args, "--timeout-s", str(CLIENT_TIMEOUT_S)], env
+
+
+def _summary(program: str, returncode: int | None, stdout: str, stderr: str) -> dict[str, Any]:
+    assert returncode == 0, f"{program} exited {returncode}:\n{stderr[-4000:]}"
+    return json.loads(stdout.strip().splitlines()[-1])
+
+
 def run_client(python: Path, program: str, *args: str) -> dict[str, Any]:
     """Run ``program`` (a file beside this one) with ``python``; the JSON summary it printed last.
-
-    The child gets no ``PYTHONPATH``: it runs on its own venv alone. A non-zero exit fails the
-    test with the end of its stderr.
-    """
-    env = {k: v for k, v in os.environ.items() if k != "PYTHONPATH"}
-    cmd = [str(python), str(HERE / program), *args, "--timeout-s", str(CLIENT_TIMEOUT_S)]
+    A non-zero exit fails the test with the end of its stderr."""
+    cmd, env = _client_command(python, program, args)
     proc = subprocess.run(
         cmd, capture_output=True, text=True, env=env, timeout=CLIENT_TIMEOUT_S + CLIENT_GRACE_S
     )
-    assert proc.returncode == 0, f"{program} exited {proc.returncode}:\n{proc.stderr[-4000:]}"
-    return json.loads(proc.stdout.strip().splitlines()[-1])
+    return _summary(program, proc.returncode, proc.stdout, proc.stderr)
+
+
+async def run_client_async(python: Path, program: str, *args: str) -> dict[str, Any]:
+    """``run_client`` without blocking the event loop: for a server that runs on the test's own loop
+    (``tests.server.model_servers``)."""
+    cmd, env = _client_command(python, program, args)
+    proc = await asyncio.create_subprocess_exec(
+        *cmd, stdout=asyncio.subprocess.PIPE, stderr=asyncio.subprocess.PIPE, env=env
+    )
+    try:
+        async with asyncio.timeout(CLIENT_TIMEOUT_S + CLIENT_GRACE_S):
+            stdout, stderr = await proc.communicate()
+    finally:
+        if proc.returncode is None:
+            proc.kill()
+            await proc.wait()
+    return _summary(program, proc.returncode, stdout.decode(), stderr.decode())

@@ -17,8 +17,10 @@ each response as a ``generation_created`` event. ``--steps`` is the script, comm
 
 ``--turns server`` keeps the plugin's default session (``semantic_vad``, responses created by
 the server); ``--turns manual`` opens the session with turn detection off, as LiveKit's manual
-turn mode does. The program ends once the script has run and ``--replies`` generations with
-audio are done, or at ``--timeout-s``.
+turn mode does. ``--instructions`` and ``--tools-json`` (OpenAI function tools, as JSON) are set
+before the script as an agent sets its own when its session starts: ``update_instructions`` and
+``update_tools`` (raw-schema function tools). The program ends once the script has run and
+``--replies`` generations with audio are done, or at ``--timeout-s``.
 
 Summary keys: ``versions``; ``client_events`` (wire types in order, the appends only counted in
 ``appends``); ``server_events`` (wire types in order); ``output_format`` (of the last
@@ -164,6 +166,18 @@ async def script(run: Run, steps: list[str], pcm: bytes) -> None:
             raise SystemExit(f"unknown step {step!r}")
 
 
+def raw_tools(tools_json: str) -> list[Any]:
+    """OpenAI function tools as LiveKit raw-schema tools (what they send is the schema as given)."""
+
+    async def handler(raw_arguments: dict[str, object]) -> str:
+        return "{}"
+
+    return [
+        llm.function_tool(handler, raw_schema={k: v for k, v in t.items() if k != "type"})
+        for t in json.loads(tools_json)
+    ]
+
+
 async def main_async(args: argparse.Namespace) -> dict[str, Any]:
     pcm = Path(args.speech).read_bytes()
     async with aiohttp.ClientSession() as http:
@@ -177,6 +191,11 @@ async def main_async(args: argparse.Namespace) -> dict[str, Any]:
         run = Run(session)
         try:
             async with asyncio.timeout(args.timeout_s):
+                if args.instructions:
+                    await session.update_instructions(args.instructions)
+                tools = raw_tools(args.tools_json)
+                if tools:
+                    await session.update_tools(tools)
                 await script(run, args.steps.split(","), pcm)
                 await run.until(lambda: run.audio_replies_done() >= args.replies)
             timed_out = False
@@ -213,6 +232,8 @@ def main() -> None:
     parser.add_argument("--voice", default="", help="a voice instead of LiveKit's default (marin)")
     parser.add_argument("--steps", default="reply,speak")
     parser.add_argument("--replies", type=int, default=1, help="generations with audio to wait for")
+    parser.add_argument("--instructions", default="", help="the agent's instructions (none: not set)")
+    parser.add_argument("--tools-json", default="[]", help="OpenAI function tools for the agent")
     parser.add_argument("--timeout-s", type=float, default=60.0)
     print(json.dumps(asyncio.run(main_async(parser.parse_args()))), flush=True)
 

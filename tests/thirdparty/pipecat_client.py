@@ -5,7 +5,9 @@ nothing of ours. ``tests/thirdparty/test_pipecat.py`` starts it as a subprocess 
 the one JSON line it prints last.
 
 The pipeline is the smallest one Pipecat allows: the realtime service and a recorder behind it,
-no transport. The program
+no transport. The service is configured as a Pipecat user does: ``--instructions`` as its
+``system_instruction``, ``--voice`` in its ``session_properties`` and ``--tools-json`` (OpenAI
+function tools, as JSON) as the ``FunctionSchema`` s of its context. The program
 
 1. queues an ``LLMContextFrame`` (the context kick-off: Pipecat answers ``session.created`` with
    its ``session.update``, waits for ``session.updated``, then sends ``response.create``);
@@ -36,6 +38,8 @@ from importlib.metadata import version
 from pathlib import Path
 from typing import Any
 
+from pipecat.adapters.llm.schemas.function_schema import FunctionSchema
+from pipecat.adapters.llm.schemas.tools_schema import ToolsSchema
 from pipecat.frames.frames import (
     ErrorFrame,
     Frame,
@@ -53,6 +57,7 @@ from pipecat.pipeline.worker import PipelineParams, PipelineWorker
 from pipecat.processors.aggregators.llm_context import LLMContext
 from pipecat.processors.frame_processor import FrameDirection, FrameProcessor
 from pipecat.services.openai.realtime import events as rt_events
+from pipecat.services.openai.realtime.events import AudioConfiguration, AudioOutput, SessionProperties
 from pipecat.services.openai.realtime.llm import OpenAIRealtimeLLMService
 from pipecat.workers.runner import WorkerRunner
 
@@ -193,15 +198,32 @@ async def speak(worker: PipelineWorker, pcm: bytes) -> None:
         await asyncio.sleep(max(0.0, start + (n + 1) * 0.04 - time.monotonic()))
 
 
+def tools_schema(tools_json: str) -> ToolsSchema | None:
+    """OpenAI function tools (``[{"type": "function", "name", "description", "parameters"}]``) as
+    Pipecat's ``FunctionSchema`` s; None for none."""
+    tools = [
+        FunctionSchema(
+            name=t["name"],
+            description=t["description"],
+            properties=t["parameters"]["properties"],
+            required=t["parameters"].get("required", []),
+        )
+        for t in json.loads(tools_json)
+    ]
+    return ToolsSchema(standard_tools=tools) if tools else None
+
+
 async def run(args: argparse.Namespace) -> dict[str, Any]:
     summary = Summary()
     rt_events.parse_server_event = recording_parse(rt_events.parse_server_event, summary)
-    llm = RecordingService(
-        summary,
-        api_key="sk-local",
-        base_url=args.url,
-        settings=OpenAIRealtimeLLMService.Settings(model=args.model, system_instruction=INSTRUCTIONS),
+    extra: dict[str, Any] = {}
+    if args.voice:
+        output = AudioOutput(voice=args.voice)
+        extra["session_properties"] = SessionProperties(audio=AudioConfiguration(output=output))
+    settings = OpenAIRealtimeLLMService.Settings(
+        model=args.model, system_instruction=args.instructions, **extra
     )
+    llm = RecordingService(summary, api_key="sk-local", base_url=args.url, settings=settings)
     worker = PipelineWorker(
         Pipeline([llm, Recorder(summary)]),
         params=PipelineParams(audio_in_sample_rate=RATE, audio_out_sample_rate=RATE),
@@ -219,9 +241,11 @@ async def run(args: argparse.Namespace) -> dict[str, Any]:
     running = asyncio.create_task(runner.run())
     pcm = Path(args.speech).read_bytes()
     messages = [{"role": "user", "content": args.kickoff_text}] if args.kickoff_text else []
+    tools = tools_schema(args.tools_json)
+    context = LLMContext(messages, tools=tools) if tools is not None else LLMContext(messages)
     try:
         async with asyncio.timeout(args.timeout_s):
-            await worker.queue_frame(LLMContextFrame(LLMContext(messages)))
+            await worker.queue_frame(LLMContextFrame(context))
             await summary.until(lambda: args.speak_after in summary.server_events or summary.failed())
             if not summary.failed():
                 await speak(worker, pcm)
@@ -242,6 +266,9 @@ def main() -> None:
     parser.add_argument("--speak-after", default="response.created")
     parser.add_argument("--kickoff-text", default="", help="a user message in the kick-off context")
     parser.add_argument("--replies", type=int, default=1, help="replies with audio to wait for")
+    parser.add_argument("--instructions", default=INSTRUCTIONS)
+    parser.add_argument("--voice", default="", help="a voice for session_properties (none: the server's)")
+    parser.add_argument("--tools-json", default="[]", help="OpenAI function tools for the context")
     parser.add_argument("--timeout-s", type=float, default=60.0)
     print(json.dumps(asyncio.run(run(parser.parse_args()))), flush=True)
 

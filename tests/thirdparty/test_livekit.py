@@ -6,16 +6,21 @@ its session sends LiveKit's default ``session.update`` (voice ``marin``, ``seman
 at 24 kHz both ways) unless a test says otherwise, and ``generate_reply()`` sends
 ``response.create`` with ``metadata.client_event_id`` and fails with "generate_reply timed out."
 when no ``response.created`` echoing that id arrives within 10 s. See ``livekit_client.py``.
+Against the real model plugins (tiny checkpoints, served in the test's process) an agent's
+instructions and tools are set as an agent sets them, and the test checks what the model's slot
+opened with.
 """
 
 from __future__ import annotations
 
+import json
 import re
 
 import pytest
 
 from duplex.plugins.default.reply import echo_text
-from tests.thirdparty.harness import QUESTION, run_client
+from tests.server.model_servers import MODELS, STOCK_INSTRUCTIONS, STOCK_TOOLS, expected_options, model_server
+from tests.thirdparty.harness import QUESTION, run_client, run_client_async
 
 pytestmark = pytest.mark.slow
 
@@ -123,3 +128,24 @@ def test_livekit_with_its_default_voice_gets_the_manual_turn_reply_on_default(
     assert_clean(summary)
     [generation] = with_audio(summary)
     assert generation["user_initiated"] is True and generation["transcript"] == echo_text(QUESTION)
+
+
+@pytest.mark.parametrize("model", MODELS)
+async def test_livekit_configures_the_real_model_before_its_first_input(
+    model, livekit_python, tiny_checkpoint, speech
+):
+    """An agent's usual setup (its instructions and two tools, LiveKit's default voice ``marin``)
+    reaches the model: its slot opens at ``generate_reply()``'s ``response.create`` with exactly
+    those settings, the voice mapped onto the model's own. Turns are manual: these models take the
+    turns themselves (LiveKit's default ``semantic_vad`` is theirs to refuse)."""
+    async with model_server(model, tiny_checkpoint(model)) as served:
+        summary = await run_client_async(
+            livekit_python, PROGRAM, "--base-url", f"http://127.0.0.1:{served.port}/v1", "--model", model,
+            "--speech", str(speech), "--turns", "manual", "--steps", "reply,speak", "--replies", "0",
+            "--instructions", STOCK_INSTRUCTIONS, "--tools-json", json.dumps(STOCK_TOOLS),
+        )  # fmt: skip
+    assert_clean(summary)
+    events = summary["client_events"]
+    assert events.count("session.update") == 3 and events[-1] == "response.create", events
+    assert summary["appends"] > 0
+    assert served.log.opened == [expected_options(served.caps, voice="marin")]

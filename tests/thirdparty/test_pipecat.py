@@ -4,17 +4,21 @@ The service is used as Pipecat ships it: ``base_url`` is our bare ``/v1/realtime
 appends ``?model=``), it answers ``session.created`` with its ``session.update``, waits for
 ``session.updated``, sends the context kick-off as ``response.create``, then streams the user's
 audio; every server event goes through its pydantic models, and any ``error`` event but two
-ends its receive loop. See ``pipecat_client.py`` for the program and its summary.
+ends its receive loop. See ``pipecat_client.py`` for the program and its summary. Against the
+real model plugins (tiny checkpoints, served in the test's process) the service is configured as a
+Pipecat user configures it, and the test checks what the model's slot opened with.
 """
 
 from __future__ import annotations
 
+import json
 import re
 
 import pytest
 
 from duplex.plugins.default.reply import echo_text
-from tests.thirdparty.harness import QUESTION, run_client
+from tests.server.model_servers import MODELS, STOCK_INSTRUCTIONS, STOCK_TOOLS, expected_options, model_server
+from tests.thirdparty.harness import QUESTION, run_client, run_client_async
 
 pytestmark = pytest.mark.slow
 
@@ -68,3 +72,27 @@ def test_pipecat_gets_spoken_replies_on_default(pipecat_python, default_server, 
     assert kickoff["transcript"] == echo_text("Say hello.") and kickoff["audio_bytes"] > 0
     assert answer["transcript"] == echo_text(QUESTION) and answer["audio_bytes"] > 0
     assert [(r["status"], r["reason"]) for r in summary["responses"]] == [("completed", None)] * 2
+
+
+#: The voice a Pipecat user picks per model: the model's own (not its default) where it has named
+#: voices, else one of OpenAI's.
+PIPECAT_VOICES = {"personaplex": "VARM0", "nemotron_voicechat": "Bruno", "minicpmo_4_5": "alloy"}
+
+
+@pytest.mark.parametrize("model", MODELS)
+async def test_pipecat_configures_the_real_model_before_its_first_input(
+    model, pipecat_python, tiny_checkpoint, speech
+):
+    """Pipecat's usual setup (instructions, a voice, two tools in its context) reaches the model:
+    its slot opens at the kick-off's ``response.create`` with exactly those settings."""
+    voice = PIPECAT_VOICES[model]
+    async with model_server(model, tiny_checkpoint(model)) as served:
+        summary = await run_client_async(
+            pipecat_python, PROGRAM, "--url", served.url, "--model", model, "--speech", str(speech),
+            "--speak-after", "response.created", "--replies", "0", "--voice", voice,
+            "--instructions", STOCK_INSTRUCTIONS, "--tools-json", json.dumps(STOCK_TOOLS),
+        )  # fmt: skip
+    assert_clean(summary)
+    assert summary["client_events"][:3] == ["session.update", "session.update", "response.create"]
+    assert summary["appends"] > 0
+    assert served.log.opened == [expected_options(served.caps, voice=voice)]
