@@ -15,6 +15,7 @@ import copy
 import json
 from pathlib import Path
 
+import numpy as np
 import torch
 from safetensors.torch import save_file
 from tokenizers import Tokenizer, decoders, models, pre_tokenizers, trainers
@@ -22,6 +23,7 @@ from tokenizers import Tokenizer, decoders, models, pre_tokenizers, trainers
 from duplex.plugins.minicpmo.config import TINY_CONFIG, MiniCPMOConfig
 from duplex.plugins.minicpmo.loading import INDEX_FILE, TOKENIZER_FILE
 from duplex.plugins.minicpmo.modules import MiniCPMOModel
+from duplex.plugins.minicpmo.token2wav import portable_normal
 from duplex.plugins.minicpmo.tokens import SPECIAL_TOKENS
 
 __all__ = ["make_tiny_checkpoint", "train_tokenizer", "write_token2wav_assets"]
@@ -68,7 +70,7 @@ def make_tiny_checkpoint(root: str | Path, seed: int = 0) -> Path:
     cfg = MiniCPMOConfig.from_json(raw)
     torch.manual_seed(seed)
     model = MiniCPMOModel.random(cfg, torch.device("cpu"), torch.float32, seed=seed)
-    state = {key: value.detach().contiguous().clone() for key, value in model.state_dict().items()}
+    state = _portable(model.state_dict(), seed)
     state.update(_unused_tensors(cfg, seed))
     shards = {
         "model-00001-of-00002.safetensors": {k: v for k, v in state.items() if k.startswith("llm.")},
@@ -100,17 +102,31 @@ def make_tiny_checkpoint(root: str | Path, seed: int = 0) -> Path:
 BAD_TOKEN_IDS = (7, 8, 94, 95, 96, 97)
 
 
+def _portable(state: dict[str, torch.Tensor], seed: int) -> dict[str, torch.Tensor]:
+    """``MiniCPMOModel.random``'s weights with every drawn tensor (each N(0, 0.02)) drawn again by
+    ``token2wav.portable_normal`` (the same bytes on every CPU), in key order; the constant ones (norms,
+    biases) kept."""
+    rng = np.random.default_rng(seed)
+    out = {}
+    for key in sorted(state):
+        value = state[key].detach()
+        constant = bool((value == value.flatten()[0]).all())
+        drawn = value.is_floating_point() and value.numel() > 1 and not constant
+        out[key] = portable_normal(rng, value.shape, 0.02) if drawn else value.contiguous().clone()
+    return out
+
+
 def _unused_tensors(cfg: MiniCPMOConfig, seed: int) -> dict[str, torch.Tensor]:
     """The public layout's tensors that the plugin does not run (``loading.UNUSED``), random."""
     t = cfg.tts
-    gen = torch.Generator().manual_seed(seed + 1)
+    rng = np.random.default_rng(seed + 1)
     shapes = {
         "tts.projector_spk.linear1.weight": (t.hidden_size, t.llm_dim),
         "tts.projector_spk.linear1.bias": (t.hidden_size,),
         "tts.projector_spk.linear2.weight": (t.hidden_size, t.hidden_size),
         "tts.projector_spk.linear2.bias": (t.hidden_size,),
     }
-    return {key: 0.02 * torch.randn(shape, generator=gen) for key, shape in shapes.items()}
+    return {key: portable_normal(rng, shape, 0.02) for key, shape in shapes.items()}
 
 
 def write_token2wav_assets(root: Path, cfg: MiniCPMOConfig, seed: int, voice_codes: int = 12) -> None:

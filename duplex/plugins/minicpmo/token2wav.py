@@ -48,6 +48,7 @@ __all__ = [
     "FlowCodeToWave",
     "SilentCodeToWave",
     "load_code_to_wave",
+    "portable_normal",
     "random_code_to_wave",
     "random_state",
     "read_voice",
@@ -365,7 +366,7 @@ def unprompted_voice(cfg: Token2WavConfig) -> Voice:
 
 def random_state(cfg: Token2WavConfig, seed: int) -> tuple[dict[str, torch.Tensor], dict[str, torch.Tensor]]:
     """Random ``flow.pt`` and ``hift.pt`` state dicts of ``cfg`` (hift weight-normed as ``weight_g/v``)."""
-    gen = torch.Generator().manual_seed(seed)
+    gen = np.random.default_rng(seed)  # the same bytes on every CPU (``portable_normal``)
     with torch.device("meta"):
         shapes = {k: v.shape for k, v in FlowModel(cfg).state_dict().items()}
     flow = {k: _random(k, shape, gen) for k, shape in shapes.items()}
@@ -375,20 +376,29 @@ def random_state(cfg: Token2WavConfig, seed: int) -> tuple[dict[str, torch.Tenso
     return flow, hift
 
 
-def _random(key: str, shape: torch.Size | tuple[int, ...], gen: torch.Generator) -> torch.Tensor:
+def _random(key: str, shape: torch.Size | tuple[int, ...], gen: np.random.Generator) -> torch.Tensor:
     if "norm" in key or ".ln_" in key or "embed.out.1" in key or "block.3" in key:
         return torch.ones(shape) if key.endswith("weight") else torch.zeros(shape)
     if key.endswith("bias"):
         return torch.zeros(shape)
-    return torch.randn(shape, generator=gen) * 0.05
+    return portable_normal(gen, shape, 0.05)
+
+
+def portable_normal(
+    gen: np.random.Generator, shape: torch.Size | tuple[int, ...], std: float
+) -> torch.Tensor:
+    """Normal float32 samples that are the same bytes on every CPU: numpy's ziggurat is table lookups
+    and exact products, where torch's CPU ``normal_`` computes logs and cosines with the CPU's vector
+    kernels, whose last bits differ between AVX2, AVX-512, ARM and the scalar path."""
+    return torch.from_numpy(gen.standard_normal(tuple(shape), dtype=np.float32) * np.float32(std))
 
 
 def random_voice(cfg: Token2WavConfig, codes: int, seed: int) -> Voice:
-    gen = torch.Generator().manual_seed(seed)
+    gen = np.random.default_rng(seed)
     return Voice(
-        torch.randint(0, cfg.vocab_size, (codes,), generator=gen),
-        torch.randn(2 * codes, cfg.mel_bins, generator=gen) - 5.0,
-        torch.randn(cfg.speaker_dim, generator=gen),
+        torch.from_numpy(gen.integers(0, cfg.vocab_size, codes)).long(),
+        portable_normal(gen, (2 * codes, cfg.mel_bins), 1.0) - 5.0,
+        portable_normal(gen, (cfg.speaker_dim,), 1.0),
     )
 
 

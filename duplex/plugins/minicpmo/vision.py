@@ -136,13 +136,15 @@ class VisionEncoder:
         ids = self._pos_ids.get(grid)
         if ids is None:
             h, w = grid
-            boundaries = np.arange(1 / self.side, 1.0, 1 / self.side)
-            fh = np.arange(0, 1 - 1e-6, 1 / h)[:h]
-            fw = np.arange(0, 1 - 1e-6, 1 / w)[:w]
-            bh = np.searchsorted(boundaries, fh, side="right")
-            bw = np.searchsorted(boundaries, fw, side="right")
+            # In float32 as MiniCPM-o computes them: a fraction k / h that equals a boundary j / side
+            # exactly (2 / 28 = 5 / 70) falls on the side its float32 rounding gives, not float64's.
+            boundaries = torch.arange(1 / self.side, 1.0, 1 / self.side, dtype=torch.float32)
+            fh = torch.arange(0, 1 - 1e-6, 1 / h, dtype=torch.float32)[:h]
+            fw = torch.arange(0, 1 - 1e-6, 1 / w, dtype=torch.float32)[:w]
+            bh = torch.bucketize(fh, boundaries, right=True)
+            bw = torch.bucketize(fw, boundaries, right=True)
             host = (bh[:, None] * self.side + bw).reshape(-1)
-            ids = torch.from_numpy(host).to(self.vpm.embeddings.patch_embedding.weight.device)
+            ids = host.to(self.vpm.embeddings.patch_embedding.weight.device)
             self._pos_ids[grid] = ids
         return ids
 
