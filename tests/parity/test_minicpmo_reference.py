@@ -1,0 +1,228 @@
+"""MiniCPM-o 4.5 against the official duplex loop: goldens of its own code on our tiny checkpoint.
+
+``tests/parity/minicpmo/goldens.npz`` holds what OpenBMB/MiniCPM-o-Demo's ``MiniCPMO45`` code (the
+commit in ``goldens.json``; transformers 4.51.0, torch 2.13.0, CPU) computed, greedy, for a scenario
+of four seconds of speech-like audio with a camera frame a second, on the checkpoint that ``duplex
+tiny-checkpoint minicpmo_4_5`` writes with seed 0 (``tools/parity/minicpmo_goldens.py`` writes both;
+CI cannot reach the reference). The plugin runs the same session in a batch of two slots (the other
+slot talks alongside) and every unit is compared: the system prompt's ids, the unit's layout, the
+vision embeddings, the logits at the unit's first position, the tokens, the decision, the tokens the
+speech head hears and its 25 codes.
+
+The audio embeddings are the one input taken from the reference: the plugin's own audio front end
+differs from upstream's on purpose (the README: each unit's own mel peak, no look-ahead frames, a
+first unit of 1000 ms instead of 1035), so the language model is fed upstream's embeddings (the
+audio encoder still runs; its output for slot 0 is replaced) and the difference of the plugin's own
+is measured and printed (``pytest -s``). Upstream's 28-character cut of a unit's text, which the
+plugin does not have, is off in the goldens' run.
+
+Tolerances. Both sides compute the same float32 functions in other groupings (batched rows, one
+prefill per unit against upstream's several feeds, fused projections), so they agree to rounding: to
+first order a float32 sum of ``n`` terms is off by at most ``n`` units of roundoff (2**-24) of the
+magnitudes summed. ``_terms`` counts the terms along the chain from the inputs to a logit (every
+projection's inner width, the attended positions, the norms, layer after layer, the vision tower and
+the resampler before the language model), and the tolerance is that many units of the values' peak.
+Tokens and codes are argmaxes: where the two sides' logits differ by at most ``d``, a choice whose
+margin over the runner-up (recorded by the reference) exceeds ``2 d`` cannot differ; a near tie may
+go either way, and the session is compared up to it. None was met where this was written.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+pytest.importorskip("transformers")
+
+from duplex.plugins.base import SlotInput, SlotOptions
+from duplex.plugins.minicpmo.plugin import MiniCPMOPlugin
+
+GOLDENS = Path(__file__).parent / "minicpmo"
+REGENERATE = (
+    "regenerate the goldens with: .venv/bin/python tools/parity/minicpmo_goldens.py "
+    "--reference-python .venv-parity-minicpmo/bin/python --reference PATH/TO/MiniCPM-o-Demo"
+)
+EPS = 2.0**-24
+
+
+def _digest(root: Path) -> str:
+    h = hashlib.sha256()
+    for path in sorted(p for p in root.rglob("*") if p.is_file()):
+        h.update(str(path.relative_to(root)).encode() + b"\0")
+        h.update(path.read_bytes())
+    return h.hexdigest()
+
+
+@pytest.fixture(scope="module")
+def goldens() -> dict[str, np.ndarray]:
+    return dict(np.load(GOLDENS / "goldens.npz"))
+
+
+@pytest.fixture(scope="module")
+def meta() -> dict:
+    return json.loads((GOLDENS / "goldens.json").read_text())
+
+
+@pytest.fixture(scope="module")
+def checkpoint(tmp_path_factory: pytest.TempPathFactory, meta: dict) -> Path:
+    root = tmp_path_factory.mktemp("minicpmo-parity") / "tiny"
+    MiniCPMOPlugin.write_tiny_checkpoint(str(root), seed=int(meta["checkpoint_seed"]))
+    return root
+
+
+def test_the_goldens_were_made_from_the_checkpoint_we_write(checkpoint, meta):
+    assert _digest(checkpoint) == meta["checkpoint_sha256"], "the tiny checkpoint changed: " + REGENERATE
+
+
+def _terms(cfg, positions: int) -> tuple[int, int]:
+    """Float32 terms summed along the chain to a language-model logit, and to a vision embedding."""
+    v, llm = cfg.vision, cfg.llm
+    patches = (cfg.image_size // cfg.patch_size) ** 2
+    vision = 3 * v.patch_size**2  # the patch embedding
+    vision += cfg.vision_layers * (4 * v.hidden_size + patches + v.intermediate_size + 2 * v.hidden_size)
+    vision += v.hidden_size + 3 * llm.hidden_size + patches  # the resampler: kv, attention, projection
+    hidden, inner = llm.hidden_size, llm.num_attention_heads * llm.head_dim
+    layer = hidden + 2 * llm.head_dim + positions + inner + 2 * hidden + llm.intermediate_size
+    lm = llm.num_hidden_layers * layer + 2 * hidden  # the final norm and the head
+    return vision + lm, vision
+
+
+def _speech_terms(cfg, positions: int) -> int:
+    """Terms along the chain to a speech-code logit: the language model's hidden state, the
+    projector, the backbone's layers and the code head."""
+    t = cfg.tts
+    lm, _ = _terms(cfg, positions)
+    layer = 4 * t.hidden_size + positions + t.intermediate_size
+    return lm + t.llm_dim + t.hidden_size + t.num_hidden_layers * layer + t.hidden_size
+
+
+def _compare_choices(ours: list[int], theirs: list[int], margins: np.ndarray, d: float) -> int:
+    """How many leading choices agree: all of them, or those before a near tie that went the other way
+    (its margin at most ``2 d``); a choice that differs with a wider margin fails."""
+    for i, choice in enumerate(theirs):
+        if i < len(ours) and ours[i] == choice:
+            continue
+        assert margins[i] <= 2 * d, f"choice {i}: {ours[i:i + 1]} against {choice}, margin {margins[i]:.2e}"
+        return i
+    assert len(ours) == len(theirs)
+    return len(theirs)
+
+
+def test_a_session_decides_says_and_speaks_what_the_official_loop_does(checkpoint, goldens, meta, capsys):
+    import torch
+
+    plugin = MiniCPMOPlugin.from_options(
+        str(checkpoint), max_sessions=2, context_tokens=1024, window_high_tokens=700, window_low_tokens=400
+    )
+    plugin.load()
+    gen = plugin.generator
+    sp, q = gen.sp, gen.cfg.query_num
+    units = int(meta["units"])
+    # The system prompt: the ids the reference fed, and the plugin's prompt length.
+    prompt = [int(x) for x in goldens["prompt_ids"]]
+    plugin.open_slot(0, SlotOptions(temperature=0.0, instructions=str(goldens["instructions"])))
+    plugin.open_slot(1, SlotOptions(temperature=0.7, seed=5, instructions="be brief"))
+    ours_prompt = gen.tok.encode(
+        "<|im_start|>system\n" + str(goldens["instructions"]) + "\n<|audio_start|>", add_special_tokens=False
+    ).ids + gen.tok.encode("<|audio_end|><|im_end|>", add_special_tokens=False).ids
+    assert ours_prompt == prompt and int(gen.lm_len[0]) == len(prompt)
+
+    encode = gen.audio.encode
+    own_audio: list[np.ndarray] = []
+    unit_index = [0]
+
+    def upstream_audio(audio, lengths, exec_mask, rows=None):
+        emb, new = encode(audio, lengths, exec_mask, rows=rows)
+        if rows is None:  # the unit's step (not a reference voice): slot 0 hears upstream's embeddings
+            own_audio.append(emb[0].float().numpy().copy())
+            golden = torch.from_numpy(goldens[f"unit{unit_index[0]}_audio_embeds"])
+            emb = emb.clone()
+            emb[0] = golden.to(emb.dtype)
+        return emb, new
+
+    gen.audio.encode = upstream_audio
+    rows = []
+    previous_terminator = None
+    for u in range(units):
+        unit_index[0] = u
+        pcm = goldens["audio"][u]
+        frame = goldens[f"frame{u}"].tobytes()
+        # The unit's layout, as the reference laid it out after the previous unit's terminator and </unit>.
+        ids, kind, _src, valid, _frames = gen.layout({0: (pcm, [frame])})
+        expected = [] if u == 0 else [(0, previous_terminator), (0, sp.unit_end)]
+        for k, value in goldens[f"unit{u}_layout"]:
+            expected += [(0, int(value))] if k == 0 else [(int(k), 0)] * int(value)
+        row = zip(ids[0, : valid[0]], kind[0, : valid[0]], strict=True)
+        ours = [(int(k), int(i) if k == 0 else 0) for i, k in row]
+        assert ours == expected, f"unit {u}: layout"
+        # The vision tower and resampler on the unit's frame.
+        vision = gen.vision.encode([gen.vision.prepare(frame)]).float().numpy()
+        golden_vision = goldens[f"unit{u}_vision_embeds"]
+        assert vision.shape == golden_vision.shape == (1, q, gen.cfg.llm.hidden_size)
+        positions = len(prompt) + 120 * (u + 1)  # at most the keys a unit's positions attend to
+        lm_terms, vision_terms = _terms(gen.cfg, positions)
+        vision_tol = vision_terms * EPS * float(np.abs(golden_vision).max())
+        vision_diff = float(np.abs(vision - golden_vision).max())
+        assert vision_diff <= vision_tol, f"unit {u}: vision embeddings"
+        # The step, slot 1 alongside.
+        other = (0.1 * np.random.default_rng(u).standard_normal(16000)).astype(np.float32)
+        plugin.step(
+            [
+                SlotInput(slot=0, epoch=0, pcm=pcm, video_frames=(frame,)),
+                SlotInput(slot=1, epoch=0, pcm=other, video_frames=(goldens[f"frame{3 - u}"].tobytes(),)),
+            ]
+        )
+        res = plugin.last_results[0]
+        logits = gen.prefill.logits[0].numpy()
+        golden_logits = goldens[f"unit{u}_first_logits"]
+        tol = lm_terms * EPS * float(np.abs(golden_logits).max())
+        d = float(np.abs(logits - golden_logits).max())
+        assert d <= tol, f"unit {u}: first-position logits"
+        theirs = [int(x) for x in goldens[f"unit{u}_tokens"]]
+        n = _compare_choices(res.tokens, theirs, goldens[f"unit{u}_token_margins"], tol)
+        if n < len(theirs):  # a near tie went the other way: the conversations part here
+            rows.append((u, f"near tie at token {n}", n, vision_diff, vision_tol, d, tol, None, 0.0, 0.0))
+            break
+        assert (res.decision == "listen") == bool(goldens[f"unit{u}_listen"])
+        assert res.end_of_turn == bool(goldens[f"unit{u}_end_of_turn"])
+        previous_terminator = theirs[-1]
+        code_diff = None
+        if f"unit{u}_codes" in goldens:
+            assert res.speech_tokens == [int(x) for x in goldens[f"unit{u}_speech_tokens"]]
+            # The reference's margins are of the logits over the temperature.
+            peak = float(goldens[f"unit{u}_code_peak"]) / gen.opts.tts_temperature
+            code_tol = _speech_terms(gen.cfg, 200) * EPS * peak
+            golden_codes = [int(x) for x in goldens[f"unit{u}_codes"]]
+            m = _compare_choices(
+                [int(x) for x in res.codes], golden_codes, goldens[f"unit{u}_code_margins"], code_tol
+            )
+            code_diff = "equal" if m == 25 else f"equal up to a near tie at {m}"
+        else:
+            assert res.codes is None
+        golden_audio = goldens[f"unit{u}_audio_embeds"]
+        audio = (float(np.abs(own_audio[u] - golden_audio).max()), float(np.abs(golden_audio).max()))
+        rows.append((u, res.decision, len(theirs), vision_diff, vision_tol, d, tol, code_diff, *audio))
+    with capsys.disabled():
+        print("\nunit decision tokens | vision diff (tol) | logits diff (tol) | codes | own audio embeddings")
+        for u, dec, n, vd, vt, ld, lt, cd, ad, ap in rows:
+            print(f"{u} {dec} {n} | {vd:.1e} ({vt:.1e}) | {ld:.1e} ({lt:.1e}) | {cd} | {ad:.2e} / {ap:.2e}")
+
+
+def test_every_tensor_of_the_official_class_loads_or_is_named_unused(goldens, checkpoint):
+    """The official class's module tree (its state dict's keys at the tiny size) against our loader:
+    each key is one our tree holds or one ``loading.UNUSED`` names; none of ours is missing there."""
+    from duplex.plugins.minicpmo.config import MiniCPMOConfig
+    from duplex.plugins.minicpmo.loading import UNUSED
+    from duplex.plugins.minicpmo.modules import MiniCPMOModel
+
+    official = {str(k) for k in goldens["official_keys"]}
+    cfg = MiniCPMOConfig.from_json(json.loads((checkpoint / "config.json").read_text()))
+    ours = set(MiniCPMOModel.on_meta(cfg).state_dict())
+    assert ours <= official
+    assert {k for k in official - ours if not k.startswith(tuple(UNUSED))} == set()
+    for prefix in UNUSED:  # every entry names tensors the official class does have
+        assert any(k.startswith(prefix) for k in official)

@@ -1,0 +1,144 @@
+"""Regenerate the MiniCPM-o 4.5 parity goldens: the official duplex loop on our tiny checkpoint.
+
+Run with the project's environment; it calls ``minicpmo_reference.py`` in the parity environment
+(``python3 -m venv .venv-parity-minicpmo``, then ``pip install torch==2.13.0`` and
+``pip install transformers==4.51.0 accelerate==1.12.0 safetensors soundfile pillow tqdm numpy``)::
+
+    .venv/bin/python tools/parity/minicpmo_goldens.py \\
+        --reference-python .venv-parity-minicpmo/bin/python --reference PATH/TO/MiniCPM-o-Demo
+
+``PATH/TO/MiniCPM-o-Demo`` is a checkout of OpenBMB/MiniCPM-o-Demo at the commit
+``minicpmo_reference.PINNED_COMMIT``. The script writes the tiny checkpoint (``duplex tiny-checkpoint
+minicpmo_4_5``, seed 0), the scenario (four seconds of speech-like audio, a camera frame a second),
+runs the reference on them and writes ``tests/parity/minicpmo/goldens.npz`` (the scenario and what
+the reference computed) and ``goldens.json`` (the checkpoint's SHA-256, the reference's commit and
+package versions). Regenerate them whenever the checkpoint writer changes: the test compares the
+checkpoint's digest first.
+"""
+
+from __future__ import annotations
+
+import argparse
+import hashlib
+import io
+import json
+import subprocess
+import sys
+import tempfile
+from pathlib import Path
+
+import numpy as np
+from PIL import Image, ImageDraw
+
+from duplex.plugins.minicpmo.testing import make_tiny_checkpoint
+
+HERE = Path(__file__).resolve().parent
+DEFAULT_OUT = HERE.parent.parent / "tests" / "parity" / "minicpmo"
+REFERENCE = HERE / "minicpmo_reference.py"
+UNITS = 4
+SEED = 0
+
+
+def digest(root: Path) -> str:
+    """SHA-256 over a folder's files: relative paths and bytes, in sorted order."""
+    h = hashlib.sha256()
+    for path in sorted(p for p in root.rglob("*") if p.is_file()):
+        h.update(str(path.relative_to(root)).encode() + b"\0")
+        h.update(path.read_bytes())
+    return h.hexdigest()
+
+
+def speech_like(seconds: int, seed: int) -> np.ndarray:
+    """16 kHz audio with a voice's shape: a gliding pitch with harmonics under syllable envelopes,
+    a little noise, and a pause in the third second."""
+    rng = np.random.default_rng(seed)
+    t = np.arange(seconds * 16000) / 16000
+    pitch = 140 + 40 * np.sin(2 * np.pi * 0.7 * t)
+    phase = 2 * np.pi * np.cumsum(pitch) / 16000
+    voice = sum(np.sin(k * phase) / k for k in range(1, 8))
+    syllables = np.clip(np.sin(2 * np.pi * 3.2 * t), 0, None) ** 0.5
+    pause = (t < 2.1) | (t > 2.8)
+    pcm = 0.25 * voice * syllables * pause + 0.01 * rng.standard_normal(t.size)
+    return pcm.astype(np.float32).reshape(seconds, 16000)
+
+
+def frame(unit: int) -> bytes:
+    """A 160x120 camera frame: a coloured background and a shape that moves with the unit."""
+    img = Image.new("RGB", (160, 120), (30 + 50 * unit, 90, 200 - 40 * unit))
+    draw = ImageDraw.Draw(img)
+    x = 20 + 30 * unit
+    draw.ellipse((x, 30, x + 50, 90), fill=(240, 220 - 30 * unit, 40))
+    draw.rectangle((10, 95, 150, 110), fill=(10 * unit, 10, 10))
+    buf = io.BytesIO()
+    img.save(buf, "JPEG", quality=90)
+    return buf.getvalue()
+
+
+def scenario() -> dict[str, np.ndarray]:
+    data = {"audio": speech_like(UNITS, SEED), "instructions": np.asarray("Streaming Omni Conversation.")}
+    for unit in range(UNITS):
+        data[f"frame{unit}"] = np.frombuffer(frame(unit), dtype=np.uint8)
+    return data
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--reference-python", required=True, help="the parity environment's python")
+    parser.add_argument("--reference", required=True, help="a checkout of OpenBMB/MiniCPM-o-Demo")
+    parser.add_argument("--out", default=str(DEFAULT_OUT))
+    args = parser.parse_args()
+    out = Path(args.out)
+    out.mkdir(parents=True, exist_ok=True)
+    with tempfile.TemporaryDirectory() as tmp:
+        ckpt = make_tiny_checkpoint(Path(tmp) / "ckpt", seed=SEED)
+        inputs = Path(tmp) / "inputs.npz"
+        np.savez(inputs, **scenario())
+        result = Path(tmp) / "reference.npz"
+        subprocess.run(
+            [
+                args.reference_python,
+                str(REFERENCE),
+                "--reference",
+                args.reference,
+                "--checkpoint",
+                str(ckpt),
+                "--inputs",
+                str(inputs),
+                "--out",
+                str(result),
+            ],
+            check=True,
+        )
+        versions = subprocess.run(
+            [
+                args.reference_python,
+                "-c",
+                "import torch, transformers; print(torch.__version__, transformers.__version__)",
+            ],
+            capture_output=True,
+            text=True,
+            check=True,
+        ).stdout.split()
+        goldens = {**scenario(), **dict(np.load(result))}
+        np.savez_compressed(out / "goldens.npz", **goldens)
+        meta = {
+            "checkpoint_seed": SEED,
+            "checkpoint_sha256": digest(ckpt),
+            "reference_commit": _pinned(),
+            "reference_torch": versions[0],
+            "reference_transformers": versions[1],
+            "units": UNITS,
+        }
+        (out / "goldens.json").write_text(json.dumps(meta, indent=1) + "\n")
+    print(f"wrote {out / 'goldens.npz'} and goldens.json", file=sys.stderr)
+
+
+def _pinned() -> str:
+    for line in REFERENCE.read_text().splitlines():
+        if line.startswith("PINNED_COMMIT"):
+            return line.split('"')[1]
+    raise RuntimeError("minicpmo_reference.py has no PINNED_COMMIT")
+
+
+if __name__ == "__main__":
+    main()
