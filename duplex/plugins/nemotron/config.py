@@ -86,6 +86,9 @@ class TalkerConfig:
     noise_scale: float
     silence_on_eos: bool
     prompt_frames: int  # speaker prompt length in codec frames
+    bos_token: str | None = None  # the talker's own tokens (tokens.TalkerTokens); None: the tokenizer's
+    eos_token: str | None = None
+    pad_token: str | None = None
 
 
 @dataclass(frozen=True)
@@ -301,6 +304,9 @@ def _talker(model: dict[str, Any], data: dict[str, Any], spf: int, rate: int) ->
         noise_scale=float(model.get("inference_noise_scale", 0.8)),
         silence_on_eos=bool(model.get("inference_force_speech_silence_on_eos", True)),
         prompt_frames=int((duration * rate) // spf),
+        bos_token=model.get("bos_token"),
+        eos_token=model.get("eos_token"),
+        pad_token=model.get("pad_token"),
     )
 
 

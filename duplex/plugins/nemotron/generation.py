@@ -84,6 +84,8 @@ class BatchedVoiceChat:
     ) -> None:
         self.model = model
         self.special = special
+        tokens = model.talker.tokens
+        self.talker_eos = tokens.eos if tokens is not None else special.eos  # the talker's own EOS
         self.B = max_slots
         dev = model.thinker.lm_head.weight.device
         self.device = dev
@@ -127,7 +129,7 @@ class BatchedVoiceChat:
         audio = model.perception.step(self.perception, n, self._pcm[:n], e)
         text, func = model.thinker.step(self.thinker, n, audio, e, self._forced[:n], self.special.pad)
         codes = talker_step(
-            model.talker, self.talker, n, text, e, self.seed[:n], self.counter[:n], self.special.eos
+            model.talker, self.talker, n, text, e, self.seed[:n], self.counter[:n], self.talker_eos
         )
         with torch.backends.cudnn.flags(enabled=True, allow_tf32=False):
             wav = model.talker.audio_codec.decode_step(self.talker.codec, n, codes, e)
@@ -204,7 +206,8 @@ class BatchedVoiceChat:
         self._pcm.copy_(torch.from_numpy(pcm.astype(np.float32, copy=False)))
         self._forced.copy_(torch.from_numpy(forced.astype(np.int64, copy=False)))
         self._run(n)
-        out = self._out[:n].cpu().numpy()
+        # A copy: on a CPU ``.cpu()`` is the buffer itself, which the next step overwrites.
+        out = self._out[:n].to("cpu", copy=True).numpy()
         # Token ids and codes are exact in float32 (below 2**24).
         q = self.Q
         return StepResult(

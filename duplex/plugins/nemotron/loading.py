@@ -173,9 +173,15 @@ def build_model(
     talker_dtype: torch.dtype,
 ) -> VoiceChatModel:
     """The module tree with random weights, built on ``device``: the thinker and perception in ``dtype``,
-    the talker in ``talker_dtype``, the codec in float32."""
+    the talker in ``talker_dtype``, the codec in float32. Raises ``PluginError("model_load_failed")``
+    if the talker's tokens (``tokens.TalkerTokens``) are not in the vocabulary."""
+    t = config.talker
+    try:
+        talker_tokens = tokenizer.talker_tokens(t.bos_token, t.eos_token, t.pad_token)
+    except ValueError as exc:
+        raise PluginError("model_load_failed", f"the talker's tokens: {exc}") from exc
     with torch.device(device):
-        model = VoiceChatModel(config, tokenizer.vocab(), voices)
+        model = VoiceChatModel(config, tokenizer.vocab(), voices, talker_tokens)
     model.stt_model.to(dtype)
     model.tts_model.to(talker_dtype)
     model.tts_model.audio_codec.float()

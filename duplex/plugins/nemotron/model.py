@@ -18,6 +18,7 @@ from duplex.plugins.nemotron.config import VoiceChatConfig
 from duplex.plugins.nemotron.perception import Perception
 from duplex.plugins.nemotron.talker import Talker
 from duplex.plugins.nemotron.thinker import Thinker
+from duplex.plugins.nemotron.tokens import TalkerTokens
 
 __all__ = ["VoiceChatModel", "checkpoint_key", "module_key"]
 
@@ -81,12 +82,18 @@ def checkpoint_key(key: str) -> str:
 class VoiceChatModel(nn.Module):
     """``stt_model`` (perception + thinker) and ``tts_model`` (talker + codec) of the checkpoint."""
 
-    def __init__(self, cfg: VoiceChatConfig, vocab: dict[str, int], voices: list[str]) -> None:
+    def __init__(
+        self,
+        cfg: VoiceChatConfig,
+        vocab: dict[str, int],
+        voices: list[str],
+        talker_tokens: TalkerTokens | None = None,
+    ) -> None:
         super().__init__()
         self.cfg = cfg
         self.stt_model = Thinker(cfg)
         self.stt_model.perception = Perception(cfg.perception)
-        self.tts_model = Talker(cfg, vocab, voices)
+        self.tts_model = Talker(cfg, vocab, voices, talker_tokens)
 
     @property
     def thinker(self) -> Thinker:

@@ -9,21 +9,27 @@ backbone's width. The encoder is transformers' ``NemotronAsrStreamingEncoder``
 (its layers and weights; the checkpoint's NeMo key names are mapped onto it in
 ``loading``); the streaming around it is ours, at a fixed batch shape:
 
-* **Mel.** Column ``c`` of the (centred, reflect-padded) STFT covers samples
-  ``[c*hop - n_fft/2, c*hop + n_fft/2)`` of the pre-emphasised signal. Frame
-  ``k`` (samples ``1280k .. 1280k+1279``) completes columns ``8k-7 .. 8k``; each
-  row keeps the last ``7*hop + n_fft/2`` pre-emphasised samples before its
-  frame. On a row's first frame the history is the reflection of its first
-  samples (what ``torch.stft(center=True)`` pads with) and the seven columns
-  before column 0 are masked: the first frame consumes column 0 alone, as a
-  whole-utterance causal pass does.
-* **Subsampling.** Three causal stride-2 convolutions; each keeps the last
-  ``kernel - stride`` time steps of its input per row (``caches.ConvCache``).
-  On a row's first frame every time step before the stream starts is zeroed at
-  each convolution's input: exactly the zero padding of an offline causal pass.
-  So a stream gives, frame for frame, the encoder output of the whole utterance
-  encoded at once (NeMo's own cache manager re-encodes a window of nine cached
-  mel columns instead; the two differ only at the second frame).
+* **Mel.** Column ``c`` of the centred STFT covers samples
+  ``[c*hop - n_fft/2, c*hop + n_fft/2)`` of the pre-emphasised signal, zeros
+  before the stream starts (NeMo's preprocessor pads with zeros,
+  ``pad_mode="constant"``). Frame ``k`` (samples ``1280k .. 1280k+1279``)
+  completes columns ``8k-7 .. 8k``; each row keeps the last ``7*hop + n_fft/2``
+  pre-emphasised samples before its frame. On a row's first frame the seven
+  columns before column 0 are zero: the first frame consumes column 0 alone.
+* **Subsampling.** NeMo's cache-aware streaming geometry: each row keeps its
+  last ``factor + 1`` (9) mel columns, and each frame runs the three causal
+  stride-2 convolutions over those and its 8 new columns (17), with the
+  convolutions' own zero padding, keeping the last output (NeMo's
+  ``pre_encode_cache_size`` and ``drop_extra_pre_encoded``). The first frame is
+  column 0 alone (every earlier position zero at each convolution's input).
+  From the third frame on this is exactly the whole utterance encoded at once
+  (the convolutions see 15 columns); the second frame reads eight zero mel
+  columns before column 0, as NVIDIA's streaming pipeline does, where a
+  whole-utterance pass pads each convolution's input with zeros instead.
+  ``causal_start=True`` (the ``encoder_stream_start="causal"`` option) masks
+  every position before the stream's start at each convolution's input
+  instead: the stream then equals the whole-utterance causal pass frame for
+  frame.
 * **Conformer layers.** One new frame attends to itself and the last
   ``left_context`` frames of that layer (per-row key/value history, shifted by
   one each step); the relative-position keys of those ``left_context + 1``
@@ -128,15 +134,9 @@ class PerceptionState:
         self.left = cfg.left_context
         self.keys = torch.zeros(layers, rows, heads, self.left, d // heads, dtype=dtype, device=device)
         self.values = torch.zeros_like(self.keys)
+        # The mel columns before a frame that the subsampling reads again (NeMo's pre-encode cache).
+        self.mel = torch.zeros(rows, enc.config.subsampling_factor + 1, cfg.n_mels, device=device)
         self.conv = ConvCache(rows, dtype=dtype, device=device)
-        sub = enc.subsampling
-        width = cfg.n_mels
-        convs = [sub.conv_in] + [layer.depthwise_conv for layer in sub.layers]
-        for i, conv in enumerate(convs):
-            width_padded = width + conv.freq_pad[0] + conv.freq_pad[1]
-            self.conv.add(conv.cache_key, (conv.in_channels, conv.left_pad, width_padded))
-            width = (width_padded - conv.kernel_size[1]) // conv.stride[1] + 1
-            assert i < 8
         for layer in enc.layers:
             dw = layer.conv.depthwise_conv
             self.conv.add(dw.cache_key, (dw.in_channels, dw.left_pad))
@@ -146,6 +146,7 @@ class PerceptionState:
         self.audio[row].zero_()
         self.last_sample[row] = 0.0
         self.frames[row] = 0
+        self.mel[row].zero_()
         self.keys[:, row].zero_()
         self.values[:, row].zero_()
         self.conv.reset(row)
@@ -154,11 +155,12 @@ class PerceptionState:
 class Perception(nn.Module):
     """The checkpoint's ``stt_model.perception``: preprocessor, encoder, modality adapter, projection."""
 
-    def __init__(self, cfg: PerceptionConfig) -> None:
+    def __init__(self, cfg: PerceptionConfig, *, causal_start: bool = False) -> None:
         super().__init__()
         from transformers import NemotronAsrStreamingEncoder, NemotronAsrStreamingEncoderConfig
 
         self.cfg = cfg
+        self.causal_start = causal_start  # see the module docstring (Subsampling)
         self.preprocessor = nn.Module()
         self.preprocessor.featurizer = MelFeaturizer(cfg)
         enc_cfg = NemotronAsrStreamingEncoderConfig(**cfg.encoder)
@@ -171,6 +173,7 @@ class Perception(nn.Module):
         else:
             self.modality_adapter = None
             self.proj = None
+        self._factor = enc_cfg.subsampling_factor
         heads = enc_cfg.num_attention_heads
         self._head_dim = enc_cfg.hidden_size // heads
         self._heads = heads
@@ -215,10 +218,7 @@ class Perception(nn.Module):
         else:
             y = pcm
         half = cfg.n_fft // 2
-        history = state.audio[:n]
-        reflected = torch.zeros_like(history)
-        reflected[:, -half:] = y[:, 1 : half + 1].flip(-1)
-        history = torch.where(first[:, None], reflected, history)
+        history = state.audio[:n]  # zeros before a row's first frame (reset): NeMo's constant padding
         signal = torch.cat([history, y[:, :half]], dim=1)
         mel = feat.columns(signal)  # [n, 8, n_mels]
         keep = torch.ones(n, _COLS, dtype=torch.bool, device=pcm.device)
@@ -230,23 +230,41 @@ class Perception(nn.Module):
         state.last_sample[:n] = torch.where(exec_mask, pcm[:, -1], prev)
         return mel
 
-    def _subsample(self, state: PerceptionState, n: int, mel: torch.Tensor) -> torch.Tensor:
+    def _subsample(
+        self, state: PerceptionState, n: int, mel: torch.Tensor, exec_mask: torch.Tensor
+    ) -> torch.Tensor:
+        """One frame's subsampling: the cached mel columns and ``mel [n, 8, n_mels]`` -> ``[n, 1, d]``."""
         sub = self.encoder.subsampling
-        first = (state.frames[:n] == 0)[:, None, None, None]
-        x = mel.to(self.proj_dtype())[:, None]  # [n, 1, 8, n_mels]
-        x = sub.act_fn(sub.conv_in(x, padding_cache=state.conv))
-        x = x * torch.where(first, self._last_step(x), 1)
-        for layer in sub.layers:
-            x = layer.pointwise_conv(layer.depthwise_conv(x, padding_cache=state.conv))
-            x = sub.act_fn(x)
-            x = x * torch.where(first, self._last_step(x), 1)
-        x = x.transpose(1, 2).reshape(n, x.shape[2], -1)
+        cache = state.mel[:n]
+        chunk = torch.cat([cache, mel], dim=1)  # [n, 9 + 8, n_mels]
+        state.mel[:n] = torch.where(exec_mask[:, None, None], chunk[:, -cache.shape[1] :], cache)
+        frames = state.frames[:n]
+        x = chunk.to(self.proj_dtype())[:, None]  # [n, 1, 17, n_mels]
+        x = sub.act_fn(sub.conv_in(x * self._valid(frames, 0, x.shape[2])))
+        for depth, layer in enumerate(sub.layers, start=1):
+            x = x * self._valid(frames, depth, x.shape[2])
+            x = sub.act_fn(layer.pointwise_conv(layer.depthwise_conv(x)))
+        x = x[:, :, -1:]  # this frame's output; NeMo drops the ones before it (drop_extra_pre_encoded)
+        x = x.transpose(1, 2).reshape(n, 1, -1)
         return sub.linear(x)  # [n, 1, d]
 
-    @staticmethod
-    def _last_step(x: torch.Tensor) -> torch.Tensor:
-        t = x.shape[2]
-        return (torch.arange(t, device=x.device) == t - 1).view(1, 1, t, 1).to(x.dtype)
+    def _valid(self, frames: torch.Tensor, depth: int, length: int) -> torch.Tensor:
+        """Which of the ``length`` time steps at the input of subsampling convolution ``depth`` hold
+        data (the others are zeroed: the convolution's padding) ``[n, 1, length, 1]``.
+
+        The last step is this frame's; step ``length - 1 - j`` is ``j`` steps before it. At a row's
+        first frame only the last holds data. Later, every step does (the cached columns before the
+        stream's start are zero mel columns, read as data), unless ``causal_start``: then a step
+        before the stream's start does not.
+        """
+        stride = self.encoder.subsampling.conv_in.stride[0]
+        step = (self._factor // stride**depth) * frames  # this frame's index at that depth
+        before = (length - 1 - step).clamp(min=0)[:, None]  # steps before the stream's start
+        j = torch.arange(length, device=frames.device)[None]
+        valid = j >= before
+        if not self.causal_start:
+            valid = valid | (frames > 0)[:, None]
+        return valid[:, None, :, None].to(self.proj_dtype())
 
     def _attention(
         self,
@@ -288,7 +306,7 @@ class Perception(nn.Module):
         enc = self.encoder
         state.conv.bind(n, exec_mask)
         mel = self._mel(state, n, pcm, exec_mask)
-        x = self._subsample(state, n, mel) * enc.input_scale
+        x = self._subsample(state, n, mel, exec_mask) * enc.input_scale
         left = self.cfg.left_context
         seen = state.frames[:n].clamp(max=left)
         j = torch.arange(left + 1, device=x.device)

@@ -36,7 +36,10 @@ thinker's attention positions per slot), ``talker_context_frames`` (2048),
 ``guidance`` (the checkpoint's ``inference_guidance_enabled`` when unset),
 ``llm_path`` (the backbone's config and tokenizer, when not in ``llm/``),
 ``default_voice``, ``max_tool_result_tokens`` (2048), ``random_weights`` (build
-the architecture of the folder's configs with random weights, for benchmarks).
+the architecture of the folder's configs with random weights, for benchmarks),
+``encoder_stream_start`` (``"cache_aware"``: the encoder's second frame as NVIDIA's
+streaming pipeline computes it; ``"causal"``: as a whole-utterance causal pass
+does; see ``perception``).
 """
 
 from __future__ import annotations
@@ -85,7 +88,9 @@ _OPTION_TYPES: dict[str, type] = {
     "default_voice": str,
     "max_tool_result_tokens": int,
     "random_weights": bool,
+    "encoder_stream_start": str,
 }
+_STREAM_STARTS = ("cache_aware", "causal")
 _DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
 _DEFAULT_VOICE = "default"
 
@@ -135,6 +140,7 @@ class NemotronVoiceChatPlugin(FramePlugin):
         default_voice: str | None = None,
         max_tool_result_tokens: int = 2048,
         random_weights: bool = False,
+        encoder_stream_start: str = "cache_aware",
     ) -> None:
         if model_path is None:
             raise PluginError("invalid_plugin_config", "nemotron_voicechat needs a model path")
@@ -151,6 +157,11 @@ class NemotronVoiceChatPlugin(FramePlugin):
             )
         if max_tool_result_tokens < 1:
             raise PluginError("invalid_plugin_config", "max_tool_result_tokens must be at least 1")
+        if encoder_stream_start not in _STREAM_STARTS:
+            raise PluginError(
+                "invalid_plugin_config",
+                f"encoder_stream_start must be one of {list(_STREAM_STARTS)}, got {encoder_stream_start!r}",
+            )
         self._root = Path(model_path)
         self._max_sessions = max_sessions
         self._device = torch.device(device)
@@ -167,6 +178,7 @@ class NemotronVoiceChatPlugin(FramePlugin):
         self._default_voice_opt = default_voice
         self._max_tool_tokens = max_tool_result_tokens
         self._random = random_weights
+        self._causal_start = encoder_stream_start == "causal"
         self._cfg: VoiceChatConfig | None = None
         self._tok: TextTokenizer | None = None
         self._gen: BatchedVoiceChat | None = None
@@ -245,13 +257,15 @@ class NemotronVoiceChatPlugin(FramePlugin):
                 )
                 loading.load_weights(model, state, str(self._root))
                 del state
+            model.perception.causal_start = self._causal_start
             model.perception.prepare()
             model.talker.prepare(cfg.vocab_size)
             guidance = cfg.talker.guidance if self._guidance is None else self._guidance
             names = list(model.talker.audio_prompt_latents.keys()) or [None]
             special = tok.special
+            talker = model.talker.tokens  # the talker's own EOS and pad mark its speaker prompt
             self._voices = {
-                (name or _DEFAULT_VOICE): model.talker.prefill_voice(name, special.eos, special.pad, guidance)
+                (name or _DEFAULT_VOICE): model.talker.prefill_voice(name, talker.eos, talker.pad, guidance)
                 for name in names
             }
         self._cfg, self._tok = cfg, tok

@@ -45,6 +45,7 @@ from duplex.plugins.nemotron.talker_modules import (
     _delete_input_embeddings,
     unmask_schedule,
 )
+from duplex.plugins.nemotron.tokens import TalkerTokens
 
 __all__ = ["EarTts", "Talker", "TalkerState", "VoicePrefill"]
 
@@ -52,7 +53,9 @@ __all__ = ["EarTts", "Talker", "TalkerState", "VoicePrefill"]
 class EarTts(nn.Module):
     """The checkpoint's ``tts_model.tts_model`` (module names as in the checkpoint)."""
 
-    def __init__(self, cfg: VoiceChatConfig, vocab: dict[str, int]) -> None:
+    def __init__(
+        self, cfg: VoiceChatConfig, vocab: dict[str, int], tokens: TalkerTokens | None = None
+    ) -> None:
         super().__init__()
         from transformers import AutoConfig, AutoModel
 
@@ -79,8 +82,8 @@ class EarTts(nn.Module):
             CharAwareSubwordEncoder(
                 hidden,
                 vocab,
-                cfg.bos_token,
-                cfg.eos_token,
+                tokens.bos_token if tokens is not None else cfg.bos_token,
+                tokens.eos_token if tokens is not None else cfg.eos_token,
                 t.cas["backbone_type"],
                 t.cas.get("backbone_config"),
                 use_subword_flag_emb=t.subword_flag_emb,
@@ -90,7 +93,7 @@ class EarTts(nn.Module):
             else None
         )
         if t.gated_fusion:
-            self.gated_fusion_audio_text = GatedFusion(hidden, hidden, hidden, t.num_quantizers)
+            self.gated_fusion_audio_text = GatedFusion(hidden, hidden, hidden)
         if t.audio_prompt_encoder is not None:
             ape = dict(t.audio_prompt_encoder)
             kind = ape.pop("type")
@@ -118,11 +121,18 @@ class EarTts(nn.Module):
 class Talker(nn.Module):
     """The checkpoint's ``tts_model``: ``tts_model`` (EAR-TTS), ``audio_codec``, silence codes, voices."""
 
-    def __init__(self, cfg: VoiceChatConfig, vocab: dict[str, int], voices: list[str]) -> None:
+    def __init__(
+        self,
+        cfg: VoiceChatConfig,
+        vocab: dict[str, int],
+        voices: list[str],
+        tokens: TalkerTokens | None = None,
+    ) -> None:
         super().__init__()
         t = cfg.talker
         self.cfg = cfg
-        self.tts_model = EarTts(cfg, vocab)
+        self.tokens = tokens  # the talker's BOS/EOS/PAD (tokens.TalkerTokens); None: the thinker's
+        self.tts_model = EarTts(cfg, vocab, tokens)
         self.audio_codec = RVQVAE(cfg.codec)
         self.register_buffer("codec_silence_tokens", torch.zeros(t.num_quantizers, dtype=torch.long))
         cb = t.codebook_size

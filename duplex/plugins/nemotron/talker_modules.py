@@ -253,12 +253,22 @@ def _delete_input_embeddings(model: nn.Module) -> None:
     raise ValueError(f"{type(model).__name__}: input embeddings not found")
 
 
-class GatedFusion(nn.Module):
-    """``GatedProjectedSumRMSNorm``: a learned gate between the projected audio and text inputs."""
+# The divisor of the summed codebook embedding in the gated fusion: 31 for every codec. NVIDIA's
+# reference builds the fusion with its number of quantizers in the place of its ``final_norm``
+# flag, so its ``num_codebooks`` keeps the default, 31 (the published codec's count).
+FUSION_CODEBOOKS = 31
 
-    def __init__(self, audio_dim: int, text_dim: int, hidden: int, num_codebooks: int) -> None:
+
+class GatedFusion(nn.Module):
+    """``GatedProjectedSumRMSNorm``: a learned gate between the projected audio and text inputs.
+
+    The audio input (a sum of codebook embeddings) is divided by ``FUSION_CODEBOOKS`` whatever
+    the codec's number of quantizers, as the reference does.
+    """
+
+    def __init__(self, audio_dim: int, text_dim: int, hidden: int) -> None:
         super().__init__()
-        self.num_codebooks = num_codebooks
+        self.num_codebooks = FUSION_CODEBOOKS
         self.audio_proj = nn.Linear(audio_dim, hidden)
         self.text_proj = nn.Linear(text_dim, hidden)
         self.gate = nn.Parameter(torch.zeros(hidden, dtype=torch.float32))

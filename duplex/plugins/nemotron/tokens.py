@@ -12,14 +12,27 @@ Ids the per-frame loop relies on (the checkpoint's token strings):
 * ``sotc`` / ``eotc`` (``<SPECIAL_20>`` / ``<SPECIAL_21>``): the function channel
   opens / closes a tool call (its tokens in between are the call's JSON);
 * ``eotr`` (``<SPECIAL_22>``): the end of a tool response.
+
+The talker (EAR-TTS) has tokens of its own (``TalkerTokens``): NVIDIA's
+reference builds its tokenizer from the same files but with the
+``bos_token``/``eos_token``/``pad_token`` of ``model.speech_generation.model``,
+and where that section names none, the tokenizer's own (``tokenizer_config.json``,
+then ``special_tokens_map.json``); a missing pad falls back to the unknown token,
+then to id 0. They mark the speaker prompt (its pad and final EOS), the turn
+boundaries the char-aware encoder flags, and the EOS that makes the talker read
+the codec's silence frame. They need not be the thinker's.
 """
 
 from __future__ import annotations
 
+import json
+import logging
 from dataclasses import dataclass
 from pathlib import Path
 
-__all__ = ["Detokenizer", "SpecialIds", "TextTokenizer"]
+__all__ = ["Detokenizer", "SpecialIds", "TalkerTokens", "TextTokenizer"]
+
+log = logging.getLogger(__name__)
 
 SOTC_TOKEN = "<SPECIAL_20>"
 EOTC_TOKEN = "<SPECIAL_21>"
@@ -36,8 +49,43 @@ class SpecialIds:
     eotr: int
 
 
+@dataclass(frozen=True)
+class TalkerTokens:
+    """The talker's BOS, EOS and PAD: ids, and the BOS/EOS strings (see the module docstring)."""
+
+    bos: int
+    eos: int
+    pad: int
+    bos_token: str
+    eos_token: str
+
+
+def _declared(folder: Path) -> dict[str, str]:
+    """The special tokens a tokenizer folder declares (``tokenizer_config.json`` first)."""
+    found: dict[str, str] = {}
+    for name in ("special_tokens_map.json", "tokenizer_config.json"):  # the later file wins
+        path = folder / name
+        if not path.is_file():
+            continue
+        try:
+            data = json.loads(path.read_text())
+        except (OSError, json.JSONDecodeError) as exc:
+            raise ValueError(f"{path}: {exc}") from exc
+        for key in ("bos_token", "eos_token", "pad_token", "unk_token"):
+            value = data.get(key)
+            if isinstance(value, dict):
+                value = value.get("content")
+            if isinstance(value, str):
+                found[key] = value
+    return found
+
+
 class TextTokenizer:
-    """A ``tokenizers.Tokenizer`` read from ``tokenizer.json``, with the ids the loop needs."""
+    """A ``tokenizers.Tokenizer`` read from ``tokenizer.json``, with the ids the loop needs.
+
+    The special tokens the folder declares (``tokenizer_config.json``, ``special_tokens_map.json``
+    beside it) are read too: the talker's tokens default to them (``talker_tokens``).
+    """
 
     def __init__(self, path: str | Path, bos: str, eos: str, pad: str) -> None:
         from tokenizers import Tokenizer
@@ -52,6 +100,34 @@ class TextTokenizer:
             sotc=self._id(SOTC_TOKEN),
             eotc=self._id(EOTC_TOKEN),
             eotr=self._id(EOTR_TOKEN),
+        )
+        self._bos, self._eos = bos, eos
+        self.declared = _declared(self.path.parent)
+
+    def talker_tokens(
+        self, bos: str | None = None, eos: str | None = None, pad: str | None = None
+    ) -> TalkerTokens:
+        """The talker's tokens: those given (``model.speech_generation.model``'s), else the declared ones.
+
+        Without a declared BOS or EOS the thinker's is used (and logged: NVIDIA's reference
+        cannot run such a folder). Raises ``ValueError`` for a token the vocabulary lacks.
+        """
+        declared = self.declared
+        names = {}
+        for key, given, thinker in (("bos_token", bos, self._bos), ("eos_token", eos, self._eos)):
+            value = given or declared.get(key)
+            if value is None:
+                folder = self.path.parent
+                log.warning("%s declares no %s; the talker uses the thinker's %r", folder, key, thinker)
+                value = thinker
+            names[key] = value
+        pad_token = pad or declared.get("pad_token") or declared.get("unk_token")
+        return TalkerTokens(
+            bos=self._id(names["bos_token"]),
+            eos=self._id(names["eos_token"]),
+            pad=self._id(pad_token) if pad_token is not None else 0,
+            bos_token=names["bos_token"],
+            eos_token=names["eos_token"],
         )
 
     def _id(self, token: str) -> int:
