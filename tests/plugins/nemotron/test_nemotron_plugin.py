@@ -169,6 +169,22 @@ def test_the_same_seed_gives_the_same_speech_and_another_seed_other_speech(plugi
     assert [t[2] for t in runs[0]] != [t[2] for t in runs[2]]  # the talker samples
 
 
+def test_what_the_model_hears_changes_what_it_says_and_how_it_sounds(plugin):
+    """The tiny checkpoint is not degenerate: other audio in, other text and other speech out."""
+    from duplex.plugins.nemotron.testing import speech_like
+
+    heard = {}
+    for seed in (1, 2):
+        audio = speech_like(16, seed=seed)
+        plugin.open_slot(0, SlotOptions(seed=4))  # the same talker noise for both
+        frames = [audio[k * 1280 : (k + 1) * 1280] for k in range(16)]
+        heard[seed] = _run(plugin, [[0]] * 16, {0: frames})[0]
+    a, b = heard[1], heard[2]
+    assert [t[0] for t in a] != [t[0] for t in b]  # the text channel
+    assert [t[2] for t in a] != [t[2] for t in b]  # the codec codes
+    assert not _same_audio(a, b)
+
+
 # -- contract ----------------------------------------------------------------------------------
 
 
