@@ -25,7 +25,14 @@ from duplex.plugins.personaplex.loading import build_mimi, find_checkpoint
 from duplex.plugins.personaplex.plugin import PersonaPlexPlugin
 from duplex.plugins.personaplex.prompt import build_prompt
 from duplex.plugins.personaplex.sampling import gumbel_noise, sample_top_k
-from duplex.plugins.personaplex.testing import LogitWatch, rounding_bound, same_choice, speech_like
+from duplex.plugins.personaplex.testing import (
+    LogitWatch,
+    Watched,
+    rounding_bound,
+    same_greedy_run,
+    speech_like,
+    step_watched,
+)
 
 SLOTS = 4
 FRAMES = 10
@@ -255,55 +262,6 @@ def test_a_slot_opened_while_others_talk_is_prefilled_in_chunks_between_their_ti
         assert b_time["open_ended"] <= b_time["first_frame_at"] <= b_time["first_step_at"]
         assert b_time["first_voiced_frame"] == 0  # random weights speak noise from the first frame
         assert a_outputs == [(tok, pcm) for tok, _, pcm, _ in alone["a"][2:FRAMES]]
-
-
-@dataclasses.dataclass
-class Watched:
-    """One frame of a greedy session, with what its step computed (``testing.LogitWatch``)."""
-
-    column: list[int]
-    text_logits: np.ndarray
-    agent_logits: np.ndarray
-    text: int
-    agent: list[int]
-    pcm: np.ndarray
-
-
-def step_watched(plugin: PersonaPlexPlugin, watch: LogitWatch, batch: list[SlotInput]) -> dict[int, Watched]:
-    """``plugin.step(batch)``; each slot's ``Watched`` frame (every slot in ``batch`` must be ready)."""
-    watch.arm()
-    outputs = plugin.step(batch)
-    seen, step = watch.take(), plugin.last_step
-    assert step is not None
-    return {
-        o.slot: Watched(
-            seen.column[o.slot].tolist(),
-            seen.text[o.slot],
-            seen.agent[o.slot],
-            int(step.text[o.slot]),
-            [int(c) for c in step.agent[o.slot]],
-            o.pcm.copy(),
-        )
-        for o in outputs
-    }
-
-
-def same_greedy_run(got: list[Watched], want: list[Watched], pcm_bound: float) -> int:
-    """Walk two greedy runs of one session frame by frame; returns the frames found equal.
-
-    Each choice (the text, then each agent codebook, fed to the next) must be the same unless
-    ``testing.same_choice`` calls it a near tie, where the walk stops (the runs part after it);
-    the columns read, the tokens and, to ``pcm_bound`` of the peak, the audio must agree."""
-    for i, (g, w) in enumerate(zip(got, want, strict=True)):
-        assert g.column == w.column, f"frame {i}"
-        choices = [same_choice(g.text_logits, w.text_logits)]
-        choices += [same_choice(g.agent_logits[j], w.agent_logits[j]) for j in range(len(g.agent))]
-        assert False not in choices, f"frame {i}: {choices}"
-        if None in choices:
-            return i
-        assert (g.text, g.agent) == (w.text, w.agent), f"frame {i}"
-        assert np.abs(g.pcm - w.pcm).max() <= pcm_bound * np.abs(w.pcm).max(), f"frame {i}"
-    return len(got)
 
 
 def test_batch_buckets_step_the_fewest_rows_and_keep_every_session_going(plugin, ckpt):

@@ -22,26 +22,32 @@ syllables (about 4 a second) and pauses, over a little noise.
 from __future__ import annotations
 
 import io
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Protocol
 
 import numpy as np
 import torch
 from moshi.models.compression import MimiModel
 
+from duplex.plugins.base import SlotInput, SlotOutput
 from duplex.plugins.personaplex.config import FRAME_SAMPLES, SAMPLE_RATE, PersonaPlexConfig, tiny_config
+from duplex.plugins.personaplex.generation import StepResult
 from duplex.plugins.personaplex.loading import build_lm, build_mimi, export_checkpoint
 
 __all__ = [
     "TINY_VOICES",
     "LogitWatch",
+    "Watched",
     "WatchedStep",
     "calibrate_codebooks",
     "make_tiny_checkpoint",
     "rounding_bound",
     "same_choice",
+    "same_greedy_run",
     "speech_like",
+    "step_watched",
     "train_tokenizer",
 ]
 
@@ -288,6 +294,14 @@ class LogitWatch:
         self._seen = {}
         self._armed = True
 
+    def take_prefill(self, last: int) -> tuple[np.ndarray, np.ndarray]:
+        """After a prompt prefilled in one pass: the text logits of its position ``last`` and the
+        logits of the first agent codebook, which together choose the first conversation column."""
+        self._armed = False
+        text = self._seen["text"]
+        assert text.dim() == 3 and text.shape[0] == 1 and text.shape[1] > last, tuple(text.shape)
+        return text[0, last].cpu().numpy(), self._seen["agent0"][0, 0].cpu().numpy()
+
     def take(self) -> WatchedStep:
         self._armed = False
         seen = self._seen
@@ -296,6 +310,63 @@ class LogitWatch:
         agent = torch.stack([seen[f"agent{j}"][:, 0] for j in range(self._agent)], dim=1)
         column = torch.stack([seen[f"column{k}"][:, 0] for k in range(self._streams)], dim=1)
         return WatchedStep(text[:, 0].cpu().numpy(), agent.cpu().numpy(), column.cpu().numpy())
+
+
+@dataclass
+class Watched:
+    """One frame of a greedy session, with what its step computed (``LogitWatch``)."""
+
+    column: list[int]
+    text_logits: np.ndarray
+    agent_logits: np.ndarray
+    text: int
+    agent: list[int]
+    pcm: np.ndarray
+
+
+class SteppedPlugin(Protocol):
+    """What ``step_watched`` uses of the PersonaPlex plugin."""
+
+    last_step: StepResult | None
+
+    def step(self, batch: Sequence[SlotInput]) -> Sequence[SlotOutput]: ...
+
+
+def step_watched(plugin: SteppedPlugin, watch: LogitWatch, batch: list[SlotInput]) -> dict[int, Watched]:
+    """``plugin.step(batch)`` under ``watch``; each slot's ``Watched`` frame, by slot (every slot in
+    ``batch`` must be ready, and the step not a graph replay, which runs no hooks)."""
+    watch.arm()
+    outputs = plugin.step(batch)
+    seen, step = watch.take(), plugin.last_step
+    assert step is not None
+    frames = {}
+    for o in outputs:
+        assert o.pcm is not None, f"slot {o.slot} was not ready"
+        row = o.slot
+        logits = seen.text[row], seen.agent[row]
+        tokens = int(step.text[row]), [int(c) for c in step.agent[row]]
+        frames[row] = Watched(seen.column[row].tolist(), *logits, *tokens, o.pcm.copy())
+    return frames
+
+
+def same_greedy_run(got: list[Watched], want: list[Watched], pcm_bound: float | None) -> int:
+    """Walk two greedy runs of one session frame by frame; returns how many frames were compared.
+
+    Each choice (the text, then each agent codebook, fed to the next) must be the same unless
+    ``same_choice`` calls it a near tie, where the walk stops (the runs part after it); the columns
+    read, the tokens and, to ``pcm_bound`` of the peak (``None``: not compared), the audio must
+    agree. Raises ``AssertionError`` naming the frame otherwise."""
+    for i, (g, w) in enumerate(zip(got, want, strict=True)):
+        assert g.column == w.column, f"frame {i}: column {g.column} != {w.column}"
+        choices = [same_choice(g.text_logits, w.text_logits)]
+        choices += [same_choice(g.agent_logits[j], w.agent_logits[j]) for j in range(len(g.agent))]
+        assert False not in choices, f"frame {i}: choices {choices}"
+        if None in choices:
+            return i
+        assert (g.text, g.agent) == (w.text, w.agent), f"frame {i}"
+        if pcm_bound is not None:
+            assert np.abs(g.pcm - w.pcm).max() <= pcm_bound * np.abs(w.pcm).max(), f"frame {i}: audio"
+    return len(got)
 
 
 def make_tiny_checkpoint(root: str | Path, seed: int = 0) -> Path:
