@@ -27,7 +27,7 @@ Pure: this module does no I/O (``decode`` takes a frame, ``encode`` gives one).
 from __future__ import annotations
 
 import re
-from typing import Annotated, Any, Final, Literal
+from typing import Annotated, Final, Literal
 
 import msgspec
 from msgspec import Meta
@@ -240,8 +240,18 @@ ServerMessage = (
 )
 
 _DECODER: Final = msgspec.json.Decoder(ClientMessage)
-_OUTLINE: Final = msgspec.json.Decoder(dict[str, Any])
+
+
+class _Outline(msgspec.Struct):
+    """A refused frame's ``type`` alone: the other members are skipped unbuilt, so a value the typed
+    decode refused (a number out of range, ``1e999``) cannot hide which message it was."""
+
+    type: object = None
+
+
+_OUTLINE: Final = msgspec.json.Decoder(_Outline)
 _ENCODER: Final = msgspec.json.Encoder()
+_TOO_DEEP: Final = "Invalid JSON: nested too deeply"
 _ERROR_RE: Final = re.compile(r"^(?P<msg>.*?)(?: - at `\$(?P<path>[^`]*)`)?$", re.DOTALL)
 _UNKNOWN_FIELD_RE: Final = re.compile(r"^Object contains unknown field `(?P<field>[^`]{1,64})`")
 _CODED_RE: Final = re.compile(r"^(?P<code>[a-z_]+)(?:@(?P<field>[\w.\[\]]+))?: (?P<msg>.*)$", re.DOTALL)
@@ -273,18 +283,21 @@ def decode(data: str | bytes, *, max_bytes: int = MAX_MESSAGE_BYTES) -> ClientMe
         return _DECODER.decode(data)
     except msgspec.ValidationError as exc:
         first = str(exc)
-    except (msgspec.DecodeError, UnicodeEncodeError, RecursionError):
+    except (msgspec.DecodeError, UnicodeEncodeError):
         raise ProtocolError("invalid_json", "Invalid JSON") from None
+    except RecursionError:
+        raise ProtocolError("invalid_json", _TOO_DEEP) from None
     raise _refusal(first, data)
 
 
 def _refusal(error: str, data: str | bytes) -> ProtocolError:
     """The ``ProtocolError`` for a frame that is JSON but not a valid message (``error``: msgspec's)."""
     try:
-        outline = _OUTLINE.decode(data)
+        kind = _OUTLINE.decode(data).type
     except msgspec.ValidationError:
         return ProtocolError("bad_event", "Messages must be JSON objects with a string `type`")
-    kind = outline.get("type")
+    except RecursionError:  # an unknown member nested too deeply (skipping it recurses too)
+        return ProtocolError("invalid_json", _TOO_DEEP)
     if not isinstance(kind, str):
         return ProtocolError("bad_event", "Messages must be JSON objects with a string `type`", param="type")
     found = _ERROR_RE.match(error)

@@ -271,7 +271,16 @@ VideoServerEvent = (
 _COMMANDS = msgspec.json.Decoder(VideoClientCommand)
 _EVENTS = msgspec.json.Decoder(VideoServerEvent)
 _ENCODER = msgspec.json.Encoder()
-_OUTLINE = msgspec.json.Decoder(dict[str, object])
+
+
+class _Outline(msgspec.Struct):
+    """A refused message's ``type`` alone: every other member is skipped unbuilt, so a value the
+    typed decode refused (a number out of range, ``1e999``) cannot hide which message it was."""
+
+    type: object = None
+
+
+_OUTLINE = msgspec.json.Decoder(_Outline)
 _CODED: Final = re.compile(r"\A(?P<code>[a-z_]+)(?:@(?P<field>[\w.\[\]]*))?: (?P<msg>.*)\Z", re.S)
 _TYPES: Final = frozenset(
     ("session.start", "session.interaction", "session.playback", "session.ping", "session.stop")
@@ -290,15 +299,18 @@ def decode_video_command(data: str | bytes, *, max_bytes: int) -> VideoClientCom
         first = exc.with_traceback(None)
     except (msgspec.DecodeError, UnicodeEncodeError):
         raise ProtocolError("invalid_json", "the message is not valid JSON") from None
+    except RecursionError:
+        raise ProtocolError("bad_event", "the message is nested too deeply") from None
     return _refusal(data, first)
 
 
 def _refusal(data: str | bytes, exc: msgspec.ValidationError) -> VideoClientCommand:
     try:
-        outline = _OUTLINE.decode(data)
-    except (msgspec.ValidationError, msgspec.DecodeError):
+        kind = _OUTLINE.decode(data).type
+    except msgspec.DecodeError:  # not an object (a ValidationError is a DecodeError)
         raise ProtocolError("bad_event", "a message must be a JSON object with a string `type`") from None
-    kind = outline.get("type")
+    except RecursionError:  # an unknown member nested too deeply (skipping it recurses too)
+        raise ProtocolError("bad_event", "the message is nested too deeply") from None
     if not isinstance(kind, str):
         raise ProtocolError("bad_event", "a message must have a string `type`", param="type")
     if kind not in _TYPES:

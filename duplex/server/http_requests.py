@@ -5,7 +5,8 @@ API key (401), and returns the key's identity for the session (``auth.api_key_id
 reads the body, at most ``ServerConfig.max_http_body_bytes`` (``event_too_large``, 413, checked on
 the ``Content-Length`` before anything is read, and on the bytes as they arrive), and decodes it
 into a wire struct in one typed msgspec decode: bad JSON is ``invalid_json``, a missing field, a
-wrong type or a value out of its bounds is ``bad_event`` naming the field (``param``). Each raises
+wrong type or a value out of its bounds is ``bad_event`` naming the field (``param``), and so is a
+body nested deeper than the decoder goes (``RecursionError``, never a 500). Each raises
 ``ProtocolError``; the route answers it with ``http_errors.error_response``.
 """
 
@@ -57,8 +58,9 @@ async def read_json(request: Request, kind: type[T], max_bytes: int) -> T:
     return decode_json(b"".join(parts), kind)
 
 
-def decode_json(body: bytes, kind: type[T]) -> T:
-    """``body`` decoded into ``kind``; raises ``ProtocolError`` (``invalid_json``, ``bad_event``)."""
+def decode_json(body: bytes, kind: type[T], what: str = "the request body") -> T:
+    """``body`` decoded into ``kind``; raises ``ProtocolError`` (``invalid_json``, ``bad_event``).
+    ``what`` names the body in the messages (a socket's "message")."""
     try:
         return msgspec.json.decode(body, type=kind)
     except msgspec.ValidationError as exc:
@@ -70,4 +72,6 @@ def decode_json(body: bytes, kind: type[T]) -> T:
             param = f"{param}.{missing['field']}" if param else missing["field"]
         raise ProtocolError("bad_event", f"{param}: {message}" if param else message, param=param) from None
     except msgspec.DecodeError as exc:
-        raise ProtocolError("invalid_json", f"the request body is not JSON: {exc}") from None
+        raise ProtocolError("invalid_json", f"{what} is not JSON: {exc}") from None
+    except RecursionError:  # msgspec's depth limit, skipping an unknown field's value included
+        raise ProtocolError("bad_event", f"{what} is nested too deeply") from None

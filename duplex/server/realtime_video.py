@@ -162,6 +162,7 @@ class _VideoConnection:
         # Errors of interactions the model refused later (``_refused``), waiting to be sent.
         self._late: asyncio.Queue[VideoServerEvent] = asyncio.Queue(state.config.send_queue_max_events)
         self._slow = False
+        self._reader_error: BaseException | None = None  # the control reader failed (a bug)
         self._encoding: asyncio.Future[bytes] | None = None
         self._transport = transport_extension(websocket.scope)
 
@@ -279,6 +280,7 @@ class _VideoConnection:
         takes = model.engine.capabilities.interactions
         name = self.request_id
         reader = asyncio.create_task(self._read_controls(stream, takes), name=f"video-reader-{name}")
+        reader.add_done_callback(self._reader_ended)
         late = asyncio.create_task(self._send_late(), name=f"video-late-{name}")
         try:
             return await self._generate(stream, model, start, codec, options)
@@ -319,6 +321,8 @@ class _VideoConnection:
                     await self._hold_for_playhead(frames / fps, start.streaming_buffer_seconds)
                 if output.end_of_turn:
                     break
+            if self._reader_error is not None:  # logged by ``_reader_ended``
+                raise ProtocolError("server_error", "internal server error")
             if self._slow:
                 raise _SlowReader
             if not self._gone:
@@ -438,6 +442,22 @@ class _VideoConnection:
         self._last_progress = self._loop.time()  # a viewer's pause is not the model's stall
 
     # -- the reader ------------------------------------------------------------------------------
+
+    def _reader_ended(self, reader: asyncio.Task[None]) -> None:
+        """The reader ended: by itself (a stop, a disconnect) it has said so already; a reader that
+        failed must not leave the generation running unheard (nobody would read ``session.stop``
+        any more): it stops, a blocked send as a slow reader, anything else as ``server_error``."""
+        if reader.cancelled() or reader.exception() is None:
+            return
+        exc = reader.exception()
+        if isinstance(exc, _SlowReader):
+            self._slow = True
+        elif isinstance(exc, WebSocketDisconnect):
+            self._gone = True
+        else:
+            log.error("realtime video %s: the control reader failed", self.request_id, exc_info=exc)
+            self._reader_error = exc
+        self._stop.set()
 
     async def _read_controls(self, stream: Any, takes: tuple[str, ...]) -> None:
         """Every client message after ``session.start`` until ``session.stop`` or a disconnect."""

@@ -163,7 +163,7 @@ class _SpeechSocket:
                 limit = self.cfg.max_message_bytes
                 if len(text) > limit:
                     raise ProtocolError("event_too_large", f"a message is at most {limit} bytes")
-                command = decode_json(text.encode(), SpeechStreamCommand)  # type: ignore[arg-type]
+                command = decode_json(text.encode(), SpeechStreamCommand, "the message")  # type: ignore[arg-type]
                 if first and not isinstance(command, SpeechStreamConfig):
                     raise ProtocolError("bad_event", "the first message must be session.config")
                 return command

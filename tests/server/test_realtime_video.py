@@ -47,6 +47,10 @@ async def video(checkpoint: Path) -> AsyncIterator[Running]:
         yield server
 
 
+#: A value 5,000 levels deep: deeper than any JSON decoder goes (a ``RecursionError`` inside it).
+DEEP = "[" * 5000 + "]" * 5000
+
+
 def url(server: Running) -> str:
     return f"ws://127.0.0.1:{server.port}/v1/realtime/video"
 
@@ -140,6 +144,29 @@ async def test_stop_ends_the_stream_with_done_stopped_and_frees_the_slot(video: 
     assert video.engine.stats()["streams_open"] == 0
 
 
+async def test_messages_no_decoder_can_read_are_refused_and_the_reader_still_hears_ping_and_stop(
+    video: Running,
+) -> None:
+    async with await VideoStreamClient.connect(url(video)) as client:
+        await client.start("an endless river", num_frames=0, seed=1)
+        await chunks_until(client, 1)
+        await client.ws.send('{"type": "session.ping", "x": ' + DEEP + "}")
+        await client.ws.send('{"type": "session.playback", "position_seconds": 1e999}')
+        await client.ping()
+        await client.stop()
+        messages, code = await rest(client)
+    errors = [m for m in messages if isinstance(m, VideoError)]
+    assert [(e.code, e.param) for e in errors] == [("bad_event", None), ("bad_event", "position_seconds")]
+    assert errors[0].message == "the message is nested too deeply"
+    assert errors[1].message.startswith("invalid session.playback at position_seconds")
+    assert "session.pong" in [kind(m) for m in messages]
+    done = messages[-1]
+    assert isinstance(done, VideoSessionDone) and done.stopped
+    assert code == 1000
+    await routes_ended(video)
+    assert video.engine.stats()["streams_open"] == 0
+
+
 async def test_ping_gets_pong_before_and_during_generation(video: Running) -> None:
     async with await VideoStreamClient.connect(url(video)) as client:
         await client.start("a lighthouse", num_frames=FRAMES_PER_CHUNK, seed=2)
@@ -201,10 +228,14 @@ async def test_an_image_reference_starts_the_video_from_that_image(video: Runnin
             "extra_params.seed",
         ),
         ('{"type": "session.start", "prompt": "   "}', "response_create_without_input", None),
+        ('{"type": "session.start", "prompt": "x", "extra_params": {"a": ' + DEEP + "}}", "bad_event", None),
+        ('{"type": "session.start", "prompt": "x", "colour": ' + DEEP + "}", "bad_event", None),
+        ('{"type": "session.start", "prompt": "x", "fps": 1e999}', "bad_event", "fps"),
     ],
     ids=[
         "format", "width-type", "negative-frames", "unknown-field", "no-prompt", "not-start", "server-type",
         "not-json", "http-image", "size-not-served", "unknown-extra", "given-twice", "blank-prompt",
+        "nested-extra", "nested-unknown", "number-out-of-range",
     ],
 )
 async def test_a_bad_session_start_is_refused_with_one_clear_error(

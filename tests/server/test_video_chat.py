@@ -49,6 +49,11 @@ REPLY = [
 ]
 
 
+#: A value 5,000 levels deep: deeper than any JSON decoder goes (a ``RecursionError`` inside it).
+DEEP = "[" * 5000 + "]" * 5000
+TOO_DEEP = "Invalid JSON: nested too deeply"
+
+
 def url(srv: Running) -> str:
     return f"ws://127.0.0.1:{srv.port}/v1/video/chat/stream"
 
@@ -230,6 +235,8 @@ async def test_video_done_right_after_a_query_waits_for_its_reply():
             "invalid_session_config",
             "Expected session.config, got: video.query",
         ),
+        ('{"type": "session.config", "voice": ' + DEEP + "}", "invalid_json", TOO_DEEP),
+        ('{"type": "session.config", "x": ' + DEEP + "}", "invalid_json", TOO_DEEP),
     ],
 )
 async def test_a_bad_first_message_is_refused_clearly_and_closes(first, code, message):
@@ -248,6 +255,7 @@ async def test_a_bad_first_message_is_refused_clearly_and_closes(first, code, me
     ("sent", "code", "message", "param"),
     [
         ("{not-json", "invalid_json", "Invalid JSON", None),
+        ('{"type": "video.frame", "x": ' + DEEP + "}", "invalid_json", TOO_DEEP, None),
         ('{"type": "video.seek"}', "unknown_event", "Unknown type: video.seek", "type"),
         (
             '{"type": "session.config"}',
