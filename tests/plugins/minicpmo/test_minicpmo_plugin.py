@@ -439,3 +439,35 @@ def test_a_sessions_first_units_can_be_forced_to_listen(speak_ckpt):
     outs = [plugin.step([SlotInput(slot=0, epoch=0, pcm=_pcm(u))])[0] for u in range(3)]
     assert [o.decision for o in outs] == ["listen", "listen", "speak"]
     assert plugin.last_results[0].tokens[0] == plugin.generator.sp.tts_bos
+
+
+def _first_units(ckpt, pcms, frames) -> tuple[list[list[int]], list[np.ndarray]]:
+    plugin = _plugin(ckpt)
+    plugin.open_slot(0, GREEDY)
+    tokens, audio = [], []
+    for pcm, frame in zip(pcms, frames, strict=True):
+        (out,) = plugin.step([SlotInput(slot=0, epoch=0, pcm=pcm, video_frames=(frame,))])
+        tokens.append(plugin.last_results[0].tokens)
+        audio.append(out.pcm)
+    return tokens, audio
+
+
+def test_the_tiny_checkpoint_is_not_deaf_what_it_hears_changes_what_it_says(minicpmo_ckpt):
+    """Noise and a tone (two white noises sound alike to the encoder: they may well say the same)."""
+    tone = (0.3 * np.sin(2 * np.pi * 220 * np.arange(16000) / 16000)).astype(np.float32)
+    a_tokens, a_audio = _first_units(minicpmo_ckpt, [_pcm(0), tone], [jpeg(), jpeg()])
+    b_tokens, b_audio = _first_units(minicpmo_ckpt, [_pcm(0), _pcm(1)], [jpeg(), jpeg()])
+    c_tokens, c_audio = _first_units(minicpmo_ckpt, [tone], [jpeg()])
+    assert a_tokens[0] == b_tokens[0] and a_tokens[0] != c_tokens[0]  # text out, the first second
+    assert a_tokens[1] != b_tokens[1]  # and the next
+    assert not np.array_equal(a_audio[0], c_audio[0])  # speech out
+    assert not np.array_equal(a_audio[1], b_audio[1])
+
+
+def test_the_tiny_checkpoint_is_not_blind_what_it_sees_changes_what_it_says(minicpmo_ckpt):
+    pcms = [_pcm(0), _pcm(1)]
+    a_tokens, a_audio = _first_units(minicpmo_ckpt, pcms, [jpeg(), jpeg((200, 20, 20))])
+    b_tokens, b_audio = _first_units(minicpmo_ckpt, pcms, [jpeg(), jpeg((20, 40, 220), (48, 64))])
+    assert a_tokens[0] == b_tokens[0]
+    assert a_tokens[1] != b_tokens[1]
+    assert not np.array_equal(a_audio[1], b_audio[1])
