@@ -99,6 +99,7 @@ _INVALID_REQUEST: Final = (
     "invalid_function_call_output",
     # transport
     "duplex_required",
+    "invalid_request",  # a handshake's query asks for what no route serves (a MAP ``mode`` not audio/video)
 )
 _SERVER: Final = (
     "server_error",

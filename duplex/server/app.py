@@ -62,7 +62,9 @@ class ModelList(msgspec.Struct, frozen=True, kw_only=True):
 class HealthStatus(msgspec.Struct, frozen=True, kw_only=True, omit_defaults=True):
     """``GET /health``. ``status``: ``ok``; ``degraded`` while a model worker is not ready (it is
     restarting: new sessions are refused meanwhile; still HTTP 200, the server itself is up);
-    ``starting`` / ``draining`` with 503. ``workers``: each model worker process (none: in-process)."""
+    ``starting`` / ``draining`` with 503. ``sessions``: the sessions open on every served model,
+    whatever route opened them (``AppState.open_sessions``). ``workers``: each model worker process
+    (none: in-process)."""
 
     status: str
     model: str
@@ -92,6 +94,11 @@ class AppState:
         self.attached: set[Any] = set()  # live sockets with a session (``_Connection``)
         self._engine_stack: contextlib.AsyncExitStack | None = None
         self._drained = asyncio.Event()
+
+    def open_sessions(self) -> int:
+        """Sessions open on every served model: each realtime socket's, each HTTP request's and
+        speech socket's, each video stream (a closing one until its cleanup has finished)."""
+        return sum(m.engine.stats().get("sessions_open", 0) for m in self.models)
 
     async def start(self) -> None:
         """Enter every model's engine and start the send watchdog; afterwards ``/health`` answers 200."""
@@ -195,7 +202,7 @@ def create_app(
             word = "ok" if all(w.state is WorkerState.READY for w in workers) else "degraded"
         else:
             word = "draining" if state.draining else "starting"
-        body = HealthStatus(status=word, model=name, sessions=len(state.connections), workers=workers)
+        body = HealthStatus(status=word, model=name, sessions=state.open_sessions(), workers=workers)
         return Response(
             msgspec.json.encode(body),
             status_code=200 if state.ready else 503,

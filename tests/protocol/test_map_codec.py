@@ -138,12 +138,41 @@ def test_input_append_maps_onto_the_engine_append_and_force_listen_onto_force_ba
             "payload.config.temperature",
         ),
         (frame({"type": "session.close", "reason": "\x00"}), "bad_event", "reason"),
+        (b'{"type": 1e999}', "bad_event", None),
     ],
 )
 def test_a_bad_message_is_refused_with_the_code_the_openai_codec_uses(data, code, param) -> None:
     with pytest.raises(ProtocolError) as err:
         decode(data)
     assert (err.value.code, err.value.param) == (code, param)
+
+
+DEEP = b"[" * 5000 + b"]" * 5000  # deeper than msgspec goes, building or skipping
+TOO_DEEP = "The message is nested too deeply"
+
+
+@pytest.mark.parametrize(
+    ("data", "message", "param"),
+    [
+        (
+            b'{"type": "session.init", "payload": {"config": {"temperature": 1e999}}}',
+            "Invalid session.init at payload.config.temperature: Number out of range",
+            "payload.config.temperature",
+        ),
+        (
+            b'{"payload": {"max_slice_nums": 1e999}, "type": "session.init"}',
+            "Invalid session.init at payload.max_slice_nums: Number out of range",
+            "payload.max_slice_nums",
+        ),
+        (b'{"type": "session.init", "x": ' + DEEP + b"}", TOO_DEEP, None),
+        (b'{"type": "input.append", "input": ' + DEEP + b"}", TOO_DEEP, None),
+    ],
+    ids=["out-of-range", "out-of-range-type-last", "nested-unknown", "nested-field"],
+)
+def test_a_value_no_decoder_can_build_is_a_bad_event_naming_its_message(data, message, param) -> None:
+    with pytest.raises(ProtocolError) as err:
+        decode(data)
+    assert (err.value.code, err.value.message, err.value.param) == ("bad_event", message, param)
 
 
 def test_an_oversized_message_is_refused_before_it_is_parsed() -> None:

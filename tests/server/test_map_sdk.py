@@ -292,6 +292,19 @@ async def test_bad_input_gets_an_error_with_its_code_and_the_session_goes_on():
         ws = await raw(srv)
         assert ws.subprotocol == "map.realtime"
         assert (await recv(ws))["type"] == "session.queue_done"
+        await ws.send('{"type": "session.init", "payload": {"config": {"temperature": 1e999}}}')
+        assert await recv(ws) == {
+            "type": "error",
+            "error": {
+                "code": "bad_event",
+                "message": "Invalid session.init at payload.config.temperature: Number out of range",
+            },
+        }
+        await ws.send('{"type": "session.init", "x": ' + "[" * 5000 + "]" * 5000 + "}")
+        assert await recv(ws) == {
+            "type": "error",
+            "error": {"code": "bad_event", "message": "The message is nested too deeply"},
+        }
         await ws.send(json.dumps({"type": "session.init", "payload": {}}))
         assert (await recv(ws))["type"] == "session.created"
         await ws.send(append(video_frames=[base64.b64encode(b"GIF89a").decode()]))
@@ -337,6 +350,9 @@ async def test_an_unknown_mode_and_a_video_session_on_an_audio_model_are_refused
     async with running_server(ServerConfig(api_keys=(KEY,))) as srv:  # echo: no camera
         ws = await raw(srv, "mode=chat&model=m")
         assert (await recv(ws))["error"]["code"] == "invalid_request"
+        async with asyncio.timeout(10):
+            await ws.wait_closed()
+        assert (ws.close_code, ws.close_reason) == (1008, "invalid_request")  # not a server error
         ws = await raw(srv, "mode=video&model=m")
         assert (await recv(ws))["type"] == "session.queue_done"
         await ws.send(json.dumps({"type": "session.init"}))

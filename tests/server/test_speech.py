@@ -213,6 +213,7 @@ async def test_a_full_model_answers_429_and_serves_again_once_a_session_ends(pip
         for _ in range(3):
             assert len(await speak(client, "Hi.")) > 1000
     assert caught.value.status_code == 429
+    assert caught.value.response.headers["retry-after"] == "1"
     assert caught.value.body == {  # type: ignore[comparison-overlap]
         "type": "rate_limit_error",
         "code": "resource_exhausted",
@@ -230,6 +231,9 @@ async def test_a_client_that_leaves_mid_stream_closes_its_session(piper) -> None
             async for _chunk in reply.iter_bytes():
                 break  # the client leaves after the first chunk
             records = list(engine.manager.records.values())
+            async with httpx.AsyncClient() as http:
+                health = (await http.get(f"{server.http}/health")).json()
+        assert health["sessions"] == 1  # an HTTP request's session counts as any other
         assert len(records) == 1
         await asyncio.wait_for(records[0].finished.wait(), 10)  # closed, its slot released
         assert engine.manager.open_count == 0

@@ -103,7 +103,16 @@ OUTPUT_FORMAT: Final = AudioFormat("f32", 24000)
 _MAX_BYTES: Final = 15 * 1024 * 1024
 
 _DECODER = msgspec.json.Decoder(MapCommand)
-_RAW = msgspec.json.Decoder()
+
+
+class _Outline(msgspec.Struct):
+    """A refused frame's ``type`` alone: every other member is skipped unbuilt, so the value the
+    typed decode refused (a number out of range, ``1e999``) cannot hide which message it was."""
+
+    type: object = None
+
+
+_OUTLINE = msgspec.json.Decoder(_Outline)
 _ENCODER = msgspec.json.Encoder()
 _TYPES: Final = frozenset({"session.init", "input.append", "session.close"})
 _AT: Final = re.compile(r"^(?P<msg>.*?)(?: - at `\$(?P<path>[^`]*)`)?$", re.DOTALL)
@@ -136,13 +145,14 @@ def decode(data: str | bytes, *, max_bytes: int = _MAX_BYTES) -> MapCommand:
 def _refusal(data: str | bytes, message: str) -> ProtocolError:
     """The error for a frame that parsed as JSON but not as a MAP message."""
     try:
-        obj = _RAW.decode(data)  # bounded above: at most MAX_EVENT_ELEMENTS values
-    except (msgspec.DecodeError, RecursionError):
-        obj = None
-    kind = obj.get("type") if isinstance(obj, dict) else None
-    if obj is not None and not isinstance(kind, str):
+        kind = _OUTLINE.decode(data).type
+    except msgspec.DecodeError:  # not an object (a ValidationError is a DecodeError)
         return ProtocolError("bad_event", "A message must be an object with a string `type`")
-    if isinstance(kind, str) and kind not in _TYPES:
+    except RecursionError:
+        return ProtocolError("bad_event", "The message is nested too deeply")
+    if not isinstance(kind, str):
+        return ProtocolError("bad_event", "A message must be an object with a string `type`", param="type")
+    if kind not in _TYPES:
         known = ", ".join(sorted(_TYPES))
         return ProtocolError("unknown_event", f"Unknown message type {kind!r}; expected one of {known}")
     found = _AT.match(message)
@@ -151,7 +161,7 @@ def _refusal(data: str | bytes, message: str) -> ProtocolError:
     if "base64" in text:
         return ProtocolError("bad_audio", f"{param or 'audio'}: {text}", param=param)
     where = f" at {param}" if param else ""
-    return ProtocolError("bad_event", f"Invalid {kind or 'message'}{where}: {text}", param=param)
+    return ProtocolError("bad_event", f"Invalid {kind}{where}: {text}", param=param)
 
 
 # -- onto the engine's vocabulary --------------------------------------------------------------------
