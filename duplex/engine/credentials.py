@@ -22,17 +22,22 @@ A credential may also be bound to an *owner*: an opaque digest of the API key th
 session (the server passes it; the key itself is never held). ``verify`` then also requires the
 same owner, and a resume presenting another key fails exactly like a wrong token. Without an
 owner (no keys configured, or an in-process client) only ``None`` matches, as before.
+
+Who mints the tokens: ``SessionIds`` (``duplex.engine.ids``). By default a token is 32 random
+bytes; an engine replica of a cluster mints signed tokens that expire (``OwnedSessionIds``), and
+``verify`` then also requires the signature and the expiry to hold.
 """
 
 from __future__ import annotations
 
 import hashlib
 import hmac
-import secrets
 
-__all__ = ["ResumeCredential"]
+from duplex.engine.ids import TOKEN_BYTES, SessionIds
 
-TOKEN_BYTES = 32
+__all__ = ["TOKEN_BYTES", "ResumeCredential"]
+
+_RANDOM = SessionIds()
 
 
 def _digest(token: str) -> bytes:
@@ -43,8 +48,16 @@ class ResumeCredential:
     """The digests of the current resume token of one session and of the previous one, while the
     client has not yet shown that it holds the current one (see the module docstring)."""
 
-    def __init__(self, owner: bytes | None = None) -> None:
+    _session_id = ""
+    _ids: SessionIds = _RANDOM
+
+    def __init__(
+        self, owner: bytes | None = None, *, session_id: str = "", ids: SessionIds = _RANDOM
+    ) -> None:
         self._owner = owner or b""  # the opening key's digest; b"": not bound to a key
+        if ids is not _RANDOM:  # else the class's defaults: the instance holds digests only
+            self._session_id = session_id  # what a signed token is signed for (``ids``)
+            self._ids = ids
         self._digest = b""
         self._previous = b""
         #: True while the previous token is still accepted (an attribute, not a property: the
@@ -53,7 +66,7 @@ class ResumeCredential:
 
     def issue(self) -> str:
         """A fresh token for a new session; every earlier one stops working."""
-        token = secrets.token_urlsafe(TOKEN_BYTES)
+        token = self._ids.new_token(self._session_id)
         self._digest = _digest(token)
         self._previous = b""
         self.unconfirmed = False
@@ -62,7 +75,7 @@ class ResumeCredential:
     def rotate(self, presented: str) -> str:
         """A resume presenting ``presented`` (already verified) succeeded: a fresh token, with
         ``presented`` kept as the previous one until ``confirm`` or the next rotation."""
-        token = secrets.token_urlsafe(TOKEN_BYTES)
+        token = self._ids.new_token(self._session_id)
         self._previous = _digest(presented)
         self._digest = _digest(token)
         self.unconfirmed = True
@@ -77,8 +90,9 @@ class ResumeCredential:
 
     def verify(self, token: str, owner: bytes | None = None) -> bool:
         """True when ``token`` is the current one, or the unconfirmed previous one, and ``owner`` is
-        the one the credential was made for. Every digest is always compared, in constant time."""
-        if not self._digest:
+        the one the credential was made for, and ``ids`` finds its form, signature and expiry good.
+        Every digest is always compared, in constant time."""
+        if not self._digest or not self._ids.token_ok(self._session_id, token):
             return False
         candidate = _digest(token)
         current = hmac.compare_digest(candidate, self._digest)

@@ -36,6 +36,7 @@ from duplex.engine.attachment import Attachment
 from duplex.engine.config import EngineConfig
 from duplex.engine.drivers import Driver, driver_for
 from duplex.engine.errors import SessionError
+from duplex.engine.ids import SessionIds
 from duplex.engine.manager import SessionManager, SessionRecord
 from duplex.engine.metrics import EngineMetrics
 from duplex.engine.model_thread import ModelThread
@@ -76,6 +77,7 @@ class Engine:
         *,
         model_name: str | None = None,
         clock: Callable[[], float] | None = None,
+        ids: SessionIds | None = None,
     ) -> None:
         self.plugin = plugin
         self.config = config or EngineConfig()
@@ -90,6 +92,7 @@ class Engine:
         self.model_name = model_name or plugin.name
         self.metrics = EngineMetrics()
         self._clock = clock
+        self.ids = ids or SessionIds()  # how sessions are named and tokens minted (``engine.ids``)
         self._manager: SessionManager | None = None
         self._driver: Driver | None = None
         self._tg: asyncio.TaskGroup | None = None
@@ -124,6 +127,7 @@ class Engine:
             model_thread=self._model_thread,
             workers=self._workers,
             driver=self._driver,
+            ids=self.ids,
         )
         self._manager.model_error = self._model_error
         self._loop = loop

@@ -47,6 +47,7 @@ from duplex.engine.credentials import ResumeCredential
 from duplex.engine.drivers import Driver
 from duplex.engine.errors import Detached, SessionError
 from duplex.engine.feed import SlotFeed
+from duplex.engine.ids import SessionIds
 from duplex.engine.input import InputPipeline
 from duplex.engine.journal import JournalCursorError, JournalGap
 from duplex.engine.lease import Lease
@@ -65,7 +66,7 @@ from duplex.protocol.errors import ProtocolError
 from duplex.protocol.ext.commands import SessionEventAck, SessionResume
 from duplex.protocol.ext.dialect import Dialect
 from duplex.protocol.ext.events import SessionReplaced, SessionResumed, SessionResyncRequired
-from duplex.protocol.ids import new_event_id, new_session_id
+from duplex.protocol.ids import new_event_id
 from duplex.protocol.realtime.commands import (
     ConversationItemCreate,
     InputAudioBufferAppend,
@@ -242,8 +243,10 @@ class SessionManager:
         model_thread: ModelThread,
         workers: concurrent.futures.Executor,
         driver: Driver,
+        ids: SessionIds | None = None,
     ) -> None:
         self.plugin = plugin
+        self.ids = ids or SessionIds()  # session ids and resume tokens (``duplex.engine.ids``)
         self.capabilities = capabilities
         self.config = config
         self.metrics = metrics
@@ -397,7 +400,7 @@ class SessionManager:
                 settings = settings.apply(update.session, caps, audio_started=False)
             except ProtocolError as exc:
                 raise SessionError(exc.code, exc.message, param=exc.param) from None
-        session_id = new_session_id()
+        session_id = self.ids.new_session_id()
         session = Session(
             session_id,
             slot,
@@ -415,7 +418,11 @@ class SessionManager:
         lease = Lease(
             session_id, now, idle_ttl_s=config.idle_ttl_s, disconnect_grace_s=config.disconnect_grace_s
         )
-        credential = ResumeCredential(api_key_id) if caps.supports_resume and resumable else None
+        credential = (
+            ResumeCredential(api_key_id, session_id=session_id, ids=self.ids)
+            if caps.supports_resume and resumable
+            else None
+        )
         record = SessionRecord(self, session, lease, credential, slot)
         if settings.vad is not None:
             try:
