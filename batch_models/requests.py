@@ -5,7 +5,8 @@ filled by a route (``/v1/audio/speech``, ``/v1/images/generations``) or a sessio
 reads them once, at ``begin``, checking each one's type and range, and refuses a key the plugin
 does not know (a typo must not pass as a default). A refusal is a ``PluginError`` with a code of
 the wire error table (``duplex/protocol/errors.py``); the message names the option and what was
-accepted, so the client can fix its request:
+accepted, and its ``param`` is the option's name (``steps``, ``size``; the text's, ``input`` or
+``prompt``), so the client can fix its request:
 
 ==================================  ===========================================================
 ``response_create_without_input``   the text (to speak, or the prompt) is empty or only spaces
@@ -46,10 +47,10 @@ INVALID_OPTION = "invalid_session_config"
 def check_text(plugin: str, text: str, max_chars: int, *, what: str = "input") -> str:
     """``text`` if it has something to say and at most ``max_chars`` characters; else ``PluginError``."""
     if not isinstance(text, str) or not text.strip():
-        raise PluginError(EMPTY_INPUT, f"{plugin}: the {what} is empty")
+        raise PluginError(EMPTY_INPUT, f"{plugin}: the {what} is empty", param=what)
     if len(text) > max_chars:
         message = f"{plugin}: the {what} has {len(text)} characters; at most {max_chars} are accepted"
-        raise PluginError(INPUT_TOO_LONG, message)
+        raise PluginError(INPUT_TOO_LONG, message, param=what)
     return text
 
 
@@ -68,7 +69,7 @@ class OptionReader:
         self._left = dict(options)
 
     def _fail(self, name: str, message: str) -> PluginError:
-        return PluginError(INVALID_OPTION, f"{self._plugin}: option {name!r} {message}")
+        return PluginError(INVALID_OPTION, f"{self._plugin}: option {name!r} {message}", param=name)
 
     def take_int(self, name: str, default: int | None, lo: int, hi: int) -> int | None:
         """An integer in ``[lo, hi]``; ``default`` when absent or None."""
@@ -101,7 +102,7 @@ class OptionReader:
             raise self._fail(name, f"must be a string, got {value!r}")
         if len(value) > max_chars:
             message = f"{self._plugin}: option {name!r} has {len(value)} characters; at most {max_chars}"
-            raise PluginError(INPUT_TOO_LONG, message + " are accepted")
+            raise PluginError(INPUT_TOO_LONG, message + " are accepted", param=name)
         return value
 
     def take_bytes(self, name: str, max_bytes: int) -> bytes | None:
@@ -114,7 +115,7 @@ class OptionReader:
             raise self._fail(name, f"must be bytes, got {type(value).__name__}")
         if len(value) > max_bytes:
             message = f"{self._plugin}: option {name!r} has {len(value)} bytes; at most {max_bytes}"
-            raise PluginError(INPUT_TOO_LONG, message + " are accepted")
+            raise PluginError(INPUT_TOO_LONG, message + " are accepted", param=name)
         return bytes(value)
 
     def take_choice(self, name: str, default: str, choices: Iterable[str]) -> str:
@@ -134,16 +135,20 @@ class OptionReader:
         if value is None:
             value = default
         if value is None:
-            raise PluginError(UNKNOWN_VOICE, f"{self._plugin}: no voice given and no default voice")
+            message = f"{self._plugin}: no voice given and no default voice"
+            raise PluginError(UNKNOWN_VOICE, message, param=name)
         if not isinstance(value, str):
-            raise PluginError(INVALID_VOICE, f"{self._plugin}: the voice must be a string, got {value!r}")
+            message = f"{self._plugin}: the voice must be a string, got {value!r}"
+            raise PluginError(INVALID_VOICE, message, param=name)
         if value not in installed:
             listed = ", ".join(installed) or "none"
             message = f"{self._plugin}: voice {value!r} is not installed (installed: {listed})"
-            raise PluginError(UNKNOWN_VOICE, message)
+            raise PluginError(UNKNOWN_VOICE, message, param=name)
         return value
 
     def done(self) -> None:
         """Refuse the request when an option was given that no ``take_*`` read."""
         if self._left:
-            raise PluginError(INVALID_OPTION, f"{self._plugin}: unknown request options {sorted(self._left)}")
+            unknown = sorted(self._left)
+            message = f"{self._plugin}: unknown request options {unknown}"
+            raise PluginError(INVALID_OPTION, message, param=unknown[0])

@@ -336,7 +336,8 @@ class StableDiffusionPlugin(BatchPlugin):
             # copy of the whole batch's timesteps per call.
             scheduler.set_timesteps(steps, device="cpu")  # type: ignore[attr-defined]
         except ValueError as exc:  # e.g. more steps than the scheduler's training steps allow
-            raise PluginError("invalid_session_config", f"sd_turbo: steps={steps}: {exc}") from exc
+            message = f"sd_turbo: steps={steps}: {exc}"
+            raise PluginError("invalid_session_config", message, param="steps") from exc
         self._slots.start(
             request.slot,
             _Request(

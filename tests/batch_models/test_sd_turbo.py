@@ -140,31 +140,31 @@ def test_cancel_mid_generation_frees_the_slot_for_the_next_step(sd_checkpoint: P
 
 
 @pytest.mark.parametrize(
-    ("prompt", "options", "code"),
+    ("prompt", "options", "code", "param"),
     [
-        ("", {}, "response_create_without_input"),
-        ("  ", {}, "response_create_without_input"),
-        ("x" * 1001, {}, "event_too_large"),
-        ("a cat", {"n": 5}, "invalid_session_config"),
-        ("a cat", {"n": 0}, "invalid_session_config"),
-        ("a cat", {"n": "2"}, "invalid_session_config"),
-        ("a cat", {"n": True}, "invalid_session_config"),
-        ("a cat", {"size": "1024x1024"}, "invalid_session_config"),
-        ("a cat", {"steps": 0}, "invalid_session_config"),
-        ("a cat", {"steps": 51}, "invalid_session_config"),
-        ("a cat", {"guidance_scale": -1}, "invalid_session_config"),
-        ("a cat", {"seed": -1}, "invalid_session_config"),
-        ("a cat", {"negative_prompt": "y" * 1001}, "event_too_large"),
-        ("a cat", {"quality": "hd"}, "invalid_session_config"),
+        ("", {}, "response_create_without_input", "prompt"),
+        ("  ", {}, "response_create_without_input", "prompt"),
+        ("x" * 1001, {}, "event_too_large", "prompt"),
+        ("a cat", {"n": 5}, "invalid_session_config", "n"),
+        ("a cat", {"n": 0}, "invalid_session_config", "n"),
+        ("a cat", {"n": "2"}, "invalid_session_config", "n"),
+        ("a cat", {"n": True}, "invalid_session_config", "n"),
+        ("a cat", {"size": "1024x1024"}, "invalid_session_config", "size"),
+        ("a cat", {"steps": 0}, "invalid_session_config", "steps"),
+        ("a cat", {"steps": 51}, "invalid_session_config", "steps"),
+        ("a cat", {"guidance_scale": -1}, "invalid_session_config", "guidance_scale"),
+        ("a cat", {"seed": -1}, "invalid_session_config", "seed"),
+        ("a cat", {"negative_prompt": "y" * 1001}, "event_too_large", "negative_prompt"),
+        ("a cat", {"quality": "hd"}, "invalid_session_config", "quality"),
     ],
 )
 def test_bad_requests_are_refused_with_a_code_and_leave_the_slot_idle(
-    sd_checkpoint: Path, prompt: str, options: dict, code: str
+    sd_checkpoint: Path, prompt: str, options: dict, code: str, param: str
 ) -> None:
     plugin = loaded(sd_checkpoint, slots=1)
     with pytest.raises(PluginError) as err:
         plugin.begin(BatchRequest(slot=0, epoch=0, text=prompt, options=options))
-    assert err.value.code == code
+    assert (err.value.code, err.value.param) == (code, param)
     assert drive(plugin, {0: [request(0, size="auto")]})[0].outputs[-1].image.shape == (32, 32, 3)
 
 

@@ -110,7 +110,7 @@ class WorkerServer:
             try:
                 reply = handlers[type(request)](request)
             except PluginError as exc:
-                reply = Failure(exc.code, exc.message, type(exc).__name__)
+                reply = Failure(exc.code, exc.message, type(exc).__name__, param=exc.param)
             except Exception as exc:  # the call failed; the worker goes on (the parent decides)
                 log.exception("%s failed in the worker", type(request).__name__)
                 reply = Failure(None, str(exc), type(exc).__name__, traceback.format_exc())

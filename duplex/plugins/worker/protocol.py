@@ -223,12 +223,14 @@ class Chunk(_Msg, tag=66):
 
 
 class Failure(_Msg, tag=67):
-    """The call raised: ``code`` of a ``PluginError``, or ``None`` and the exception's type name."""
+    """The call raised: ``code`` (and ``param``) of a ``PluginError``, or ``None`` and the
+    exception's type name."""
 
     code: str | None
     message: str
     error_type: str = ""
     traceback: str = ""
+    param: str | None = None
 
 
 class Ready(_Msg, tag=68):

@@ -176,7 +176,7 @@ class WorkerPlugin(Plugin):
             raise WorkerFailed(f"the model worker (pid {conn.pid}) sent an unreadable reply") from None
         if type(reply) is Failure:
             if reply.code is not None:
-                raise PluginError(reply.code, reply.message)
+                raise PluginError(reply.code, reply.message, param=reply.param)
             raise WorkerCallError(reply.error_type, reply.message, reply.traceback)
         return reply
 

@@ -79,6 +79,7 @@ REPLIES = [
     ),
     Chunk(None),
     Failure("voice_not_found", "no such voice", "PluginError"),
+    Failure("invalid_session_config", "steps must be at most 50", "PluginError", param="steps"),
 ]
 
 

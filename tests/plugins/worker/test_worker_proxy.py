@@ -257,7 +257,7 @@ def _batch_script(plugin) -> list:
     seen.append([_fields(o) for o in plugin.advance([1])])
     with pytest.raises(PluginError) as err:
         plugin.begin(BatchRequest(slot=0, epoch=1, text=""))
-    seen.append(err.value.code)
+    seen.append((err.value.code, err.value.param))
     return seen
 
 
@@ -285,4 +285,4 @@ def test_a_batch_plugin_through_a_worker_gives_the_same_chunks_and_images(tmp_pa
     assert got == want
     images = [o[9] for step in want[:4] for o in step if o[9] is not None]
     assert len(images) == 2 and images[0][1] == (4, 6, 3)  # slot 0 was cancelled before its image
-    assert want[4] == "invalid_request"
+    assert want[4] == ("invalid_request", "input")  # the refusal crosses the worker with its param

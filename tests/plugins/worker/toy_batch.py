@@ -53,7 +53,7 @@ class ToyBatchPlugin(BatchPlugin):
 
     def begin(self, request: BatchRequest) -> None:
         if not request.text:
-            raise PluginError("invalid_request", "toy-batch: empty text")
+            raise PluginError("invalid_request", "toy-batch: empty text", param="input")
         self._requests[request.slot] = (request, 0)
 
     def advance(self, slots: Sequence[int]) -> Sequence[SlotOutput]:
