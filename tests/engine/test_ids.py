@@ -1,93 +1,79 @@
-"""Session ids that name their owner, and signed resume tokens (``duplex.engine.ids``)."""
+"""Ids (``duplex.protocol.ids``): session ids are random; event, item, response and call ids are a
+per-process random prefix plus a counter (unique, not secret), all in one fixed format."""
 
 from __future__ import annotations
 
+import os
+import re
+import threading
+
 import pytest
 
-from duplex.engine.credentials import ResumeCredential
-from duplex.engine.ids import OwnedSessionIds, SessionIds, owner_of
+from duplex.protocol import ids
 
-SECRET = b"s" * 32
-
-
-class Clock:
-    def __init__(self, now: float) -> None:
-        self.now = now
-
-    def __call__(self) -> float:
-        return self.now
+UNIQUE = [
+    (ids.new_event_id, "event_"),
+    (ids.new_item_id, "item_"),
+    (ids.new_response_id, "resp_"),
+    (ids.new_call_id, "call_"),
+]
 
 
-def test_an_owned_session_id_names_its_owner() -> None:
-    sid = OwnedSessionIds("r1b2c3d4", SECRET).new_session_id()
-    assert sid.startswith("s_r1b2c3d4_")
-    assert owner_of(sid) == "r1b2c3d4"
+@pytest.mark.parametrize(("fn", "prefix"), UNIQUE)
+def test_counter_ids_keep_the_format_and_never_repeat(fn, prefix: str) -> None:
+    made = [fn() for _ in range(50_000)]
+    assert len(set(made)) == len(made)
+    pattern = re.compile(re.escape(prefix) + "[0-9a-f]{22}")
+    assert all(pattern.fullmatch(i) for i in made)
 
 
-def test_ids_of_one_process_and_other_text_name_no_owner() -> None:
-    assert owner_of(SessionIds().new_session_id()) is None
-    assert owner_of("s_a_b") is None
-    assert owner_of("s_abc_" + "0" * 24 + "x") is None
+def test_every_kind_shares_the_process_prefix_and_one_counter() -> None:
+    made = [fn()[len(prefix) :] for fn, prefix in UNIQUE for _ in range(10)]
+    assert len({m[: ids.PREFIX_HEX] for m in made}) == 1
+    assert len(set(made)) == len(made)  # the counter part differs across kinds too
 
 
-def test_a_signed_token_is_good_for_its_session_until_it_expires() -> None:
-    clock = Clock(1000.0)
-    ids = OwnedSessionIds("r1", SECRET, token_ttl_s=60, clock=clock)
-    sid = ids.new_session_id()
-    token = ids.new_token(sid)
-    assert ids.token_ok(sid, token)
-    assert not ids.token_ok(ids.new_session_id(), token)  # another session's
-    clock.now = 1060.0
-    assert not ids.token_ok(sid, token)  # expired
+def test_ids_made_on_many_threads_at_once_never_repeat() -> None:
+    out: list[list[str]] = [[] for _ in range(8)]
+
+    def make(bucket: list[str]) -> None:
+        bucket.extend(ids.new_event_id() for _ in range(20_000))
+
+    threads = [threading.Thread(target=make, args=(bucket,)) for bucket in out]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    made = [i for bucket in out for i in bucket]
+    assert len(set(made)) == len(made) == 160_000
 
 
-def test_another_replica_with_the_shared_secret_checks_the_token() -> None:
-    owner = OwnedSessionIds("r1", SECRET)
-    sid = owner.new_session_id()
-    token = owner.new_token(sid)
-    assert OwnedSessionIds("r2", SECRET).token_ok(sid, token)
-    assert not OwnedSessionIds("r2", b"t" * 32).token_ok(sid, token)
+def test_the_counter_wraps_within_the_format() -> None:
+    width = ids.COUNTER_HEX
+    assert f"{(1 << (4 * width)) & ids._COUNTER_MASK:0{width}x}" == "0" * width
 
 
-@pytest.mark.parametrize(
-    "forge",
-    [
-        lambda t: t[:-2] + ("AA" if not t.endswith("AA") else "BB"),  # another signature
-        lambda t: str(int(t.split(".")[0]) + 3600) + t[t.index(".") :],  # a later expiry
-        lambda t: "",
-        lambda t: "not.a.token.at.all",
-        lambda t: "x" * 43,
-    ],
-)
-def test_a_forged_token_is_refused(forge) -> None:
-    ids = OwnedSessionIds("r1", SECRET)
-    sid = ids.new_session_id()
-    assert not ids.token_ok(sid, forge(ids.new_token(sid)))
+@pytest.mark.skipif(not hasattr(os, "fork"), reason="needs fork")
+def test_a_forked_child_draws_a_new_prefix() -> None:
+    parent = ids.new_event_id()
+    read, write = os.pipe()
+    pid = os.fork()
+    if pid == 0:  # the child: report one id and leave at once
+        try:
+            os.write(write, ids.new_event_id().encode())
+        finally:
+            os._exit(0)
+    os.close(write)
+    child = os.read(read, 64).decode()
+    os.close(read)
+    os.waitpid(pid, 0)
+    assert re.fullmatch("event_[0-9a-f]{22}", child)
+    assert child[6 : 6 + ids.PREFIX_HEX] != parent[6 : 6 + ids.PREFIX_HEX]
 
 
-def test_the_credential_of_an_owned_session_issues_signed_tokens_and_refuses_expired_ones() -> None:
-    clock = Clock(0.0)
-    ids = OwnedSessionIds("r1", SECRET, token_ttl_s=100, clock=clock)
-    sid = ids.new_session_id()
-    cred = ResumeCredential(session_id=sid, ids=ids)
-    token = cred.issue()
-    assert ids.token_ok(sid, token) and cred.verify(token)
-    rotated = cred.rotate(token)
-    assert ids.token_ok(sid, rotated) and cred.verify(rotated) and cred.verify(token)
-    clock.now = 150.0
-    assert not cred.verify(rotated)  # its own digest, but expired
-
-
-def test_a_token_signed_for_the_session_but_not_issued_by_its_credential_is_refused() -> None:
-    ids = OwnedSessionIds("r1", SECRET)
-    sid = ids.new_session_id()
-    cred = ResumeCredential(session_id=sid, ids=ids)
-    cred.issue()
-    assert not cred.verify(ids.new_token(sid))
-
-
-def test_bad_owners_and_short_secrets_are_refused() -> None:
-    with pytest.raises(ValueError):
-        OwnedSessionIds("has_underscore", SECRET)
-    with pytest.raises(ValueError):
-        OwnedSessionIds("r1", b"short")
+def test_session_ids_are_random_and_longer() -> None:
+    made = {ids.new_session_id() for _ in range(2000)}
+    assert len(made) == 2000
+    assert all(re.fullmatch("sess_[0-9a-f]{24}", i) for i in made)
+    # No shared prefix: each one is fresh randomness (a counter would share all but the tail).
+    assert len({i[5:15] for i in made}) == 2000
