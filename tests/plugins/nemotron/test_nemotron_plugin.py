@@ -185,6 +185,18 @@ def test_what_the_model_hears_changes_what_it_says_and_how_it_sounds(plugin):
     assert not _same_audio(a, b)
 
 
+def test_a_steps_result_is_a_copy_the_next_step_leaves_alone(plugin):
+    plugin.open_slot(0, SlotOptions(seed=4))
+    frames = _frames(2, seed=50)
+    plugin.step([SlotInput(slot=0, epoch=0, pcm=frames[0])])
+    first = plugin.last_step
+    kept = (first.text.copy(), first.function.copy(), first.codes.copy(), first.pcm.copy())
+    plugin.step([SlotInput(slot=0, epoch=0, pcm=frames[1])])
+    assert not np.array_equal(plugin.last_step.pcm, kept[3])  # the second frame's audio is other audio
+    for before, now in zip(kept, (first.text, first.function, first.codes, first.pcm), strict=True):
+        assert np.array_equal(before, now)
+
+
 # -- contract ----------------------------------------------------------------------------------
 
 
