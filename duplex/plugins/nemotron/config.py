@@ -128,6 +128,8 @@ class VoiceChatConfig:
     codec: CodecConfig
     default_speaker: str
     raw: dict[str, Any] = field(repr=False, default_factory=dict)
+    # Added to the text logits of PAD, BOS and EOS before the greedy choice (``inference_*_boost``).
+    text_boosts: tuple[float, float, float] = (0.0, 0.0, 0.0)
 
     @property
     def hidden_size(self) -> int:
@@ -372,7 +374,13 @@ def parse_config(raw: dict[str, Any], llm: dict[str, Any]) -> VoiceChatConfig:
         raise ValueError("config.json: perception.output_dim must equal the backbone's hidden_size")
     if any(t not in ("linear_attention", "full_attention", "mlp") for t in _layer_types(llm)):
         raise ValueError("backbone config.json: only mamba, attention and mlp layers are supported (no MoE)")
+    if stt.get("predict_user_text", False):
+        raise ValueError(
+            "config.json: model.stt.model.predict_user_text must be false (the user-transcription channel "
+            "feeds the thinker's input; not implemented)"
+        )
     use_fh = bool(stt.get("use_function_head", True))
+    boosts = tuple(float(stt.get(f"inference_{name}_boost") or 0.0) for name in ("pad", "bos", "eos"))
     return VoiceChatConfig(
         perception=perception,
         llm=dict(llm),
@@ -388,6 +396,7 @@ def parse_config(raw: dict[str, Any], llm: dict[str, Any]) -> VoiceChatConfig:
         codec=codec,
         default_speaker=str(model.get("inference_speaker_name") or "Aria"),
         raw=raw,
+        text_boosts=boosts,  # type: ignore[arg-type]
     )
 
 

@@ -258,6 +258,7 @@ class NemotronVoiceChatPlugin(FramePlugin):
                 loading.load_weights(model, state, str(self._root))
                 del state
             model.perception.causal_start = self._causal_start
+            model.thinker.set_text_boosts(tok.special.pad, tok.special.bos, tok.special.eos)
             model.perception.prepare()
             model.talker.prepare(cfg.vocab_size)
             guidance = cfg.talker.guidance if self._guidance is None else self._guidance

@@ -122,6 +122,19 @@ class Thinker(nn.Module):
         self.lm_head = nn.Linear(hidden, vocab, bias=False)
         self.embed_tokens = nn.Embedding(vocab, hidden)
         self.function_head = nn.Linear(hidden, vocab, bias=False) if cfg.use_function_head else None
+        self.text_boost: torch.Tensor | None = None  # set_text_boosts
+
+    def set_text_boosts(self, pad: int, bos: int, eos: int) -> None:
+        """Add the config's ``inference_{pad,bos,eos}_boost`` to those text logits before each choice,
+        as the reference does (nothing when they are unset or zero)."""
+        boosts = self.cfg.text_boosts
+        if not any(boosts):
+            self.text_boost = None
+            return
+        boost = torch.zeros(self.lm_head.out_features, device=self.lm_head.weight.device)
+        for token, value in zip((pad, bos, eos), boosts, strict=True):
+            boost[token] += value
+        self.text_boost = boost
 
     def fuse(self, text: torch.Tensor, audio: torch.Tensor, func: torch.Tensor) -> torch.Tensor:
         """The fused input of positions: ``text``/``func`` ids ``[...]``, ``audio`` ``[..., hidden]``."""
@@ -220,7 +233,10 @@ class Thinker(nn.Module):
                 y = block.mixer(h)
             x = x + y
         h = self.llm.norm_f(x)[:, 0]
-        text = self.lm_head(h).argmax(-1)
+        logits = self.lm_head(h)
+        if self.text_boost is not None:
+            logits = logits + self.text_boost.to(logits.dtype)
+        text = logits.argmax(-1)
         if self.function_head is not None:
             func = self.function_head(h).argmax(-1)
         else:

@@ -5,7 +5,9 @@
   tokenizer folder's declared ones, a missing pad falling back to the unknown token, then id 0;
 * the gated fusion divides the codebook sum by 31 whatever the codec's number of codebooks;
 * the encoder's stream start: NVIDIA's cache-aware streaming by default, or (an option) exactly
-  a whole-utterance causal pass; either way the mel pads the stream's start with zeros.
+  a whole-utterance causal pass; either way the mel pads the stream's start with zeros;
+* ``inference_{pad,bos,eos}_boost`` are added to those text logits before the greedy choice;
+  a config whose thinker also reads a user-transcription channel is refused.
 """
 
 from __future__ import annotations
@@ -18,7 +20,7 @@ import numpy as np
 import pytest
 import torch
 
-from duplex.plugins.base import PluginError
+from duplex.plugins.base import PluginError, SlotInput, SlotOptions
 from duplex.plugins.nemotron.config import parse_config
 from duplex.plugins.nemotron.loading import CONFIG_FILE, LLM_DIR
 from duplex.plugins.nemotron.perception import Perception
@@ -70,6 +72,37 @@ def test_the_plugin_speaks_with_the_talkers_tokens(tmp_path, nemotron_ckpt):
     with pytest.raises(PluginError) as err:
         NemotronVoiceChatPlugin.from_options(str(root)).load()
     assert err.value.code == "model_load_failed" and "<not a token>" in err.value.message
+
+
+def _edited(tmp_path, nemotron_ckpt, **stt: object):
+    root = tmp_path / "ckpt"
+    shutil.copytree(nemotron_ckpt, root)
+    config = json.loads((root / CONFIG_FILE).read_text())
+    config["model"]["stt"]["model"].update(stt)
+    (root / CONFIG_FILE).write_text(json.dumps(config))
+    return root
+
+
+@pytest.mark.parametrize(("boost", "token"), [("inference_eos_boost", "eos"), ("inference_pad_boost", "pad")])
+def test_a_text_logit_boost_moves_the_greedy_choice(tmp_path, nemotron_ckpt, boost, token):
+    audio = speech_like(4, seed=5)
+    root = _edited(tmp_path, nemotron_ckpt, **{boost: 1e4})
+    with NemotronVoiceChatPlugin.from_options(str(root), max_sessions=1) as plugin:
+        plugin.open_slot(0, SlotOptions())
+        texts = []
+        for k in range(4):
+            plugin.step([SlotInput(slot=0, epoch=0, pcm=audio[k * 1280 : (k + 1) * 1280])])
+            texts.append(int(plugin.last_step.text[0]))
+        assert texts == [getattr(plugin.tokenizer.special, token)] * 4
+    with NemotronVoiceChatPlugin.from_options(str(nemotron_ckpt), max_sessions=1) as plugin:
+        assert plugin.generator.model.thinker.text_boost is None  # unset: no addition at all
+
+
+def test_a_thinker_that_also_reads_a_user_transcription_channel_is_refused(tmp_path, nemotron_ckpt):
+    root = _edited(tmp_path, nemotron_ckpt, predict_user_text=True)
+    with pytest.raises(PluginError) as err:
+        NemotronVoiceChatPlugin.from_options(str(root)).load()
+    assert err.value.code == "model_load_failed" and "predict_user_text" in err.value.message
 
 
 def test_the_gated_fusion_divides_the_codebook_sum_by_31_whatever_the_codec(nemotron_ckpt):
