@@ -102,6 +102,7 @@ class Engine:
         self._gc_token: tuple[collector.Thresholds, collector.Thresholds] | None = None
         self._loop: asyncio.AbstractEventLoop | None = None
         self._model_error: PluginError | None = None  # ``model_lost`` before the engine started
+        self._refusing: str | None = None  # why opens are refused (``stop_admitting``)
 
     # ------------------------------------------------------------------ lifetime
 
@@ -191,6 +192,8 @@ class Engine:
         a cancelled wait leaves the queue.
         """
         manager = self.manager
+        if self._refusing is not None:
+            raise SessionError("resource_exhausted", self._refusing)
         admission = await manager.reserve(on_queued)
         try:
             yield admission
@@ -229,6 +232,8 @@ class Engine:
         ``update``, the plugin's code when it refuses the slot. Not cancel-safe while the plugin
         opens the slot (the slot is released if it fails).
         """
+        if self._refusing is not None and admission is None:
+            raise SessionError("resource_exhausted", self._refusing)
         return await self.manager.open(
             update,
             api_key_id=api_key_id,
@@ -244,6 +249,8 @@ class Engine:
         slot's (``SlotOptions``). Raises ``SessionError``: ``resource_exhausted`` (retryable),
         ``not_supported`` for a model of another kind, the plugin's code when it refuses the slot.
         Not cancel-safe while the plugin opens the slot (the slot is released if it fails)."""
+        if self._refusing is not None:
+            raise SessionError("resource_exhausted", self._refusing)
         return await self.manager.open_stream(options or SlotOptions())
 
     async def resume(
@@ -300,6 +307,36 @@ class Engine:
     def has_session(self, session_id: str) -> bool:
         """Whether ``session_id`` is one of this engine's sessions (open, attached, detached or closing)."""
         return self._manager is not None and session_id in self._manager.records
+
+    # ------------------------------------------------------------------ draining (scale-in)
+
+    def stop_admitting(self, message: str) -> None:
+        """Refuse every later open, and every open waiting in the queue, with
+        ``resource_exhausted`` (``message`` says why); sessions already open go on, and so do their
+        resumes. For an engine that drains before its process stops. Irreversible."""
+        self._refusing = message
+        self.manager.room.close(SessionError("resource_exhausted", message))
+
+    def close_attached(self, reason: str) -> int:
+        """Close every live session that has a transport attached, as a ``session.close`` would,
+        with ``reason`` as its ``session.closed`` reason; a detached session goes on until it is
+        resumed or expires. Returns how many sessions began to close."""
+        manager = self.manager
+        live = [r for r in manager.records.values() if r.attachment is not None and r.lease.live]
+        for record in live:
+            manager.close(record, reason)
+        return len(live)
+
+    def occupancy(self) -> tuple[int, int, int, int]:
+        """``(capacity, attached, detached, reserved)``: the session limit, the sessions with a
+        transport, those waiting for a resume (closing ones among them until their cleanup ends),
+        and the slots held for opens under way; what a router needs to place the next session."""
+        manager = self.manager
+        attached = sum(1 for r in manager.records.values() if r.attachment is not None)
+        detached = len(manager.records) + len(manager.streams) - attached
+        return manager.limit, attached, detached, manager.open_count - len(manager.records) - len(
+            manager.streams
+        )
 
     def reap(self, now: float | None = None) -> list[str]:
         """One reaper pass at ``now`` (default: the engine clock); returns the expired ids."""

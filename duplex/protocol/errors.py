@@ -59,6 +59,7 @@ _INVALID_REQUEST: Final = (
     # resume and journal
     "invalid_session_resume",
     "session_resume_expired",
+    "session_not_found",  # the session's owner (a replica of a cluster) is gone: open a new session
     "unsupported_session_resume",
     "invalid_resume_token",
     "session_resume_conflict",

@@ -20,7 +20,7 @@ import asyncio
 import contextlib
 import logging
 from collections.abc import AsyncIterator, Sequence
-from typing import Any
+from typing import Any, Protocol
 
 import msgspec
 from starlette.applications import Starlette
@@ -39,7 +39,7 @@ from duplex.server.models import ServedModel, ServedModels
 from duplex.server.transport_limits import TransportLimits
 from duplex.server.webui import web_routes
 
-__all__ = ["AppState", "ModelCard", "ModelList", "create_app"]
+__all__ = ["AppState", "ModelCard", "ModelList", "SessionsElsewhere", "create_app"]
 
 log = logging.getLogger("duplex.server")
 
@@ -72,6 +72,22 @@ class HealthStatus(msgspec.Struct, frozen=True, kw_only=True, omit_defaults=True
     workers: tuple[WorkerStatus, ...] = ()
 
 
+class SessionsElsewhere(Protocol):
+    """The sessions of an application that other processes hold (the engine replicas of a cluster,
+    ``duplex.cluster``): which ids this process owns, and how to resume one it does not."""
+
+    def holds(self, session_id: str) -> bool:
+        """Whether ``session_id`` is (or was) this process's own."""
+        ...
+
+    async def resume(
+        self, session_id: str, resume_token: str, last_event_seq: int, *, api_key_id: bytes | None
+    ) -> Any:
+        """An attachment to the session where it lives; raises ``SessionError``
+        (``session_not_found`` when its owner is gone, ``invalid_resume_token``)."""
+        ...
+
+
 class AppState:
     """What the routes share: the served models, the limits, the metrics, the live connections."""
 
@@ -91,6 +107,8 @@ class AppState:
         self.ready = False
         self.draining = False
         self.connections: set[asyncio.Task[Any]] = set()
+        #: Sessions other processes of the application hold (None: this process is the application).
+        self.elsewhere: SessionsElsewhere | None = None
         self.attached: set[Any] = set()  # live sockets with a session (``_Connection``)
         self._engine_stack: contextlib.AsyncExitStack | None = None
         self._drained = asyncio.Event()
@@ -115,6 +133,18 @@ class AppState:
         stack.push_async_callback(stop_watchdog)
         self._engine_stack = stack
         self.ready = True
+
+    async def resume(
+        self, session_id: str, resume_token: str, last_event_seq: int, *, api_key_id: bytes | None = None
+    ) -> Any:
+        """Attach a new transport to a session: one this process holds (on the model that holds
+        it: ``Engine.resume``), or, with ``elsewhere`` set, one another process of the application
+        holds. Raises ``SessionError`` as ``Engine.resume`` does."""
+        elsewhere = self.elsewhere
+        if elsewhere is not None and not elsewhere.holds(session_id):
+            return await elsewhere.resume(session_id, resume_token, last_event_seq, api_key_id=api_key_id)
+        engine = self.models.holding(session_id).engine
+        return await engine.resume(session_id, resume_token, last_event_seq, api_key_id=api_key_id)
 
     async def _send_watchdog(self) -> None:
         """Every quarter of ``send_timeout_s``, stall the sockets whose current write has been

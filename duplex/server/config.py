@@ -19,6 +19,8 @@ A configuration file is YAML::
     engine:
       max_sessions: 64
       disconnect_grace_s: 30
+    cluster:                     # one engine replica per GPU on Ray Serve (``duplex.cluster``)
+      gpus: 8
 
 Unknown keys are refused (``ConfigError``) so a misspelled limit never silently keeps its default.
 """
@@ -206,6 +208,9 @@ class ServeConfig(msgspec.Struct, frozen=True, kw_only=True, forbid_unknown_fiel
     server: ServerConfig = ServerConfig()
     engine: dict[str, object] = {}
     models: tuple[ModelConfig, ...] = ()
+    # Scale-out on Ray Serve; handed to ``duplex.cluster.ClusterConfig`` (``gpus`` > 1: one engine
+    # replica per GPU; unset or 1: this one process, and Ray is never imported).
+    cluster: dict[str, object] = {}
 
 
 def load_serve_config(path: str | Path | None) -> ServeConfig:

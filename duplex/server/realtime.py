@@ -363,9 +363,8 @@ class _Connection:
         """``engine.resume``. The engine keeps the presented token valid until the client speaks
         on the new socket, so a ``session.resumed`` lost with its socket does not lock it out.
         A key other than the one that opened the session fails like a wrong token. The session is
-        resumed on the model that holds it."""
-        engine = self.state.models.holding(session_id).engine
-        return await engine.resume(session_id, token, last_event_seq, api_key_id=self.api_key_id)
+        resumed on the model that holds it, or where the application holds it (``AppState.resume``)."""
+        return await self.state.resume(session_id, token, last_event_seq, api_key_id=self.api_key_id)
 
     # -- running ---------------------------------------------------------------------------
 
@@ -542,6 +541,8 @@ def close_for(last: Any, reason: str) -> tuple[CloseCode, CloseReason]:
     if isinstance(last, SessionClosed):
         if last.reason == "shutdown":
             return CloseCode.SERVICE_RESTART, CloseReason.SHUTDOWN
+        if last.reason == "draining":  # its replica stops: reconnect, a new session opens elsewhere
+            return CloseCode.SERVICE_RESTART, CloseReason.DRAINING
         if last.reason == "model_worker_failed":  # a new worker is starting: reconnect
             return CloseCode.SERVICE_RESTART, CloseReason.MODEL_WORKER_FAILED
         if last.reason in _SESSION_CLOSED_REASONS:
