@@ -34,7 +34,7 @@ from duplex.plugins.base import Capabilities, PluginKind
 from duplex.protocol.errors import DuplexError, ProtocolError
 from duplex.protocol.ext.commands import DuplexResponseCreate, DuplexResponseCreateParams, SessionClose
 from duplex.protocol.realtime._base import Event
-from duplex.protocol.realtime.events import ErrorEvent, ResponseCreated, ResponseDone
+from duplex.protocol.realtime.events import ErrorDetail, ErrorEvent, ResponseCreated, ResponseDone
 from duplex.server.models import ServedModel, ServedModels
 
 __all__ = ["makes", "pick_model", "request_session", "response_events"]
@@ -107,7 +107,10 @@ async def response_events(att: Any, params: DuplexResponseCreateParams) -> Async
     e.g. ``voice_not_found``), or ``ProtocolError("server_error")`` when it ended otherwise."""
     att.submit(DuplexResponseCreate(response=params))
     started = False
-    failure: DuplexError | None = None
+    # The failure's detail, not an exception: an exception kept in a local of this frame would be
+    # raised with a traceback that holds this frame (a cycle that keeps the session's attachment
+    # alive until a full garbage collection).
+    failure: ErrorDetail | None = None
     while True:
         try:
             events = await att.next_events()
@@ -116,11 +119,9 @@ async def response_events(att: Any, params: DuplexResponseCreateParams) -> Async
         for event in events:
             kind = type(event)
             if kind is ErrorEvent:
-                detail = event.error  # type: ignore[attr-defined]
-                error = ProtocolError(detail.code or "server_error", detail.message, param=detail.param)
                 if not started:  # the response.create itself was refused
-                    raise error
-                failure = error
+                    raise _error(event.error)  # type: ignore[attr-defined]
+                failure = event.error  # type: ignore[attr-defined]
                 continue
             if isinstance(event, ResponseCreated):
                 started = True
@@ -128,5 +129,11 @@ async def response_events(att: Any, params: DuplexResponseCreateParams) -> Async
                 status = event.response.status
                 if status == "completed":
                     return
-                raise failure or ProtocolError("server_error", f"the response ended {status}")
+                if failure is not None:
+                    raise _error(failure)
+                raise ProtocolError("server_error", f"the response ended {status}")
             yield event
+
+
+def _error(detail: ErrorDetail) -> ProtocolError:
+    return ProtocolError(detail.code or "server_error", detail.message, param=detail.param)

@@ -25,6 +25,8 @@ unpaced, closed with the socket): every unit of text to speak is one response of
    unit being spoken.
 
 Units are spoken one at a time, in order, while the socket's later messages wait in its buffer.
+Messages are rate-limited as on ``/v1/realtime`` (``max_messages_per_s``, ``max_message_burst``):
+past the limit each one is answered ``input_backpressure`` and dropped, and the socket goes on.
 """
 
 from __future__ import annotations
@@ -32,6 +34,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import logging
+import time
 from typing import Any, Final
 
 import msgspec
@@ -55,6 +58,7 @@ from duplex.server.auth import api_key_id, presented_api_key
 from duplex.server.batch_sessions import pick_model, request_session, response_events
 from duplex.server.close_codes import CloseCode, CloseReason, close_reason_for_code
 from duplex.server.http_requests import decode_json
+from duplex.server.ratelimit import TokenBucket
 from duplex.server.realtime import admission
 from duplex.server.speech import SPEECH_RATE, speech_params
 from duplex.server.speech_text import TextSplitter
@@ -123,11 +127,14 @@ class _SpeechSocket:
         self.sentence = 0
         self.open_utterance = False  # from the first text of an utterance to its ``input.done``
         self._stack = contextlib.AsyncExitStack()
+        self._bucket = TokenBucket(self.cfg.max_messages_per_s, self.cfg.max_message_burst)
         self._engine: Any = None
         self._att: Any = None
 
     async def run(self) -> None:
-        try:
+        """Serve the socket until it closes; its session (if one was opened) is closed on every
+        way out: a return, a refusal that closes the socket, a disconnect, a cancellation."""
+        async with self._stack:
             while True:
                 message = await self._receive()
                 if message is None:
@@ -136,10 +143,6 @@ class _SpeechSocket:
                     await _close(self.ws, CloseCode.NORMAL, CloseReason.CLIENT_CLOSE)
                     return
                 await self._handle(message)
-        except BaseException as exc:
-            await self._stack.__aexit__(type(exc), exc, exc.__traceback__)
-            raise
-        await self._stack.aclose()
 
     async def _receive(self) -> SpeechStreamCommand | None:
         """The next message, decoded; ``None`` when the client went away. A message that does not
@@ -157,6 +160,10 @@ class _SpeechSocket:
             if message["type"] == "websocket.disconnect":
                 return None
             text = message.get("text")
+            if not self._bucket.allow(time.monotonic()):
+                limit = f"more than {self.cfg.max_messages_per_s:g} messages per second; message dropped"
+                await self._error(ProtocolError("input_backpressure", limit))
+                continue
             try:
                 if text is None:
                     raise ProtocolError("bad_event", "binary frames are not accepted on this socket")

@@ -3,7 +3,11 @@ speech socket on the session layer, utterance after utterance, and its refusals.
 
 from __future__ import annotations
 
+import asyncio
+import contextlib
+import gc
 import json
+from collections.abc import Iterator
 from typing import Any
 
 import pytest
@@ -152,3 +156,69 @@ async def test_the_speech_socket_needs_a_key_when_keys_are_configured(piper) -> 
             _, audio, _ = await unit(ws)
     assert refused.value.response.status_code == 401
     assert len(audio) > 1000
+
+
+@contextlib.contextmanager
+def no_garbage_collector() -> Iterator[None]:
+    """Only what the code closes is closed: nothing is left for a collection to free by chance."""
+    was = gc.isenabled()
+    gc.disable()
+    try:
+        yield
+    finally:
+        if was:
+            gc.enable()
+
+
+async def routes_ended(server: Any) -> None:
+    """Wait until every socket's route has returned."""
+    routes = list(server.app.state.duplex.connections)
+    if routes:
+        await asyncio.wait(routes)
+
+
+@pytest.mark.parametrize(
+    "refused",
+    [{"voice": "nobody"}, {"text": "x" * 401}],
+    ids=["unknown-voice", "text-over-the-bound"],
+)
+async def test_a_client_that_leaves_after_a_refused_unit_leaves_no_session_open(piper, refused) -> None:
+    with no_garbage_collector():
+        async with batch_server([("piper", piper)]) as server:
+            engine = server.engines["piper"]
+            async with websockets.connect(f"{server.ws}/v1/audio/speech/stream", proxy=None) as ws:
+                await send(ws, type="session.config", voice=refused.get("voice", "joe"))
+                await send(ws, type="input.text", text=refused.get("text", "Hello."))
+                await send(ws, type="input.done")
+                _, error, done = await failed_unit(ws)
+                await ws.recv()  # session.done
+            await routes_ended(server)
+            records = list(engine.manager.records.values())
+            if records:  # closing: its cleanup finishes on its own
+                await asyncio.wait_for(records[0].finished.wait(), 10)
+            assert engine.manager.open_count == 0
+    assert (error["code"], done["error"]) == (
+        "voice_not_found" if "voice" in refused else "event_too_large",
+        True,
+    )
+
+
+async def test_messages_past_the_rate_limit_are_refused_and_the_socket_goes_on(piper) -> None:
+    # A burst of 4 that refills once in 1000 s: the config and three texts pass, the rest do not.
+    config = ServerConfig(max_messages_per_s=0.001, max_message_burst=4)
+    async with (
+        batch_server([("piper", piper)], server_config=config) as server,
+        websockets.connect(f"{server.ws}/v1/audio/speech/stream", proxy=None) as ws,
+    ):
+        await send(ws, type="session.config", voice="joe", split_granularity="sentence")
+        for word in ("One. ", "Two. ", "Three. ", "Four. ", "Five. "):
+            await send(ws, type="input.text", text=word)
+        seen: list[Any] = []
+        while len([m for m in seen if m.get("type") in ("audio.done", "error")]) < 5:
+            message = await ws.recv()
+            if not isinstance(message, bytes):
+                seen.append(json.loads(message))
+    spoken = [m["sentence_text"] for m in seen if m["type"] == "audio.start"]
+    errors = [(m["code"], m["message"]) for m in seen if m["type"] == "error"]
+    assert spoken == ["One.", "Two.", "Three."]
+    assert errors == [("input_backpressure", "more than 0.001 messages per second; message dropped")] * 2
