@@ -45,7 +45,9 @@ from duplex.server.ws_protocol import DuplexWebSocketProtocol
 __all__ = [
     "DEFAULT_PLUGIN",
     "FALLBACK_PLUGIN",
+    "BuiltApp",
     "DrainingServer",
+    "build_app",
     "build_plugin",
     "event_loop_name",
     "serve",
@@ -276,8 +278,21 @@ def _engine_config(base: dict[str, object], override: dict[str, object], where: 
         raise ConfigError(f"{where}: {exc}") from exc
 
 
-def serve(cfg: ServeConfig, *, log_level: str = "info") -> None:
-    """Serve until interrupted. Raises ``ConfigError`` or ``PluginError`` before listening."""
+class BuiltApp(msgspec.Struct, kw_only=True):
+    """What ``build_app`` made: the app, and every plugin it loaded (``close`` them when done; a
+    worker plugin's ``close`` stops its process)."""
+
+    app: Any
+    plugins: list[Plugin]
+    #: (served name, plugin name, plugin) of each model, the default first.
+    models: list[tuple[str, str, Plugin]]
+
+
+def build_app(cfg: ServeConfig, *, ids: Any = None) -> BuiltApp:
+    """Load the plugins of ``cfg`` and build the app serving them (``create_app``): what ``serve``
+    runs, and what each engine replica of a cluster runs (``duplex.cluster``). ``ids``: how the
+    engines name sessions and mint resume tokens (``duplex.engine.ids``; default: one process's).
+    Raises ``ConfigError`` or ``PluginError``; a plugin loaded before the failure is closed."""
     from duplex.engine import Engine
     from duplex.server.app import create_app
     from duplex.server.models import ServedModel
@@ -286,19 +301,19 @@ def serve(cfg: ServeConfig, *, log_level: str = "info") -> None:
     extra_configs = [
         (m, _engine_config(cfg.engine, m.engine, f"models[{m.name}].engine")) for m in cfg.models
     ]
-    loop = event_loop_name(cfg.server.event_loop)  # before a model load that may take minutes
     worker = worker_config(cfg)
     plugins: list[Plugin] = []
     try:
         plugin, name = build_plugin(cfg.plugin, cfg.model_path, dict(cfg.plugin_options), worker=worker)
         plugins.append(plugin)
         served_name = cfg.model_name or name
-        engine = Engine(plugin, engine_config, model_name=served_name)
+        engine = Engine(plugin, engine_config, model_name=served_name, ids=ids)
         workers: tuple[Supervisor, ...] = ()
         if isinstance(plugin, WorkerPlugin):
             watch_worker(plugin.supervisor, engine)
             workers = (plugin.supervisor,)
         more: list[ServedModel] = []
+        models = [(served_name, name, plugin)]
         for model, model_engine_config in extra_configs:
             extra_worker = worker_config(
                 ServeConfig(
@@ -313,23 +328,33 @@ def serve(cfg: ServeConfig, *, log_level: str = "info") -> None:
                 model.plugin, model.model_path, dict(model.plugin_options), worker=extra_worker
             )
             plugins.append(extra)
-            extra_engine = Engine(extra, model_engine_config, model_name=model.name)
+            extra_engine = Engine(extra, model_engine_config, model_name=model.name, ids=ids)
             extra_workers: tuple[Supervisor, ...] = ()
             if isinstance(extra, WorkerPlugin):
                 watch_worker(extra.supervisor, extra_engine)
                 extra_workers = (extra.supervisor,)
             more.append(ServedModel(model.name, extra_engine, extra_workers))
+            models.append((model.name, model.plugin, extra))
         app = create_app(engine, cfg.server, model_name=served_name, workers=workers, more_models=more)
-        for model_name, plugin_name, proxy in [
-            (served_name, name, plugin),
-            *((m.name, c.plugin, p) for m, (c, _), p in zip(more, extra_configs, plugins[1:], strict=True)),
-        ]:
+    except BaseException:
+        for p in plugins:
+            p.close()
+        raise
+    return BuiltApp(app=app, plugins=plugins, models=models)
+
+
+def serve(cfg: ServeConfig, *, log_level: str = "info") -> None:
+    """Serve until interrupted. Raises ``ConfigError`` or ``PluginError`` before listening."""
+    loop = event_loop_name(cfg.server.event_loop)  # before a model load that may take minutes
+    built = build_app(cfg)
+    try:
+        for model_name, plugin_name, proxy in built.models:
             where = ""
             if isinstance(proxy, WorkerPlugin):
                 where = f"; in a worker process, pid {proxy.supervisor.status().pid}"
             log.info("serving plugin %r as model %r%s", plugin_name, model_name, where)
         log.info("listening on %s:%d (event loop: %s)", cfg.server.host, cfg.server.port, loop)
-        stop_workers = [p.close for p in plugins if isinstance(p, WorkerPlugin)]
+        stop_workers = [p.close for p in built.plugins if isinstance(p, WorkerPlugin)]
         collector.freeze_loaded()  # what the models' load left is never scanned by a collection again
 
         def after_drain() -> None:  # the workers stop once their sessions are drained
@@ -337,10 +362,11 @@ def serve(cfg: ServeConfig, *, log_level: str = "info") -> None:
                 close()
 
         DrainingServer(
-            uvicorn_config(app, cfg, log_level=log_level), after_drain=after_drain if stop_workers else None
+            uvicorn_config(built.app, cfg, log_level=log_level),
+            after_drain=after_drain if stop_workers else None,
         ).run()
     finally:
-        for p in plugins:
+        for p in built.plugins:
             p.close()
 
 
