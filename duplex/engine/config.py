@@ -60,6 +60,17 @@ class EngineConfig(msgspec.Struct, frozen=True, kw_only=True):
         ``response_wait_s``: how long a ``response.create`` on a model that decides itself when to
         speak waits for its speech before the response ends empty (``model_silent``).
 
+    The model's slot
+        ``slot_prefill_delay_ms``: a session's model slot is its own from its first input on (the
+        settings given until then are what the model reads when its slot opens); so that the model
+        reads its prompt (PersonaPlex's voice and persona, Nemotron's system prompt and tools,
+        MiniCPM-o's reference voice) before that input rather than in its way, the slot is opened
+        ahead once the session's settings have stayed as they are for this long after the session
+        was created or last updated, and opened again if they change before the first input.
+        Stock clients send their whole setup within a round trip of ``session.created``, so a
+        short delay rarely reads a prompt twice. ``None``: the slot opens at the first input, the
+        prompt read in the first audio's way.
+
     Memory
         ``memory_budget_bytes``: the server process's resident memory above which new work is
         refused: a new session with ``resource_exhausted``, a new conversation item or response
@@ -132,6 +143,8 @@ class EngineConfig(msgspec.Struct, frozen=True, kw_only=True):
     max_output_backlog_ms: float = 5000.0
     response_wait_s: float = 5.0
 
+    slot_prefill_delay_ms: float | None = 100.0
+
     memory_budget_bytes: int | None = None
 
     tick_ms: float | None = 0.0
@@ -186,6 +199,8 @@ class EngineConfig(msgspec.Struct, frozen=True, kw_only=True):
         for name in ("max_output_backlog_ms", "response_wait_s"):
             if getattr(self, name) <= 0:
                 raise ValueError(f"{name} must be positive")
+        if self.slot_prefill_delay_ms is not None and self.slot_prefill_delay_ms < 0:
+            raise ValueError("slot_prefill_delay_ms must be >= 0, or None (opened at the first input)")
         if self.batch_window_ms < 0:
             raise ValueError("batch_window_ms must be >= 0 (0: no wait)")
         if self.unit_gather_ms < 0:

@@ -11,8 +11,8 @@ slot (open, attached, detached or closing). It
   session keeps its slot until its cleanup finished (``release_slot`` then
   ``SessionRecord.finish``), and a freed slot goes to the head of the queue at once;
 * **opens the plugin's slot** when the session asks (``open_slot``, ``restart_slot``: the session's
-  ``OpenSlot`` / ``RestartSlot``, at its first input that needs the model), not at ``open``: a
-  session holds its admission slot from ``open`` on, and its model state from its first input;
+  ``OpenSlot`` / ``RestartSlot``, ahead of its first input once its settings are quiet, and at that
+  input at the latest), not at ``open``: a session holds its admission slot from ``open`` on;
 * **checks budgets before the mailbox** (``SessionRecord.submit``): encoded input
   bytes and pending turns not yet processed; over budget the command is refused
   with ``input_backpressure`` and nothing is applied;
@@ -395,6 +395,7 @@ class SessionManager:
         slot = admission.slot
         caps, config = self.capabilities, self.config
         settings = SessionSettings.defaults(self.model_name, caps, dialect)
+        delay_ms = config.slot_prefill_delay_ms
         if update is not None:
             try:
                 settings = settings.apply(update.session, caps, audio_started=False)
@@ -413,8 +414,10 @@ class SessionManager:
             max_conversation_bytes=config.max_conversation_bytes,
             output_lead_ms=config.output_lead_ms if paced else None,
             response_wait_s=config.response_wait_s,
+            prefill_delay_s=None if delay_ms is None else delay_ms / 1000,
         )
         now = self.now()
+        session.begin(now)  # its actions are the runner's first (``SessionRunner.run``)
         lease = Lease(
             session_id, now, idle_ttl_s=config.idle_ttl_s, disconnect_grace_s=config.disconnect_grace_s
         )

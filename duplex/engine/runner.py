@@ -212,6 +212,7 @@ class SessionRunner:
     async def run(self) -> None:
         """Run until the session is closed. Never raises (except cancellation)."""
         try:
+            await self._run_actions()  # what the session asked for when it began (``Session.begin``)
             while not self.done:
                 for item in await self.mailbox.get_batch():
                     if self.done:

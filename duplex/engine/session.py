@@ -33,15 +33,20 @@ its next speech fills (or that ends empty, ``model_silent``, after ``response_wa
 that answers requests gets a ``StartTurn`` per committed turn or ``response.create``, and its
 audio is paced out at playback speed when ``output_lead_ms`` is set (``output_stream``).
 
-The model's slot (``slot_open``): a session is created without it. Its first input that needs the
-model (an append, a commit, a ``response.create``, typed text, a tool's result) asks the shell to
-open it (``OpenSlot``, carrying ``slot_options()``: every setting received until then) before the
-actions that feed or start the model, so a client may configure the session freely until then, as
-stock clients do right after ``session.created``. Once it is open, a ``session.update`` that changes
-a setting the model fixed there is refused, unless the session asked for
-``extra_body.restart_on_update``: then the model's context restarts with the new settings
-(``RestartSlot``; the active response ends cancelled, the conversation's items stay, and the model
-forgets everything it heard and said). A refused open comes back as ``slot_failed``.
+The model's slot (``slot_phase``, ``SlotPhase``): a session is created without it, so a client may
+configure the session freely, as stock clients do right after ``session.created``. Its first input
+that needs the model (an append, a commit, a ``response.create``, typed text, a tool's result) makes
+the slot the session's (``OPEN``) with every setting received until then: the session asks the shell
+to open it (``OpenSlot``, carrying ``slot_options()``) before the actions that feed or start the
+model. So that the model's prompt is not read in the first input's way, the session opens the slot
+ahead (``AHEAD``) once its settings have been quiet for ``prefill_delay_s`` (after it is created,
+``begin``, and after each ``session.update``; the shell wakes it, ``on_timer``), and opens it again
+(``RestartSlot``) if they changed before the first input; the model hears nothing meanwhile. Once
+the slot is the session's, a ``session.update`` that changes a setting the model fixed there is
+refused, unless the session asked for ``extra_body.restart_on_update``: then the model's context
+restarts with the new settings (``RestartSlot``; the active response ends cancelled, the
+conversation's items stay, and the model forgets everything it heard and said). A refused open
+comes back as ``slot_failed``.
 
 Epochs (DESIGN §6): a cancel, a barge-in, ``output_audio_buffer.clear``, ``input.cancel`` and the
 cancel of a response by VAD speech advance ``epoch``; a model output tagged with an older epoch is
@@ -62,6 +67,7 @@ object refuses further use).
 
 from __future__ import annotations
 
+import enum
 from collections.abc import Callable
 from typing import Any
 
@@ -152,9 +158,17 @@ from duplex.protocol.realtime.items import (
 )
 from duplex.protocol.realtime.responses import ResponseError
 
-__all__ = ["Session", "TurnState"]
+__all__ = ["Session", "SlotPhase", "TurnState"]
 
 Handler = Callable[["Session", Any, float], list[Event]]
+
+
+class SlotPhase(enum.Enum):
+    """How far the session's model slot is (see the module docstring)."""
+
+    CLOSED = "closed"  # nothing asked of the plugin yet, or its open was refused
+    AHEAD = "ahead"  # opened ahead of the first input; a change before it opens it again
+    OPEN = "open"  # the first input came: the settings it opened with are the session's
 
 #: The turn state a local ``turn.signal`` moves the session to (``None``: it stays).
 _SIGNAL_STATES: dict[str, TurnState | None] = {
@@ -243,7 +257,10 @@ class Session:
         max_conversation_bytes: int = 16 * 1024 * 1024,
         output_lead_ms: float | None = None,
         response_wait_s: float = 5.0,
+        prefill_delay_s: float | None = None,
     ) -> None:
+        """``prefill_delay_s``: how long the settings must stay as they are before the slot opens
+        ahead of the first input (``None``: only at the first input)."""
         self.session_id = session_id
         self.slot = slot
         self.caps = capabilities
@@ -256,7 +273,10 @@ class Session:
         self.response_wait_s = response_wait_s
         self.turn_state = TurnState.IDLE
         self.audio_started = False
-        self.slot_open = False  # the plugin's slot was asked to open (``OpenSlot``), and not refused
+        self.slot_phase = SlotPhase.CLOSED
+        self.prefill_delay_s = prefill_delay_s
+        self._prefill_at: float | None = None  # when the slot opens ahead, if no input comes first
+        self._ahead: SlotOptions | None = None  # what it was opened ahead with
         self.closed = False
         self.stale_outputs = 0
         self.usage = UsageMeter()  # the model's token counts (``Capabilities.reports_usage``)
@@ -285,11 +305,50 @@ class Session:
             instructions=s.instructions, voice=s.voice, temperature=s.temperature, tools=tools, extra=extra
         )
 
+    @property
+    def slot_open(self) -> bool:
+        """The first input came: the model's slot is the session's, with the settings it opened with."""
+        return self.slot_phase is SlotPhase.OPEN
+
+    def begin(self, now: float) -> None:
+        """The session exists from ``now``: with a ``prefill_delay_s``, its slot opens ahead then
+        unless an update or an input comes first. The caller carries out ``take_actions()``."""
+        self._arm_prefill(now)
+
+    def _arm_prefill(self, now: float) -> None:
+        if self.prefill_delay_s is not None and self.slot_phase is not SlotPhase.OPEN:
+            self._prefill_at = at = now + self.prefill_delay_s
+            self._actions.append(WakeAt(at))
+
+    def _prefill(self, now: float) -> None:
+        """Open the slot ahead (or again, for settings changed since) once the settings have been
+        quiet for ``prefill_delay_s``; asks to be woken again when that time has not come."""
+        at = self._prefill_at
+        if at is None or self.slot_phase is SlotPhase.OPEN:
+            return
+        if now < at:
+            self._actions.append(WakeAt(at))
+            return
+        self._prefill_at = None
+        options = self.slot_options()
+        if self.slot_phase is SlotPhase.CLOSED:
+            self._actions.append(OpenSlot(options))
+        elif options != self._ahead:
+            self._actions.append(RestartSlot(options))
+        self.slot_phase, self._ahead = SlotPhase.AHEAD, options
+
     def _use_model(self) -> None:
-        """An input needs the model: open its slot first, with the settings in force now."""
-        if not self.slot_open:
-            self.slot_open = True
-            self._actions.append(OpenSlot(self.slot_options()))
+        """An input needs the model: its slot becomes the session's, with the settings in force now
+        (opened now, or again when they changed since it was opened ahead)."""
+        phase = self.slot_phase
+        if phase is SlotPhase.OPEN:
+            return
+        options = self.slot_options()
+        if phase is SlotPhase.CLOSED:
+            self._actions.append(OpenSlot(options))
+        elif options != self._ahead:
+            self._actions.append(RestartSlot(options))  # nothing was heard: no epoch to advance
+        self.slot_phase, self._ahead, self._prefill_at = SlotPhase.OPEN, None, None
 
     def slot_failed(self, code: str, message: str, now: float) -> list[Event]:
         """The plugin refused to open (or reopen) the slot (``OpenSlot``, ``RestartSlot``): one
@@ -298,7 +357,7 @@ class Session:
         with the settings then in force (a ``session.update`` may change them meanwhile)."""
         if self.closed:
             return []
-        self.slot_open = False
+        self.slot_phase, self._ahead, self._prefill_at = SlotPhase.CLOSED, None, None
         error = ProtocolError(code, message)
         events: list[Event] = [error.to_event(new_event_id())]
         if self.output.active is not None:
@@ -387,6 +446,8 @@ class Session:
         events: list[Event] = []
         if opened and before.fixed_changes(self.settings, self.caps):
             events += self._restart_model(now)  # ``apply`` allowed it: ``restart_on_update``
+        elif not opened:
+            self._arm_prefill(now)  # the settings changed: the slot opens ahead once they settle
         events.append(DuplexSessionUpdated(event_id=new_event_id(), session=self._render()))
         return events
 
@@ -851,7 +912,7 @@ class Session:
 
     def _advance_epoch(self) -> None:
         self.epoch += 1
-        if self.slot_open:  # a slot never opened has nothing to cancel
+        if self.slot_phase is SlotPhase.OPEN:  # a slot that heard nothing has nothing to cancel
             self._actions.append(CancelSlot(self.epoch))
 
     def _cancel(self, reason: EndReason, now: float) -> list[Event]:
@@ -1063,10 +1124,14 @@ class Session:
         return []
 
     def on_timer(self, now: float) -> list[Event]:
-        """A ``WakeAt`` came due: send the paced audio now due, or end a requested response the
-        model has not filled by its deadline (``model_silent``). Harmless when nothing is due."""
+        """A ``WakeAt`` came due: open the slot ahead (``_prefill``), send the paced audio now due,
+        or end a requested response the model has not filled by its deadline (``model_silent``).
+        Harmless when nothing is due."""
+        if self.closed:
+            return []
+        self._prefill(now)
         response = self.output.active
-        if self.closed or response is None:
+        if response is None:
             return []
         if response.pending:
             events = self._release(now)

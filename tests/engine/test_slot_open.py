@@ -1,14 +1,16 @@
-"""The model's slot opens at a session's first input that needs the model, with every setting given
-until then; after that a setting the model fixed there is refused by name, or restarts the model
-when the session asked for it (``extra_body.restart_on_update``).
+"""The model's slot is the session's from its first input that needs the model, with every setting
+given until then; it opens ahead once the settings are quiet (``prefill_delay_s``) and again if they
+change before that input; after it a setting the model fixed there is refused by name, or restarts
+the model when the session asked for it (``extra_body.restart_on_update``).
 
 Sans-IO sessions on capabilities shaped like the real models' (a persona and voice prompt fixed at
-open, tools, a reference voice), then the real engine with the echo plugin refusing or recording
-its slots.
+open, tools, a reference voice), with an injected clock; then the real engine with the echo plugin
+refusing or recording its slots.
 """
 
 from __future__ import annotations
 
+import asyncio
 import base64
 from typing import Any
 
@@ -18,7 +20,7 @@ import pytest
 
 from duplex.engine import Engine, EngineConfig
 from duplex.engine.actions import CancelSlot, FeedAudio, OpenSlot, RestartSlot, WakeAt
-from duplex.engine.session import Session
+from duplex.engine.session import Session, SlotPhase
 from duplex.engine.settings import SessionSettings
 from duplex.plugins.base import (
     Capabilities,
@@ -61,9 +63,19 @@ TOOL = {"type": "function", "name": "get_time", "description": "The time.", "par
 TOOL_SPEC = ToolSpec(name="get_time", description="The time.", parameters='{"type":"object"}')
 
 
-def session(caps: Capabilities = FIXED, dialect: Dialect = Dialect.GA) -> Session:
+def session(
+    caps: Capabilities = FIXED, dialect: Dialect = Dialect.GA, prefill_delay_s: float | None = None
+) -> Session:
     settings = SessionSettings.defaults("m", caps, dialect)
-    return Session("sess_test", 0, caps, settings, journal_max_age_s=60.0, journal_max_bytes=1 << 24)
+    return Session(
+        "sess_test",
+        0,
+        caps,
+        settings,
+        journal_max_age_s=60.0,
+        journal_max_bytes=1 << 24,
+        prefill_delay_s=prefill_delay_s,
+    )
 
 
 def update(**session: Any) -> SessionUpdate:
@@ -129,6 +141,69 @@ def test_a_response_create_is_an_input_that_opens_the_slot() -> None:
     assert types(s.handle(ResponseCreate(), 0.0)) == ["response.created"]
     opened, wake = s.take_actions()
     assert isinstance(opened, OpenSlot) and isinstance(wake, WakeAt)
+
+
+# --------------------------------------------------------------------------- opened ahead
+
+
+def test_the_slot_opens_ahead_once_the_settings_are_quiet_and_the_first_input_keeps_it() -> None:
+    s = session(prefill_delay_s=0.1)
+    s.begin(0.0)
+    assert s.take_actions() == [WakeAt(0.1)]
+    s.handle(update(instructions="You are Ada."), 0.05)
+    assert s.take_actions() == [WakeAt(pytest.approx(0.15))]
+    assert s.on_timer(0.1) == [] and s.take_actions() == [WakeAt(pytest.approx(0.15))]  # not yet
+    s.on_timer(0.16)
+    ahead = SlotOptions(instructions="You are Ada.", voice="NATF2")
+    assert s.take_actions() == [OpenSlot(ahead)] and s.slot_phase is SlotPhase.AHEAD
+    assert not s.slot_open  # every setting may still change
+    s.handle(append(), 0.3, decoded())
+    (feed,) = s.take_actions()  # the slot opened ahead is the session's: nothing more to open
+    assert isinstance(feed, FeedAudio) and s.slot_open
+    assert s.on_timer(0.4) == [] and s.take_actions() == []
+
+
+def test_a_change_after_the_slot_opened_ahead_opens_it_again_before_the_first_input() -> None:
+    s = session(prefill_delay_s=0.1)
+    s.begin(0.0)
+    s.on_timer(0.1)
+    assert s.take_actions()[-1] == OpenSlot(SlotOptions(voice="NATF2"))
+    assert types(s.handle(update(instructions="You are Bob."), 0.2)) == ["session.updated"]
+    s.handle(update(output_modalities=["text"]), 0.25)  # not what the model reads at open
+    s.on_timer(0.35)
+    bob = SlotOptions(instructions="You are Bob.", voice="NATF2")
+    assert [a for a in s.take_actions() if not isinstance(a, WakeAt)] == [RestartSlot(bob)]
+    s.handle(update(output_modalities=["audio"]), 0.4)
+    s.on_timer(0.5)
+    assert [a for a in s.take_actions() if not isinstance(a, WakeAt)] == []  # the same options
+    assert s.epoch == 0  # nothing was heard: nothing to fence
+
+
+def test_a_change_just_before_the_first_input_opens_the_slot_again_at_that_input() -> None:
+    s = session(prefill_delay_s=0.1)
+    s.begin(0.0)
+    s.on_timer(0.1)
+    s.take_actions()
+    s.handle(update(tools=[TOOL]), 0.2)
+    s.handle(append(), 0.21, decoded())
+    actions = [a for a in s.take_actions() if not isinstance(a, WakeAt)]
+    assert actions[0] == RestartSlot(SlotOptions(voice="NATF2", tools=(TOOL_SPEC,)))
+    assert isinstance(actions[1], FeedAudio) and s.slot_open
+    s.on_timer(0.3)
+    assert s.take_actions() == []  # the pending prefill went with the input
+
+
+def test_a_slot_opened_ahead_has_nothing_to_cancel_and_a_refused_one_opens_at_the_first_input() -> None:
+    s = session(dialect=Dialect.SEEDS, prefill_delay_s=0.1)
+    s.begin(0.0)
+    s.on_timer(0.1)
+    s.take_actions()
+    s.handle(decode('{"type": "input.cancel"}'), 0.2)
+    assert not any(isinstance(a, CancelSlot) for a in s.take_actions())
+    assert codes(s.slot_failed("invalid_session_config", "no", 0.3)) == [("invalid_session_config", None)]
+    assert s.slot_phase is SlotPhase.CLOSED
+    s.handle(append(), 0.4, decoded())
+    assert isinstance(s.take_actions()[0], OpenSlot)
 
 
 # --------------------------------------------------------------------------- after it
@@ -242,6 +317,7 @@ class PickyEcho(EchoPlugin):
     def __init__(self, **kw: Any) -> None:
         super().__init__(**kw)
         self.calls: list[tuple[str, str]] = []
+        self.opened = asyncio.Event()  # its calls run on the event loop (``calls_on_loop``)
 
     def capabilities(self) -> Capabilities:
         return msgspec.structs.replace(super().capabilities(), updatable_options=())
@@ -251,15 +327,18 @@ class PickyEcho(EchoPlugin):
             raise PluginError("invalid_session_config", "these instructions are refused")
         super().open_slot(slot, options)
         self.calls.append(("open", options.instructions))
+        self.opened.set()
 
     def close_slot(self, slot: int) -> None:
         super().close_slot(slot)
         self.calls.append(("close", ""))
 
 
-def echo_engine(plugin: EchoPlugin) -> Engine:
+def echo_engine(plugin: EchoPlugin, prefill_delay_ms: float | None = None) -> Engine:
+    """The engine around ``plugin``; the slot opens at the first input unless ``prefill_delay_ms``."""
     plugin.load()
-    return Engine(plugin, EngineConfig(reaper_interval_s=3600), model_name="echo")
+    config = EngineConfig(reaper_interval_s=3600, slot_prefill_delay_ms=prefill_delay_ms)
+    return Engine(plugin, config, model_name="echo")
 
 
 async def test_a_refused_open_answers_the_first_input_and_the_session_goes_on() -> None:
@@ -299,3 +378,15 @@ async def test_a_restart_closes_and_reopens_the_slot_and_the_model_hears_on() ->
         assert "response.created" in types(created)
         record = eng.manager.records[att.session_id]
         assert plugin.calls == [("open", "one"), ("close", ""), ("open", "two")] and record.slot_open
+
+
+async def test_the_engine_opens_the_slot_ahead_and_the_first_input_finds_it_open() -> None:
+    plugin = PickyEcho(max_sessions=2)
+    async with echo_engine(plugin, prefill_delay_ms=10.0) as eng:
+        att = await eng.open(update=update(instructions="one", audio=STREAMING))
+        await plugin.opened.wait()  # no input yet
+        assert plugin.calls == [("open", "one")]
+        for _ in range(3):
+            att.submit(InputAudioBufferAppend(audio=VOICE))
+        events = await until(att, "response.output_audio.delta")
+        assert events[-1].delta == VOICE and plugin.calls == [("open", "one")]

@@ -175,9 +175,17 @@ class Served:
         return self.running.port
 
 
+#: ``model_server``'s default ``prefill_delay_ms``: the engine's own.
+ENGINE_DEFAULT = EngineConfig().slot_prefill_delay_ms
+
+
 @contextlib.asynccontextmanager
-async def model_server(name: str, checkpoint: Path, *, max_sessions: int = 2) -> AsyncIterator[Served]:
-    """Serve the plugin ``name`` loaded from ``checkpoint`` (one torch thread), recording its slots."""
+async def model_server(
+    name: str, checkpoint: Path, *, max_sessions: int = 2, prefill_delay_ms: float | None = ENGINE_DEFAULT
+) -> AsyncIterator[Served]:
+    """Serve the plugin ``name`` loaded from ``checkpoint`` (one torch thread), recording its slots.
+    ``prefill_delay_ms``: ``EngineConfig.slot_prefill_delay_ms`` (``None``: a slot opens at its
+    session's first input, never ahead)."""
     import torch
 
     threads = torch.get_num_threads()
@@ -185,7 +193,9 @@ async def model_server(name: str, checkpoint: Path, *, max_sessions: int = 2) ->
     plugin = recording(plugin_class(name)).from_options(str(checkpoint), max_sessions=max_sessions)
     plugin.slot_log = SlotLog()
     try:
-        config = EngineConfig(max_sessions=max_sessions, reaper_interval_s=3600)
+        config = EngineConfig(
+            max_sessions=max_sessions, reaper_interval_s=3600, slot_prefill_delay_ms=prefill_delay_ms
+        )
         async with running_server(plugin=plugin, engine_config=config, model_name=name) as running:
             yield Served(running, name, plugin.capabilities(), plugin.slot_log)
     finally:

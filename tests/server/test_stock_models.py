@@ -3,9 +3,10 @@
 A stock client connects, reads ``session.created``, sends ``session.update`` with instructions, a
 voice and tools, and only then audio. Against tiny PersonaPlex, Nemotron and MiniCPM-o checkpoints
 (``model_servers``): every update before the first input is accepted, and the plugin's slot opens
-at the first append with exactly those settings (the voice mapped onto the model's own, the tools
-for a model that calls them). Once the slot is open, a change to a setting the model fixed there is
-refused with a code and ``param`` naming it, or, for a session that asked for
+with exactly those settings (the voice mapped onto the model's own, the tools for a model that
+calls them): at the first append on a server that opens no slot ahead, or ahead of it once the
+settings are quiet (the engine's default). Once the first input came, a change to a setting the
+model fixed there is refused with a code and ``param`` naming it, or, for a session that asked for
 ``extra_body.restart_on_update``, restarts the model with the new settings (``close_slot`` then
 ``open_slot``). Every event the SDK knows is validated with its own models (``Reader``).
 """
@@ -74,10 +75,13 @@ def client(served: Served) -> AsyncOpenAI:
 
 
 @contextlib.asynccontextmanager
-async def connected(model: str, checkpoint: Path) -> AsyncIterator[tuple[Served, Any]]:
-    """A server of ``model`` and an SDK connection to it."""
+async def connected(
+    model: str, checkpoint: Path, prefill_delay_ms: float | None = None
+) -> AsyncIterator[tuple[Served, Any]]:
+    """A server of ``model`` (no slot opened ahead, unless ``prefill_delay_ms``) and an SDK
+    connection to it."""
     async with (
-        model_server(model, checkpoint) as served,
+        model_server(model, checkpoint, prefill_delay_ms=prefill_delay_ms) as served,
         client(served).realtime.connect(model=model) as conn,
     ):
         yield served, conn
@@ -88,16 +92,15 @@ async def test_the_sdk_configures_the_model_and_its_slot_opens_with_it_at_the_fi
     model, tiny_checkpoint
 ):
     voice = VOICES[model]
-    async with model_server(model, tiny_checkpoint(model)) as served:
+    async with connected(model, tiny_checkpoint(model)) as (served, conn):
         want = expected_options(served.caps, voice=voice)
-        async with client(served).realtime.connect(model=model) as conn:
-            r, updated = await configured(served, conn, voice)
-            session = updated["session"]
-            assert session["instructions"] == STOCK_INSTRUCTIONS
-            assert session["audio"]["output"].get("voice") == want.voice  # none: not rendered
-            assert [t["name"] for t in session["tools"]] == [t.name for t in want.tools]
-            assert await first_input_opens(served, conn) == want
-            assert r.validated >= 2
+        r, updated = await configured(served, conn, voice)
+        session = updated["session"]
+        assert session["instructions"] == STOCK_INSTRUCTIONS
+        assert session["audio"]["output"].get("voice") == want.voice  # none: not rendered
+        assert [t["name"] for t in session["tools"]] == [t.name for t in want.tools]
+        assert await first_input_opens(served, conn) == want
+        assert r.validated >= 2
 
 
 #: Per model, a change to a setting it fixes at open: the patch and the code that refuses it.
@@ -161,3 +164,23 @@ async def test_a_new_voice_after_the_model_spoke_stays_refused_with_a_restart(ti
         error = (await r.until("error"))["error"]
     assert (error["code"], error["param"]) == ("voice_update_after_audio_unsupported", "session.voice")
     assert len(served.log.opened) == 1  # not restarted
+
+
+async def test_the_slot_opens_ahead_of_the_first_input_and_again_for_a_change_before_it(tiny_checkpoint):
+    """With the slot opened ahead (a short prefill delay), the model reads its prompt before the
+    first input; a change before that input opens it again; the input itself opens nothing."""
+    async with connected("nemotron_voicechat", tiny_checkpoint("nemotron_voicechat"), 10.0) as (served, conn):
+        r, _ = await configured(served, conn, "Bruno")
+        [(_, _, ahead)] = await served.log.wait(1)  # no input yet
+        assert ahead == expected_options(served.caps, voice="Bruno")
+        await conn.session.update(session={"type": "realtime", "tools": STOCK_TOOLS[:1]})
+        await r.until("session.updated")  # accepted: nothing was heard yet
+        calls = await served.log.wait(3)
+        (frame,) = b64_frames(1)
+        await conn.input_audio_buffer.append(audio=frame)
+        await conn.input_audio_buffer.append(audio=frame)
+        await r.until("response.output_audio.delta", "response.listen", "input_audio_buffer.committed")
+    reopened = calls[2][2]
+    assert calls == [("open", 0, ahead), ("close", 0, None), ("open", 0, reopened)]
+    assert reopened is not None and [t.name for t in reopened.tools] == ["get_weather"]
+    assert served.log.opened == [ahead, reopened]  # the first input opened nothing

@@ -135,9 +135,9 @@ async def test_livekit_configures_the_real_model_before_its_first_input(
     model, livekit_python, tiny_checkpoint, speech
 ):
     """An agent's usual setup (its instructions and two tools, LiveKit's default voice ``marin``)
-    reaches the model: its slot opens at ``generate_reply()``'s ``response.create`` with exactly
-    those settings, the voice mapped onto the model's own. Turns are manual: these models take the
-    turns themselves (LiveKit's default ``semantic_vad`` is theirs to refuse)."""
+    reaches the model: its slot is the session's from ``generate_reply()``'s ``response.create`` on,
+    with exactly those settings, the voice mapped onto the model's own. Turns are manual: these
+    models take the turns themselves (LiveKit's default ``semantic_vad`` is theirs to refuse)."""
     async with model_server(model, tiny_checkpoint(model)) as served:
         summary = await run_client_async(
             livekit_python, PROGRAM, "--base-url", f"http://127.0.0.1:{served.port}/v1", "--model", model,
@@ -148,4 +148,6 @@ async def test_livekit_configures_the_real_model_before_its_first_input(
     events = summary["client_events"]
     assert events.count("session.update") == 3 and events[-1] == "response.create", events
     assert summary["appends"] > 0
-    assert served.log.opened == [expected_options(served.caps, voice="marin")]
+    # The slot may open ahead of the first input once the setup is in (the engine's default); it
+    # is the session's with exactly that setup.
+    assert served.log.opened[-1] == expected_options(served.caps, voice="marin")

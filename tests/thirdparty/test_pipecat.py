@@ -84,7 +84,8 @@ async def test_pipecat_configures_the_real_model_before_its_first_input(
     model, pipecat_python, tiny_checkpoint, speech
 ):
     """Pipecat's usual setup (instructions, a voice, two tools in its context) reaches the model:
-    its slot opens at the kick-off's ``response.create`` with exactly those settings."""
+    its slot is the session's from the kick-off's ``response.create`` on, with exactly those
+    settings."""
     voice = PIPECAT_VOICES[model]
     async with model_server(model, tiny_checkpoint(model)) as served:
         summary = await run_client_async(
@@ -95,4 +96,6 @@ async def test_pipecat_configures_the_real_model_before_its_first_input(
     assert_clean(summary)
     assert summary["client_events"][:3] == ["session.update", "session.update", "response.create"]
     assert summary["appends"] > 0
-    assert served.log.opened == [expected_options(served.caps, voice=voice)]
+    # The slot may open ahead of the first input once the setup is in (the engine's default); it
+    # is the session's with exactly that setup.
+    assert served.log.opened[-1] == expected_options(served.caps, voice=voice)
