@@ -5,12 +5,19 @@ same random token columns: a prefill of ``PREFILL`` positions, then ``--ticks`` 
 a time (the per-tick path, with the decode kernel when ``--attention`` picks it). The reference
 is the model's dtype throughout, attended with SDPA; each variant changes one thing (or two). Per
 variant: the largest logit difference relative to the reference logits' standard deviation, the
-mean absolute difference, how often the argmax text token agrees, and the mean KL divergence of
-the variant's softmax from the reference's.
+mean absolute difference, how often the greedy text token agrees (over all positions, and over
+the *confident* ones, where the reference's best token beats its runner-up by more than
+``CONFIDENT`` logit), and the mean KL divergence of the variant's softmax from the reference's.
 
-Random weights are not a trained model: trained models have larger activation outliers, which
-fp8 handles worse, so these figures bound the arithmetic's error, not the listener's experience.
-A checkpoint's own figures come from running this on it (``--model-path`` is not wired yet).
+Trained-like logits. Random weights give flat logits (a position's best token hardly beats the
+next), so agreement over all positions understates what a listener would notice, and hardly any
+position is confident. A trained model's text head is sharper; the text logits are the hidden
+state through one linear map, so scaling that map's weights by ``s`` scales every logit, of the
+reference and of each variant alike, by ``s``. ``PEAKED`` lists the reference's mean probability
+of its best token that the sharper heads are scaled to (``s`` is found by bisection): the
+confident-position agreement at those scales is what the plugin README's advice rests on. (This
+sharpens the head only: the transformer's own activations, whose outliers fp8 handles worst, are
+still random ones; a checkpoint's own figures need the checkpoint, ``--model-path`` is not wired.)
 """
 
 from __future__ import annotations
@@ -22,6 +29,10 @@ __all__ = ["run_accuracy"]
 
 PREFILL = 100
 BATCH = 4
+#: A position is confident where the reference's best text token beats the next by this many logits.
+CONFIDENT = 1.0
+#: Sharper text heads: the reference's mean probability of its best token at each.
+PEAKED = (0.5, 0.9)
 
 VARIANTS: dict[str, dict[str, bool]] = {
     "decode_kernel": {"kernel": True},
@@ -89,10 +100,14 @@ def run_accuracy(args: argparse.Namespace) -> dict[str, Any]:
     ref_lm = _lm(cfg, device, dtype, kv_fp8=False, fp8_weights=False, kernel=None)
     ref = torch.cat(_logits(ref_lm, columns), dim=1)
     del ref_lm
+    scales = {peak: _scale_for(ref, peak) for peak in PEAKED}
     result: dict[str, Any] = {
         "what": f"text logits of {BATCH} rows x ({PREFILL} prefill + {args.ticks} single) positions, random "
-        f"weights ({'tiny' if args.tiny else 'full size'}), against the model's dtype with SDPA",
+        f"weights ({'tiny' if args.tiny else 'full size'}), against the model's dtype with SDPA; confident: "
+        f"the reference's best text token {CONFIDENT} logit above the next, with the random head and with "
+        f"heads sharpened to a mean best-token probability of {', '.join(map(str, PEAKED))}",
         "reference_logit_std": round(float(ref.std()), 4),
+        "reference_mean_top_probability": round(float(torch.softmax(ref, dim=-1).amax(-1).mean()), 4),
     }
     for name, change in VARIANTS.items():
         if change.get("kernel") and kernel is None and not change.get("kv_fp8"):
@@ -116,6 +131,44 @@ def run_accuracy(args: argparse.Namespace) -> dict[str, Any]:
             "mean_abs_over_std": round(float(diff.mean() / ref.std()), 5),
             "top1_agreement": round(float((got.argmax(-1) == ref.argmax(-1)).float().mean()), 4),
             "kl_mean": round(float(kl), 6),
+            **_agreement(ref, got, 1.0, "random_head"),
         }
+        for peak in PEAKED:
+            scale = scales[peak]
+            result[name].update(_agreement(ref, got, scale, f"head_p{peak}"))
         print(name, result[name], flush=True)
     return result
+
+
+def _agreement(ref: Any, got: Any, scale: float, label: str) -> dict[str, Any]:
+    """Greedy agreement over the positions where the reference (its logits times ``scale``) is
+    confident, and how many those are."""
+    import torch
+
+    top2 = (ref * scale).topk(2, dim=-1).values
+    confident = (top2[..., 0] - top2[..., 1]) > CONFIDENT
+    same = got.argmax(-1) == ref.argmax(-1)
+    share = float(confident.float().mean())
+    agree = float(same[confident].float().mean()) if bool(confident.any()) else float("nan")
+    return {
+        f"{label}_scale": round(scale, 3),
+        f"{label}_confident_share": round(share, 4),
+        f"{label}_confident_top1_agreement": round(agree, 5),
+        f"{label}_confident_positions": int(confident.sum()),
+        f"{label}_disagreements_confident": int((~same & confident).sum()),
+    } | ({} if torch.isfinite(torch.tensor(agree)) else {f"{label}_note": "no confident position"})
+
+
+def _scale_for(ref: Any, peak: float) -> float:
+    """The factor on the text head's weights at which the reference's mean probability of its best
+    token is ``peak`` (bisection on a log scale; that mean grows with the factor)."""
+    import torch
+
+    def mean_top(scale: float) -> float:
+        return float(torch.softmax(ref * scale, dim=-1).amax(-1).mean())
+
+    lo, hi = 1e-3, 1e3
+    for _ in range(60):
+        mid = (lo * hi) ** 0.5
+        lo, hi = (mid, hi) if mean_top(mid) < peak else (lo, mid)
+    return (lo * hi) ** 0.5

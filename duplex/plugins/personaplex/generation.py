@@ -47,9 +47,9 @@ row of the batched state and the prompt's last frame (silence) is decoded into t
 slot's Mimi decoder state (PersonaPlex's own loop decodes and sends it before the
 first frame that hears the user; here it is decoded, not sent): the slot is *ready*.
 When nothing else is ready (or the caller does not ``defer``) the whole prefill runs
-inside ``start_slot``; otherwise
-``advance_prefill`` runs one chunk per call, which the plugin enqueues after each
-tick's step, so an open never holds the other sessions' tick for a whole prompt.
+inside ``start_slot``; otherwise ``advance_prefill`` runs one chunk per call, which the
+plugin enqueues after each tick's step, so an open never holds the other sessions'
+tick for a whole prompt.
 Other slots are never touched. A slot's frames before it is ready are the caller's
 to handle (the plugin leaves them unheard).
 

@@ -43,9 +43,10 @@ a scale per position and head, half the memory per session), ``attention``
 sessions are being stepped), ``batch_buckets`` ("off": every step runs all
 ``max_sessions`` rows; "auto": 1, 4, 16, 64... rows, the smallest that holds every
 stepped slot, one CUDA graph each; or row counts "1,8,32"). With buckets a session's
-tokens stay the same, but its audio may differ in the last float bits with the
-number of rows (convolutions and matrix products of other sizes), so "off" is the
-default: then a session's output never depends on the others'.
+sums may run in another order with the number of rows (convolutions and matrix
+products of other sizes): its audio may differ in the last float bits, and a choice
+between two nearly tied tokens may go the other way, so "off" is the default: then a
+session's output never depends on the others'.
 
 A slot opened while other sessions are being stepped is prefilled one chunk after
 each tick; until its prompt is done its frames are not heard and its outputs are
