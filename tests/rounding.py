@@ -32,9 +32,10 @@ from collections.abc import Iterable
 
 import torch
 
-__all__ = ["EPS32", "depth_tolerance", "fft_tolerance", "reduction_lengths", "sum_tolerance"]
+__all__ = ["EPS32", "EPS64", "depth_tolerance", "fft_tolerance", "reduction_lengths", "sum_tolerance"]
 
 EPS32 = 2.0**-23  # float32's machine epsilon, twice its unit roundoff
+EPS64 = 2.0**-52  # float64's
 
 
 def sum_tolerance(n: int, abs_sum: float | torch.Tensor, eps: float = EPS32) -> float | torch.Tensor:

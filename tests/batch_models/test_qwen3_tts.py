@@ -22,6 +22,7 @@ from batch_models.qwen3_tts.config import FRAME_SAMPLES
 from batch_models.qwen3_tts.plugin import Qwen3TTSPlugin
 from duplex.plugins.base import BatchRequest, PluginError, PluginKind, SlotOptions
 from tests.batch_models.driver import drive
+from tests.rounding import EPS64, depth_tolerance, reduction_lengths
 
 torch = pytest.importorskip("torch")
 pytest.importorskip("transformers")
@@ -89,10 +90,26 @@ def test_the_chunks_join_into_the_whole_utterance_decode(tts_checkpoint: Path) -
     # Causal decoding: each chunk (all of its past as context) is the whole decode's slice. In float64,
     # because random weights saturate the output and make float32 rounding audible in a few samples.
     codec64 = copy.deepcopy(codec).double()
-    whole = codec64(codes)[0]
+    largest = [0.0]
+
+    def record(module: torch.nn.Module, args: tuple, out: object) -> None:
+        if isinstance(out, torch.Tensor) and out.is_floating_point():
+            largest[0] = max(largest[0], float(out.abs().max()))
+
+    hooks = [m.register_forward_hook(record) for m in codec64.modules()]
+    try:
+        whole = codec64(codes)[0]
+    finally:
+        for hook in hooks:
+            hook.remove()
+    # Other lengths, so other convolution shapes: the same sums in other orders. Rounding is relative
+    # to the activations it happens in, the largest of which (tens of thousands here) the output's
+    # clamp to [-1, 1] does not shrink: depth_tolerance in float64 at that size.
+    tol = depth_tolerance(largest[0], reduction_lengths(codec64), eps=EPS64)
     for start, stop in pairs:
         chunk = codec64.decode_window(codes[..., :stop], stop - start)[0]
-        np.testing.assert_allclose(chunk, whole[start * FRAME_SAMPLES : stop * FRAME_SAMPLES], atol=1e-9)
+        want = whole[start * FRAME_SAMPLES : stop * FRAME_SAMPLES]
+        np.testing.assert_allclose(chunk, want, atol=tol, rtol=0)
 
 
 def test_a_request_is_bit_identical_alone_or_batched_in_another_slot(tts_checkpoint: Path) -> None:
