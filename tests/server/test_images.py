@@ -7,6 +7,9 @@ from __future__ import annotations
 import asyncio
 import base64
 import io
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
 
 import httpx
 import numpy as np
@@ -90,9 +93,25 @@ async def test_without_a_model_the_first_image_model_answers(piper, sd) -> None:
     assert reply.status_code == 200 and len(reply.json()["data"]) == 1
 
 
-async def test_concurrent_requests_get_the_images_they_get_alone(sd) -> None:
+@pytest.fixture
+def sd_one_bucket(one_torch_thread: None, sd_checkpoint: Path) -> Iterator[Any]:
+    """The tiny Stable Diffusion with one batch bucket: every model call has the same shape, so a
+    request's image is bit-identical alone or batched (with several buckets a row's rounding may
+    differ between them)."""
+    from batch_models.diffusion.plugin import StableDiffusionPlugin
+
+    plugin = StableDiffusionPlugin.from_options(
+        str(sd_checkpoint), max_sessions=4, batch_buckets="4", max_batch_rows=4
+    )
+    plugin.load()
+    yield plugin
+    plugin.close()
+
+
+async def test_concurrent_requests_get_the_images_they_get_alone(sd_one_bucket) -> None:
     """Requests that finish in one step have their PNGs encoded together (on the driver's pool):
     each still gets its own image, the one its seed gives alone."""
+    sd = sd_one_bucket
 
     async def generate(client, seed: int) -> str:
         reply = await client.images.generate(
