@@ -226,3 +226,53 @@ def test_every_tensor_of_the_official_class_loads_or_is_named_unused(goldens, ch
     assert {k for k in official - ours if not k.startswith(tuple(UNUSED))} == set()
     for prefix in UNUSED:  # every entry names tensors the official class does have
         assert any(k.startswith(prefix) for k in official)
+
+
+def _flow_terms(t, positions: int) -> int:
+    """Float32 terms along the chain from a code to a mel value: the conformer (its projections, the
+    attended positions, its feed-forward, its look-ahead and up-sampling convolutions), the projection
+    to mel, then every Euler step's DiT (input projection, per block the attention, its positions and
+    the MLP, the output layer) and the step's update."""
+    size, dit = t.encoder_size, t.dit_size
+    encoder = (t.encoder_blocks + t.encoder_up_blocks) * (4 * size + positions + t.encoder_ffn)
+    encoder += 4 * size + size * t.up_rate * 2 + size
+    block = 4 * dit + positions + int(dit * t.dit_mlp_ratio) + dit
+    return encoder + t.flow_steps * (4 * t.mel_bins + t.dit_depth * block + dit + 2)
+
+
+def test_the_flow_turns_codes_into_the_mel_minicpmo_utils_does(checkpoint, goldens, capsys):
+    """minicpmo-utils 1.0.7's ``CausalMaskedDiffWithXvec`` (``setup_cache`` + ``inference_chunk``, as its
+    ``Token2wav.stream`` calls them) against our ``FlowStream``, on the tiny ``flow.pt`` and voice and the
+    first two units' speech codes of the session above, the reference given our noise table: a turn of
+    one unit, a turn's first unit, a later unit and a last unit. Before upstream's cache trims (which
+    differ from our history: README), so the two compute the same function."""
+    import torch
+
+    from duplex.plugins.minicpmo.loading import find_checkpoint
+    from duplex.plugins.minicpmo.token2wav import load_code_to_wave
+
+    files = find_checkpoint(checkpoint)
+    t = files.config.token2wav
+    flow = load_code_to_wave(files.root, t, 1, torch.device("cpu")).flow
+    units = [torch.from_numpy(goldens[f"unit{u}_codes"])[None] for u in range(2)]
+    streams = {"one_unit_turn": 1, "middle": 2, "last": 2}
+    rows = []
+    for name, n in streams.items():
+        flow.reset(0)
+        for i in range(n):
+            last = bool(goldens[f"flow_{name}{i}_last"])
+            mel, frames = flow.chunk(
+                torch.tensor([0]), units[i], torch.tensor([i > 0]), torch.tensor([last])
+            )
+            ours = mel[0, :, : int(frames[0])].numpy()
+            theirs = goldens[f"flow_{name}{i}_mel"]
+            assert ours.shape == theirs.shape, f"{name} {i}"
+            positions = 2 * (len(goldens[f"flow_{name}{i}_codes"]) + 100) + 50
+            tol = _flow_terms(t, positions) * EPS * float(np.abs(theirs).max())
+            diff = float(np.abs(ours - theirs).max())
+            assert diff <= tol, f"{name} chunk {i}: mel"
+            rows.append((name, i, theirs.shape[1], diff, tol))
+    with capsys.disabled():
+        print("\nstream chunk frames | mel diff (tol)")
+        for name, i, frames, diff, tol in rows:
+            print(f"{name} {i} {frames} | {diff:.1e} ({tol:.1e})")

@@ -2,7 +2,8 @@
 
 Run with the project's environment; it calls ``minicpmo_reference.py`` in the parity environment
 (``python3 -m venv .venv-parity-minicpmo``, then ``pip install torch==2.13.0`` and
-``pip install transformers==4.51.0 accelerate==1.12.0 safetensors soundfile pillow tqdm numpy``)::
+``pip install transformers==4.51.0 accelerate==1.12.0 safetensors soundfile pillow tqdm numpy`` and
+``pip install --no-deps minicpmo-utils==1.0.7 einops==0.8.1``)::
 
     .venv/bin/python tools/parity/minicpmo_goldens.py \\
         --reference-python .venv-parity-minicpmo/bin/python --reference PATH/TO/MiniCPM-o-Demo
@@ -10,10 +11,11 @@ Run with the project's environment; it calls ``minicpmo_reference.py`` in the pa
 ``PATH/TO/MiniCPM-o-Demo`` is a checkout of OpenBMB/MiniCPM-o-Demo at the commit
 ``minicpmo_reference.PINNED_COMMIT``. The script writes the tiny checkpoint (``duplex tiny-checkpoint
 minicpmo_4_5``, seed 0), the scenario (four seconds of speech-like audio, a camera frame a second),
-runs the reference on them and writes ``tests/parity/minicpmo/goldens.npz`` (the scenario and what
-the reference computed) and ``goldens.json`` (the checkpoint's SHA-256, the reference's commit and
-package versions). Regenerate them whenever the checkpoint writer changes: the test compares the
-checkpoint's digest first.
+runs the reference on them (the duplex loop; then minicpmo-utils' flow on the first three units' speech
+codes, given the plugin's DiT noise table) and writes ``tests/parity/minicpmo/goldens.npz`` (the
+scenario and what the reference computed) and ``goldens.json`` (the checkpoint's SHA-256, the
+reference's commit and package versions). Regenerate them whenever the checkpoint writer changes: the
+test compares the checkpoint's digest first.
 """
 
 from __future__ import annotations
@@ -28,9 +30,12 @@ import tempfile
 from pathlib import Path
 
 import numpy as np
+import torch
 from PIL import Image, ImageDraw
 
+from duplex.plugins.minicpmo.loading import find_checkpoint
 from duplex.plugins.minicpmo.testing import make_tiny_checkpoint
+from duplex.plugins.minicpmo.token2wav import load_code_to_wave
 
 HERE = Path(__file__).resolve().parent
 DEFAULT_OUT = HERE.parent.parent / "tests" / "parity" / "minicpmo"
@@ -81,6 +86,13 @@ def scenario() -> dict[str, np.ndarray]:
     return data
 
 
+def flow_noise(ckpt: Path) -> np.ndarray:
+    """The plugin's DiT noise table (the reference's flow is given it in place of its random buffer)."""
+    files = find_checkpoint(ckpt)
+    stage = load_code_to_wave(files.root, files.config.token2wav, 1, torch.device("cpu"))
+    return stage.flow.noise.float().numpy()
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--reference-python", required=True, help="the parity environment's python")
@@ -92,7 +104,7 @@ def main() -> None:
     with tempfile.TemporaryDirectory() as tmp:
         ckpt = make_tiny_checkpoint(Path(tmp) / "ckpt", seed=SEED)
         inputs = Path(tmp) / "inputs.npz"
-        np.savez(inputs, **scenario())
+        np.savez(inputs, **scenario(), flow_noise=flow_noise(ckpt))
         result = Path(tmp) / "reference.npz"
         subprocess.run(
             [

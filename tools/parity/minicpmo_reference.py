@@ -22,8 +22,10 @@ and the speech head's backbone takes the checkpoint's small vocabulary for its (
 from __future__ import annotations
 
 import argparse
+import copy
 import functools
 import importlib
+import importlib.util
 import io
 import json
 import os
@@ -249,7 +251,121 @@ def run(args: argparse.Namespace) -> None:
             out[f"unit{unit}_code_peak"] = np.asarray(max(code_peaks))
         print(f"unit {unit}: listen={result['is_listen']} tokens={generated[:-1]} codes={len(codes) > n_tts}")
     out["official_keys"] = np.asarray(official_keys)
+    if "flow_noise" in inputs:
+        out.update(flow_chunks(checkpoint, inputs, [out[f"unit{u}_codes"] for u in range(2)]))
     np.savez(args.out, **out)
+
+
+def _stepaudio2():
+    """minicpmo-utils' ``stepaudio2`` flow modules, without its package ``__init__`` (which imports
+    torchaudio, onnxruntime and the S3 tokenizer for the prompt preparation we do not run)."""
+    import importlib.machinery
+    import types
+
+    import torch._dynamo  # noqa: F401 - before the stub below, which it would look up
+
+    spec = importlib.util.find_spec("stepaudio2")
+    if spec is None:
+        raise SystemExit("minicpmo-utils is not installed in the parity environment")
+    package = types.ModuleType("stepaudio2")
+    package.__path__ = list(spec.submodule_search_locations)
+    sys.modules["stepaudio2"] = package
+    stub = types.ModuleType("onnxruntime")  # flow_matching imports it for its TensorRT path only
+    stub.__spec__ = importlib.machinery.ModuleSpec("onnxruntime", None)
+    sys.modules.setdefault("onnxruntime", stub)
+    flow = importlib.import_module("stepaudio2.cosyvoice2.flow.flow")
+    matching = importlib.import_module("stepaudio2.cosyvoice2.flow.flow_matching")
+    dit = importlib.import_module("stepaudio2.cosyvoice2.flow.decoder_dit")
+    encoder = importlib.import_module("stepaudio2.cosyvoice2.transformer.upsample_encoder_v2")
+    return flow, matching, dit, encoder
+
+
+def flow_chunks(checkpoint: Path, inputs, codes: list[np.ndarray]) -> dict[str, np.ndarray]:
+    """minicpmo-utils 1.0.7's flow (``CausalMaskedDiffWithXvec``) on our ``flow.pt`` and voice, streamed
+    as its ``Token2wav.set_stream_cache`` + ``stream`` stream it (the prompt with its first three codes
+    as look-ahead; then the first unit's 25 codes, a later unit with the previous one's last three in
+    front, the last flushed), the DiT's noise buffer set to the plugin's noise table; three streams of
+    at most two units, each from the prompt's state."""
+    from safetensors.torch import load_file
+
+    flow_mod, matching, dit, encoder = _stepaudio2()
+    t = json.loads((checkpoint / "config.json").read_text())["token2wav_config"]
+    model = flow_mod.CausalMaskedDiffWithXvec(
+        input_size=t["encoder_size"],
+        output_size=t["mel_bins"],
+        spk_embed_dim=t["speaker_dim"],
+        vocab_size=t["vocab_size"],
+        encoder=encoder.UpsampleConformerEncoderV2(
+            input_size=t["encoder_size"],
+            output_size=t["encoder_size"],
+            pre_lookahead_len=t["lookahead_tokens"],
+            num_blocks=t["encoder_blocks"],
+            num_up_blocks=t["encoder_up_blocks"],
+            up_stride=t["up_rate"],
+            up_scale_factor=float(t["up_rate"]),
+            attention_heads=t["encoder_heads"],
+            linear_units=t["encoder_ffn"],
+        ),
+        decoder=matching.CausalConditionalCFM(
+            dit.DiT(
+                in_channels=4 * t["mel_bins"],
+                out_channels=t["mel_bins"],
+                mlp_ratio=t["dit_mlp_ratio"],
+                depth=t["dit_depth"],
+                num_heads=t["dit_heads"],
+                head_dim=t["dit_head_dim"],
+                hidden_size=t["dit_size"],
+            ),
+            inference_cfg_rate=t["cfg_rate"],
+        ),
+    )
+    # The DiT's chunk caches are buffers sized for the public architecture (16 blocks, 8 heads of 64,
+    # 512 channels): sized here for the checkpoint's.
+    estimator = model.decoder.estimator
+    depth, heads, dim = t["dit_depth"], t["dit_heads"], t["dit_head_dim"]
+    estimator.att_cache_buffer = torch.zeros(depth, 2, heads, 1000, 2 * dim)
+    estimator.cnn_cache_buffer = torch.zeros(depth, 2, 2 * t["dit_size"], 2)
+    steps = int(t["flow_steps"])  # the solver's, per Euler step (16 slots upstream)
+    model.decoder.cnn_cache_buffer = torch.zeros(16, depth, 2, 2 * t["dit_size"], 2)
+    model.decoder.att_cache_buffer = torch.zeros(16, depth, 2, heads, 1000, 2 * dim)
+    assets = checkpoint / "assets" / "token2wav"
+    model.load_state_dict(torch.load(assets / "flow.pt", map_location="cpu", weights_only=True), strict=True)
+    model.eval()
+    model.decoder.rand_noise = torch.from_numpy(inputs["flow_noise"])[None]
+    voice = load_file(str(assets / "prompt_voice.safetensors"))
+    tokens = voice["speech_tokens"].long()[None]
+    spk = voice["speaker_embedding"].float()[None]
+    la = int(t["lookahead_tokens"])
+    prompt = torch.cat([tokens, tokens[:, :la]], dim=1)
+    # A copy: the returned cache holds the solver's own buffers, which the next chunk overwrites (as
+    # Token2wav keeps a clone of it to restore each turn).
+    cache = copy.deepcopy(model.setup_cache(prompt, voice["mel"].float()[None], spk, steps))
+    prompt_frames = voice["mel"].shape[0]
+    out: dict[str, np.ndarray] = {}
+    first, second = ([int(x) for x in unit] for unit in codes[:2])
+    streams = {  # a turn's first unit; then a later one (28 in, 25 out) or a last one (28 in, 28 out)
+        "one_unit_turn": [(first, True)],
+        "middle": [(first, False), (first[-la:] + second, False)],
+        "last": [(first, False), (first[-la:] + second, True)],
+    }
+    for name, chunks in streams.items():
+        state = copy.deepcopy(cache)
+        for i, (chunk, last) in enumerate(chunks):
+            mel, state = model.inference_chunk(
+                torch.tensor([chunk], dtype=torch.long), spk, state, last_chunk=last, n_timesteps=steps
+            )
+            out[f"flow_{name}{i}_mel"] = mel[0].float().numpy()
+            out[f"flow_{name}{i}_codes"] = np.asarray(chunk, dtype=np.int64)
+            out[f"flow_{name}{i}_last"] = np.asarray(last)
+            # Token2wav.stream trims both caches past the prompt + 100 frames after a chunk; no chunk
+            # compared here follows a trim (upstream's trims and the plugin's history differ).
+            trimmed = state["estimator_att_cache"].shape[4] > prompt_frames + 100 or (
+                state["conformer_att_cache"].shape[3] > prompt_frames + 100
+            )
+            if trimmed and i + 1 < len(chunks):
+                raise SystemExit("the flow scenario reaches upstream's cache trims")
+            print(f"flow {name} chunk {i}: {len(chunk)} codes in, {mel.shape[2]} frames out")
+    return out
 
 
 def main() -> None:

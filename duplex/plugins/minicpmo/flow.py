@@ -35,11 +35,13 @@ from __future__ import annotations
 import math
 from dataclasses import dataclass
 
+import numpy as np
 import torch
 import torch.nn.functional as F
 
 from duplex.plugins.minicpmo.attention import fuse_biased_linears
 from duplex.plugins.minicpmo.config import CODES_PER_UNIT, Token2WavConfig
+from duplex.plugins.minicpmo.sampling import portable_normal
 from duplex.plugins.minicpmo.token2wav_modules import TIME_EMBED_DIM, ConformerLayer, DiTBlock, FlowModel
 
 __all__ = ["FlowStream", "Voice"]
@@ -173,8 +175,8 @@ class FlowStream:
         self.up_cache = zeros(slots, size, 2 * cfg.up_rate)
         self.hist_len = torch.zeros(slots, dtype=torch.long, device=device)
         self.pending = torch.zeros(slots, self.la, dtype=torch.long, device=device)
-        gen = torch.Generator().manual_seed(NOISE_SEED)
-        self.noise = torch.randn(cfg.mel_bins, NOISE_FRAMES, generator=gen).to(device, dtype)
+        gen = np.random.default_rng(NOISE_SEED)  # the same table on every CPU (``portable_normal``)
+        self.noise = portable_normal(gen, (cfg.mel_bins, NOISE_FRAMES), 1.0).to(device, dtype)
         # The Euler schedule, its time embeddings and every block's modulation depend on the step only.
         est = model.decoder.estimator
         span = 1 - torch.cos(torch.linspace(0, 1, steps + 1, dtype=torch.float32) * 0.5 * torch.pi)

@@ -36,6 +36,7 @@ import torch
 import torch.nn.functional as F
 
 from duplex.plugins.minicpmo.config import OUTPUT_RATE, Token2WavConfig
+from duplex.plugins.minicpmo.sampling import portable_normal
 from duplex.plugins.minicpmo.token2wav_modules import HiFTModel, ResBlock
 
 __all__ = ["Vocoder"]
@@ -84,10 +85,9 @@ class Vocoder:
         fade = torch.from_numpy(np.hamming(2 * self.cache_samples).astype(np.float32)).to(device)
         self.fade_in, self.fade_out = fade[: self.cache_samples], fade[self.cache_samples :]
         self.harmonics = torch.arange(1, cfg.hift_harmonics + 2, dtype=torch.float32, device=device)
-        gen = torch.Generator().manual_seed(NOISE_SEED)
-        self.noise = torch.randn(NOISE_SECONDS * OUTPUT_RATE, cfg.hift_harmonics + 1, generator=gen).to(
-            device
-        )
+        gen = np.random.default_rng(NOISE_SEED)  # the same table on every CPU (``portable_normal``)
+        shape = (NOISE_SECONDS * OUTPUT_RATE, cfg.hift_harmonics + 1)
+        self.noise = portable_normal(gen, shape, 1.0).to(device)
         self.mel_cache = torch.zeros(slots, cfg.mel_bins, self.cache_frames, device=device)
         self.source_cache = torch.zeros(slots, self.cache_samples, device=device)
         self.speech_cache = torch.zeros(slots, self.cache_samples, device=device)

@@ -17,6 +17,7 @@ when logits tie exactly at the k-th place, where the whole-vocabulary filter kee
 
 from __future__ import annotations
 
+import numpy as np
 import torch
 
 __all__ = [
@@ -26,6 +27,7 @@ __all__ = [
     "gumbel_at",
     "penalize_frequency",
     "penalize_presence",
+    "portable_normal",
     "sample",
     "top_candidates",
 ]
@@ -144,3 +146,12 @@ def sample(
     temp = temperature.clamp(min=1e-5)[:, None]
     drawn = draw(logits / temp, top_k, top_p, seed, counter, salt)
     return torch.where(temperature > 0, drawn, greedy)
+
+
+def portable_normal(
+    gen: np.random.Generator, shape: torch.Size | tuple[int, ...], std: float
+) -> torch.Tensor:
+    """Normal float32 samples that are the same bytes on every CPU: numpy's ziggurat is table lookups
+    and exact products, where torch's CPU ``normal_`` computes logs and cosines with the CPU's vector
+    kernels, whose last bits differ between AVX2, AVX-512, ARM and the scalar path."""
+    return torch.from_numpy(gen.standard_normal(tuple(shape), dtype=np.float32) * np.float32(std))

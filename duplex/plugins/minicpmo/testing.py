@@ -23,7 +23,7 @@ from tokenizers import Tokenizer, decoders, models, pre_tokenizers, trainers
 from duplex.plugins.minicpmo.config import TINY_CONFIG, MiniCPMOConfig
 from duplex.plugins.minicpmo.loading import INDEX_FILE, TOKENIZER_FILE
 from duplex.plugins.minicpmo.modules import MiniCPMOModel
-from duplex.plugins.minicpmo.token2wav import portable_normal
+from duplex.plugins.minicpmo.sampling import portable_normal
 from duplex.plugins.minicpmo.tokens import SPECIAL_TOKENS
 
 __all__ = ["make_tiny_checkpoint", "train_tokenizer", "write_token2wav_assets"]
@@ -104,7 +104,7 @@ BAD_TOKEN_IDS = (7, 8, 94, 95, 96, 97)
 
 def _portable(state: dict[str, torch.Tensor], seed: int) -> dict[str, torch.Tensor]:
     """``MiniCPMOModel.random``'s weights with every drawn tensor (each N(0, 0.02)) drawn again by
-    ``token2wav.portable_normal`` (the same bytes on every CPU), in key order; the constant ones (norms,
+    ``sampling.portable_normal`` (the same bytes on every CPU), in key order; the constant ones (norms,
     biases) kept."""
     rng = np.random.default_rng(seed)
     out = {}

@@ -38,6 +38,7 @@ from duplex.plugins.minicpmo.config import CODES_PER_UNIT, OUTPUT_SAMPLES_PER_UN
 from duplex.plugins.minicpmo.flow import FlowStream, Voice
 from duplex.plugins.minicpmo.graphs import Step, buckets_for, graph_pool
 from duplex.plugins.minicpmo.hift import Vocoder
+from duplex.plugins.minicpmo.sampling import portable_normal
 from duplex.plugins.minicpmo.token2wav_modules import FlowModel, HiFTModel, weight_normed
 from duplex.plugins.stage_clock import stage
 
@@ -48,7 +49,6 @@ __all__ = [
     "FlowCodeToWave",
     "SilentCodeToWave",
     "load_code_to_wave",
-    "portable_normal",
     "random_code_to_wave",
     "random_state",
     "read_voice",
@@ -382,15 +382,6 @@ def _random(key: str, shape: torch.Size | tuple[int, ...], gen: np.random.Genera
     if key.endswith("bias"):
         return torch.zeros(shape)
     return portable_normal(gen, shape, 0.05)
-
-
-def portable_normal(
-    gen: np.random.Generator, shape: torch.Size | tuple[int, ...], std: float
-) -> torch.Tensor:
-    """Normal float32 samples that are the same bytes on every CPU: numpy's ziggurat is table lookups
-    and exact products, where torch's CPU ``normal_`` computes logs and cosines with the CPU's vector
-    kernels, whose last bits differ between AVX2, AVX-512, ARM and the scalar path."""
-    return torch.from_numpy(gen.standard_normal(tuple(shape), dtype=np.float32) * np.float32(std))
 
 
 def random_voice(cfg: Token2WavConfig, codes: int, seed: int) -> Voice:
