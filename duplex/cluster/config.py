@@ -1,0 +1,64 @@
+"""The ``cluster`` section of the configuration file (``ClusterConfig``); Ray-free, so ``duplex serve``
+reads and checks it before it imports Ray.
+
+::
+
+    cluster:
+      gpus: 8                 # engine replicas on this host, one per GPU (``duplex serve --gpus 8``)
+      gpus_per_replica: 1     # the GPUs Serve reserves for each replica (0: replicas on the CPU)
+      secret_env: DUPLEX_CLUSTER_SECRET   # where the replicas' shared resume-token secret comes from
+      token_ttl_s: 86400      # a resume token's life after it was issued
+      stats_period_s: 1       # how often each replica reports its free slots to the routers
+
+The shared secret signs every resume token (``duplex.engine.ids.OwnedSessionIds``): every replica
+of the application must hold the same one. ``duplex serve --gpus N`` makes a fresh one for its run
+when the variable is unset; a many-host deployment (``serve deploy``) must set it on every node.
+"""
+
+from __future__ import annotations
+
+import os
+import secrets
+
+import msgspec
+
+__all__ = ["SECRET_ENV", "ClusterConfig", "shared_secret"]
+
+SECRET_ENV = "DUPLEX_CLUSTER_SECRET"
+
+
+class ClusterConfig(msgspec.Struct, frozen=True, kw_only=True, forbid_unknown_fields=True):
+    """How the application is spread over Ray Serve replicas (see the module docstring)."""
+
+    gpus: int = 1  # engine replicas (1: one process, no Ray)
+    gpus_per_replica: float = 1.0  # ``ray_actor_options.num_gpus`` of each replica
+    cpus_per_replica: float = 1.0  # ``ray_actor_options.num_cpus``
+    secret_env: str = SECRET_ENV
+    token_ttl_s: float = 86400.0
+    stats_period_s: float = 1.0  # ``request_routing_stats_period_s`` (Serve's default is 10 s)
+    app_name: str = "duplex"
+    route_prefix: str = "/"
+    # Seconds a replica that is stopped waits for its sessions (Serve's ``graceful_shutdown_timeout_s``).
+    drain_timeout_s: float = 60.0
+
+    def __post_init__(self) -> None:
+        if self.gpus < 1:
+            raise ValueError(f"cluster.gpus must be at least 1, got {self.gpus}")
+        if self.gpus_per_replica < 0 or self.cpus_per_replica < 0:
+            raise ValueError("cluster.gpus_per_replica and cpus_per_replica must not be negative")
+        if self.token_ttl_s <= 0 or self.stats_period_s <= 0 or self.drain_timeout_s <= 0:
+            raise ValueError("cluster.token_ttl_s, stats_period_s and drain_timeout_s must be positive")
+
+
+def shared_secret(env: str = SECRET_ENV, *, create: bool = False) -> bytes:
+    """The replicas' shared secret from the environment variable ``env`` (at least 16 bytes of
+    text). ``create``: when it is unset, make a fresh random one and set it, so the replicas that
+    this process starts inherit it. Raises ``ValueError`` when it is missing or too short."""
+    value = os.environ.get(env)
+    if value is None and create:
+        value = os.environ[env] = secrets.token_urlsafe(32)
+    if value is None:
+        raise ValueError(f"{env} is not set: every replica needs the application's shared secret")
+    if len(value) < 16:
+        raise ValueError(f"{env} must be at least 16 characters")
+    return value.encode()

@@ -1,0 +1,149 @@
+"""``DuplexReplica``: one engine replica of the Serve application (one GPU, its own sessions).
+
+Each replica is a whole ``duplex`` server without a socket of its own: ``build_app`` loads the
+plugin and builds the same Starlette app a single process serves, and Serve's proxy hands it every
+client socket and request (``serve.ingress``). So everything one process serves is served the
+same way here: both dialects, the batch and video routes, the stock clients.
+
+What the replica adds:
+
+* its session ids name it, ``s_<replica id>_<random>``, and its resume tokens are signed with the
+  application's shared secret (``OwnedSessionIds``), so ``SessionRouter`` sends a resume to it and
+  any replica can check a token;
+* ``record_routing_stats`` reports its free slots to the routers (capacity less attached, detached
+  and reserved sessions), and ``draining``;
+* a resume it receives for another replica's session (``session.resume`` as the first message of
+  a socket that the router placed before it could know the session) is relayed to the owner
+  (``duplex.cluster.relay``); when the owner is gone, the client gets ``session_not_found`` and
+  its next open lands on a live replica; a token the application did not sign, or an expired one,
+  gets ``invalid_resume_token``;
+* ``drain`` refuses new sessions, closes the attached ones with ``session.closed{reason:
+  "draining"}`` and 1012 (reconnect: the next open lands elsewhere), and waits, up to a timeout,
+  for the detached ones to be resumed and closed, or to expire.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+from typing import Any
+
+import msgspec
+from ray import serve
+
+from duplex.cluster.config import ClusterConfig, shared_secret
+from duplex.cluster.relay import Relays, RemoteSessions
+from duplex.engine import collector
+from duplex.engine.ids import OwnedSessionIds
+from duplex.server.config import ServeConfig
+from duplex.server.serve import build_app
+
+__all__ = ["DRAIN_REASON", "DuplexReplica"]
+
+log = logging.getLogger("duplex.cluster")
+
+DRAIN_REASON = "draining"
+
+
+class DuplexReplica:
+    """The body of the engine deployment (``duplex.cluster.app`` wraps it with ``serve.ingress``).
+
+    ``serve_config``: the ``duplex serve`` configuration as plain data (``ServeConfig``);
+    ``cluster``: its ``cluster`` section (``ClusterConfig``)."""
+
+    def __init__(self, serve_config: dict[str, Any], cluster: dict[str, Any]) -> None:
+        cfg = msgspec.convert(serve_config, ServeConfig, strict=False)
+        self.cluster = msgspec.convert(cluster, ClusterConfig, strict=False)
+        context = serve.get_replica_context()
+        self.replica_id = context.replica_id.unique_id
+        self.ids = OwnedSessionIds(
+            self.replica_id,
+            shared_secret(self.cluster.secret_env),
+            token_ttl_s=self.cluster.token_ttl_s,
+        )
+        self._built = build_app(cfg, ids=self.ids)
+        self.state = self._built.app.state.duplex
+        self.relays = Relays(self.state, self.replica_id)
+        self.state.elsewhere = RemoteSessions(self.replica_id, self.ids, context.app_name, context.deployment)
+        self.draining = False
+        self._reports = 0  # routing stats reported (``drain`` waits for the routers to hear it)
+        self._reported = asyncio.Event()
+        collector.freeze_loaded()
+        log.info("replica %s serves %s", self.replica_id, [m[0] for m in self._built.models])
+
+    def __serve_build_asgi_app__(self) -> Any:
+        return self._built.app
+
+    # -- what the routers read ---------------------------------------------------------------
+
+    async def record_routing_stats(self) -> dict[str, Any]:
+        """Free slots and how they are taken, for ``SessionRouter`` (every ``stats_period_s``)."""
+        self._reports += 1
+        self._reported.set()
+        engine = self.state.engine
+        if not self.state.ready:
+            return {"free": 0, "draining": self.draining}
+        capacity, attached, detached, reserved = engine.occupancy()
+        free = 0 if self.draining else max(0, capacity - attached - detached - reserved)
+        return {
+            "free": free,
+            "capacity": capacity,
+            "attached": attached,
+            "detached": detached,
+            "reserved": reserved,
+            "draining": self.draining,
+            "relayed": self.relays.served,
+        }
+
+    # -- handle methods (other replicas, the launcher) ------------------------------------------
+
+    def whoami(self) -> str:
+        return self.replica_id
+
+    async def relay_open(
+        self, session_id: str, resume_token: str, last_event_seq: int, key: bytes | None
+    ) -> Any:
+        """Another replica relays a client's resume of one of this replica's sessions
+        (``duplex.cluster.relay``): the events it must write, streamed."""
+        async for batch in self.relays.serve(session_id, resume_token, last_event_seq, key):
+            yield batch
+
+    async def relay_submit(self, session_id: str, payloads: list[Any]) -> None:
+        """The relayed client's commands, in order (``duplex.cluster.relay``)."""
+        self.relays.submit(session_id, payloads)
+
+    async def relay_detach(self, session_id: str) -> None:
+        """The relayed client went away: the session waits for a resume, as on a direct socket."""
+        await self.relays.detach(session_id)
+
+    async def drain(self, timeout_s: float | None = None) -> dict[str, int]:
+        """Stop taking sessions, then close them (see the module docstring); returns how many
+        sessions were closed and how many were still open at the end. Idempotent.
+
+        1. Report ``draining`` (no free slots) until two more routing-stats reports have gone out,
+           so every router has heard it and places new sessions elsewhere;
+        2. refuse every later open (``resource_exhausted``), close the attached sessions
+           (``session.closed{reason: "draining"}``, then 1012);
+        3. wait up to ``timeout_s`` (default ``ClusterConfig.drain_timeout_s``) for the detached
+           ones to be resumed and closed, or to expire."""
+        engine = self.state.engine
+        loop = asyncio.get_running_loop()
+        deadline = loop.time() + (timeout_s if timeout_s is not None else self.cluster.drain_timeout_s)
+        self.draining = True
+        heard = self._reports + 2
+        with contextlib.suppress(TimeoutError):
+            async with asyncio.timeout(max(0.0, deadline - loop.time())):
+                while self._reports < heard:
+                    self._reported.clear()
+                    await self._reported.wait()
+        engine.stop_admitting(f"replica {self.replica_id} is draining; open the session again")
+        closed = engine.close_attached(DRAIN_REASON)
+        while loop.time() < deadline:
+            _, attached, detached, reserved = engine.occupancy()
+            if attached + detached + reserved == 0:
+                break
+            closed += engine.close_attached(DRAIN_REASON)  # a detached session that was resumed
+            await asyncio.sleep(min(0.05, max(0.0, deadline - loop.time())))
+        _, attached, detached, reserved = engine.occupancy()
+        return {"closed": closed, "remaining": attached + detached + reserved}

@@ -1,0 +1,219 @@
+"""The application on a Ray cluster of two nodes (``tests/cluster/conftest.py``): two echo replicas
+behind Serve's proxy, placed by ``SessionRouter``; real sockets through the proxy."""
+
+from __future__ import annotations
+
+import asyncio
+import base64
+import time
+from typing import Any
+
+import numpy as np
+import pytest
+import websockets
+
+from clients.collector import event_type
+from duplex.engine.ids import owner_of
+from duplex.protocol import InputAudioBufferAppend, SessionResume
+from tests.cluster.conftest import APP, RayCluster
+from tests.server.wire import recv, send, until
+
+pytestmark = pytest.mark.timeout(240)
+
+LOUD = base64.b64encode((np.ones(1920) * 3000).astype(np.int16).tobytes()).decode()
+
+
+async def opened(url: str) -> tuple[Any, Any]:
+    """A socket with a new session (``?model=``: ``session.created`` first)."""
+    ws = await websockets.connect(url + "?model=echo", proxy=None)
+    created = await recv(ws)
+    assert event_type(created) == "session.created"
+    return ws, created
+
+
+async def audio_round_trip(ws: Any) -> None:
+    """Turn detection off, two appends, and the echo's first audio delta back."""
+    from bench.loopback import streaming_session_update
+
+    await send(ws, streaming_session_update())
+    for _ in range(2):
+        await send(ws, InputAudioBufferAppend(audio=LOUD))
+    await until(ws, "response.output_audio.delta")
+
+
+async def replica_stats(replica_id: str) -> dict[str, Any]:
+    from duplex.cluster.local import replica_handle
+
+    return await replica_handle(APP, replica_id, "record_routing_stats").remote()
+
+
+async def test_sessions_spread_across_replicas_and_name_their_owner(deployed: RayCluster) -> None:
+    from duplex.cluster.local import replica_ids
+
+    socks = [await opened(deployed.url) for _ in range(4)]
+    owners = [owner_of(created.session.id) for _, created in socks]
+    assert sorted(owners) == sorted(replica_ids(APP) * 2)  # two each: the most free slots first
+    for ws, _ in socks:
+        await audio_round_trip(ws)
+        await ws.close()
+
+
+async def test_a_resume_by_query_reaches_its_owner(deployed: RayCluster) -> None:
+    ws, created = await opened(deployed.url)
+    await ws.close()
+    for _ in range(3):  # each time on a fresh socket, whichever replica has more room
+        url = f"{deployed.url}?session_id={created.session.id}&resume_token={created.resume_token}"
+        async with websockets.connect(url, proxy=None) as again:
+            resumed = await recv(again)
+            assert event_type(resumed) == "session.resumed"
+            assert resumed.session_id == created.session.id
+            await audio_round_trip(again)
+        created = type("C", (), {"session": created.session, "resume_token": resumed.resume_token})
+
+
+async def test_a_resume_by_message_on_another_replica_is_relayed_to_its_owner(deployed: RayCluster) -> None:
+    ws, created = await opened(deployed.url)
+    owner = owner_of(created.session.id)
+    await ws.close()
+    before = (await replica_stats(owner))["relayed"]
+    # The owner holds a detached session: the other replica has more free slots and takes the socket.
+    async with websockets.connect(deployed.url + "?resume=1", proxy=None) as again:
+        await send(again, SessionResume(session_id=created.session.id, resume_token=created.resume_token))
+        resumed = await recv(again)
+        assert event_type(resumed) == "session.resumed" and resumed.session_id == created.session.id
+        await audio_round_trip(again)
+    assert (await replica_stats(owner))["relayed"] == before + 1
+
+
+@pytest.mark.parametrize("forge", ["signature", "expired"])
+async def test_a_forged_or_expired_token_is_refused(deployed: RayCluster, forge: str) -> None:
+    ws, created = await opened(deployed.url)
+    await ws.close()
+    expiry, nonce, mac = created.resume_token.split(".")
+    token = (
+        f"{expiry}.{nonce}.{'A' * len(mac)}"
+        if forge == "signature"
+        else f"{int(time.time()) - 1}.{nonce}.{mac}"  # an earlier expiry: the signature no longer holds
+    )
+    for how in ("query", "message"):
+        if how == "query":
+            url = f"{deployed.url}?session_id={created.session.id}&resume_token={token}"
+            async with websockets.connect(url, proxy=None) as again:
+                first = await recv(again)
+                await again.wait_closed()
+        else:
+            async with websockets.connect(deployed.url + "?resume=1", proxy=None) as again:
+                await send(again, SessionResume(session_id=created.session.id, resume_token=token))
+                first = await recv(again)
+                await again.wait_closed()
+        assert event_type(first) == "error" and first.error.code == "invalid_resume_token"
+        assert again.close_code == 1008
+
+
+async def test_an_expired_token_with_its_own_signature_is_refused(ray_cluster: RayCluster) -> None:
+    from ray import serve
+
+    from tests.cluster.conftest import deploy
+
+    deploy(token_ttl_s=1)
+    try:
+        ws, created = await opened(ray_cluster.url)
+        await ws.close()
+        expiry = int(created.resume_token.split(".")[0])
+        while time.time() < expiry:  # the token's own expiry passes (a wall-clock second at most)
+            await asyncio.sleep(expiry - time.time())
+        url = f"{ray_cluster.url}?session_id={created.session.id}&resume_token={created.resume_token}"
+        async with websockets.connect(url, proxy=None) as again:
+            first = await recv(again)
+        assert first.error.code == "invalid_resume_token"
+    finally:
+        serve.delete(APP)
+
+
+async def test_the_owner_killed_gives_session_not_found_then_a_fresh_open_succeeds(
+    deployed: RayCluster,
+) -> None:
+    import ray
+
+    ws, created = await opened(deployed.url)
+    owner = owner_of(created.session.id)
+    await ws.close()
+    ray.kill(ray.get_actor(f"SERVE_REPLICA::{APP}#DuplexReplica#{owner}", namespace="serve"))
+    for how in ("query", "message"):
+        if how == "query":
+            url = f"{deployed.url}?session_id={created.session.id}&resume_token={created.resume_token}"
+            async with websockets.connect(url, proxy=None) as again:
+                first = await recv(again)
+                await again.wait_closed()
+        else:
+            async with websockets.connect(deployed.url + "?resume=1", proxy=None) as again:
+                msg = SessionResume(session_id=created.session.id, resume_token=created.resume_token)
+                await send(again, msg)
+                first = await recv(again)
+                await again.wait_closed()
+        assert event_type(first) == "error" and first.error.code == "session_not_found", first
+        assert (again.close_code, again.close_reason) == (1008, "session_not_found")
+    fresh, made = await opened(deployed.url)
+    assert owner_of(made.session.id) != owner
+    await audio_round_trip(fresh)
+    await fresh.close()
+
+
+async def test_the_proxy_killed_and_restarted_still_resumes(deployed: RayCluster) -> None:
+    import ray
+
+    from tests.cluster.proxy import kill_proxies, wait_for_proxies
+
+    ws, created = await opened(deployed.url)
+    await ws.close()
+    old = kill_proxies()
+    await asyncio.to_thread(wait_for_proxies, old)
+    url = f"{deployed.url}?session_id={created.session.id}&resume_token={created.resume_token}"
+    async with websockets.connect(url, proxy=None) as again:
+        resumed = await recv(again)
+        assert event_type(resumed) == "session.resumed"
+        await audio_round_trip(again)
+    assert ray.is_initialized()
+
+
+async def test_a_drain_closes_live_sessions_with_1012_and_refuses_new_ones(deployed: RayCluster) -> None:
+    from duplex.cluster.local import replica_handle, replica_ids
+
+    socks = [await opened(deployed.url) for _ in range(2)]
+    drained = owner_of(socks[0][1].session.id)
+    kept = next(ws for ws, created in socks if owner_of(created.session.id) != drained)
+    result = await replica_handle(APP, drained, "drain").remote(5.0)
+    assert result == {"closed": 1, "remaining": 0}
+    ws = socks[0][0]
+    closed, _ = await until(ws, "session.closed")
+    assert closed.reason == "draining"
+    await ws.wait_closed()
+    assert (ws.close_code, ws.close_reason) == (1012, "draining")
+    for _ in range(3):  # new sessions land on the other replica
+        fresh, made = await opened(deployed.url)
+        assert owner_of(made.session.id) in set(replica_ids(APP)) - {drained}
+        await fresh.close()
+    await audio_round_trip(kept)
+    await kept.close()
+
+
+async def test_a_burst_of_opens_never_exceeds_a_replicas_slots(deployed: RayCluster) -> None:
+    async def try_open() -> tuple[str, Any]:
+        ws = await websockets.connect(deployed.url + "?model=echo", proxy=None)
+        first = await recv(ws)
+        if event_type(first) == "error":
+            await ws.wait_closed()
+            return first.error.code, ws
+        return first.session.id, ws
+
+    results = await asyncio.gather(*(try_open() for _ in range(14)))
+    sessions = [r for r, _ in results if r.startswith("s_")]
+    refused = [(r, ws.close_code) for r, ws in results if not r.startswith("s_")]
+    per_replica: dict[str | None, int] = {}
+    for sid in sessions:
+        per_replica[owner_of(sid)] = per_replica.get(owner_of(sid), 0) + 1
+    assert max(per_replica.values()) <= 4 and len(sessions) <= 8
+    assert set(refused) <= {("resource_exhausted", 1013)}
+    assert len(sessions) + len(refused) == 14
+    for _, ws in results:
+        await ws.close()
