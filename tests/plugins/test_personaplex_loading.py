@@ -234,17 +234,23 @@ def test_prompt_phases_follow_the_documented_sequence(ckpt):
     assert persona_text("x") == "<system> x <system>"
     script = build_prompt(cfg, voice, text)
     n = len(text)
-    assert script.phases == ("voice",) * 4 + ("silence",) * 6 + ("text",) * n + ("silence",) * 6
+    # A .pt voice of V = 4 embeddings takes V + 1 frames: frame V is the cache's column of position V.
+    assert script.phases == ("voice",) * 5 + ("silence",) * 6 + ("text",) * n + ("silence",) * 6
     frames = script.tokens
-    assert frames.shape == (4 + 6 + n + 6, 17)
+    assert frames.shape == (5 + 6 + n + 6, 17)
     filler = [*SILENCE_TOKENS, *SINE_TOKENS]
-    for f in list(range(4, 10)) + list(range(10 + n, 16 + n)):
+    for f in list(range(5, 11)) + list(range(11 + n, 17 + n)):
         assert frames[f].tolist() == [TEXT_PAD, *filler]
-    assert frames[10 : 10 + n, 0].tolist() == text
-    assert frames[10 : 10 + n, 1:].tolist() == [filler] * n
+    assert frames[11 : 11 + n, 0].tolist() == text
+    assert frames[11 : 11 + n, 1:].tolist() == [filler] * n
     delayed = [k for k, d in enumerate(cfg.delays) if d == 1]
+    on_time = [k for k in range(17) if k not in delayed]
+    # Position V reads the cache's column V whole: frame V-1's delayed streams, frame V's own ones;
+    # the delayed streams of position V+1 (frame V's) come from the cache's next column.
     assert frames[3, delayed].tolist() == voice.last_frame[delayed].tolist()
-    assert (frames[3, [k for k in range(17) if k not in delayed]] == -1).all()
+    assert (frames[3, on_time] == -1).all()
+    assert frames[4, on_time].tolist() == voice.last_frame[on_time].tolist()
+    assert frames[4, delayed].tolist() == voice.next_frame[delayed].tolist()
     assert script.embeddings is voice.embeddings
 
 
