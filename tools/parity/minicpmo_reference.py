@@ -13,8 +13,7 @@ Two choices are made deterministic without changing a rule: the speech head's dr
 the plugin does; and every argmax and draw records its margin (best minus second best logit), so the
 test knows which choices a rounding difference could flip. The code-to-wave stage is not run (it
 needs CUDA and the two ONNX models); the generator then returns no audio, as it does uninitialised.
-The unit's 28-character text cut, which the plugin does not have, is off (``--char-limit 28`` puts
-it back). Two things are changed because the tiny model needs them: the vision resampler's head count,
+Two things are changed because the tiny model needs them: the vision resampler's head count,
 ``embed_dim // 128``, is 0 at the tiny width (64), so the reference gets one head, as the plugin has;
 and the speech head's backbone takes the checkpoint's small vocabulary for its (unused) embedding.
 """
@@ -51,15 +50,6 @@ def model_dir(reference: Path, checkpoint: Path, root: Path, query_num: int) -> 
     source = reference / "MiniCPMO45"
     for path in source.glob("*.py"):
         shutil.copy(path, target / path.name)
-    # The 28-character cut of a unit's text is a documented difference of the plugin (it has none):
-    # its constant becomes a module attribute the run sets (``--char-limit``; off by default).
-    code = target / "modeling_minicpmo_unified.py"
-    text = code.read_text()
-    cut = "if len(_chunk_text) >= 28:"
-    if text.count(cut) != 1:
-        raise SystemExit(f"the reference no longer has exactly one {cut!r}")
-    limit = "if len(_chunk_text) >= CHUNK_CHAR_LIMIT:"
-    code.write_text(text.replace(cut, limit) + "\nCHUNK_CHAR_LIMIT = 28\n")
     (target / "__init__.py").write_text("")
     for path in checkpoint.iterdir():
         if path.suffix == ".safetensors" or path.name in CHECKPOINT_FILES:
@@ -130,7 +120,6 @@ def run(args: argparse.Namespace) -> None:
     modeling.MiniCPMO.init_resampler = init_resampler
     # The speech head's backbone has Llama's default vocabulary (32000) upstream, an unused embedding
     # the tiny checkpoint keeps small (its tts_config.backbone_vocab_size).
-    modeling.CHUNK_CHAR_LIMIT = args.char_limit if args.char_limit is not None else float("inf")
     tts_config = json.loads((checkpoint / "config.json").read_text())["tts_config"]
     backbone_vocab = int(tts_config["backbone_vocab_size"])
     modeling.LlamaConfig = functools.partial(modeling.LlamaConfig, vocab_size=backbone_vocab)
@@ -374,7 +363,6 @@ def main() -> None:
     parser.add_argument("--checkpoint", required=True, help="duplex tiny-checkpoint minicpmo_4_5 DIR")
     parser.add_argument("--inputs", required=True, help="the scenario's audio and frames (npz)")
     parser.add_argument("--out", required=True)
-    parser.add_argument("--char-limit", type=int, default=None, help="upstream's cut (28); default off")
     run(parser.parse_args())
 
 

@@ -36,6 +36,7 @@ import torch
 
 from duplex.plugins.minicpmo.graphs import Step, buckets_for, graph_pool
 from duplex.plugins.minicpmo.sampling import gumbel, penalize_presence, sample
+from duplex.plugins.minicpmo.text_length import CharTable
 from duplex.plugins.minicpmo.thinker import Thinker
 from duplex.plugins.minicpmo.tokens import SpecialTokens
 from duplex.plugins.stage_clock import stage
@@ -68,6 +69,7 @@ class DecodeOptions:
     repetition_penalty: float
     early_exit: bool
     length_penalty: float = 1.1
+    char_limit: int = 28  # 0: no cut
 
 
 class _Rows:
@@ -90,6 +92,8 @@ class _Rows:
         self.active = torch.zeros(size, dtype=torch.bool, device=device)
         self.turn_open = torch.zeros(size, dtype=torch.bool, device=device)
         self.force_listen = torch.zeros(size, dtype=torch.bool, device=device)
+        self.chars = longs(size)  # the unit's text so far (``text_length``): characters, UTF-8 state
+        self.utf8 = longs(size)
         self.generated = torch.full((size, max_new), -1, dtype=torch.long, device=device)
         self.fed_hidden = torch.zeros(size, max_new, hidden, device=device, dtype=dtype)
 
@@ -149,7 +153,12 @@ class LMDecoder:
         *,
         capture: bool,
         pool: Any = None,
+        chars: CharTable | None = None,
     ) -> None:
+        """``chars``: the tokenizer's ``CharTable``, needed when ``options.char_limit`` is set."""
+        if options.char_limit and chars is None:
+            raise ValueError("a char_limit needs the tokenizer's CharTable")
+        self.chars = chars
         self.thinker = thinker
         self.sp = special
         self.opts = options
@@ -218,6 +227,8 @@ class LMDecoder:
             getattr(r, name).copy_(getattr(state, name)[rows])
         r.active.copy_(torch.tensor(live_h, device=dev))
         r.step.zero_()
+        r.chars.zero_()
+        r.utf8.zero_()
         r.generated.fill_(-1)
         self._sample(r, logits[rows])
         step = self._steps[len(rows_h), span]
@@ -272,7 +283,10 @@ class LMDecoder:
         top-k, top-p). At ``max_new_tokens - 1`` the unit ends with ``<|chunk_eos|>``. A ``<|listen|>``
         while the assistant's turn is open becomes ``<|tts_bos|>``: the model keeps speaking until it
         ends its turn with ``<|turn_eos|>``. A row whose ``force_listen`` is set listens (its first
-        token is ``<|listen|>``, not drawn). A row stops decoding at a unit terminator.
+        token is ``<|listen|>``, not drawn). With ``char_limit``, a token after the unit's first that
+        would bring the text of the tokens fed after the first to ``char_limit`` characters is not fed:
+        the unit ends with ``<|chunk_eos|>`` instead (it still opens the turn, as upstream's does). A
+        row stops decoding at a unit terminator.
         """
         sp, opts = self.sp, self.opts
         temp = r.temperature
@@ -290,6 +304,17 @@ class LMDecoder:
         token = torch.where(ends, sp.chunk_eos, drawn)
         token = torch.where((token == sp.listen) & r.turn_open, sp.tts_bos, token)
         token = torch.where(forced, sp.listen, token)
+        cut = torch.zeros_like(r.active)
+        if opts.char_limit:
+            assert self.chars is not None
+            fed = r.active & (r.step >= 1) & ~(token[:, None] == self._terminators).any(-1)
+            safe, state = token.clamp(min=0), r.utf8
+            count = r.chars + self.chars.chars[safe, state]
+            cut = fed & (count >= opts.char_limit)
+            keep = fed & ~cut
+            r.chars.copy_(torch.where(keep, count, r.chars))
+            r.utf8.copy_(torch.where(keep, self.chars.next_state[safe, state], r.utf8))
+            token = torch.where(cut, sp.chunk_eos, token)
         token = torch.where(r.active, token, -1)
         r.counter.add_(r.active.long())
         drew = r.active & ~ends & ~forced  # MiniCPM-o's history: every token of the second draw
@@ -298,7 +323,8 @@ class LMDecoder:
         )
         record = r.active & ~(token[:, None] == self._terminators).any(-1)
         speaking = record & (token != sp.turn_eos)
-        r.turn_open.copy_(torch.where(r.active & (token == sp.turn_eos), False, r.turn_open | speaking))
+        opened = r.turn_open | speaking | cut
+        r.turn_open.copy_(torch.where(r.active & (token == sp.turn_eos), False, opened))
         r.generated.index_copy_(1, r.step, token[:, None])
         r.token.copy_(token)
         r.active.copy_(record)

@@ -56,6 +56,7 @@ from duplex.plugins.minicpmo.graphs import graph_pool
 from duplex.plugins.minicpmo.modules import MiniCPMOModel
 from duplex.plugins.minicpmo.prefill import KIND_AUDIO, KIND_TOKEN, KIND_VISION, UnitPrefill
 from duplex.plugins.minicpmo.speech import SpeechGenerator
+from duplex.plugins.minicpmo.text_length import CharTable
 from duplex.plugins.minicpmo.thinker import Thinker
 from duplex.plugins.minicpmo.token2wav import CodeToWave
 from duplex.plugins.minicpmo.tokens import SpecialTokens, session_texts
@@ -76,6 +77,7 @@ class GenerationOptions:
     repetition_penalty: float = 1.05
     repetition_history: int = 512
     length_penalty: float = 1.1  # on ``<|turn_eos|>``: MiniCPM-o's duplex default
+    char_limit: int = 28  # a unit's text ends before it reaches this many characters (0: never)
     force_listen_units: int = 0  # a session's first units that listen whatever the model says
     tts_temperature: float = 0.8
     tts_top_k: int = 0  # 0 and 1.0: the speech codes are drawn from the whole distribution, as upstream
@@ -155,11 +157,10 @@ class UnitGenerator:
             )
         if options.voice_markers not in ("always", "with_voice"):
             raise PluginError("invalid_plugin_config", "voice_markers must be 'always' or 'with_voice'")
-        if options.tts_temperature <= 0 or options.length_penalty <= 0 or options.force_listen_units < 0:
-            raise PluginError(
-                "invalid_plugin_config",
-                "tts_temperature and length_penalty must be positive, force_listen_units >= 0",
-            )
+        if options.tts_temperature <= 0 or options.length_penalty <= 0:
+            raise PluginError("invalid_plugin_config", "tts_temperature and length_penalty must be positive")
+        if options.force_listen_units < 0 or options.char_limit < 0:
+            raise PluginError("invalid_plugin_config", "force_listen_units and char_limit must be >= 0")
         if not 0 < options.window_low_tokens < options.window_high_tokens:
             raise PluginError("invalid_plugin_config", "window_low_tokens must be in (0, window_high_tokens)")
         if options.cuda_graphs and dev.type != "cuda":
@@ -238,6 +239,7 @@ class UnitGenerator:
             options.repetition_penalty,
             options.early_exit,
             options.length_penalty,
+            options.char_limit,
         )
         self.prefill = UnitPrefill(
             self.thinker,
@@ -249,8 +251,17 @@ class UnitGenerator:
             capture=capture,
             pool=pool,
         )
+        vocab = int(model.llm.lm_head.weight.shape[0])
+        chars = CharTable(tokenizer, set(special.all_ids()), vocab, dev) if options.char_limit else None
         self.decoder = LMDecoder(
-            self.thinker, special, decode, slots, options.repetition_history, capture=capture, pool=pool
+            self.thinker,
+            special,
+            decode,
+            slots,
+            options.repetition_history,
+            capture=capture,
+            pool=pool,
+            chars=chars,
         )
 
     # -- slots ------------------------------------------------------------

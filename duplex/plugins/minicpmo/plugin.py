@@ -24,8 +24,10 @@ Every output reports its tokens (``Capabilities.reports_usage``): the unit's inp
 Plugin options (``from_options``): ``max_sessions`` (4), ``device`` ("cpu", "cuda[:N]"), ``dtype``
 (bfloat16 on CUDA, float32 on a CPU), ``seed`` (0; a session without a seed gets ``seed + n`` for its
 n-th open), ``temperature`` (0.7), ``max_new_tokens`` (20 per unit), ``top_p`` (0.8), ``top_k`` (20),
-``repetition_penalty`` (1.05), ``length_penalty`` (1.1, on ``<|turn_eos|>``), ``force_listen_units`` (0:
-a session's first units that listen whatever the model says; MiniCPM-o's demo server uses 3),
+``repetition_penalty`` (1.05), ``length_penalty`` (1.1, on ``<|turn_eos|>``), ``char_limit`` (28: a
+unit's text ends with ``<|chunk_eos|>`` before it reaches 28 characters, as upstream's; 0: never),
+``force_listen_units`` (0: a session's first units that listen whatever the model says; MiniCPM-o's
+demo server uses 3),
 ``tts_temperature`` (0.8), ``tts_top_k`` (0, off) and ``tts_top_p`` (1.0, off) for the speech codes,
 ``voice_markers`` ("always": ``<|audio_start|><|audio_end|>`` in the system prompt with or without a
 reference voice, as MiniCPM-o's demo; "with_voice"), ``context_tokens`` (8192), ``window_high_tokens`` (8000),
@@ -91,6 +93,7 @@ _OPTION_TYPES: dict[str, type] = {
     "top_k": int,
     "repetition_penalty": float,
     "length_penalty": float,
+    "char_limit": int,
     "force_listen_units": int,
     "tts_temperature": float,
     "tts_top_k": int,
@@ -116,6 +119,7 @@ _GENERATION_OPTIONS = (
     "top_k",
     "repetition_penalty",
     "length_penalty",
+    "char_limit",
     "force_listen_units",
     "tts_temperature",
     "tts_top_k",

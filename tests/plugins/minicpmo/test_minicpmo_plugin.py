@@ -471,3 +471,46 @@ def test_the_tiny_checkpoint_is_not_blind_what_it_sees_changes_what_it_says(mini
     assert a_tokens[0] == b_tokens[0]
     assert a_tokens[1] != b_tokens[1]
     assert not np.array_equal(a_audio[1], b_audio[1])
+
+
+@pytest.fixture(scope="module")
+def chatty_ckpt(minicpmo_ckpt, tmp_path_factory):
+    """A model that says ``hello`` over and over: ``<|tts_bos|> hello hello ...``."""
+    from tests.plugins.minicpmo.conftest import _scripted
+
+    script = {"audio": "<|tts_bos|>", "<|tts_bos|>": "hello", "hello": "hello"}
+    return _scripted(minicpmo_ckpt, tmp_path_factory, "chatty", script)
+
+
+def test_a_units_text_is_cut_before_it_reaches_28_characters(chatty_ckpt):
+    """MiniCPM-o's rule: a token after the unit's first that would bring the text fed after the first to
+    28 characters is not fed; the unit ends with ``<|chunk_eos|>``. Five ``hello`` are 25 characters."""
+    tokens = {}
+    for limit in (28, 0):
+        plugin = _plugin(chatty_ckpt, char_limit=limit)
+        plugin.open_slot(0, GREEDY)
+        plugin.step([SlotInput(slot=0, epoch=0, pcm=_pcm(0))])
+        tokens[limit] = plugin.last_results[0].tokens
+        sp, hello = plugin.generator.sp, plugin.generator.tok.token_to_id("hello")
+    assert tokens[28] == [sp.tts_bos, *[hello] * 5, sp.chunk_eos]
+    assert tokens[0] == [sp.tts_bos, *[hello] * 18, sp.chunk_eos]  # no cut: the unit's 20 tokens
+
+
+def test_the_character_count_is_the_tokenizers_decoded_length(minicpmo_ckpt):
+    """The running count (``text_length``) against ``len(tokenizer.decode(ids, skip_special_tokens=True))``
+    on random token runs: byte tokens alone, so malformed UTF-8 of every kind, and special tokens."""
+    import torch
+    from tokenizers import Tokenizer
+
+    from duplex.plugins.minicpmo.text_length import CharTable
+
+    tok = Tokenizer.from_file(str(minicpmo_ckpt / "tokenizer.json"))
+    vocab = tok.get_vocab_size(with_added_tokens=True)
+    table = CharTable(tok, set(), vocab, torch.device("cpu"))
+    rng = np.random.default_rng(0)
+    for _ in range(500):
+        ids = [int(x) for x in rng.integers(0, vocab, rng.integers(1, 12))]
+        count, state = 0, 0
+        for i in ids:
+            count, state = count + int(table.chars[i, state]), int(table.next_state[i, state])
+        assert count == len(tok.decode(ids, skip_special_tokens=True)), ids
