@@ -23,13 +23,13 @@ from __future__ import annotations
 import argparse
 import copy
 import functools
+import hashlib
 import importlib
 import importlib.util
 import io
 import json
 import os
 import shutil
-import subprocess
 import sys
 import tempfile
 from pathlib import Path
@@ -39,6 +39,15 @@ import torch
 from PIL import Image
 
 PINNED_COMMIT = "28b60cfb2a4d7156d045121e9ca2d31cd33f5d5d"
+# The reference's code at that commit (checked by content: a checkout, an archive or a copy will do).
+PINNED_FILES = {
+    "modeling_minicpmo_unified.py": "656540e47d2950e3c691cadfd9e7596d3fb98cbd27b8b7fdfbfefca7b5c2eaf6",
+    "configuration_minicpmo.py": "b0c56c192d4aa57d3dc358338a4a93413b8b68e7c7a7c5b82a5af35afab1d86a",
+    "utils.py": "4a4b75f9b1e2367badf457b41f1288feba0686998cf30cf72d2e79dede5ee57e",
+    "processing_minicpmo.py": "3a1f017339b92c2fa768d7737db76cc4689d2280b68a71866b06f7dedc8ac1c2",
+    "modeling_navit_siglip.py": "1a40a58cb7dfa93f723685f860d1cf3caf3a0ecf52b7904db0c4007aacd1536f",
+    "tokenization_minicpmo_fast.py": "c9c71d0d7ef0c113829e2d810619c9e0a69cffe04c732c4d80599b40a33bc7bf",
+}
 PACKAGE = "minicpmo_reference"
 CHECKPOINT_FILES = ("model.safetensors.index.json", "tokenizer.json")
 
@@ -91,11 +100,10 @@ class Margins:
 
 def run(args: argparse.Namespace) -> None:
     reference = Path(args.reference).resolve()
-    commit = subprocess.run(
-        ["git", "-C", str(reference), "rev-parse", "HEAD"], capture_output=True, text=True, check=False
-    ).stdout.strip()
-    if commit and commit != PINNED_COMMIT:
-        raise SystemExit(f"the reference checkout is at {commit}, the goldens pin {PINNED_COMMIT}")
+    for name, digest in PINNED_FILES.items():
+        path = reference / "MiniCPMO45" / name
+        if not path.is_file() or hashlib.sha256(path.read_bytes()).hexdigest() != digest:
+            raise SystemExit(f"{path} is not the file of commit {PINNED_COMMIT}")
     inputs = np.load(args.inputs)
     checkpoint = Path(args.checkpoint).resolve()
     query_num = int(json.loads((checkpoint / "config.json").read_text())["query_num"])
