@@ -24,6 +24,13 @@ this protocol hands over to the WebSocket protocol), so both are bounded the sam
   timer: its keep-alive timer stops at the first byte, so a client that trickles a header byte now
   and then holds its connection for ever. h11 bounds the header bytes (16 KiB by default).
 
+* **Abort.** Each HTTP request's scope carries ``scope["extensions"]["duplex.abort"]``
+  (``ABORT_EXTENSION``; ``abort_extension`` reads it): a callable that drops the connection at once.
+  ASGI has no way to end a response early but returning without completing it, which uvicorn logs
+  as an error; a route that gives up on a client that stopped reading (a streamed body whose send
+  stayed blocked for ``send_timeout_s``) drops it with this instead: a reset (``SO_LINGER`` 0), so
+  what the client never read is not kept sending, and the client sees an incomplete transfer.
+
 A request body is not timed here (a route that reads one bounds it itself); a WebSocket, once
 upgraded, has its own bounds (``first_message_timeout_s``, pings, ``max_frame_bytes``, the frame
 budget). Without ``limits`` (a plain ``uvicorn.Config(http=DuplexHttpProtocol)``) this is uvicorn's
@@ -33,6 +40,10 @@ h11 protocol unchanged.
 from __future__ import annotations
 
 import asyncio
+import contextlib
+import socket
+import struct
+from collections.abc import Callable
 from typing import Any, Final
 
 import h11
@@ -40,7 +51,16 @@ from uvicorn.protocols.http.h11_impl import H11Protocol
 
 from duplex.server.transport_limits import TransportLimits
 
-__all__ = ["DuplexHttpProtocol"]
+__all__ = ["ABORT_EXTENSION", "DuplexHttpProtocol", "abort_extension"]
+
+ABORT_EXTENSION: Final = "duplex.abort"
+"""The key of the connection's abort callable in an HTTP scope's ``extensions``."""
+
+
+def abort_extension(scope: Any) -> Callable[[], None] | None:
+    """The scope's abort callable (see the module docstring), or ``None`` under another server."""
+    abort = (scope.get("extensions") or {}).get(ABORT_EXTENSION)
+    return abort if callable(abort) else None
 
 
 def _plain_response(status: bytes, body: bytes, *extra: bytes) -> bytes:
@@ -54,6 +74,7 @@ def _plain_response(status: bytes, body: bytes, *extra: bytes) -> bytes:
 OVER_CAPACITY: Final = _plain_response(
     b"503 Service Unavailable", b"server at its connection limit; retry later\n", b"retry-after: 1"
 )
+_RESET: Final = struct.pack("ii", 1, 0)  # SO_LINGER on, 0 s: close() resets, unsent data dropped
 HEADER_TIMEOUT: Final = _plain_response(b"408 Request Timeout", b"request headers took too long\n")
 
 
@@ -98,6 +119,23 @@ class DuplexHttpProtocol(H11Protocol):
             self._arm_header_timer()  # no request under way: the next one's headers are timed
         else:
             self._cancel_header_timer()  # the request line and headers are in
+
+    def handle_events(self) -> None:
+        super().handle_events()
+        scope = getattr(self, "scope", None)  # the request just read; its app task has not run yet
+        if scope is not None and scope["type"] == "http":
+            scope.setdefault("extensions", {})[ABORT_EXTENSION] = self._abort
+
+    def _abort(self) -> None:
+        """Drop the connection now (a route gave up on its client): a reset, so the kernel does not
+        keep sending what the client never read to a connection nobody owns any more."""
+        transport = self.transport
+        if transport.is_closing():
+            return
+        sock = transport.get_extra_info("socket")
+        with contextlib.suppress(AttributeError, OSError):  # a transport without a TCP socket
+            sock.setsockopt(socket.SOL_SOCKET, socket.SO_LINGER, _RESET)
+        transport.abort()
 
     def on_response_complete(self) -> None:
         super().on_response_complete()

@@ -8,11 +8,18 @@ into a wire struct in one typed msgspec decode: bad JSON is ``invalid_json``, a 
 wrong type or a value out of its bounds is ``bad_event`` naming the field (``param``), and so is a
 body nested deeper than the decoder goes (``RecursionError``, never a 500). Each raises
 ``ProtocolError``; the route answers it with ``http_errors.error_response``.
+
+``until_departed(request, work)`` then runs the route's work (the model's answer) while it watches
+the connection: a client that goes away before its answer (``http.disconnect``) cancels the work
+at once, which closes its session and frees its slot (``batch_sessions.request_session``), and
+``Departed`` is raised; nothing is answered, there is nobody to answer.
 """
 
 from __future__ import annotations
 
+import asyncio
 import re
+from collections.abc import Awaitable
 from typing import Any, Final, TypeVar
 
 import msgspec
@@ -21,7 +28,7 @@ from starlette.requests import Request
 from duplex.protocol.errors import ProtocolError
 from duplex.server.auth import api_key_id, api_key_ok, presented_api_key
 
-__all__ = ["admit", "read_json"]
+__all__ = ["Departed", "admit", "decode_json", "read_json", "until_departed"]
 
 T = TypeVar("T")
 
@@ -75,3 +82,32 @@ def decode_json(body: bytes, kind: type[T], what: str = "the request body") -> T
         raise ProtocolError("invalid_json", f"{what} is not JSON: {exc}") from None
     except RecursionError:  # msgspec's depth limit, skipping an unknown field's value included
         raise ProtocolError("bad_event", f"{what} is nested too deeply") from None
+
+
+class Departed(Exception):
+    """The client went away before its answer (``until_departed``)."""
+
+
+async def until_departed(request: Request, work: Awaitable[T]) -> T:
+    """``work``'s result, unless the client disconnects first: then ``work`` is cancelled (and
+    its cleanup awaited) and ``Departed`` is raised. The request's body must have been read (what
+    arrives next on the connection is then only its end). Cancel-safe: a cancellation cancels
+    ``work`` too, and waits for it."""
+    job = asyncio.ensure_future(work)
+    watcher = asyncio.ensure_future(_disconnected(request))
+    try:
+        await asyncio.wait((job, watcher), return_when=asyncio.FIRST_COMPLETED)
+    finally:
+        for task in (watcher, job):
+            if not task.done():
+                task.cancel()
+        await asyncio.gather(watcher, job, return_exceptions=True)  # both end before we go on
+    if job.cancelled():
+        raise Departed
+    return job.result()
+
+
+async def _disconnected(request: Request) -> None:
+    """Return once the connection carries ``http.disconnect``."""
+    while (await request.receive())["type"] != "http.disconnect":
+        pass

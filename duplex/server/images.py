@@ -11,6 +11,9 @@ Refused before a session opens (``invalid_request_error``, 400): an empty prompt
 model that is not an image model (``invalid_model``; 404 ``model_not_found`` for a name not served).
 Refused by the model (its codes, ``batch_models/README.md``): a size it does not make or ``n`` over
 its bound (``invalid_session_config``, 400), a prompt over its bound (``event_too_large``, 413).
+
+A client that goes away before its images cancels the request at once: its session closes and
+frees its slot (``http_requests.until_departed``); the model drops the request at its next step.
 """
 
 from __future__ import annotations
@@ -30,7 +33,7 @@ from duplex.protocol.images import ImageData, ImageGenerationRequest, ImagesResp
 from duplex.protocol.realtime.items import InputTextPart, MessageItem
 from duplex.server.batch_sessions import pick_model, request_session, response_events
 from duplex.server.http_errors import error_response
-from duplex.server.http_requests import admit, read_json
+from duplex.server.http_requests import Departed, admit, read_json, until_departed
 
 __all__ = ["image_params", "images_endpoint"]
 
@@ -61,6 +64,18 @@ def _check(body: ImageGenerationRequest) -> None:
         raise ProtocolError("bad_event", "transparent backgrounds are not supported", param="background")
 
 
+async def _generate(
+    engine: Any, key_id: bytes | None, body: ImageGenerationRequest
+) -> list[ResponseOutputImageDone]:
+    """The request's images, from one session on ``engine`` (closed when they are all made)."""
+    images: list[ResponseOutputImageDone] = []
+    async with request_session(engine, key_id) as att:
+        async for event in response_events(att, image_params(body)):
+            if isinstance(event, ResponseOutputImageDone):
+                images.append(event)
+    return images
+
+
 async def images_endpoint(request: Request) -> Response:
     """The route (see the module docstring)."""
     state = request.app.state.duplex
@@ -69,15 +84,14 @@ async def images_endpoint(request: Request) -> Response:
         body = await read_json(request, ImageGenerationRequest, state.config.max_http_body_bytes)
         _check(body)
         model = pick_model(state.models, body.model, "image", "image generation")
-        images: list[ResponseOutputImageDone] = []
-        async with request_session(model.engine, key_id) as att:
-            async for event in response_events(att, image_params(body)):
-                if isinstance(event, ResponseOutputImageDone):
-                    images.append(event)
+        images = await until_departed(request, _generate(model.engine, key_id, body))
     except DuplexError as err:
         state.metrics.errors.bump(err.code)
         status = 503 if err.code == "resource_exhausted" and (state.draining or not state.ready) else None
         return error_response(err, status=status)
+    except Departed:  # its session was closed, its slot freed: nobody reads an answer
+        state.metrics.detached.bump("client_gone")
+        return Response(status_code=204)
     images.sort(key=lambda e: e.image_index)
     answer = ImagesResponse(
         created=int(time.time()),

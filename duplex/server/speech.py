@@ -18,6 +18,12 @@ the model's refusals (``voice_not_found``, ``event_too_large`` for a text over i
 for its first audio before it answers, so those refusals keep their status too; a failure after the
 first audio ends the stream early (``stream_format: "audio"``: the connection is cut, so the client
 sees an incomplete transfer rather than a short file).
+
+A client that goes away (``http.disconnect``) before its answer cancels it at once: the session
+closes and frees its slot (``http_requests.until_departed``). A streamed answer is read ahead of its
+client (``http_streams.BufferedStream``, at most ``http_stream_buffer_bytes``), so the session ends
+when the model is done even if the client never reads; a client whose write stays blocked for
+``send_timeout_s`` is dropped.
 """
 
 from __future__ import annotations
@@ -30,7 +36,7 @@ from typing import Any, Final
 
 import msgspec
 from starlette.requests import Request
-from starlette.responses import Response, StreamingResponse
+from starlette.responses import Response
 
 from duplex.protocol.errors import DuplexError, ProtocolError
 from duplex.protocol.ext.commands import DuplexResponseCreateParams
@@ -40,7 +46,8 @@ from duplex.protocol.speech import SpeechAudioDelta, SpeechAudioDone, SpeechErro
 from duplex.server.audio_files import CONTENT_TYPES, AudioFileEncoder, encode_file
 from duplex.server.batch_sessions import pick_model, request_session, response_events
 from duplex.server.http_errors import error_response
-from duplex.server.http_requests import admit, read_json
+from duplex.server.http_requests import Departed, admit, read_json, until_departed
+from duplex.server.http_streams import BufferedStream
 
 __all__ = ["SPEECH_RATE", "speech_endpoint", "speech_params"]
 
@@ -110,16 +117,27 @@ def _refused(request: Request, err: DuplexError) -> Response:
 async def _whole_file(
     request: Request, engine: Any, key_id: bytes | None, params: DuplexResponseCreateParams, fmt: str
 ) -> Response:
-    pcm = bytearray()
-    try:
+    async def synthesize() -> bytes:
+        pcm = bytearray()
         async with request_session(engine, key_id) as att:
             async for event in response_events(att, params):
                 if isinstance(event, ResponseOutputAudioDelta):
                     pcm += event.delta
-        data = await asyncio.to_thread(encode_file, bytes(pcm), fmt, SPEECH_RATE)
+        return await asyncio.to_thread(encode_file, bytes(pcm), fmt, SPEECH_RATE)
+
+    try:
+        data = await until_departed(request, synthesize())
     except DuplexError as err:
         return _refused(request, err)
+    except Departed:
+        return _departed(request)
     return Response(data, media_type=CONTENT_TYPES[fmt])
+
+
+def _departed(request: Request) -> Response:
+    """The client left before its answer: its session was closed (nobody reads this response)."""
+    request.app.state.duplex.metrics.detached.bump("client_gone")
+    return Response(status_code=204)
 
 
 async def _stream(
@@ -131,22 +149,39 @@ async def _stream(
     *,
     sse: bool,
 ) -> Response:
-    """Open the session and wait for the first audio (or the end, or a refusal) before answering."""
+    """Open the session and wait for the first audio (or the end, or a refusal) before answering;
+    the rest goes out through a ``BufferedStream`` (the session closes when the model is done,
+    however slowly the client reads)."""
+    state = request.app.state.duplex
     stack = contextlib.AsyncExitStack()
     try:
         att = await stack.enter_async_context(request_session(engine, key_id))
         events = response_events(att, params)
         stack.push_async_callback(events.aclose)
-        first, ended = await _first_audio(events)
-    except DuplexError as err:
-        await stack.aclose()
-        return _refused(request, err)
-    except BaseException:
-        await stack.aclose()
+        first, ended = await until_departed(request, _first_audio(events))
+    except BaseException as exc:
+        await stack.__aexit__(type(exc), exc, exc.__traceback__)  # the session closes at once
+        if isinstance(exc, DuplexError):
+            return _refused(request, exc)
+        if isinstance(exc, Departed):
+            return _departed(request)
         raise
-    body = _body(stack, events, first, ended, encoder, sse=sse)
-    media_type = _SSE if sse else CONTENT_TYPES[encoder.format]
-    return StreamingResponse(body, media_type=media_type)
+
+    async def close(exc: BaseException | None) -> None:
+        if exc is None:
+            await stack.aclose()  # the response completed: the session closes, its slot is freed
+        else:
+            await stack.__aexit__(type(exc), exc, exc.__traceback__)  # closes at once, cancelling
+
+    return BufferedStream(
+        _body(events, first, ended, encoder, sse=sse),
+        close,
+        media_type=_SSE if sse else CONTENT_TYPES[encoder.format],
+        max_buffered_bytes=state.config.http_stream_buffer_bytes,
+        send_timeout_s=state.config.send_timeout_s,
+        on_slow_reader=lambda: state.metrics.detached.bump("slow_reader"),
+        on_departed=lambda: state.metrics.detached.bump("client_gone"),
+    )
 
 
 async def _first_audio(events: AsyncIterator[Any]) -> tuple[bytes, bool]:
@@ -170,7 +205,6 @@ async def _finish(encoder: AudioFileEncoder) -> bytes:
 
 
 async def _body(
-    stack: contextlib.AsyncExitStack,
     events: AsyncIterator[Any],
     first: bytes,
     ended: bool,
@@ -178,36 +212,30 @@ async def _body(
     *,
     sse: bool,
 ) -> AsyncIterator[bytes]:
-    """The response body; closes the session however it ends (the client going away included)."""
+    """The response body, from the first audio to the end. A failure after the first audio is an
+    SSE ``error`` event, or (``stream_format: "audio"``) raised, which cuts the connection."""
 
     def frame(chunk: bytes) -> bytes:
         return b"data: " + msgspec.json.encode(SpeechAudioDelta(audio=chunk)) + b"\n\n" if sse else chunk
 
-    try:
-        chunk = await _encode(encoder, first)
-        if chunk:
-            yield frame(chunk)
-        failed = False
-        if not ended:
-            try:
-                async for event in events:
-                    if isinstance(event, ResponseOutputAudioDelta):
-                        chunk = await _encode(encoder, event.delta)
-                        if chunk:
-                            yield frame(chunk)
-            except DuplexError as err:
-                if not sse:
-                    raise  # the connection is cut: the client sees an incomplete transfer
-                log.warning("speech stream failed after its first audio: %s", err)
-                failed = True
-                yield b"data: " + msgspec.json.encode(SpeechError(error=err.to_detail())) + b"\n\n"
-        if not failed:
-            tail = await _finish(encoder)
-            if tail:
-                yield frame(tail)
-            if sse:
-                yield b"data: " + msgspec.json.encode(SpeechAudioDone(usage=SpeechUsage())) + b"\n\n"
-    except BaseException as exc:
-        await stack.__aexit__(type(exc), exc, exc.__traceback__)
-        raise
-    await stack.aclose()
+    chunk = await _encode(encoder, first)
+    if chunk:
+        yield frame(chunk)
+    if not ended:
+        try:
+            async for event in events:
+                if isinstance(event, ResponseOutputAudioDelta):
+                    chunk = await _encode(encoder, event.delta)
+                    if chunk:
+                        yield frame(chunk)
+        except DuplexError as err:
+            if not sse:
+                raise  # the connection is cut: the client sees an incomplete transfer
+            log.warning("speech stream failed after its first audio: %s", err)
+            yield b"data: " + msgspec.json.encode(SpeechError(error=err.to_detail())) + b"\n\n"
+            return
+    tail = await _finish(encoder)
+    if tail:
+        yield frame(tail)
+    if sse:
+        yield b"data: " + msgspec.json.encode(SpeechAudioDone(usage=SpeechUsage())) + b"\n\n"
