@@ -1,6 +1,8 @@
 """The ``duplex`` command: ``serve``, ``talk``, ``plugins``, ``bench``.
 
 ``duplex serve``    load a plugin and serve it on ``/v1/realtime`` (see ``duplex.server.serve``);
+                    with ``--gpus N`` (N > 1), one engine replica per GPU on Ray Serve
+                    (``duplex.cluster``; README, "Scaling out");
 ``duplex talk``     a conversation with a server: a WAV file, a video clip or the live microphone
                     (and camera) in, the transcripts printed, the reply saved or played as it
                     arrives (see ``clients.talk``);
@@ -25,6 +27,7 @@ import json
 import logging
 import sys
 from collections.abc import Sequence
+from typing import Any
 
 __all__ = ["build_parser", "main"]
 
@@ -68,6 +71,12 @@ def build_parser() -> argparse.ArgumentParser:
         help="run the worker with this interpreter (another virtual environment's; implies --worker)",
     )
     serve.add_argument("--api-key", action="append", dest="api_keys", help="accepted API key (repeatable)")
+    serve.add_argument(
+        "--gpus",
+        type=int,
+        help="engine replicas, one per GPU, behind Ray Serve on this host (needs duplex-runtime[cluster]; "
+        "default: the config file's cluster.gpus, else 1: this one process, without Ray)",
+    )
     serve.add_argument("--config", help="YAML file with server, engine and plugin settings")
     serve.add_argument("--log-level", default="info", choices=["debug", "info", "warning", "error"])
 
@@ -196,10 +205,42 @@ def _cmd_serve(args: argparse.Namespace) -> int:
             server=server,
             engine=engine,
         )
+        cluster = _cluster(cfg, args.gpus)
+        if cluster is not None:
+            return _serve_cluster(cfg, cluster, args.log_level)
         serve(cfg, log_level=args.log_level)
     except (ConfigError, PluginError) as exc:
         print(f"duplex serve: {exc}", file=sys.stderr)
         return 2
+    return 0
+
+
+def _cluster(cfg: Any, gpus: int | None) -> Any:
+    """The ``ClusterConfig`` when more than one engine replica is asked for (``--gpus`` or the
+    file's ``cluster.gpus``), else ``None``: one process, and Ray is never imported."""
+    import msgspec
+
+    from duplex.cluster.config import ClusterConfig
+    from duplex.server.config import ConfigError
+
+    fields = dict(cfg.cluster)
+    if gpus is not None:
+        fields["gpus"] = gpus
+    try:
+        cluster = msgspec.convert(fields, ClusterConfig, strict=False)
+    except (msgspec.ValidationError, ValueError) as exc:
+        raise ConfigError(f"cluster: {exc}") from exc
+    return cluster if cluster.gpus > 1 else None
+
+
+def _serve_cluster(cfg: Any, cluster: Any, log_level: str) -> int:
+    try:
+        from duplex.cluster.local import serve_cluster
+    except ImportError as exc:
+        extra = "pip install 'duplex-runtime[cluster]'"
+        print(f"duplex serve: --gpus {cluster.gpus} needs Ray Serve: {extra} ({exc})", file=sys.stderr)
+        return 2
+    serve_cluster(cfg, cluster, log_level=log_level)
     return 0
 
 

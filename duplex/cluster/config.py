@@ -36,6 +36,9 @@ class ClusterConfig(msgspec.Struct, frozen=True, kw_only=True, forbid_unknown_fi
     secret_env: str = SECRET_ENV
     token_ttl_s: float = 86400.0
     stats_period_s: float = 1.0  # ``request_routing_stats_period_s`` (Serve's default is 10 s)
+    # Where Serve runs its HTTP proxy: ``EveryNode`` (each host takes sockets on the server's port)
+    # or ``HeadOnly`` (one proxy process for the whole cluster).
+    proxy_location: str = "EveryNode"
     app_name: str = "duplex"
     route_prefix: str = "/"
     # Seconds a replica that is stopped waits for its sessions (Serve's ``graceful_shutdown_timeout_s``).
@@ -46,6 +49,9 @@ class ClusterConfig(msgspec.Struct, frozen=True, kw_only=True, forbid_unknown_fi
             raise ValueError(f"cluster.gpus must be at least 1, got {self.gpus}")
         if self.gpus_per_replica < 0 or self.cpus_per_replica < 0:
             raise ValueError("cluster.gpus_per_replica and cpus_per_replica must not be negative")
+        if self.proxy_location not in ("EveryNode", "HeadOnly"):
+            where = self.proxy_location
+            raise ValueError(f"cluster.proxy_location must be EveryNode or HeadOnly, got {where!r}")
         if self.token_ttl_s <= 0 or self.stats_period_s <= 0 or self.drain_timeout_s <= 0:
             raise ValueError("cluster.token_ttl_s, stats_period_s and drain_timeout_s must be positive")
 

@@ -16,7 +16,10 @@ import threading
 from typing import Any
 
 import msgspec
+import ray
+from ray import serve
 
+from duplex.cluster.app import DEPLOYMENT, application
 from duplex.cluster.config import ClusterConfig, shared_secret
 from duplex.server.config import ServeConfig
 
@@ -33,10 +36,6 @@ def replica_ids(app_name: str) -> list[str]:
     Serve names a replica's actor ``SERVE_REPLICA::<app>#<deployment>#<replica id>``;
     ``ray.util.list_named_actors`` is the public way to see them (Serve has no public listing of
     replica ids)."""
-    import ray
-
-    from duplex.cluster.app import DEPLOYMENT
-
     prefix = f"SERVE_REPLICA::{app_name}#{DEPLOYMENT}#"
     names = ray.util.list_named_actors(all_namespaces=True)
     return sorted(n["name"][len(prefix) :] for n in names if n["name"].startswith(prefix))
@@ -45,10 +44,6 @@ def replica_ids(app_name: str) -> list[str]:
 def replica_handle(app_name: str, replica_id: str, method: str) -> Any:
     """A handle whose calls go to replica ``replica_id`` (``SessionRouter`` routes a session key
     to the replica it names)."""
-    from ray import serve
-
-    from duplex.cluster.app import DEPLOYMENT
-
     handle = serve.get_deployment_handle(DEPLOYMENT, app_name)
     return handle.options(method_name=method, session_id=f"s_{replica_id}_{_NO_SESSION}")
 
@@ -64,18 +59,18 @@ def drain_replicas(app_name: str, timeout_s: float | None = None) -> dict[str, d
 def serve_cluster(cfg: ServeConfig, cluster: ClusterConfig, *, log_level: str = "info") -> None:
     """Serve ``cfg`` on ``cluster.gpus`` replicas until SIGINT or SIGTERM (see the module
     docstring). Raises ``ConfigError`` before starting anything when the configuration is bad."""
-    import ray
-    from ray import serve
-
-    from duplex.cluster.app import application
-
     shared_secret(cluster.secret_env, create=True)  # the replicas inherit it
     app = application(cfg, cluster)
     stop = threading.Event()
-    previous = {sig: signal.signal(sig, lambda *_: stop.set()) for sig in (signal.SIGINT, signal.SIGTERM)}
     ray.init(include_dashboard=False, logging_level=log_level.upper())
+    # After ``ray.init``: Ray's core worker installs its own SIGTERM handler, which would end the
+    # process at once, without draining and without stopping the Ray processes it started.
+    previous = {sig: signal.signal(sig, lambda *_: stop.set()) for sig in (signal.SIGINT, signal.SIGTERM)}
     try:
-        serve.start(http_options={"host": cfg.server.host, "port": cfg.server.port})
+        serve.start(
+            proxy_location=cluster.proxy_location,
+            http_options={"host": cfg.server.host, "port": cfg.server.port},
+        )
         serve.run(app, name=cluster.app_name, route_prefix=cluster.route_prefix)
         log.info(
             "serving %d engine replicas on http://%s:%d%s",

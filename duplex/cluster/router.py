@@ -29,7 +29,7 @@ from __future__ import annotations
 import logging
 import pickle
 import time
-from collections import deque
+from collections import OrderedDict, deque
 from typing import Any
 from urllib.parse import parse_qs
 
@@ -43,6 +43,8 @@ log = logging.getLogger("duplex.cluster")
 
 #: The free slots of a replica that has not reported yet: more than any replica has.
 _UNREPORTED = 1 << 30
+#: Request ids a router remembers having counted (older ones are forgotten first).
+_REMEMBERED = 4096
 
 
 def routing_key(request: PendingRequest | None) -> str | None:
@@ -75,6 +77,7 @@ class SessionRouter(FIFOMixin, RequestRouter):
         report taken after it has surely arrived."""
         self._counted_s = 2 * stats_period_s + 0.5
         self._sent: dict[ReplicaID, deque[float]] = {}
+        self._placed: OrderedDict[str, None] = OrderedDict()  # requests counted (a retry is not)
 
     def _free(self, replica: RunningReplica) -> int:
         free = (replica.routing_stats or {}).get("free", _UNREPORTED)
@@ -97,8 +100,17 @@ class SessionRouter(FIFOMixin, RequestRouter):
             candidate_replicas,
             key=lambda r: (bool((r.routing_stats or {}).get("draining")), -self._free(r)),
         )
+        if ranked and pending_request is not None:
+            self._count(pending_request.metadata.internal_request_id, ranked[0].replica_id)
         return [[replica] for replica in ranked]
 
-    def on_request_routed(self, pending_request: PendingRequest, replica_id: ReplicaID, result: Any) -> None:
-        if owner_of(routing_key(pending_request) or "") is None:
-            self._sent.setdefault(replica_id, deque()).append(time.monotonic())
+    def _count(self, request_id: str, replica_id: ReplicaID) -> None:
+        """Count a placed request against its first choice, once per request. (The hook Serve
+        calls once a request is routed, ``on_request_routed``, runs only when replicas may reject
+        requests; counting the first choice here needs nothing of the sort.)"""
+        if request_id in self._placed:
+            return
+        self._placed[request_id] = None
+        if len(self._placed) > _REMEMBERED:
+            self._placed.popitem(last=False)
+        self._sent.setdefault(replica_id, deque()).append(time.monotonic())
