@@ -51,6 +51,7 @@ class Channel:
         self._in = bytearray(_INITIAL_BUFFER_BYTES)
         self._start = 0  # the unread bytes of ``_in`` are ``_start:_end``
         self._end = 0
+        self._timeout_s = sock.gettimeout()
         self.closed = False
 
     def send(self, message: Any) -> None:
@@ -107,8 +108,12 @@ class Channel:
         self._in[: len(unread)] = unread
         self._start, self._end = 0, len(unread)
 
-    def call(self, message: Any) -> Any:
-        """``send`` then ``recv``: one request and its reply."""
+    def call(self, message: Any, timeout_s: float | None = None) -> Any:
+        """``send`` then ``recv``: one request and its reply; ``timeout_s`` (when given) becomes the
+        socket's timeout from this call on (``TimeoutError`` when a read waits longer)."""
+        if timeout_s is not None and timeout_s != self._timeout_s:
+            self.sock.settimeout(timeout_s)
+            self._timeout_s = timeout_s
         self.send(message)
         return self.recv()
 

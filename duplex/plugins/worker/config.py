@@ -28,10 +28,15 @@ class WorkerConfig(msgspec.Struct, frozen=True, kw_only=True, forbid_unknown_fie
     process's environment (``CUDA_VISIBLE_DEVICES``, ``OMP_NUM_THREADS`` ...).
 
     ``start_timeout_s``: from spawning the child to its plugin loaded (a real model's load takes
-    minutes); past it the child is killed and the start failed. ``call_timeout_s``: one call
-    (a step, a slot open, one chunk of a reply); past it the child is taken for hung, killed, and
-    the call fails like any call of a dead worker. ``stop_timeout_s``: how long a stopping child
-    may take after SIGTERM before it gets SIGKILL.
+    minutes); past it the child is killed and the start failed. ``step_timeout_s``: one call of
+    the per-step kind (``step``, ``advance``, ``begin``, one chunk of a reply, a cancel): a model
+    steps every frame or unit, so a step that takes this long means a hung worker (stopped,
+    deadlocked, swapping); past it the child is killed, the call fails like any call of a dead
+    worker, ``/health`` says ``degraded`` while it restarts and every session on it ends with
+    ``model_worker_failed``. A model that compiles or captures a graph for a new batch size on its
+    first step there must warm up at load or be given more. ``call_timeout_s``: every other call (a
+    slot open, which may read a long prompt; a slot close; starting a reply), the same way.
+    ``stop_timeout_s``: how long a stopping child may take after SIGTERM before it gets SIGKILL.
 
     ``turn_area_bytes``: the shared-memory input and output areas of a ``turn`` or ``batch``
     plugin (a ``frame`` or ``unit`` plugin's are sized from its capabilities); an array larger
@@ -41,6 +46,7 @@ class WorkerConfig(msgspec.Struct, frozen=True, kw_only=True, forbid_unknown_fie
     python: str | None = None
     env: dict[str, str] = {}
     start_timeout_s: float = 600.0
+    step_timeout_s: float = 30.0
     call_timeout_s: float = 120.0
     stop_timeout_s: float = 10.0
     restart_delay_initial_s: float = 0.5
@@ -49,7 +55,7 @@ class WorkerConfig(msgspec.Struct, frozen=True, kw_only=True, forbid_unknown_fie
     turn_area_bytes: int = 8 * MIB
 
     def __post_init__(self) -> None:
-        for name in ("start_timeout_s", "call_timeout_s", "stop_timeout_s"):
+        for name in ("start_timeout_s", "step_timeout_s", "call_timeout_s", "stop_timeout_s"):
             if getattr(self, name) <= 0:
                 raise ValueError(f"{name} must be positive")
         if not 0 <= self.restart_delay_initial_s <= self.restart_delay_max_s:

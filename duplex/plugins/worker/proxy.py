@@ -158,18 +158,24 @@ class WorkerPlugin(Plugin):
         return conn
 
     def _exchange(self, conn: Connection, request: Any) -> Any:
-        """One request and its reply, the caller holding ``conn.lock``."""
+        """One request and its reply, the caller holding ``conn.lock``; a per-step call within
+        ``step_timeout_s``, any other within ``call_timeout_s`` (``WorkerConfig``), or the child is
+        killed as hung and ``WorkerFailed`` raised."""
         if conn.dead:
             raise self._gone(conn)
+        config = self.supervisor.config
+        per_step = type(request) in _PER_STEP
+        timeout = config.step_timeout_s if per_step else config.call_timeout_s
         try:
-            reply = conn.channel.call(request)
+            reply = conn.channel.call(request, timeout)
         except ChannelClosed:
             raise self._gone(conn) from None
         except TimeoutError:
-            timeout = self.supervisor.config.call_timeout_s
-            self.supervisor.kill(conn, f"no answer to {type(request).__name__} within {timeout:g} s")
+            name, bound = type(request).__name__, "step_timeout_s" if per_step else "call_timeout_s"
+            self.supervisor.kill(conn, f"no answer to {name} within {timeout:g} s ({bound})")
             raise WorkerFailed(
-                f"the model worker (pid {conn.pid}) did not answer within {timeout:g} s and was killed"
+                f"the model worker of {self.name!r} (pid {conn.pid}) did not answer {name} within "
+                f"{timeout:g} s ({bound}) and was killed; reconnect to continue"
             ) from None
         except (msgspec.DecodeError, msgspec.ValidationError) as exc:
             self.supervisor.kill(conn, f"unreadable reply: {exc}")
@@ -404,6 +410,9 @@ class BatchWorkerPlugin(WorkerPlugin, BatchPlugin):
             reply = self._exchange(conn, Advance(list(slots)))
             return self._outputs(conn, reply)
 
+
+#: The calls a model makes every frame, unit or step (``WorkerConfig.step_timeout_s``).
+_PER_STEP: frozenset[type] = frozenset({Step, Advance, Begin, Next, CancelSlot, CloseStream})
 
 _PROXIES: dict[PluginKind, type[WorkerPlugin]] = {
     PluginKind.FRAME: FrameWorkerPlugin,

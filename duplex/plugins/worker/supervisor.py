@@ -11,9 +11,10 @@ One thread per supervisor (``duplex-worker-NAME``) owns the child processes, one
 2. *watch*: wait for the child to exit. Callers use the connection meanwhile (``WorkerPlugin``),
    each call under the connection's lock.
 3. *death* (any exit the supervisor did not ask for: a crash, SIGKILL, a child killed as hung by
-   ``kill``): the connection is shut (its socket is shut down, so a call pending on it returns at
-   once and fails with ``WorkerFailed``, and every later call fails at ``connection()``), the
-   state becomes ``restarting``, the observer hears ``died``; after the backoff of
+   ``kill`` after a call past ``step_timeout_s`` or ``call_timeout_s``): the connection is shut
+   (its socket is shut down, so a call pending on it returns at once and fails with
+   ``WorkerFailed``, and every later call fails at ``connection()``), the state becomes
+   ``restarting``, the observer hears ``died``; after the backoff of
    ``WorkerConfig.restart_delay_s`` a new child is started (1.), with a new ``generation``.
 
 States: ``starting`` (the first child is loading) -> ``ready`` <-> ``restarting`` -> ``stopped``
@@ -431,8 +432,7 @@ class Supervisor:
         try:
             if self._stopping.is_set():
                 raise WorkerFailed("the supervisor is stopping")
-            parent_sock.settimeout(config.start_timeout_s)
-            ready = channel.call(Init(self.plugin, self.model_path, self.options))
+            ready = channel.call(Init(self.plugin, self.model_path, self.options), config.start_timeout_s)
             if isinstance(ready, Failure):
                 raise PluginError(
                     ready.code or "model_load_failed", f"{self.plugin} (in its worker): {ready.message}"
@@ -440,8 +440,7 @@ class Supervisor:
             if not isinstance(ready, Ready):
                 raise WorkerFailed(f"the worker answered Init with {type(ready).__name__}")
             areas = SharedAreas.create(*area_sizes(ready.capabilities, config.turn_area_bytes))
-            parent_sock.settimeout(config.call_timeout_s)
-            done = channel.call(areas.attach_message)
+            done = channel.call(areas.attach_message, config.call_timeout_s)
             if not isinstance(done, Done):
                 message = done.message if isinstance(done, Failure) else type(done).__name__
                 raise WorkerFailed(f"the worker could not map its shared memory: {message}")

@@ -109,6 +109,31 @@ async def test_a_dead_worker_ends_every_session_and_new_ones_wait_for_the_next(e
             assert engine.stats()["sessions_open"] == 1
 
 
+async def test_a_hung_worker_ends_every_session_at_the_step_timeout(events: Events) -> None:
+    config = WorkerConfig(step_timeout_s=1.0, restart_delay_initial_s=3.0, stop_timeout_s=5.0)
+    with start_worker("echo", options={"max_sessions": 8}, config=config) as plugin:
+        engine = Engine(plugin, EngineConfig(max_sessions=8, reaper_interval_s=3600))
+        async with engine:
+            _watch(plugin, engine, events)
+            await _next(events, WorkerEventKind.READY)
+            sessions = [await engine.open() for _ in range(3)]
+            for att in sessions:
+                for _ in range(3):
+                    att.submit(InputAudioBufferAppend(audio=VOICE))
+                await _until(att, "response.output_audio.delta")
+            pid = plugin.supervisor.status().pid
+            os.kill(pid, signal.SIGSTOP)  # alive, but answers nothing: a step waits for it
+            for att in sessions:
+                att.submit(InputAudioBufferAppend(audio=VOICE))
+            for att in sessions:
+                _assert_ended_by_the_worker("echo", *await _rest(att))
+            died = await _next(events, WorkerEventKind.DIED)
+            assert died.pid == pid and died.message.endswith("(killed by SIGKILL)")
+            with pytest.raises(SessionError) as err:
+                await engine.open()
+            assert err.value.code == "resource_exhausted"
+
+
 async def test_a_turn_session_with_a_reply_in_flight_ends_with_the_worker(events: Events) -> None:
     config = WorkerConfig(restart_delay_initial_s=0.0, stop_timeout_s=5.0)
     with start_worker("scripted-turn", options={"ms_per_char": 400}, config=config) as plugin:

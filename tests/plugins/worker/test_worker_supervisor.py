@@ -136,11 +136,26 @@ def test_a_hung_worker_is_killed_after_the_call_timeout_and_restarted(events: Ev
         plugin.open_slot(0, SlotOptions())
         pid = plugin.supervisor.status().pid
         os.kill(pid, signal.SIGSTOP)  # alive, but answers nothing
-        with pytest.raises(WorkerFailed, match="did not answer within 2 s and was killed"):
-            plugin.step([_frame(0)])
+        with pytest.raises(WorkerFailed, match=r"did not answer OpenSlot within 2 s \(call_timeout_s\)"):
+            plugin.open_slot(1, SlotOptions())
         died = events.next(WorkerEventKind.DIED)
         assert died.message == f"the model worker of 'echo' (pid {pid}) died (killed by SIGKILL)"
         assert events.next(WorkerEventKind.READY).pid != pid
+
+
+def test_a_step_past_the_step_timeout_kills_the_hung_worker_before_the_call_timeout(events: Events) -> None:
+    config = WorkerConfig(step_timeout_s=0.5, call_timeout_s=3600.0, restart_delay_initial_s=5.0)
+    with start_worker("echo", options={"max_sessions": 2}, config=config, observer=events) as plugin:
+        events.next(WorkerEventKind.READY)
+        plugin.open_slot(0, SlotOptions())
+        assert len(plugin.step([_frame(0)])) == 1
+        pid = plugin.supervisor.status().pid
+        os.kill(pid, signal.SIGSTOP)  # alive, but answers nothing
+        with pytest.raises(WorkerFailed, match=r"did not answer Step within 0.5 s \(step_timeout_s\)"):
+            plugin.step([_frame(0)])
+        died = events.next(WorkerEventKind.DIED)
+        assert died.message == f"the model worker of 'echo' (pid {pid}) died (killed by SIGKILL)"
+        assert plugin.supervisor.status().state is WorkerState.RESTARTING  # /health: degraded
 
 
 def test_a_worker_that_fails_to_restart_is_tried_again(tmp_path: Path, events: Events, caplog) -> None:
