@@ -5,7 +5,7 @@ BIN := $(VENV)/bin
 TORCH ?= torch==2.13.0
 STAMP := $(VENV)/.installed
 
-.PHONY: serve test test-kernels lint bench-codec clean thirdparty-envs
+.PHONY: serve test test-kernels lint bench-codec clean thirdparty-envs parity-envs
 
 $(BIN)/python:
 	$(PY) -m venv $(VENV)
@@ -66,5 +66,33 @@ $(LIVEKIT_VENV)/.installed:
 	$(LIVEKIT_VENV)/bin/pip install -q $(LIVEKIT_PKGS)
 	touch $@
 
+# The vendors' reference code for the parity goldens (tests/parity), each in its own venv: the suite
+# compares against committed goldens and needs none of this; these only regenerate them
+# (tools/parity/*_goldens.py says how) when a tiny checkpoint's writer changes. The official MiniCPM-o
+# code itself is a public repository, brought by hand at the commit the script pins.
+MINICPMO_PARITY_VENV := .venv-parity-minicpmo
+NEMO_PARITY_VENV := .venv-parity-nemo
+
+parity-envs: $(MINICPMO_PARITY_VENV)/.installed $(NEMO_PARITY_VENV)/.installed
+
+$(MINICPMO_PARITY_VENV)/.installed:
+	$(PY) -m venv $(MINICPMO_PARITY_VENV)
+	$(MINICPMO_PARITY_VENV)/bin/pip install -q --upgrade pip
+	$(MINICPMO_PARITY_VENV)/bin/pip install -q $(TORCH)
+	$(MINICPMO_PARITY_VENV)/bin/pip install -q transformers==4.51.0 accelerate==1.12.0 'safetensors>=0.7.0' \
+		soundfile pillow tqdm numpy
+	$(MINICPMO_PARITY_VENV)/bin/pip install -q --no-deps minicpmo-utils==1.0.7 einops==0.8.1
+	touch $@
+
+# NeMo 3.0.0 (about 4.7 GB, some 10 minutes; it compiles pyopenjtalk, so it needs a C++ compiler) and
+# the vLLM-Omni wheel, whose prompt renderers the Nemotron reference reads (never installed).
+$(NEMO_PARITY_VENV)/.installed:
+	$(PY) -m venv $(NEMO_PARITY_VENV)
+	$(NEMO_PARITY_VENV)/bin/pip install -q --upgrade pip
+	$(NEMO_PARITY_VENV)/bin/pip install -q $(TORCH)
+	$(NEMO_PARITY_VENV)/bin/pip install -q "nemo-toolkit[speechlm2]==3.0.0"
+	$(NEMO_PARITY_VENV)/bin/pip download -q --no-deps vllm-omni==0.30.0 -d $(NEMO_PARITY_VENV)/wheels
+	touch $@
+
 clean:
-	rm -rf $(VENV) $(PIPECAT_VENV) $(LIVEKIT_VENV)
+	rm -rf $(VENV) $(PIPECAT_VENV) $(LIVEKIT_VENV) $(MINICPMO_PARITY_VENV) $(NEMO_PARITY_VENV)
