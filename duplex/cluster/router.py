@@ -79,8 +79,8 @@ class SessionRouter(FIFOMixin, RequestRouter):
         self._sent: dict[ReplicaID, deque[float]] = {}
         self._placed: OrderedDict[str, None] = OrderedDict()  # requests counted (a retry is not)
 
-    def _free(self, replica: RunningReplica) -> int:
-        free = (replica.routing_stats or {}).get("free", _UNREPORTED)
+    def _free(self, replica: RunningReplica, unreported: int = _UNREPORTED) -> int:
+        free = (replica.routing_stats or {}).get("free", unreported)
         sent = self._sent.get(replica.replica_id)
         if sent:
             horizon = time.monotonic() - self._counted_s
@@ -96,9 +96,12 @@ class SessionRouter(FIFOMixin, RequestRouter):
             for replica in candidate_replicas:
                 if replica.replica_id.unique_id == owner:
                     return [[replica]]
+        # A replica that has not reported yet (it just started) counts as the emptiest one that has.
+        reported = [r.routing_stats["free"] for r in candidate_replicas if "free" in (r.routing_stats or {})]
+        unreported = max(reported, default=_UNREPORTED)
         ranked = sorted(
             candidate_replicas,
-            key=lambda r: (bool((r.routing_stats or {}).get("draining")), -self._free(r)),
+            key=lambda r: (bool((r.routing_stats or {}).get("draining")), -self._free(r, unreported)),
         )
         if ranked and pending_request is not None:
             self._count(pending_request.metadata.internal_request_id, ranked[0].replica_id)

@@ -217,3 +217,24 @@ async def test_a_burst_of_opens_never_exceeds_a_replicas_slots(deployed: RayClus
     assert len(sessions) + len(refused) == 14
     for _, ws in results:
         await ws.close()
+
+
+def test_the_deploy_files_build_the_application() -> None:
+    """``deploy/serve.yaml`` and the RayService's ``serveConfigV2`` are valid Serve configs whose
+    ``args`` build the application with the replicas they ask for (nothing is deployed)."""
+    from pathlib import Path
+
+    import yaml
+    from ray.serve.schema import ServeDeploySchema
+
+    from duplex.cluster.app import build
+
+    root = Path(__file__).resolve().parents[2] / "deploy"
+    service = yaml.safe_load((root / "rayservice.yaml").read_text())["spec"]["serveConfigV2"]
+    for config in (yaml.safe_load((root / "serve.yaml").read_text()), yaml.safe_load(service)):
+        ServeDeploySchema.model_validate(config)
+        (app,) = config["applications"]
+        assert app["import_path"] == "duplex.cluster.app:build"
+        deployment = build(app["args"])._bound_deployment
+        assert deployment.num_replicas == app["args"]["cluster"]["gpus"]
+        assert deployment.ray_actor_options["num_gpus"] == 1
