@@ -127,7 +127,10 @@ def write_assets(root: Path, tiny: bool) -> Path:
     (root / "voices").mkdir(exist_ok=True)
     gen = torch.Generator().manual_seed(0)
     emb = torch.randn(VOICE_FRAMES, int(cfg.lm["dim"]), generator=gen) * 0.02
-    cache = torch.randint(0, 2048, (1, cfg.num_streams, 3), generator=gen)
+    # The voice's token ring: audio codes below the codebook size, the text stream padding (the
+    # prompt replays the whole column of the voice's last position, text included).
+    cache = torch.randint(0, int(cfg.lm["card"]), (1, cfg.num_streams, 3), generator=gen)
+    cache[0, 0] = cfg.text_pad
     torch.save({"embeddings": emb, "cache": cache}, str(root / "voices" / "BENCH.pt"))
     (root / "config.json").write_text(json.dumps({"name": cfg.name, "lm": cfg.lm, "mimi": cfg.mimi}))
     return root
