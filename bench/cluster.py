@@ -20,6 +20,14 @@ other, back to back. Measured after a warm-up:
   per 1000 messages/s" (cores) of the single process and of the proxy, and their ratio;
 * ``held``: sessions still answered at the end (a lost one makes the run fail).
 
+A second table follows the paths of one socket at a time (``hop_probe``: 200 appends, each sent
+when the previous delta came back, one frame ahead): ``single`` (one process), ``direct`` (through
+the proxy to the session's replica: a new session, or a resume by the query) and ``relayed`` (a
+``session.resume`` message that reached the other replica, which carries the socket to the owner
+through a ``DeploymentHandle`` stream: the data path a gateway deployment in front of the engine
+replicas would give every session). Its p50 / p99 round trip are without load, so they show what
+each hop costs, not what the machine's two busy cores add.
+
 The proxy's capacity is the largest N (as messages/s) whose p99 stays under ``--p99-ms`` (20) with
 every session held. The go/no-go figure: 8 GPUs x 128 sessions x 12.5 frames/s each way is 25,600
 messages/s per host through one proxy; ``capacity_vs_goal`` says how far one proxy on this machine
@@ -48,7 +56,7 @@ from bench.loopback import free_port, wait_port
 from bench.report import Column, percentile, print_table, write_json
 from bench.server import start_drivers
 
-__all__ = ["main", "run_level"]
+__all__ = ["hop_probe", "main", "run_level"]
 
 FRAMES_PER_S = 12.5  # one 80 ms append a session, and one delta back
 GOAL_MESSAGES_PER_S = 8 * 128 * FRAMES_PER_S * 2  # 25,600 per host
@@ -65,6 +73,9 @@ COLUMNS: list[Column] = [
     ("cpu_per_1k_msg_s", "cores/1k msg/s", ".3f"),
     ("cpu_ratio", "cpu ratio", ".2f"),
 ]
+
+
+HOP_COLUMNS: list[Column] = ["path", ("p50_ms", "p50_ms", ".2f"), ("p99_ms", "p99_ms", ".2f"), "n"]
 
 
 def _config(path: Path, port: int, replicas: int, max_sessions: int) -> None:
@@ -195,6 +206,67 @@ def run_level(server: Server, n: int, seconds: float, warmup: float, drivers: in
     return row
 
 
+async def _round_trips(url: str, first: bytes | None, frames: int) -> list[float]:
+    """Round trips (ms) of ``frames`` appends on one socket, each sent once the delta of the one
+    before came back (the echo answers append i when append i + 1 completes a frame)."""
+    import websockets
+
+    from bench.loopback import streaming_session_update
+    from bench.server import _append_messages
+    from duplex.protocol import Mode, encode
+
+    appends, _ = _append_messages("duplex-json")
+    out: list[float] = []
+    async with websockets.connect(url, proxy=None, max_size=None) as ws:
+        if first is not None:
+            await ws.send(first)
+        opened = await ws.recv()
+        if b"error" in (opened.encode() if isinstance(opened, str) else opened)[:40]:
+            raise RuntimeError(f"the probe's session did not open: {opened[:200]!r}")
+        await ws.send(encode(streaming_session_update(), Mode.GA))
+        await ws.send(appends[0])
+        for i in range(frames):
+            sent = time.perf_counter()
+            await ws.send(appends[(i + 1) % len(appends)])
+            while b"response.output_audio.delta" not in (await ws.recv()).encode()[:80]:
+                pass
+            out.append((time.perf_counter() - sent) * 1000)
+    return out
+
+
+async def _opened(url: str) -> tuple[str, str]:
+    import websockets
+
+    async with websockets.connect(url + "?model=echo", proxy=None) as ws:
+        created = json.loads(await ws.recv())
+    return created["session"]["id"], created["resume_token"]
+
+
+def hop_probe(server: Server, frames: int = 200) -> list[dict[str, Any]]:
+    """One socket at a time through each path of ``server`` (see the module docstring)."""
+    import asyncio
+
+    from duplex.protocol import Mode, SessionResume, encode
+
+    base = f"ws://127.0.0.1:{server.port}/v1/realtime"
+
+    def row(path: str, trips: list[float]) -> dict[str, Any]:
+        p50, p99 = percentile(trips, 50), percentile(trips, 99)
+        return {"path": path, "p50_ms": p50, "p99_ms": p99, "n": len(trips)}
+
+    async def probe() -> list[dict[str, Any]]:
+        if server.setup == "single":
+            return [row("single", await _round_trips(base + "?model=echo", None, frames))]
+        # A session on one replica, detached: the other has more free slots and takes the next socket.
+        sid, token = await _opened(base)
+        resume = encode(SessionResume(session_id=sid, resume_token=token), Mode.GA)
+        relayed = await _round_trips(base + "?resume=1", resume, frames)
+        direct = await _round_trips(base + "?model=echo", None, frames)
+        return [row("direct", direct), row("relayed", relayed)]
+
+    return asyncio.run(probe())
+
+
 def _compare(rows: list[dict[str, Any]]) -> None:
     """Fill the cluster rows' added latency and CPU ratio from the single row at the same N."""
     single = {r["sessions"]: r for r in rows if r["setup"] == "single"}
@@ -253,20 +325,24 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--replicas", type=int, default=2)
     parser.add_argument("--drivers", type=int, default=2)
     parser.add_argument("--p99-ms", type=float, default=20.0)
+    parser.add_argument("--probe-frames", type=int, default=200, help="round trips per path, one socket")
     parser.add_argument("--out", default="bench/results/cluster.json")
     parser.add_argument("--plot")
     args = parser.parse_args(argv)
     max_sessions = max(args.sessions) + 16
     rows: list[dict[str, Any]] = []
+    hops: list[dict[str, Any]] = []
     with tempfile.TemporaryDirectory() as tmp:
         for setup, replicas in (("single", 1), ("cluster", args.replicas)):
             with Server(setup, replicas, max_sessions, Path(tmp)) as server:
+                hops += hop_probe(server, args.probe_frames)
                 for n in args.sessions:
                     row = run_level(server, n, args.seconds, args.warmup, args.drivers)
                     rows.append(row)
                     print(f"{setup} N={n}: p99 {row['p99_ms']} ms, held {row['held']}", file=sys.stderr)
     _compare(rows)
-    print_table(rows, COLUMNS)
+    print_table(hops, HOP_COLUMNS, title="one socket")
+    print_table(rows, COLUMNS, title="under load")
     caps = {setup: capacity(rows, setup, args.p99_ms) for setup in ("single", "cluster")}
     summary = {
         "p99_ms_limit": args.p99_ms,
@@ -275,7 +351,7 @@ def main(argv: list[str] | None = None) -> int:
         "capacity_vs_goal": caps["cluster"] / GOAL_MESSAGES_PER_S,
     }
     print(json.dumps(summary, indent=1))
-    write_json(args.out, {"args": vars(args), "rows": rows, "summary": summary})
+    write_json(args.out, {"args": vars(args), "hops": hops, "rows": rows, "summary": summary})
     if args.plot:
         print(plot(rows, args.plot))
     return 0

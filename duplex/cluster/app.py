@@ -16,12 +16,12 @@ from ray import serve
 from ray.serve.config import RequestRouterConfig
 
 from duplex.cluster.config import ClusterConfig
+from duplex.cluster.handles import DEPLOYMENT
 from duplex.cluster.replica import DuplexReplica
 from duplex.server.config import ConfigError, ServeConfig, load_serve_config
 
 __all__ = ["DEPLOYMENT", "application", "build"]
 
-DEPLOYMENT = "DuplexReplica"
 ROUTER = "duplex.cluster.router:SessionRouter"
 #: Requests a replica takes beside its sessions (HTTP routes, queued opens, relays), for Serve's
 #: own limit on ongoing requests per replica; admission proper is the engine's.

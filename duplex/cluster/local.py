@@ -11,6 +11,7 @@ way to leave the application running on a cluster without a process that owns it
 from __future__ import annotations
 
 import logging
+import os
 import signal
 import threading
 from typing import Any
@@ -19,47 +20,41 @@ import msgspec
 import ray
 from ray import serve
 
-from duplex.cluster.app import DEPLOYMENT, application
+from duplex.cluster.app import application
 from duplex.cluster.config import ClusterConfig, shared_secret
+from duplex.cluster.handles import replica_handle, replica_ids
 from duplex.server.config import ServeConfig
 
-__all__ = ["drain_replicas", "replica_ids", "serve_cluster"]
+__all__ = ["drain_replicas", "serve_cluster"]
 
 log = logging.getLogger("duplex.cluster")
 
-_NO_SESSION = "0" * 24
+#: Seconds past a replica's own drain timeout that ``drain_replicas`` waits for its answer.
+_DRAIN_MARGIN_S = 10.0
 
 
-def replica_ids(app_name: str) -> list[str]:
-    """The ids of the engine replicas of application ``app_name`` that Ray knows as actors now.
-
-    Serve names a replica's actor ``SERVE_REPLICA::<app>#<deployment>#<replica id>``;
-    ``ray.util.list_named_actors`` is the public way to see them (Serve has no public listing of
-    replica ids)."""
-    prefix = f"SERVE_REPLICA::{app_name}#{DEPLOYMENT}#"
-    names = ray.util.list_named_actors(all_namespaces=True)
-    return sorted(n["name"][len(prefix) :] for n in names if n["name"].startswith(prefix))
-
-
-def replica_handle(app_name: str, replica_id: str, method: str) -> Any:
-    """A handle whose calls go to replica ``replica_id`` (``SessionRouter`` routes a session key
-    to the replica it names)."""
-    handle = serve.get_deployment_handle(DEPLOYMENT, app_name)
-    return handle.options(method_name=method, session_id=f"s_{replica_id}_{_NO_SESSION}")
-
-
-def drain_replicas(app_name: str, timeout_s: float | None = None) -> dict[str, dict[str, int]]:
-    """Drain every engine replica of ``app_name`` at once (``DuplexReplica.drain``); returns each
-    replica's counts. Blocking; call it from a thread that is not a replica's."""
+def drain_replicas(app_name: str, timeout_s: float) -> dict[str, Any]:
+    """Drain every engine replica of ``app_name`` at once (``DuplexReplica.drain`` with
+    ``timeout_s``); returns each replica's counts, or the error of one that did not answer within
+    ``timeout_s`` and a margin. Blocking; call it from a thread that is not a replica's."""
     ids = replica_ids(app_name)
     responses = [replica_handle(app_name, rid, "drain").remote(timeout_s) for rid in ids]
-    return {rid: response.result() for rid, response in zip(ids, responses, strict=True)}
+    out: dict[str, Any] = {}
+    for rid, response in zip(ids, responses, strict=True):
+        try:
+            out[rid] = response.result(timeout_s=timeout_s + _DRAIN_MARGIN_S)
+        except Exception as exc:  # a dead replica, or Ray itself going away: report it, go on
+            out[rid] = f"{type(exc).__name__}: {exc}"[:200]
+    return out
 
 
 def serve_cluster(cfg: ServeConfig, cluster: ClusterConfig, *, log_level: str = "info") -> None:
     """Serve ``cfg`` on ``cluster.gpus`` replicas until SIGINT or SIGTERM (see the module
     docstring). Raises ``ConfigError`` before starting anything when the configuration is bad."""
     shared_secret(cluster.secret_env, create=True)  # the replicas inherit it
+    # Ray starts its worker processes (Serve's proxy and the replicas among them) at nice 15 by
+    # default; a proxy that any busier process on the host preempts adds its wait to every frame.
+    os.environ.setdefault("RAY_worker_niceness", "0")
     app = application(cfg, cluster)
     stop = threading.Event()
     ray.init(include_dashboard=False, logging_level=log_level.upper())
@@ -80,7 +75,8 @@ def serve_cluster(cfg: ServeConfig, cluster: ClusterConfig, *, log_level: str = 
             cluster.route_prefix,
         )
         stop.wait()
-        log.info("draining: %s", msgspec.json.encode(drain_replicas(cluster.app_name)).decode())
+        drained = drain_replicas(cluster.app_name, cluster.drain_timeout_s)
+        log.info("drained: %s", msgspec.json.encode(drained).decode())
         serve.delete(cluster.app_name)
     finally:
         serve.shutdown()

@@ -33,6 +33,7 @@ from typing import Any
 
 import msgspec
 
+from duplex.cluster.handles import call
 from duplex.engine import Detached, SessionError
 from duplex.engine.ids import OwnedSessionIds, owner_of
 from duplex.protocol import new_event_id
@@ -152,9 +153,8 @@ class RemoteSessions:
         if not self.ids.token_ok(session_id, resume_token):
             raise SessionError("invalid_resume_token", "the resume token is not valid for this session")
         handle = self.handle()
-        stream = handle.options(method_name="relay_open", stream=True, session_id=session_id).remote(
-            session_id, resume_token, last_event_seq, api_key_id
-        )
+        opening = handle.options(method_name="relay_open", stream=True, session_id=session_id)
+        stream = call(opening, session_id, resume_token, last_event_seq, api_key_id)
         try:
             first = await stream.__anext__()
         except Exception as exc:  # the owner died under the call: as gone as it can be
@@ -239,7 +239,7 @@ class RemoteAttachment:
         try:
             while self._pending:
                 batch, self._pending = self._pending, []
-                await self._submit.remote(self.session_id, batch)
+                await call(self._submit, self.session_id, batch)
         except Exception as exc:  # the owner is gone: its stream ends too, and the socket closes
             log.info("relay of %s: commands not delivered: %s: %s", self.session_id, type(exc).__name__, exc)
         finally:

@@ -33,9 +33,12 @@ import msgspec
 from ray import serve
 
 from duplex.cluster.config import ClusterConfig, shared_secret
+from duplex.cluster.handles import call, replica_handle, replica_ids
 from duplex.cluster.relay import Relays, RemoteSessions
+from duplex.cluster.whole import ReplicaHealth, WholeApplication, gather_answers
 from duplex.engine import collector
 from duplex.engine.ids import OwnedSessionIds
+from duplex.plugins.worker import WorkerState
 from duplex.server.config import ServeConfig
 from duplex.server.serve import build_app
 
@@ -57,6 +60,8 @@ class DuplexReplica:
         self.cluster = msgspec.convert(cluster, ClusterConfig, strict=False)
         context = serve.get_replica_context()
         self.replica_id = context.replica_id.unique_id
+        self.app_name = context.app_name
+        self.rank = int(getattr(context.rank, "rank", context.rank))  # 0 .. N-1: a label for /metrics
         self.ids = OwnedSessionIds(
             self.replica_id,
             shared_secret(self.cluster.secret_env),
@@ -73,7 +78,29 @@ class DuplexReplica:
         log.info("replica %s serves %s", self.replica_id, [m[0] for m in self._built.models])
 
     def __serve_build_asgi_app__(self) -> Any:
-        return self._built.app
+        return WholeApplication(self._built.app, self.state, self._ask_every_replica)
+
+    async def _ask_every_replica(self, method: str) -> list[Any]:
+        ids = await asyncio.to_thread(replica_ids, self.app_name)
+        return await gather_answers([call(replica_handle(self.app_name, rid, method)) for rid in ids])
+
+    # -- the application's /health and /metrics (``duplex.cluster.whole``) ------------------------
+
+    async def own_health(self) -> ReplicaHealth:
+        state = self.state
+        if self.draining:
+            word = "draining"
+        elif not state.ready:
+            word = "starting"
+        else:
+            ready = all(w.status().state is WorkerState.READY for w in state.workers)
+            word = "ok" if ready else "degraded"
+        sessions = len(state.connections)
+        return ReplicaHealth(rank=self.rank, replica=self.replica_id, status=word, sessions=sessions)
+
+    async def own_metrics(self) -> tuple[int, str, str]:
+        """(rank, replica id, this replica's metrics text)."""
+        return self.rank, self.replica_id, self.state.metrics.render().decode()
 
     # -- what the routers read ---------------------------------------------------------------
 

@@ -33,7 +33,7 @@ from collections import OrderedDict, deque
 from typing import Any
 from urllib.parse import parse_qs
 
-from ray.serve.request_router import FIFOMixin, PendingRequest, ReplicaID, RequestRouter, RunningReplica
+from ray.serve.request_router import PendingRequest, ReplicaID, RequestRouter, RunningReplica
 
 from duplex.engine.ids import owner_of
 
@@ -68,8 +68,12 @@ def routing_key(request: PendingRequest | None) -> str | None:
     return values[0] if values else None
 
 
-class SessionRouter(FIFOMixin, RequestRouter):
-    """Resumes to their owner, new sessions to the replica with the most free slots."""
+class SessionRouter(RequestRouter):
+    """Resumes to their owner, new sessions to the replica with the most free slots.
+
+    Not ``FIFOMixin``: it hands the replica a routing task found to the oldest waiting request
+    whatever that request's session key, so two keyed requests placed at once could swap owners.
+    Here each request gets the replica chosen for it (Serve matches them by request id)."""
 
     def initialize_state(self, stats_period_s: float = 1.0, **kwargs: Any) -> None:
         """``stats_period_s``: how often replicas report (``request_router_kwargs``). An unkeyed

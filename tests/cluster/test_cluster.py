@@ -42,13 +42,13 @@ async def audio_round_trip(ws: Any) -> None:
 
 
 async def replica_stats(replica_id: str) -> dict[str, Any]:
-    from duplex.cluster.local import replica_handle
+    from duplex.cluster.handles import replica_handle
 
     return await replica_handle(APP, replica_id, "record_routing_stats").remote()
 
 
 async def test_sessions_spread_across_replicas_and_name_their_owner(deployed: RayCluster) -> None:
-    from duplex.cluster.local import replica_ids
+    from duplex.cluster.handles import replica_ids
 
     socks = [await opened(deployed.url) for _ in range(4)]
     owners = [owner_of(created.session.id) for _, created in socks]
@@ -177,7 +177,7 @@ async def test_the_proxy_killed_and_restarted_still_resumes(deployed: RayCluster
 
 
 async def test_a_drain_closes_live_sessions_with_1012_and_refuses_new_ones(deployed: RayCluster) -> None:
-    from duplex.cluster.local import replica_handle, replica_ids
+    from duplex.cluster.handles import replica_handle, replica_ids
 
     socks = [await opened(deployed.url) for _ in range(2)]
     drained = owner_of(socks[0][1].session.id)
@@ -238,3 +238,28 @@ def test_the_deploy_files_build_the_application() -> None:
         deployment = build(app["args"])._bound_deployment
         assert deployment.num_replicas == app["args"]["cluster"]["gpus"]
         assert deployment.ray_actor_options["num_gpus"] == 1
+
+
+async def test_health_and_metrics_answer_for_every_replica(deployed: RayCluster) -> None:
+    import json
+    import urllib.request
+
+    ws, _ = await opened(deployed.url)
+
+    def get(path: str) -> tuple[int, bytes]:
+        with urllib.request.urlopen(deployed.http + path, timeout=30) as response:
+            return response.status, response.read()
+
+    status, body = await asyncio.to_thread(get, "/health")
+    health = json.loads(body)
+    assert status == 200 and health["status"] == "ok" and health["model"] == "echo"
+    assert sorted(r["rank"] for r in health["replicas"]) == [0, 1]
+    assert {r["status"] for r in health["replicas"]} == {"ok"}
+    assert health["sessions"] == 1
+    status, body = await asyncio.to_thread(get, "/metrics")
+    text = body.decode()
+    assert status == 200
+    for rank in (0, 1):
+        assert f'replica="{rank}"' in text
+    assert text.count("# TYPE duplex_websocket_connections gauge") == 1  # each family once
+    await ws.close()
