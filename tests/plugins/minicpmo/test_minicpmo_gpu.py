@@ -129,7 +129,13 @@ def test_the_recommended_configuration_says_what_its_eager_run_says(minicpmo_ckp
         for slot in a:
             assert a[slot][:3] == b[slot][:3]
             if a[slot][3] is not None:
-                np.testing.assert_allclose(a[slot][3], b[slot][3], atol=1e-4)
+                # The captured flow runs its half-precision kernels at the graphs' fixed shapes, the
+                # eager one at the unit's own: the two may round a mel value apart by float16's unit
+                # roundoff (2**-11, relative), which the float32 vocoder carries to the waveform at
+                # about its own gain (one on this audio): so at most twice that times the peak, one
+                # rounding on either side. (An H200 run measured 2.1e-4 at a peak of 0.76.)
+                peak = float(np.abs(a[slot][3]).max())
+                np.testing.assert_allclose(a[slot][3], b[slot][3], rtol=0, atol=2 * 2**-11 * peak)
 
 
 def test_the_flow_in_float16_against_float32_on_the_full_size_architecture(capsys):
