@@ -17,8 +17,12 @@ import sys
 from pathlib import Path
 from typing import Any
 
-from bench.reliability.attacks import ATTACKS, run_attack
+from bench.reliability import attacks, routes
+from bench.reliability.attacks import run_attack
 from bench.report import machine, print_table, write_json
+
+#: Every attack: the first round's against ``/v1/realtime``, then the other routes'.
+ATTACKS = {**attacks.ATTACKS, **routes.ATTACKS}
 
 COLUMNS = [
     "attack",
@@ -26,6 +30,7 @@ COLUMNS = [
     ("heartbeat_p99_ms", "hb p99 ms"),
     ("heartbeat_max_ms", "hb max ms"),
     ("health_p99_ms", "/health p99 ms"),
+    ("health_max_ms", "/health max ms"),
     ("rss_before_mb", "RSS before MB"),
     ("rss_peak_mb", "peak MB"),
     ("rss_after_mb", "after MB"),
@@ -44,6 +49,15 @@ DETAILS = (
     "metrics_bytes_after",
     "bystander_first_audio_s",
     "rss_after_each_round_mb",
+    "admitted_per_run",
+    "sent_in_s",
+    "dots_answered_in_s",
+    "sessions_gone_after_s",
+    "slots_free_after_s",
+    "freed_after_s",
+    "fresh_request_status",
+    "degraded_after_s",
+    "sessions_failed_after_s",
 )
 
 #: Sizes for ``--quick``: every attack runs, small, in about a minute (the suite's own test).
@@ -63,6 +77,14 @@ QUICK = {
     "wait_s": 2.0,
     "settle_s": 0.5,
     "chars": 300,
+    "runs": 2,
+    "messages": 2000,
+    "dots": 5000,
+    "sockets": 2,
+    "unread_clients": 4,
+    "unread_chars": 300,
+    "requests": 8,
+    "long_chars": 1000,
 }
 
 

@@ -46,7 +46,7 @@ class Attack:
     name: str
     plugin: str
     run: Callable[[ServerProcess, dict[str, Any]], Awaitable[dict[str, Any]]]
-    config: str = ""
+    config: str | Callable[[], str] = ""  # YAML for ``--config``, or what builds it when the attack runs
     extra: tuple[str, ...] = ()
     settle_s: float = 10.0  # how long after the attack the "after" RSS is read
     targets: tuple[str, ...] = ()  # the figures this attack is judged on (``judge``)
@@ -58,7 +58,8 @@ class Attack:
 
 async def run_attack(attack: Attack, opts: dict[str, Any]) -> dict[str, Any]:
     """Run one attack on a fresh server; the row of the report."""
-    with ServerProcess(attack.plugin, config=attack.config, extra=attack.extra) as srv:
+    config = attack.config() if callable(attack.config) else attack.config
+    with ServerProcess(attack.plugin, config=config, extra=attack.extra) as srv:
         if attack.warm_up is not None:
             await attack.warm_up(srv)
         rss_before = srv.rss()
@@ -89,6 +90,7 @@ def judge(row: dict[str, Any], targets: tuple[str, ...]) -> str:
     failed = [] if row["server_alive"] else ["server died"]
     checks = {
         "heartbeat": lambda: (row.get("heartbeat_p99_ms") or 1e9) < 250,
+        "health": lambda: (row.get("health_p99_ms") or 1e9) < 500 and not row.get("health_failures"),
         "rss_back": lambda: row["rss_after_mb"] - row["rss_before_mb"] < 200,
         "outcome": lambda: bool(row.get("ok")),
         "first_audio": lambda: (row.get("bystander_first_audio_s") or 1e9) < 3.0,

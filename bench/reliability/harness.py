@@ -3,9 +3,10 @@
 ``ServerProcess`` starts ``duplex serve`` in a child process (a fresh one per attack, so memory
 figures belong to one attack), captures its log to a file (the secrets check reads it), and
 samples its resident memory every ``sample_s`` on a thread, so an attack's peak is seen even when
-it is brief. ``HealthProbe`` is the bystander every attack must not hurt: one ordinary session
-that sends ``session.heartbeat`` every ``interval_s`` and times each answer, and an HTTP client
-that times ``GET /health`` at the same pace. Attacks use ``connect``/``send_json`` for protocol
+it is brief. ``HealthProbe`` is the bystander every attack must not hurt, run in a process of its
+own (``bench.reliability.bystander``): one ordinary session that sends ``session.heartbeat`` every
+``interval_s`` and times each answer, and an HTTP client that times ``GET /health`` at the same
+pace. Attacks use ``connect``/``send_json`` for protocol
 clients and ``raw_socket`` for what no WebSocket library will send (partial headers, half frames).
 """
 
@@ -171,7 +172,10 @@ def raw_socket(port: int) -> socket.socket:
 
 @dataclass
 class HealthProbe:
-    """A bystander session and ``/health`` probe, timed every ``interval_s`` (async context manager)."""
+    """The bystander (``bench.reliability.bystander``) in a process of its own, so that what the
+    attack costs the attacker's loop is not counted against the server: a session timed with
+    ``session.heartbeat`` and ``GET /health`` every ``interval_s`` (async context manager).
+    ``summary()`` after the block."""
 
     server: ServerProcess
     query: str = "model=duplex"  # the bystander's handshake query (a key, where the server needs one)
@@ -179,42 +183,36 @@ class HealthProbe:
     heartbeat_ms: list[float] = field(default_factory=list)
     health_ms: list[float] = field(default_factory=list)
     heartbeat_failures: int = 0
+    health_failures: int = 0
+    health_words: dict[str, int] = field(default_factory=dict)
 
     async def __aenter__(self) -> HealthProbe:
-        self._tasks = [asyncio.create_task(self._heartbeats()), asyncio.create_task(self._health())]
+        args = [
+            sys.executable, "-m", "bench.reliability.bystander", "--port", str(self.server.port),
+            "--query", self.query, "--interval-s", str(self.interval_s),
+        ]  # fmt: skip
+        self._proc = subprocess.Popen(args, stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True)
+        assert self._proc.stdout is not None
+        line = await asyncio.to_thread(self._proc.stdout.readline)
+        if line.strip() != "ready":
+            self._proc.kill()
+            self._proc.wait()
+            raise RuntimeError(f"the bystander did not start: {line!r}")
         await asyncio.sleep(self.interval_s * 4)  # a few rounds before the attack starts
         return self
 
     async def __aexit__(self, *exc: object) -> None:
-        for task in self._tasks:
-            task.cancel()
-        for task in self._tasks:
-            with contextlib.suppress(asyncio.CancelledError, Exception):
-                await task
-
-    async def _heartbeats(self) -> None:
-        async with connect(self.server.url(self.query)) as ws:
-            await recv_json(ws, "session.created")
-            while True:
-                t0 = time.perf_counter()
-                await ws.send(json.dumps({"type": "session.heartbeat"}))
-                try:
-                    await recv_json(ws, "session.heartbeat_ack", timeout_s=60)
-                except TimeoutError:
-                    self.heartbeat_failures += 1
-                    continue
-                self.heartbeat_ms.append((time.perf_counter() - t0) * 1e3)
-                await asyncio.sleep(self.interval_s)
-
-    async def _health(self) -> None:
-        while True:
-            t0 = time.perf_counter()
-            try:
-                status, _ = await asyncio.to_thread(http_get, self.server.port, "/health")
-            except OSError:
-                status = 0
-            self.health_ms.append((time.perf_counter() - t0) * 1e3 if status == 200 else float("inf"))
-            await asyncio.sleep(self.interval_s * 4)
+        proc = self._proc
+        assert proc.stdin is not None and proc.stdout is not None
+        proc.stdin.close()  # the bystander reports and exits
+        report = await asyncio.to_thread(proc.stdout.readline)
+        await asyncio.to_thread(proc.wait, 60)
+        data = json.loads(report) if report.strip() else {}
+        self.heartbeat_ms = data.get("heartbeat_ms", [])
+        self.health_ms = data.get("health_ms", [])
+        self.heartbeat_failures = data.get("heartbeat_failures", 0)
+        self.health_failures = data.get("health_failures", 0)
+        self.health_words = data.get("health_words", {})
 
     def summary(self) -> dict[str, Any]:
         return {
@@ -222,6 +220,9 @@ class HealthProbe:
             "heartbeat_p99_ms": percentile(self.heartbeat_ms, 99),
             "heartbeat_max_ms": max(self.heartbeat_ms, default=None),
             "heartbeats": len(self.heartbeat_ms),
+            "heartbeat_failures": self.heartbeat_failures,
             "health_p99_ms": percentile(self.health_ms, 99),
-            "health_failures": sum(1 for v in self.health_ms if v == float("inf")),
+            "health_max_ms": max(self.health_ms, default=None),
+            "health_failures": self.health_failures,
+            "health_words": self.health_words,
         }

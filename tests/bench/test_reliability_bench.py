@@ -13,7 +13,7 @@ pytestmark = pytest.mark.timeout(240)
 
 def test_the_suite_runs_attacks_against_a_real_server_and_writes_every_figure(tmp_path):
     out = tmp_path / "reliability.json"
-    attacks = ["frame_json", "metric_labels", "bad_values", "big_instructions"]
+    attacks = ["frame_json", "metric_labels", "bad_values", "big_instructions", "waiting_room_cut"]
     cmd = [sys.executable, "-m", "bench.reliability", "--quick", "--attacks", *attacks, "--json", str(out)]
     done = subprocess.run(cmd, capture_output=True, text=True, timeout=220)
     report = json.loads(out.read_text())
@@ -21,6 +21,7 @@ def test_the_suite_runs_attacks_against_a_real_server_and_writes_every_figure(tm
     assert list(rows) == attacks
     for row in rows.values():
         assert row["server_alive"] and row["heartbeats"] > 0
+        assert row["health_words"].get("ok", 0) > 0  # the bystander's own process read /health
         assert row["rss_before_mb"] > 0 and row["rss_peak_mb"] >= row["rss_before_mb"] * 0.5
         assert row["rss_timeline"]
     # The hostile frame is refused before it is parsed; a client this fast meets the rate limit too.
@@ -31,4 +32,6 @@ def test_the_suite_runs_attacks_against_a_real_server_and_writes_every_figure(tm
     assert labels["metrics_bytes_after"] < labels["metrics_bytes_before"] + 65536
     assert rows["bad_values"]["answers"]["barge_in without a response"] == "response_cancel_not_active"
     assert rows["big_instructions"]["replay_from_0"].startswith("session.")
+    # Waiters cut while the holders close: every run admits two fresh clients (no slot lost).
+    assert rows["waiting_room_cut"]["admitted_per_run"] == [2, 2]
     assert "Reliability:" in done.stdout and "frame_json" in done.stdout
