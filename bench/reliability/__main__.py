@@ -55,6 +55,7 @@ DETAILS = (
     "sessions_gone_after_s",
     "slots_free_after_s",
     "freed_after_s",
+    "one_step_s",
     "fresh_request_status",
     "degraded_after_s",
     "sessions_failed_after_s",

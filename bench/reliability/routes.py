@@ -17,9 +17,10 @@ client was seen to (the second reliability issue):
 * ``nested_json``: a value 5,000 levels deep on every route, before and after its first message;
 * ``hung_worker``: a model worker stopped with SIGSTOP must be reported (``/health`` ``degraded``)
   and fail its sessions with ``model_worker_failed`` within its step deadline;
-* ``small_answers``: ``Retry-After`` on a 429, ``/health`` counting HTTP sessions, the ``param`` of
-  a model's refusal, the MAP dialect's close reason and messages for a bad ``mode`` and ``1e999``,
-  and a video ``session.playback`` with ``1e999``.
+* ``refusal_param``: a model's refusal of ``n``, ``size`` or ``steps`` names the field;
+* ``small_answers``: ``Retry-After`` on a 429, ``/health`` counting HTTP sessions, the MAP
+  dialect's close reason and messages for a bad ``mode`` and ``1e999``, and a video
+  ``session.playback`` with ``1e999``.
 
 Every server serves the in-process ``echo`` model as its default, which the bystander (its own
 process) talks to, and the attacked models beside it under their names, so the bystander never
@@ -354,12 +355,20 @@ async def abandoned_images(srv: ServerProcess, opts: dict[str, Any]) -> dict[str
 
 
 async def abandoned_speech(srv: ServerProcess, opts: dict[str, Any]) -> dict[str, Any]:
-    """Three speech requests of 4,000 characters whose clients leave after 1.5 s."""
+    """Three speech requests of 4,000 characters whose clients leave after 1.5 s. A slot frees when
+    the model's step in flight ends (Piper speaks one piece of up to 200 characters per request and
+    step, and a step cannot be interrupted), so the bound is that step plus a second; the step is
+    timed first, as three requests of one such piece each."""
+    one_piece = HI | {"input": (WORDS * 4)[:200]}
+    t0 = time.monotonic()
+    await asyncio.gather(*(http(srv.port, "POST", "/v1/audio/speech", one_piece) for _ in range(3)))
+    step_s = round(time.monotonic() - t0, 3)
     body = {"model": "piper", "input": (WORDS * 60)[: opts.get("long_chars", 4000)], "response_format": "wav"}
     row = await _abandon(srv, "/v1/audio/speech", [body] * 3, opts.get("after_s", 1.5))
     status, _, _ = await http(srv.port, "POST", "/v1/audio/speech", HI)
-    row["fresh_request_status"] = status
-    row["ok"] = status == 200 and row["freed_after_s"] is not None and row["freed_after_s"] < 1.0
+    freed = row["freed_after_s"]
+    row |= {"one_step_s": step_s, "fresh_request_status": status}
+    row["ok"] = status == 200 and freed is not None and freed < max(1.0, step_s + 1.0)
     return row
 
 
@@ -523,10 +532,6 @@ async def small_answers(srv: ServerProcess, opts: dict[str, Any]) -> dict[str, A
         in_flight.cancel()
         with contextlib.suppress(asyncio.CancelledError):
             await in_flight
-    for field, value in (("steps", 51), ("n", 11), ("size", "1024x1024")):
-        body = {"model": "sd", "prompt": "a fox", field: value}
-        status, _, data = await http(srv.port, "POST", "/v1/images/generations", body)
-        got[f"refused {field}"] = [status, json.loads(data)["error"].get("param")]
     async with connect(f"{base}/v1/realtime?mode=bogus&model=echo", subprotocols=["map.realtime"]) as ws:
         error = await recv_json(ws)
         with contextlib.suppress(Exception):
@@ -543,14 +548,24 @@ async def small_answers(srv: ServerProcess, opts: dict[str, Any]) -> dict[str, A
     expected = {
         "health_sessions_with_2_more": 2,
         "429_retry_after": [429, "1"],
-        "refused steps": [400, "steps"],
-        "refused n": [400, "n"],
-        "refused size": [400, "size"],
         "MAP mode=bogus": ["invalid_request", 1008, "invalid_request"],
         "MAP 1e999": "Invalid session.init at payload.config.temperature: Number out of range",
         "video playback 1e999": "invalid session.playback at position_seconds: Number out of range",
     }
     wrong = [k for k, want in expected.items() if got[k] != want]
+    return {"answers": got, "wrong": wrong, "ok": not wrong}
+
+
+async def refusal_param(srv: ServerProcess, opts: dict[str, Any]) -> dict[str, Any]:
+    """The image model refuses ``steps``, ``size`` and ``n`` past its own bounds: each answer names
+    the field (``param``), as the route's own refusals do."""
+    got: dict[str, Any] = {}
+    for field, value in (("steps", 51), ("size", "1024x1024"), ("n", 5)):
+        body = {"model": "sd", "prompt": "a fox", field: value}
+        status, _, data = await http(srv.port, "POST", "/v1/images/generations", body)
+        error = json.loads(data)["error"]
+        got[field] = [status, error["code"], error.get("param")]
+    wrong = [field for field, answer in got.items() if answer != [400, "invalid_session_config", field]]
     return {"answers": got, "wrong": wrong, "ok": not wrong}
 
 
@@ -596,8 +611,12 @@ ATTACKS: dict[str, Attack] = {
             settle_s=1.0, targets=("outcome", *BYSTANDER),
         ),
         Attack(
+            "refusal_param", "echo", refusal_param, lambda: _models(_sd(max_images=4)), settle_s=1.0,
+            targets=("outcome", *BYSTANDER),
+        ),
+        Attack(
             "small_answers", "echo", small_answers,
-            lambda: _models(_piper(max_sessions=2), _sd(), _helios(), server=SLOW_VIDEO), settle_s=1.0,
+            lambda: _models(_piper(max_sessions=2), _helios(), server=SLOW_VIDEO), settle_s=1.0,
             targets=("outcome", *BYSTANDER),
         ),
     )
