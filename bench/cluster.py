@@ -4,9 +4,15 @@ Two servers, each started as ``duplex serve`` in its own process on loopback, wi
 plugin and the same ``engine`` settings:
 
 * ``single``: one process (``--gpus 1``, no Ray): the sockets end in our uvicorn server;
-* ``cluster``: a local Ray instance, Serve's proxy (one process, ``HeadOnly``) and
-  ``--replicas`` engine replicas on the CPU (``gpus_per_replica: 0``); every socket goes through
-  the proxy, which passes each client message to the replica and each event back as Ray calls.
+* ``cluster``: a local Ray instance, Serve's proxy (one process) and ``--replicas`` engine
+  replicas on the CPU (``gpus_per_replica: 0``); every socket goes through the proxy, which passes
+  each client message to the replica and each event back as Ray calls;
+* ``direct`` (``--setups``): the same with Serve 2.60's direct ingress
+  (``RAY_SERVE_ENABLE_DIRECT_INGRESS=1``): each replica serves HTTP on a port of its own, and the
+  clients connect to one replica's port, as a TCP router in front would send them; no Python
+  process sits between the socket and the engine. (Serve's own router for it, HAProxy,
+  ``RAY_SERVE_ENABLE_HA_PROXY=1``, refuses a custom request router on the ingress deployment, so
+  it cannot pin sessions: ``docs/cluster.md``.)
 
 For each N, N real-time clients (``bench.server``'s load generators: raw sockets, one 80 ms PCM16
 append every 80 ms, every event read, an ack every 25 events) run against one server, then the
@@ -16,17 +22,19 @@ other, back to back. Measured after a warm-up:
   the single process's at the same N);
 * messages per second through the server: N x 12.5 appends in and N x 12.5 audio deltas out (the
   acks and the few other events are left out);
-* CPU, in % of one core, of the single process; of the proxy; of the replicas together; and "CPU
-  per 1000 messages/s" (cores) of the single process and of the proxy, and their ratio;
+* CPU, in % of one core, of the single process; of the proxy; of the replicas together; "front
+  cores per 1000 messages/s" of the process that holds the sockets (the single process, the
+  proxy, or with ``direct`` the replica) and "all cores" of every process, with their ratios to
+  the single process at the same N;
 * ``held``: sessions still answered at the end (a lost one makes the run fail).
 
-A second table follows the paths of one socket at a time (``hop_probe``: 200 appends, each sent
-when the previous delta came back, one frame ahead): ``single`` (one process), ``direct`` (through
-the proxy to the session's replica: a new session, or a resume by the query) and ``relayed`` (a
-``session.resume`` message that reached the other replica, which carries the socket to the owner
-through a ``DeploymentHandle`` stream: the data path a gateway deployment in front of the engine
-replicas would give every session). Its p50 / p99 round trip are without load, so they show what
-each hop costs, not what the machine's two busy cores add.
+A first table follows one socket at a time along each path (``hop_probe``: 200 appends at real
+time, latency as the load generators measure it): ``single`` (one process), ``direct`` (a
+replica's own port), ``proxy`` (through Serve's proxy to the session's replica: a new session, or
+a resume by the query) and ``proxy+relay`` (a ``session.resume`` message that reached the other
+replica, which carries the socket to the owner through a ``DeploymentHandle`` stream: the data
+path a gateway deployment in front of the engine replicas would give every session). Without load,
+it shows what each hop costs, not what two busy cores add.
 
 The proxy's capacity is the largest N (as messages/s) whose p99 stays under ``--p99-ms`` (20) with
 every session held. The go/no-go figure: 8 GPUs x 128 sessions x 12.5 frames/s each way is 25,600
@@ -59,6 +67,9 @@ from bench.server import start_drivers
 __all__ = ["hop_probe", "main", "run_level"]
 
 FRAMES_PER_S = 12.5  # one 80 ms append a session, and one delta back
+FRAME_S = 0.08
+#: The process that holds the clients' sockets in each setup.
+FRONT = {"single": "server", "cluster": "proxy", "direct": "replicas"}
 GOAL_MESSAGES_PER_S = 8 * 128 * FRAMES_PER_S * 2  # 25,600 per host
 PROXY_NAME = "ray::ProxyActor"
 REPLICA_NAME = "ray::ServeReplica"
@@ -70,8 +81,10 @@ COLUMNS: list[Column] = [
     "held",
     *((k, k, ".1f") for k in ("p50_ms", "p99_ms", "added_p50_ms", "added_p99_ms")),
     *((k, k, ".1f") for k in ("server_cpu_pct", "proxy_cpu_pct", "replicas_cpu_pct")),
-    ("cpu_per_1k_msg_s", "cores/1k msg/s", ".3f"),
-    ("cpu_ratio", "cpu ratio", ".2f"),
+    ("cpu_per_1k_msg_s", "front cores/1k msg/s", ".3f"),
+    ("cpu_ratio", "front ratio", ".2f"),
+    ("total_cpu_per_1k_msg_s", "all cores/1k msg/s", ".3f"),
+    ("total_cpu_ratio", "all ratio", ".2f"),
 ]
 
 
@@ -81,6 +94,7 @@ HOP_COLUMNS: list[Column] = ["path", ("p50_ms", "p50_ms", ".2f"), ("p99_ms", "p9
 def _config(path: Path, port: int, replicas: int, max_sessions: int) -> None:
     cfg: dict[str, Any] = {
         "plugin": "echo",
+        "plugin_options": {"max_sessions": max_sessions},  # the plugin's own slots (default 256)
         "server": {"port": port, "ws_ping_interval_s": None, "max_messages_per_s": 0},
         "engine": {
             "max_sessions": max_sessions,
@@ -103,6 +117,8 @@ class Server:
         config = workdir / f"{setup}.yaml"
         _config(config, self.port, replicas, max_sessions)
         env = {**os.environ, "PYTHONUNBUFFERED": "1"}
+        if setup == "direct":  # Serve 2.60's direct ingress: each replica serves HTTP on a port of its own
+            env["RAY_SERVE_ENABLE_DIRECT_INGRESS"] = "1"
         cmd = [sys.executable, "-m", "duplex.cli", "serve", "--config", str(config)]
         cmd += ["--log-level", "warning"]
         self.log = (workdir / f"{setup}.log").open("w")
@@ -111,7 +127,22 @@ class Server:
     def __enter__(self) -> Server:
         wait_port(self.port, timeout_s=180, proc=self.proc)
         self._ready()
+        if self.setup == "direct":  # every client goes to one replica's own port, as a router would send it
+            self.port = self._replica_port()
+            self._ready()
         return self
+
+    def _replica_port(self) -> int:
+        """The lowest port a replica listens on in Serve's direct-ingress range (30000-31000)."""
+        ports = [
+            c.laddr.port
+            for p in self.processes()["replicas"]
+            for c in p.net_connections(kind="tcp")
+            if c.status == "LISTEN" and 30000 <= c.laddr.port < 31000
+        ]
+        if not ports:
+            raise RuntimeError("no replica listens in the direct-ingress port range")
+        return min(ports)
 
     def _ready(self) -> None:
         """Once a session opens (the cluster's replicas start after its proxy listens)."""
@@ -201,37 +232,51 @@ def run_level(server: Server, n: int, seconds: float, warmup: float, drivers: in
     }
     for key in watched:
         row[f"{key}_cpu_pct"] = (cpu1[key] - cpu0[key]) / wall * 100
-    front = row.get("server_cpu_pct", row.get("proxy_cpu_pct"))
+    front = row.get(FRONT[server.setup] + "_cpu_pct")
+    total = sum(row.get(f"{k}_cpu_pct", 0.0) for k in watched)
     row["cpu_per_1k_msg_s"] = front / 100 / (messages / 1000) if front is not None else None
+    row["total_cpu_per_1k_msg_s"] = total / 100 / (messages / 1000)
     return row
 
 
-async def _round_trips(url: str, first: bytes | None, frames: int) -> list[float]:
-    """Round trips (ms) of ``frames`` appends on one socket, each sent once the delta of the one
-    before came back (the echo answers append i when append i + 1 completes a frame)."""
+async def _paced_latencies(url: str, first: bytes | None, frames: int) -> list[float]:
+    """Append-to-delta latencies (ms) of ``frames`` appends sent every 80 ms on one socket, as the
+    load generator measures them: the echo answers append i's frame when append i + 1 completes
+    it, so delta j is timed from the send of append j + 1."""
+    import asyncio
+
     import websockets
 
     from bench.loopback import streaming_session_update
     from bench.server import _append_messages
     from duplex.protocol import Mode, encode
 
-    appends, _ = _append_messages("duplex-json")
-    out: list[float] = []
+    appends, offset = _append_messages("duplex-json")
+    sent: list[float] = []
+    got: list[float] = []
     async with websockets.connect(url, proxy=None, max_size=None) as ws:
         if first is not None:
             await ws.send(first)
         opened = await ws.recv()
-        if b"error" in (opened.encode() if isinstance(opened, str) else opened)[:40]:
+        if b'"error"' in (opened.encode() if isinstance(opened, str) else opened)[:40]:
             raise RuntimeError(f"the probe's session did not open: {opened[:200]!r}")
         await ws.send(encode(streaming_session_update(), Mode.GA))
-        await ws.send(appends[0])
+
+        async def read() -> None:
+            while len(got) < frames - offset:
+                message = await ws.recv()
+                if b"response.output_audio.delta" in message.encode()[:80]:
+                    got.append(time.perf_counter())
+
+        reader = asyncio.ensure_future(read())
+        start = time.perf_counter()
         for i in range(frames):
-            sent = time.perf_counter()
-            await ws.send(appends[(i + 1) % len(appends)])
-            while b"response.output_audio.delta" not in (await ws.recv()).encode()[:80]:
-                pass
-            out.append((time.perf_counter() - sent) * 1000)
-    return out
+            await asyncio.sleep(max(0.0, start + i * FRAME_S - time.perf_counter()))
+            sent.append(time.perf_counter())
+            await ws.send(appends[i % len(appends)])
+        async with asyncio.timeout(10):
+            await reader
+    return [(t - sent[j + offset]) * 1000 for j, t in enumerate(got)]
 
 
 async def _opened(url: str) -> tuple[str, str]:
@@ -255,14 +300,14 @@ def hop_probe(server: Server, frames: int = 200) -> list[dict[str, Any]]:
         return {"path": path, "p50_ms": p50, "p99_ms": p99, "n": len(trips)}
 
     async def probe() -> list[dict[str, Any]]:
-        if server.setup == "single":
-            return [row("single", await _round_trips(base + "?model=echo", None, frames))]
+        if server.setup != "cluster":
+            return [row(server.setup, await _paced_latencies(base + "?model=echo", None, frames))]
         # A session on one replica, detached: the other has more free slots and takes the next socket.
         sid, token = await _opened(base)
         resume = encode(SessionResume(session_id=sid, resume_token=token), Mode.GA)
-        relayed = await _round_trips(base + "?resume=1", resume, frames)
-        direct = await _round_trips(base + "?model=echo", None, frames)
-        return [row("direct", direct), row("relayed", relayed)]
+        relayed = await _paced_latencies(base + "?resume=1", resume, frames)
+        proxied = await _paced_latencies(base + "?model=echo", None, frames)
+        return [row("proxy", proxied), row("proxy+relay", relayed)]
 
     return asyncio.run(probe())
 
@@ -279,6 +324,7 @@ def _compare(rows: list[dict[str, Any]]) -> None:
                 row[f"added_{q}_ms"] = row[f"{q}_ms"] - base[f"{q}_ms"]
         if row["cpu_per_1k_msg_s"] and base["cpu_per_1k_msg_s"]:
             row["cpu_ratio"] = row["cpu_per_1k_msg_s"] / base["cpu_per_1k_msg_s"]
+            row["total_cpu_ratio"] = row["total_cpu_per_1k_msg_s"] / base["total_cpu_per_1k_msg_s"]
 
 
 def capacity(rows: list[dict[str, Any]], setup: str, p99_ms: float) -> float:
@@ -299,14 +345,13 @@ def plot(rows: list[dict[str, Any]], path: str | Path) -> Path:
     import matplotlib.pyplot as plt
 
     fig, (lat, cpu) = plt.subplots(1, 2, figsize=(11, 4))
-    for setup in ("single", "cluster"):
+    for setup in sorted({r["setup"] for r in rows}):
         mine = sorted((r for r in rows if r["setup"] == setup), key=lambda r: r["sessions"])
         xs = [r["messages_per_s"] for r in mine]
         lat.plot(xs, [r["p99_ms"] for r in mine], marker="o", label=f"{setup} p99")
         lat.plot(xs, [r["p50_ms"] for r in mine], marker=".", linestyle="--", label=f"{setup} p50")
-        key = "server_cpu_pct" if setup == "single" else "proxy_cpu_pct"
-        label = "single server" if setup == "single" else "proxy"
-        cpu.plot(xs, [r.get(key) for r in mine], marker="o", label=label)
+        front = [r["cpu_per_1k_msg_s"] * r["messages_per_s"] / 10 for r in mine]  # % of one core
+        cpu.plot(xs, front, marker="o", label=setup)
     lat.set(xlabel="messages/s", ylabel="append-to-delta ms", yscale="log", title="latency")
     cpu.set(xlabel="messages/s", ylabel="% of one core", title="CPU of the front process")
     lat.legend()
@@ -323,17 +368,23 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--seconds", type=float, default=8.0)
     parser.add_argument("--warmup", type=float, default=3.0)
     parser.add_argument("--replicas", type=int, default=2)
+    parser.add_argument(
+        "--setups", nargs="+", default=["single", "cluster"], choices=sorted(FRONT), help="what to compare"
+    )
     parser.add_argument("--drivers", type=int, default=2)
     parser.add_argument("--p99-ms", type=float, default=20.0)
     parser.add_argument("--probe-frames", type=int, default=200, help="round trips per path, one socket")
     parser.add_argument("--out", default="bench/results/cluster.json")
     parser.add_argument("--plot")
     args = parser.parse_args(argv)
-    max_sessions = max(args.sessions) + 16
+    # The clients of one level detach as they leave (each waits disconnect_grace_s, 1 s, for a resume
+    # and the reaper's next pass), so the next level may start beside them: room for both.
+    max_sessions = 2 * max(args.sessions) + 16
     rows: list[dict[str, Any]] = []
     hops: list[dict[str, Any]] = []
     with tempfile.TemporaryDirectory() as tmp:
-        for setup, replicas in (("single", 1), ("cluster", args.replicas)):
+        for setup in args.setups:
+            replicas = 1 if setup == "single" else args.replicas
             with Server(setup, replicas, max_sessions, Path(tmp)) as server:
                 hops += hop_probe(server, args.probe_frames)
                 for n in args.sessions:
@@ -343,12 +394,12 @@ def main(argv: list[str] | None = None) -> int:
     _compare(rows)
     print_table(hops, HOP_COLUMNS, title="one socket")
     print_table(rows, COLUMNS, title="under load")
-    caps = {setup: capacity(rows, setup, args.p99_ms) for setup in ("single", "cluster")}
+    caps = {setup: capacity(rows, setup, args.p99_ms) for setup in args.setups}
     summary = {
         "p99_ms_limit": args.p99_ms,
         "capacity_messages_per_s": caps,
         "goal_messages_per_s": GOAL_MESSAGES_PER_S,
-        "capacity_vs_goal": caps["cluster"] / GOAL_MESSAGES_PER_S,
+        "capacity_vs_goal": {setup: cap / GOAL_MESSAGES_PER_S for setup, cap in caps.items()},
     }
     print(json.dumps(summary, indent=1))
     write_json(args.out, {"args": vars(args), "hops": hops, "rows": rows, "summary": summary})

@@ -26,6 +26,12 @@ else:
     import ray  # noqa: F401  (fails collection when the environment lacks Ray)
 
 SECRET = "cluster-tests-shared-secret-0123456789"
+
+
+def pytest_configure(config: pytest.Config) -> None:
+    # Ray Serve's own models use a pydantic spelling that pydantic deprecates: not ours to fix.
+    ignored = "ignore:Using extra keyword arguments on `Field`:DeprecationWarning"
+    config.addinivalue_line("filterwarnings", ignored)
 APP = "duplex"
 
 
