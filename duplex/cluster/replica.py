@@ -105,20 +105,26 @@ class DuplexReplica:
     # -- what the routers read ---------------------------------------------------------------
 
     async def record_routing_stats(self) -> dict[str, Any]:
-        """Free slots and how they are taken, for ``SessionRouter`` (every ``stats_period_s``)."""
+        """Free slots and how they are taken, for ``SessionRouter`` (every ``stats_period_s``):
+        ``free`` is the capacity less the attached, detached and reserved sessions and the opens
+        waiting in its queue."""
         self._reports += 1
         self._reported.set()
         engine = self.state.engine
         if not self.state.ready:
             return {"free": 0, "draining": self.draining}
         capacity, attached, detached, reserved = engine.occupancy()
-        free = 0 if self.draining else max(0, capacity - attached - detached - reserved)
+        queued = engine.manager.room.waiting
+        # Below zero when opens wait in its queue (``?queue=1``): a full application's waiting opens
+        # go to the replica with the shortest queue, so the waiting room spans every replica.
+        free = 0 if self.draining else capacity - attached - detached - reserved - queued
         return {
             "free": free,
             "capacity": capacity,
             "attached": attached,
             "detached": detached,
             "reserved": reserved,
+            "queued": queued,
             "draining": self.draining,
             "relayed": self.relays.served,
         }

@@ -17,7 +17,9 @@ A key ``s_<owner>_<random>`` (``duplex.engine.ids``) whose owner is running goes
 nowhere else. Anything else, a new session, an HTTP request, or a key whose owner is gone, goes to
 the replica with the most free session slots, best first, draining replicas last. A replica's free
 slots come from its routing stats (``DuplexReplica.record_routing_stats``: capacity less the
-attached, detached and reserved sessions, refreshed every ``ClusterConfig.stats_period_s``), less
+attached, detached and reserved sessions and the opens waiting in its queue, so a full
+application's waiting room fills every replica's queue evenly; refreshed every
+``ClusterConfig.stats_period_s``), less
 the unkeyed requests this router sent it in the last two periods, which a report may not count yet
 (a burst of opens spreads instead of piling onto the replica that looked emptiest a second ago).
 A replica sent a resume whose owner is gone answers ``session_not_found`` itself; admission is

@@ -263,3 +263,35 @@ async def test_health_and_metrics_answer_for_every_replica(deployed: RayCluster)
         assert f'replica="{rank}"' in text
     assert text.count("# TYPE duplex_websocket_connections gauge") == 1  # each family once
     await ws.close()
+
+
+async def test_the_waiting_room_spans_the_replicas(ray_cluster: RayCluster) -> None:
+    """Every slot taken (one per replica): two opens that may wait (``?queue=1``) wait one at each
+    replica, so each is admitted as soon as a session on its replica ends."""
+    from ray import serve
+
+    from duplex.protocol import SessionClose
+    from tests.cluster.conftest import deploy
+
+    deploy(engine={"max_sessions": 1, "max_queue_length": 4})
+    try:
+        first = [await opened(ray_cluster.url) for _ in range(2)]
+        assert len({owner_of(created.session.id) for _, created in first}) == 2
+        waiting = []
+        for _ in range(2):
+            ws = await websockets.connect(ray_cluster.url + "?model=echo&queue=1", proxy=None)
+            assert event_type(await recv(ws)) == "session.queued"
+            waiting.append(ws)
+        pending = {asyncio.ensure_future(until(ws, "session.created")): ws for ws in waiting}
+        for ws, created in first:  # each ending admits the one waiter queued at its replica
+            await send(ws, SessionClose())
+            await until(ws, "session.closed")
+            done, _ = await asyncio.wait(pending, return_when=asyncio.FIRST_COMPLETED)
+            (task,) = done
+            admitted, _ = task.result()
+            assert owner_of(admitted.session.id) == owner_of(created.session.id)
+            pending.pop(task)
+        for ws in [*waiting, *(ws for ws, _ in first)]:
+            await ws.close()
+    finally:
+        serve.delete(APP)
