@@ -220,14 +220,14 @@ async def test_an_image_reference_starts_the_video_from_that_image(video: Runnin
         (
             '{"type": "session.start", "prompt": "x", "extra_params": {"hue": 1}}',
             "invalid_session_config",
-            None,
+            "hue",  # the model names the option it refuses
         ),
         (
             '{"type": "session.start", "prompt": "x", "seed": 1, "extra_params": {"seed": 2}}',
             "invalid_session_config",
             "extra_params.seed",
         ),
-        ('{"type": "session.start", "prompt": "   "}', "response_create_without_input", None),
+        ('{"type": "session.start", "prompt": "   "}', "response_create_without_input", "prompt"),
         ('{"type": "session.start", "prompt": "x", "extra_params": {"a": ' + DEEP + "}}", "bad_event", None),
         ('{"type": "session.start", "prompt": "x", "colour": ' + DEEP + "}", "bad_event", None),
         ('{"type": "session.start", "prompt": "x", "fps": 1e999}', "bad_event", "fps"),
