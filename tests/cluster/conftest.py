@@ -78,15 +78,19 @@ def ray_cluster() -> Iterator[RayCluster]:
         cluster.shutdown()
 
 
-def deploy(engine: dict[str, object] | None = None, **cluster: object) -> None:
-    """Deploy the application (replacing the one running) and wait until it serves."""
+def deploy(
+    engine: dict[str, object] | None = None, models: tuple[object, ...] = (), **cluster: object
+) -> None:
+    """Deploy the application (replacing the one running) and wait until it serves; ``models``:
+    ``ModelConfig``s served beside the echo plugin."""
     from ray import serve
 
     from duplex.cluster.app import application
     from duplex.cluster.config import ClusterConfig
     from duplex.server.config import ServeConfig
 
-    cfg = ServeConfig(plugin="echo", engine={"max_sessions": 4, "max_queue_length": 0, **(engine or {})})
+    engine = {"max_sessions": 4, "max_queue_length": 0, **(engine or {})}
+    cfg = ServeConfig(plugin="echo", engine=engine, models=models)  # type: ignore[arg-type]
     settings = {"gpus": 2, "gpus_per_replica": 1, "cpus_per_replica": 0, "stats_period_s": 0.2}
     serve.run(application(cfg, ClusterConfig(**{**settings, **cluster})), name=APP, route_prefix="/")
 

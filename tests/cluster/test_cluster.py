@@ -295,3 +295,61 @@ async def test_the_waiting_room_spans_the_replicas(ray_cluster: RayCluster) -> N
             await ws.close()
     finally:
         serve.delete(APP)
+
+
+async def test_both_dialects_msgpack_and_the_models_route_work_through_the_proxy(
+    deployed: RayCluster,
+) -> None:
+    import json
+    import urllib.request
+
+    from duplex.protocol import MSGPACK_SUBPROTOCOL, Mode, SessionUpdate
+
+    # vLLM-Omni's client: ?duplex=1&autostart=0, the session opens from its session.update.
+    async with websockets.connect(deployed.url + "?duplex=1&model=echo&autostart=0", proxy=None) as ws:
+        await send(ws, SessionUpdate(session={"type": "realtime"}))
+        created, _ = await until(ws, "session.created")
+        assert owner_of(created.session.id) is not None
+        await audio_round_trip(ws)
+    # Our binary transport: the same events as msgpack frames.
+    async with websockets.connect(
+        deployed.url + "?model=echo", subprotocols=[MSGPACK_SUBPROTOCOL], proxy=None
+    ) as ws:
+        assert ws.subprotocol == MSGPACK_SUBPROTOCOL
+        created = await recv(ws, Mode.MSGPACK)
+        assert event_type(created) == "session.created" and owner_of(created.session.id) is not None
+    with urllib.request.urlopen(deployed.http + "/v1/models", timeout=30) as response:
+        models = json.loads(response.read())
+    assert [m["id"] for m in models["data"]] == ["echo"]
+
+
+async def test_a_batch_route_works_through_the_proxy(ray_cluster: RayCluster) -> None:
+    """``POST /v1/audio/speech`` to a batch model served beside the duplex one, on every replica."""
+    import json
+    import urllib.error
+    import urllib.request
+
+    from ray import serve
+
+    from duplex.server.config import ModelConfig
+    from tests.cluster.conftest import deploy
+
+    deploy(models=(ModelConfig(name="speech", plugin="scripted-batch", engine={"max_sessions": 2}),))
+    try:
+        body = json.dumps({"model": "speech", "input": "hi there", "voice": "tone", "response_format": "wav"})
+        headers = {"Content-Type": "application/json"}
+        url = ray_cluster.http + "/v1/audio/speech"
+        request = urllib.request.Request(url, data=body.encode(), headers=headers)
+
+        def post() -> bytes:
+            try:
+                with urllib.request.urlopen(request, timeout=60) as response:
+                    return response.read()
+            except urllib.error.HTTPError as err:
+                raise AssertionError(err.read()) from None
+
+        for _ in range(2):  # whichever replica takes it
+            audio = await asyncio.to_thread(post)
+            assert audio[:4] == b"RIFF" and len(audio) > 1000
+    finally:
+        serve.delete(APP)
