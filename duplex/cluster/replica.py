@@ -150,6 +150,12 @@ class DuplexReplica:
         """The relayed client went away: the session waits for a resume, as on a direct socket."""
         await self.relays.detach(session_id)
 
+    async def release_sockets(self) -> int:
+        """Close every socket this replica serves with 1012 and keep the sessions: each client
+        reconnects and resumes (the ``openai`` SDK from its reconnect hook), through the router back
+        to this replica. Returns how many sockets were released."""
+        return int(await self.state.release_sockets())
+
     async def drain(self, timeout_s: float | None = None) -> dict[str, int]:
         """Stop taking sessions, then close them (see the module docstring); returns how many
         sessions were closed and how many were still open at the end. Idempotent.

@@ -353,3 +353,48 @@ async def test_a_batch_route_works_through_the_proxy(ray_cluster: RayCluster) ->
             assert audio[:4] == b"RIFF" and len(audio) > 1000
     finally:
         serve.delete(APP)
+
+
+async def test_the_openai_sdk_resumes_through_its_reconnect_hook_on_the_owner(
+    deployed: RayCluster,
+) -> None:
+    """The stock ``openai`` SDK: a session, its socket released with 1012, the SDK's reconnect hook
+    puts the resume in the query, and the router sends it back to the session's replica."""
+    from openai import AsyncOpenAI
+
+    from duplex.cluster.handles import replica_handle
+
+    client = AsyncOpenAI(api_key="sk-local", websocket_base_url=deployed.url.rsplit("/", 1)[0])
+    state: dict[str, Any] = {"last_seq": 0}
+    closes: list[int | None] = []
+
+    def on_reconnecting(event: Any) -> dict[str, Any]:
+        closes.append(event.close_code)
+        query = {"session_id": state["sid"], "resume_token": state["token"]}
+        return {"extra_query": {**query, "last_event_seq": str(state["last_seq"])}}
+
+    async with client.realtime.connect(
+        model="gpt-realtime", on_reconnecting=on_reconnecting, initial_delay=0.01, max_delay=0.05
+    ) as conn:
+        events = aiter(conn)
+
+        async def next_event() -> Any:
+            async with asyncio.timeout(30):
+                event = await anext(events)
+            extra = event.model_extra or {}
+            state["last_seq"] = max(state["last_seq"], extra.get("server_event_seq") or 0)
+            if event.type in ("session.created", "session.resumed"):
+                state["sid"] = event.session.id if event.type == "session.created" else extra["session_id"]
+                state["token"] = extra["resume_token"]
+            return event
+
+        created = await next_event()
+        assert created.type == "session.created" and created.session.model == "echo"
+        owner = owner_of(state["sid"])
+        assert await replica_handle(APP, owner, "release_sockets").remote() == 1
+        resumed = await next_event()
+        assert resumed.type == "session.resumed" and resumed.model_extra["session_id"] == created.session.id
+        await conn.send({"type": "session.heartbeat"})
+        while (await next_event()).type != "session.heartbeat_ack":
+            pass
+    assert closes == [1012]
