@@ -5,7 +5,7 @@ BIN := $(VENV)/bin
 TORCH ?= torch==2.13.0
 STAMP := $(VENV)/.installed
 
-.PHONY: serve test test-kernels lint bench-codec clean thirdparty-envs parity-envs
+.PHONY: serve test test-kernels test-cluster lint bench-codec clean thirdparty-envs parity-envs
 
 $(BIN)/python:
 	$(PY) -m venv $(VENV)
@@ -40,6 +40,20 @@ KERNEL_TESTS ?= tests/plugins tests/batch_models tests/parity
 
 test-kernels: $(STAMP)
 	$(KERNEL_ENV) $(BIN)/python -m pytest -q $(KERNEL_TESTS) $(PYTEST_ARGS)
+
+# The scale-out tests (tests/cluster): a Ray cluster of two nodes on this machine, Ray in its own venv
+# (about 510 MB; the main suite's environment has no Ray and never collects these tests).
+CLUSTER_VENV := .venv-cluster
+
+$(CLUSTER_VENV)/.installed: pyproject.toml
+	$(PY) -m venv $(CLUSTER_VENV)
+	$(CLUSTER_VENV)/bin/pip install -q --upgrade pip
+	$(CLUSTER_VENV)/bin/pip install -q -e '.[cluster]' pytest 'pytest-asyncio>=1.5' 'pytest-timeout>=2.3' \
+		'openai[realtime]>=1.109'
+	touch $@
+
+test-cluster: $(CLUSTER_VENV)/.installed
+	DUPLEX_CLUSTER_TESTS=1 $(CLUSTER_VENV)/bin/python -m pytest -q tests/cluster $(PYTEST_ARGS)
 
 lint: $(STAMP)
 	$(BIN)/ruff check .
@@ -95,4 +109,4 @@ $(NEMO_PARITY_VENV)/.installed:
 	touch $@
 
 clean:
-	rm -rf $(VENV) $(PIPECAT_VENV) $(LIVEKIT_VENV) $(MINICPMO_PARITY_VENV) $(NEMO_PARITY_VENV)
+	rm -rf $(VENV) $(PIPECAT_VENV) $(LIVEKIT_VENV) $(MINICPMO_PARITY_VENV) $(NEMO_PARITY_VENV) $(CLUSTER_VENV)
