@@ -43,8 +43,8 @@ from duplex.protocol._beta import from_beta_event, to_beta_event
 from duplex.protocol._elements import json_exceeds, msgpack_exceeds
 from duplex.protocol.errors import ERROR_TYPES, ProtocolError
 from duplex.protocol.limits import MAX_EVENT_ELEMENTS, PATTERN_WORDS
-from duplex.protocol.realtime._base import Command, Event
 from duplex.protocol.types import ClientCommand, ServerEvent
+from duplex.protocol.wire import Command, Event
 
 __all__ = [
     "MAX_EVENT_BYTES",

@@ -22,12 +22,19 @@ classes and is derived from the code; a code missing from the table is an ``inva
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING, Final, Literal
+from typing import Final, Literal
 
-if TYPE_CHECKING:
-    from duplex.protocol.realtime.events import ErrorDetail, ErrorEvent
+from duplex.protocol.wire import Event, Wire
 
-__all__ = ["ERROR_TYPES", "DuplexError", "ErrorType", "ProtocolError", "error_type", "field_error"]
+__all__ = [
+    "ERROR_TYPES",
+    "DuplexError",
+    "ErrorDetail",
+    "ErrorEvent",
+    "ErrorType",
+    "ProtocolError",
+    "error_type",
+]
 
 ErrorType = Literal["invalid_request_error", "server_error", "rate_limit_error"]
 
@@ -143,6 +150,23 @@ def error_type(code: str) -> ErrorType:
     return ERROR_TYPES.get(code, "invalid_request_error")
 
 
+class ErrorDetail(Wire, kw_only=True):
+    """The ``error`` payload: OpenAI class ``type``, our ``code``, and the client's ``event_id``."""
+
+    type: str
+    code: str | None = None
+    message: str
+    param: str | None = None
+    event_id: str | None = None
+    retryable: bool | None = None
+
+
+class ErrorEvent(Event, tag="error", kw_only=True):
+    """An error about one client event; the session stays usable."""
+
+    error: ErrorDetail
+
+
 class DuplexError(Exception):
     """An error with a wire code: ``code`` from ``ERROR_TYPES``, ``message`` human-readable and safe to
     send, ``param`` the field at fault (a dotted path such as ``session.audio.input.format``) or None.
@@ -161,16 +185,12 @@ class DuplexError(Exception):
 
     def to_detail(self, event_id: str | None = None) -> ErrorDetail:
         """The ``error`` payload of the OpenAI envelope (``event_id``: the rejected client event's)."""
-        from duplex.protocol.realtime.events import ErrorDetail  # events import formats, which import us
-
         return ErrorDetail(
             type=self.type, code=self.code, message=self.message, param=self.param, event_id=event_id
         )
 
     def to_event(self, event_id: str, client_event_id: str | None = None) -> ErrorEvent:
         """The ``error`` server event; ``event_id`` is the new server event's id (``ids.new_event_id``)."""
-        from duplex.protocol.realtime.events import ErrorEvent
-
         return ErrorEvent(event_id=event_id, error=self.to_detail(client_event_id))
 
     def __repr__(self) -> str:
@@ -199,10 +219,3 @@ class ProtocolError(DuplexError):
     def __repr__(self) -> str:
         where = f", param={self.param!r}, event_id={self.event_id!r}"
         return f"ProtocolError({self.code!r}, {self.message!r}{where})"
-
-
-def field_error(code: str, message: str, field: str | None = None) -> ValueError:
-    """The error a wire struct's ``__post_init__`` raises for a bad value: ``ValueError("code@field:
-    message")``. msgspec adds where the struct sits in the frame, and the codec turns it into
-    ``ProtocolError(code, message, param=<that path>.field)``. ``code`` must be in ``ERROR_TYPES``."""
-    return ValueError(f"{code}@{field}: {message}" if field else f"{code}: {message}")

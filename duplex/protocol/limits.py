@@ -40,8 +40,6 @@ from typing import Annotated, Any, Final
 
 from msgspec import Meta
 
-from duplex.protocol.errors import field_error
-
 __all__ = [
     "MAX_AUDIO_MS",
     "MAX_EVENT_ELEMENTS",
@@ -91,6 +89,7 @@ __all__ = [
     "Temperature",
     "Text",
     "check_json",
+    "field_error",
 ]
 
 # -- the limits (units in the names) ---------------------------------------------------------------
@@ -270,3 +269,10 @@ def _key_path(key: str) -> str:
 
 _PLAIN_KEY: Final = re.compile(r"[\w$-]{1,64}")
 _LEAVES: Final = frozenset({bool, type(None)})  # always valid: no check needed
+
+
+def field_error(code: str, message: str, field: str | None = None) -> ValueError:
+    """The error a wire struct's ``__post_init__`` raises for a bad value: ``ValueError("code@field:
+    message")``. msgspec adds where the struct sits in the frame, and the codec turns it into
+    ``ProtocolError(code, message, param=<that path>.field)``. ``code`` must be in ``ERROR_TYPES``."""
+    return ValueError(f"{code}@{field}: {message}" if field else f"{code}: {message}")

@@ -33,9 +33,9 @@ import msgspec
 from msgspec import Meta
 
 from duplex.protocol._elements import json_exceeds
-from duplex.protocol.errors import ERROR_TYPES, ProtocolError, field_error
+from duplex.protocol.errors import ERROR_TYPES, ProtocolError
 from duplex.protocol.ext.commands import MAX_VIDEO_FRAME_BYTES
-from duplex.protocol.limits import MAX_EVENT_ELEMENTS, Id, JsonObject, Name, Text
+from duplex.protocol.limits import MAX_EVENT_ELEMENTS, Id, JsonObject, Name, Text, field_error
 
 __all__ = [
     "DEFAULT_FRAME_FILTER_THRESHOLD",

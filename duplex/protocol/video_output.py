@@ -32,7 +32,7 @@ from typing import Annotated, Final, Literal
 import msgspec
 from msgspec import Meta
 
-from duplex.protocol.errors import ERROR_TYPES, ProtocolError, field_error
+from duplex.protocol.errors import ERROR_TYPES, ProtocolError
 from duplex.protocol.limits import (
     MAX_SEQ,
     PATTERN_WORDS,
@@ -40,6 +40,7 @@ from duplex.protocol.limits import (
     Name,
     Text,
     check_json,
+    field_error,
 )
 
 __all__ = [

@@ -40,7 +40,7 @@ from typing import Annotated, Final, Literal, TypeVar
 import msgspec
 from msgspec import UNSET, Meta, UnsetType
 
-from duplex.protocol.errors import ProtocolError, field_error
+from duplex.protocol.errors import ProtocolError
 from duplex.protocol.formats import AudioFormat, check_rate, parse_format
 from duplex.protocol.limits import (
     MAX_GUIDANCE_SCALE,
@@ -63,8 +63,8 @@ from duplex.protocol.limits import (
     Speed,
     Text,
     check_json,
+    field_error,
 )
-from duplex.protocol.realtime._base import Command
 from duplex.protocol.realtime.commands import (
     InputAudioBufferAppend,
     InputAudioBufferCommit,
@@ -73,6 +73,7 @@ from duplex.protocol.realtime.commands import (
 )
 from duplex.protocol.realtime.responses import ResponseCreateParams
 from duplex.protocol.realtime.session import FormatValue, SessionConfig, Tool, max_tokens
+from duplex.protocol.wire import Command
 
 __all__ = [
     "LOCAL_SIGNALS",
@@ -362,6 +363,8 @@ class DuplexResponseCreate(ResponseCreate, tag="response.create", kw_only=True):
     """``response.create`` whose ``response`` may carry ``extra_body``."""
 
     response: DuplexResponseCreateParams | None = None
+
+
 class AppendVad(msgspec.Struct, frozen=True, kw_only=True, omit_defaults=True):
     """A client VAD's verdict on one append (the seeds' ``vad`` object)."""
 

@@ -32,7 +32,6 @@ from typing import Any, Literal
 import msgspec
 
 from duplex.protocol.ext.capabilities import SessionCapabilities
-from duplex.protocol.realtime._base import Event, Wire
 from duplex.protocol.realtime.events import (
     InputAudioBufferCommitted,
     ResponseCreated,
@@ -43,6 +42,7 @@ from duplex.protocol.realtime.events import (
 )
 from duplex.protocol.realtime.responses import Usage
 from duplex.protocol.realtime.session import Session
+from duplex.protocol.wire import Event, Wire
 
 __all__ = [
     "AudioDeltaMetadata",

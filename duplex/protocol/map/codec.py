@@ -67,7 +67,6 @@ from duplex.protocol.map.events import (
     ResponseOutputAudioDelta,
     ResponseOutputTextDelta,
 )
-from duplex.protocol.realtime._base import Command, Event
 from duplex.protocol.realtime.events import (
     ConversationItemInputAudioTranscriptionCompleted,
     ErrorEvent,
@@ -78,6 +77,7 @@ from duplex.protocol.realtime.events import ResponseOutputAudioDelta as EngineAu
 from duplex.protocol.realtime.events import ResponseOutputTextDelta as EngineTextDelta
 from duplex.protocol.realtime.responses import Usage
 from duplex.protocol.realtime.session import AudioConfig, AudioInputConfig, AudioOutputConfig
+from duplex.protocol.wire import Command, Event
 
 __all__ = [
     "INPUT_FORMAT",

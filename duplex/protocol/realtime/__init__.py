@@ -2,11 +2,6 @@
 
 from __future__ import annotations
 
-from duplex.protocol.realtime._base import (
-    Command,
-    Event,
-    Wire,
-)
 from duplex.protocol.realtime.commands import (
     ConversationItemCreate,
     ConversationItemDelete,
@@ -127,6 +122,11 @@ from duplex.protocol.realtime.session import (
     ToolChoiceMcp,
     TracingConfig,
     TurnDetection,
+)
+from duplex.protocol.wire import (
+    Command,
+    Event,
+    Wire,
 )
 
 __all__ = [

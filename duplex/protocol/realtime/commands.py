@@ -10,10 +10,10 @@ from __future__ import annotations
 import msgspec
 
 from duplex.protocol.limits import AudioMsInt, ContentIndex, Id
-from duplex.protocol.realtime._base import Command
 from duplex.protocol.realtime.items import ConversationItem
 from duplex.protocol.realtime.responses import ResponseCreateParams
 from duplex.protocol.realtime.session import SessionConfig
+from duplex.protocol.wire import Command
 
 __all__ = [
     "ConversationItemCreate",

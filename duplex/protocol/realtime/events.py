@@ -13,10 +13,11 @@ from typing import Any
 
 import msgspec
 
-from duplex.protocol.realtime._base import Event, Wire
+from duplex.protocol.errors import ErrorDetail, ErrorEvent
 from duplex.protocol.realtime.items import AudioPart, ConversationItem, TextPart
 from duplex.protocol.realtime.responses import Response
 from duplex.protocol.realtime.session import Session
+from duplex.protocol.wire import Event, Wire
 
 __all__ = [
     "Conversation",
@@ -88,23 +89,6 @@ class SessionUpdated(Event, tag="session.updated", kw_only=True):
     """The effective session after an accepted ``session.update``."""
 
     session: Session
-
-
-class ErrorDetail(Wire, kw_only=True):
-    """The ``error`` payload: OpenAI class ``type``, our ``code``, and the client's ``event_id``."""
-
-    type: str
-    code: str | None = None
-    message: str
-    param: str | None = None
-    event_id: str | None = None
-    retryable: bool | None = None
-
-
-class ErrorEvent(Event, tag="error", kw_only=True):
-    """An error about one client event; the session stays usable (DESIGN §4)."""
-
-    error: ErrorDetail
 
 
 # -- conversation ----------------------------------------------------------------------------------

@@ -20,7 +20,7 @@ from typing import Annotated, Literal
 import msgspec
 from msgspec import Meta
 
-from duplex.protocol.errors import ProtocolError, field_error
+from duplex.protocol.errors import ProtocolError
 from duplex.protocol.formats import parse_format
 from duplex.protocol.limits import (
     MAX_LIST_ITEMS,
@@ -32,8 +32,9 @@ from duplex.protocol.limits import (
     ShortText,
     Text,
     check_json,
+    field_error,
 )
-from duplex.protocol.realtime._base import Wire
+from duplex.protocol.wire import Wire
 
 __all__ = [
     "AudioPart",

@@ -16,7 +16,6 @@ import msgspec
 from msgspec import Meta
 
 from duplex.protocol.limits import MAX_INPUT_ITEMS, Metadata, Name, Temperature, Text
-from duplex.protocol.realtime._base import Wire
 from duplex.protocol.realtime.items import ConversationItem, ItemReference
 from duplex.protocol.realtime.session import (
     FormatValue,
@@ -29,6 +28,7 @@ from duplex.protocol.realtime.session import (
     VoiceRef,
     max_tokens,
 )
+from duplex.protocol.wire import Wire
 
 __all__ = [
     "Response",

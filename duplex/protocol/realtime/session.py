@@ -26,7 +26,7 @@ from typing import Annotated, Final, Literal
 import msgspec
 from msgspec import UNSET, Meta, UnsetType
 
-from duplex.protocol.errors import ProtocolError, field_error
+from duplex.protocol.errors import ProtocolError
 from duplex.protocol.formats import AudioFormat, AudioFormatSpec, check_rate, parse_format
 from duplex.protocol.limits import (
     MAX_MAP_PAIRS,
@@ -47,8 +47,9 @@ from duplex.protocol.limits import (
     Temperature,
     Text,
     check_json,
+    field_error,
 )
-from duplex.protocol.realtime._base import Wire
+from duplex.protocol.wire import Wire
 
 __all__ = [
     "AudioConfig",
