@@ -46,7 +46,7 @@ from concurrent.futures import ThreadPoolExecutor
 
 import numpy as np
 
-from duplex.engine.drivers import Driver
+from duplex.engine.driver import Driver
 from duplex.engine.metrics import EngineMetrics
 from duplex.engine.model_thread import ModelThread
 from duplex.engine.scheduler import SlotBinding

@@ -38,15 +38,17 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import inspect
-from abc import ABC, abstractmethod
 from collections.abc import Callable
 
+from duplex.engine.batch_driver import BatchDriver
 from duplex.engine.config import EngineConfig
+from duplex.engine.driver import Driver
 from duplex.engine.feed import SlotFeed
 from duplex.engine.metrics import EngineMetrics
 from duplex.engine.model_thread import ModelThread
 from duplex.engine.scheduler import FrameScheduler, SlotBinding
 from duplex.plugins.base import (
+    BatchPlugin,
     Capabilities,
     FramePlugin,
     Plugin,
@@ -57,27 +59,6 @@ from duplex.plugins.base import (
 )
 
 __all__ = ["DRIVERS", "Driver", "FrameDriver", "SlotBinding", "TurnDriver", "driver_for"]
-
-
-class Driver(ABC):
-    """How the engine drives one plugin (see the module docstring)."""
-
-    def join(self, slot: int, binding: SlotBinding) -> SlotFeed | None:
-        """A session's slot opened (the plugin's slot is open); its input feed, if the model hears one."""
-        return None
-
-    def leave(self, slot: int) -> None:  # noqa: B027 - optional hook
-        """The slot's session is closing (after ``stop``)."""
-
-    @abstractmethod
-    def start(self, slot: int, request: TurnRequest, binding: SlotBinding) -> None:
-        """Begin answering ``request`` for the slot (any earlier request of it was ``stop``\\ ped)."""
-
-    async def stop(self, slot: int) -> None:  # noqa: B027 - optional hook
-        """Produce nothing more for the slot's current request. Idempotent; cancel-safe."""
-
-    async def run(self) -> None:  # noqa: B027 - optional hook
-        """The driver's own loop for the engine's lifetime (cancelled at shutdown)."""
 
 
 class FrameDriver(Driver):
@@ -176,9 +157,6 @@ def _turn(
 def _batch(
     plugin: Plugin, caps: Capabilities, config: EngineConfig, metrics: EngineMetrics, mt: ModelThread
 ) -> Driver:
-    from duplex.engine.batch_driver import BatchDriver
-    from duplex.plugins.base import BatchPlugin
-
     assert isinstance(plugin, BatchPlugin)
     return BatchDriver(plugin, metrics, mt)
 
