@@ -74,8 +74,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-import numpy as np
-
+from bench.batch_records import Record, table_row
 from bench.batch_server import through_server
 from bench.progress import Progress
 from bench.report import machine, print_table, write_json
@@ -118,18 +117,6 @@ class Job:
     text: str
     options: dict[str, object]
     not_before_step: int = 0
-
-
-@dataclass
-class Record:
-    """What one request got, on the loop's clock (seconds)."""
-
-    submitted: float
-    started: float = 0.0
-    first_media: float | None = None
-    finished: float = 0.0
-    audio_s: float = 0.0
-    images: int = 0
 
 
 @dataclass
@@ -196,31 +183,6 @@ def serve(
     return [r for c in clients for r in c.records], steps
 
 
-def _ms(values: list[float], q: float) -> float | None:
-    return round(float(np.percentile(values, q)) * 1000.0, 1) if values else None
-
-
-def _row(model: str, mode: str, n: int, records: list[Record], wall_s: float, steps: list[float]) -> dict:
-    latencies = [r.finished - r.submitted for r in records]
-    first = [r.first_media - r.submitted for r in records if r.first_media is not None]
-    audio = sum(r.audio_s for r in records)
-    images = sum(r.images for r in records)
-    return {
-        "model": model,
-        "mode": mode,
-        "concurrency": n,
-        "requests": len(records),
-        "throughput": round((audio if audio else images) / wall_s, 3) if wall_s > 0 else None,
-        "unit": "audio_s/s" if audio else "images/s",
-        "wall_s": round(wall_s, 3),
-        "latency_p50_ms": _ms(latencies, 50),
-        "latency_p99_ms": _ms(latencies, 99),
-        "first_audio_p50_ms": _ms(first, 50) if audio else None,
-        "first_audio_p99_ms": _ms(first, 99) if audio else None,
-        "step_p50_ms": _ms(steps, 50),
-    }
-
-
 def on_model_thread(plugin: Any, fn: Callable[..., Any], *args: Any) -> Any:
     """``fn(*args)`` on the plugin's model thread, the one its engine steps it on (imported here:
     the bench reaches the engine only when it runs one)."""
@@ -238,7 +200,7 @@ def _sync(device: str) -> Callable[[], None] | None:
 def _run_plugin(model: str, plugin: Any, n: int, jobs: list[list[Job]], device: str) -> dict:
     records, steps = on_model_thread(plugin, lambda: serve(plugin, jobs, sync=_sync(device)))
     wall = max(r.finished for r in records) - min(r.submitted for r in records)
-    return _row(model, "plugin", n, records, wall, steps)
+    return table_row(model, "plugin", n, records, wall, steps)
 
 
 # -- images -----------------------------------------------------------------
@@ -341,7 +303,7 @@ def run_images(args: argparse.Namespace, levels: list[int], status: list[str]) -
             lone.append(time.perf_counter() - t)
         wall = time.perf_counter() - t0
         rows.append(
-            _row(model, "diffusers-1by1", 1, [Record(0.0, finished=d, images=1) for d in lone], wall, [])
+            table_row(model, "diffusers-1by1", 1, [Record(0.0, finished=d, images=1) for d in lone], wall, [])
         )
         for n in levels:
             status[0] = f"{model}: plugin N={n}"
@@ -351,7 +313,7 @@ def run_images(args: argparse.Namespace, levels: list[int], status: list[str]) -
             on_model_thread(plugin, _diffusers, pipe, [PROMPTS[i % len(PROMPTS)] for i in range(n)], args, 0)
             took = time.perf_counter() - t
             batch = [Record(0.0, finished=took, images=1) for _ in range(n)]  # all end together
-            rows.append(_row(model, "diffusers-batch", n, batch, took, []))
+            rows.append(table_row(model, "diffusers-batch", n, batch, took, []))
         if args.through_server:
             status[0] = f"{model}: through the server"
             rows.extend(through_server(model, plugin, levels, lambda n: _image_jobs(args, n), "image"))
@@ -410,7 +372,7 @@ def _piper_one_by_one(args: argparse.Namespace, count: int) -> dict:
             record.audio_s += len(chunk.audio_float_array) / chunk.sample_rate
         record.finished = time.perf_counter()
         records.append(record)
-    return _row("tts:piper", "piper-1by1", 1, records, time.perf_counter() - t0, [])
+    return table_row("tts:piper", "piper-1by1", 1, records, time.perf_counter() - t0, [])
 
 
 def run_tts(args: argparse.Namespace, levels: list[int], status: list[str]) -> list[dict]:

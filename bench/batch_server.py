@@ -26,14 +26,14 @@ import time
 from collections.abc import Callable, Sequence
 from typing import Any
 
+from bench.batch_records import Record, table_row
+
 __all__ = ["through_server"]
 
 _MODEL = "bench"
 
 
 async def _client(http: Any, url: str, jobs: Sequence[Any], kind: str) -> list[Any]:
-    from bench.batch_models import Record
-
     records = []
     for job in jobs:
         record = Record(submitted=time.perf_counter())
@@ -76,7 +76,6 @@ async def _through_server(
     model: str, plugin: Any, levels: Sequence[int], jobs: Callable[[int], list[list[Any]]], kind: str
 ) -> list[dict]:
 
-    from bench.batch_models import _row
     from duplex.engine import Engine, EngineConfig
     from duplex.server.app import create_app
     from duplex.server.config import ServeConfig, ServerConfig
@@ -110,7 +109,7 @@ async def _through_server(
             per_client = await loop.run_in_executor(clients, _run_clients, url, level_jobs[:n], kind)
             wall = time.perf_counter() - t0
             records = [r for client in per_client for r in client]
-            row = _row(model, "server", n, records, wall, steps)
+            row = table_row(model, "server", n, records, wall, steps)
             row["steps"] = len(steps)
             row["stepping_share"] = round(sum(steps) / wall, 3)  # of the level's wall time, in advance
             rows.append(row)
