@@ -5,7 +5,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-import numpy as np
+from bench.report import percentile
 
 __all__ = ["Record", "table_row"]
 
@@ -23,7 +23,8 @@ class Record:
 
 
 def _ms(values: list[float], q: float) -> float | None:
-    return round(float(np.percentile(values, q)) * 1000.0, 1) if values else None
+    value = percentile(values, q)
+    return None if value is None else round(value * 1000.0, 1)
 
 
 def table_row(

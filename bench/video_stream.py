@@ -46,7 +46,7 @@ from typing import Any
 
 from bench.loopback import free_port, load_to_serve, serve_engine, stop_process, wait_port
 from bench.progress import Progress
-from bench.report import machine, print_table, write_json
+from bench.report import machine, percentile, print_table, write_json
 from clients.video_stream import VideoChunk, VideoStreamClient
 from duplex.protocol.video_output import VideoError, VideoSessionDone, VideoStart
 
@@ -109,16 +109,6 @@ def playback_stalls(trace: SessionTrace, fps: float, buffer_chunks: int) -> tupl
     return underruns, stalled * 1000
 
 
-def _percentile(values: list[float], q: float) -> float | None:
-    if not values:
-        return None
-    ordered = sorted(values)
-    position = (len(ordered) - 1) * q
-    low = int(position)
-    high = min(low + 1, len(ordered) - 1)
-    return ordered[low] + (ordered[high] - ordered[low]) * (position - low)
-
-
 def summarize(
     traces: list[SessionTrace], fps: float, warmup_chunks: int, buffer_chunks: int
 ) -> dict[str, Any]:
@@ -140,8 +130,8 @@ def summarize(
         "errors": [t.error for t in traces if t.error is not None],
         "ttfc_ms_mean": sum(ttfc) / len(ttfc) if ttfc else None,
         "ttfc_ms_max": max(ttfc) if ttfc else None,
-        "interval_ms_p50": _percentile(intervals, 0.5),
-        "interval_ms_p99": _percentile(intervals, 0.99),
+        "interval_ms_p50": percentile(intervals, 50),
+        "interval_ms_p99": percentile(intervals, 99),
         "gen_fps": gen_fps,
         "total_fps": sum(rates) if rates else None,
         "realtime": gen_fps / fps if gen_fps is not None else None,

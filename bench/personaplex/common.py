@@ -22,6 +22,8 @@ from typing import Any
 
 import numpy as np
 
+from bench import report
+
 __all__ = [
     "FRAME_MS",
     "FRAME_SAMPLES",
@@ -47,8 +49,10 @@ VOICE_FRAMES = 60
 
 
 def percentile(values: list[float], q: float) -> float:
-    """The ``q``-th percentile of ``values``; NaN when there are none."""
-    return float(np.percentile(np.asarray(values), q)) if values else float("nan")
+    """``bench.report.percentile`` (``q`` in percent), NaN instead of None when there are no values,
+    so a result row's ``round`` always has a number."""
+    value = report.percentile(values, q)
+    return float("nan") if value is None else value
 
 
 def tick_stats(ticks_ms: list[float], *, with_max: bool = False) -> dict[str, Any]:
