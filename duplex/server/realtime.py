@@ -67,6 +67,7 @@ from duplex.server.close_codes import CloseCode, CloseReason, close_reason_for_c
 from duplex.server.handshake import HandshakePlan, HandshakeRefusal, OpenHow, plan_handshake
 from duplex.server.queueing import wait_for_slot
 from duplex.server.ratelimit import TokenBucket
+from duplex.server.sent_errors import SentErrors
 from duplex.server.ws_protocol import transport_extension
 
 __all__ = ["CloseCode", "CloseReason", "admission", "close_for", "realtime_endpoint"]
@@ -154,6 +155,7 @@ class _Connection:
         self._stalled = False
         self._held: Any = None  # the one command a queued client sent before its session opened
         self._bucket = TokenBucket(self.cfg.max_messages_per_s, self.cfg.max_message_burst)
+        self._sent_errors = SentErrors(self.metrics.errors, log, lambda: self._att and self._att.session_id)
         self._decode_own = command_decoder(mode, max_bytes=self.cfg.max_message_bytes)
         self._encode = event_encoder(mode)
         # Under our uvicorn protocol the data path skips the ASGI message dicts and Starlette's
@@ -190,6 +192,7 @@ class _Connection:
                 await self.ws.send({"type": "websocket.send", "text": payload.decode()})
         self.sending_since = None
         self.metrics.server_events += len(payloads)
+        self._sent_errors.written(events)
 
     def _write_now(self, events: list[Any]) -> bool:
         """``Attachment.direct``: ``_write`` at once when the socket takes the batch without waiting
@@ -206,12 +209,13 @@ class _Connection:
             return False
         self._last_event = events[-1]
         self.metrics.server_events += len(payloads)
+        self._sent_errors.written(events)
         return True
 
     def _refuse(self, err: DuplexError, event_id: str | None) -> None:
         """Answer a refused message with one ``error`` (the client's ``event_id``), queued behind the
-        session's events like any other (not journaled: it is about this socket's message)."""
-        self.metrics.errors.bump(err.code)
+        session's events like any other (not journaled: it is about this socket's message);
+        counted and logged once written (``SentErrors``)."""
         self._att.push([err.to_event(new_event_id(), event_id)])
 
     async def _close(self, code: CloseCode, reason: str) -> None:
@@ -222,7 +226,6 @@ class _Connection:
 
     async def fail(self, err: ProtocolError, close_code: CloseCode) -> None:
         """Send one error and close: the handshake or open failed."""
-        self.metrics.errors.bump(err.code)
         with contextlib.suppress(Exception):
             await self._write([err.to_event(new_event_id())])
         await self._close(close_code, close_reason_for_code(err.code))
