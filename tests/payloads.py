@@ -12,7 +12,7 @@ from typing import Any
 
 __all__ = ["SEMANTIC_VAD", "ga_session", "livekit_session_update"]
 
-# LiveKit's default turn detection (anchors.md §5.3).
+# LiveKit's default turn detection.
 SEMANTIC_VAD: dict[str, Any] = {
     "type": "semantic_vad",
     "eagerness": "medium",
@@ -24,7 +24,7 @@ SEMANTIC_VAD: dict[str, Any] = {
 def ga_session(
     *, model: str = "local-duplex", turn_detection: dict[str, Any] | None = SEMANTIC_VAD
 ) -> dict[str, Any]:
-    """The GA ``session`` object LiveKit's OpenAI plugin sends by default (anchors.md §5.3).
+    """The GA ``session`` object LiveKit's OpenAI plugin sends by default.
 
     ``max_output_tokens`` is ``"inf"``, ``tracing`` and ``noise_reduction`` are null (not
     absent), the transcription model is OpenAI's. ``model`` and ``turn_detection`` vary

@@ -1,4 +1,4 @@
-"""Import boundaries (DESIGN §3, docs/internals.md "Dependency rule").
+"""Import boundaries (docs/internals.md, "Dependency rule").
 
 Each package is imported - with every one of its modules - in a fresh interpreter, and the project
 modules that ended up in ``sys.modules`` must all belong to what that package may depend on:

@@ -2,7 +2,7 @@
 
 The session never touches the plugin, the scheduler or the manager; it returns
 these values from ``Session.take_actions()`` and the runner carries them out in
-order (STYLE rule 4: the shell owns tasks, the core owns decisions).
+order (the shell owns tasks, the core owns decisions).
 """
 
 from __future__ import annotations

@@ -3,7 +3,7 @@
 Theory of operation
 -------------------
 A session holds one admission slot from the moment its open is admitted until its cleanup has
-finished (DESIGN §5). ``SessionManager.reserve`` takes a slot for an open that is about to happen
+finished. ``SessionManager.reserve`` takes a slot for an open that is about to happen
 and returns it as an ``Admission``; ``SessionManager.open`` turns the admission into a session, and
 an admission released unused gives its slot back. A transport reserves first when it has something
 to do between admission and open (the MAP dialect's client sends its session settings only after

@@ -1,4 +1,4 @@
-"""``BatchDriver``: the requests of every session stepped together (continuous batching, DESIGN §7).
+"""``BatchDriver``: the requests of every session stepped together (continuous batching).
 
 Theory of operation
 -------------------
@@ -30,7 +30,7 @@ plugin in the call of the request's next step, after the joins and before ``adva
 ordered after the request's ``begin`` whenever it arrived; a refused one is answered through its
 own callback and the request goes on. A ``PluginError`` from ``begin``
 fails that one request; any other exception from ``advance`` fails every request of the step, and
-the loop goes on for the others (DESIGN §2.7). The loop waits, costing nothing, while no request
+the loop goes on for the others. The loop waits, costing nothing, while no request
 is active; while every active request is paused it waits for one of their sessions to catch up.
 """
 

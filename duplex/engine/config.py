@@ -1,9 +1,8 @@
-"""Every limit and timeout of the engine, in one struct (STYLE rule 7).
+"""Every limit and timeout of the engine, in one struct.
 
 Units are in the names: ``_s`` seconds, ``_ms`` milliseconds, ``_bytes`` bytes;
 a bare ``max_*`` is a count. The server reads these from its config file;
-clients cannot change them. Defaults follow DESIGN §5 and the wire reference
-(``wire_protocol.md`` §10.1).
+clients cannot change them. Defaults are the documented ones (``docs/protocol.md``).
 """
 
 from __future__ import annotations

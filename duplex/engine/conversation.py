@@ -7,7 +7,7 @@ counted in ``evicted``. One item larger than ``max_bytes`` on its own is refused
 is stored without the ``audio`` of its parts (user audio items keep their transcript,
 assistant items their transcript as far as it was heard; the playback ledger
 rewrites them), so the bound counts what is really held. A client-supplied item id
-is kept (DESIGN §4); ``previous_item_id="root"`` inserts at the front.
+is kept; ``previous_item_id="root"`` inserts at the front.
 
 Errors are ``ProtocolError``s with the wire codes: ``item_not_found``,
 ``invalid_item`` (duplicate id), ``item_too_large``, ``invalid_function_call_output``.

@@ -1,4 +1,4 @@
-"""Resume tokens (DESIGN §5): 32 random bytes, kept only as SHA-256, compared in constant time.
+"""Resume tokens: 32 random bytes, kept only as SHA-256, compared in constant time.
 
 The plaintext token leaves the server once (in ``session.created`` or ``session.resumed``) and is
 never stored. Every successful resume rotates it.

@@ -1,4 +1,4 @@
-"""Kind drivers: how the engine feeds, steps and answers each kind of plugin (DESIGN §7).
+"""Kind drivers: how the engine feeds, steps and answers each kind of plugin.
 
 Theory of operation
 -------------------

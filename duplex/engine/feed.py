@@ -1,6 +1,6 @@
 """The input feed of one slot: samples received vs. consumed, and the frame clock.
 
-Theory of operation (STYLE rule 13: one rule, no modes)
+Theory of operation (one rule, no modes)
 -------------------------------------------------------
 The runner feeds decoded audio (at the plugin's input rate, in the feed's ``dtype``: float32,
 or int16 for a plugin that takes int16 samples) into the slot's feed; the frame scheduler asks

@@ -6,8 +6,8 @@ whose ``Capabilities.input_dtype`` is ``"int16"``), its duration, its RMS
 and, under server VAD, the ``SpeechStarted``/``SpeechStopped`` events of the
 session's ``TurnDetector`` (run on a 16 kHz copy of the stream). It is pure
 computation (no clock, no I/O), owned by the session's runner, which calls it in
-mailbox order, on the worker pool when the audio is large or VAD runs (DESIGN
-§2.1), so resampler and detector state always see the stream in order.
+mailbox order, on the worker pool when the audio is large or VAD runs, so resampler and detector
+state always see the stream in order.
 
 Raises ``ProtocolError`` (``bad_audio``, ``unsupported_audio_format``) for input
 it cannot decode; the session then answers with an ``error`` and nothing else

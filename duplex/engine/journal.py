@@ -1,4 +1,4 @@
-"""The replay journal of one session (DESIGN §5, ``wire_protocol.md`` §10.5).
+"""The replay journal of one session.
 
 Every server event after ``session.created`` gets the next ``server_event_seq``
 (1, 2, 3 ...) and is kept here until the client acks it, it grows older than

@@ -4,7 +4,7 @@ Sans-IO: every method takes ``now`` (seconds, any monotonic origin) and never
 reads a clock. The manager asks ``expiry(now)`` from its reaper and carries out
 the answer.
 
-Detach and resume are compare-and-swap on ``generation`` (DESIGN §5): a caller
+Detach and resume are compare-and-swap on ``generation``: a caller
 passes the generation it saw; if another resume moved it on meanwhile, the call
 is refused and nothing changes. So a stale transport can neither detach nor
 steal back a session that a newer transport resumed.

@@ -1,6 +1,6 @@
 """The playback ledger of one response: what was generated, sent, played and committed.
 
-Theory of operation (DESIGN §6, ``wire_protocol.md`` §11.7)
+Theory of operation
 ----------------------------------------------------------
 ``generated_ms`` grows with every audio chunk the model produced for the response,
 ``sent_ms`` with every chunk handed to the transport. The two move together for a

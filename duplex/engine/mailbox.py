@@ -1,4 +1,4 @@
-"""The ordered, bounded mailbox of one session (DESIGN §2.2, STYLE rules 5 and 6).
+"""The ordered, bounded mailbox of one session.
 
 Everything that changes a session arrives here and is handled in arrival order by
 the session's runner: client commands, model outputs, timer ticks, failures and

@@ -214,7 +214,7 @@ class SessionRecord:
         The attachment keeps the events still queued for its reader (``session.closed`` last);
         everything else the session held is released here, not at the collector's next full
         pass: the session's journal, conversation and buffers, the mailbox, and the references
-        that tie the record, its runner and its mailbox into a cycle (DESIGN §9).
+        that tie the record, its runner and its mailbox into a cycle.
         """
         state = self.lease.finish()
         att, self.attachment = self.attachment, None

@@ -2,7 +2,7 @@
 
 Every plugin call (``open_slot``, ``step``, ``cancel_slot``, ``close_slot``, ``respond``) goes
 through one ``ModelThread``, so the calls are serialized in the order they were made and a
-slot is never opened or closed during a step (the plugin contract, DESIGN §7).
+slot is never opened or closed during a step (the plugin contract).
 
 A real model's step takes milliseconds of accelerator or CPU time and releases the GIL, so it
 runs on a dedicated thread and the event loop keeps serving sockets meanwhile. A plugin whose

@@ -19,7 +19,7 @@ for a client that never acknowledges playback the history keeps what the listene
 turn, a batch model's image, video or progress) wait in the same queue, so they keep their place
 behind the audio before them.
 
-Playback truth (DESIGN §6, ``wire_protocol.md`` §11.7): ``ack`` (``playback.ack``), ``truncate``
+Playback truth: ``ack`` (``playback.ack``), ``truncate``
 (``conversation.item.truncate``, a truncating ack) and ``commit_history``, which rewrites a
 response's assistant item to exactly the text heard as far as ``committed_ms``. The rules are
 listed in ``docs/sessions.md``.

@@ -1,6 +1,6 @@
 """Overlap policy and the commit-to-response table: pure decisions, no state.
 
-Overlap (``wire_protocol.md`` §11.6): user audio that arrives while a response is
+Overlap: user audio that arrives while a response is
 active. ``decide_overlap`` returns ``(action, reason)`` with action ``drop``,
 ``listen`` or ``barge_in``. The client's hints on the append come first, then the
 audio itself, in this order:
@@ -29,7 +29,7 @@ off), the answer is ``listen`` / ``barge_in_unsupported``. A decision the client
 (2 with ``listen`` or ``drop``, 4, 6) starts the overlapping speech over
 (``resets_overlap``).
 
-Commit (``wire_protocol.md`` §11.3): ``decide_commit`` maps the state at commit to
+Commit: ``decide_commit`` maps the state at commit to
 one of ``CommitAction``.
 """
 
@@ -180,7 +180,7 @@ def decide_overlap(
 
 
 class CommitAction(enum.StrEnum):
-    """What a valid commit does (the rows of ``wire_protocol.md`` §11.3)."""
+    """What a valid commit does (the rows of the commit table in ``docs/sessions.md``)."""
 
     REJECT_EMPTY = "reject_empty"  # nothing to commit: error, never a response
     SILENT = "silent"  # explicit silence: committed, then response.listen

@@ -1,4 +1,4 @@
-"""One assistant response and the exact GA event sequence it produces (``wire_protocol.md`` §6).
+"""One assistant response and the exact GA event sequence it produces.
 
 ``ActiveResponse`` turns model output into events in this order::
 

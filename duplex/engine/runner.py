@@ -1,4 +1,4 @@
-"""``SessionRunner``: the one task that owns a session (DESIGN §2.2, STYLE rules 4 and 5).
+"""``SessionRunner``: the one task that owns a session.
 
 Theory of operation
 -------------------
@@ -14,7 +14,7 @@ and handles each item with the same code, in order:
 * ack -> ``session.handle(session.event_ack)``; timer -> ``session.on_timer``;
 * step failure -> ``session.fail`` (a ``PluginError`` keeps the session, unless it is ``fatal``:
   then the session is closed with its code as the reason; any other exception ends it with
-  ``server_error``, DESIGN §2.7);
+  ``server_error``);
 * close -> ``session.close`` (``session.closed`` / ``session.expired`` last), then cleanup: the
   driver stops the slot's request and leaves it, ``plugin.close_slot`` runs on the model thread;
   only then does the manager free the admission slot.

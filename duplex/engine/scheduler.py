@@ -1,8 +1,8 @@
-"""The frame scheduler: one per ``frame``/``unit`` plugin (DESIGN §7).
+"""The frame scheduler: one per ``frame``/``unit`` plugin.
 
 Theory of operation
 -------------------
-Every tick the scheduler runs the same three steps (STYLE rule 13):
+Every tick the scheduler runs the same three steps:
 
 1. **plan** (``plan(now)``, sans-IO): ask each joined slot's ``SlotFeed`` for a
    frame; slots whose session is behind on model outputs (``SlotBinding.paused``)
@@ -25,7 +25,7 @@ close run on the same single model thread as ``step``, so they are serialized
 with it and never happen during one (the plugin contract).
 
 A plugin exception fails every session of that batch (``SlotBinding.fail``) and
-the scheduler keeps ticking for the others (DESIGN §2.7). An output for a slot
+the scheduler keeps ticking for the others. An output for a slot
 that was not in the batch is dropped and counted (a plugin bug, never silent).
 """
 

@@ -48,7 +48,7 @@ restarts with the new settings (``RestartSlot``; the active response ends cancel
 conversation's items stay, and the model forgets everything it heard and said). A refused open
 comes back as ``slot_failed``.
 
-Epochs (DESIGN §6): a cancel, a barge-in, ``output_audio_buffer.clear``, ``input.cancel`` and the
+Epochs: a cancel, a barge-in, ``output_audio_buffer.clear``, ``input.cancel`` and the
 cancel of a response by VAD speech advance ``epoch``; a model output tagged with an older epoch is
 dropped (and counted in ``stale_outputs``). ``input_audio_buffer.clear`` only drops uncommitted input.
 
@@ -1179,7 +1179,7 @@ class Session:
     def discard(self) -> None:
         """Free what the session holds (journal, conversation, buffered audio): called once the
         shell has delivered the last events and cleaned up, so a closed session's memory goes at
-        once instead of at the collector's next full pass (DESIGN §9)."""
+        once instead of at the collector's next full pass."""
         self.closed = True
         self.journal.clear()
         self.conversation.clear()

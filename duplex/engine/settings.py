@@ -5,7 +5,7 @@ current settings and the plugin's capabilities and returns new settings (two-pha
 a refused patch raises ``ProtocolError`` and changes nothing). ``render`` gives the
 session object the client sees.
 
-Decisions (DESIGN §4-§6):
+Decisions:
 
 * the served model name is reported whatever the client asked (``model`` is ignored);
 * turn detection picks the lane: ``null`` on a model-native plugin is lane 1,
@@ -88,7 +88,7 @@ __all__ = ["Lane", "SessionSettings", "wire_capabilities"]
 
 
 class Lane(enum.StrEnum):
-    """The turn-taking lane of a session (DESIGN §6)."""
+    """The turn-taking lane of a session."""
 
     MODEL_NATIVE = "model_native"
     SERVER_VAD = "server_vad"

@@ -1,6 +1,6 @@
 """Byte sizes of what a session retains: events (journal, outbox) and conversation items.
 
-Every memory bound of a session is in bytes (DESIGN §9), so every retained object is sized
+Every memory bound of a session is in bytes, so every retained object is sized
 when it is kept. The size is the object's msgpack encoding (what it costs to hold, within a
 small constant of its wire form), except for the per-frame deltas, which are sized from their
 payload alone: an audio delta as its base64 length, a text delta as its UTF-8 length, plus

@@ -1,4 +1,4 @@
-"""Session lifecycle: one state enum, one transition table (STYLE rule 3, DESIGN §5).
+"""Session lifecycle: one state enum, one transition table.
 
 ::
 
@@ -23,7 +23,7 @@ __all__ = ["TRANSITIONS", "LifecycleInput", "SessionState", "TransitionError", "
 
 
 class SessionState(enum.StrEnum):
-    """Where a session is in its life. The names are the spec's (DESIGN §5)."""
+    """Where a session is in its life. The names are the spec's."""
 
     OPEN = "open"
     ATTACHED = "attached"
@@ -89,7 +89,7 @@ def next_state(state: SessionState, event: LifecycleInput, session_id: str) -> S
 
 
 class TurnState(enum.StrEnum):
-    """Who holds the floor within a live session (DESIGN §6). Informational: set by the
+    """Who holds the floor within a live session. Informational: set by the
     session as turns move, reported for diagnostics; no decision branches on it."""
 
     IDLE = "idle"

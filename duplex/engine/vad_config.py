@@ -2,7 +2,7 @@
 
 Built from the codec's ``turn_detection`` object (``server_vad`` or ``semantic_vad``) with
 OpenAI's defaults wherever the client left a field out, and echoed back to the client as the
-effective configuration (DESIGN §2.5: liberal in, strict out).
+effective configuration (liberal in, strict out).
 
 ``semantic_vad`` is accepted and mapped onto the acoustic detector. OpenAI's semantic VAD
 waits at most 8 / 4 / 2 s (eagerness low / medium / high; auto = medium) when its model
@@ -19,7 +19,7 @@ high        400             answers quickly; close to the 500 ms ``server_vad`` 
 ==========  ==============  ==============================================================
 
 The values keep OpenAI's ordering and roughly its halving from one level to the next, while
-staying short enough that the reply starts within the 1 s end-of-speech budget (DESIGN §8)
+staying short enough that the reply starts within the 1 s end-of-speech budget
 at ``medium``.
 """
 

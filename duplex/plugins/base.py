@@ -45,10 +45,10 @@ A plugin signals a bad request from one session by raising ``PluginError`` with
 a code from the wire error table (``invalid_session_config``, ``voice_not_found``
 ...). Any other exception from ``step`` fails the sessions of that batch with
 ``server_error``; the engine then calls ``close_slot`` for them, and the other
-sessions continue (DESIGN §2.7).
+sessions continue.
 
 Layering: this module imports only numpy, msgspec, the standard library and the
-error base of ``duplex.protocol``; it never imports the engine (DESIGN §3).
+error base of ``duplex.protocol``; it never imports the engine.
 """
 
 from __future__ import annotations
@@ -97,7 +97,7 @@ class PluginKind(enum.StrEnum):
 
 class Capabilities(msgspec.Struct, frozen=True, kw_only=True):
     """What a plugin can do. The engine, the server, the clients and the benchmarks
-    branch on these fields, never on a plugin's name (DESIGN §2.4).
+    branch on these fields, never on a plugin's name.
 
     Rates are in Hz. ``chunk_period_ms`` is the frame (``frame``) or unit (``unit``)
     length; ``turn`` and ``batch`` plugins report 0. ``input_sample_rate`` is the
@@ -109,7 +109,7 @@ class Capabilities(msgspec.Struct, frozen=True, kw_only=True):
     input_sample_rate: int = 24000
     output_sample_rate: int = 24000
     max_sessions: int = 1
-    # Turn-taking lanes (DESIGN §6).
+    # Turn-taking lanes.
     model_native_turns: bool = False  # the model decides when to speak (lane 1)
     supports_server_vad: bool = False  # lane 2
     supports_client_commit: bool = False  # lane 3: commit / response.create
@@ -443,7 +443,7 @@ class Plugin(ABC):
     @classmethod
     def prefers_worker(cls, options: Mapping[str, object]) -> bool:
         """Whether the server runs this plugin in a worker process when its configuration does not
-        say (``worker:`` unset): a model on an accelerator does (DESIGN §7: heavy models live in
+        say (``worker:`` unset): a model on an accelerator does (heavy models live in
         workers, so a crash or a leak never takes the server down); a light one does not. The
         default: when ``options`` put it on a CUDA device."""
         return str(options.get("device", "cpu")).startswith("cuda")

@@ -1,6 +1,6 @@
 """The beta rendering: OpenAI's pre-GA event names and object shapes (``OpenAI-Beta: realtime=v1``).
 
-A beta client gets one naming family only (DESIGN §4): ``response.audio.delta`` instead of
+A beta client gets one naming family only: ``response.audio.delta`` instead of
 ``response.output_audio.delta``, ``conversation.item.created`` instead of ``conversation.item.added``,
 a flat session object (``modalities``, ``input_audio_format``, ``turn_detection`` at the top level) and
 assistant content parts typed ``audio`` / ``text``. Events that have no beta twin keep their GA name;

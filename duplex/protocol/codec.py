@@ -64,7 +64,7 @@ MSGPACK_SUBPROTOCOL: Final = "duplex.msgpack.v1"
 MAX_EVENT_BYTES: Final = 15 * 1024 * 1024
 """Largest inbound frame (UTF-8 bytes for text frames) before ``event_too_large``."""
 
-# Commands whose every shape error has its own code (wire_protocol.md §4.2, §10.5).
+# Commands whose every shape error has its own code.
 _SHAPE_CODES: Final = {"session.resume": "invalid_session_resume", "session.event_ack": "invalid_event_ack"}
 _FORMAT_FIELDS: Final = frozenset({"format", "input_audio_format", "output_audio_format", "response_format"})
 _ERROR_RE: Final = re.compile(r"^(?P<msg>.*?)(?: - at (?P<key>`key` in )?`\$(?P<path>[^`]*)`)?$", re.DOTALL)

@@ -13,8 +13,8 @@ Exception tree (every error that reaches a client carries a wire code: one base 
 ``DuplexError.to_event`` renders any of them as the OpenAI error envelope, so the code is mapped to
 the wire exactly once whatever raised it.
 
-Every error our code sends toward a client carries a *code* from ``ERROR_TYPES`` (the table of
-``reference/wire_protocol.md`` §12, with OpenAI's own spellings where the two differ) and is rendered
+Every error our code sends toward a client carries a *code* from ``ERROR_TYPES`` (vLLM-Omni's codes,
+with OpenAI's own spellings where the two differ) and is rendered
 exactly once, as the OpenAI envelope ``{"type": "error", "error": {"type", "code", "message",
 "event_id", "param"}}`` (see ``ProtocolError.to_event``). ``error.type`` is one of OpenAI's three
 classes and is derived from the code; a code missing from the table is an ``invalid_request_error``.

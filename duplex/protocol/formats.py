@@ -1,6 +1,6 @@
 """Audio formats: every accepted spelling, normalised to one ``AudioFormat``.
 
-Clients name formats in three generations (``reference/wire_protocol.md`` §8, DESIGN §4):
+Clients name formats in three generations:
 
 * GA objects: ``{"type": "audio/pcm", "rate": 24000}``, ``{"type": "audio/pcmu"}``,
   ``{"type": "audio/pcma"}``;

@@ -3,7 +3,7 @@
 Both checks read only the handshake (headers and query), so a refused client is answered with
 a plain HTTP status (401, 403) and never reaches a session. Keys are compared in constant time.
 
-A session is bound to the key that opened it (DESIGN §9: a resume needs the token and the same
+A session is bound to the key that opened it (a resume needs the token and the same
 key): the engine keeps ``api_key_id``, the key's SHA-256, never the key itself, and a resume with
 another configured key fails exactly like a wrong token.
 """

@@ -4,7 +4,7 @@ Pure: no socket, no engine. ``plan_handshake`` turns the request into a ``Handsh
 the socket handler carries out, or a ``HandshakeRefusal`` (an HTTP status for the upgrade
 response, or a wire error sent after accepting, for clients that only read errors as events).
 
-Rules (DESIGN §4, wire reference §1.2):
+Rules:
 
 * bare ``/v1/realtime`` is a duplex session; ``duplex=1|true|on`` is accepted; ``duplex=0|false|off``
   asks for the turn-based Realtime API, which this server does not serve: refused with a clear error;

@@ -2,7 +2,7 @@
 
 Both run against the real engine on the echo frame plugin, which repeats each 80 ms voiced frame one
 frame later and ends its turn when the echo falls silent. The expected event sequences are the GA
-response order (wire reference §6).
+response order.
 """
 
 from __future__ import annotations

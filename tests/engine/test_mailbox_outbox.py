@@ -1,4 +1,4 @@
-"""Bounded queues and their documented overflow behaviour (STYLE rule 6)."""
+"""Bounded queues and their documented overflow behaviour."""
 
 from __future__ import annotations
 

@@ -8,7 +8,7 @@ speech, the output sets ``end_of_turn``; silent frames produce an empty output (
 every ``word_ms`` of echoed speech the transcript gets one token ``w<n> `` (a text
 token per word-length of audio), so truncation can be checked against text marks.
 
-Per-slot state is preallocated at ``load()`` (STYLE rule 12): a ring of ``delay_frames``
+Per-slot state is preallocated at ``load()``: a ring of ``delay_frames``
 frames per slot and a few scalars, in plain lists (a step reads and writes a handful of values
 per slot, where numpy's per-element indexing costs more than the work). The ring holds the input
 arrays themselves: ``Plugin.step`` hands the plugin each frame to own, so a frame goes in and

@@ -2,7 +2,7 @@
 
 Theory of operation
 -------------------
-All per-slot model state is preallocated at a fixed batch of ``slots`` rows (STYLE rule 12): the
+All per-slot model state is preallocated at a fixed batch of ``slots`` rows: the
 language model's, the audio encoder's and the speech head's KV caches (``SlotCache``), and per-row
 tensors (lengths, turn state, seeds, the repetition history). ``step`` runs every row at once; a row
 without a unit this step is frozen: it writes into scratch, its lengths do not move, and what it

@@ -1,4 +1,4 @@
-"""Per-slot streaming caches at a fixed batch shape, changed only through masks (STYLE rule 12).
+"""Per-slot streaming caches at a fixed batch shape, changed only through masks.
 
 transformers' attention and causal-conv layers take a cache object and call
 ``update`` on it; these classes answer those calls from preallocated per-row

@@ -1,4 +1,4 @@
-"""Plugins in worker processes: the proxy, the supervisor, the worker protocol (DESIGN §7 "Workers").
+"""Plugins in worker processes: the proxy, the supervisor, the worker protocol.
 
 A plugin started with ``start_worker(name, model_path, options, WorkerConfig(...))`` runs in a
 supervised child process (optionally another virtual environment's interpreter), and the engine

@@ -1,4 +1,4 @@
-"""Tier 2/3: our extensions of the Realtime vocabulary (DESIGN §4)."""
+"""Tier 2/3: our extensions of the Realtime vocabulary."""
 
 from __future__ import annotations
 

@@ -1,9 +1,9 @@
 """The ``capabilities`` object of the session (Tier 3): what the served model can do.
 
-Clients branch on these flags, never on a model name (DESIGN §2.4). The engine fills it from the
+Clients branch on these flags, never on a model name. The engine fills it from the
 plugin's capabilities. Every field is always rendered (no ``omit_defaults``), so a client can tell
-"false" from "an older server that does not know the flag". Flag names follow vLLM-Omni's
-(``reference/wire_protocol.md`` §2.3) where the meaning is the same, so its clients read them unchanged.
+"false" from "an older server that does not know the flag". Flag names follow
+vLLM-Omni's where the meaning is the same, so its clients read them unchanged.
 """
 
 from __future__ import annotations

@@ -1,4 +1,4 @@
-"""Client -> server events of our extensions: Tier 2 twins and Tier 3 commands (DESIGN §4).
+"""Client -> server events of our extensions: Tier 2 twins and Tier 3 commands.
 
 Tier 2 twins subclass their GA struct and add fields an OpenAI client never sends:
 

@@ -1,4 +1,4 @@
-"""Server -> client events of our extensions: Tier 2 twins and Tier 3 events (DESIGN §4).
+"""Server -> client events of our extensions: Tier 2 twins and Tier 3 events.
 
 Tier 2 twins subclass their GA struct and only add fields (OpenAI's models allow extra fields):
 

@@ -1,6 +1,6 @@
 """The MAP Realtime dialect: OpenBMB's realtime SDK (``openbmb-realtime``) and MiniCPM-o's demo.
 
-A second codec onto the same sessions (DESIGN §7, "Front doors"): ``commands`` and ``events`` are
+A second codec onto the same sessions: ``commands`` and ``events`` are
 the dialect's messages, ``codec`` maps them onto the engine's commands and renders the engine's
 events. The wire reference is ``docs/protocol.md`` ("MAP Realtime dialect").
 """

@@ -3,7 +3,7 @@ messages out.
 
 Theory of operation
 -------------------
-The dialect is a second rendering of the same sessions (DESIGN §7, "Front doors"): nothing here
+The dialect is a second rendering of the same sessions: nothing here
 keeps session state, and the engine never sees the dialect.
 
 * ``decode`` turns one text frame into a ``MapCommand`` (bounded like the OpenAI codec: frame bytes,

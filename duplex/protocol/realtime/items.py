@@ -2,7 +2,7 @@
 
 Items are tagged by ``type`` (``message``, ``function_call``, ``function_call_output``, the MCP
 kinds); a message carries ``role`` and a list of content parts tagged by their own ``type``. Audio in a
-part is ``bytes`` (base64 in JSON, raw in msgpack). A client-supplied ``id`` is kept (DESIGN §4).
+part is ``bytes`` (base64 in JSON, raw in msgpack). A client-supplied ``id`` is kept.
 
 Content part types: ``input_text``, ``input_audio``, ``input_image`` (user), ``output_text``,
 ``output_audio`` (assistant), ``text`` / ``audio`` (the ``part`` of ``response.content_part.*`` and the

@@ -3,7 +3,7 @@
 ``Response`` is what ``response.created`` / ``response.done`` carry (GA shape; ``object`` always
 rendered). ``ResponseCreateParams`` is the optional ``response`` of a ``response.create``: GA fields plus
 the beta spellings (``modalities``, ``voice``, ``output_audio_format``, ``temperature``,
-``max_response_output_tokens``); ``metadata`` is echoed in ``response.created`` (DESIGN §4). What a
+``max_response_output_tokens``); ``metadata`` is echoed in ``response.created``. What a
 client sends is bounded by its types (``duplex.protocol.limits``): ``metadata`` as OpenAI bounds it
 (16 string pairs), at most ``MAX_INPUT_ITEMS`` input items and ``MAX_TOOLS`` tools.
 """

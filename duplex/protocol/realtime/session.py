@@ -9,8 +9,7 @@ Two structs, because a request and a report differ:
   ``UNSET`` so "not given" and "disabled" stay apart. The ``resolved_*`` methods apply the precedence
   rules (nested GA spelling beats the beta one; ``sample_rate_hz`` beats the format's rate).
 * ``Session`` is what the server reports in ``session.created`` / ``session.updated``: the effective
-  configuration in GA shape, with ``audio.input.format.rate`` stated and ``tool_choice`` a string
-  (DESIGN §4).
+  configuration in GA shape, with ``audio.input.format.rate`` stated and ``tool_choice`` a string.
 
 Validation at decode: formats (``unsupported_audio_format``) and turn detection values
 (``unsupported_turn_detection``) raise ``ValueError("<code>: <message>")``, which the codec turns into
@@ -123,7 +122,7 @@ _VAD_MS_LIMITS: Final = (
 
 
 class SemanticVad(Wire, tag="semantic_vad", tag_field="type", kw_only=True):
-    """``turn_detection`` of type ``semantic_vad`` (the engine maps it onto server VAD, DESIGN §6)."""
+    """``turn_detection`` of type ``semantic_vad`` (the engine maps it onto server VAD)."""
 
     eagerness: Literal["low", "medium", "high", "auto"] | None = None
     create_response: bool | None = None
@@ -141,7 +140,7 @@ class NoiseReduction(Wire, kw_only=True):
 
 
 class InputAudioTranscription(Wire, kw_only=True):
-    """``audio.input.transcription``: any model name is accepted (DESIGN §4)."""
+    """``audio.input.transcription``: any model name is accepted."""
 
     model: Name | None = None
     language: Name | None = None

@@ -1,4 +1,4 @@
-"""Liberal in: what real clients send is accepted, in every spelling we promised (DESIGN §4)."""
+"""Liberal in: what real clients send is accepted, in every spelling we promised."""
 
 from __future__ import annotations
 
@@ -21,7 +21,7 @@ def _decode(frame: dict, mode: p.Mode = p.Mode.GA) -> object:
 
 
 def test_openai_sdk_first_frames() -> None:
-    # anchors.md §5.1: the exact frames the official SDK sends.
+    # the exact frames the official SDK sends.
     update = _decode(
         {
             "type": "session.update",
@@ -61,7 +61,7 @@ def test_openai_sdk_first_frames() -> None:
 
 
 def test_livekit_default_session() -> None:
-    # anchors.md §5.3: semantic_vad, max_output_tokens "inf", tracing null, any transcription model.
+    # semantic_vad, max_output_tokens "inf", tracing null, any transcription model.
     update = _decode(livekit_session_update())
     s = update.session
     assert update.event_id == "session_update_1"
@@ -109,7 +109,7 @@ def test_unlimited_max_tokens_spellings(value: str) -> None:
 
 
 def test_vllm_omni_beta_shaped_open() -> None:
-    # wire_protocol.md §16 E1 (the vLLM-Omni client's open request).
+    # the vLLM-Omni client's open request.
     s = _decode(
         {
             "type": "session.update",
