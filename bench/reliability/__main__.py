@@ -4,6 +4,7 @@ Examples::
 
     python -m bench.reliability                                  # every attack, the issue's sizes
     python -m bench.reliability --attacks frame_json slowloris   # some of them
+    python -m bench.reliability --attacks refusal_param --merge  # rerun one row of the saved file
     python -m bench.reliability --quick                          # small sizes (a smoke test)
     python -m bench.reliability --report bench/results/reliability.json --plot rss.png
 """
@@ -95,6 +96,11 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p.add_argument("--quick", action="store_true", help="small sizes: a smoke test of the suite")
     p.add_argument("--seconds", type=float, help="length of the flood attacks (default 20)")
     p.add_argument("--json", default="bench/results/reliability.json", help="where to write the results")
+    p.add_argument(
+        "--merge",
+        action="store_true",
+        help="replace only these attacks' rows in the saved --json file and keep the others",
+    )
     p.add_argument("--plot", help="draw each attack's server memory over time to this PNG")
     p.add_argument("--report", help="print (and --plot) a saved JSON instead of running")
     return p.parse_args(argv)
@@ -112,6 +118,7 @@ def print_report(report: dict[str, Any]) -> None:
 
 def plot(report: dict[str, Any], path: str) -> Path:
     from bench.plots import plt, save_figure
+
     rows = report["rows"]
     fig, ax = plt.subplots(figsize=(9, 5))
     for row in rows:
@@ -139,12 +146,28 @@ async def run(args: argparse.Namespace) -> dict[str, Any]:
     return {"machine": machine(), "quick": bool(args.quick), "options": opts, "rows": rows}
 
 
+def merged(saved: dict[str, Any], fresh: dict[str, Any]) -> dict[str, Any]:
+    """``saved`` with each of ``fresh``'s rows in place of the saved row of its attack (appended
+    when it had none); every fresh row carries its own ``measured_at``, the file's ``machine``
+    stays the one of the run that measured the rest."""
+    if saved.get("quick") != fresh["quick"]:
+        raise ValueError("the saved file and this run differ in --quick: their rows do not compare")
+    when = fresh["machine"]["measured_at"]
+    rows = {row["attack"]: row for row in saved["rows"]}
+    for row in fresh["rows"]:
+        rows[row["attack"]] = row | {"measured_at": when}
+    return saved | {"rows": list(rows.values())}
+
+
 def main(argv: list[str] | None = None) -> int:
     args = parse_args(argv)
     if args.report:
         report = json.loads(Path(args.report).read_text())
     else:
+        saved = json.loads(Path(args.json).read_text()) if args.merge and Path(args.json).is_file() else None
         report = asyncio.run(run(args))
+        if saved is not None:
+            report = merged(saved, report)
         write_json(args.json, report)
     print_report(report)
     if args.plot:

@@ -422,7 +422,7 @@ class SessionRunner:
 
     async def _fail(self, exc: BaseException, now: float) -> None:
         if isinstance(exc, PluginError):
-            self._emit(self.session.fail(exc.code, exc.message, now))
+            self._emit(self.session.fail(exc.code, exc.message, now, param=exc.param))
             if exc.fatal:  # the session's model state is gone (its worker died): it ends here
                 self.manager.metrics.session_failures.inc()
                 await self._close(exc.code, expired=False)

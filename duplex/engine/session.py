@@ -1145,11 +1145,12 @@ class Session:
 
     # ------------------------------------------------------------------ the end
 
-    def fail(self, code: str, message: str, now: float) -> list[Event]:
-        """A model failure: ``error``, then the active response ends as failed."""
+    def fail(self, code: str, message: str, now: float, *, param: str | None = None) -> list[Event]:
+        """A model failure: ``error`` (``param``: the field the model refused, as it named it), then
+        the active response ends as failed."""
         if self.closed:
             return []
-        error = ProtocolError(code, message)
+        error = ProtocolError(code, message, param=param)
         events = [error.to_event(new_event_id())]
         if self.output.active is not None:
             self._advance_epoch()

@@ -8,6 +8,8 @@ import sys
 
 import pytest
 
+from bench.reliability.__main__ import merged
+
 pytestmark = pytest.mark.timeout(240)
 
 
@@ -35,3 +37,27 @@ def test_the_suite_runs_attacks_against_a_real_server_and_writes_every_figure(tm
     # Waiters cut while the holders close: every run admits two fresh clients (no slot lost).
     assert rows["waiting_room_cut"]["admitted_per_run"] == [2, 2]
     assert "Reliability:" in done.stdout and "frame_json" in done.stdout
+
+
+def test_a_merged_rerun_replaces_only_its_own_rows_and_dates_them() -> None:
+    saved = {
+        "machine": {"measured_at": "2026-01-01T00:00:00+00:00"},
+        "quick": False,
+        "options": {},
+        "rows": [{"attack": "a", "verdict": "pass"}, {"attack": "b", "verdict": "FAIL: outcome"}],
+    }
+    fresh = {
+        "machine": {"measured_at": "2026-02-02T00:00:00+00:00"},
+        "quick": False,
+        "options": {},
+        "rows": [{"attack": "b", "verdict": "pass"}, {"attack": "c", "verdict": "pass"}],
+    }
+    report = merged(saved, fresh)
+    assert report["machine"] == saved["machine"]
+    assert report["rows"] == [
+        {"attack": "a", "verdict": "pass"},
+        {"attack": "b", "verdict": "pass", "measured_at": "2026-02-02T00:00:00+00:00"},
+        {"attack": "c", "verdict": "pass", "measured_at": "2026-02-02T00:00:00+00:00"},
+    ]
+    with pytest.raises(ValueError, match="--quick"):
+        merged(saved, fresh | {"quick": True})

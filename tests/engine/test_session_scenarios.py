@@ -164,6 +164,18 @@ def test_response_cancel_of_the_active_response() -> None:
     assert done_of(events).response.status_details.reason == "client_cancelled"
 
 
+def test_a_models_refusal_names_the_field_and_fails_the_active_response() -> None:
+    s = make_session("echo")
+    s.on_output(speak(), 0.1)
+    events = s.fail("invalid_session_config", "steps must be at most 50", 0.2, param="steps")
+    assert types(events) == ["error", *AUDIO_TAIL]
+    error = events[0].error
+    assert (error.code, error.param) == ("invalid_session_config", "steps")
+    assert error.type == "invalid_request_error"
+    done = done_of(events).response
+    assert done.status == "failed" and done.status_details.error.code == "invalid_session_config"
+
+
 def test_output_audio_buffer_clear_cancels_an_active_response_and_only_clears_a_finished_one() -> None:
     s = make_session("echo")
     s.on_output(speak(), 0.1)

@@ -57,14 +57,14 @@ async def test_the_sdk_generates_n_pngs_and_a_seed_repeats_them(sd) -> None:
 BAD_REQUESTS = [  # (the request's changes to a good one, status, code, param)
     ({"prompt": " "}, 400, "response_create_without_input", "prompt"),
     ({"n": 11}, 400, "bad_event", "n"),
-    ({"n": 5}, 400, "invalid_session_config", None),  # the model makes at most 4
-    ({"size": "1024x1024"}, 400, "invalid_session_config", None),
-    ({"prompt": "x" * 201}, 413, "event_too_large", None),
+    ({"n": 5}, 400, "invalid_session_config", "n"),  # the model makes at most 4
+    ({"size": "1024x1024"}, 400, "invalid_session_config", "size"),
+    ({"prompt": "x" * 201}, 413, "event_too_large", "prompt"),
     ({"response_format": "url"}, 400, "bad_event", "response_format"),
     ({"output_format": "jpeg"}, 400, "bad_event", "output_format"),
     ({"model": "piper"}, 400, "invalid_model", "model"),
     ({"model": "dall-e-3"}, 404, "model_not_found", "model"),
-    ({"extra_body": {"steps": 51}}, 400, "invalid_session_config", None),  # over the model's 50
+    ({"extra_body": {"steps": 51}}, 400, "invalid_session_config", "steps"),  # over the model's 50
 ]
 
 

@@ -142,13 +142,13 @@ def _code(exc: openai.APIStatusError) -> str:
 
 BAD_REQUESTS = [  # (the request's changes to a good one, status, code, param)
     ({"input": "   "}, 400, "response_create_without_input", "input"),
-    ({"voice": "nobody"}, 400, "voice_not_found", None),
+    ({"voice": "nobody"}, 400, "voice_not_found", "voice"),
     ({"model": "tts-1"}, 404, "model_not_found", "model"),
     ({"model": "sd"}, 400, "invalid_model", "model"),
-    ({"input": "word " * 100}, 413, "event_too_large", None),
+    ({"input": "word " * 100}, 413, "event_too_large", "input"),
     ({"speed": 9}, 400, "bad_event", "speed"),
     ({"response_format": "ogg"}, 400, "bad_event", "response_format"),
-    ({"instructions": "Whisper."}, 400, "invalid_session_config", None),
+    ({"instructions": "Whisper."}, 400, "invalid_session_config", "instructions"),
     ({"extra_body": {"seed": -1}}, 400, "bad_event", "seed"),
 ]
 
