@@ -10,7 +10,7 @@ from __future__ import annotations
 
 from collections.abc import Mapping
 
-from duplex.plugins.base import PluginError
+from duplex.plugins.base import PluginError, unknown_options
 
 __all__ = ["parse_options"]
 
@@ -42,5 +42,5 @@ def parse_options(plugin: str, options: Mapping[str, object], types: Mapping[str
     """``options`` with every value converted to its type in ``types``; unknown keys refused."""
     unknown = sorted(set(options) - set(types))
     if unknown:
-        raise PluginError("invalid_plugin_config", f"{plugin}: unknown options {unknown}")
+        raise unknown_options(plugin, unknown, types)
     return {key: _parse(plugin, key, types[key], value) for key, value in options.items()}

@@ -181,8 +181,7 @@ class _Progress:
         total = f"/{self.total_s:.1f}" if self.total_s is not None else ""
         line = (
             f"sent {self.sent_s:5.1f}{total} s | reply audio {self.heard_ms / 1000:5.1f} s"
-            f" | responses {self.responses}"
-            + (f" | frames {self.frames}" if self.frames is not None else "")
+            f" | responses {self.responses}" + (f" | frames {self.frames}" if self.frames is not None else "")
         )
         if self.tty:
             sys.stderr.write(f"\r{line} ")
@@ -199,6 +198,47 @@ class _Progress:
             sys.stderr.write("\n")
             self.line_open = False
         print(text, flush=True)
+
+
+class _TurnLatency:
+    """Each reply's latency: from the end of the user's speech to the reply's first audio, on the
+    client's clock (what a listener waits through, the VAD's silence window included).
+
+    The end of speech is where the server's VAD put it (``input_audio_buffer.speech_stopped``'s
+    ``audio_end_ms``, a position in the input audio), as the time that audio was sent: the input
+    streams in real time from ``start``. A model without a VAD (one that takes its own turns, or
+    answers a commit) has the end of the input (``input_ended``) stand for it. Nothing is measured
+    when the input is not sent in real time (``--fast``): ``start`` is then never called."""
+
+    def __init__(self) -> None:
+        self.started_at: float | None = None  # when the first input audio was sent
+        self.heard_vad = False
+        self._speech_end: float | None = None  # the latest end of speech not yet answered
+        self.ms: dict[str, float] = {}  # response id -> latency
+
+    def start(self, t: float) -> None:
+        if self.started_at is None:
+            self.started_at = t
+
+    def input_ended(self, t: float) -> None:
+        if self.started_at is not None and not self.heard_vad:
+            self._speech_end = t
+
+    def saw(self, event: Any, t: float) -> None:
+        kind = event_type(event)
+        if kind == "input_audio_buffer.speech_stopped" and self.started_at is not None:
+            self.heard_vad = True
+            self._speech_end = self.started_at + getattr(event, "audio_end_ms", 0) / 1000
+        elif kind == "response.output_audio.delta" and self._speech_end is not None:
+            response_id = getattr(event, "response_id", "")
+            if response_id not in self.ms:
+                self.ms[response_id] = max(0.0, t - self._speech_end) * 1000
+                self._speech_end = None
+
+    def of(self, response_id: str) -> str:
+        """`` (first audio N ms after your speech)`` for a measured reply, else ``""``."""
+        ms = self.ms.get(response_id)
+        return "" if ms is None else f"  (first audio {ms:.0f} ms after your speech)"
 
 
 class _Activity:
@@ -338,12 +378,14 @@ async def _talk(
         playback: SpeakerPlayback | SimulatedPlayback
         playback = SpeakerPlayback(speaker) if speaker is not None else SimulatedPlayback()
         activity = _Activity()
+        latency = _TurnLatency()
         barge_ins_shown = 0
 
         def on_event(event: Any) -> None:
             nonlocal barge_ins_shown
             playback.on_event(event, client.clock())
             activity.saw(event)
+            latency.saw(event, client.clock())
             if events_out is not None:
                 events_out.write(encode(event, Mode.GA) + "\n")
             if isinstance(playback, SpeakerPlayback) and playback.barge_ins != barge_ins_shown:
@@ -351,7 +393,7 @@ async def _talk(
                 cut = playback.last_cut
                 assert cut is not None
                 progress.say(f"(barge-in: reply stopped after {cut.audio_end_ms / 1000:.2f} s)")
-            _show(event, client, progress)
+            _show(event, client, progress, latency)
 
         try:
             await client.open()
@@ -377,7 +419,7 @@ async def _talk(
         drain = asyncio.create_task(_drain(client))
         reporter = asyncio.create_task(_report_playback(client, playback, acks_done))
         conversation = asyncio.create_task(
-            _converse(client, args, pcm, mic, frames, playback, progress, activity, collector)
+            _converse(client, args, pcm, mic, frames, playback, progress, activity, collector, latency)
         )
         interrupted = asyncio.create_task(stopped.wait())
         try:
@@ -422,7 +464,7 @@ def _events_file(path: str | None) -> Iterator[IO[str] | None]:
         yield out
 
 
-def _show(event: Any, client: DuplexClient, progress: _Progress) -> None:
+def _show(event: Any, client: DuplexClient, progress: _Progress, latency: _TurnLatency) -> None:
     kind = event_type(event)
     if kind == "response.created":
         progress.responses += 1
@@ -434,7 +476,8 @@ def _show(event: Any, client: DuplexClient, progress: _Progress) -> None:
         handle = client.responses.get(event.response.id)
         text = (handle.transcript or handle.text).strip() if handle is not None else ""
         status = event.response.status
-        progress.say(f"assistant: {text}" + ("" if status == "completed" else f"  [{status}]"))
+        said = f"assistant: {text}" + ("" if status == "completed" else f"  [{status}]")
+        progress.say(said + latency.of(event.response.id))
     elif kind == "conversation.item.input_audio_transcription.completed":
         progress.say(f"you: {event.transcript}")
     elif kind == "error":
@@ -478,10 +521,13 @@ async def _converse(
     progress: _Progress,
     activity: _Activity,
     collector: EventCollector,
+    latency: _TurnLatency,
 ) -> None:
     caps = client.capabilities
     chunk_ms = args.chunk_ms or getattr(caps, "chunk_period_ms", 0) or 100
     chunk_ms = min(chunk_ms, 200)
+    if not args.fast or mic is not None:
+        latency.start(client.clock())
     if frames.clip is not None:
         await _stream_clip(client, frames, chunk_ms, args.fast, progress)
     elif mic is not None:
@@ -490,6 +536,7 @@ async def _converse(
         assert pcm is not None
         await _stream(client, pcm, chunk_ms, args.fast, progress, frames)
     silence = np.zeros(RATE * args.tail_ms // 1000, dtype=np.float32)
+    latency.input_ended(client.clock())
     await _stream(client, silence, chunk_ms, args.fast, progress, _Frames(None, None))
     collector.mark_input_end()
     if not client.responses and getattr(caps, "supports_client_commit", False):

@@ -6,7 +6,9 @@
 ``duplex talk``     a conversation with a server: a WAV file, a video clip or the live microphone
                     (and camera) in, the transcripts printed, the reply saved or played as it
                     arrives (see ``clients.talk``);
-``duplex plugins``  list the installed plugins and their capabilities;
+``duplex plugins``  the installed plugins as a table (``--json``: one object each), read without
+                    importing them; ``duplex plugins NAME``: one plugin and its options with
+                    their defaults;
 ``duplex tiny-checkpoint NAME DIR``
                     write a tiny random-weight checkpoint of plugin NAME (the public layout, tiny
                     shapes) to DIR, to serve it on a CPU with nothing downloaded;
@@ -17,73 +19,178 @@ Importing this module loads nothing of ``bench`` (the dependency rule: ``duplex`
 ``bench``); ``build_parser`` imports ``bench.cli`` (standard library only) to add its subcommands,
 and its handlers import the rest of ``bench`` when they run.
 
+Every option's help ends with its default. The subcommands that connect to a server (``talk``,
+``bench``) take the API key from ``--api-key`` or else from the environment variable
+``DUPLEX_API_KEY``.
+
 Exit status: 0 on success, 2 for a usage or configuration error, 1 for a failure at run time.
 """
 
 from __future__ import annotations
 
 import argparse
-import json
 import logging
+import os
 import sys
 from collections.abc import Sequence
+from importlib.metadata import PackageNotFoundError, version
 from typing import Any
 
-__all__ = ["build_parser", "main"]
+from duplex.engine.config import EngineConfig
+from duplex.server.config import ServerConfig
+
+__all__ = ["API_KEY_ENV", "HelpFormatter", "build_parser", "main"]
+
+#: The environment variable the subcommands that connect read the API key from.
+API_KEY_ENV = "DUPLEX_API_KEY"
+LOG_LEVELS = ("debug", "info", "warning", "error")
+
+
+class HelpFormatter(argparse.HelpFormatter):
+    """Every option's help ends with ``(default: X)``, unless the help already names its default
+    or the option has none (a flag, or a value that only overrides the configuration file, whose
+    default the help then states itself)."""
+
+    def _get_help_string(self, action: argparse.Action) -> str:
+        text = action.help or ""
+        if "default" in text or not action.option_strings:
+            return text
+        if action.default in (None, False, argparse.SUPPRESS) or action.default == []:
+            return text
+        return f"{text} (default: %(default)s)"
+
+
+def _version() -> str:
+    try:
+        return version("duplex-runtime")
+    except PackageNotFoundError:  # run from a source tree that was never installed
+        return "unknown"
 
 
 def build_parser() -> argparse.ArgumentParser:
-    parser = argparse.ArgumentParser(prog="duplex", description="Real-time full-duplex model serving.")
-    sub = parser.add_subparsers(dest="command", required=True)
+    parser = argparse.ArgumentParser(
+        prog="duplex", description="Real-time full-duplex model serving.", formatter_class=HelpFormatter
+    )
+    parser.add_argument("--version", action="version", version=f"duplex {_version()}")
+    sub = parser.add_subparsers(dest="command", required=True, metavar="COMMAND")
+    _add_serve(sub)
+    _add_talk(sub)
+    plugins = sub.add_parser(
+        "plugins",
+        help="the installed plugins (with NAME: one plugin and its options)",
+        description="The installed plugins, or with NAME one plugin and its options with their defaults "
+        "(set them with duplex serve --plugin-option KEY=VALUE).",
+        formatter_class=HelpFormatter,
+    )
+    plugins.add_argument("name", nargs="?", metavar="NAME", help="a plugin to describe")
+    plugins.add_argument("--json", action="store_true", help="print JSON instead of a table")
+    tiny = sub.add_parser(
+        "tiny-checkpoint",
+        help="write a tiny random-weight checkpoint of a model plugin, to serve on a CPU",
+        formatter_class=HelpFormatter,
+    )
+    tiny.add_argument("plugin", help="plugin name")
+    tiny.add_argument("directory", help="directory to write (created if missing)")
+    tiny.add_argument("--seed", type=int, default=0, help="random seed of the weights")
+    _add_bench(sub)
+    return parser
 
-    serve = sub.add_parser("serve", help="serve a plugin over the OpenAI Realtime WebSocket API")
-    serve.add_argument("--plugin", help="plugin name (default: 'default' when it loads, else 'echo')")
-    serve.add_argument("--model-path", help="directory with the model's weights")
-    serve.add_argument("--model-name", help="model name reported to clients (default: the plugin name)")
-    serve.add_argument("--host", help="address to bind (default 127.0.0.1)")
-    serve.add_argument("--port", type=int, help="port to bind (default 8000)")
-    serve.add_argument("--max-sessions", type=int, help="concurrent sessions before resource_exhausted")
-    serve.add_argument(
-        "--max-queue-length",
-        type=int,
-        help="opens that may wait for a slot past --max-sessions (default 32; 0: refuse at once)",
+
+def _add_serve(sub: argparse._SubParsersAction) -> None:
+    server, engine = ServerConfig(), EngineConfig()
+    serve = sub.add_parser(
+        "serve",
+        help="serve a plugin over the OpenAI Realtime WebSocket API",
+        description="Serve a model on /v1/realtime (and the HTTP routes of batch models). Options given "
+        "here override the configuration file (--config); the defaults shown are the file's.",
+        formatter_class=HelpFormatter,
     )
-    serve.add_argument(
-        "--max-queue-wait-s", type=float, help="seconds an open may wait for a slot (default 300)"
+    model = serve.add_argument_group("model")
+    model.add_argument(
+        "--plugin", help="plugin name, see 'duplex plugins' (default: 'default' when it loads, else 'echo')"
     )
-    serve.add_argument(
+    model.add_argument(
+        "--model-path", metavar="DIR", help="directory with the model's weights (default: none)"
+    )
+    model.add_argument("--model-name", help="model name clients ask for and see (default: the plugin name)")
+    model.add_argument(
         "--plugin-option",
         action="append",
         default=[],
         metavar="KEY=VALUE",
-        help="plugin option (repeatable); overrides plugin_options of the config file",
+        help="plugin option (repeatable; 'duplex plugins NAME' lists them); overrides plugin_options of "
+        "the config file (default: none)",
     )
-    serve.add_argument(
+    network = serve.add_argument_group("network and access")
+    network.add_argument("--host", help=f"address to bind (default: {server.host})")
+    network.add_argument("--port", type=int, help=f"port to bind (default: {server.port})")
+    network.add_argument(
+        "--api-key",
+        action="append",
+        dest="api_keys",
+        metavar="KEY",
+        help="accepted API key (repeatable; default: none, every client is accepted)",
+    )
+    sessions = serve.add_argument_group("sessions")
+    sessions.add_argument(
+        "--max-sessions",
+        type=int,
+        metavar="N",
+        help=f"concurrent sessions before resource_exhausted (default: {engine.max_sessions}; the "
+        "plugin's own limit caps it)",
+    )
+    sessions.add_argument(
+        "--max-queue-length",
+        type=int,
+        metavar="N",
+        help=f"opens that may wait for a slot past --max-sessions (default: {engine.max_queue_length}; "
+        "0: refuse at once)",
+    )
+    sessions.add_argument(
+        "--max-queue-wait-s",
+        type=float,
+        metavar="S",
+        help=f"seconds an open may wait for a slot (default: {engine.max_queue_wait_s:g})",
+    )
+    worker = serve.add_argument_group("worker process")
+    worker.add_argument(
         "--worker",
         action=argparse.BooleanOptionalAction,
         default=None,
         help="run the plugin in a supervised worker process (restarted if it dies; the server lives on); "
         "default: the plugin's choice (a model on a CUDA device runs in one)",
     )
-    serve.add_argument(
+    worker.add_argument(
         "--worker-python",
         metavar="PATH",
         help="run the worker with this interpreter (another virtual environment's; implies --worker)",
     )
-    serve.add_argument("--api-key", action="append", dest="api_keys", help="accepted API key (repeatable)")
-    serve.add_argument(
+    scale = serve.add_argument_group("scale-out")
+    scale.add_argument(
         "--gpus",
         type=int,
         help="engine replicas, one per GPU, behind Ray Serve on this host (needs duplex-runtime[cluster]; "
         "default: the config file's cluster.gpus, else 1: this one process, without Ray)",
     )
-    serve.add_argument("--config", help="YAML file with server, engine and plugin settings")
-    serve.add_argument("--log-level", default="info", choices=["debug", "info", "warning", "error"])
+    general = serve.add_argument_group("configuration and logging")
+    general.add_argument(
+        "--config",
+        metavar="FILE",
+        help="YAML file with server, engine and plugin settings (README, Configuration; default: none)",
+    )
+    general.add_argument(
+        "--log-level", default="info", choices=LOG_LEVELS, help="the server's log messages from this level on"
+    )
 
+
+def _add_talk(sub: argparse._SubParsersAction) -> None:
     talk = sub.add_parser(
         "talk",
         help="talk to a server: a WAV file, a video clip or the live microphone (and camera) in, the reply "
         "printed and played",
+        description="A conversation with a server. Prints what was heard and said, and for each reply "
+        "the time from the end of your speech to its first audio.",
+        formatter_class=HelpFormatter,
     )
     talk.add_argument("--url", default="ws://127.0.0.1:8000/v1/realtime", help="server WebSocket URL")
     src = talk.add_mutually_exclusive_group()
@@ -112,8 +219,10 @@ def build_parser() -> argparse.ArgumentParser:
         "Windows; lavfi for a synthetic picture)",
     )
     talk.add_argument("--seconds", type=float, help="with --mic: stop after this many seconds")
-    talk.add_argument("--model", help="model name to ask for (any name is accepted by duplex servers)")
-    talk.add_argument("--api-key", help="API key (Authorization: Bearer)")
+    talk.add_argument("--model", help="model name to ask for (default: the server's first model)")
+    talk.add_argument(
+        "--api-key", help=f"API key (Authorization: Bearer; default: ${API_KEY_ENV} when it is set)"
+    )
     talk.add_argument("--out", help="save the reply audio to this WAV file")
     talk.add_argument(
         "--play",
@@ -125,7 +234,9 @@ def build_parser() -> argparse.ArgumentParser:
         "--input-device", help="microphone: a sounddevice index or name (default: the system's)"
     )
     talk.add_argument("--output-device", help="speaker: a sounddevice index or name (default: the system's)")
-    talk.add_argument("--device-rate", type=int, help="open the sound devices at this rate (default: theirs)")
+    talk.add_argument(
+        "--device-rate", type=int, help="open the sound devices at this rate (default: the devices' own)"
+    )
     talk.add_argument(
         "--no-aec",
         action="store_true",
@@ -143,17 +254,6 @@ def build_parser() -> argparse.ArgumentParser:
     talk.add_argument("--timeout", type=float, default=30.0, help="seconds to wait for the reply to end")
     talk.add_argument("--events-out", help="write every server event to this file, one JSON line each")
     talk.add_argument("--quiet", action="store_true", help="no progress line")
-
-    sub.add_parser("plugins", help="list installed plugins and their capabilities")
-    tiny = sub.add_parser(
-        "tiny-checkpoint",
-        help="write a tiny random-weight checkpoint of a model plugin (serve it with --model-path DIR)",
-    )
-    tiny.add_argument("plugin", help="plugin name")
-    tiny.add_argument("directory", help="directory to write (created if missing)")
-    tiny.add_argument("--seed", type=int, default=0, help="random seed of the weights")
-    _add_bench(sub)
-    return parser
 
 
 def _add_bench(sub: argparse._SubParsersAction) -> None:
@@ -245,18 +345,16 @@ def _serve_cluster(cfg: Any, cluster: Any, log_level: str) -> int:
 
 
 def _cmd_plugins(args: argparse.Namespace) -> int:
-    import msgspec
+    from duplex.plugins.base import PluginError
+    from duplex.plugins.listing import describe_plugin, plugins_table
 
-    from duplex.plugins import registry
-
-    for name in registry.available():
-        try:
-            cls = registry.load_class(name)
-            caps = cls.from_options().capabilities()
-            line = json.dumps(msgspec.to_builtins(caps), sort_keys=True)
-        except Exception as exc:  # a plugin that cannot even be built: report it, list the others
-            line = f"(unavailable: {type(exc).__name__}: {exc})"
-        print(f"{name}\t{line}")
+    try:
+        print(
+            describe_plugin(args.name, as_json=args.json) if args.name else plugins_table(as_json=args.json)
+        )
+    except PluginError as exc:
+        print(f"duplex plugins: {exc}", file=sys.stderr)
+        return 2
     return 0
 
 
@@ -276,6 +374,8 @@ def _cmd_tiny_checkpoint(args: argparse.Namespace) -> int:
 def _cmd_talk(args: argparse.Namespace) -> int:
     from clients.talk import TalkError, talk
 
+    if args.api_key is None:
+        args.api_key = os.environ.get(API_KEY_ENV) or None
     try:
         return talk(args)
     except TalkError as exc:

@@ -53,9 +53,12 @@ error base of ``duplex.protocol``; it never imports the engine.
 
 from __future__ import annotations
 
+import dataclasses
 import enum
+import inspect
+import typing
 from abc import ABC, abstractmethod
-from collections.abc import Iterator, Mapping, Sequence
+from collections.abc import Iterable, Iterator, Mapping, Sequence
 from typing import ClassVar
 
 import msgspec
@@ -83,6 +86,7 @@ __all__ = [
     "ToolSpec",
     "TurnPlugin",
     "TurnRequest",
+    "unknown_options",
 ]
 
 
@@ -401,6 +405,15 @@ class PluginError(DuplexError):
         super().__init__(code, message, param=param)
 
 
+def unknown_options(plugin: str, unknown: Iterable[str], valid: Iterable[str]) -> PluginError:
+    """The error ``from_options`` raises for options ``plugin`` does not take: it names them and
+    lists the ones it takes (``Plugin.option_defaults``), so a typo can be fixed from the message."""
+    return PluginError(
+        "invalid_plugin_config",
+        f"{plugin}: unknown options {sorted(unknown)}; valid options: {', '.join(sorted(valid))}",
+    )
+
+
 class Plugin(ABC):
     """A model served by duplex. Subclasses set ``name`` and implement the kind's methods.
 
@@ -420,10 +433,30 @@ class Plugin(ABC):
         Raises ``PluginError("invalid_plugin_config", ...)`` for options it does not know.
         """
         if options:
-            raise PluginError("invalid_plugin_config", f"{cls.name}: unknown options {sorted(options)}")
+            raise unknown_options(cls.name, options, cls.option_defaults())
         if model_path is not None:
             raise PluginError("invalid_plugin_config", f"{cls.name} takes no model path")
         return cls()
+
+    @classmethod
+    def option_defaults(cls) -> dict[str, object]:
+        """The options ``from_options`` takes, each with its default (``duplex plugins NAME``).
+
+        This default reads ``__init__``: its parameters with a default but ``model_path``, and in
+        place of a parameter typed as a ``msgspec.Struct`` or a dataclass (a config object), that
+        type's fields. A plugin whose ``from_options`` takes other options overrides it.
+        """
+        hints = typing.get_type_hints(cls.__init__)
+        found: dict[str, object] = {}
+        for param in list(inspect.signature(cls.__init__).parameters.values())[1:]:
+            if param.name == "model_path" or param.default is inspect.Parameter.empty:
+                continue
+            config = next((t for t in typing.get_args(hints.get(param.name)) if _is_config(t)), None)
+            if config is not None:
+                found.update(_field_defaults(config))
+            else:
+                found[param.name] = param.default
+        return found
 
     @abstractmethod
     def capabilities(self) -> Capabilities:
@@ -491,6 +524,19 @@ class Plugin(ABC):
     @abstractmethod
     def close_slot(self, slot: int) -> None:
         """Free ``slot``; it may be reopened for another session later."""
+
+
+def _is_config(kind: object) -> bool:
+    return isinstance(kind, type) and (issubclass(kind, msgspec.Struct) or dataclasses.is_dataclass(kind))
+
+
+def _field_defaults(config: type) -> dict[str, object]:
+    """The fields of a ``msgspec.Struct`` or dataclass type that have a default, with it."""
+    if issubclass(config, msgspec.Struct):
+        return {
+            f.name: f.default for f in msgspec.structs.fields(config) if f.default is not msgspec.NODEFAULT
+        }
+    return {f.name: f.default for f in dataclasses.fields(config) if f.default is not dataclasses.MISSING}
 
 
 class FramePlugin(Plugin):

@@ -6,7 +6,10 @@ A distribution registers a plugin class with::
     mymodel = "mypackage.plugin:MyModelPlugin"
 
 ``available()`` lists names without importing anything heavy; ``load_class(name)``
-imports one plugin class. Unknown names raise ``PluginError("unknown_plugin")``.
+imports one plugin class; ``info(name)`` describes one without importing it, from the
+``PluginInfo`` the distribution registers under the same name in the group ``duplex.plugin_info``
+(``duplex.plugins.info``), or from its class when it registers none. Unknown names raise
+``PluginError("unknown_plugin")``.
 """
 
 from __future__ import annotations
@@ -14,14 +17,16 @@ from __future__ import annotations
 from importlib.metadata import EntryPoint, entry_points
 
 from duplex.plugins.base import Plugin, PluginError
+from duplex.plugins.info import PluginInfo, info_from_class
 
-__all__ = ["GROUP", "available", "load_class"]
+__all__ = ["GROUP", "INFO_GROUP", "available", "info", "load_class"]
 
 GROUP = "duplex.plugins"
+INFO_GROUP = "duplex.plugin_info"
 
 
-def _entry_points() -> dict[str, EntryPoint]:
-    return {ep.name: ep for ep in entry_points(group=GROUP)}
+def _entry_points(group: str = GROUP) -> dict[str, EntryPoint]:
+    return {ep.name: ep for ep in entry_points(group=group)}
 
 
 def available() -> list[str]:
@@ -38,3 +43,14 @@ def load_class(name: str) -> type[Plugin]:
     if not (isinstance(cls, type) and issubclass(cls, Plugin)):
         raise PluginError("invalid_plugin", f"entry point {name!r} is not a duplex Plugin subclass")
     return cls
+
+
+def info(name: str) -> PluginInfo:
+    """What plugin ``name`` is (see the module docstring)."""
+    ep = _entry_points(INFO_GROUP).get(name)
+    if ep is None:
+        return info_from_class(name, load_class(name))
+    found = ep.load()
+    if not isinstance(found, PluginInfo):
+        raise PluginError("invalid_plugin", f"entry point {name!r} of {INFO_GROUP} is not a PluginInfo")
+    return found

@@ -32,6 +32,7 @@ from duplex.plugins.base import (
     SlotInput,
     SlotOptions,
     SlotOutput,
+    unknown_options,
 )
 
 __all__ = ["EchoPlugin"]
@@ -69,7 +70,7 @@ class EchoPlugin(FramePlugin):
         known = {"max_sessions", "delay_frames", "word_ms", "silence_rms"}
         unknown = sorted(set(options) - known)
         if unknown:
-            raise PluginError("invalid_plugin_config", f"echo: unknown options {unknown}")
+            raise unknown_options("echo", unknown, known)
         return cls(**options)  # type: ignore[arg-type]
 
     def capabilities(self) -> Capabilities:

@@ -52,6 +52,7 @@ from duplex.plugins.base import (
     ToolCall,
     TurnPlugin,
     TurnRequest,
+    unknown_options,
 )
 
 __all__ = ["ScriptedBatchPlugin", "ScriptedTurnPlugin", "ScriptedUnitPlugin", "tone"]
@@ -73,7 +74,7 @@ def _options(cls_name: str, model_path: str | None, options: dict[str, object], 
         raise PluginError("invalid_plugin_config", f"{cls_name} takes no model path")
     unknown = sorted(set(options) - known)
     if unknown:
-        raise PluginError("invalid_plugin_config", f"{cls_name}: unknown options {unknown}")
+        raise unknown_options(cls_name, unknown, known)
 
 
 class ScriptedUnitPlugin(FramePlugin):

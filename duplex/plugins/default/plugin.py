@@ -71,6 +71,7 @@ from duplex.plugins.base import (
     SlotOutput,
     TurnPlugin,
     TurnRequest,
+    unknown_options,
 )
 from duplex.plugins.default.asr import SAMPLE_RATE as INPUT_RATE
 from duplex.plugins.default.asr import WhisperTranscriber
@@ -239,14 +240,17 @@ class DefaultPlugin(TurnPlugin):
         known = set(DefaultPluginConfig.__struct_fields__)
         unknown = sorted(set(options) - known)
         if unknown:
-            raise PluginError(
-                "invalid_plugin_config", f"default: unknown options {unknown}; known: {sorted(known)}"
-            )
+            raise unknown_options("default", unknown, known)
         try:
             config = msgspec.convert(options, DefaultPluginConfig, strict=False)
         except msgspec.ValidationError as exc:
             raise PluginError("invalid_plugin_config", f"default: {exc}") from exc
         return cls(config, model_path=model_path)
+
+    @classmethod
+    def option_defaults(cls) -> dict[str, object]:
+        """The fields of ``DefaultPluginConfig`` (``asr`` and ``tts`` are for tests, not options)."""
+        return {f.name: f.default for f in msgspec.structs.fields(DefaultPluginConfig)}
 
     def capabilities(self) -> Capabilities:
         return Capabilities(

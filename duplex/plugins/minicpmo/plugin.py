@@ -46,6 +46,7 @@ benchmarks) with ``config`` ("full" or "tiny"), ``code_to_wave`` ("flow": the ch
 from __future__ import annotations
 
 import base64
+import dataclasses
 import io
 import logging
 from collections.abc import Sequence
@@ -63,6 +64,7 @@ from duplex.plugins.base import (
     SlotOptions,
     SlotOutput,
     TokenUsage,
+    unknown_options,
 )
 from duplex.plugins.minicpmo.config import (
     FULL_CONFIG,
@@ -187,7 +189,7 @@ class MiniCPMOPlugin(FramePlugin):
             )
         unknown = sorted(set(generation) - set(_GENERATION_OPTIONS))
         if unknown:
-            raise PluginError("invalid_plugin_config", f"minicpmo_4_5: unknown options {unknown}")
+            raise unknown_options("minicpmo_4_5", unknown, _OPTION_TYPES)
         self._model_path = Path(model_path) if model_path is not None else None
         self._max_sessions = max_sessions
         self._device = torch.device(device)
@@ -214,9 +216,15 @@ class MiniCPMOPlugin(FramePlugin):
         """Build from serve-time options; strings (``--plugin-option max_sessions=16``) are parsed."""
         unknown = sorted(set(options) - set(_OPTION_TYPES))
         if unknown:
-            raise PluginError("invalid_plugin_config", f"minicpmo_4_5: unknown options {unknown}")
+            raise unknown_options("minicpmo_4_5", unknown, _OPTION_TYPES)
         parsed = {key: _parse_option(key, value) for key, value in options.items()}
         return cls(model_path, **parsed)  # type: ignore[arg-type]
+
+    @classmethod
+    def option_defaults(cls) -> dict[str, object]:
+        """``__init__``'s options and the sampling options (``GenerationOptions``) it takes."""
+        sampling = {f.name: f.default for f in dataclasses.fields(GenerationOptions)}
+        return {**super().option_defaults(), **{k: sampling[k] for k in _GENERATION_OPTIONS}}
 
     # -- lifetime ---------------------------------------------------------
 

@@ -62,6 +62,7 @@ from duplex.plugins.base import (
     SlotOptions,
     SlotOutput,
     ToolCall,
+    unknown_options,
 )
 from duplex.plugins.nemotron.config import FRAME_SAMPLES, INPUT_RATE, VoiceChatConfig
 from duplex.plugins.nemotron.generation import BatchedVoiceChat, StepResult
@@ -201,7 +202,7 @@ class NemotronVoiceChatPlugin(FramePlugin):
         """
         unknown = sorted(set(options) - set(_OPTION_TYPES))
         if unknown:
-            raise PluginError("invalid_plugin_config", f"nemotron_voicechat: unknown options {unknown}")
+            raise unknown_options("nemotron_voicechat", unknown, _OPTION_TYPES)
         parsed = {key: _parse_option(key, value) for key, value in options.items()}
         return cls(model_path, **parsed)  # type: ignore[arg-type]
 

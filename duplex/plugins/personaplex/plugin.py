@@ -74,6 +74,7 @@ from duplex.plugins.base import (
     SlotInput,
     SlotOptions,
     SlotOutput,
+    unknown_options,
 )
 from duplex.plugins.personaplex.attention import DecodeKernel
 from duplex.plugins.personaplex.config import (
@@ -254,7 +255,7 @@ class PersonaPlexPlugin(FramePlugin):
         """
         unknown = sorted(set(options) - set(_OPTION_TYPES))
         if unknown:
-            raise PluginError("invalid_plugin_config", f"personaplex: unknown options {unknown}")
+            raise unknown_options("personaplex", unknown, _OPTION_TYPES)
         parsed = {key: _parse_option(key, value) for key, value in options.items()}
         return cls(model_path, **parsed)  # type: ignore[arg-type]
 
