@@ -11,6 +11,8 @@ Refused before a session opens (``invalid_request_error``, 400): an empty prompt
 model that is not an image model (``invalid_model``; 404 ``model_not_found`` for a name not served).
 Refused by the model (its codes, ``batch_models/README.md``): a size it does not make or ``n`` over
 its bound (``invalid_session_config``, 400), a prompt over its bound (``event_too_large``, 413).
+These are our codes; the answer carries OpenAI's for them (``http_errors``: ``invalid_value``,
+``string_above_max_length``).
 
 A client that goes away before its images cancels the request at once: its session closes and
 frees its slot (``http_requests.until_departed``); the model drops the request at its next step.

@@ -54,17 +54,17 @@ async def test_the_sdk_generates_n_pngs_and_a_seed_repeats_them(sd) -> None:
     assert len(other.data) == 1 and other.data[0].b64_json != two.data[0].b64_json  # type: ignore[index]
 
 
-BAD_REQUESTS = [  # (the request's changes to a good one, status, code, param)
-    ({"prompt": " "}, 400, "response_create_without_input", "prompt"),
-    ({"n": 11}, 400, "bad_event", "n"),
-    ({"n": 5}, 400, "invalid_session_config", "n"),  # the model makes at most 4
-    ({"size": "1024x1024"}, 400, "invalid_session_config", "size"),
-    ({"prompt": "x" * 201}, 413, "event_too_large", "prompt"),
-    ({"response_format": "url"}, 400, "bad_event", "response_format"),
-    ({"output_format": "jpeg"}, 400, "bad_event", "output_format"),
+BAD_REQUESTS = [  # (the request's changes to a good one, status, OpenAI's code, param)
+    ({"prompt": " "}, 400, "invalid_value", "prompt"),
+    ({"n": 11}, 400, "invalid_value", "n"),
+    ({"n": 5}, 400, "invalid_value", "n"),  # the model makes at most 4
+    ({"size": "1024x1024"}, 400, "invalid_value", "size"),
+    ({"prompt": "x" * 201}, 413, "string_above_max_length", "prompt"),
+    ({"response_format": "url"}, 400, "invalid_value", "response_format"),
+    ({"output_format": "jpeg"}, 400, "invalid_value", "output_format"),
     ({"model": "piper"}, 400, "invalid_model", "model"),
     ({"model": "dall-e-3"}, 404, "model_not_found", "model"),
-    ({"extra_body": {"steps": 51}}, 400, "invalid_session_config", "steps"),  # over the model's 50
+    ({"extra_body": {"steps": 51}}, 400, "invalid_value", "steps"),  # over the model's 50
 ]
 
 

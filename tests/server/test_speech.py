@@ -140,16 +140,17 @@ def _code(exc: openai.APIStatusError) -> str:
     return exc.body["code"]  # type: ignore[index]
 
 
-BAD_REQUESTS = [  # (the request's changes to a good one, status, code, param)
-    ({"input": "   "}, 400, "response_create_without_input", "input"),
-    ({"voice": "nobody"}, 400, "voice_not_found", "voice"),
+BAD_REQUESTS = [  # (the request's changes to a good one, status, OpenAI's code, param)
+    ({"input": "   "}, 400, "invalid_value", "input"),
+    ({"voice": "nobody"}, 400, "invalid_value", "voice"),
     ({"model": "tts-1"}, 404, "model_not_found", "model"),
     ({"model": "sd"}, 400, "invalid_model", "model"),
-    ({"input": "word " * 100}, 413, "event_too_large", "input"),
-    ({"speed": 9}, 400, "bad_event", "speed"),
-    ({"response_format": "ogg"}, 400, "bad_event", "response_format"),
-    ({"instructions": "Whisper."}, 400, "invalid_session_config", "instructions"),
-    ({"extra_body": {"seed": -1}}, 400, "bad_event", "seed"),
+    ({"input": "word " * 100}, 413, "string_above_max_length", "input"),
+    ({"speed": 9}, 400, "invalid_value", "speed"),
+    ({"speed": "fast"}, 400, "invalid_type", "speed"),
+    ({"response_format": "ogg"}, 400, "invalid_value", "response_format"),
+    ({"instructions": "Whisper."}, 400, "invalid_value", "instructions"),
+    ({"extra_body": {"seed": -1}}, 400, "invalid_value", "seed"),
 ]
 
 
@@ -178,11 +179,11 @@ async def test_a_body_that_is_not_json_or_too_large_is_refused_before_a_session_
     assert missing.status_code == 400
     assert missing.json()["error"] | {"message": ""} == {
         "type": "invalid_request_error",
-        "code": "bad_event",
+        "code": "missing_required_parameter",
         "param": "input",
         "message": "",
     }
-    assert (big.status_code, big.json()["error"]["code"]) == (413, "event_too_large")
+    assert (big.status_code, big.json()["error"]["code"]) == (413, "request_too_large")
     assert opened == 0
 
 
@@ -216,7 +217,7 @@ async def test_a_full_model_answers_429_and_serves_again_once_a_session_ends(pip
     assert caught.value.response.headers["retry-after"] == "1"
     assert caught.value.body == {  # type: ignore[comparison-overlap]
         "type": "rate_limit_error",
-        "code": "resource_exhausted",
+        "code": "rate_limit_exceeded",
         "message": "duplex_session_capacity_exhausted: limit=1",
     }
 
@@ -250,7 +251,7 @@ async def test_a_tiny_qwen3_tts_speaks_through_the_sdk_with_its_seed(qwen3) -> N
     # Random weights never say end-of-speech: the request lasts max_audio_s (1 s), 12 whole frames
     # of 80 ms (1,920 samples at 24 kHz each).
     assert len(first) == 2 * 12 * 1920
-    assert caught.value.body["code"] == "voice_not_found"  # type: ignore[index]
+    assert caught.value.body["code"] == "invalid_value"  # type: ignore[index]
 
 
 async def test_a_draining_server_answers_503(piper) -> None:
@@ -258,4 +259,10 @@ async def test_a_draining_server_answers_503(piper) -> None:
         await server.app.state.duplex.drain()
         with pytest.raises(openai.InternalServerError) as caught:
             await speak(server.client(), "Hi.")
-    assert caught.value.status_code == 503 and caught.value.body["code"] == "resource_exhausted"  # type: ignore[index]
+    body: dict = caught.value.body  # type: ignore[assignment]
+    assert (caught.value.status_code, body["type"], body["code"]) == (
+        503,
+        "server_error",
+        "service_unavailable",
+    )
+    assert caught.value.response.headers["retry-after"] == "1"
