@@ -33,9 +33,9 @@ import logging
 import os
 import sys
 from collections.abc import Sequence
-from importlib.metadata import PackageNotFoundError, version
 from typing import Any
 
+from duplex import version
 from duplex.engine.config import EngineConfig
 from duplex.server.config import ServerConfig
 
@@ -60,18 +60,11 @@ class HelpFormatter(argparse.HelpFormatter):
         return f"{text} (default: %(default)s)"
 
 
-def _version() -> str:
-    try:
-        return version("duplex-runtime")
-    except PackageNotFoundError:  # run from a source tree that was never installed
-        return "unknown"
-
-
 def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(
         prog="duplex", description="Real-time full-duplex model serving.", formatter_class=HelpFormatter
     )
-    parser.add_argument("--version", action="version", version=f"duplex {_version()}")
+    parser.add_argument("--version", action="version", version=f"duplex {version()}")
     sub = parser.add_subparsers(dest="command", required=True, metavar="COMMAND")
     _add_serve(sub)
     _add_talk(sub)

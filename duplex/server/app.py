@@ -1,4 +1,5 @@
 """The ASGI application: ``/v1/realtime`` (WebSocket), ``/health``, ``/v1/models``, ``/metrics``;
+the description of every route, ``/openapi.json`` and ``/docs`` (``openapi.py``);
 the routes of batch models: ``POST /v1/audio/speech``, ``POST /v1/images/generations``,
 ``WS /v1/audio/speech/stream`` (``speech.py``, ``images.py``, ``speech_stream.py``); generated video,
 ``WS /v1/realtime/video`` (``realtime_video.py``); and video chat, ``WS /v1/video/chat/stream``
@@ -28,6 +29,7 @@ from starlette.requests import Request
 from starlette.responses import Response
 from starlette.routing import Route, WebSocketRoute
 
+from duplex import version
 from duplex.plugins.worker import Supervisor, WorkerState, WorkerStatus
 from duplex.protocol import ProtocolError
 from duplex.server.auth import api_key_ok, presented_api_key
@@ -36,6 +38,7 @@ from duplex.server.config import ServerConfig
 from duplex.server.http_errors import HttpError
 from duplex.server.metrics import CONTENT_TYPE, ServerMetrics
 from duplex.server.models import ServedModel, ServedModels
+from duplex.server.openapi import docs_routes
 from duplex.server.transport_limits import TransportLimits
 from duplex.server.webui import web_routes
 
@@ -280,6 +283,7 @@ def create_app(
             WebSocketRoute("/v1/video/chat/stream", video_chat_endpoint),
             WebSocketRoute("/v1/realtime/video", realtime_video_endpoint),
             *web_routes(),
+            *docs_routes({"HealthStatus": HealthStatus, "ModelList": ModelList}, version()),
         ],
         lifespan=lifespan,
     )
