@@ -31,6 +31,12 @@ this protocol hands over to the WebSocket protocol), so both are bounded the sam
   stayed blocked for ``send_timeout_s``) drops it with this instead: a reset (``SO_LINGER`` 0), so
   what the client never read is not kept sending, and the client sees an incomplete transfer.
 
+* **TLS on the plain port.** A client that speaks TLS to this plain-HTTP port (a ``https://`` or
+  ``wss://`` URL; the ``openai`` SDK turns a ``ws://`` base URL into ``wss://``) opens with a TLS
+  handshake record, which h11 would only call an invalid request. Its first bytes are recognised
+  (``looks_like_tls``): the server logs "TLS handshake on a plain-HTTP port" with the advice to use
+  ``http://`` / ``ws://``, and closes the connection (a TLS client could not read an HTTP answer).
+
 A request body is not timed here (a route that reads one bounds it itself); a WebSocket, once
 upgraded, has its own bounds (``first_message_timeout_s``, pings, ``max_frame_bytes``, the frame
 budget). Without ``limits`` (a plain ``uvicorn.Config(http=DuplexHttpProtocol)``) this is uvicorn's
@@ -41,6 +47,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import logging
 import socket
 import struct
 from collections.abc import Callable
@@ -51,7 +58,9 @@ from uvicorn.protocols.http.h11_impl import H11Protocol
 
 from duplex.server.transport_limits import TransportLimits
 
-__all__ = ["ABORT_EXTENSION", "DuplexHttpProtocol", "abort_extension"]
+__all__ = ["ABORT_EXTENSION", "DuplexHttpProtocol", "abort_extension", "looks_like_tls"]
+
+log = logging.getLogger("duplex.server.http")
 
 ABORT_EXTENSION: Final = "duplex.abort"
 """The key of the connection's abort callable in an HTTP scope's ``extensions``."""
@@ -78,6 +87,12 @@ _RESET: Final = struct.pack("ii", 1, 0)  # SO_LINGER on, 0 s: close() resets, un
 HEADER_TIMEOUT: Final = _plain_response(b"408 Request Timeout", b"request headers took too long\n")
 
 
+def looks_like_tls(data: bytes) -> bool:
+    """Whether ``data``, a connection's first bytes, open a TLS handshake: a record of content type
+    22 (handshake) with protocol version 3.x (RFC 8446 section 5.1; SSL 3.0 to TLS 1.3 alike)."""
+    return len(data) >= 3 and data[0] == 0x16 and data[1] == 0x03
+
+
 class DuplexHttpProtocol(H11Protocol):
     """uvicorn's h11 protocol with the connection cap and the header timeout of ``limits`` (see the
     module docstring)."""
@@ -88,6 +103,7 @@ class DuplexHttpProtocol(H11Protocol):
         self._header_timer: asyncio.TimerHandle | None = None
         self._refusing = False  # over the cap: answered 503 once the request's headers are in
         self._refused = False  # over the cap with no room to wait: answered 503 at once
+        self._first_bytes = True  # nothing received yet (a TLS handshake shows in the first bytes)
 
     def connection_made(self, transport: asyncio.Transport) -> None:  # type: ignore[override]
         limits = self.limits
@@ -109,6 +125,17 @@ class DuplexHttpProtocol(H11Protocol):
         self._arm_header_timer()
 
     def data_received(self, data: bytes) -> None:
+        if self._first_bytes:
+            self._first_bytes = False
+            if looks_like_tls(data):
+                peer = self.transport.get_extra_info("peername")
+                log.warning(
+                    "TLS handshake on a plain-HTTP port from %s; use http:// / ws:// (an openai SDK "
+                    "client: base_url 'http://...', which it turns into ws:// for the realtime API)",
+                    peer[0] if peer else "?",
+                )
+                self.transport.close()
+                return
         if self._refused:
             return
         if self._refusing:
