@@ -9,8 +9,14 @@ proxy that serves the whole app under a path prefix (open the page with its trai
 The files (plain ES modules, no build step, nothing from another origin):
 
 * ``index.html``, ``style.css``: the page;
-* ``app.js``: buttons and views, and ``window.duplexUI`` (state snapshots for tests);
-* ``call.js``: one conversation: model lookup, socket, events, turns, resume, stop;
+* ``app.js``: buttons and views, the camera preview before a call, and ``window.duplexUI`` (state
+  snapshots for tests);
+* ``settings.js``: the settings panel: the served models (``/v1/models``), the chosen model's
+  voices and turn detection, instructions, tools (JSON, checked as typed);
+* ``call.js``: one call: socket, events, typed text, turns, resume, stop;
+* ``conversation.js``: the conversation as shown (transcripts, typed text, interruptions);
+* ``latency.js``: each turn's first audio after the end of the user's turn, and their median;
+* ``eventlog.js``: the event log (both directions, repeats folded, each line opens to its JSON);
 * ``playback.js``: what the listener heard: the player, playback acks, barge-in truncates;
 * ``audio.js``: the AudioContext, the microphone and the player (AudioWorklet nodes);
 * ``camera.js``: the camera, its preview, and its picture as a JPEG sized for the model;
@@ -18,7 +24,8 @@ The files (plain ES modules, no build step, nothing from another origin):
   (a jitter buffer that counts what was played per item);
 * ``wire.js``: URLs, base64 and every command the page sends;
 * ``video.js``, ``video.css``: the generated-video player (``/v1/realtime/video`` into a
-  MediaSource), shown when the server lists a model that makes video.
+  MediaSource), with a progress indicator until the first chunk; Generate is enabled only when the
+  server lists a model that makes video.
 """
 
 from __future__ import annotations

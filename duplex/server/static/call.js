@@ -3,16 +3,21 @@
 //
 // Theory of operation
 // -------------------
-// start(): GET v1/models (with the key) names the model and its capabilities; a refusal there is
+// start(): GET v1/models (with the key) gives the chosen model's capabilities; a refusal there is
 // the server's own error (code and message) and nothing else is opened. Then the AudioContext, the
-// player, the microphone (the browser asks for permission), and the socket to v1/realtime, whose
-// first message is session.update. Microphone chunks are sent as input_audio_buffer.append; those
+// player, the microphone (the browser asks for permission; not for a model that takes no audio),
+// and the socket to v1/realtime, whose first message is session.update with every setting (model,
+// voice, instructions, turn detection, tools): the model's slot opens with them, at the first
+// input. Microphone chunks are sent as input_audio_buffer.append; those
 // captured before the session exists (session.created) wait for it, up to EARLY_AUDIO_MS (older
 // ones are dropped and counted), so the first words said after Start are not lost to the
 // handshake. The session object says whether playback.ack is supported.
 //
-// Server events update the conversation (user transcripts, assistant transcripts) and feed the
-// player (playback.js: jitter buffer, playback.ack, truncate). Barge-in:
+// Server events update the conversation (user transcripts and typed text, assistant transcripts)
+// and feed the player (playback.js: jitter buffer, playback.ack, truncate). sendText() types a
+// message to a model that reads text (conversation.item.create, then response.create). Each turn's
+// latency, end of the user's turn to the first audio of the answer, is measured by latency.js
+// (server VAD's speech_stopped, the Reply button's commit, or a typed message). Barge-in:
 // input_audio_buffer.speech_started (or, in manual mode, Reply) while assistant audio is still
 // queued or playing cuts the playback at once.
 //
@@ -36,10 +41,13 @@
 // server draining: the browser does not show the HTTP status of a refused WebSocket).
 //
 // Everything the page keeps is bounded: the event type log (MAX_LOGGED_TYPES, then only counted),
-// and the conversation (MAX_TURNS, oldest dropped).
+// the conversation (MAX_TURNS, oldest dropped) and the errors (MAX_TURNS distinct ones; a repeat of
+// one already shown counts on it instead of adding a line).
 
 import { Microphone, openAudioContext } from "./audio.js";
 import { Camera } from "./camera.js";
+import { Conversation } from "./conversation.js";
+import { Latency } from "./latency.js";
 import { ACK_ID_PREFIX, Playback } from "./playback.js";
 import * as wire from "./wire.js";
 
@@ -67,26 +75,30 @@ export class CallError extends Error {
 
 export class Call {
   // onChange(call) runs after every change of state, stats, errors or conversation;
-  // onEvent(event) for every server event, before it is handled.
-  // turns: "auto" or "manual" (see wire.turnMode). camera: whether the user wants the camera on;
-  // preview: the <video> element that shows it.
-  constructor({ apiKey, turns, camera, preview, onChange, onEvent }) {
+  // onEvent(event) for every server event, before it is handled; onSend(command) for every
+  // command sent. settings: {model, voice, instructions, turns, tools} (settings.js; turns as
+  // wire.turnMode takes them). camera: whether the user wants the camera on; preview: the <video>
+  // element that shows it; previewCamera: a Camera the page opened already (it shows in `preview`),
+  // which the call takes over.
+  constructor({ apiKey, settings, camera, preview, previewCamera, onChange, onEvent, onSend }) {
     this.apiKey = apiKey || "";
-    this.wantedTurns = turns || "auto";
+    this.settings = settings || {};
     this.cameraWanted = Boolean(camera);
     this.preview = preview || null;
-    this.camera = null; // a Camera while it is open
+    this.camera = previewCamera || null; // a Camera while it is open
     this.cameraOpening = false;
     this.nextFrameMs = 0; // microphone audio sent (ms) when the next picture is due
     this.turnMode = null; // "vad" | "model" | "manual", once the model is known
     this.onChange = onChange || (() => {});
     this.onEvent = onEvent || (() => {});
+    this.onSend = onSend || (() => {});
+    this.latency = new Latency();
     // idle -> connecting -> open (<-> reconnecting) -> closing -> closed; or error
     this.state = "idle";
     this.model = null;
     this.session = null;
-    this.errors = []; // {code, message, soft}: soft = about our own playback.ack
-    this.conversation = []; // {id, role, text, final, interrupted, heardMs (after a truncate)}
+    this.errors = []; // {code, message, soft, count}: soft = about our own playback.ack or the camera
+    this.talk = new Conversation(MAX_TURNS);
     this.stats = {
       appendsSent: 0,
       bytesSent: 0, // pcm16 bytes of microphone audio sent
@@ -118,7 +130,7 @@ export class Call {
     this.lastSeq = 0;
     this.ackedSeq = 0;
     this.timer = null;
-    this.early = []; // microphone chunks captured before session.created (or while reconnecting)
+    this.early = []; // {pcm, at}: microphone chunks captured before session.created (or while reconnecting)
     this.sessionId = null;
     this.resumeToken = null; // null: the session cannot resume
   }
@@ -141,35 +153,43 @@ export class Call {
     this.audio = openAudioContext();
     this.audio.catch(() => {}); // a failure is reported where it is awaited, below
     try {
-      const card = await this.fetchModel();
+      const card = await this.fetchModel(this.settings.model);
       this.model = card.id;
       this.caps = wire.readCapabilities(card);
-      this.turnMode = wire.turnMode(this.caps, this.wantedTurns);
+      this.turnMode = wire.turnMode(this.caps, this.settings.turns);
       this.context = await this.audio;
       this.playback = new Playback(this.context, {
         stats: this.stats,
         send: (command) => this.send(command),
         onCut: (item) => {
-          this.turn(item, "assistant").interrupted = true;
+          this.talk.turn(item, "assistant").interrupted = true;
         },
         onChange: () => this.changed(),
       });
-      this.mic = await Microphone.open(this.context, {
-        chunkMs: CHUNK_MS,
-        onChunk: (pcm, rms) => this.onMicChunk(pcm, rms),
-      }).catch((err) => {
-        throw new CallError("microphone_unavailable", `no microphone: ${err.name}: ${err.message}`);
-      });
+      if (this.caps.audioInput) {
+        this.mic = await Microphone.open(this.context, {
+          chunkMs: CHUNK_MS,
+          onChunk: (pcm, rms) => this.onMicChunk(pcm, rms),
+        }).catch((err) => {
+          throw new CallError("microphone_unavailable", `no microphone: ${err.name}: ${err.message}`);
+        });
+      }
       if (this.state !== "connecting") throw new CallError("stopped", "stopped before the session opened");
+      if (this.camera && !this.caps.video) {
+        this.camera.close(); // the page's preview, for a model that takes none (openCamera says so)
+        this.camera = null;
+      }
       if (this.cameraWanted) this.openCamera(); // not awaited: the call does not wait for the camera
-      await this.openSocket(wire.realtimeUrl(this.apiKey), wire.sessionUpdate(this.model, this.turnMode));
+      const first = wire.sessionUpdate(this.model, this.turnMode, this.settings);
+      await this.openSocket(wire.realtimeUrl(this.apiKey), first);
     } catch (err) {
       if (this.state === "connecting") this.fail(err);
       else this.release(); // stopped meanwhile: release what was opened after the stop
     }
   }
 
-  async fetchModel() {
+  // The card of the model named `name` in v1/models (the first listed when it is not there).
+  async fetchModel(name) {
     let res;
     try {
       res = await fetch(wire.httpUrl("v1/models"), { headers: wire.authHeaders(this.apiKey) });
@@ -184,7 +204,7 @@ export class Call {
     if (!body || !Array.isArray(body.data) || body.data.length === 0) {
       throw new CallError("no_model", "the server lists no model");
     }
-    return body.data[0];
+    return body.data.find((card) => card.id === name) || body.data[0];
   }
 
   // Open a socket to `url` and send `first` on it. Resolves once the session is there
@@ -225,22 +245,25 @@ export class Call {
     if (!this.ws || this.ws.readyState !== WebSocket.OPEN) return false;
     this.ws.send(JSON.stringify(command));
     if (this.stats.sentTypes.length < MAX_LOGGED_TYPES) this.stats.sentTypes.push(command.type);
+    this.onSend(command);
     return true;
   }
 
   onMicChunk(pcm, rms) {
     this.stats.micLevel = rms;
+    const at = performance.now(); // when its last sample was captured, near enough
     if (this.state === "connecting" || this.state === "reconnecting") {
-      this.early.push(pcm);
+      this.early.push({ pcm, at });
       if (this.early.length > EARLY_AUDIO_MS / CHUNK_MS) {
         this.early.shift();
         this.stats.micChunksDropped += 1;
       }
-    } else if (this.state === "open") this.sendAudio(pcm);
+    } else if (this.state === "open") this.sendAudio(pcm, at);
     this.changed();
   }
 
-  sendAudio(pcm) {
+  // Send one chunk of microphone audio, captured at `at` (performance.now()).
+  sendAudio(pcm, at) {
     if (this.ws.bufferedAmount > MAX_UNSENT_BYTES) {
       this.stats.micChunksDropped += 1;
       return;
@@ -261,6 +284,7 @@ export class Call {
       }
       stats.appendsSent += 1;
       stats.bytesSent += pcm.byteLength;
+      this.latency.audioSent(audioMs, stats.bytesSent / BYTES_PER_MS, at);
     }
   }
 
@@ -318,7 +342,7 @@ export class Call {
     this.stats.eventCounts[type] = (this.stats.eventCounts[type] || 0) + 1;
     if (typeof event.server_event_seq === "number") this.lastSeq = Math.max(this.lastSeq, event.server_event_seq);
     const handler = HANDLERS[type];
-    if (handler) handler.call(this, event);
+    if (handler) handler(this, event);
     this.changed();
   }
 
@@ -333,16 +357,20 @@ export class Call {
     Object.assign(this.caps, { video, videoFrameMaxPixels });
     if (!video && this.camera) this.setCamera(false);
     this.setState("open");
-    for (const pcm of this.early.splice(0)) this.sendAudio(pcm);
+    for (const { pcm, at } of this.early.splice(0)) this.sendAudio(pcm, at);
     this.timer = setInterval(() => this.ackEvents(), EVENT_ACK_EVERY_MS);
     this.opened();
+  }
+
+  onSessionUpdated(event) {
+    this.session = event.session;
   }
 
   onSessionResumed(event) {
     this.resumeToken = event.resume_token || this.resumeToken; // rotated on every resume
     this.stats.reconnects += 1;
     this.setState("open");
-    for (const pcm of this.early.splice(0)) this.sendAudio(pcm);
+    for (const { pcm, at } of this.early.splice(0)) this.sendAudio(pcm, at);
     this.opened();
   }
 
@@ -373,31 +401,12 @@ export class Call {
     this.addError(e.code || "error", e.message || "", ours);
   }
 
-  onUserItem(event) {
-    const item = event.item || {};
-    if (item.role === "user" && item.id) this.turn(item.id, "user");
-  }
-
-  onUserTranscriptDelta(event) {
-    const t = this.turn(event.item_id, "user");
-    if (!t.final) t.text += event.delta || "";
-  }
-
-  onUserTranscript(event) {
-    const t = this.turn(event.item_id, "user");
-    t.text = event.transcript;
-    t.final = true;
-  }
-
-  onAssistantItem(event) {
-    const item = event.item || {};
-    if (item.role === "assistant" && item.id) this.turn(item.id, "assistant");
-  }
-
   onAudioDelta(event) {
     const pcm = wire.fromBase64(event.delta || "");
     this.stats.audioDeltas += 1;
     this.stats.bytesReceived += pcm.byteLength;
+    const measured = this.latency.audioArrived(event.response_id, event.item_id, performance.now());
+    if (measured) this.talk.turn(event.item_id, "assistant").latency = measured;
     if (event.format && event.format !== "pcm16") {
       this.addError("unsupported_audio_format", `cannot play ${event.format} audio`, false);
       return;
@@ -409,25 +418,14 @@ export class Call {
     this.playback.end(event.item_id);
   }
 
-  onAssistantTranscriptDelta(event) {
-    const t = this.turn(event.item_id, "assistant");
-    if (!t.final) t.text += event.delta || "";
-  }
-
-  onAssistantTranscript(event) {
-    const t = this.turn(event.item_id, "assistant");
-    t.text = event.transcript;
-    t.final = true;
-  }
-
-  onTruncated(event) {
-    const t = this.turn(event.item_id, "assistant");
-    t.interrupted = true;
-    t.heardMs = event.audio_end_ms; // the server's word on what stays in the conversation
-  }
-
   onSpeechStarted() {
     this.playback.cut();
+  }
+
+  onSpeechStopped(event) {
+    const detection = this.session && this.session.audio && this.session.audio.input.turn_detection;
+    const silenceMs = (detection && detection.silence_duration_ms) || 0;
+    this.latency.speechStopped(event.audio_end_ms, silenceMs, performance.now());
   }
 
   // Manual mode: the user's turn ends now. Whatever still plays of the assistant is cut first.
@@ -436,27 +434,35 @@ export class Call {
     if (this.state !== "open" || this.turnMode !== "manual") return;
     await this.playback.cut();
     this.send(wire.commit());
+    this.latency.mark("commit", performance.now());
     this.send(wire.responseCreate());
     this.changed();
+  }
+
+  // Type a message to a model that reads text; it answers as it would a spoken turn. Whatever
+  // still plays of the assistant is cut first. False when it was not sent.
+  async sendText(text) {
+    if (this.state !== "open" || !this.caps.text || !text) return false;
+    await this.playback.cut();
+    this.send(wire.userText(text));
+    this.latency.mark("text", performance.now());
+    this.send(wire.responseCreate());
+    this.changed();
+    return true;
   }
 
   ackEvents() {
     if (this.lastSeq > this.ackedSeq && this.send(wire.eventAck(this.lastSeq))) this.ackedSeq = this.lastSeq;
   }
 
-  // The conversation entry of an item (created when first seen; the oldest dropped beyond MAX_TURNS).
-  turn(id, role) {
-    let t = this.conversation.find((x) => x.id === id);
-    if (!t) {
-      t = { id, role, text: "", final: false, interrupted: false, heardMs: null };
-      this.conversation.push(t);
-      if (this.conversation.length > MAX_TURNS) this.conversation.shift();
-    }
-    return t;
-  }
-
+  // An error to show; the same one again (code, message and softness) counts on the first.
   addError(code, message, soft) {
-    this.errors.push({ code, message, soft });
+    const same = this.errors.find((e) => e.code === code && e.message === message && e.soft === soft);
+    if (same) {
+      same.count += 1;
+      return;
+    }
+    this.errors.push({ code, message, soft, count: 1 });
     if (this.errors.length > MAX_TURNS) this.errors.shift();
   }
 
@@ -470,7 +476,7 @@ export class Call {
     }
     if (this.state !== "open") return;
     this.setState("closing");
-    this.mic.close(); // stop sending at once
+    if (this.mic) this.mic.close(); // stop sending at once
     this.send(wire.sessionClose());
     await new Promise((resolve) => {
       this.closedSocket = resolve;
@@ -519,6 +525,11 @@ export class Call {
     if (this.audio) this.audio.then((context) => context.state !== "closed" && context.close(), () => {});
   }
 
+  // The conversation's entries: {id, role, text, final, interrupted, heardMs, latency}.
+  get conversation() {
+    return this.talk.turns;
+  }
+
   // True while the browser holds the microphone for this call.
   get micLive() {
     return Boolean(this.mic && this.mic.live);
@@ -539,19 +550,22 @@ export class Call {
   }
 }
 
+// Server events by type: what the call does with each (the rest are only counted and logged).
 const HANDLERS = {
-  "session.created": Call.prototype.onSessionCreated,
-  "session.resumed": Call.prototype.onSessionResumed,
-  error: Call.prototype.onError,
-  "conversation.item.added": Call.prototype.onUserItem,
-  "conversation.item.created": Call.prototype.onUserItem,
-  "conversation.item.input_audio_transcription.delta": Call.prototype.onUserTranscriptDelta,
-  "conversation.item.input_audio_transcription.completed": Call.prototype.onUserTranscript,
-  "response.output_item.added": Call.prototype.onAssistantItem,
-  "response.output_audio.delta": Call.prototype.onAudioDelta,
-  "response.output_audio.done": Call.prototype.onAudioDone,
-  "response.output_audio_transcript.delta": Call.prototype.onAssistantTranscriptDelta,
-  "response.output_audio_transcript.done": Call.prototype.onAssistantTranscript,
-  "conversation.item.truncated": Call.prototype.onTruncated,
-  "input_audio_buffer.speech_started": Call.prototype.onSpeechStarted,
+  "session.created": (call, e) => call.onSessionCreated(e),
+  "session.updated": (call, e) => call.onSessionUpdated(e),
+  "session.resumed": (call, e) => call.onSessionResumed(e),
+  error: (call, e) => call.onError(e),
+  "conversation.item.added": (call, e) => call.talk.userItem(e.item),
+  "conversation.item.created": (call, e) => call.talk.userItem(e.item),
+  "conversation.item.input_audio_transcription.delta": (call, e) => call.talk.delta(e.item_id, "user", e.delta),
+  "conversation.item.input_audio_transcription.completed": (call, e) => call.talk.done(e.item_id, "user", e.transcript),
+  "response.output_item.added": (call, e) => call.talk.assistantItem(e.item),
+  "response.output_audio.delta": (call, e) => call.onAudioDelta(e),
+  "response.output_audio.done": (call, e) => call.onAudioDone(e),
+  "response.output_audio_transcript.delta": (call, e) => call.talk.delta(e.item_id, "assistant", e.delta),
+  "response.output_audio_transcript.done": (call, e) => call.talk.done(e.item_id, "assistant", e.transcript),
+  "conversation.item.truncated": (call, e) => call.talk.truncated(e.item_id, e.audio_end_ms),
+  "input_audio_buffer.speech_started": (call) => call.onSpeechStarted(),
+  "input_audio_buffer.speech_stopped": (call, e) => call.onSpeechStopped(e),
 };

@@ -2,7 +2,12 @@
 //
 // The section is a closed <details> (open at load when the page's URL ends in #video). Opening it
 // looks up the models (`/v1/models`, with the key typed above) and names the one that makes video
-// (`capabilities.output_modalities` holds "video"), or says there is none. Generate opens the socket and sends `session.start`; every `video.chunk_metadata` is followed by one
+// (`capabilities.output_modalities` holds "video"), or says there is none: Generate stays disabled
+// until one is found. Generate opens the socket and sends `session.start`. A model may take long
+// before its first chunk (a real one, a minute or more): until it comes the section shows a
+// progress indicator with the stage (connecting, then waiting for the model) and the time
+// elapsed; with a known number of frames it then shows the frames received of that number.
+// Every `video.chunk_metadata` is followed by one
 // binary frame, a fragmented-MP4 segment, appended to a MediaSource SourceBuffer in order (the
 // first segment carries the init segment; `video.start` says the exact MIME type). The stats show
 // the cadence: chunks, frames, the last and mean interval between chunks, the generated frame rate
@@ -11,7 +16,8 @@
 // `session.stop`; the server answers `session.done`.
 //
 // window.duplexVideo: snapshot() (plain data: state, mime, chunks, frames, generatedFps, targetFps,
-// bufferedAheadS, currentTime, queued, errors, done), start({prompt, numFrames, fps}),
+// bufferedAheadS, currentTime, queued, errors, done, progress: {stage, elapsedS, frames, total} while
+// it runs), model (the video model found, or null), start({prompt, numFrames, fps}),
 // changePrompt(text, transitionChunks), stop(), waitFor(predicate, timeoutMs), lookUp() (the
 // models' lookup, resolved with the name of the model that makes video, or null).
 
@@ -41,6 +47,7 @@ class VideoStream {
     this.errors = [];
     this.done = null; // {chunks, stopped}
     this.targetFps = null;
+    this.numFrames = 0; // frames asked for (0: until Stop)
     this.startedAt = 0;
     this.pendingMeta = null; // the metadata whose binary frame comes next
     this.appendQueue = [];
@@ -71,11 +78,21 @@ class VideoStream {
       queued: this.queued,
       errors: this.errors,
       done: this.done,
+      progress: this.progress(frames),
     });
+  }
+
+  // What the progress indicator shows while the stream runs (null otherwise): the stage, the
+  // seconds since Generate, and the frames received of the number asked for (0: no end).
+  progress(frames) {
+    if (!["connecting", "streaming"].includes(this.state)) return null;
+    const stage = this.state === "connecting" ? "connecting" : this.chunks.length ? "generating" : "waiting for the first chunk";
+    return { stage, elapsedS: (performance.now() - this.startedAt) / 1000, frames, total: this.numFrames };
   }
 
   start({ prompt, numFrames, fps }) {
     this.targetFps = fps;
+    this.numFrames = numFrames || 0;
     this.state = "connecting";
     this.onChange();
     this.startedAt = performance.now();
@@ -220,6 +237,7 @@ class VideoStream {
 }
 
 let stream = null;
+let videoModel = null; // the served model that makes video, once looked up
 const waiters = new Set();
 let renderQueued = false;
 
@@ -304,7 +322,8 @@ function render() {
   const busy = ["connecting", "streaming", "stopping"].includes(s.state);
   $("video-state").textContent = s.state;
   $("video-state").dataset.state = s.state;
-  $("video-start").disabled = busy;
+  $("video-start").disabled = busy || !videoModel;
+  renderProgress(s.progress);
   $("video-stop").disabled = s.state !== "streaming";
   $("video-change").disabled = s.state !== "streaming";
   const last = s.chunks[s.chunks.length - 1];
@@ -340,6 +359,19 @@ function render() {
   );
 }
 
+function renderProgress(progress) {
+  const shown = Boolean(progress) && (progress.frames === 0 || progress.total > 0);
+  $("video-progress").hidden = !shown;
+  if (!shown) return;
+  const bar = $("video-progress-bar");
+  if (progress.total > 0 && progress.frames > 0) {
+    bar.max = progress.total;
+    bar.value = Math.min(progress.frames, progress.total);
+  } else bar.removeAttribute("value"); // indeterminate until frames come
+  const frames = progress.frames > 0 ? `, ${progress.frames} of ${progress.total} frames` : "";
+  $("video-progress-text").textContent = `${progress.stage}: ${progress.elapsedS.toFixed(1)} s${frames}`;
+}
+
 async function lookUp() {
   const apiKeyInput = $("api-key");
   const key = apiKeyInput ? apiKeyInput.value.trim() : "";
@@ -348,28 +380,50 @@ async function lookUp() {
     const reply = await fetch(httpUrl("v1/models"), { headers: authHeaders(key) });
     if (!reply.ok) {
       label.textContent = reply.status === 401 ? "(type the API key above)" : `(models: HTTP ${reply.status})`;
-      return null;
+      return found(null, "");
     }
     const list = await reply.json();
     const makesVideo = (card) => ((card.capabilities && card.capabilities.output_modalities) || []).includes("video");
     const card = (list.data || []).find(makesVideo);
     label.textContent = card ? `model: ${card.id}` : "(this server serves no video model)";
-    return card ? card.id : null;
+    found(card ? card.id : null, card ? "" : "Generate needs a model that makes video: this server serves none.");
+    return videoModel;
   } catch {
     label.textContent = "(the server did not answer)";
-    return null;
+    return found(null, "");
   }
+}
+
+// The lookup's outcome: the model (or null) and the note under the buttons.
+function found(model, note) {
+  videoModel = model;
+  $("video-note").textContent = note;
+  render();
+  return model;
 }
 
 $("video-start").addEventListener("click", () => start());
 $("video-stop").addEventListener("click", () => stop());
 $("video-change").addEventListener("click", () => changePrompt());
 setInterval(() => {
-  if (stream && stream.state === "streaming") notify();
+  if (stream && (stream.state === "streaming" || stream.state === "connecting")) notify();
 }, STATS_EVERY_MS);
 $("video").addEventListener("toggle", () => {
   if ($("video").open) lookUp();
 });
-window.duplexVideo = { snapshot, start, stop, changePrompt, waitFor, lookUp };
+$("api-key").addEventListener("change", () => {
+  if ($("video").open) lookUp();
+});
+window.duplexVideo = {
+  snapshot,
+  start,
+  stop,
+  changePrompt,
+  waitFor,
+  lookUp,
+  get model() {
+    return videoModel;
+  },
+};
 if (location.hash === "#video") $("video").open = true;
 render();

@@ -60,13 +60,28 @@ export function fromBase64(text) {
 export function readCapabilities(card) {
   const c = (card && card.capabilities) || {};
   return {
+    kind: c.kind || null,
     serverVad: Boolean(c.supports_server_vad),
     modelNativeTurns: Boolean(c.model_native_turns ?? c.supports_model_native_turn_policy),
+    clientCommit: Boolean(c.supports_client_commit),
     playbackAck: Boolean(c.supports_playback_ack),
     truncate: Boolean(c.supports_truncate ?? c.supports_audio_truncate),
     video: Boolean(c.supports_video_input ?? c.supports_image_input),
     videoFrameMaxPixels: Number(c.video_frame_max_pixels) || 0,
+    audioInput: Boolean(c.audio_input ?? c.supports_input_append ?? true),
+    text: Boolean(c.supports_text_input ?? c.supports_text_only_turn),
+    tools: Boolean(c.supports_tools),
+    voices: Array.isArray(c.voices) ? c.voices.map(String) : [],
+    defaultVoice: c.default_voice || null,
+    outputs: Array.isArray(c.output_modalities) ? c.output_modalities : ["audio"],
   };
+}
+
+// Whether a model card is one to talk to (it answers in audio or text), not a generator of
+// pictures or video.
+export function converses(card) {
+  const outputs = readCapabilities(card).outputs;
+  return outputs.includes("audio") || outputs.includes("text");
 }
 
 // The size a camera picture of width x height is sent at: scaled down (never up) to at most
@@ -79,29 +94,86 @@ export function frameSize(width, height, maxPixels) {
   return [even(width * scale), even(height * scale)];
 }
 
-// How turns are taken: "vad" (the server's voice activity detection ends a turn), "model" (the
-// model decides when to speak), "manual" (the user ends a turn with the Reply button).
-// `wanted` is the user's choice: "auto" picks server VAD when the model has it, else the model's
-// own turn-taking, else manual.
-export function turnMode(caps, wanted) {
-  if (wanted === "manual") return caps.modelNativeTurns ? "model" : "manual";
-  if (caps.serverVad) return "vad";
-  return caps.modelNativeTurns ? "model" : "manual";
+// How turns are taken, as the turn-detection setting names them: "server_vad" (the server's voice
+// activity detection ends a turn), "model" (the model decides when to speak), "none" (the user
+// ends a turn with the Reply button). Only those the model has, best first.
+export function turnOptions(caps) {
+  const options = [];
+  if (caps.serverVad) options.push("server_vad");
+  if (caps.modelNativeTurns) options.push("model");
+  else if (caps.clientCommit || options.length === 0) options.push("none");
+  return options;
 }
 
-// The first command of a session: pcm16 at 24 kHz both ways, and the turn mode.
-export function sessionUpdate(model, mode) {
-  return {
-    type: "session.update",
-    session: {
-      type: "realtime",
-      model,
-      output_modalities: ["audio"],
-      audio: {
-        input: { format: PCM16, turn_detection: mode === "vad" ? { type: "server_vad" } : null },
-        output: { format: PCM16 },
-      },
+// The turn mode of a call: "vad", "model" or "manual". `wanted` is the setting ("server_vad",
+// "model", "none"); one the model does not have gives way to its first option. turn_detection
+// null means the model's own turns on a model that has them, and the client's commits otherwise.
+export function turnMode(caps, wanted) {
+  const options = turnOptions(caps);
+  const chosen = options.includes(wanted) ? wanted : options[0];
+  if (chosen === "server_vad") return "vad";
+  return chosen === "model" ? "model" : "manual";
+}
+
+// The tools setting: a JSON array of functions ({name, description?, parameters?}; "type"
+// "function" if given). Returns {tools} (the session's tools, [] for an empty text) or {error}
+// (what is wrong, for the page to show beside the field).
+export function parseTools(text) {
+  if (!text.trim()) return { tools: [] };
+  let value;
+  try {
+    value = JSON.parse(text);
+  } catch (err) {
+    return { error: `not JSON: ${err.message}` };
+  }
+  if (!Array.isArray(value)) return { error: "a JSON array of functions, like [{\"name\": \"get_time\"}]" };
+  const tools = [];
+  for (const [i, tool] of value.entries()) {
+    const where = `tool ${i + 1}`;
+    if (tool === null || typeof tool !== "object" || Array.isArray(tool)) return { error: `${where}: not an object` };
+    if ((tool.type ?? "function") !== "function") return { error: `${where}: type must be "function"` };
+    if (typeof tool.name !== "string" || !/^[A-Za-z0-9_-]{1,64}$/.test(tool.name)) {
+      return { error: `${where}: "name" must be 1 to 64 letters, digits, _ or -` };
+    }
+    if (tool.description !== undefined && typeof tool.description !== "string") {
+      return { error: `${where}: "description" must be a string` };
+    }
+    const params = tool.parameters;
+    if (params !== undefined && (params === null || typeof params !== "object" || Array.isArray(params))) {
+      return { error: `${where}: "parameters" must be a JSON schema object` };
+    }
+    tools.push({ ...tool, type: "function" });
+  }
+  return { tools };
+}
+
+// The first command of a session: pcm16 at 24 kHz both ways, the turn mode, and the settings
+// ({voice, instructions, tools}; a voice of null or "" and empty instructions or tools leave the
+// model's own).
+export function sessionUpdate(model, mode, settings = {}) {
+  const session = {
+    type: "realtime",
+    model,
+    output_modalities: ["audio"],
+    audio: {
+      input: { format: PCM16, turn_detection: mode === "vad" ? { type: "server_vad" } : null },
+      output: { format: PCM16 },
     },
+  };
+  if (settings.voice) session.audio.output.voice = settings.voice;
+  if (settings.instructions) session.instructions = settings.instructions;
+  if (settings.tools && settings.tools.length > 0) {
+    session.tools = settings.tools;
+    session.tool_choice = "auto";
+  }
+  return { type: "session.update", session };
+}
+
+// A typed user message (for a model that reads text), then response.create asks for the answer.
+export function userText(text) {
+  return {
+    type: "conversation.item.create",
+    item: { type: "message", role: "user", content: [{ type: "input_text", text }] },
   };
 }
 

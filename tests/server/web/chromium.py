@@ -10,6 +10,7 @@ exceptions and failed loads are collected in ``Page.console_errors``.
 from __future__ import annotations
 
 import asyncio
+import base64
 import contextlib
 import itertools
 import json
@@ -78,6 +79,21 @@ class Page:
             message = details.get("exception", {}).get("description") or details.get("text")
             raise DevToolsError(f"{expression[:80]!r} threw: {message}")
         return result["result"].get("value")
+
+    async def set_viewport(self, width: int, height: int) -> None:
+        """Lay the page out as in a ``width`` x ``height`` CSS-pixel window (scale 1)."""
+        metrics = {"width": width, "height": height, "deviceScaleFactor": 1, "mobile": False}
+        await self.call("Emulation.setDeviceMetricsOverride", metrics)
+
+    async def screenshot(self) -> bytes:
+        """A PNG of the whole page (all of its height, not only the window's)."""
+        layout = await self.call("Page.getLayoutMetrics")
+        size = layout["cssContentSize"]
+        clip = {"x": 0, "y": 0, "width": size["width"], "height": size["height"], "scale": 1}
+        shot = await self.call(
+            "Page.captureScreenshot", {"format": "png", "clip": clip, "captureBeyondViewport": True}
+        )
+        return base64.b64decode(shot["data"])
 
     def on_event(self, method: str, params: dict[str, Any]) -> None:
         if method == "Page.loadEventFired":

@@ -4,12 +4,18 @@ fake microphone.
 The voice is the default plugin's Piper voice with its randomness off (the same words always
 sound the same), as in ``tests/plugins/test_default_e2e.py``; the WAVs are written once per run.
 Chromium is driven by ``tests/server/web/chromium.py``; tests that need it skip when it is absent.
+
+The pictures of the page in ``docs/images`` are taken by these tests (the ``screenshot`` fixture):
+``DUPLEX_UPDATE_SCREENSHOTS=1 python -m pytest tests/server/web -k screenshot`` writes them there;
+without the variable each is written to the test's temporary folder, so a run leaves the
+repository as it was.
 """
 
 from __future__ import annotations
 
 import contextlib
-from collections.abc import AsyncIterator, Callable
+import os
+from collections.abc import AsyncIterator, Awaitable, Callable
 from pathlib import Path
 from typing import TYPE_CHECKING
 
@@ -23,6 +29,9 @@ if TYPE_CHECKING:
     from duplex.plugins.default.tts import PiperSpeaker
 
 WAV_RATE = 24000
+SCREENSHOTS = Path(__file__).resolve().parents[3] / "docs" / "images"
+SCREENSHOT_SIZE = (960, 720)  # the window the pictures are taken in, CSS pixels
+PNG_SIGNATURE = b"\x89PNG\r\n\x1a\n"
 
 needs_chromium = pytest.mark.skipif(
     chromium_path() is None,
@@ -92,3 +101,23 @@ def open_page(tmp_path: Path) -> Callable[..., contextlib.AbstractAsyncContextMa
             yield page
 
     return page_at
+
+
+@pytest.fixture
+def screenshot(tmp_path: Path) -> Callable[[Page, str], Awaitable[Path]]:
+    """``await screenshot(page, "name")``: a PNG of the whole page laid out in a
+    ``SCREENSHOT_SIZE`` window, as ``name.png`` in ``docs/images`` when
+    ``DUPLEX_UPDATE_SCREENSHOTS=1``, else in the test's temporary folder; returns its path."""
+    folder = SCREENSHOTS if os.environ.get("DUPLEX_UPDATE_SCREENSHOTS") == "1" else tmp_path
+
+    async def take(page: Page, name: str) -> Path:
+        await page.set_viewport(*SCREENSHOT_SIZE)
+        await page.evaluate("new Promise(r => requestAnimationFrame(() => requestAnimationFrame(r)))")
+        png = await page.screenshot()
+        assert png.startswith(PNG_SIGNATURE)
+        folder.mkdir(parents=True, exist_ok=True)
+        path = folder / f"{name}.png"
+        path.write_bytes(png)
+        return path
+
+    return take

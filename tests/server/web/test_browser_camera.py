@@ -32,6 +32,11 @@ def click(selector: str) -> str:
 
 
 PREVIEW = "(v => [v.hidden, v.videoWidth, v.videoHeight])(document.querySelector('#preview'))"
+# Resolves once the preview shows a picture (its size is known).
+SHOWING = (
+    "(v => v.videoWidth || new Promise(r => v.addEventListener('loadedmetadata', r, {once: true})))"
+    "(document.querySelector('#preview'))"
+)
 BUTTON = "(b => [b.textContent, b.disabled])(document.querySelector('#camera'))"
 
 
@@ -43,7 +48,12 @@ async def test_the_camera_sends_a_picture_a_second_at_the_size_the_model_works_a
         running_server(plugin=plugin, engine_config=config, model_name="reporter") as srv,
         open_page(srv.http + "/") as page,
     ):
+        await page.evaluate("duplexUI.settings()")
         await page.evaluate(click("#camera"))
+        before = await page.evaluate("duplexUI.waitFor(s => s.preview, 5000)")
+        await page.evaluate(SHOWING)
+        preview_before = await page.evaluate(PREVIEW)
+        named = await page.evaluate("document.querySelector('#model').textContent")
         await page.evaluate(click("#start"))
         answered = await page.evaluate(
             "duplexUI.waitFor(s => s.conversation.filter(t => t.role === 'assistant' && t.final).length >= 3,"
@@ -62,6 +72,9 @@ async def test_the_camera_sends_a_picture_a_second_at_the_size_the_model_works_a
         seen = [frame for _, frame in plugin.seen]
         console = page.console_errors
 
+    # Before Start: the model is named and the camera's preview shows.
+    assert before["state"] == "idle" and before["camera"] == {"wanted": True, "live": False, "video": True}
+    assert preview_before == [False, 640, 480] and named == "model: frame-reporter"
     assert answered["camera"] == {"wanted": True, "live": True, "video": True}
     assert preview == [False, 640, 480] and button_on == ["Camera: on", False]
     stats = answered["stats"]
@@ -106,6 +119,7 @@ async def test_a_model_that_takes_no_video_leaves_the_camera_closed_and_says_so(
             "code": "camera_unsupported",
             "message": "the model echo takes no camera frames: the call goes on without the camera",
             "soft": True,
+            "count": 1,
         }
     ]
     assert button == ["Camera: off", True] and preview[0] is True

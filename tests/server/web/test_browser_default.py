@@ -26,7 +26,7 @@ INTERRUPTION = "Stop, tell me about London instead."
 
 def default_server(models):
     asr, tts = models
-    plugin = DefaultPlugin(DefaultPluginConfig(max_sessions=2, warm_up=False), asr=asr, tts=tts)
+    plugin = DefaultPlugin(DefaultPluginConfig(reply="echo", max_sessions=2, warm_up=False), asr=asr, tts=tts)
     return running_server(plugin=plugin, engine_config=EngineConfig(max_sessions=2), model_name="default")
 
 
@@ -35,7 +35,9 @@ def conversation(snapshot):
 
 
 @pytest.mark.slow_on_uvloop
-async def test_the_page_shows_the_spoken_question_and_plays_the_spoken_reply(models, open_page, spoken_wav):
+async def test_the_page_shows_the_spoken_question_plays_the_spoken_reply_and_times_its_first_audio(
+    models, open_page, spoken_wav, screenshot
+):
     async with (
         default_server(models) as srv,
         open_page(srv.http + "/", microphone=spoken_wav((QUESTION, 1.5))) as page,
@@ -48,13 +50,22 @@ async def test_the_page_shows_the_spoken_question_and_plays_the_spoken_reply(mod
             " && s.stats.eventCounts['playback.acknowledged'] === s.stats.acksSent, 15000)"
         )
         shown = await page.evaluate(
-            "Array.from(document.querySelectorAll('#conversation li'), li => [li.className, li.textContent])"
+            "Array.from(document.querySelectorAll('#conversation li'),"
+            " li => [li.className, li.querySelector('.text').textContent])"
         )
+        readout = await page.evaluate("document.querySelector('#latency').textContent")
+        await page.evaluate("document.querySelector('#details').open = true")
+        await screenshot(page, "conversation")
         await page.evaluate("duplexUI.stop()")
         console = page.console_errors
 
     assert conversation(heard) == [("user", QUESTION, False), ("assistant", echo_text(QUESTION), False)]
     assert shown == [["user", QUESTION], ["assistant", echo_text(QUESTION)]]
+    # The first audio is timed from the end of speech (server VAD), which includes the VAD's share.
+    (turn,) = heard["latency"]["turns"]
+    assert turn["from"] == "speech" and turn["ms"] > turn["vadMs"] > 0
+    assert heard["conversation"][1]["latency"] == turn
+    assert readout == f"first audio: {turn['ms']} ms (median {turn['ms']} ms of 1 turn)"
     stats = heard["stats"]
     assert stats["bytesReceived"] > 24000 * 2  # more than a second of speech
     assert stats["bargeIns"] == 0  # (underruns depend on how fast the reply is spoken: not checked)
@@ -100,7 +111,8 @@ async def test_with_manual_turns_the_reply_button_ends_the_turn(models, open_pag
     wav = spoken_wav((QUESTION, 1.0))
     said_bytes = 2 * soundfile.info(wav).frames  # the whole WAV, as 24 kHz pcm16
     async with default_server(models) as srv, open_page(srv.http + "/", microphone=wav) as page:
-        await page.evaluate("document.querySelector('#turns').value = 'manual'")
+        await page.evaluate("duplexUI.settings()")
+        await page.evaluate("document.querySelector('#turns').value = 'none'")
         await page.evaluate("document.querySelector('#start').click()")
         await page.evaluate(f"duplexUI.waitFor(s => s.stats && s.stats.bytesSent >= {said_bytes}, 15000)")
         assert await page.evaluate("document.querySelector('#reply').hidden") is False
