@@ -30,6 +30,7 @@ class EngineConfig(msgspec.Struct, frozen=True, kw_only=True):
         ``max_queue_wait_s``: how long one open may wait before it is refused (``resource_exhausted``).
         ``queue_assumed_session_s``: the session duration the wait estimate assumes until a session
         has ended; afterwards the mean of the last ``queue_duration_samples`` sessions.
+        ``queue_duration_samples``: how many of the last sessions' durations that mean takes.
 
     Input budgets (checked in ``Attachment.submit``, before the mailbox)
         ``max_pending_input_bytes``: encoded audio bytes accepted but not yet processed.

@@ -89,6 +89,7 @@ class ServerConfig(msgspec.Struct, frozen=True, kw_only=True, forbid_unknown_fie
     noted disables a feature.
     """
 
+    # The address and port the server listens on (``0.0.0.0``: every interface).
     host: str = "127.0.0.1"
     port: int = 8000
     # Authentication: an empty tuple accepts every client. A key is read from
@@ -201,9 +202,13 @@ class ServeConfig(msgspec.Struct, frozen=True, kw_only=True, forbid_unknown_fiel
     models side by side, say, each under its own name (``duplex.server.models``).
     """
 
+    # The plugin to serve (``duplex plugins`` lists them); unset: ``default`` when it loads, else ``echo``.
     plugin: str | None = None
+    # The directory of the model's weights, for a plugin that loads some.
     model_path: str | None = None
+    # The name clients ask for and see in ``session.model`` and ``/v1/models``; unset: the plugin's.
     model_name: str | None = None
+    # The plugin's options (``duplex plugins NAME`` lists them with their defaults).
     plugin_options: dict[str, object] = {}
     # Run the plugin in a supervised worker process (``duplex.plugins.worker``); ``None`` (unset): the
     # plugin's own default (``Plugin.prefers_worker``: a model on a CUDA device does). ``worker_python``
@@ -212,8 +217,11 @@ class ServeConfig(msgspec.Struct, frozen=True, kw_only=True, forbid_unknown_fiel
     worker: bool | None = None
     worker_python: str | None = None
     worker_config: dict[str, object] = {}
+    # The transport's limits and settings (``ServerConfig``).
     server: ServerConfig = ServerConfig()
+    # The engine's limits (``EngineConfig``): sessions, leases, budgets, journal, scheduler.
     engine: dict[str, object] = {}
+    # More models served beside this one, each under its own name (``ModelConfig``).
     models: tuple[ModelConfig, ...] = ()
     # Scale-out on Ray Serve; handed to ``duplex.cluster.ClusterConfig`` (``gpus`` > 1: one engine
     # replica per GPU; unset or 1: this one process, and Ray is never imported).
