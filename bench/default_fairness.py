@@ -231,7 +231,7 @@ def _serve(spec: dict[str, Any]) -> None:
     from duplex.engine import Engine, EngineConfig
     from duplex.server.serve import build_plugin
 
-    options = {"max_sessions": 2, "max_input_text_chars": spec["max_input_text_chars"]}
+    options = {"reply": "echo", "max_sessions": 2, "max_input_text_chars": spec["max_input_text_chars"]}
     plugin, name = build_plugin("default", None, options)
     serve_engine(Engine(plugin, EngineConfig(max_sessions=2), model_name=name), spec["port"], name)
 

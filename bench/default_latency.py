@@ -5,19 +5,21 @@ What it measures (each on Piper-spoken English sentences, so the run needs no re
 * ``asr``: Whisper tiny.en real-time factor (transcription time / audio length) per utterance.
 * ``tts``: Piper time to the first spoken piece of a reply (a multi-sentence answer and the echo
   replies: what a listener waits for), and the synthesis real-time factor.
-* ``plugin``: ``DefaultPlugin.respond`` with the ``echo`` reply, from the call (the end of the
-  user's turn, as the engine sees it) to the first chunk with audio. This is the model's share of
-  the end-of-speech-to-first-audio budget.
+* ``plugin``: ``DefaultPlugin.respond`` with the chosen reply (``--reply``: ``lm``, the default
+  plugin's own language model, or ``echo``), from the call (the end of the user's turn, as the
+  engine sees it) to the first chunk with audio. This is the model's share of the
+  end-of-speech-to-first-audio budget.
 * ``server`` (when ``duplex.engine.Engine`` and ``duplex.server.create_app`` are importable): the
   same question streamed at real-time pacing over the WebSocket of a real server on loopback,
   with server VAD; from the end of the user's speech (the last speech sample sent) to the first
   ``response.output_audio.delta``. This adds the VAD's silence window (``silence_duration_ms``)
   and the transport.
 
-Run: ``python -m bench.default_latency [--repeats N] [--threads T] [--out PATH]``. Prints a table
-and writes JSON (default ``bench/results/default_latency.json``). The goal on a 2-core CPU is an
-end-of-speech-to-first-audio p50 under 1 s with the echo reply. The machine's load average is
-recorded: on a shared machine other work slows every figure.
+Run: ``python -m bench.default_latency [--reply lm|echo] [--repeats N] [--threads T] [--out PATH]``.
+Prints a table and writes JSON (default ``bench/results/default_latency.json``, or
+``default_latency_echo.json`` for the echo reply). The goal on a 2-core CPU is an
+end-of-speech-to-first-audio p50 under 1 s with the default reply (``lm``). The machine's load
+average is recorded: on a shared machine other work slows every figure.
 """
 
 from __future__ import annotations
@@ -49,7 +51,8 @@ REPLY = (
     "Sure, here is what I found. The museum opens at nine in the morning. "
     "Tickets cost twelve euros, and children under six enter for free."
 )
-DEFAULT_OUT = Path(__file__).parent / "results" / "default_latency.json"
+RESULTS = Path(__file__).parent / "results"
+REPLIES = ("lm", "echo")
 
 
 def summary(values: list[float]) -> dict[str, float]:
@@ -75,7 +78,7 @@ def _to_16k(pcm: np.ndarray) -> np.ndarray:
     return soxr.resample(pcm, 22050, 16000).astype(np.float32)
 
 
-def bench_models(repeats: int, threads: int) -> dict[str, object]:
+def bench_models(repeats: int, threads: int, reply: str = "lm") -> dict[str, object]:
     """ASR real-time factor, TTS first-piece time, and plugin end-of-turn to first audio."""
     from duplex.plugins.base import SlotOptions, TurnRequest
     from duplex.plugins.default.asr import WhisperTranscriber
@@ -92,7 +95,7 @@ def bench_models(repeats: int, threads: int) -> dict[str, object]:
     tts = PiperSpeaker()
     tts.load()
     tts_load_s = time.perf_counter() - t0
-    plugin = DefaultPlugin(DefaultPluginConfig(asr_threads=threads), asr=asr, tts=tts)
+    plugin = DefaultPlugin(DefaultPluginConfig(reply=reply, asr_threads=threads), asr=asr, tts=tts)
     t0 = time.perf_counter()
     plugin.load()
     warm_s = time.perf_counter() - t0
@@ -115,13 +118,15 @@ def bench_models(repeats: int, threads: int) -> dict[str, object]:
             turn = np.concatenate([pcm, tail])
             t0 = time.perf_counter()
             t_transcript = None
-            for out in plugin.respond(TurnRequest(slot=0, epoch=r, pcm=turn)):
+            response = plugin.respond(TurnRequest(slot=0, epoch=r, pcm=turn))
+            for out in response:
                 if out.user_transcript is not None and t_transcript is None:
                     t_transcript = time.perf_counter() - t0
                 if out.pcm is not None:
                     plugin_first.append(time.perf_counter() - t0)
                     plugin_asr_share.append(t_transcript or 0.0)
                     break
+            response.close()  # a language model's reply stops here, as on a barge-in
 
         for reply in (REPLY, *(echo_text(s) for s in SENTENCES)):
             t0 = time.perf_counter()
@@ -132,8 +137,8 @@ def bench_models(repeats: int, threads: int) -> dict[str, object]:
             )
             pieces = splitter.feed(reply) + splitter.flush()
             audio_s = 0.0
-            spoken = (piece for piece in tts.speak_all(pieces) if piece is not None)  # None: silent
-            for i, piece in enumerate(spoken):
+            audible = (piece for piece in tts.speak_all(pieces) if piece is not None)  # None: silent
+            for i, piece in enumerate(audible):
                 if i == 0:
                     tts_first.append(time.perf_counter() - t0)
                 audio_s += len(piece.pcm) / tts.sample_rate
@@ -155,17 +160,17 @@ def bench_models(repeats: int, threads: int) -> dict[str, object]:
     }
 
 
-def bench_server(turns: int) -> dict[str, object]:
+def bench_server(turns: int, reply: str = "lm") -> dict[str, object]:
     """End of speech to first audio through a real server on loopback (see the module docstring)."""
     try:
         from duplex.engine import Engine  # noqa: F401
         from duplex.server.app import create_app  # noqa: F401
     except ImportError as exc:
         return {"skipped": f"engine or server not available: {exc}"}
-    return asyncio.run(_bench_server(turns))
+    return asyncio.run(_bench_server(turns, reply))
 
 
-async def _bench_server(turns: int) -> dict[str, object]:
+async def _bench_server(turns: int, reply: str) -> dict[str, object]:
     import soxr
 
     from clients.collector import event_type
@@ -179,7 +184,7 @@ async def _bench_server(turns: int) -> dict[str, object]:
     from duplex.server.config import ServeConfig, ServerConfig
     from duplex.server.serve import DrainingServer, uvicorn_config
 
-    plugin = DefaultPlugin(DefaultPluginConfig(max_sessions=1))
+    plugin = DefaultPlugin(DefaultPluginConfig(reply=reply, max_sessions=1))
     plugin.load()
     rate, append = 24000, 960  # the client's format: PCM16 at 24 kHz, 40 ms appends
     fmt = AudioFormat("pcm16", rate)
@@ -280,11 +285,14 @@ def _print_table(results: dict[str, object]) -> None:
 
 def main(argv: list[str] | None = None) -> dict[str, object]:
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    parser.add_argument("--reply", choices=REPLIES, default="lm", help="the default plugin's reply strategy")
     parser.add_argument("--repeats", type=int, default=3, help="passes over the sentence list")
     parser.add_argument("--threads", type=int, default=0, help="Whisper CPU threads (0: CTranslate2 decides)")
     parser.add_argument("--server-turns", type=int, default=6, help="turns through the server (0: skip)")
-    parser.add_argument("--out", type=Path, default=DEFAULT_OUT)
+    parser.add_argument("--out", type=Path, default=None, help="JSON file (default: by the reply)")
     args = parser.parse_args(argv)
+    suffix = "" if args.reply == "lm" else f"_{args.reply}"
+    out = args.out or RESULTS / f"default_latency{suffix}.json"
 
     results: dict[str, object] = {
         "benchmark": "default_latency",
@@ -294,14 +302,15 @@ def main(argv: list[str] | None = None) -> dict[str, object]:
             "python": platform.python_version(),
             "load_average_1m_at_start": round(os.getloadavg()[0], 2),
         },
-        "goal": "end of speech to first audio under 1 s with the echo reply",
-        "models": bench_models(args.repeats, args.threads),
+        "reply": args.reply,
+        "goal": "end of speech to first audio under 1 s",
+        "models": bench_models(args.repeats, args.threads, args.reply),
     }
     if args.server_turns > 0:
-        results["server"] = bench_server(args.server_turns)
+        results["server"] = bench_server(args.server_turns, args.reply)
     results["host"]["load_average_1m_at_end"] = round(os.getloadavg()[0], 2)  # type: ignore[index]
     _print_table(results)
-    print(f"wrote {write_json(args.out, results)}")
+    print(f"wrote {write_json(out, results)}")
     return results
 
 

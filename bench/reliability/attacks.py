@@ -484,6 +484,8 @@ async def cancelled_long_reply(srv: ServerProcess, opts: dict[str, Any]) -> dict
 
 FRAME_LIMITS = "server:\n  ws_ping_interval_s: null\n"
 MEMORY = ("rss_back", "heartbeat")
+# The long-reply attacks need a reply as long as what was typed: the echo reply, not the default's model.
+ECHO_REPLY = ("--plugin-option", "reply=echo")
 KEYED = "server:\n  ws_ping_interval_s: null\n  api_keys: [" + ", ".join(KEYS) + "]\n"
 
 ATTACKS: dict[str, Attack] = {
@@ -520,6 +522,7 @@ ATTACKS: dict[str, Attack] = {
             "long_typed_reply",
             "default",
             long_typed_reply,
+            extra=ECHO_REPLY,
             settle_s=1.0,
             targets=("first_audio",),
             warm_up=_warm_default,
@@ -528,6 +531,7 @@ ATTACKS: dict[str, Attack] = {
             "cancelled_long_reply",
             "default",
             cancelled_long_reply,
+            extra=ECHO_REPLY,
             targets=("first_audio", "rss_back"),
             warm_up=_warm_default,
         ),

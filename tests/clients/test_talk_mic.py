@@ -78,7 +78,8 @@ def default_plugin(models: tuple[WhisperTranscriber, PiperSpeaker], **options: A
     from duplex.plugins.default.plugin import DefaultPlugin, DefaultPluginConfig
 
     asr, tts = models
-    return DefaultPlugin(DefaultPluginConfig(max_sessions=2, warm_up=False, **options), asr=asr, tts=tts)
+    config = DefaultPluginConfig(**{"reply": "echo", "max_sessions": 2, "warm_up": False, **options})
+    return DefaultPlugin(config, asr=asr, tts=tts)
 
 
 def nonzero(pcm: np.ndarray) -> np.ndarray:

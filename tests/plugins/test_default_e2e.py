@@ -171,8 +171,11 @@ def response_audio(events: list[Any]) -> tuple[list[bytes], list[str]]:
 
 
 def plugin_with(models: tuple[WhisperTranscriber, PiperSpeaker], **options: Any) -> DefaultPlugin:
+    """The default plugin on the shared models; the echo reply unless ``options`` name another
+    (it answers at once and exactly, so what the tests see is the loop's own behaviour)."""
     asr, tts = models
-    return DefaultPlugin(DefaultPluginConfig(max_sessions=2, warm_up=False, **options), asr=asr, tts=tts)
+    config = DefaultPluginConfig(**{"reply": "echo", "max_sessions": 2, "warm_up": False, **options})
+    return DefaultPlugin(config, asr=asr, tts=tts)
 
 
 async def test_a_spoken_question_is_transcribed_and_the_echo_reply_says_it_back(

@@ -41,7 +41,7 @@ def to_16k(pcm: np.ndarray) -> np.ndarray:
 @pytest.fixture(scope="module")
 def plugin(models: tuple[WhisperTranscriber, PiperSpeaker]) -> Iterator[DefaultPlugin]:
     asr, tts = models
-    with DefaultPlugin(DefaultPluginConfig(max_sessions=2), asr=asr, tts=tts) as p:
+    with DefaultPlugin(DefaultPluginConfig(reply="echo", max_sessions=2), asr=asr, tts=tts) as p:
         yield p
 
 
@@ -74,7 +74,7 @@ def bounded_plugin(models: tuple[WhisperTranscriber, PiperSpeaker]) -> Iterator[
     messages of at most 120."""
     asr, tts = models
     config = DefaultPluginConfig(
-        max_sentence_chars=20, max_piece_chars=40, max_input_text_chars=120, warm_up=False
+        reply="echo", max_sentence_chars=20, max_piece_chars=40, max_input_text_chars=120, warm_up=False
     )
     with DefaultPlugin(config, asr=asr, tts=tts) as p:
         p.open_slot(0, SlotOptions())

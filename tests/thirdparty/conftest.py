@@ -26,9 +26,10 @@ def echo_server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Served]:
 
 @pytest.fixture(scope="session")
 def default_server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Served]:
-    """The embedded default model with its default reply (``You said: <what it heard>``)."""
+    """The embedded default model with the echo reply (``You said: <what it heard>``)."""
     pytest.importorskip("piper", reason="the default model needs the `default` extra")
-    with duplex_serve(tmp_path_factory.mktemp("default") / "serve.log", "--plugin", "default") as served:
+    log = tmp_path_factory.mktemp("default") / "serve.log"
+    with duplex_serve(log, "--plugin", "default", "--plugin-option", "reply=echo") as served:
         yield served
 
 

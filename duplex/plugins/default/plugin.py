@@ -14,9 +14,9 @@ generator that streams the answer:
    transcript and ``end_of_turn``, no reply. A typed turn (``TurnRequest.text``)
    skips this step; it is refused with ``invalid_item`` when it is longer than
    ``max_input_text_chars`` or holds a NUL (the response fails, the session goes on).
-2. Answer: the reply strategy (``echo``, ``openai``, ``vllm``; see ``reply.py``)
-   streams text deltas (a reasoning model's ``<think>`` spans are dropped, and so
-   are control characters other than tabs and line breaks).
+2. Answer: the reply strategy (``lm``, ``echo``, ``openai``, ``vllm``; see ``lm.py``
+   and ``reply.py``) streams text deltas (a reasoning model's ``<think>`` spans are
+   dropped, and so are control characters other than tabs and line breaks).
    Its system prompt is the session's instructions and its history is
    ``TurnRequest.history``: what the listener actually heard.
 3. Speak: the deltas are cut into sentences (long ones at clause marks, and none
@@ -40,10 +40,10 @@ total work of a typed turn.
 
 Interruption: the engine closes the generator on cancel or barge-in. The echo
 reply simply stops; a remote or in-process LLM reply is read by a
-``DeltaPump`` thread, which closes the HTTP request (or aborts the vLLM
-request) when its next token arrives. ``cancel_slot`` additionally fences off
-any older epoch, so a response of a cancelled epoch yields nothing more even
-if it were pulled again.
+``DeltaPump`` thread, which closes the HTTP request (or stops the llama.cpp
+request, or aborts the vLLM request) when its next token arrives. ``cancel_slot``
+additionally fences off any older epoch, so a response of a cancelled epoch
+yields nothing more even if it were pulled again.
 
 Waiting: a reply from an LLM mostly waits for tokens. That wait happens on the
 pump's thread; while nothing new has arrived the response yields an empty
@@ -76,15 +76,9 @@ from duplex.plugins.base import (
 from duplex.plugins.default.asr import SAMPLE_RATE as INPUT_RATE
 from duplex.plugins.default.asr import WhisperTranscriber
 from duplex.plugins.default.pump import DeltaPump
-from duplex.plugins.default.reply import (
-    STRATEGIES,
-    ReplyPrompt,
-    ReplyStrategy,
-    make_strategy,
-    without_controls,
-    without_thinking,
-)
+from duplex.plugins.default.reply import ReplyPrompt, ReplyStrategy, without_controls, without_thinking
 from duplex.plugins.default.sentences import SentenceSplitter
+from duplex.plugins.default.strategies import STRATEGIES, make_strategy
 from duplex.plugins.default.tts import VOICE_NAME, PiperSpeaker, SpokenPiece
 
 __all__ = ["OUTPUT_RATE", "DefaultPlugin", "DefaultPluginConfig"]
@@ -97,10 +91,13 @@ class DefaultPluginConfig(msgspec.Struct, frozen=True, kw_only=True):
     """Serve-time options of the default plugin (``duplex serve --plugin-option key=value``).
 
     Answering
-        ``reply``: ``echo`` | ``openai`` | ``vllm``. ``reply_url``: the chat endpoint
-        for ``openai``. ``reply_model``: the model name for ``openai`` (None: the
-        server's first) or the model directory for ``vllm``. ``reply_api_key_env``:
-        the name of an environment variable holding a bearer token.
+        ``reply``: ``lm`` (a small language model on the CPU, shipped in a package) |
+        ``echo`` (repeats what it heard) | ``openai`` | ``vllm``. ``reply_url``: the
+        chat endpoint for ``openai``. ``reply_model``: a GGUF file for ``lm`` (None: the
+        packaged SmolLM2-135M-Instruct), the model name for ``openai`` (None: the
+        server's first) or the model directory for ``vllm``. ``reply_threads``: CPU
+        threads for ``lm`` (1 leaves the other cores to Whisper and Piper).
+        ``reply_api_key_env``: the name of an environment variable holding a bearer token.
         ``reply_timeout_s``: connection and read timeout. ``reply_max_tokens``: reply
         length limit. ``reply_poll_ms``: while a remote reply has nothing new, the
         plugin hands the model thread back this often (see ``DeltaPump``).
@@ -126,12 +123,13 @@ class DefaultPluginConfig(msgspec.Struct, frozen=True, kw_only=True):
     An out-of-range value raises ``PluginError("invalid_plugin_config")``.
     """
 
-    reply: str = "echo"
+    reply: str = "lm"
     reply_url: str | None = None
     reply_model: str | None = None
     reply_api_key_env: str | None = None
     reply_timeout_s: float = 30.0
     reply_max_tokens: int = 256
+    reply_threads: int = 1
     reply_poll_ms: int = 50
     max_input_text_chars: int = 4000
     max_sentence_chars: int = 80
@@ -153,6 +151,7 @@ class DefaultPluginConfig(msgspec.Struct, frozen=True, kw_only=True):
         for name in (
             "reply_timeout_s",
             "reply_max_tokens",
+            "reply_threads",
             "reply_poll_ms",
             "max_input_text_chars",
             "max_sentence_chars",
@@ -216,6 +215,9 @@ class DefaultPlugin(TurnPlugin):
             reply_api_key_env=self.config.reply_api_key_env,
             reply_timeout_s=self.config.reply_timeout_s,
             reply_max_tokens=self.config.reply_max_tokens,
+            reply_threads=self.config.reply_threads,
+            max_sessions=self.config.max_sessions,
+            warm_up=self.config.warm_up,
         )
         self.asr = asr or WhisperTranscriber(cpu_threads=self.config.asr_threads)
         self.tts = tts or PiperSpeaker(
@@ -268,7 +270,8 @@ class DefaultPlugin(TurnPlugin):
         )
 
     def load(self) -> None:
-        """Load Whisper, the Piper voice and the reply strategy; warm them up once."""
+        """Load Whisper, the Piper voice and the reply strategy (the language model for ``lm``);
+        warm them up once."""
         if self._closed:
             raise PluginError("internal_error", "the default plugin was closed; build a new one")
         if self._loaded:

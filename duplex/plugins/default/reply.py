@@ -10,7 +10,8 @@ cancelled (barge-in, ``response.cancel``). Every strategy releases what the
 reply holds in a ``finally`` block (the HTTP stream, the vLLM request), so a
 cancelled reply stops generating at once.
 
-Strategies (``make_strategy`` builds one from serve-time options):
+Strategies (``strategies.make_strategy`` builds one from serve-time options; the ``lm``
+strategy, a small language model in process, lives in ``lm.py``):
 
 ``echo``    repeats the user's words in a sentence; needs nothing, so the whole
             loop (listen, understand, answer, speak, interrupt) is testable.
@@ -39,7 +40,6 @@ import msgspec
 from duplex.plugins.base import PluginError
 
 __all__ = [
-    "STRATEGIES",
     "EchoReply",
     "OpenAIChatReply",
     "ReplyPrompt",
@@ -47,7 +47,6 @@ __all__ = [
     "VLLMReply",
     "chat_messages",
     "echo_text",
-    "make_strategy",
     "without_controls",
     "without_thinking",
 ]
@@ -456,46 +455,3 @@ def without_controls(deltas: Iterable[str]) -> Iterator[str]:
         close = getattr(deltas, "close", None)
         if close is not None:
             close()
-
-
-STRATEGIES = ("echo", "openai", "vllm")
-
-
-def make_strategy(
-    reply: str,
-    *,
-    model_path: str | None = None,
-    reply_url: str | None = None,
-    reply_model: str | None = None,
-    reply_api_key_env: str | None = None,
-    reply_timeout_s: float = 30.0,
-    reply_max_tokens: int = 256,
-) -> ReplyStrategy:
-    """Build the strategy named ``reply`` from serve-time options.
-
-    Raises ``PluginError("invalid_plugin_config")`` for an unknown strategy or a
-    missing option (``openai`` needs ``reply_url``; ``vllm`` needs a model
-    directory, ``model_path`` or ``reply_model``, and the vllm package).
-    """
-    if reply == "echo":
-        return EchoReply()
-    if reply == "openai":
-        if not reply_url:
-            raise PluginError("invalid_plugin_config", "reply='openai' needs reply_url (the chat endpoint)")
-        return OpenAIChatReply(
-            reply_url,
-            model=reply_model,
-            api_key_env=reply_api_key_env,
-            timeout_s=reply_timeout_s,
-            max_tokens=reply_max_tokens,
-        )
-    if reply == "vllm":
-        model_dir = model_path or reply_model
-        if not model_dir:
-            raise PluginError(
-                "invalid_plugin_config", "reply='vllm' needs a local model directory (model_path)"
-            )
-        return VLLMReply(model_dir, max_tokens=reply_max_tokens)
-    raise PluginError(
-        "invalid_plugin_config", f"unknown reply strategy {reply!r}; choose one of {', '.join(STRATEGIES)}"
-    )
