@@ -66,8 +66,7 @@ ROUTES: Final[tuple[RouteDoc, ...]] = (
     RouteDoc(
         "/v1/audio/speech",
         "post",
-        "Text to speech (OpenAI's route), served by a batch TTS model; the voice used is in the "
-        "X-Duplex-Voice header",
+        "Text to speech (OpenAI's route), served by a batch TTS model",
         request=SpeechRequest,
         response_type="audio/*",
     ),
