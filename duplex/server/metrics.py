@@ -142,33 +142,6 @@ class _WorkerCollector(Collector):
         yield from (up, state, pid, restarts)
 
 
-class _WorkerCollector(Collector):
-    """Each model worker process (``Supervisor.status()``), read at scrape time."""
-
-    def __init__(self, workers: Sequence[Supervisor]) -> None:
-        self._workers = workers
-
-    def collect(self) -> Iterator[Metric]:
-        up = GaugeMetricFamily("duplex_worker_up", "1 while the model worker is ready", labels=["worker"])
-        state = GaugeMetricFamily(
-            "duplex_worker_state", "1 for the model worker's current state", labels=["worker", "state"]
-        )
-        pid = GaugeMetricFamily(
-            "duplex_worker_pid", "the model worker's process id (0: none)", labels=["worker"]
-        )
-        restarts = CounterMetricFamily(
-            "duplex_worker_restarts", "model worker processes started after the first", labels=["worker"]
-        )
-        for worker in self._workers:
-            status = worker.status()
-            up.add_metric([status.name], 1 if status.state is WorkerState.READY else 0)
-            for each in WorkerState:
-                state.add_metric([status.name, each.value], 1 if status.state is each else 0)
-            pid.add_metric([status.name], status.pid or 0)
-            restarts.add_metric([status.name], status.restarts)
-        yield from (up, state, pid, restarts)
-
-
 class _TransportCollector(Collector):
     def __init__(self, metrics: ServerMetrics) -> None:
         self._m = metrics
