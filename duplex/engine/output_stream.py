@@ -44,10 +44,10 @@ from duplex.protocol.ext.commands import PlaybackAck
 from duplex.protocol.ext.events import PlaybackAckDetails, PlaybackAcknowledged, PlaybackLedger
 from duplex.protocol.formats import AudioFormat
 from duplex.protocol.ids import new_event_id
-from duplex.protocol.realtime._base import Event
 from duplex.protocol.realtime.commands import ConversationItemTruncate
 from duplex.protocol.realtime.events import ConversationItemTruncated
 from duplex.protocol.realtime.items import MessageItem, OutputAudioPart, OutputTextPart
+from duplex.protocol.wire import Event
 
 __all__ = ["PIECE_MS", "RECENT_RESPONSES", "OutputStream", "Piece"]
 

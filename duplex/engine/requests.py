@@ -32,7 +32,6 @@ from duplex.plugins.base import Capabilities, SlotOutput
 from duplex.protocol.ext.events import ResponseOutputImageDone, ResponseOutputVideoDelta, ResponseProgress
 from duplex.protocol.ids import new_event_id
 from duplex.protocol.image import encode_png, png_size
-from duplex.protocol.realtime._base import Event
 from duplex.protocol.realtime.items import (
     InputAudioPart,
     InputTextPart,
@@ -41,6 +40,7 @@ from duplex.protocol.realtime.items import (
     OutputAudioPart,
     OutputTextPart,
 )
+from duplex.protocol.wire import Event
 
 __all__ = ["media_events", "request_input"]
 

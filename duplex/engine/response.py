@@ -58,7 +58,6 @@ from duplex.protocol.ext.events import (
 )
 from duplex.protocol.formats import AudioFormat
 from duplex.protocol.ids import new_event_id, new_item_id
-from duplex.protocol.realtime._base import Event
 from duplex.protocol.realtime.events import (
     ConversationItemAdded,
     ConversationItemDone,
@@ -85,6 +84,7 @@ from duplex.protocol.realtime.items import (
     TextPart,
 )
 from duplex.protocol.realtime.responses import Response, StatusDetails, Usage
+from duplex.protocol.wire import Event
 
 __all__ = [
     "SEEDS_WIRE_REASONS",

@@ -124,7 +124,6 @@ from duplex.protocol.ext.events import (
     TurnEvent,
 )
 from duplex.protocol.ids import new_event_id, new_item_id, new_response_id
-from duplex.protocol.realtime._base import Event
 from duplex.protocol.realtime.commands import (
     ConversationItemCreate,
     ConversationItemDelete,
@@ -157,6 +156,7 @@ from duplex.protocol.realtime.items import (
     MessageItem,
 )
 from duplex.protocol.realtime.responses import ResponseError
+from duplex.protocol.wire import Event
 
 __all__ = ["Session", "SlotPhase", "TurnState"]
 

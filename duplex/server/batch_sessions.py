@@ -33,8 +33,8 @@ from duplex.engine import Detached
 from duplex.plugins.base import Capabilities, PluginKind
 from duplex.protocol.errors import DuplexError, ProtocolError
 from duplex.protocol.ext.commands import DuplexResponseCreate, DuplexResponseCreateParams, SessionClose
-from duplex.protocol.realtime._base import Event
 from duplex.protocol.realtime.events import ErrorDetail, ErrorEvent, ResponseCreated, ResponseDone
+from duplex.protocol.wire import Event
 from duplex.server.models import ServedModel, ServedModels
 
 __all__ = ["makes", "pick_model", "request_session", "response_events"]
