@@ -352,9 +352,10 @@ export class Call {
     this.resumeToken = event.resume_token || null;
     const caps = event.session.capabilities || {};
     this.playback.acks = Boolean(caps.supports_playback_ack);
-    // The session's word on video wins over the model list's (the same model, said by the session).
-    const { video, videoFrameMaxPixels } = wire.readCapabilities({ capabilities: caps });
-    Object.assign(this.caps, { video, videoFrameMaxPixels });
+    // The session's word on video and text wins over the model list's (the same model, said by the
+    // session): it decides the camera and the text field.
+    const { video, videoFrameMaxPixels, text } = wire.readCapabilities({ capabilities: caps });
+    Object.assign(this.caps, { video, videoFrameMaxPixels, text });
     if (!video && this.camera) this.setCamera(false);
     this.setState("open");
     for (const { pcm, at } of this.early.splice(0)) this.sendAudio(pcm, at);

@@ -135,3 +135,17 @@ async def test_the_page_sizes_frames_by_the_same_rule_as_duplex_talk(open_page):
         console = page.console_errors
     assert [tuple(s) for s in sizes] == [sent for _, sent in FRAME_SIZES]
     assert console == []
+
+
+async def test_the_camera_button_keeps_its_label_on_one_line_on_a_narrow_screen(open_page):
+    async with running_server() as srv, open_page(srv.http + "/") as page:
+        await page.set_viewport(150, 640)  # narrower than the label: it would break after "Camera:"
+        await page.evaluate("new Promise(r => requestAnimationFrame(() => requestAnimationFrame(r)))")
+        heights = await page.evaluate(
+            "['#start', '#camera'].map(s => document.querySelector(s).getBoundingClientRect().height)"
+        )
+        console = page.console_errors
+
+    start, camera = heights
+    assert camera == start  # "Camera: off" on one line, as tall as "Start"
+    assert console == []
