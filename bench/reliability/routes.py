@@ -355,10 +355,10 @@ async def abandoned_images(srv: ServerProcess, opts: dict[str, Any]) -> dict[str
 
 
 async def abandoned_speech(srv: ServerProcess, opts: dict[str, Any]) -> dict[str, Any]:
-    """Three speech requests of 4,000 characters whose clients leave after 1.5 s. A slot frees when
-    the model's step in flight ends (Piper speaks one piece of up to 200 characters per request and
-    step, and a step cannot be interrupted), so the bound is that step plus a second; the step is
-    timed first, as three requests of one such piece each."""
+    """Three speech requests of 4,000 characters whose clients leave after 1.5 s: their slots must be
+    free within a second. Piper speaks one piece of up to 200 characters per request and step, and
+    a stopped request's piece in flight is interrupted, so the step need not end first; it is timed
+    first all the same (three requests of one such piece each), to show what the bound saves."""
     one_piece = HI | {"input": (WORDS * 4)[:200]}
     t0 = time.monotonic()
     await asyncio.gather(*(http(srv.port, "POST", "/v1/audio/speech", one_piece) for _ in range(3)))
@@ -368,7 +368,7 @@ async def abandoned_speech(srv: ServerProcess, opts: dict[str, Any]) -> dict[str
     status, _, _ = await http(srv.port, "POST", "/v1/audio/speech", HI)
     freed = row["freed_after_s"]
     row |= {"one_step_s": step_s, "fresh_request_status": status}
-    row["ok"] = status == 200 and freed is not None and freed < max(1.0, step_s + 1.0)
+    row["ok"] = status == 200 and freed is not None and freed < 1.0
     return row
 
 

@@ -578,7 +578,8 @@ class BatchPlugin(Plugin):
     Call order: ``open_slot`` when a session opens; ``begin(request)`` when a request
     of that slot starts (between steps, never during one); ``advance(slots)`` once
     per step with every slot whose request is active; ``cancel_slot(slot, epoch)``
-    drops the slot's request at once (it is not in the next ``advance``).
+    drops the slot's request at once (it is not in the next ``advance``). Only
+    ``interrupt`` is called during a step, from another thread.
     """
 
     @abstractmethod
@@ -609,3 +610,15 @@ class BatchPlugin(Plugin):
         for a bad value, ``invalid_slot`` for a slot without a running request.
         """
         raise PluginError("interaction_unsupported", f"{self.name} takes no interactions")
+
+    def interrupt(self, slot: int, epoch: int) -> None:
+        """Cut short the work of the slot's request of ``epoch`` in the step in flight.
+
+        Called on the event loop's thread while the model thread may be inside ``begin`` or
+        ``advance`` for that request: the engine has already stopped it (its outputs of this step
+        are dropped, whatever they are) and calls ``cancel_slot`` or ``close_slot`` on the model
+        thread once the step returns; the slot is free only then. It must return at once and
+        never raise. The default does nothing, so the step runs to its end: a plugin whose step
+        can take long (a TTS piece, a video chunk) overrides it, so that the slot of a client
+        who left frees within a fraction of a step.
+        """

@@ -102,6 +102,45 @@ def test_cancel_drops_the_request_and_frees_the_slot_for_the_next_step(plugin: P
     assert second[0].text == "And a second sentence." and second[0].end_of_turn
 
 
+def test_an_interrupted_request_speaks_nothing_more_and_the_others_go_on(plugin: PiperTTSPlugin) -> None:
+    plugin.begin(request(0))
+    plugin.begin(request(1, "Short one."))
+    plugin.interrupt(0, epoch=3)  # the engine stopped it while the step was on its way
+    stopped, other = plugin.advance([0, 1])
+    assert (stopped.slot, stopped.pcm, stopped.text, stopped.end_of_turn) == (0, None, "", True)
+    assert other.text == "Short one." and other.pcm is not None and other.end_of_turn
+    plugin.cancel_slot(0, epoch=4)  # what the engine does once the step returned
+    rest = drive(plugin, {0: [request(0, "New request.")]})[0]
+    assert rest.outputs[0].text == "New request." and rest.outputs[0].pcm is not None
+
+
+def test_a_request_interrupted_before_its_begin_registered_it_is_stopped_as_it_begins(
+    plugin: PiperTTSPlugin,
+) -> None:
+    plugin.interrupt(0, epoch=3)  # the step in flight had not reached this request's begin
+    plugin.begin(request(0))
+    (stopped,) = plugin.advance([0])
+    assert (stopped.pcm, stopped.end_of_turn) == (None, True)
+    plugin.interrupt(1, epoch=3)
+    with pytest.raises(PluginError):
+        plugin.begin(request(1, " "))  # refused: the interruption waits for nothing now
+    plugin.cancel_slot(1, epoch=3)  # ... and the engine's cancel forgets it
+    again = drive(plugin, {0: [request(1, "Fine.")]})[1]
+    assert again.outputs[-1].end_of_turn and again.outputs[0].pcm is not None
+
+
+def test_a_piece_is_what_pipers_own_synthesis_makes_of_it(plugin: PiperTTSPlugin) -> None:
+    """The ONNX call runs under the request's own ``RunOptions``: the same inputs as Piper's."""
+    from piper import SynthesisConfig
+
+    text = "One two three four five. Six seven eight."
+    ours = audio(drive(plugin, {0: [request(0, text)]})[0])
+    voice = plugin._voices["joe"]  # type: ignore[attr-defined]
+    config = SynthesisConfig(noise_scale=0.0, noise_w_scale=0.0)
+    pipers = np.concatenate([chunk.audio_float_array for chunk in voice.synthesize(text, config)])
+    np.testing.assert_array_equal(ours, pipers)
+
+
 @pytest.mark.parametrize(
     ("text", "options", "code"),
     [

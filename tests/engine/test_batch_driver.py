@@ -8,13 +8,23 @@ tests (``test_output_stream.py``).
 from __future__ import annotations
 
 import asyncio
+import threading
+from collections.abc import Sequence
 
 import numpy as np
 import pytest
 
 from duplex.engine import Engine, EngineConfig
+from duplex.plugins.base import (
+    BatchPlugin,
+    BatchRequest,
+    Capabilities,
+    PluginKind,
+    SlotOptions,
+    SlotOutput,
+)
 from duplex.plugins.builtin.scripted import ScriptedBatchPlugin
-from duplex.protocol.ext.commands import SessionHeartbeat
+from duplex.protocol.ext.commands import SessionClose, SessionHeartbeat
 from duplex.protocol.realtime.commands import (
     ConversationItemCreate,
     InputAudioBufferAppend,
@@ -118,3 +128,64 @@ def test_the_images_of_one_step_become_their_own_pngs_in_order() -> None:
     driver._encode_images(outputs[1:])  # several: on the pool
     assert [o.image for o in outputs if o.slot != 9] == [encode_png(image) for image in images]
     assert outputs[2].image is None
+
+
+class EndlessStep(BatchPlugin):
+    """A model whose step never ends by itself: ``advance`` returns once the request it steps is
+    interrupted. ``stepping`` is set when a step has begun."""
+
+    name = "endless-step"
+
+    def __init__(self) -> None:
+        self.stepping = threading.Event()
+        self.interrupted: list[tuple[int, int]] = []
+        self._epochs: dict[int, int] = {}
+        self._released = threading.Event()
+
+    def capabilities(self) -> Capabilities:
+        return Capabilities(
+            kind=PluginKind.BATCH, output_sample_rate=24000, max_sessions=2, supports_text_input=True
+        )
+
+    def open_slot(self, slot: int, options: SlotOptions) -> None:
+        self._epochs.pop(slot, None)
+
+    def cancel_slot(self, slot: int, epoch: int) -> None:
+        self._epochs.pop(slot, None)
+
+    def close_slot(self, slot: int) -> None:
+        self._epochs.pop(slot, None)
+
+    def begin(self, request: BatchRequest) -> None:
+        self._epochs[request.slot] = request.epoch
+
+    def advance(self, slots: Sequence[int]) -> Sequence[SlotOutput]:
+        self.stepping.set()
+        self._released.wait(3600)
+        return [SlotOutput(slot=s, epoch=self._epochs[s], end_of_turn=True) for s in slots]
+
+    def interrupt(self, slot: int, epoch: int) -> None:
+        self.interrupted.append((slot, epoch))
+        self._released.set()
+
+
+@pytest.mark.parametrize("stop", ["response.cancel", "session.close"])
+async def test_a_request_stopped_inside_its_step_interrupts_the_step(stop: str) -> None:
+    plugin = EndlessStep()
+    eng = Engine(plugin, EngineConfig(output_lead_ms=None, reaper_interval_s=3600), model_name="endless")
+    async with eng:
+        att = await eng.open()
+        record = eng.manager.records[att.session_id]
+        ask(att, "a text the model is speaking")
+        await asyncio.to_thread(plugin.stepping.wait, 30)
+        if stop == "response.cancel":
+            att.submit(ResponseCancel())
+            assert (await until(att, "response.done"))[-1].response.status == "cancelled"
+            att.submit(SessionHeartbeat())  # answered once the cancel is done: after the step
+            await until(att, "session.heartbeat_ack")
+        else:
+            att.submit(SessionClose())
+            await until(att, "session.closed")
+            await record.finished.wait()  # its cleanup is done: the slot is free
+        assert plugin.interrupted == [(0, 0)]
+        assert eng.manager.open_count == (1 if stop == "response.cancel" else 0)
