@@ -55,7 +55,7 @@ class HelpFormatter(argparse.HelpFormatter):
         text = action.help or ""
         if "default" in text or not action.option_strings:
             return text
-        if action.default in (None, False, argparse.SUPPRESS) or action.default == []:
+        if action.default is None or action.default is False or action.default in (argparse.SUPPRESS, []):
             return text
         return f"{text} (default: %(default)s)"
 
@@ -156,7 +156,8 @@ def _add_serve(sub: argparse._SubParsersAction) -> None:
     worker.add_argument(
         "--worker-python",
         metavar="PATH",
-        help="run the worker with this interpreter (another virtual environment's; implies --worker)",
+        help="run the worker with this interpreter (another virtual environment's; implies --worker; "
+        "default: this one)",
     )
     scale = serve.add_argument_group("scale-out")
     scale.add_argument(
@@ -187,7 +188,7 @@ def _add_talk(sub: argparse._SubParsersAction) -> None:
     )
     talk.add_argument("--url", default="ws://127.0.0.1:8000/v1/realtime", help="server WebSocket URL")
     src = talk.add_mutually_exclusive_group()
-    src.add_argument("--wav", help="WAV file to send (any rate; mono or the first channel)")
+    src.add_argument("--wav", help="WAV file to send (any rate; mono or the first channel; default: none)")
     src.add_argument(
         "--mic", action="store_true", help="stream the microphone live until Ctrl-C (needs 'sounddevice')"
     )
@@ -195,7 +196,7 @@ def _add_talk(sub: argparse._SubParsersAction) -> None:
         "--video",
         metavar="FILE",
         help="stream a recorded clip in real time: its sound, and one picture a second to a model that "
-        "takes video (needs 'av')",
+        "takes video (needs 'av'; default: none)",
     )
     talk.add_argument(
         "--camera",
@@ -211,12 +212,14 @@ def _add_talk(sub: argparse._SubParsersAction) -> None:
         help="the camera's FFmpeg input format (default: v4l2 on Linux, avfoundation on macOS, dshow on "
         "Windows; lavfi for a synthetic picture)",
     )
-    talk.add_argument("--seconds", type=float, help="with --mic: stop after this many seconds")
+    talk.add_argument(
+        "--seconds", type=float, help="with --mic: stop after this many seconds (default: at Ctrl-C)"
+    )
     talk.add_argument("--model", help="model name to ask for (default: the server's first model)")
     talk.add_argument(
         "--api-key", help=f"API key (Authorization: Bearer; default: ${API_KEY_ENV} when it is set)"
     )
-    talk.add_argument("--out", help="save the reply audio to this WAV file")
+    talk.add_argument("--out", help="save the reply audio to this WAV file (default: not saved)")
     talk.add_argument(
         "--play",
         action="store_true",
@@ -245,7 +248,9 @@ def _add_talk(sub: argparse._SubParsersAction) -> None:
     )
     talk.add_argument("--tail-ms", type=int, default=1500, help="silence sent after the input")
     talk.add_argument("--timeout", type=float, default=30.0, help="seconds to wait for the reply to end")
-    talk.add_argument("--events-out", help="write every server event to this file, one JSON line each")
+    talk.add_argument(
+        "--events-out", help="write every server event to this file, one JSON line each (default: none)"
+    )
     talk.add_argument("--quiet", action="store_true", help="no progress line")
 
 
