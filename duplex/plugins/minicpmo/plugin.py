@@ -22,7 +22,8 @@ Every output reports its tokens (``Capabilities.reports_usage``): the unit's inp
 (text markers, audio embeddings, vision embeddings) and the text tokens and speech codes it produced.
 
 Plugin options (``from_options``): ``max_sessions`` (4), ``device`` ("cpu", "cuda[:N]"), ``dtype``
-(bfloat16 on CUDA, float32 on a CPU), ``seed`` (0; a session without a seed gets ``seed + n`` for its
+(bfloat16 on CUDA, float32 on a CPU; float64 too, for tests that compare two computation paths),
+``seed`` (0; a session without a seed gets ``seed + n`` for its
 n-th open), ``temperature`` (0.7), ``max_new_tokens`` (20 per unit), ``top_p`` (0.8), ``top_k`` (20),
 ``repetition_penalty`` (1.05), ``length_penalty`` (1.1, on ``<|turn_eos|>``), ``char_limit`` (28: a
 unit's text ends with ``<|chunk_eos|>`` before it reaches 28 characters, as upstream's; 0: never),
@@ -83,7 +84,12 @@ log = logging.getLogger(__name__)
 
 PUBLISHED_FRAME_SIDE = 448  # MiniCPM-o 4.5's ``slice_config.scale_resolution``
 
-_DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
+_DTYPES = {
+    "float32": torch.float32,
+    "bfloat16": torch.bfloat16,
+    "float16": torch.float16,
+    "float64": torch.float64,
+}
 _OPTION_TYPES: dict[str, type] = {
     "max_sessions": int,
     "device": str,
