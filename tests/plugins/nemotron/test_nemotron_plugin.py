@@ -123,39 +123,44 @@ def _run(plugin, schedule: list[list[int]], frames: dict[int, list[np.ndarray]])
 
 
 def _same_audio(a: _Frames, b: _Frames) -> bool:
-    """Audio of the same codes, up to float rounding of another batch shape (far below one LSB)."""
+    """The same audio, bit for bit: the comparisons run a slot's row through the same shapes."""
     return len(a.audio) == len(b.audio) and all(
-        np.allclose(x, y, atol=1e-4) for x, y in zip(a.audio, b.audio, strict=True)
+        np.array_equal(x, y) for x, y in zip(a.audio, b.audio, strict=True)
     )
 
 
 def test_a_slot_says_the_same_alone_or_batched_with_others_joining_and_leaving(plugin):
+    """A step runs the rows up to the last one stepped, at a fixed bucket size: slot 3 is the last
+    row, so each of its steps runs all four rows, alone or beside others. Its row goes through the same
+    kernels on the same shapes, and its tokens and audio must be the same bits, by construction."""
     frames = {s: _frames(8, seed=10 + s) for s in range(4)}
-    plugin.open_slot(0, SlotOptions(instructions="hello there", seed=7))
-    alone = _run(plugin, [[0]] * 8, {0: frames[0]})[0]
+    plugin.open_slot(3, SlotOptions(instructions="hello there", seed=7))
+    alone = _run(plugin, [[3]] * 8, {3: frames[3]})[3]
 
-    plugin.open_slot(0, SlotOptions(instructions="hello there", seed=7))
-    plugin.open_slot(3, SlotOptions(instructions="you are a helpful assistant", voice="Bruno", seed=1))
-    schedule = [[0, 3], [0, 3], [0, 3]]
+    plugin.open_slot(3, SlotOptions(instructions="hello there", seed=7))
+    plugin.open_slot(0, SlotOptions(instructions="you are a helpful assistant", voice="Bruno", seed=1))
+    schedule = [[3, 0], [3, 0], [3, 0]]
     plugin.open_slot(1, SlotOptions(seed=2))  # joins between steps
-    schedule_b = [[0, 1, 3], [1, 0], [3, 0, 1]]
-    got = _run(plugin, schedule, {0: frames[0], 3: frames[3]})
-    more = _run(plugin, schedule_b, {0: frames[0][3:], 1: frames[1], 3: frames[3][3:]})
-    plugin.close_slot(3)  # leaves
-    rest = _run(plugin, [[0, 1], [0]], {0: frames[0][6:], 1: frames[1][3:]})
-    batched = got[0] + more[0] + rest[0]
+    schedule_b = [[3, 1, 0], [1, 3], [0, 3, 1]]
+    got = _run(plugin, schedule, {3: frames[3], 0: frames[0]})
+    more = _run(plugin, schedule_b, {3: frames[3][3:], 1: frames[1], 0: frames[0][3:]})
+    plugin.close_slot(0)  # leaves
+    rest = _run(plugin, [[3, 1], [3]], {3: frames[3][6:], 1: frames[1][3:]})
+    batched = got[3] + more[3] + rest[3]
     assert list(batched) == list(alone)  # text, function and codec tokens, exactly
     assert _same_audio(batched, alone)
 
 
 def test_a_slot_left_out_of_a_tick_is_frozen(plugin):
-    frames = {0: _frames(6, seed=20), 2: _frames(6, seed=21)}
-    plugin.open_slot(0, SlotOptions(seed=3))
-    alone = _run(plugin, [[0]] * 6, {0: frames[0]})[0]
-    plugin.open_slot(0, SlotOptions(seed=3))
-    plugin.open_slot(2, SlotOptions(seed=4))
-    got = _run(plugin, [[0, 2], [2], [2], [0, 2], [0], [0], [0], [0]], frames)
-    assert list(got[0]) == list(alone) and _same_audio(got[0], alone)
+    """Slot 1's steps run two rows, with slot 0 or alone; the ticks it sits out run slot 0 alone, one
+    row. Its row goes through the same shapes as when it steps alone: the same bits, by construction."""
+    frames = {1: _frames(6, seed=20), 0: _frames(6, seed=21)}
+    plugin.open_slot(1, SlotOptions(seed=3))
+    alone = _run(plugin, [[1]] * 6, {1: frames[1]})[1]
+    plugin.open_slot(1, SlotOptions(seed=3))
+    plugin.open_slot(0, SlotOptions(seed=4))
+    got = _run(plugin, [[1, 0], [0], [0], [1, 0], [1], [1], [1], [1]], frames)
+    assert list(got[1]) == list(alone) and _same_audio(got[1], alone)
 
 
 def test_the_same_seed_gives_the_same_speech_and_another_seed_other_speech(plugin):
