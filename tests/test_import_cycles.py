@@ -24,16 +24,6 @@ KNOWN: set[frozenset[str]] = {
     frozenset(
         {"duplex.engine.attachment", "duplex.engine.manager", "duplex.engine.runner", "duplex.engine.stream"}
     ),
-    frozenset(
-        {
-            "duplex.server.app",
-            "duplex.server.map_realtime",
-            "duplex.server.realtime",
-            "duplex.server.realtime_video",
-            "duplex.server.speech_stream",
-            "duplex.server.video_chat",
-        }
-    ),
 }
 
 

@@ -20,6 +20,7 @@ __all__ = [
     "CloseSession",
     "ConfigureVad",
     "FeedAudio",
+    "FeedText",
     "FeedToolResult",
     "OpenSlot",
     "RestartSlot",
@@ -32,18 +33,22 @@ class OpenSlot(msgspec.Struct, frozen=True):
     """Open the session's plugin slot with ``options`` (``plugin.open_slot``, where the model reads
     its prompt) and join the driver. The session asks for it once, at its first input that needs
     the model, before the actions that feed or start it; a refusal comes back through
-    ``Session.slot_failed``."""
+    ``Session.slot_failed``, with ``event_id``: the client event whose input opened it (None when the
+    slot opens ahead of any input)."""
 
     options: SlotOptions
+    event_id: str | None = None
 
 
 class RestartSlot(msgspec.Struct, frozen=True):
     """Restart the model's context with ``options``: the slot's request stops, its buffered input
     is dropped, ``plugin.close_slot`` then ``plugin.open_slot`` (a new prompt), and the slot joins
     the driver again. The session advanced its epoch first, so nothing of the old context is
-    applied; a refusal comes back through ``Session.slot_failed``."""
+    applied; a refusal comes back through ``Session.slot_failed``, with ``event_id``: the client
+    event that asked for the restart (None for one no client event caused)."""
 
     options: SlotOptions
+    event_id: str | None = None
 
 
 class FeedAudio(msgspec.Struct, frozen=True):
@@ -58,6 +63,13 @@ class FeedToolResult(msgspec.Struct, frozen=True):
     """Hand the client's answer to a tool call to the model with the slot's next frame."""
 
     result: ToolResult
+
+
+class FeedText(msgspec.Struct, frozen=True):
+    """Hand the user's typed text to a model that hears the stream, with the slot's next frame
+    (``SlotInput.text``)."""
+
+    text: str
 
 
 class ClearFeed(msgspec.Struct, frozen=True):
@@ -101,6 +113,7 @@ Action = (
     | RestartSlot
     | FeedAudio
     | FeedToolResult
+    | FeedText
     | ClearFeed
     | CancelSlot
     | StartTurn

@@ -34,6 +34,13 @@ while its model opens) stay with their own chunks. At most ``MAX_VIDEO_FRAMES`` 
 at most ``MAX_PENDING_VIDEO_FRAMES`` wait in all (older ones are dropped and counted in
 ``video_dropped``).
 
+Typed text (``add_text``, a model that reads text while it hears the stream) rides the next frame
+taken, whatever its audio. Text is input like audio: it restarts the padding of a silent feed, and
+one that arrives while no audio flows makes a frame due at once, so the model reads it within a period
+and the late tolerance (a padded frame, as for a late client) instead of waiting for the client's next
+audio. At most ``MAX_PENDING_TEXT_CHARS`` characters wait; ``add_text``
+refuses (returns False) a text past that, so the session can tell the client.
+
 Sans-IO: ``now`` and ``submitted_at`` are passed in.
 """
 
@@ -53,6 +60,8 @@ __all__ = ["FeedFrame", "SlotFeed"]
 MAX_VIDEO_FRAMES = 2
 #: Video frames a feed holds for the chunks still buffered.
 MAX_PENDING_VIDEO_FRAMES = 4 * MAX_VIDEO_FRAMES
+#: Typed text a feed holds for its next frame, in characters.
+MAX_PENDING_TEXT_CHARS = 32_768
 #: Initial buffer size, in frames (it grows up to ``max_buffered_samples`` when needed).
 INITIAL_FRAMES = 4
 #: Time between two steps of one slot once its burst allowance is spent, in frame periods
@@ -74,6 +83,7 @@ class FeedFrame(msgspec.Struct):
     due_at: float | None
     video_frames: tuple[bytes, ...]
     tool_results: tuple[ToolResult, ...] = ()
+    texts: tuple[str, ...] = ()
 
 
 class SlotFeed:
@@ -125,6 +135,8 @@ class SlotFeed:
         self.video: deque[tuple[int, bytes]] = deque(maxlen=MAX_PENDING_VIDEO_FRAMES)
         self.video_dropped = 0
         self.tool_results: list[ToolResult] = []  # the client's answers, for the next frame
+        self.texts: list[str] = []  # the user's typed text, for the next frame
+        self._text_chars = 0
 
     @property
     def buffered(self) -> int:
@@ -233,6 +245,19 @@ class SlotFeed:
         by the session's conversation (each answer is an item) and by one call's output size."""
         self.tool_results.append(result)
 
+    def add_text(self, text: str, now: float) -> bool:
+        """The user typed ``text``: it goes to the model with the next frame, which is due at once when
+        no audio is on its way (see the module docstring). False (nothing kept) past
+        ``MAX_PENDING_TEXT_CHARS``."""
+        if self._text_chars + len(text) > MAX_PENDING_TEXT_CHARS:
+            return False
+        self.texts.append(text)
+        self._text_chars += len(text)
+        self.pads = 0  # a silent feed pads again: the text is input
+        if self.due_at is None:
+            self.due_at = now
+        return True
+
     def clear(self) -> None:
         """Drop buffered input (``input_audio_buffer.clear`` on a frame session)."""
         self.consumed += self.buffered
@@ -291,8 +316,10 @@ class SlotFeed:
         video = self._take_video(consumed) if self.video else ()
         if start == self._end:
             self._start = self._end = 0
-        if self.tool_results:
-            results = tuple(self.tool_results)
+        if self.tool_results or self.texts:
+            results, texts = tuple(self.tool_results), tuple(self.texts)
             self.tool_results.clear()
-            return FeedFrame(pcm, padded, submitted_at, due, video, results)
+            self.texts.clear()
+            self._text_chars = 0
+            return FeedFrame(pcm, padded, submitted_at, due, video, results, texts)
         return FeedFrame(pcm, padded, submitted_at, due, video)

@@ -53,6 +53,7 @@ from duplex.engine.actions import (
     CloseSession,
     ConfigureVad,
     FeedAudio,
+    FeedText,
     FeedToolResult,
     OpenSlot,
     RestartSlot,
@@ -83,7 +84,7 @@ __all__ = [
 log = logging.getLogger(__name__)
 
 #: What a refused ``OpenSlot`` / ``RestartSlot`` takes with it: the actions that need the slot.
-_NEED_SLOT = (FeedAudio, FeedToolResult, ClearFeed, CancelSlot, StartTurn)
+_NEED_SLOT = (FeedAudio, FeedToolResult, FeedText, ClearFeed, CancelSlot, StartTurn)
 
 
 # The two per-frame items are msgspec structs: built in C, several times cheaper than a class
@@ -329,8 +330,8 @@ class SessionRunner:
         return cmd.audio, fmt, tuple(video) if video else ()
 
     def _sync_action(self, action: Any, now: float) -> bool:
-        """Carry out a ``FeedAudio``/``ClearFeed``/``WakeAt`` at ``now``; False for any other action
-        (not run)."""
+        """Carry out a ``FeedAudio``/``FeedToolResult``/``FeedText``/``ClearFeed``/``WakeAt`` at
+        ``now``; False for any other action (not run)."""
         if isinstance(action, FeedAudio):
             feed = self.record.feed
             if feed is not None and not feed.feed(action.pcm, now, action.submitted_at, action.video_frames):
@@ -346,6 +347,14 @@ class SessionRunner:
         if isinstance(action, FeedToolResult):
             if self.record.feed is not None:
                 self.record.feed.add_tool_result(action.result)
+            return True
+        if isinstance(action, FeedText):
+            feed = self.record.feed
+            if feed is not None and not feed.add_text(action.text, now):
+                error = ProtocolError(
+                    "input_backpressure", "typed text arrives faster than the model reads it"
+                )
+                self._emit(self.session.reject(error, None, now))
             return True
         return False
 
@@ -387,7 +396,9 @@ class SessionRunner:
                         await self.manager.restart_slot(self.record, action.options)
                 except PluginError as exc:
                     slot_refused = True
-                    self._emit(self.session.slot_failed(exc.code, exc.message, self.manager.now()))
+                    now = self.manager.now()
+                    failed = self.session.slot_failed(exc.code, exc.message, now, event_id=action.event_id)
+                    self._emit(failed)
                     if exc.fatal:  # the model is gone (its worker died): the session ends here
                         self.manager.metrics.session_failures.inc()
                         await self._close(exc.code, expired=False)

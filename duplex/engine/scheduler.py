@@ -248,6 +248,7 @@ class FrameScheduler:
                     padded=frame.padded,
                     video_frames=frame.video_frames,
                     tool_results=frame.tool_results,
+                    text=frame.texts,
                 )
             )
             bindings.append(binding)
@@ -483,4 +484,3 @@ def _wake(waiter: asyncio.Future[None]) -> None:
 
 
 _EMPTY = Batch()  # what ``plan`` returns when nothing is ready (never appended to)
-

@@ -81,6 +81,7 @@ from duplex.engine.actions import (
     CloseSession,
     ConfigureVad,
     FeedAudio,
+    FeedText,
     FeedToolResult,
     OpenSlot,
     RestartSlot,
@@ -94,7 +95,7 @@ from duplex.engine.output_stream import OutputStream
 from duplex.engine.overlap import NO_HINTS, CommitAction, OverlapAction, hints_of
 from duplex.engine.requests import media_events, request_input
 from duplex.engine.response import ActiveResponse, EndReason, listen_event
-from duplex.engine.settings import Lane, SessionSettings
+from duplex.engine.settings import Lane, SessionSettings, model_turns_notice
 from duplex.engine.sizes import DELTA_OVERHEAD, event_size
 from duplex.engine.transitions import TurnState
 from duplex.engine.usage import UsageMeter
@@ -169,6 +170,7 @@ class SlotPhase(enum.Enum):
     CLOSED = "closed"  # nothing asked of the plugin yet, or its open was refused
     AHEAD = "ahead"  # opened ahead of the first input; a change before it opens it again
     OPEN = "open"  # the first input came: the settings it opened with are the session's
+
 
 #: The turn state a local ``turn.signal`` moves the session to (``None``: it stays).
 _SIGNAL_STATES: dict[str, TurnState | None] = {
@@ -281,6 +283,9 @@ class Session:
         self.stale_outputs = 0
         self.usage = UsageMeter()  # the model's token counts (``Capabilities.reports_usage``)
         self._actions: list[Action] = []
+        # The ``event_id`` of the client command being handled: the ``OpenSlot`` / ``RestartSlot`` it
+        # causes carries it, so a refused open is answered with it (``slot_failed``).
+        self._cause: str | None = None
 
     # ------------------------------------------------------------------ plumbing
 
@@ -345,20 +350,28 @@ class Session:
             return
         options = self.slot_options()
         if phase is SlotPhase.CLOSED:
-            self._actions.append(OpenSlot(options))
+            self._actions.append(OpenSlot(options, self._cause))
         elif options != self._ahead:
-            self._actions.append(RestartSlot(options))  # nothing was heard: no epoch to advance
+            self._actions.append(RestartSlot(options, self._cause))  # nothing was heard: no epoch to advance
         self.slot_phase, self._ahead, self._prefill_at = SlotPhase.OPEN, None, None
 
-    def slot_failed(self, code: str, message: str, now: float) -> list[Event]:
+    def slot_failed(
+        self,
+        code: str,
+        message: str,
+        now: float,
+        *,
+        event_id: str | None = None,
+    ) -> list[Event]:
         """The plugin refused to open (or reopen) the slot (``OpenSlot``, ``RestartSlot``): one
-        ``error`` with its code; the active response ends as failed and the turns waiting for it
-        are dropped. The slot counts as closed: the next input that needs the model opens it again
-        with the settings then in force (a ``session.update`` may change them meanwhile)."""
+        ``error`` with its code (and ``event_id``, the client event whose input opened it, as the
+        action carried it); the active response ends as failed and the turns waiting for it are
+        dropped. The slot counts as closed: the next input that needs the model opens it again with
+        the settings then in force (a ``session.update`` may change them meanwhile)."""
         if self.closed:
             return []
         self.slot_phase, self._ahead, self._prefill_at = SlotPhase.CLOSED, None, None
-        error = ProtocolError(code, message)
+        error = ProtocolError(code, message, event_id=event_id)
         events: list[Event] = [error.to_event(new_event_id())]
         if self.output.active is not None:
             self.epoch += 1  # no ``CancelSlot``: there is no slot to cancel
@@ -420,6 +433,7 @@ class Session:
         """Apply one client command; returns its events (journaled). Never raises for bad content."""
         if self.closed:
             return []
+        self._cause = event_id = getattr(command, "event_id", None)
         try:
             if decoded is not None:  # the per-frame command: an append with its decoded audio
                 events = self._append(command, decoded, now)
@@ -429,7 +443,8 @@ class Session:
                     raise ProtocolError("unknown_event", f"{type(command).__name__} is not a session command")
                 events = handler(self, command, now)
         except ProtocolError as exc:
-            events = [self._error(exc, getattr(command, "event_id", None))]
+            events = [self._error(exc, event_id)]
+        self._cause = None
         return self._journal(events, now) if events else events
 
     @handles(InputAudioBufferAppend)
@@ -449,6 +464,9 @@ class Session:
         elif not opened:
             self._arm_prefill(now)  # the settings changed: the slot opens ahead once they settle
         events.append(DuplexSessionUpdated(event_id=new_event_id(), session=self._render()))
+        notice = model_turns_notice(cmd.session, self.caps)  # the model's own turns replace the VAD
+        if notice is not None:
+            events.append(notice)
         return events
 
     def _restart_model(self, now: float) -> list[Event]:
@@ -456,7 +474,7 @@ class Session:
         advances, so nothing the old context produced is applied, and the active response ends
         cancelled. The conversation's items stay; the model forgets what it heard and said."""
         self.epoch += 1  # no ``CancelSlot``: the slot is reopened
-        self._actions.append(RestartSlot(self.slot_options()))
+        self._actions.append(RestartSlot(self.slot_options(), self._cause))
         if self.output.active is None:
             return []
         return self._finish("cancelled", EndReason.SESSION_UPDATED, now)
@@ -575,6 +593,12 @@ class Session:
         item, previous = self.conversation.add(cmd.item, cmd.previous_item_id)
         if isinstance(item, MessageItem) and item.role == "user":
             self.user.add_input()
+            typed = [part.text for part in item.content if isinstance(part, InputTextPart)]
+            if typed and self.caps.hears_stream and self.caps.supports_text_input:
+                # A model that reads text while it hears the stream reads it with its next frame; a
+                # turn model reads it in its request.
+                self._use_model()
+                self._actions.append(FeedText("\n".join(typed)))
         if isinstance(item, FunctionCallOutputItem) and self.caps.hears_stream and self.caps.supports_tools:
             # A model that hears the stream reads the result in step with its frames: it rides on
             # the slot's next frame (``SlotInput.tool_results``). A turn model reads it in its history.
@@ -658,7 +682,14 @@ class Session:
     @handles(InputTextAppend)
     def _input_text_append(self, cmd: InputTextAppend, now: float) -> list[Event]:
         """Typed text joins the user's current turn (a commit takes it with the turn's audio). A
-        model that hears the stream takes its input as audio only."""
+        model that hears the stream reads it with its next frame when it reads text
+        (``Capabilities.supports_text_input``), as it hears the audio: it is input the model has
+        heard, no item; any other such model takes its input as audio only."""
+        if self.caps.hears_stream and self.caps.supports_text_input:
+            self._use_model()
+            self.user.add_input()
+            self._actions.append(FeedText(cmd.text))
+            return []
         if self.caps.hears_stream:
             raise ProtocolError(
                 "native_text_append_unsupported",

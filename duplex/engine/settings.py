@@ -11,7 +11,13 @@ Decisions:
 * turn detection picks the lane: ``null`` on a model-native plugin is lane 1,
   ``server_vad`` / ``semantic_vad`` lane 2 (``semantic_vad`` is mapped onto the
   acoustic detector by ``VadConfig``), ``null`` otherwise lane 3 (client-driven);
-  server VAD on a plugin without ``supports_server_vad`` is ``unsupported_turn_detection``;
+  server VAD on a plugin without ``supports_server_vad`` that takes its own turns
+  (``model_native_turns``) is accepted as "the model decides": the session stays in lane 1, its
+  object says ``turn_detection: null`` and ``model_turns_notice`` gives the ``session.warning`` that
+  says so (stock clients send ``semantic_vad`` in their first update, with their instructions,
+  voice and tools); on any other plugin it is ``unsupported_turn_detection``;
+* a refused patch is refused whole, as OpenAI refuses a partly invalid ``session.update``: one
+  ``invalid_request_error`` naming the field (``param``), and nothing of the patch applied;
 * ``overlap_policy`` follows the lane (``barge_in_on_speech`` under server VAD,
   ``listen_only`` otherwise) unless the client names one; unknown names fall back to
   that default (liberal in);
@@ -70,8 +76,9 @@ from duplex.protocol.errors import ProtocolError
 from duplex.protocol.ext.capabilities import SessionCapabilities
 from duplex.protocol.ext.commands import ref_audio_bytes
 from duplex.protocol.ext.dialect import Dialect
-from duplex.protocol.ext.events import DuplexSession
+from duplex.protocol.ext.events import DuplexSession, SessionWarning
 from duplex.protocol.formats import AudioFormat
+from duplex.protocol.ids import new_event_id
 from duplex.protocol.realtime.session import (
     AudioConfig,
     AudioInputConfig,
@@ -84,7 +91,7 @@ from duplex.protocol.realtime.session import (
     TracingConfig,
 )
 
-__all__ = ["Lane", "SessionSettings", "wire_capabilities"]
+__all__ = ["Lane", "SessionSettings", "model_turns_notice", "wire_capabilities"]
 
 
 class Lane(enum.StrEnum):
@@ -235,7 +242,9 @@ class SessionSettings(msgspec.Struct, frozen=True, kw_only=True):
         vad = self.vad
         if td is not UNSET:
             vad = VadConfig.from_turn_detection(td)
-            if vad is not None and not caps.supports_server_vad:
+            if vad is not None and not caps.supports_server_vad and caps.model_native_turns:
+                vad = None  # the model decides its turns (``model_turns_notice``)
+            elif vad is not None and not caps.supports_server_vad:
                 raise ProtocolError(
                     "unsupported_turn_detection",
                     "this model does not support server VAD; use turn_detection: null",
@@ -337,9 +346,7 @@ class SessionSettings(msgspec.Struct, frozen=True, kw_only=True):
         changes: dict[str, Any] = {}
 
         def unsupported(option: str, param: str) -> ProtocolError:
-            return ProtocolError(
-                "invalid_session_config", f"this model does not take {option}", param=param
-            )
+            return ProtocolError("invalid_session_config", f"this model does not take {option}", param=param)
 
         found = patch.resolved_ref_audio() if hasattr(patch, "resolved_ref_audio") else None
         if found is not None:
@@ -447,6 +454,23 @@ def fixed_refusal(option: str, caps: Capabilities, patch: SessionConfig) -> Prot
 def _ref_audio_param(patch: SessionConfig) -> str:
     found = patch.resolved_ref_audio() if hasattr(patch, "resolved_ref_audio") else None
     return found[1] if found is not None else "session.ref_audio"
+
+
+def model_turns_notice(patch: SessionConfig, caps: Capabilities) -> SessionWarning | None:
+    """The ``session.warning`` for an applied ``patch`` that asked for server-side turn detection on
+    a model that takes its own turns instead (see the module docstring); None for any other."""
+    td = patch.resolved_turn_detection()
+    if td is UNSET or td is None or caps.supports_server_vad or not caps.model_native_turns:
+        return None
+    asked = VadConfig.from_turn_detection(td)
+    assert asked is not None
+    return SessionWarning(
+        event_id=new_event_id(),
+        code="turn_detection_model_native",
+        message=f"this model decides itself when the user's turn ends and when to speak: {asked.type} "
+        "is not run, and the session's turn_detection is null",
+        param="turn_detection",
+    )
 
 
 def wire_capabilities(caps: Capabilities) -> SessionCapabilities:

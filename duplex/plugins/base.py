@@ -137,6 +137,10 @@ class Capabilities(msgspec.Struct, frozen=True, kw_only=True):
     # scale a larger frame down to it, aspect ratio kept. 0: no preference (``supports_video_input``
     # models only).
     video_frame_max_pixels: int = 0
+    # The model reads typed user text: a ``turn`` or ``batch`` model in its request
+    # (``TurnRequest.text``, ``BatchRequest.text``), a model that hears the stream with its next frame
+    # or unit (``SlotInput.text``). Without it a model that hears the stream refuses typed text
+    # (``native_text_append_unsupported``).
     supports_text_input: bool = False
     supports_tools: bool = False
     output_modalities: tuple[str, ...] = ("audio", "text")
@@ -247,6 +251,9 @@ class SlotInput(msgspec.Struct, kw_only=True):
     or PNG bytes) that arrived with this chunk, for plugins with video input.
     ``tool_results`` are the client's answers to earlier tool calls that arrived
     since the slot's previous chunk, in order (plugins with ``supports_tools``).
+    ``text`` is the user's typed text that arrived since the slot's previous chunk,
+    one string per message, in order (plugins with ``supports_text_input``): the
+    model reads it before this chunk's audio.
     """
 
     slot: int
@@ -255,6 +262,7 @@ class SlotInput(msgspec.Struct, kw_only=True):
     padded: bool = False
     video_frames: tuple[bytes, ...] = ()
     tool_results: tuple[ToolResult, ...] = ()
+    text: tuple[str, ...] = ()
 
 
 class ToolCall(msgspec.Struct, frozen=True, kw_only=True):

@@ -44,6 +44,7 @@ from duplex.protocol.ext.events import (
     SessionReplaced,
     SessionResumed,
     SessionResyncRequired,
+    SessionWarning,
     TurnEvent,
 )
 from duplex.protocol.realtime import commands as c
@@ -127,6 +128,7 @@ ServerEvent: TypeAlias = (
     | SessionResyncRequired
     | SessionClosed
     | SessionHeartbeatAck
+    | SessionWarning
     | SessionQueued
     | PlaybackAcknowledged
     | ResponseListen

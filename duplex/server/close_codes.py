@@ -52,4 +52,3 @@ def close_reason_for_code(code: str) -> str:
     """The close reason for a handshake or open that failed with error ``code``: the code itself
     when it is one of ours (``ERROR_TYPES``, all short ASCII), else ``server_error``."""
     return code if code in ERROR_TYPES else CloseReason.SERVER_ERROR.value
-

@@ -47,16 +47,16 @@ from duplex.protocol.map import (
 )
 from duplex.protocol.map.events import MapSessionClosed
 from duplex.server.close_codes import CloseCode, CloseReason
+from duplex.server.connection import RETRYABLE_OPEN_CODES, Connection, session_error_parts
 from duplex.server.handshake import HandshakePlan
 from duplex.server.queueing import wait_for_slot
-from duplex.server.realtime import _RETRYABLE_OPEN_CODES, _Connection, _session_error_parts
 
 __all__ = ["MapConnection"]
 
 log = logging.getLogger("duplex.server.map_realtime")
 
 
-class MapConnection(_Connection):
+class MapConnection(Connection):
     """One socket in the MAP dialect (see the module docstring); ``map_mode``: ``audio`` / ``video``."""
 
     def __init__(self, websocket: Any, state: Any, map_mode: str, api_key_id: bytes | None = None) -> None:
@@ -131,10 +131,10 @@ class MapConnection(_Connection):
             await self.fail(err, CloseCode.POLICY_VIOLATION)
             return
         except Exception as exc:
-            code, message, param = _session_error_parts(exc)
+            code, message, param = session_error_parts(exc)
             if code == "server_error":
                 log.exception("opening a MAP session failed")
-            close = CloseCode.TRY_AGAIN_LATER if code in _RETRYABLE_OPEN_CODES else CloseCode.POLICY_VIOLATION
+            close = CloseCode.TRY_AGAIN_LATER if code in RETRYABLE_OPEN_CODES else CloseCode.POLICY_VIOLATION
             await self.fail(ProtocolError(code, message, param=param), close)
             return
         self.metrics.sessions_opened.bump("session.init")

@@ -33,7 +33,7 @@ _GONE = (WebSocketDisconnect, ConnectionError, RuntimeError, OSError)
 
 
 class QueuedSocket(Protocol):
-    """What ``wait_for_slot`` needs of a connection (``duplex.server.realtime._Connection``)."""
+    """What ``wait_for_slot`` needs of a connection (``duplex.server.connection.Connection``)."""
 
     async def _receive(self) -> str | bytes | None: ...
 

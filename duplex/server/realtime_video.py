@@ -65,11 +65,11 @@ from duplex.protocol.video_output import (
     decode_video_command,
     encode_video,
 )
-from duplex.server.app import AppState
 from duplex.server.auth import api_key_ok, origin_ok, presented_api_key
 from duplex.server.close_codes import CloseCode, CloseReason, close_reason_for_code
 from duplex.server.models import ServedModel
 from duplex.server.ratelimit import TokenBucket
+from duplex.server.state import AppState
 from duplex.server.video_encoder import FragmentedMP4Writer, VideoCodec, pick_codec
 from duplex.server.video_start import request_options, video_model
 from duplex.server.ws_protocol import transport_extension
@@ -187,9 +187,7 @@ class _VideoConnection:
         code, message, param = _parts(error)
         self.state.metrics.errors.bump(code)
         await self._send(
-            VideoError(
-                code=code, message=message, request_id=self.request_id, event_id=event_id, param=param
-            )
+            VideoError(code=code, message=message, request_id=self.request_id, event_id=event_id, param=param)
         )
 
     async def _close(self, code: CloseCode, reason: str) -> None:

@@ -22,7 +22,9 @@ unpaced, closed with the socket): every unit of text to speak is one response of
 4. *End*: ``session.close`` closes the socket (1000); so do ``speech_stream_idle_timeout_s`` without
    a message and more than ``speech_stream_max_buffered_chars`` of unspoken text (after an
    ``error``, 1008). A client that goes away detaches the session, which closes it and cancels the
-   unit being spoken.
+   unit being spoken: noticed at once while a unit is made (the connection's
+   ``TransportExtension.lost``, not behind the messages it still has queued), whatever the format,
+   even one whose audio is sent only once the unit is whole.
 
 Units are spoken one at a time, in order, while the socket's later messages wait in its buffer.
 Messages are rate-limited as on ``/v1/realtime`` (``max_messages_per_s``, ``max_message_burst``):
@@ -35,12 +37,14 @@ import asyncio
 import contextlib
 import logging
 import time
+from collections.abc import Awaitable
 from typing import Any, Final
 
 import msgspec
 from starlette.websockets import WebSocket, WebSocketDisconnect
 
 from duplex.protocol.errors import DuplexError, ProtocolError
+from duplex.protocol.ext.commands import DuplexResponseCreateParams
 from duplex.protocol.realtime.events import ResponseOutputAudioDelta
 from duplex.protocol.speech import (
     AudioDone,
@@ -57,11 +61,12 @@ from duplex.server.audio_files import AudioFileEncoder, encode_file
 from duplex.server.auth import api_key_id, presented_api_key
 from duplex.server.batch_sessions import pick_model, request_session, response_events
 from duplex.server.close_codes import CloseCode, CloseReason, close_reason_for_code
-from duplex.server.http_requests import decode_json
+from duplex.server.connection import admission
+from duplex.server.http_requests import Departed, decode_json, until_gone
 from duplex.server.ratelimit import TokenBucket
-from duplex.server.realtime import admission
 from duplex.server.speech import SPEECH_RATE, speech_params
 from duplex.server.speech_text import TextSplitter
+from duplex.server.ws_protocol import transport_extension
 
 __all__ = ["speech_stream_endpoint"]
 
@@ -101,7 +106,7 @@ async def speech_stream_endpoint(websocket: WebSocket) -> None:
             await socket.run()
         except _Closing as closing:
             await _close(websocket, closing.close_code, closing.reason)
-        except (WebSocketDisconnect, ConnectionError, OSError):
+        except (WebSocketDisconnect, ConnectionError, OSError, Departed):
             return  # the client went away; the session was closed on the way out
     finally:
         state.metrics.connections -= 1
@@ -130,6 +135,8 @@ class _SpeechSocket:
         self._bucket = TokenBucket(self.cfg.max_messages_per_s, self.cfg.max_message_burst)
         self._engine: Any = None
         self._att: Any = None
+        self._transport = transport_extension(websocket.scope)
+        self._unit_bytes = 0  # audio bytes of the unit being spoken sent so far
 
     async def run(self) -> None:
         """Serve the socket until it closes; its session (if one was opened) is closed on every
@@ -243,29 +250,44 @@ class _SpeechSocket:
             instructions=config.instructions,
             seed=config.seed,
         )
-        sent = 0
+        self._unit_bytes = 0
         failed = False
-        pcm = bytearray()
         try:
-            async for event in response_events(self._att, params):
-                if isinstance(event, ResponseOutputAudioDelta):
-                    if fmt == "pcm":
-                        await self.ws.send_bytes(event.delta)
-                        sent += len(event.delta)
-                    else:
-                        pcm += event.delta
-            if fmt != "pcm":
-                data = await asyncio.to_thread(encode_file, bytes(pcm), fmt, SPEECH_RATE)
-                await self.ws.send_bytes(data)
-                sent += len(data)
+            await until_gone(self._gone(), self._audio(params, fmt))
         except DuplexError as err:
             failed = True
             await self._error(err)
         done = AudioDone(
-            utterance_index=self.utterance, sentence_index=self.sentence, total_bytes=sent, error=failed
+            utterance_index=self.utterance,
+            sentence_index=self.sentence,
+            total_bytes=self._unit_bytes,
+            error=failed,
         )
         await self._send(done)
         self.sentence += 1
+
+    async def _audio(self, params: DuplexResponseCreateParams, fmt: str) -> None:
+        """The unit's audio, sent: ``pcm`` chunk by chunk as it is made, other formats as one file
+        once it is whole. Raises the ``DuplexError`` of a unit the model refused or failed."""
+        pcm = bytearray()
+        async for event in response_events(self._att, params):
+            if isinstance(event, ResponseOutputAudioDelta):
+                if fmt == "pcm":
+                    await self.ws.send_bytes(event.delta)
+                    self._unit_bytes += len(event.delta)
+                else:
+                    pcm += event.delta
+        if fmt != "pcm":
+            data = await asyncio.to_thread(encode_file, bytes(pcm), fmt, SPEECH_RATE)
+            await self.ws.send_bytes(data)
+            self._unit_bytes += len(data)
+
+    def _gone(self) -> Awaitable[object]:
+        """Done once the client is gone: the connection's ``lost``, or, under a server without
+        our transport extension, never (a departure is then noticed when the audio is sent)."""
+        if self._transport is not None:
+            return self._transport.lost.wait()
+        return asyncio.get_running_loop().create_future()
 
     async def _error(self, err: DuplexError) -> None:
         self.state.metrics.errors.bump(err.code)

@@ -98,11 +98,11 @@ from duplex.protocol.video_chat import (
     encode,
 )
 from duplex.server import frame_filter
-from duplex.server.app import AppState
 from duplex.server.auth import api_key_id, presented_api_key
 from duplex.server.close_codes import CloseCode, close_reason_for_code
+from duplex.server.connection import admission, close_for
 from duplex.server.ratelimit import TokenBucket
-from duplex.server.realtime import admission, close_for
+from duplex.server.state import AppState
 
 __all__ = ["INPUT_RATE", "OUTPUT_RATE", "video_chat_endpoint"]
 

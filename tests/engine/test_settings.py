@@ -5,7 +5,7 @@ from __future__ import annotations
 import msgspec
 import pytest
 
-from duplex.engine.settings import Lane, SessionSettings
+from duplex.engine.settings import Lane, SessionSettings, model_turns_notice
 from duplex.protocol.errors import ProtocolError
 from duplex.protocol.ext.commands import DuplexSessionConfig
 from duplex.protocol.realtime.session import AudioConfig, AudioInputConfig, SemanticVad, ServerVad
@@ -33,12 +33,41 @@ def test_semantic_vad_maps_onto_server_vad_and_is_echoed() -> None:
     assert rendered.audio.input.format.rate == 24000 and rendered.tool_choice == "auto"
 
 
-def test_server_vad_on_a_model_without_it_is_refused_and_nothing_changes() -> None:
-    caps = msgspec.structs.replace(CAPS["echo"], supports_server_vad=False)
+def test_server_vad_on_a_model_without_it_nor_turns_of_its_own_is_refused_and_nothing_changes() -> None:
+    caps = msgspec.structs.replace(CAPS["turn"], supports_server_vad=False)
     base = SessionSettings.defaults("m", caps)
+    patch = DuplexSessionConfig(instructions="Be brief.", turn_detection=ServerVad())
     with pytest.raises(ProtocolError) as err:
-        base.apply(DuplexSessionConfig(turn_detection=ServerVad()), caps, audio_started=False)
-    assert err.value.code == "unsupported_turn_detection" and base.vad is None
+        base.apply(patch, caps, audio_started=False)
+    assert (err.value.code, err.value.param, err.value.type) == (
+        "unsupported_turn_detection",
+        "turn_detection",
+        "invalid_request_error",
+    )
+    assert base.vad is None and base.instructions == ""
+    assert model_turns_notice(patch, caps) is None
+
+
+@pytest.mark.parametrize(
+    ("td", "kind"), [(ServerVad(), "server_vad"), (SemanticVad(eagerness="low"), "semantic_vad")]
+)
+def test_a_vad_on_a_model_that_takes_its_own_turns_is_the_model_deciding_with_a_notice(td, kind) -> None:
+    """The model's own turn-taking stands for the detector asked for (lane 1, ``turn_detection`` null),
+    the rest of the update applies, and ``model_turns_notice`` says so, naming the field."""
+    caps = msgspec.structs.replace(CAPS["echo"], supports_server_vad=False)
+    patch = DuplexSessionConfig(
+        instructions="Be brief.", audio=AudioConfig(input=AudioInputConfig(turn_detection=td))
+    )
+    s = SessionSettings.defaults("m", caps).apply(patch, caps, audio_started=False)
+    assert (s.vad, s.lane(caps), s.instructions) == (None, Lane.MODEL_NATIVE, "Be brief.")
+    assert s.render("sess_1", caps, epoch=0).audio.input.turn_detection is None
+    notice = model_turns_notice(patch, caps)
+    assert notice is not None and (notice.code, notice.param) == (
+        "turn_detection_model_native",
+        "turn_detection",
+    )
+    assert kind in notice.message
+    assert model_turns_notice(DuplexSessionConfig(turn_detection=None), caps) is None
 
 
 def test_duplex_keys_and_extra_body_set_policies_and_unknown_ones_fall_back() -> None:

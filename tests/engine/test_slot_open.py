@@ -295,6 +295,30 @@ def test_a_refused_open_fails_the_waiting_response_and_the_next_input_opens_agai
     assert opened == OpenSlot(SlotOptions(instructions="Short.", voice="NATF2"))
 
 
+def test_the_open_and_the_restart_carry_the_client_event_that_caused_them() -> None:
+    """The ``OpenSlot`` of an input and the ``RestartSlot`` of an update name the client event, so a
+    refusal answers it; one opened ahead of any input (a timer) names none."""
+    s = session(prefill_delay_s=0.05)
+    s.handle(update(instructions="Ahead.", extra_body={"restart_on_update": True}), 0.0)
+    s.take_actions()
+    s.on_timer(0.05)
+    assert s.take_actions() == [OpenSlot(SlotOptions(instructions="Ahead.", voice="NATF2"))]
+    s.handle(update(instructions="Changed."), 0.06)
+    s.take_actions()
+    s.handle(ResponseCreate(event_id="evt_create"), 0.07)
+    restarted = SlotOptions(instructions="Changed.", voice="NATF2")
+    assert s.take_actions()[0] == RestartSlot(restarted, "evt_create")
+    s.handle(
+        decode('{"type": "session.update", "event_id": "evt_update", "session": {"instructions": "Again."}}'),
+        0.08,
+    )
+    assert RestartSlot(SlotOptions(instructions="Again.", voice="NATF2"), "evt_update") in s.take_actions()
+    failed = s.slot_failed("invalid_session_config", "no", 0.09, event_id="evt_update")
+    assert [(e.error.code, e.error.event_id) for e in failed[:1]] == [
+        ("invalid_session_config", "evt_update")
+    ]
+
+
 def test_an_epoch_advanced_before_the_slot_opened_cancels_nothing_and_after_it_does() -> None:
     s = session(dialect=Dialect.SEEDS)
     s.handle(decode('{"type": "input.cancel"}'), 0.0)
@@ -348,9 +372,10 @@ async def test_a_refused_open_answers_the_first_input_and_the_session_goes_on() 
         assert types(await until(att, "session.updated"))[0] == "session.created"
         att.submit(InputAudioBufferAppend(audio=VOICE, event_id="evt_1"))
         error = (await until(att, "error"))[-1]
-        assert (error.error.code, error.error.message) == (
+        assert (error.error.code, error.error.message, error.error.event_id) == (
             "invalid_session_config",
             "these instructions are refused",
+            "evt_1",  # the append whose input opened the slot
         )
         assert plugin.calls == [] and eng.manager.records[att.session_id].slot_open is False
         att.submit(update(instructions="fine"))
@@ -359,6 +384,21 @@ async def test_a_refused_open_answers_the_first_input_and_the_session_goes_on() 
             att.submit(InputAudioBufferAppend(audio=VOICE))
         events = await until(att, "response.output_audio.delta")
         assert events[-1].delta == VOICE and plugin.calls == [("open", "fine")]
+
+
+async def test_a_refused_restart_answers_the_update_that_asked_for_it() -> None:
+    plugin = PickyEcho(max_sessions=2)
+    async with echo_engine(plugin) as eng:
+        patch = update(instructions="one", extra_body={"restart_on_update": True}, audio=STREAMING)
+        att = await eng.open(update=patch)
+        att.submit(InputAudioBufferAppend(audio=VOICE))
+        await plugin.opened.wait()
+        refused = decode(
+            '{"type": "session.update", "event_id": "evt_u", "session": {"instructions": "refuse me"}}'
+        )
+        att.submit(refused)
+        error = (await until(att, "error"))[-1]
+        assert (error.error.code, error.error.event_id) == ("invalid_session_config", "evt_u")
 
 
 async def test_a_restart_closes_and_reopens_the_slot_and_the_model_hears_on() -> None:

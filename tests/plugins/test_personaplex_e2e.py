@@ -106,9 +106,12 @@ async def test_audio_and_transcript_stream_through_the_server_and_match_the_mode
         vad = SessionUpdate(
             session=SessionConfig(audio=AudioConfig(input=AudioInputConfig(turn_detection=ServerVad())))
         )
-        await send(ws, vad)
-        err, _ = await until(ws, "error")
-        assert err.error.code == "unsupported_turn_detection"
+        await send(ws, vad)  # the model takes its own turns: the detector is not run, and it says so
+        updated, seen = await until(ws, "session.updated", "error")
+        assert event_type(updated) == "session.updated" and "error" not in seen
+        assert updated.session.audio.input.turn_detection is None  # what is in effect
+        warning = await recv(ws)
+        assert (event_type(warning), warning.code) == ("session.warning", "turn_detection_model_native")
         await send(ws, DuplexInputAudioBufferAppend(audio=frames[0]))
         await until(ws, "response.output_audio.delta")
 

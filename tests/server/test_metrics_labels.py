@@ -13,8 +13,8 @@ from duplex.protocol import ERROR_TYPES, SessionClose
 from duplex.protocol.ext.events import SessionClosed
 from duplex.server.close_codes import MAX_CLOSE_REASON_BYTES, CloseCode, CloseReason, close_reason_for_code
 from duplex.server.config import ServerConfig
+from duplex.server.connection import close_for
 from duplex.server.metrics import OTHER, LabelTally, ServerMetrics
-from duplex.server.realtime import close_for
 from tests.server.harness import running_server
 from tests.server.wire import recv, send, until
 

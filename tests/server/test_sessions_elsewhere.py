@@ -12,7 +12,7 @@ from duplex.engine import SessionError
 from duplex.protocol import SessionResume
 from duplex.protocol.ext.events import SessionClosed
 from duplex.server.close_codes import CloseCode, CloseReason
-from duplex.server.realtime import close_for
+from duplex.server.connection import close_for
 from tests.server.harness import running_server
 from tests.server.wire import recv, send
 

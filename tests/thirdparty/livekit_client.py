@@ -23,8 +23,8 @@ before the script as an agent sets its own when its session starts: ``update_ins
 ``--replies`` generations with audio are done, or at ``--timeout-s``.
 
 Summary keys: ``versions``; ``client_events`` (wire types in order, the appends only counted in
-``appends``); ``server_events`` (wire types in order); ``output_format`` (of the last
-``session.updated``); ``responses`` (per ``response.done``: id, status, reason, metadata);
+``appends``); ``server_events`` (wire types in order); ``output_format`` and ``turn_detection`` (of
+the last ``session.updated``); ``responses`` (per ``response.done``: id, status, reason, metadata);
 ``generate_reply`` (per ``reply`` step: ``"ok"`` or the exception); ``generations`` (per
 response: id, user_initiated, audio bytes, transcript, done); ``errors`` (the session's
 ``error`` events); ``timed_out``.
@@ -58,6 +58,7 @@ class Run:
         self.appends = 0
         self.server_events: list[str] = []
         self.output_format: dict[str, Any] | None = None
+        self.turn_detection: dict[str, Any] | None = None
         self.responses: list[dict[str, Any]] = []
         self.generate_reply: list[str] = []
         self.generations: list[dict[str, Any]] = []
@@ -84,6 +85,7 @@ class Run:
             self.responses.append(response_summary(ev["response"]))
         elif ev["type"] == "session.updated":
             self.output_format = ev["session"]["audio"]["output"]["format"]
+            self.turn_detection = ev["session"]["audio"]["input"].get("turn_detection")
         self._note(self.server_events, ev["type"])
 
     async def until(self, ready: Any) -> None:
@@ -213,6 +215,7 @@ async def main_async(args: argparse.Namespace) -> dict[str, Any]:
         "appends": run.appends,
         "server_events": run.server_events,
         "output_format": run.output_format,
+        "turn_detection": run.turn_detection,
         "responses": run.responses,
         "generate_reply": run.generate_reply,
         "generations": run.generations,

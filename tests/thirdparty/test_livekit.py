@@ -134,19 +134,24 @@ def test_livekit_with_its_default_voice_gets_the_manual_turn_reply_on_default(
 async def test_livekit_configures_the_real_model_before_its_first_input(
     model, livekit_python, tiny_checkpoint, speech
 ):
-    """An agent's usual setup (its instructions and two tools, LiveKit's default voice ``marin``)
+    """An agent's usual setup on LiveKit's default session (its first ``session.update`` asks for
+    ``semantic_vad``; then the agent's instructions and two tools, LiveKit's default voice ``marin``)
     reaches the model: its slot is the session's from ``generate_reply()``'s ``response.create`` on,
-    with exactly those settings, the voice mapped onto the model's own. Turns are manual: these
-    models take the turns themselves (LiveKit's default ``semantic_vad`` is theirs to refuse)."""
+    with exactly those settings, the voice mapped onto the model's own. These models take the turns
+    themselves: the first update applies whole, ``session.updated`` says ``turn_detection: null``
+    and a ``session.warning`` says why; no error comes."""
     async with model_server(model, tiny_checkpoint(model)) as served:
         summary = await run_client_async(
             livekit_python, PROGRAM, "--base-url", f"http://127.0.0.1:{served.port}/v1", "--model", model,
-            "--speech", str(speech), "--turns", "manual", "--steps", "reply,speak", "--replies", "0",
+            "--speech", str(speech), "--turns", "server", "--steps", "reply,speak", "--replies", "0",
             "--instructions", STOCK_INSTRUCTIONS, "--tools-json", json.dumps(STOCK_TOOLS),
         )  # fmt: skip
     assert_clean(summary)
     events = summary["client_events"]
     assert events.count("session.update") == 3 and events[-1] == "response.create", events
+    server = summary["server_events"]
+    assert server[:3] == ["session.created", "session.updated", "session.warning"], server
+    assert server.count("session.updated") == 3 and summary["turn_detection"] is None
     assert summary["appends"] > 0
     # The slot may open ahead of the first input once the setup is in (the engine's default); it
     # is the session's with exactly that setup.

@@ -33,13 +33,24 @@ A step, for the rows that have a unit:
    every speaking row into 24 kHz audio, streaming per turn (a turn of N units is N seconds of audio;
    its first unit is 280 ms shorter and its last 280 ms longer, see ``token2wav``).
 
+Typed text (``read_text``, before a step's units): MiniCPM-o reads a user's text as a user turn of
+its chat template, ``<|im_start|>user\n{text}<|im_end|>\n`` (``tokens.user_turn``), the way its
+streaming mode places a user message in the prompt. Its duplex loop has no place for text inside a
+unit, so the text goes between two units: the previous unit is closed (its terminator, ``</unit>``)
+and the turn follows, and the slot's next unit opens with ``<unit>``. It is prefilled eagerly in the
+slot's own row (every text has its own length), like the system context.
+
 The context window: when a row's language-model cache passes ``window_high_tokens``, its oldest whole
 units after the system context are dropped until it holds at most ``window_low_tokens``; the kept
 entries move down with their keys re-rotated (``Thinker.shift_keys``), so no recomputation is needed.
+Typed text that would take the row past ``window_high_tokens`` makes room the same way first (a text
+read between two units goes with the unit before it); of a text longer than the whole window less the
+system context, only its end is read, and the tokens left out are counted (``text_tokens_dropped``).
 """
 
 from __future__ import annotations
 
+from collections.abc import Mapping, Sequence
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 
@@ -59,12 +70,11 @@ from duplex.plugins.minicpmo.speech import SpeechGenerator
 from duplex.plugins.minicpmo.text_length import CharTable
 from duplex.plugins.minicpmo.thinker import Thinker
 from duplex.plugins.minicpmo.token2wav import CodeToWave
-from duplex.plugins.minicpmo.tokens import SpecialTokens, session_texts
+from duplex.plugins.minicpmo.tokens import SpecialTokens, session_texts, user_turn
 from duplex.plugins.minicpmo.vision import PreparedFrame, VisionEncoder
 from duplex.plugins.stage_clock import stage
 
 __all__ = ["GenerationOptions", "UnitGenerator", "UnitResult"]
-
 
 
 @dataclass(frozen=True)
@@ -105,6 +115,7 @@ class UnitResult:
     pcm: np.ndarray | None = None
     input_tokens: tuple[int, int, int] = (0, 0, 0)
     speech_tokens: list[int] = field(default_factory=list)
+    text_ids: list[int] = field(default_factory=list)  # the typed text read before the unit (``read_text``)
 
 
 @dataclass
@@ -113,6 +124,7 @@ class _SlotHost:
 
     prefix_len: int
     units: int = 0
+    unit_open: bool = False  # a unit was stepped and its ``</unit>`` is not fed yet
     pending_terminator: int | None = None
     unit_starts: list[int] = field(default_factory=list)
     turn_ids: list[int] = field(default_factory=list)
@@ -229,6 +241,7 @@ class UnitGenerator:
         self.hosts: dict[int, _SlotHost] = {}
         self._special_ids = set(special.all_ids())
         self.frames_dropped = 0
+        self.text_tokens_dropped = 0
         if options.frame_threads < 1:
             raise PluginError("invalid_plugin_config", "frame_threads must be at least 1")
         self._frames = ThreadPoolExecutor(options.frame_threads, thread_name_prefix="minicpmo-frames")
@@ -360,7 +373,7 @@ class UnitGenerator:
         for slot, (_pcm, raw_frames) in batch.items():
             host = self.hosts[slot]
             seq: list[tuple[int, int, int]] = []
-            if host.units > 0:
+            if host.unit_open:
                 if host.pending_terminator is not None:
                     seq.append((KIND_TOKEN, host.pending_terminator, 0))
                 seq.append((KIND_TOKEN, sp.unit_end, 0))
@@ -387,8 +400,43 @@ class UnitGenerator:
         return ids, kind, src, valid, frames
 
     @torch.no_grad()
-    def step(self, batch: dict[int, tuple[np.ndarray, list[bytes]]]) -> dict[int, UnitResult]:
-        """Advance every slot in ``batch`` (slot -> (16000 float32 samples, encoded frames)) by one unit."""
+    def read_text(self, slot: int, texts: Sequence[str]) -> list[int]:
+        """Prefill the user's typed ``texts`` into ``slot``'s row before its next unit, each as a user
+        turn of the chat template (see the module docstring); returns the ids prefilled."""
+        host, sp = self.hosts[slot], self.sp
+        ids: list[int] = []
+        if host.unit_open:  # close the previous unit: the next one opens with ``<unit>`` alone
+            if host.pending_terminator is not None:
+                ids.append(host.pending_terminator)
+            ids.append(sp.unit_end)
+            host.unit_open, host.pending_terminator = False, None
+        for text in texts:
+            ids += self.tok.encode(user_turn(text), add_special_tokens=False).ids
+        room = self.opts.window_low_tokens - host.prefix_len
+        if len(ids) > room:  # only the text's end fits the window
+            self.text_tokens_dropped += len(ids) - room
+            ids = ids[len(ids) - room :]
+        length = int(self.lm_len[slot])
+        if length + len(ids) > self.opts.window_high_tokens:
+            length = self._cut(slot, length, len(ids))
+        n = len(ids)
+        rows = torch.tensor([[slot]], device=self.device)
+        pos = length + torch.arange(n, device=self.device)[None]
+        embeds = self._embed_ids(ids)[None].to(self.dtype)
+        with eager_attention():  # every text has its own length
+            self.thinker.forward(embeds, pos, pos, pos + 1, rows=rows)
+        self.lm_len[slot] = length + n
+        return ids
+
+    @torch.no_grad()
+    def step(
+        self,
+        batch: dict[int, tuple[np.ndarray, list[bytes]]],
+        texts: Mapping[int, Sequence[str]] | None = None,
+    ) -> dict[int, UnitResult]:
+        """Advance every slot in ``batch`` (slot -> (16000 float32 samples, encoded frames)) by one unit,
+        each having read first the typed text ``texts`` gives it (``read_text``)."""
+        read = {slot: self.read_text(slot, t) for slot, t in (texts or {}).items() if t}
         opts = self.opts
         samples = np.zeros((self.slots, CONTEXT_SAMPLES + UNIT_SAMPLES), dtype=np.float32)
         executes = np.zeros(self.slots, dtype=bool)
@@ -400,7 +448,8 @@ class UnitGenerator:
             host.tail = samples[slot, -CONTEXT_SAMPLES:].copy()
         # The device is idle between steps: reading the lengths costs no wait. They give each unit's start
         # and the key span that covers every row of the step (prefill, then max_new_tokens decoded).
-        starts_h = self.lm_len.cpu().numpy()
+        # A copy: on a CPU ``cpu()`` is the tensor itself, which the prefill moves on in place.
+        starts_h = self.lm_len.cpu().numpy().copy()
         # The audio encoder first: the frames are decoded on the host while it runs (``prefill``).
         with stage("audio"):
             self.prefill.run_audio(samples, executes)
@@ -440,7 +489,8 @@ class UnitGenerator:
         for slot, res in results.items():
             row = kind_h[slot, : valid_h[slot]]
             audio, vision = int((row == KIND_AUDIO).sum()), int((row == KIND_VISION).sum())
-            res.input_tokens = (len(row) - audio - vision, audio, vision)
+            res.text_ids = read.get(slot, [])
+            res.input_tokens = (len(row) - audio - vision + len(res.text_ids), audio, vision)
         self._speak(results, gen_h, fed_hidden)
         with stage("window"):
             self._apply_window(batch)
@@ -452,6 +502,7 @@ class UnitGenerator:
         for slot in batch:
             host = self.hosts[slot]
             host.units += 1
+            host.unit_open = True
             host.unit_starts.append(int(starts_h[slot]))
             tokens = [int(x) for x in gen_h[slot] if x >= 0]
             host.pending_terminator = tokens[-1] if tokens and tokens[-1] in sp.terminators else None
@@ -529,24 +580,30 @@ class UnitGenerator:
 
     def _apply_window(self, batch: dict) -> None:
         """Cut rows past ``window_high_tokens`` down to ``window_low_tokens`` (module docstring)."""
-        opts = self.opts
         lengths = None
         for slot in batch:
-            host = self.hosts[slot]
-            if not host.unit_starts:
+            if not self.hosts[slot].unit_starts:
                 continue
             if lengths is None:
                 lengths = self.lm_len.cpu().numpy()
             length = int(lengths[slot])
-            if length <= opts.window_high_tokens:
-                continue
-            keep_from = len(host.unit_starts) - 1
-            for i, start in enumerate(host.unit_starts):
-                if host.prefix_len + length - start <= opts.window_low_tokens:
-                    keep_from = i
-                    break
-            cut = host.unit_starts[keep_from]
-            self.thinker.shift_keys(slot, cut, length, host.prefix_len)
-            shift = cut - host.prefix_len
-            host.unit_starts = [s - shift for s in host.unit_starts[keep_from:]]
-            self.lm_len[slot] = length - shift
+            if length > self.opts.window_high_tokens:
+                self._cut(slot, length, 0)
+
+    def _cut(self, slot: int, length: int, extra: int) -> int:
+        """Drop ``slot``'s oldest whole units until its ``length`` entries and ``extra`` more fit in
+        ``window_low_tokens``: the last unit is kept when nothing is to follow (``extra`` 0), every unit
+        may go to make room for ``extra`` (typed text). Returns the row's new length."""
+        host = self.hosts[slot]
+        starts = host.unit_starts
+        keep_from = len(starts) - 1 if extra == 0 else len(starts)
+        for i, start in enumerate(starts):
+            if host.prefix_len + length - start + extra <= self.opts.window_low_tokens:
+                keep_from = i
+                break
+        cut = starts[keep_from] if keep_from < len(starts) else length
+        self.thinker.shift_keys(slot, cut, length, host.prefix_len)
+        shift = cut - host.prefix_len
+        host.unit_starts = [s - shift for s in starts[keep_from:]]
+        self.lm_len[slot] = length - shift
+        return length - shift

@@ -13,7 +13,10 @@ Slot lifecycle, as the engine sees it:
   reference voice (a WAV as bytes, base64 or a ``data:`` URL, or float32 samples at 16 kHz). The slot
   is ready when it returns. ``temperature`` (default 0.7; 0 is greedy) and ``seed`` are per session.
 * ``step(batch)``: one unit per slot; frames beyond ``max_frames_per_unit`` and frames that do not
-  decode are skipped and counted (``frames_dropped``), the unit still runs.
+  decode are skipped and counted (``frames_dropped``), the unit still runs. The user's typed text
+  (``SlotInput.text``, ``Capabilities.supports_text_input``) is read before the unit, each message a
+  user turn of the chat template between two units (``generation``); a text longer than the context
+  window is read from its end, the rest counted (``text_tokens_dropped``).
 * ``cancel_slot(slot, epoch)`` (barge-in): the reply in progress is void; the model keeps what it
   heard and keeps listening.
 * ``close_slot(slot)`` frees the slot.
@@ -314,6 +317,7 @@ class MiniCPMOPlugin(FramePlugin):
             supports_barge_in=True,
             supports_resume=True,
             supports_video_input=True,
+            supports_text_input=True,  # typed text, read between two units (``step``)
             video_frame_max_pixels=self._frame_side() ** 2,
             output_modalities=("audio", "text"),
             reports_usage=True,
@@ -330,6 +334,11 @@ class MiniCPMOPlugin(FramePlugin):
     def frames_dropped(self) -> int:
         """Camera frames skipped (undecodable, or past ``max_frames_per_unit``) since load."""
         return self.generator.frames_dropped
+
+    @property
+    def text_tokens_dropped(self) -> int:
+        """Tokens of typed text left unread (the start of a text longer than the window) since load."""
+        return self.generator.text_tokens_dropped
 
     # -- slots ------------------------------------------------------------
 
@@ -392,6 +401,7 @@ class MiniCPMOPlugin(FramePlugin):
     def step(self, batch: Sequence[SlotInput]) -> Sequence[SlotOutput]:
         gen = self.generator
         units: dict[int, tuple[np.ndarray, list[bytes]]] = {}
+        texts: dict[int, tuple[str, ...]] = {}
         for item in batch:
             slot = item.slot
             if slot not in self._epochs:
@@ -406,7 +416,9 @@ class MiniCPMOPlugin(FramePlugin):
             if pcm.dtype != np.float32:
                 pcm = pcm.astype(np.float32) / (32768.0 if pcm.dtype == np.int16 else 1.0)
             units[slot] = (pcm, list(item.video_frames))
-        results = gen.step(units)
+            if item.text:
+                texts[slot] = tuple(item.text)
+        results = gen.step(units, texts)
         self.last_results = results
         outputs = []
         for item in batch:

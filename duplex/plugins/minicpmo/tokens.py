@@ -7,7 +7,7 @@ speaks: ``<|tts_bos|>`` (or ``<|speak|>``) and text, ending the unit with ``<|ch
 or ``<|chunk_tts_eos|>``; ``<|turn_eos|>`` ends the assistant's turn and is fed like text. The session
 starts with ``<|im_start|>system\\n{instructions}``, then ``\\n<|audio_start|>`` + the reference
 voice's audio embeddings (none without one) + ``<|audio_end|>`` (optionally only with a voice), closed
-by ``<|im_end|>``.
+by ``<|im_end|>``. The user's typed text is a user turn between two units (``user_turn``).
 
 The tokenizer is ``tokenizer.json`` (the ``tokenizers`` library; no remote code). A missing special
 token is ``PluginError("model_load_failed")`` naming it. ``tokenizer_config.json`` beside it may list
@@ -24,7 +24,14 @@ from tokenizers import Tokenizer
 
 from duplex.plugins.base import PluginError
 
-__all__ = ["DEFAULT_SYSTEM_PROMPT", "SPECIAL_TOKENS", "SpecialTokens", "load_tokenizer", "session_texts"]
+__all__ = [
+    "DEFAULT_SYSTEM_PROMPT",
+    "SPECIAL_TOKENS",
+    "SpecialTokens",
+    "load_tokenizer",
+    "session_texts",
+    "user_turn",
+]
 
 DEFAULT_SYSTEM_PROMPT = "Streaming Omni Conversation."
 
@@ -115,6 +122,11 @@ def _bad_token_ids(path: Path, tok: Tokenizer) -> tuple[int, ...]:
     if not isinstance(value, list) or not all(isinstance(i, int) and 0 <= i < vocab for i in value):
         raise PluginError("model_load_failed", f"{path.name}: bad_token_ids must be token ids below {vocab}")
     return tuple(value)
+
+
+def user_turn(text: str) -> str:
+    """The user's typed ``text`` as a user turn of MiniCPM-o's chat template (its ChatML)."""
+    return f"<|im_start|>user\n{text}<|im_end|>\n"
 
 
 def session_texts(instructions: str, voice_markers: bool) -> tuple[str, str]:

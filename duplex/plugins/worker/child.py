@@ -197,6 +197,7 @@ class WorkerServer:
                     item.pcm = self._read(extra.pcm)
                 item.video_frames = extra.video_frames
                 item.tool_results = extra.tool_results
+                item.text = extra.text
         return self._outputs(list(self.plugin.step(inputs)))
 
     def _read(self, ref: ArrayRef) -> np.ndarray:

@@ -97,6 +97,7 @@ class InputExtra(_Msg):
     pcm: ArrayRef | None = None
     video_frames: tuple[bytes, ...] = ()
     tool_results: tuple[ToolResult, ...] = ()
+    text: tuple[str, ...] = ()
 
 
 class OutputMsg(_Msg):

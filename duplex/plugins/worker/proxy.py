@@ -305,16 +305,18 @@ class FrameWorkerPlugin(WorkerPlugin, FramePlugin):
 
 
 def _add_extras(batch: Sequence[SlotInput], extras: list[InputExtra]) -> list[InputExtra]:
-    """Add the video frames and tool results of the inputs that have any (by batch index)."""
+    """Add the video frames, tool results and typed text of the inputs that have any (by batch
+    index)."""
     by_index = {extra.index: extra for extra in extras}
     for i, item in enumerate(batch):
-        if item.video_frames or item.tool_results:
+        if item.video_frames or item.tool_results or item.text:
             extra = by_index.get(i)
             by_index[i] = InputExtra(
                 i,
                 extra.pcm if extra is not None else None,
                 tuple(item.video_frames),
                 tuple(item.tool_results),
+                tuple(item.text),
             )
     return [by_index[i] for i in sorted(by_index)]
 

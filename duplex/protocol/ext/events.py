@@ -73,6 +73,7 @@ __all__ = [
     "SessionReplaced",
     "SessionResumed",
     "SessionResyncRequired",
+    "SessionWarning",
     "SpeakMetadata",
     "TextMark",
     "TurnEvent",
@@ -241,6 +242,17 @@ class SessionHeartbeatAck(Event, tag="session.heartbeat_ack", kw_only=True):
     """Reply to ``session.heartbeat``."""
 
     session_id: str
+
+
+class SessionWarning(Event, tag="session.warning", kw_only=True):
+    """Something the client asked for is in effect otherwise than it asked, and nothing was refused:
+    ``code`` says what (``turn_detection_model_native``: the model takes its own turns, so the
+    server-side turn detection a ``session.update`` asked for is not run and the session object
+    says ``turn_detection: null``), ``param`` names the field, ``message`` says it for people."""
+
+    code: str
+    message: str
+    param: str | None = None
 
 
 class PlaybackAckDetails(Wire, kw_only=True):

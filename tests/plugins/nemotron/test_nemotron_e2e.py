@@ -126,9 +126,12 @@ async def test_what_the_model_cannot_do_is_refused_and_the_session_goes_on(nemot
         vad = SessionUpdate(
             session=SessionConfig(audio=AudioConfig(input=AudioInputConfig(turn_detection=ServerVad())))
         )
-        await send(ws, vad)
-        err, _ = await until(ws, "error")
-        assert err.error.code == "unsupported_turn_detection"
+        await send(ws, vad)  # the model takes its own turns: the detector is not run, and it says so
+        updated, seen = await until(ws, "session.updated", "error")
+        assert event_type(updated) == "session.updated" and "error" not in seen
+        assert updated.session.audio.input.turn_detection is None  # what is in effect
+        warning = await recv(ws)
+        assert (event_type(warning), warning.code) == ("session.warning", "turn_detection_model_native")
         for frame in _frames(6):
             await send(ws, DuplexInputAudioBufferAppend(audio=frame))
         await until(ws, "response.output_audio.delta", timeout=30)

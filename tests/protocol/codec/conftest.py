@@ -275,6 +275,12 @@ def event_samples() -> list[object]:
         p.SessionResyncRequired(event_id=e, session_id="sess_1", reason="journal_gap"),
         p.SessionClosed(event_id=e, session_id="sess_1", reason="client_close"),
         p.SessionHeartbeatAck(event_id=e, session_id="sess_1"),
+        p.SessionWarning(
+            event_id=e,
+            code="turn_detection_model_native",
+            message="the model decides its turns",
+            param="turn_detection",
+        ),
         p.SessionQueued(event_id=e, position=2, queue_length=3, estimated_wait_s=45.0),
         p.PlaybackAcknowledged(
             event_id=e,

@@ -33,6 +33,7 @@ OURS_ONLY = {
     "session.resync_required",
     "session.closed",
     "session.heartbeat_ack",
+    "session.warning",
     "session.queued",
     "playback.acknowledged",
     "response.listen",
