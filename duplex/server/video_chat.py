@@ -12,9 +12,16 @@ what the model can do (its capabilities, never its name):
   an ``input_audio_buffer.append``, and ``video.frame`` (when the model takes video) a frames-only
   append: each frame goes to the model with the next chunk it steps, in time with the audio, as the
   camera on ``/v1/realtime`` does. The model decides when it speaks, so replies may start on their
-  own. ``video.query`` asks it to answer now (``response.create``: its next speech fills it); it
-  cannot read text, so a query with ``text`` is refused (``native_text_append_unsupported``): ask
-  by voice. ``num_frames``, ``max_frames``, ``use_audio_in_video`` and ``sampling_params_list`` are
+  own. ``video.query`` asks it to answer now: its ``text`` (when the model reads text,
+  ``Capabilities.supports_text_input``) goes in as a user text item, which the model reads with its
+  next unit, and a ``response.create`` asks for the answer (its next speech fills it). A model that
+  reads no text refuses a query with ``text`` (``native_text_append_unsupported``): ask by voice.
+  A query that comes while a reply is in progress (one asked for, or one the model began itself)
+  waits for it to end, and is asked then: queries are answered one after another, in the order they
+  came, each after the model has answered the one before (at most ``MAX_WAITING_QUERIES`` wait; one
+  more is refused with ``input_backpressure``). A query that meets a reply the model began before
+  the route saw it (``conversation_already_has_active_response``) waits the same way.
+  ``num_frames``, ``max_frames``, ``use_audio_in_video`` and ``sampling_params_list`` are
   checked and have no effect here: the model sees every frame, as it comes, not a sample.
 * **A model that answers requests** (``turn``/``batch`` kinds): audio is buffered as the user's
   turn; ``video.query`` commits it (when audio came since the last query), adds ``text`` as a user
@@ -22,10 +29,11 @@ what the model can do (its capabilities, never its name):
   request carries none), so ``video.frame`` is refused (``invalid_input_modality``), as it is for
   any model without video input.
 
-A query while a reply is in progress cancels it first, as the seeds do. ``video.done`` ends the
-session once the reply in progress (or asked for) is over: ``session.done`` and close 1000. Audio a
-model that hears the stream has not stepped by then is not answered (it answers in its own time;
-the engine has no "heard everything sent" signal to wait for).
+On a model that answers requests, a query while a reply is in progress cancels it first, as the
+seeds do. ``video.done`` ends the session once the reply in progress (or asked for, or waiting) is
+over: ``session.done`` and close 1000. Audio a model that hears the stream has not stepped by then is
+not answered (it answers in its own time; the engine has no "heard everything sent" signal to wait
+for).
 
 Frames go through the frame filter (``frame_filter``) when ``enable_frame_filter`` is on (the
 default where frames can be decoded here; asking for it where they cannot is refused); a frame it
@@ -49,6 +57,7 @@ import asyncio
 import contextlib
 import logging
 import time
+from collections import deque
 from collections.abc import Awaitable, Callable
 from typing import Any, Final
 
@@ -76,6 +85,7 @@ from duplex.protocol.realtime.events import (
     ResponseOutputTextDelta,
 )
 from duplex.protocol.realtime.items import InputTextPart, MessageItem
+from duplex.protocol.realtime.responses import ResponseCreateParams
 from duplex.protocol.realtime.session import AudioConfig, AudioInputConfig, AudioOutputConfig
 from duplex.protocol.video_chat import (
     AudioChunk,
@@ -111,6 +121,9 @@ log = logging.getLogger("duplex.server.video_chat")
 INPUT_RATE: Final = 16000  # Hz: the dialect's audio.chunk
 OUTPUT_RATE: Final = 24000  # Hz: the WAV of response.audio.delta
 _RETRYABLE_OPEN_CODES: Final = frozenset({"resource_exhausted", "model_worker_failed"})
+MAX_WAITING_QUERIES: Final = 8  # queries waiting for a model that hears the stream to finish a reply
+#: ``response.metadata`` key that marks a response as the answer the route asked for.
+_ASKED_KEY: Final = "video_query"
 
 
 async def video_chat_endpoint(websocket: WebSocket) -> None:
@@ -151,6 +164,7 @@ class _VideoChat:
         self._last_event: Any = None  # the last session event written (its type picks the close code)
         self.model = ""
         self.hears_stream = False
+        self.reads_text = False
         self.takes_video = False
         self.filter: frame_filter.FrameFilter | None = None
         self.frames_received = 0
@@ -158,6 +172,7 @@ class _VideoChat:
         self.audio_pending = False  # audio came since the last query (a request model's turn)
         self.responding: str | None = None  # the reply in progress
         self.asked: str | None = None  # the event_id of a response.create not yet answered
+        self.waiting: deque[str] = deque()  # the texts of queries waiting for the reply to end
         self.done_asked = False  # video.done came: close once no reply is in progress or asked
         self.close_sent = False
         self.texts: dict[str, list[str]] = {}  # reply id -> its text deltas (until it is done)
@@ -213,6 +228,7 @@ class _VideoChat:
         caps = engine.capabilities
         self.model = served.name
         self.hears_stream = caps.hears_stream
+        self.reads_text = caps.supports_text_input
         self.takes_video = caps.supports_video_input and caps.hears_stream
         want_filter = config.enable_frame_filter
         if want_filter and not frame_filter.available():
@@ -395,31 +411,49 @@ class _VideoChat:
 
     async def _query(self, message: VideoQuery) -> bool:
         text = message.text.strip()
-        if self.hears_stream and text:
+        if self.hears_stream and text and not self.reads_text:
             raise ProtocolError(
                 "native_text_append_unsupported",
                 f"the model {self.model} hears the stream and reads no text: ask by voice (audio.chunk), "
                 "then send video.query without text to ask for the answer now",
                 param="text",
             )
+        if self.hears_stream and len(self.waiting) >= MAX_WAITING_QUERIES:
+            full = f"{MAX_WAITING_QUERIES} queries already wait for the model's reply to end"
+            raise ProtocolError("input_backpressure", full)
         if message.audio_data:
             await self._audio(AudioChunk(data=message.audio_data))
-        if not self.hears_stream and not text and not self.audio_pending:
+        if self.hears_stream:  # asked in turn, once no reply is in progress (the module docstring)
+            self.waiting.append(text)
+            self._ask_next()
+            return False
+        if not text and not self.audio_pending:
             empty = "a query needs text, or audio since the last query"
             raise ProtocolError("response_create_without_input", empty, param="text")
         att = self._att
         if self.responding is not None:
             att.submit(ResponseCancel(response_id=self.responding))
-        if not self.hears_stream:
-            if self.audio_pending:
-                att.submit(DuplexInputAudioBufferCommit(create_response=False))
-                self.audio_pending = False
-            if text:
-                item = MessageItem(role="user", content=[InputTextPart(text=text)])
-                att.submit(ConversationItemCreate(item=item))
-        self.asked = new_event_id()
-        att.submit(ResponseCreate(event_id=self.asked))
+        if self.audio_pending:
+            att.submit(DuplexInputAudioBufferCommit(create_response=False))
+            self.audio_pending = False
+        self._ask(text)
         return False
+
+    def _ask(self, text: str) -> None:
+        """``text`` (if any) as a user text item, then ``response.create``, marked as the route's ask."""
+        att = self._att
+        if text:
+            item = MessageItem(role="user", content=[InputTextPart(text=text)])
+            att.submit(ConversationItemCreate(item=item))
+        self.asked = asked = new_event_id()
+        att.submit(
+            ResponseCreate(event_id=asked, response=ResponseCreateParams(metadata={_ASKED_KEY: asked}))
+        )
+
+    def _ask_next(self) -> None:
+        """Ask the oldest waiting query once no reply is in progress or asked for."""
+        if self.waiting and self.responding is None and self.asked is None and not self.close_sent:
+            self._ask(self.waiting.popleft())
 
     async def _done(self, message: VideoDone) -> bool:
         self.done_asked = True
@@ -432,7 +466,8 @@ class _VideoChat:
 
     def _close_when_idle(self) -> None:
         """After ``video.done``: close the session once no reply is in progress or asked for."""
-        if self.done_asked and not self.close_sent and self.responding is None and self.asked is None:
+        idle = self.responding is None and self.asked is None and not self.waiting
+        if self.done_asked and not self.close_sent and idle:
             self.close_sent = True
             with contextlib.suppress(DuplexError):  # already closing: session.closed comes anyway
                 self._att.submit(SessionClose(reason="client_close"))
@@ -462,7 +497,10 @@ class _VideoChat:
 
     def _created(self, event: ResponseCreated) -> list[ServerMessage]:
         rid = event.response.id
-        self.responding, self.asked = rid, None
+        self.responding = rid
+        metadata = event.response.metadata or {}
+        if self.asked is not None and metadata.get(_ASKED_KEY) == self.asked:
+            self.asked = None  # the answer asked for (a reply the model began itself leaves it asked)
         self.texts[rid] = []
         return [ResponseStart(response_id=rid)]
 
@@ -474,6 +512,7 @@ class _VideoChat:
         if self.responding == rid:
             self.responding = None
         text = "".join(self.texts.pop(rid, []))
+        self._ask_next()
         self._close_when_idle()
         return [ResponseTextDone(text=text, response_id=rid, status=event.response.status)]
 
@@ -481,6 +520,12 @@ class _VideoChat:
         detail = event.error
         if self.asked is not None and detail.event_id == self.asked:  # the ask was refused
             self.asked = None
+            if detail.code == "conversation_already_has_active_response" and self.hears_stream:
+                # The model began a reply of its own before the ask came: ask again once it ends.
+                self.waiting.appendleft("")
+                self._ask_next()
+                return []
+            self._ask_next()
             self._close_when_idle()
         return [VideoChatError(message=detail.message, code=detail.code, param=detail.param)]
 
