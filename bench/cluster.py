@@ -7,12 +7,10 @@ plugin and the same ``engine`` settings:
 * ``cluster``: a local Ray instance, Serve's proxy (one process) and ``--replicas`` engine
   replicas on the CPU (``gpus_per_replica: 0``); every socket goes through the proxy, which passes
   each client message to the replica and each event back as Ray calls;
-* ``direct`` (``--setups``): the same with Serve 2.60's direct ingress
-  (``RAY_SERVE_ENABLE_DIRECT_INGRESS=1``): each replica serves HTTP on a port of its own, and the
-  clients connect to one replica's port, as a TCP router in front would send them; no Python
-  process sits between the socket and the engine. (Serve's own router for it, HAProxy,
-  ``RAY_SERVE_ENABLE_HA_PROXY=1``, refuses a custom request router on the ingress deployment, so
-  it cannot pin sessions: ``docs/cluster.md``.)
+* ``direct`` (``--setups``): the same with ``cluster.direct_ingress`` (Serve 2.60's direct
+  ingress): each replica serves HTTP on a port of its own, and the clients connect to the one
+  ``GET /v1/cluster/route`` names, as a client of the application would; no Python process sits
+  between the socket and the engine (``docs/cluster.md``, "Direct ingress").
 
 For each N, N real-time clients (``bench.server``'s load generators: raw sockets, one 80 ms PCM16
 append every 80 ms, every event read, an ack every 25 events) run against one server, then the
@@ -55,6 +53,8 @@ import subprocess
 import sys
 import tempfile
 import time
+import urllib.parse
+import urllib.request
 from pathlib import Path
 from typing import Any
 
@@ -91,7 +91,7 @@ COLUMNS: list[Column] = [
 HOP_COLUMNS: list[Column] = ["path", ("p50_ms", "p50_ms", ".2f"), ("p99_ms", "p99_ms", ".2f"), "n"]
 
 
-def _config(path: Path, port: int, replicas: int, max_sessions: int) -> None:
+def _config(path: Path, port: int, replicas: int, max_sessions: int, *, direct: bool = False) -> None:
     cfg: dict[str, Any] = {
         "plugin": "echo",
         "plugin_options": {"max_sessions": max_sessions},  # the plugin's own slots (default 256)
@@ -104,7 +104,14 @@ def _config(path: Path, port: int, replicas: int, max_sessions: int) -> None:
         },
     }
     if replicas > 1:
-        cfg["cluster"] = {"gpus": replicas, "gpus_per_replica": 0, "cpus_per_replica": 0}
+        cfg["cluster"] = {
+            "gpus": replicas,
+            "gpus_per_replica": 0,
+            "cpus_per_replica": 0,
+            "direct_ingress": direct,
+            # No load balancer to deregister a stopping replica's port from: Serve need not hold it open.
+            "replica_env": {"RAY_SERVE_DIRECT_INGRESS_MIN_DRAINING_PERIOD_S": "0"},
+        }
     path.write_text(yaml.safe_dump(cfg), encoding="utf-8")
 
 
@@ -115,10 +122,8 @@ class Server:
         self.setup = setup
         self.port = free_port()
         config = workdir / f"{setup}.yaml"
-        _config(config, self.port, replicas, max_sessions)
+        _config(config, self.port, replicas, max_sessions, direct=setup == "direct")
         env = {**os.environ, "PYTHONUNBUFFERED": "1"}
-        if setup == "direct":  # Serve 2.60's direct ingress: each replica serves HTTP on a port of its own
-            env["RAY_SERVE_ENABLE_DIRECT_INGRESS"] = "1"
         cmd = [sys.executable, "-m", "duplex.cli", "serve", "--config", str(config)]
         cmd += ["--log-level", "warning"]
         self.log = (workdir / f"{setup}.log").open("w")
@@ -127,22 +132,20 @@ class Server:
     def __enter__(self) -> Server:
         wait_port(self.port, timeout_s=180, proc=self.proc)
         self._ready()
-        if self.setup == "direct":  # every client goes to one replica's own port, as a router would send it
+        if self.setup == "direct":  # every client goes to the replica the route names
             self.port = self._replica_port()
             self._ready()
         return self
 
     def _replica_port(self) -> int:
-        """The lowest port a replica listens on in Serve's direct-ingress range (30000-31000)."""
-        ports = [
-            c.laddr.port
-            for p in self.processes()["replicas"]
-            for c in p.net_connections(kind="tcp")
-            if c.status == "LISTEN" and 30000 <= c.laddr.port < 31000
-        ]
-        if not ports:
-            raise RuntimeError("no replica listens in the direct-ingress port range")
-        return min(ports)
+        """The port of the replica ``GET /v1/cluster/route`` names for a new session."""
+        with urllib.request.urlopen(f"http://127.0.0.1:{self.port}/v1/cluster/route", timeout=30) as answer:
+            url = json.loads(answer.read())["url"]
+        if url is None:
+            raise RuntimeError("the replicas have no ports of their own: is direct ingress on?")
+        port = urllib.parse.urlsplit(url).port
+        assert port is not None, url
+        return port
 
     def _ready(self) -> None:
         """Once a session opens (the cluster's replicas start after its proxy listens)."""

@@ -36,16 +36,31 @@ def cluster_config(cfg: ServeConfig) -> ClusterConfig:
         raise ConfigError(f"cluster: {exc}") from exc
 
 
-def application(cfg: ServeConfig, cluster: ClusterConfig | None = None) -> Any:
-    """The bound Serve application serving ``cfg`` on ``cluster.gpus`` engine replicas."""
+def application(
+    cfg: ServeConfig,
+    cluster: ClusterConfig | None = None,
+    *,
+    replica_class: type[DuplexReplica] = DuplexReplica,
+) -> Any:
+    """The bound Serve application serving ``cfg`` on ``cluster.gpus`` engine replicas.
+
+    ``replica_class``: the deployment's body, ``DuplexReplica`` or a class derived from it (for
+    instance one whose methods drive its engine in-process with ``InlineDuplexClient``)."""
     cluster = cluster or cluster_config(cfg)
+    actor_options: dict[str, Any] = {
+        "num_gpus": cluster.gpus_per_replica,
+        "num_cpus": cluster.cpus_per_replica,
+    }
+    env = cluster.replica_env_vars()
+    if env:
+        actor_options["runtime_env"] = {"env_vars": env}
     max_sessions = int(cfg.engine.get("max_sessions", 64))  # type: ignore[call-overload]
     max_queue = int(cfg.engine.get("max_queue_length", 32))  # type: ignore[call-overload]
     deployment = serve.deployment(
-        serve.ingress()(DuplexReplica),
+        serve.ingress()(replica_class),
         name=DEPLOYMENT,
         num_replicas=cluster.gpus,
-        ray_actor_options={"num_gpus": cluster.gpus_per_replica, "num_cpus": cluster.cpus_per_replica},
+        ray_actor_options=actor_options,
         max_ongoing_requests=max_sessions + max_queue + _SLACK_REQUESTS,
         max_queued_requests=-1,
         graceful_shutdown_timeout_s=cluster.drain_timeout_s,
@@ -55,7 +70,15 @@ def application(cfg: ServeConfig, cluster: ClusterConfig | None = None) -> Any:
             request_routing_stats_period_s=cluster.stats_period_s,
         ),
     )
-    return deployment.bind(msgspec.to_builtins(cfg), msgspec.to_builtins(cluster))
+    # The replica count is no argument of the replicas: a new count is a scale (Serve keeps the
+    # replicas that stay), not a new version of every replica (each one restarted, its sessions lost).
+    serve_config = msgspec.to_builtins(cfg)
+    serve_config["cluster"] = _without_count(serve_config.get("cluster") or {})
+    return deployment.bind(serve_config, _without_count(msgspec.to_builtins(cluster)))
+
+
+def _without_count(section: dict[str, Any]) -> dict[str, Any]:
+    return {key: value for key, value in section.items() if key != "gpus"}
 
 
 def build(args: dict[str, Any]) -> Any:

@@ -9,6 +9,9 @@ reads and checks it before it imports Ray.
       secret_env: DUPLEX_CLUSTER_SECRET   # where the replicas' shared resume-token secret comes from
       token_ttl_s: 86400      # a resume token's life after it was issued
       stats_period_s: 1       # how often each replica reports its free slots to the routers
+      direct_ingress: false   # each replica takes sockets on a port of its own (docs/cluster.md)
+      advertise_host: null    # the host clients reach the replicas' ports at (default: the node's)
+      replica_env: {}         # environment variables of the replica processes
 
 The shared secret signs every resume token (``duplex.engine.ids.OwnedSessionIds``): every replica
 of the application must hold the same one. ``duplex serve --gpus N`` makes a fresh one for its run
@@ -43,6 +46,22 @@ class ClusterConfig(msgspec.Struct, frozen=True, kw_only=True, forbid_unknown_fi
     route_prefix: str = "/"
     # Seconds a replica that is stopped waits for its sessions (Serve's ``graceful_shutdown_timeout_s``).
     drain_timeout_s: float = 60.0
+    # Serve's direct ingress for the engine replicas (``RAY_SERVE_ENABLE_DIRECT_INGRESS`` in their
+    # processes): each serves HTTP and WebSocket on a port of its own, beside Serve's proxy, and a
+    # resume that reaches a replica other than its session's owner is redirected there
+    # (``duplex.cluster.directions``).
+    direct_ingress: bool = False
+    # The host (name or address) that ``/v1/cluster/route`` and the redirects name for a replica's
+    # port; default: the address Serve's HTTP options bind, or the node's IP when they bind all.
+    advertise_host: str | None = None
+    # Environment variables of the replica processes (Ray's ``runtime_env``), beside those that
+    # ``direct_ingress`` sets.
+    replica_env: dict[str, str] = msgspec.field(default_factory=dict)
+
+    def replica_env_vars(self) -> dict[str, str]:
+        """The environment of each replica process that the application asks Ray for."""
+        direct = {"RAY_SERVE_ENABLE_DIRECT_INGRESS": "1"} if self.direct_ingress else {}
+        return {**self.replica_env, **direct}
 
     def __post_init__(self) -> None:
         if self.gpus < 1:

@@ -3,8 +3,9 @@
 Why a relay at all: ``SessionRouter`` places a socket when its handshake arrives. A resume in the
 query (or the ``X-Session-Id`` header) names the session then, and the socket goes straight to its
 owner. A ``session.resume`` sent as the first *message* (vLLM-Omni's clients, ``?resume=1``) comes
-after the socket was placed, so it may land on another replica. That replica then carries the
-socket for the owner:
+after the socket was placed, so it may land on another replica; and under direct ingress
+(``duplex.cluster.directions``) nothing places a socket at all, so a resume by the query may reach
+another replica's port too. That replica then carries the socket for the owner:
 
 * ``RemoteSessions.resume`` (the replica's ``AppState.elsewhere``) checks the token's signature and
   expiry (``invalid_resume_token`` otherwise), then calls the owner's ``relay_open`` through a
@@ -16,10 +17,14 @@ socket for the owner:
 * on the carrying replica, ``RemoteAttachment`` stands where the engine's ``Attachment`` stands for
   the socket code (``duplex.server.realtime``): ``next_events`` gives the owner's batches,
   ``submit`` / ``ack`` queue the client's commands, which one pump task sends in order
-  (``relay_submit``), a refusal by the owner comes back as an ``error`` event in the stream.
+  (``relay_submit``), a refusal by the owner comes back as an ``error`` event in the stream;
+* when Serve stops the carrying replica, ``RemoteSessions.end_relays`` ends each carried stream
+  (``RemoteAttachment.end``): the socket closes with 1012 and the session waits at its owner for the
+  client to resume it.
 
 The relayed socket costs one more hop each way than a direct one (``bench.cluster`` measures it);
-a client that resumes through the query never takes it.
+a client that resumes through the query behind Serve's proxy, or at the URL ``/v1/cluster/route``
+names, never takes it.
 """
 
 from __future__ import annotations
@@ -27,6 +32,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import logging
+import weakref
 from collections import deque
 from collections.abc import AsyncIterator
 from typing import Any
@@ -120,24 +126,35 @@ class Relays:
 
 def _gone(session_id: str) -> str:
     return (
-        f"session {session_id} is not served any more: the replica that held it is gone; "
-        "open a new session"
+        f"session {session_id} is not served any more: the replica that held it is gone; open a new session"
     )
 
 
 class RemoteSessions:
-    """``AppState.elsewhere`` of a replica: the sessions of the application's other replicas."""
+    """``AppState.elsewhere`` of a replica: the sessions of the application's other replicas, and
+    its own once it is ``leaving`` (Serve stops it: ``DuplexReplica.leave``), which are then gone
+    for the application like those of a replica that died."""
 
     def __init__(self, replica_id: str, ids: OwnedSessionIds, app_name: str, deployment: str) -> None:
         self.replica_id = replica_id
         self.ids = ids
+        self.leaving = False
         self._app_name = app_name
         self._deployment = deployment
         self._handle: Any = None
+        self._carried: weakref.WeakSet[RemoteAttachment] = weakref.WeakSet()  # live relayed sockets
 
     def holds(self, session_id: str) -> bool:
         owner = owner_of(session_id)
-        return owner is None or owner == self.replica_id
+        return owner is None or (owner == self.replica_id and not self.leaving)
+
+    def end_relays(self, reason: str) -> int:
+        """End the stream of every socket this replica carries for another replica's session
+        (``RemoteAttachment.end``); returns how many."""
+        carried = list(self._carried)
+        for attachment in carried:
+            attachment.end(reason)
+        return len(carried)
 
     def handle(self) -> Any:
         """The engine deployment's handle (made on first use: inside a running replica)."""
@@ -152,6 +169,8 @@ class RemoteSessions:
     ) -> RemoteAttachment:
         if not self.ids.token_ok(session_id, resume_token):
             raise SessionError("invalid_resume_token", "the resume token is not valid for this session")
+        if owner_of(session_id) == self.replica_id:  # ours, and we are leaving
+            raise SessionError("session_not_found", _gone(session_id))
         handle = self.handle()
         opening = handle.options(method_name="relay_open", stream=True, session_id=session_id)
         stream = call(opening, session_id, resume_token, last_event_seq, api_key_id)
@@ -163,7 +182,9 @@ class RemoteSessions:
         if isinstance(first, RelayRefused):
             raise SessionError(first.code, first.message)
         submit = handle.options(method_name="relay_submit", session_id=session_id)
-        return RemoteAttachment(session_id, stream, first, submit)
+        attachment = RemoteAttachment(session_id, stream, first, submit)
+        self._carried.add(attachment)
+        return attachment
 
 
 class RemoteAttachment:
@@ -245,6 +266,22 @@ class RemoteAttachment:
         finally:
             self._pump = None
 
+    def end(self, reason: str) -> None:
+        """This replica stops carrying the socket: after the events already queued, ``next_events``
+        raises ``Detached(reason)`` (the socket closes as that reason says: 1012 for ``draining``),
+        and the stream is cancelled, so the owner detaches the session, which waits there for the
+        client to resume it. Idempotent."""
+        if self._ended:
+            return
+        self._ended = True
+        self._ready.append(RelayEnd(reason))
+        self._wake.set()
+        if self._next is not None:  # nobody reads it any more: its outcome is taken here
+            self._next.add_done_callback(_taken)
+        cancel = getattr(self._stream, "cancel", None)
+        if cancel is not None:
+            cancel()
+
     async def detach(self) -> None:
         """The socket went away: end the stream (the owner detaches the session, which waits for a
         resume). Idempotent."""
@@ -258,3 +295,9 @@ class RemoteAttachment:
         cancel = getattr(self._stream, "cancel", None)
         if cancel is not None:
             cancel()
+
+
+def _taken(future: asyncio.Future[Any]) -> None:
+    """Take a finished read's outcome, so that its error is not reported as never retrieved."""
+    if not future.cancelled():
+        future.exception()

@@ -5,8 +5,9 @@ of them. ``WholeApplication`` wraps a replica's app and answers ``GET /health`` 
 ``GET /metrics`` itself: it asks every engine replica for its own view (``DuplexReplica.own_health``,
 ``own_metrics``, through handles keyed to each replica) and merges them. A replica that stopped
 meanwhile is answered for by another (the router sends a key whose owner is gone to a live replica):
-answers are counted once per replica that gave them. Everything else goes to
-the replica's app unchanged (``/v1/models`` is the same on every replica: one configuration).
+answers are counted once per replica that gave them. It answers the routes it is given as well
+(``/v1/cluster/route``, ``duplex.cluster.directions``). Everything else goes to the replica's app
+unchanged (``/v1/models`` is the same on every replica: one configuration).
 
 * ``/health``: ``status`` ``ok`` when every replica is ``ok``, ``degraded`` when some are not (or
   did not answer: ``unreachable``), 503 when none is ready; ``sessions`` summed; ``replicas``: each
@@ -19,7 +20,7 @@ the replica's app unchanged (``/v1/models`` is the same on every replica: one co
 from __future__ import annotations
 
 import asyncio
-from collections.abc import Awaitable, Callable, Iterator, Sequence
+from collections.abc import Awaitable, Callable, Iterator, Mapping, Sequence
 from typing import Any
 
 import msgspec
@@ -83,14 +84,19 @@ def _rank(health: ReplicaHealth) -> int:
     return health.rank
 
 
+Route = Callable[[Any], Awaitable[tuple[int, bytes, str]]]
+
+
 class WholeApplication:
     """The ASGI app of a replica, with ``/health`` and ``/metrics`` answered for every replica.
-    ``ask(method)``: that method's answer from every replica (an exception for one that failed)."""
+    ``ask(method)``: that method's answer from every replica (an exception for one that failed);
+    ``routes``: more ``GET`` paths answered here, each by (status, body, media type) for a scope."""
 
-    def __init__(self, app: Any, state: Any, ask: Asker) -> None:
+    def __init__(self, app: Any, state: Any, ask: Asker, routes: Mapping[str, Route] | None = None) -> None:
         self.app = app
         self.state = state  # the replica's ``AppState``
         self._ask = ask
+        self._extra = dict(routes or {})
 
     def __getattr__(self, name: str) -> Any:  # ``app.state`` and the rest, for Serve and our own code
         return getattr(self.app, name)
@@ -105,8 +111,8 @@ class WholeApplication:
         await send({"type": "http.response.start", "status": status, "headers": headers})
         await send({"type": "http.response.body", "body": body if scope["method"] == "GET" else b""})
 
-    def _routes(self) -> dict[str, Callable[[Any], Awaitable[tuple[int, bytes, str]]]]:
-        return {"/health": self._health, "/metrics": self._metrics}
+    def _routes(self) -> dict[str, Route]:
+        return {"/health": self._health, "/metrics": self._metrics, **self._extra}
 
     async def _health(self, scope: Any) -> tuple[int, bytes, str]:
         answers = await self._ask("own_health")

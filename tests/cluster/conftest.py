@@ -9,6 +9,7 @@ collection fails loudly instead of skipping.
 declaring one logical GPU, and Serve's proxy on the head node only (one proxy process, so a test
 knows where sockets go). ``deployed`` (one per test): the application, freshly deployed with two
 echo replicas (``num_gpus: 1`` each, so one lands on each node; the echo plugin runs on the CPU).
+``deploy`` and ``deploy_declared`` deploy it otherwise (``serve.run``; a config, as ``serve deploy``).
 """
 
 from __future__ import annotations
@@ -32,6 +33,8 @@ def pytest_configure(config: pytest.Config) -> None:
     # Ray Serve's own models use a pydantic spelling that pydantic deprecates: not ours to fix.
     ignored = "ignore:Using extra keyword arguments on `Field`:DeprecationWarning"
     config.addinivalue_line("filterwarnings", ignored)
+
+
 APP = "duplex"
 
 
@@ -79,10 +82,14 @@ def ray_cluster() -> Iterator[RayCluster]:
 
 
 def deploy(
-    engine: dict[str, object] | None = None, models: tuple[object, ...] = (), **cluster: object
+    engine: dict[str, object] | None = None,
+    models: tuple[object, ...] = (),
+    replica_class: type | None = None,
+    **cluster: object,
 ) -> None:
     """Deploy the application (replacing the one running) and wait until it serves; ``models``:
-    ``ModelConfig``s served beside the echo plugin."""
+    ``ModelConfig``s served beside the echo plugin; ``replica_class``: a class derived from
+    ``DuplexReplica`` as the deployment's body."""
     from ray import serve
 
     from duplex.cluster.app import application
@@ -92,7 +99,34 @@ def deploy(
     engine = {"max_sessions": 4, "max_queue_length": 0, **(engine or {})}
     cfg = ServeConfig(plugin="echo", engine=engine, models=models)  # type: ignore[arg-type]
     settings = {"gpus": 2, "gpus_per_replica": 1, "cpus_per_replica": 0, "stats_period_s": 0.2}
-    serve.run(application(cfg, ClusterConfig(**{**settings, **cluster})), name=APP, route_prefix="/")
+    body = {"replica_class": replica_class} if replica_class is not None else {}
+    app = application(cfg, ClusterConfig(**{**settings, **cluster}), **body)  # type: ignore[arg-type]
+    serve.run(app, name=APP, route_prefix="/")
+
+
+def deploy_declared(num_replicas: int, **cluster: object) -> None:
+    """Deploy the application the way ``serve deploy`` does (a config applied by Serve's controller,
+    ``deploy/serve.yaml``'s shape), with ``num_replicas`` engine replicas set by the config's
+    ``deployments`` entry; wait until it serves. Applied again with another ``num_replicas`` and
+    the same ``args``, it scales the running replicas (Serve keeps those that stay)."""
+    from ray.serve.context import _get_global_client
+    from ray.serve.schema import ServeDeploySchema
+
+    settings = {"gpus": 2, "gpus_per_replica": 1, "cpus_per_replica": 0, "stats_period_s": 0.2}
+    args = {
+        "plugin": "echo",
+        "engine": {"max_sessions": 4, "max_queue_length": 0},
+        "cluster": {**settings, **cluster},
+    }
+    app = {
+        "name": APP,
+        "route_prefix": "/",
+        "import_path": "duplex.cluster.app:build",
+        "args": args,
+        "deployments": [{"name": "DuplexReplica", "num_replicas": num_replicas}],
+    }
+    config = ServeDeploySchema.model_validate({"applications": [app]})
+    _get_global_client().deploy_apps(config, _blocking=True)
 
 
 @pytest.fixture

@@ -4,47 +4,20 @@ behind Serve's proxy, placed by ``SessionRouter``; real sockets through the prox
 from __future__ import annotations
 
 import asyncio
-import base64
 import time
 from typing import Any
 
-import numpy as np
 import pytest
 import websockets
 
 from clients.collector import event_type
 from duplex.engine.ids import owner_of
-from duplex.protocol import InputAudioBufferAppend, SessionResume
+from duplex.protocol import SessionResume
 from tests.cluster.conftest import APP, RayCluster
+from tests.cluster.sessions import audio_round_trip, opened, replica_stats, resume_refused
 from tests.server.wire import recv, send, until
 
 pytestmark = pytest.mark.timeout(240)
-
-LOUD = base64.b64encode((np.ones(1920) * 3000).astype(np.int16).tobytes()).decode()
-
-
-async def opened(url: str) -> tuple[Any, Any]:
-    """A socket with a new session (``?model=``: ``session.created`` first)."""
-    ws = await websockets.connect(url + "?model=echo", proxy=None)
-    created = await recv(ws)
-    assert event_type(created) == "session.created"
-    return ws, created
-
-
-async def audio_round_trip(ws: Any) -> None:
-    """Turn detection off, two appends, and the echo's first audio delta back."""
-    from bench.loopback import streaming_session_update
-
-    await send(ws, streaming_session_update())
-    for _ in range(2):
-        await send(ws, InputAudioBufferAppend(audio=LOUD))
-    await until(ws, "response.output_audio.delta")
-
-
-async def replica_stats(replica_id: str) -> dict[str, Any]:
-    from duplex.cluster.handles import replica_handle
-
-    return await replica_handle(APP, replica_id, "record_routing_stats").remote()
 
 
 async def test_sessions_spread_across_replicas_and_name_their_owner(deployed: RayCluster) -> None:
@@ -96,16 +69,7 @@ async def test_a_forged_or_expired_token_is_refused(deployed: RayCluster, forge:
         else f"{int(time.time()) - 1}.{nonce}.{mac}"  # an earlier expiry: the signature no longer holds
     )
     for how in ("query", "message"):
-        if how == "query":
-            url = f"{deployed.url}?session_id={created.session.id}&resume_token={token}"
-            async with websockets.connect(url, proxy=None) as again:
-                first = await recv(again)
-                await again.wait_closed()
-        else:
-            async with websockets.connect(deployed.url + "?resume=1", proxy=None) as again:
-                await send(again, SessionResume(session_id=created.session.id, resume_token=token))
-                first = await recv(again)
-                await again.wait_closed()
+        first, again = await resume_refused(deployed.url, created.session.id, token, how)
         assert event_type(first) == "error" and first.error.code == "invalid_resume_token"
         assert again.close_code == 1008
 
@@ -140,17 +104,7 @@ async def test_the_owner_killed_gives_session_not_found_then_a_fresh_open_succee
     await ws.close()
     ray.kill(ray.get_actor(f"SERVE_REPLICA::{APP}#DuplexReplica#{owner}", namespace="serve"))
     for how in ("query", "message"):
-        if how == "query":
-            url = f"{deployed.url}?session_id={created.session.id}&resume_token={created.resume_token}"
-            async with websockets.connect(url, proxy=None) as again:
-                first = await recv(again)
-                await again.wait_closed()
-        else:
-            async with websockets.connect(deployed.url + "?resume=1", proxy=None) as again:
-                msg = SessionResume(session_id=created.session.id, resume_token=created.resume_token)
-                await send(again, msg)
-                first = await recv(again)
-                await again.wait_closed()
+        first, again = await resume_refused(deployed.url, created.session.id, created.resume_token, how)
         assert event_type(first) == "error" and first.error.code == "session_not_found", first
         assert (again.close_code, again.close_reason) == (1008, "session_not_found")
     fresh, made = await opened(deployed.url)
@@ -227,7 +181,7 @@ def test_the_deploy_files_build_the_application() -> None:
     import yaml
     from ray.serve.schema import ServeDeploySchema
 
-    from duplex.cluster.app import build
+    from duplex.cluster.app import DEPLOYMENT, build
 
     root = Path(__file__).resolve().parents[2] / "deploy"
     service = yaml.safe_load((root / "rayservice.yaml").read_text())["spec"]["serveConfigV2"]
@@ -237,6 +191,8 @@ def test_the_deploy_files_build_the_application() -> None:
         assert app["import_path"] == "duplex.cluster.app:build"
         deployment = build(app["args"])._bound_deployment
         assert deployment.num_replicas == app["args"]["cluster"]["gpus"]
+        # Scaling happens in the deployments entry, which must start from the same count.
+        assert app["deployments"] == [{"name": DEPLOYMENT, "num_replicas": deployment.num_replicas}]
         assert deployment.ray_actor_options["num_gpus"] == 1
 
 
