@@ -28,15 +28,30 @@ import asyncio
 import contextlib
 from collections import deque
 from collections.abc import Callable, Iterable
-from typing import TYPE_CHECKING, Any
+from typing import Any, Protocol
 
 from duplex.engine.errors import Detached, SessionError
 from duplex.engine.sizes import DELTA_OVERHEAD, event_size
 
-if TYPE_CHECKING:
-    from duplex.engine.manager import SessionRecord
+__all__ = ["Attachment", "AttachmentOwner"]
 
-__all__ = ["Attachment"]
+
+class AttachmentOwner(Protocol):
+    """What an attachment needs of the session it is attached to (the manager's ``SessionRecord``)."""
+
+    session_id: str
+
+    def submit(self, att: Attachment, command: Any) -> None:
+        """Budget ``command`` and put it in the session's mailbox; raises ``SessionError``."""
+        ...
+
+    def ack(self, att: Attachment, seq: int) -> None:
+        """The client has everything up to journal position ``seq``."""
+        ...
+
+    def detach(self, att: Attachment) -> None:
+        """``att``'s transport went away."""
+        ...
 
 
 class Attachment:
@@ -44,7 +59,7 @@ class Attachment:
 
     def __init__(
         self,
-        record: SessionRecord,
+        record: AttachmentOwner,
         generation: int,
         resume_token: str | None,
         *,

@@ -38,10 +38,11 @@ import functools
 import logging
 import operator
 from collections.abc import Callable
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 from duplex.engine.admission import Admission, QueueListener, WaitingRoom
 from duplex.engine.attachment import Attachment
+from duplex.engine.batch_driver import BatchDriver
 from duplex.engine.config import EngineConfig
 from duplex.engine.credentials import ResumeCredential
 from duplex.engine.drivers import Driver
@@ -59,6 +60,7 @@ from duplex.engine.runner import AckItem, CloseItem, CommandItem, FailItem, Sess
 from duplex.engine.scheduler import SlotBinding
 from duplex.engine.session import Session
 from duplex.engine.settings import SessionSettings
+from duplex.engine.stream import BatchStream
 from duplex.engine.transitions import LIVE_STATES
 from duplex.engine.vad import VadUnavailableError
 from duplex.plugins.base import Capabilities, Plugin, PluginError, SlotOptions
@@ -74,9 +76,6 @@ from duplex.protocol.realtime.commands import (
     ResponseCreate,
     SessionUpdate,
 )
-
-if TYPE_CHECKING:
-    from duplex.engine.stream import BatchStream
 
 __all__ = ["SessionManager", "SessionRecord"]
 
@@ -455,9 +454,6 @@ class SessionManager:
         """Admit a ``BatchStream`` (under the same limits as ``open``) and open its plugin slot.
         Raises ``SessionError`` (``resource_exhausted``; the plugin's code when it refuses the
         slot). Not cancel-safe while the plugin opens the slot (the slot is released if it fails)."""
-        from duplex.engine.batch_driver import BatchDriver
-        from duplex.engine.stream import BatchStream
-
         if not isinstance(self.driver, BatchDriver):
             raise SessionError("not_supported", f"{self.plugin.name} is not a batch model")
         admission = await self.reserve(None)

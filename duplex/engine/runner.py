@@ -43,7 +43,7 @@ from __future__ import annotations
 import asyncio
 import logging
 import time
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, Protocol
 
 import msgspec
 
@@ -68,7 +68,20 @@ from duplex.protocol.errors import ProtocolError
 from duplex.protocol.realtime.commands import InputAudioBufferAppend
 
 if TYPE_CHECKING:
-    from duplex.engine.manager import SessionManager, SessionRecord
+    from collections.abc import Callable
+
+    from duplex.engine.attachment import Attachment
+    from duplex.engine.config import EngineConfig
+    from duplex.engine.driver import Driver
+    from duplex.engine.feed import SlotFeed
+    from duplex.engine.input import InputPipeline
+    from duplex.engine.lease import Lease
+    from duplex.engine.mailbox import Mailbox
+    from duplex.engine.metrics import EngineMetrics
+    from duplex.engine.scheduler import SlotBinding
+    from duplex.engine.session import Session
+    from duplex.plugins.base import Plugin, SlotOptions
+    from duplex.protocol.ext.commands import SessionEventAck
 
 __all__ = [
     "AckItem",
@@ -77,6 +90,8 @@ __all__ = [
     "CommandItem",
     "FailItem",
     "OutputItem",
+    "RunnerHost",
+    "RunnerRecord",
     "SessionRunner",
     "TimerItem",
 ]
@@ -143,10 +158,78 @@ class CloseItem:
         self.expired = expired
 
 
+class RunnerRecord(Protocol):
+    """What a runner reads and calls of its session's record (the manager's ``SessionRecord``)."""
+
+    session_id: str
+    session: Session
+    slot: int
+    mailbox: Mailbox
+    pipeline: InputPipeline
+    lease: Lease
+    attachment: Attachment | None
+    feed: SlotFeed | None
+    binding: SlotBinding | None
+
+    def emit(self, events: list[Any]) -> None:
+        """Journal ``events`` and hand them to the attachment."""
+        ...
+
+    def release(self, n_bytes: int, turns: int) -> None:
+        """A command was processed: give its budget back."""
+        ...
+
+    def take_ack(self) -> SessionEventAck:
+        """The client's latest journal ack, taken."""
+        ...
+
+    def begin_close(self) -> None:
+        """The session is closing: no new transport may attach."""
+        ...
+
+    def finish(self) -> None:
+        """Cleanup done: end the attachment, free the admission slot."""
+        ...
+
+
+class RunnerHost(Protocol):
+    """What a runner needs of the engine that runs it (the ``SessionManager``). ``record`` in each
+    call is the runner's own ``RunnerRecord``."""
+
+    config: EngineConfig
+    driver: Driver
+    metrics: EngineMetrics
+    plugin: Plugin
+
+    def now(self) -> float:
+        """The engine's clock."""
+        ...
+
+    async def offload(self, fn: Callable[..., Any], *args: Any) -> Any:
+        """``fn(*args)`` on the worker pool."""
+        ...
+
+    async def on_model_thread(self, fn: Callable[..., Any], *args: Any) -> Any:
+        """``fn(*args)`` on the model thread."""
+        ...
+
+    async def open_slot(self, record: Any, options: SlotOptions) -> None:
+        """Open the record's plugin slot with ``options`` and join the driver."""
+        ...
+
+    async def restart_slot(self, record: Any, options: SlotOptions) -> None:
+        """Close and reopen the record's plugin slot with ``options``."""
+        ...
+
+    async def release_slot(self, record: Any) -> None:
+        """Leave the driver and close the record's plugin slot."""
+        ...
+
+
 class SessionRunner:
     """Drains one session's mailbox (see the module docstring)."""
 
-    def __init__(self, record: SessionRecord, manager: SessionManager) -> None:
+    def __init__(self, record: RunnerRecord, manager: RunnerHost) -> None:
         self.record = record
         self.manager = manager
         self.session = record.session

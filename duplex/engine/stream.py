@@ -31,19 +31,31 @@ from __future__ import annotations
 import asyncio
 import logging
 from collections import deque
-from typing import TYPE_CHECKING
+from collections.abc import Callable
+from typing import Any, Protocol
 
 from duplex.engine.batch_driver import BatchDriver, Refusal
 from duplex.engine.errors import SessionError
 from duplex.engine.scheduler import SlotBinding
 from duplex.plugins.base import BatchInteraction, SlotOutput, TurnRequest
 
-if TYPE_CHECKING:
-    from duplex.engine.manager import SessionManager
-
-__all__ = ["BatchStream"]
+__all__ = ["BatchStream", "StreamOwner"]
 
 log = logging.getLogger(__name__)
+
+
+class StreamOwner(Protocol):
+    """What a ``BatchStream`` needs of the engine that admitted it (the ``SessionManager``)."""
+
+    plugin: Any  # the batch plugin the stream's slot belongs to
+
+    async def on_model_thread(self, fn: Callable[..., Any], *args: Any) -> Any:
+        """``fn(*args)`` on the model thread."""
+        ...
+
+    async def close_stream(self, stream: BatchStream) -> None:
+        """Free the stream's slot and its admission."""
+        ...
 
 
 class BatchStream:
@@ -52,7 +64,7 @@ class BatchStream:
 
     def __init__(
         self,
-        manager: SessionManager,
+        manager: StreamOwner,
         driver: BatchDriver,
         slot: int,
         *,
