@@ -5,16 +5,12 @@ commit in ``goldens.json``; transformers 4.51.0, torch 2.13.0, CPU) computed, gr
 of four seconds of speech-like audio with a camera frame a second, on the checkpoint that ``duplex
 tiny-checkpoint minicpmo_4_5`` writes with seed 0 (``tools/parity/minicpmo_goldens.py`` writes both;
 CI cannot reach the reference). The plugin runs the same session in a batch of two slots (the other
-slot talks alongside) and every unit is compared: the system prompt's ids, the unit's layout, the
-vision embeddings, the logits at the unit's first position, the tokens, the decision, the tokens the
-speech head hears and its 25 codes.
-
-The audio embeddings are the one input taken from the reference: the plugin's own audio front end
-differs from upstream's on purpose (the README: each unit's own mel peak, no look-ahead frames, a
-first unit of 1000 ms instead of 1035), so the language model is fed upstream's embeddings (the
-audio encoder still runs; its output for slot 0 is replaced) and the difference of the plugin's own
-is measured and printed (``pytest -s``). Upstream's 28-character cut of a unit's text, which the
-plugin does not have, is off in the goldens' run.
+slot talks alongside) and every unit is compared, end to end from the audio and the frames: the
+system prompt's ids, the unit's layout, the log-mel frames and the audio embeddings of the audio
+front end, the vision embeddings, the logits at the unit's first position, the tokens, the decision,
+the tokens the speech head hears and its 25 codes. Two more scenarios hold the audio front end alone
+to upstream's: 32 seconds of audio (the buffer's clamp from 5 s on, its slide at 30 s, the encoder
+cache's restart), and a reference voice as the session's ``prepare`` encodes it.
 
 Tolerances. Both sides compute the same float32 functions in other groupings (batched rows, one
 prefill per unit against upstream's several feeds, fused projections), so they agree to rounding: to
@@ -22,6 +18,9 @@ first order a float32 sum of ``n`` terms is off by at most ``n`` units of roundo
 magnitudes summed. ``_terms`` counts the terms along the chain from the inputs to a logit (every
 projection's inner width, the attended positions, the norms, layer after layer, the vision tower and
 the resampler before the language model), and the tolerance is that many units of the values' peak.
+The log-mel is a logarithm: a relative error of the mel power (the transform's ``n_fft`` terms, twice
+for the square, the filters' bins) becomes an absolute one, divided by ``ln 10`` and by the scaling's
+4 (``MEL_TOL``); the audio embeddings add the encoder's terms (``_audio_terms``).
 Tokens and codes are argmaxes: where the two sides' logits differ by at most ``d``, a choice whose
 margin over the runner-up (recorded by the reference) exceeds ``2 d`` cannot differ; a near tie may
 go either way, and the session is compared up to it. None was met where this was written.
@@ -31,6 +30,7 @@ from __future__ import annotations
 
 import hashlib
 import json
+import math
 from pathlib import Path
 
 import numpy as np
@@ -39,6 +39,7 @@ import pytest
 pytest.importorskip("transformers")
 
 from duplex.plugins.base import SlotInput, SlotOptions
+from duplex.plugins.minicpmo.audio import N_FFT
 from duplex.plugins.minicpmo.plugin import MiniCPMOPlugin
 
 GOLDENS = Path(__file__).parent / "minicpmo"
@@ -91,6 +92,23 @@ def _terms(cfg, positions: int) -> tuple[int, int]:
     return vision + lm, vision
 
 
+# Terms behind a log-mel value, relative to the power it takes the logarithm of: the transform's
+# ``n_fft`` terms, squared, and the mel filters' bins; then the tolerance in ``(log10 + 4) / 4`` units.
+MEL_TERMS = 2 * N_FFT + N_FFT // 2 + 1
+MEL_TOL = MEL_TERMS * EPS / (4 * math.log(10))
+
+
+def _audio_terms(cfg, positions: int) -> int:
+    """Terms along the chain from the audio to an audio embedding: the log-mel's, the two
+    convolutions, every encoder layer (norms, projections, the attended positions, the feed-forward),
+    the final norm, the projection's two layers and the pooling."""
+    a, hidden = cfg.audio, cfg.llm.hidden_size
+    d, head = a.d_model, a.d_model // a.encoder_attention_heads
+    layer = 3 * d + positions + head + 2 * d + a.encoder_ffn_dim
+    pool = cfg.audio_pool_step
+    return MEL_TERMS + 3 * a.num_mel_bins + 3 * d + a.encoder_layers * layer + 2 * d + hidden + pool
+
+
 def _speech_terms(cfg, positions: int) -> int:
     """Terms along the chain to a speech-code logit: the language model's hidden state, the
     projector, the backbone's layers and the code head."""
@@ -106,15 +124,13 @@ def _compare_choices(ours: list[int], theirs: list[int], margins: np.ndarray, d:
     for i, choice in enumerate(theirs):
         if i < len(ours) and ours[i] == choice:
             continue
-        assert margins[i] <= 2 * d, f"choice {i}: {ours[i:i + 1]} against {choice}, margin {margins[i]:.2e}"
+        assert margins[i] <= 2 * d, f"choice {i}: {ours[i : i + 1]} against {choice}, margin {margins[i]:.2e}"
         return i
     assert len(ours) == len(theirs)
     return len(theirs)
 
 
 def test_a_session_decides_says_and_speaks_what_the_official_loop_does(checkpoint, goldens, meta, capsys):
-    import torch
-
     plugin = MiniCPMOPlugin.from_options(
         str(checkpoint), max_sessions=2, context_tokens=1024, window_high_tokens=700, window_low_tokens=400
     )
@@ -126,29 +142,19 @@ def test_a_session_decides_says_and_speaks_what_the_official_loop_does(checkpoin
     prompt = [int(x) for x in goldens["prompt_ids"]]
     plugin.open_slot(0, SlotOptions(temperature=0.0, instructions=str(goldens["instructions"])))
     plugin.open_slot(1, SlotOptions(temperature=0.7, seed=5, instructions="be brief"))
-    ours_prompt = gen.tok.encode(
-        "<|im_start|>system\n" + str(goldens["instructions"]) + "\n<|audio_start|>", add_special_tokens=False
-    ).ids + gen.tok.encode("<|audio_end|><|im_end|>", add_special_tokens=False).ids
+    ours_prompt = (
+        gen.tok.encode(
+            "<|im_start|>system\n" + str(goldens["instructions"]) + "\n<|audio_start|>",
+            add_special_tokens=False,
+        ).ids
+        + gen.tok.encode("<|audio_end|><|im_end|>", add_special_tokens=False).ids
+    )
     assert ours_prompt == prompt and int(gen.lm_len[0]) == len(prompt)
 
-    encode = gen.audio.encode
-    own_audio: list[np.ndarray] = []
-    unit_index = [0]
-
-    def upstream_audio(audio, lengths, exec_mask, rows=None):
-        emb, new = encode(audio, lengths, exec_mask, rows=rows)
-        if rows is None:  # the unit's step (not a reference voice): slot 0 hears upstream's embeddings
-            own_audio.append(emb[0].float().numpy().copy())
-            golden = torch.from_numpy(goldens[f"unit{unit_index[0]}_audio_embeds"])
-            emb = emb.clone()
-            emb[0] = golden.to(emb.dtype)
-        return emb, new
-
-    gen.audio.encode = upstream_audio
+    mels = _recording_mel(gen)
     rows = []
     previous_terminator = None
     for u in range(units):
-        unit_index[0] = u
         pcm = goldens["audio"][u]
         frame = goldens[f"frame{u}"].tobytes()
         # The unit's layout, as the reference laid it out after the previous unit's terminator and </unit>.
@@ -177,6 +183,15 @@ def test_a_session_decides_says_and_speaks_what_the_official_loop_does(checkpoin
             ]
         )
         res = plugin.last_results[0]
+        # What slot 0 heard: its unit's log-mel frames and audio embeddings.
+        golden_mel = goldens[f"unit{u}_mel"]
+        mel_diff = float(np.abs(mels[u][0][:, -golden_mel.shape[1] :] - golden_mel).max())
+        assert mel_diff <= MEL_TOL, f"unit {u}: log-mel"
+        golden_audio = goldens[f"unit{u}_audio_embeds"]
+        audio = gen.prefill.audio_emb[: golden_audio.shape[0]].float().numpy()
+        audio_tol = _audio_terms(gen.cfg, 50 * (u + 1)) * EPS * float(np.abs(golden_audio).max())
+        audio_diff = float(np.abs(audio - golden_audio).max())
+        assert audio_diff <= audio_tol, f"unit {u}: audio embeddings"
         logits = gen.prefill.logits[0].numpy()
         golden_logits = goldens[f"unit{u}_first_logits"]
         tol = lm_terms * EPS * float(np.abs(golden_logits).max())
@@ -185,7 +200,7 @@ def test_a_session_decides_says_and_speaks_what_the_official_loop_does(checkpoin
         theirs = [int(x) for x in goldens[f"unit{u}_tokens"]]
         n = _compare_choices(res.tokens, theirs, goldens[f"unit{u}_token_margins"], tol)
         if n < len(theirs):  # a near tie went the other way: the conversations part here
-            rows.append((u, f"near tie at token {n}", n, vision_diff, vision_tol, d, tol, None, 0.0, 0.0))
+            rows.append((u, f"near tie at token {n}", n, audio_diff, audio_tol, vision_diff, d, tol, None))
             break
         assert (res.decision == "listen") == bool(goldens[f"unit{u}_listen"])
         assert res.end_of_turn == bool(goldens[f"unit{u}_end_of_turn"])
@@ -203,13 +218,78 @@ def test_a_session_decides_says_and_speaks_what_the_official_loop_does(checkpoin
             code_diff = "equal" if m == 25 else f"equal up to a near tie at {m}"
         else:
             assert res.codes is None
-        golden_audio = goldens[f"unit{u}_audio_embeds"]
-        audio = (float(np.abs(own_audio[u] - golden_audio).max()), float(np.abs(golden_audio).max()))
-        rows.append((u, res.decision, len(theirs), vision_diff, vision_tol, d, tol, code_diff, *audio))
+        rows.append((u, res.decision, len(theirs), audio_diff, audio_tol, vision_diff, d, tol, code_diff))
     with capsys.disabled():
-        print("\nunit decision tokens | vision diff (tol) | logits diff (tol) | codes | own audio embeddings")
-        for u, dec, n, vd, vt, ld, lt, cd, ad, ap in rows:
-            print(f"{u} {dec} {n} | {vd:.1e} ({vt:.1e}) | {ld:.1e} ({lt:.1e}) | {cd} | {ad:.2e} / {ap:.2e}")
+        print("\nunit decision tokens | audio diff (tol) | vision diff | logits diff (tol) | codes")
+        for u, dec, n, ad, at, vd, ld, lt, cd in rows:
+            print(f"{u} {dec} {n} | {ad:.1e} ({at:.1e}) | {vd:.1e} | {ld:.1e} ({lt:.1e}) | {cd}")
+
+
+def _recording_mel(gen) -> list[np.ndarray]:
+    """Every unit's log-mel frames (``[slots, bins, 104]``) the audio front end computes from now on."""
+    mels: list[np.ndarray] = []
+    step = gen.audio.mel.step
+
+    def recording(unit, first, exec_mask):
+        frames = step(unit, first, exec_mask)
+        mels.append(frames.float().numpy().copy())
+        return frames
+
+    gen.audio.mel.step = recording
+    return mels
+
+
+def test_the_audio_front_end_hears_a_long_session_as_the_official_one_does(checkpoint, goldens, capsys):
+    """32 seconds of audio alone through the audio step (no language model): upstream's streaming mel
+    processor and encoder, past the switch to the buffer's clamp at 5 s, the buffer's slide and the
+    encoder cache's restart at 29 s. Slot 1 hears other audio beside it and sits out every third unit."""
+    plugin = MiniCPMOPlugin.from_options(
+        str(checkpoint), max_sessions=2, context_tokens=1024, window_high_tokens=700, window_low_tokens=400
+    )
+    plugin.load()
+    gen = plugin.generator
+    for slot in (0, 1):
+        plugin.open_slot(slot, SlotOptions(temperature=0.0))
+    mels = _recording_mel(gen)
+    audio = goldens["long_audio"].astype(np.float32) / 32768.0  # 16-bit PCM, as ``step`` reads it
+    golden_embeds = goldens["long_audio_embeds"]
+    rng = np.random.default_rng(7)
+    worst = [0.0, 0.0, 0.0]
+    for u, pcm in enumerate(audio):
+        other = (0.1 * rng.standard_normal(pcm.shape[0])).astype(np.float32)
+        gen.prefill.run_audio(np.stack([pcm, other]), np.array([True, u % 3 != 1]))
+        if f"long{u}_mel" in goldens:
+            golden_mel = goldens[f"long{u}_mel"]
+            diff = float(np.abs(mels[u][0][:, -golden_mel.shape[1] :] - golden_mel).max())
+            assert diff <= MEL_TOL, f"unit {u}: log-mel"
+            worst[0] = max(worst[0], diff)
+        golden = golden_embeds[u]
+        ours = gen.prefill.audio_emb[: golden.shape[0]].float().numpy()
+        positions = 50 * (u % 29 + 1)  # the keys attended: the cache restarts at unit 29
+        tol = _audio_terms(gen.cfg, positions) * EPS * float(np.abs(golden).max())
+        diff = float(np.abs(ours - golden).max())
+        assert diff <= tol, f"unit {u}: audio embeddings"
+        worst[1:] = max(worst[1], diff), max(worst[2], tol)
+    assert int(gen.audio_len[0]) == 50 * (len(audio) - 29)  # the cache restarted once
+    with capsys.disabled():
+        mel, embeddings = f"{worst[0]:.1e} ({MEL_TOL:.1e})", f"{worst[1]:.1e} ({worst[2]:.1e})"
+        print(f"\nlong session: log-mel within {mel}, audio embeddings within {embeddings}")
+
+
+def test_a_reference_voice_is_encoded_as_the_official_prepare_encodes_it(checkpoint, goldens):
+    """A 2.5 s reference clip: upstream's offline path (the clip's own log-mel, chunked attention), 25
+    embeddings (not whole seconds' worth), the slots' audio state untouched."""
+    import torch
+
+    plugin = MiniCPMOPlugin.from_options(str(checkpoint), max_sessions=1)
+    plugin.load()
+    audio = plugin.generator.audio
+    golden = goldens["ref_audio_embeds"]
+    ours = audio.encode_clip(torch.from_numpy(goldens["ref_audio"].astype(np.float32))).float().numpy()
+    assert ours.shape == golden.shape
+    tol = _audio_terms(plugin.generator.cfg, golden.shape[0] * 5) * EPS * float(np.abs(golden).max())
+    assert float(np.abs(ours - golden).max()) <= tol
+    assert not audio.mel.buffer.any() and not audio.mel.length.any()
 
 
 def test_every_tensor_of_the_official_class_loads_or_is_named_unused(goldens, checkpoint):
@@ -261,9 +341,7 @@ def test_the_flow_turns_codes_into_the_mel_minicpmo_utils_does(checkpoint, golde
         flow.reset(0)
         for i in range(n):
             last = bool(goldens[f"flow_{name}{i}_last"])
-            mel, frames = flow.chunk(
-                torch.tensor([0]), units[i], torch.tensor([i > 0]), torch.tensor([last])
-            )
+            mel, frames = flow.chunk(torch.tensor([0]), units[i], torch.tensor([i > 0]), torch.tensor([last]))
             ours = mel[0, :, : int(frames[0])].numpy()
             theirs = goldens[f"flow_{name}{i}_mel"]
             assert ours.shape == theirs.shape, f"{name} {i}"

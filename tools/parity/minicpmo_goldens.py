@@ -10,9 +10,10 @@ Run with the project's environment; it calls ``minicpmo_reference.py`` in the pa
 
 ``PATH/TO/MiniCPM-o-Demo`` is a checkout of OpenBMB/MiniCPM-o-Demo at the commit
 ``minicpmo_reference.PINNED_COMMIT``. The script writes the tiny checkpoint (``duplex tiny-checkpoint
-minicpmo_4_5``, seed 0), the scenario (four seconds of speech-like audio, a camera frame a second),
-runs the reference on them (the duplex loop; then minicpmo-utils' flow on the first three units' speech
-codes, given the plugin's DiT noise table) and writes ``tests/parity/minicpmo/goldens.npz`` (the
+minicpmo_4_5``, seed 0), the scenario (four seconds of speech-like audio, a camera frame a second;
+42 seconds of audio alone; a 2.5 s reference voice), runs the reference on them (the duplex loop; then
+minicpmo-utils' flow on the first three units' speech codes, given the plugin's DiT noise table) and
+writes ``tests/parity/minicpmo/goldens.npz`` (the
 scenario and what the reference computed) and ``goldens.json`` (the checkpoint's SHA-256, the
 reference's commit and package versions). Regenerate them whenever the checkpoint writer changes: the
 test compares the checkpoint's digest first.
@@ -41,6 +42,7 @@ HERE = Path(__file__).resolve().parent
 DEFAULT_OUT = HERE.parent.parent / "tests" / "parity" / "minicpmo"
 REFERENCE = HERE / "minicpmo_reference.py"
 UNITS = 4
+LONG_UNITS = 32  # past the 30 s buffer's slide and the encoder cache's restart (both at unit 29)
 SEED = 0
 
 
@@ -67,6 +69,14 @@ def speech_like(seconds: int, seed: int) -> np.ndarray:
     return pcm.astype(np.float32).reshape(seconds, 16000)
 
 
+def long_speech(seconds: int, seed: int) -> np.ndarray:
+    """``speech_like`` under a slow swell of loudness, with two silent seconds (so each unit's own peak
+    and its buffer's differ), as 16-bit PCM (half the bytes of float32 in the goldens)."""
+    gain = 0.15 + np.abs(np.sin(2 * np.pi * np.arange(seconds) / 17.0))
+    gain[[7, 20]] = 0.0
+    return np.round(speech_like(seconds, seed) * gain[:, None] * 32767).astype(np.int16)
+
+
 def frame(unit: int) -> bytes:
     """A 160x120 camera frame: a coloured background and a shape that moves with the unit."""
     img = Image.new("RGB", (160, 120), (30 + 50 * unit, 90, 200 - 40 * unit))
@@ -81,6 +91,8 @@ def frame(unit: int) -> bytes:
 
 def scenario() -> dict[str, np.ndarray]:
     data = {"audio": speech_like(UNITS, SEED), "instructions": np.asarray("Streaming Omni Conversation.")}
+    data["long_audio"] = long_speech(LONG_UNITS, SEED + 1)
+    data["ref_audio"] = speech_like(3, SEED + 2).reshape(-1)[:40000]  # 2.5 s: not whole seconds
     for unit in range(UNITS):
         data[f"frame{unit}"] = np.frombuffer(frame(unit), dtype=np.uint8)
     return data

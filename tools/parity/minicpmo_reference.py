@@ -6,7 +6,11 @@ reference's own ``MiniCPMO45`` package from a checkout of OpenBMB/MiniCPM-o-Demo
 checked), lays out a model directory it can load (our checkpoint's weights and tokenizer, its own
 code and processor config), and drives ``MiniCPMO`` through ``DuplexCapability`` (``prepare``, then
 per unit ``streaming_prefill``, ``streaming_generate``, ``finalize_unit``) as the demo server's
-duplex view does, greedy. What it records goes to ``--out`` (npz).
+duplex view does, greedy. Then, each after the demo server's end of a session: a long session of
+audio alone (``long_audio``, every unit prefilled, nothing generated: the audio front end over the
+buffer's clamp, its slides at 30 s and the encoder cache's restart) and a session that opens with a
+reference voice (``ref_audio``). What it records goes to ``--out`` (npz): among it each unit's log-mel
+as upstream's streaming mel processor emits it and the audio embeddings.
 
 Two choices are made deterministic without changing a rule: the speech head's draw
 (``torch.multinomial`` over the codes' softmax) takes the most likely code, as a greedy session of
@@ -49,6 +53,7 @@ PINNED_FILES = {
     "tokenization_minicpmo_fast.py": "c9c71d0d7ef0c113829e2d810619c9e0a69cffe04c732c4d80599b40a33bc7bf",
 }
 PACKAGE = "minicpmo_reference"
+LONG_MEL_UNITS = (0, 1, 3, 4, 5, 28, 29, 30, 31)  # the long session's units whose mel is kept
 CHECKPOINT_FILES = ("model.safetensors.index.json", "tokenizer.json")
 
 
@@ -206,6 +211,15 @@ def run(args: argparse.Namespace) -> None:
 
     model.get_audio_embedding_streaming = recording_audio
     model.get_vision_embedding = recording_vision
+    mels: list[np.ndarray] = []
+    streaming_mel = duplex.processor.process_audio_streaming
+
+    def recording_mel(*a, **kw):
+        out = streaming_mel(*a, **kw)
+        mels.append(out.audio_features[0].float().numpy().copy())
+        return out
+
+    duplex.processor.process_audio_streaming = recording_mel
 
     instructions = str(inputs["instructions"])
     prefix = f"<|im_start|>system\n{instructions}\n<|audio_start|>"
@@ -240,6 +254,7 @@ def run(args: argparse.Namespace) -> None:
         out[f"unit{unit}_listen"] = np.asarray(bool(result["is_listen"]))
         out[f"unit{unit}_end_of_turn"] = np.asarray(bool(result["end_of_turn"]))
         out[f"unit{unit}_audio_embeds"] = audio_embeds[unit]
+        out[f"unit{unit}_mel"] = mels[unit]
         out[f"unit{unit}_vision_embeds"] = vision_embeds[unit]
         if len(codes) > n_tts:
             out[f"unit{unit}_speech_tokens"] = np.asarray(tts_inputs[-1], dtype=np.int64)
@@ -248,9 +263,43 @@ def run(args: argparse.Namespace) -> None:
             out[f"unit{unit}_code_peak"] = np.asarray(max(code_peaks))
         print(f"unit {unit}: listen={result['is_listen']} tokens={generated[:-1]} codes={len(codes) > n_tts}")
     out["official_keys"] = np.asarray(official_keys)
+    # A long session of audio alone, every unit prefilled (no generation): the buffer's clamp from 5 s
+    # on, its slides at 30 s, the encoder cache's restart.
+    end_session(model, duplex)
+    duplex.prepare(prefix_system_prompt=prefix, suffix_system_prompt=suffix)
+    del mels[:], audio_embeds[:]
+    for unit, pcm in enumerate(inputs["long_audio"]):  # 16-bit PCM, read as the plugin reads it
+        duplex.streaming_prefill(audio_waveform=pcm.astype(np.float32) / 32768.0)
+        if unit in LONG_MEL_UNITS:
+            out[f"long{unit}_mel"] = mels[unit]
+    out["long_audio_embeds"] = np.stack(audio_embeds)
+    print(f"long session: {len(audio_embeds)} units")
+    # A reference voice, encoded as ``prepare`` encodes it, with the feature extractor's clamp as a
+    # fresh process has it (the streaming processor leaves it as its last buffer asked).
+    end_session(model, duplex)
+    duplex.processor.audio_processor.set_spac_log_norm(dynamic_range_db=8)
+    clip_embedding = model.get_audio_embedding
+    clips: list[np.ndarray] = []
+
+    def recording_clip(*a, **kw):
+        emb = clip_embedding(*a, **kw)
+        clips.append(torch.cat([t for g in emb for t in g], dim=0).detach().float().numpy())
+        return emb
+
+    model.get_audio_embedding = recording_clip
+    duplex.prepare(prefix_system_prompt=prefix, suffix_system_prompt=suffix, ref_audio=inputs["ref_audio"])
+    out["ref_audio_embeds"] = clips[0]
     if "flow_noise" in inputs:
         out.update(flow_chunks(checkpoint, inputs, [out[f"unit{u}_codes"] for u in range(2)]))
     np.savez(args.out, **out)
+
+
+def end_session(model, duplex) -> None:
+    """What the demo server does when a duplex session ends (``cleanup``): the loop's state, the language
+    model's cache, the model's session state (the audio encoder's cache among it)."""
+    duplex._reset_streaming_state()
+    duplex.decoder.reset()
+    model.reset_session(reset_token2wav_cache=True)
 
 
 def _stepaudio2():

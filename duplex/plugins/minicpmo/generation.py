@@ -60,7 +60,7 @@ from tokenizers import Tokenizer
 
 from duplex.plugins.base import PluginError
 from duplex.plugins.minicpmo.attention import SlotCache, eager_attention
-from duplex.plugins.minicpmo.audio import CONTEXT_SAMPLES, ENCODER_FRAMES_PER_UNIT, AudioEncoder
+from duplex.plugins.minicpmo.audio import ENCODER_FRAMES_PER_UNIT, AudioEncoder
 from duplex.plugins.minicpmo.config import AUDIO_TOKENS_PER_UNIT, UNIT_SAMPLES, MiniCPMOConfig
 from duplex.plugins.minicpmo.decode import DecodeOptions, LMDecoder, SlotSampling
 from duplex.plugins.minicpmo.graphs import graph_pool
@@ -130,7 +130,6 @@ class _SlotHost:
     turn_ids: list[int] = field(default_factory=list)
     turn_text: str = ""
     speaking: bool = False
-    tail: np.ndarray = field(default_factory=lambda: np.zeros(CONTEXT_SAMPLES, dtype=np.float32))
 
 
 class UnitGenerator:
@@ -297,8 +296,8 @@ class UnitGenerator:
         prefix, suffix = session_texts(instructions, markers)
         parts.append(self._embed_ids(self.tok.encode(prefix, add_special_tokens=False).ids))
         if ref_audio is not None:
-            with eager_attention():
-                parts.append(self._encode_reference(ref_audio, rows))
+            with eager_attention():  # upstream's offline path for a reference clip (``audio``)
+                parts.append(self.audio.encode_clip(torch.from_numpy(ref_audio).to(self.device)))
         parts.append(self._embed_ids(self.tok.encode(suffix, add_special_tokens=False).ids))
         embeds = torch.cat(parts, dim=0)[None].to(self.dtype)
         n = embeds.shape[1]
@@ -321,21 +320,6 @@ class UnitGenerator:
         self.history[slot] = -1
         self.code_to_wave.reset(slot)
         self.hosts[slot] = _SlotHost(prefix_len=n)
-
-    def _encode_reference(self, ref_audio: np.ndarray, rows: torch.Tensor) -> torch.Tensor:
-        """Audio embeddings of a reference clip (whole seconds, zero-padded), through the slot's encoder."""
-        units = max(1, -(-len(ref_audio) // UNIT_SAMPLES))
-        padded = np.zeros(units * UNIT_SAMPLES + CONTEXT_SAMPLES, dtype=np.float32)
-        padded[CONTEXT_SAMPLES : CONTEXT_SAMPLES + len(ref_audio)] = ref_audio
-        out = []
-        length = torch.zeros(1, dtype=torch.long, device=self.device)
-        run = torch.ones(1, dtype=torch.bool, device=self.device)
-        for i in range(units):
-            chunk = padded[i * UNIT_SAMPLES : (i + 1) * UNIT_SAMPLES + CONTEXT_SAMPLES]
-            audio = torch.from_numpy(chunk)[None].to(self.device)
-            emb, length = self.audio.encode(audio, length, run, rows=rows)
-            out.append(emb[0])
-        return torch.cat(out, dim=0)
 
     def cancel_slot(self, slot: int) -> None:
         """Barge-in: the current reply is void; the conversation (and what the model heard) stays."""
@@ -438,14 +422,11 @@ class UnitGenerator:
         each having read first the typed text ``texts`` gives it (``read_text``)."""
         read = {slot: self.read_text(slot, t) for slot, t in (texts or {}).items() if t}
         opts = self.opts
-        samples = np.zeros((self.slots, CONTEXT_SAMPLES + UNIT_SAMPLES), dtype=np.float32)
+        samples = np.zeros((self.slots, UNIT_SAMPLES), dtype=np.float32)
         executes = np.zeros(self.slots, dtype=bool)
         for slot, (pcm, _frames) in batch.items():
             executes[slot] = True
-            host = self.hosts[slot]
-            samples[slot, :CONTEXT_SAMPLES] = host.tail
-            samples[slot, CONTEXT_SAMPLES:] = pcm
-            host.tail = samples[slot, -CONTEXT_SAMPLES:].copy()
+            samples[slot] = pcm
         # The device is idle between steps: reading the lengths costs no wait. They give each unit's start
         # and the key span that covers every row of the step (prefill, then max_new_tokens decoded).
         # A copy: on a CPU ``cpu()`` is the tensor itself, which the prefill moves on in place.

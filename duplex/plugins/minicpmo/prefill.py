@@ -4,8 +4,9 @@ Theory of operation
 -------------------
 Two fixed steps over static buffers, in this order:
 
-1. the audio step (``run_audio``): the streaming audio encoder on every slot's second of audio (rows
-   without a unit frozen), its embeddings kept in a buffer. It needs nothing the host lays out, so the
+1. the audio step (``run_audio``): every slot's second of audio appended to its buffer, the log-mel of
+   the buffer and the streaming audio encoder (``audio``; rows without a unit frozen), its embeddings
+   kept in a buffer. It needs nothing the host lays out, so the
    generator launches it first and decodes the step's camera frames on the host while it runs (the
    host work would otherwise leave the device idle: some 18 ms for 16 frames on an H200 machine; the
    encoder took 18 ms of device time at 16 slots when it was last timed alone, before CUDA graphs);
@@ -33,7 +34,7 @@ from typing import Any
 import numpy as np
 import torch
 
-from duplex.plugins.minicpmo.audio import CONTEXT_SAMPLES, AudioEncoder
+from duplex.plugins.minicpmo.audio import AudioEncoder
 from duplex.plugins.minicpmo.config import AUDIO_TOKENS_PER_UNIT, UNIT_SAMPLES
 from duplex.plugins.minicpmo.graphs import Step
 from duplex.plugins.minicpmo.thinker import Thinker
@@ -72,7 +73,7 @@ class UnitPrefill:
         # The host's inputs: the layout (ids, kind, src, valid; one copy a step), the audio and the rows
         # that execute (the audio step's, read by the language model's too).
         self.layouts = {w: torch.zeros(4, slots, w, dtype=torch.long, device=device) for w in self.widths}
-        self.samples = torch.zeros(slots, CONTEXT_SAMPLES + UNIT_SAMPLES, device=device)
+        self.samples = torch.zeros(slots, UNIT_SAMPLES, device=device)
         self.executes = torch.zeros(slots, dtype=torch.bool, device=device)
         rows = slots * AUDIO_TOKENS_PER_UNIT
         self.audio_emb = torch.zeros(rows, weight.shape[1], device=device, dtype=dtype)
@@ -96,7 +97,7 @@ class UnitPrefill:
 
     @torch.no_grad()
     def run_audio(self, samples: np.ndarray, executes: np.ndarray) -> None:
-        """Step 1 (module docstring), queued on the device: ``samples [slots, 16560]`` float32 (context +
+        """Step 1 (module docstring), queued on the device: ``samples [slots, 16000]`` float32 (each slot's
         unit), ``executes [slots]`` bool (False freezes the row)."""
         self.samples.copy_(torch.from_numpy(samples))
         self.executes.copy_(torch.from_numpy(executes))

@@ -256,8 +256,9 @@ def test_a_reference_voice_is_prefilled_into_the_system_context(minicpmo_ckpt):
     plain = int(plugin.generator.lm_len[0])
     url = "data:audio/wav;base64," + base64.b64encode(buf.getvalue()).decode()
     plugin.open_slot(1, SlotOptions(temperature=0.0, extra={"ref_audio": url}))
-    # "\n<|audio_start|>" and "<|audio_end|>" are there without a voice too (MiniCPM-o's demo): + one second
-    assert int(plugin.generator.lm_len[1]) == plain + AUDIO_TOKENS_PER_UNIT
+    # "\n<|audio_start|>" and "<|audio_end|>" are there without a voice too (MiniCPM-o's demo): + the clip's
+    # embeddings, as many as upstream makes of 0.75 s (75 mel frames, 38 encoder frames, pooled by 5)
+    assert int(plugin.generator.lm_len[1]) == plain + (38 - 5) // 5 + 1
     with pytest.raises(PluginError) as exc:
         plugin.open_slot(2, SlotOptions(extra={"ref_audio": "not base64!"}))
     assert exc.value.code == "invalid_session_config"
