@@ -12,7 +12,8 @@ body nested deeper than the decoder goes (``RecursionError``, never a 500). Each
 ``until_departed(request, work)`` then runs the route's work (the model's answer) while it watches
 the connection: a client that goes away before its answer (``http.disconnect``) cancels the work
 at once, which closes its session and frees its slot (``batch_sessions.request_session``), and
-``Departed`` is raised; nothing is answered, there is nobody to answer.
+``Departed`` is raised; nothing is answered, there is nobody to answer. ``until_gone(gone, work)``
+is the same with any signal of departure (a WebSocket's ``TransportExtension.lost``).
 """
 
 from __future__ import annotations
@@ -28,7 +29,7 @@ from starlette.requests import Request
 from duplex.protocol.errors import ProtocolError
 from duplex.server.auth import api_key_id, api_key_ok, presented_api_key
 
-__all__ = ["Departed", "admit", "decode_json", "read_json", "until_departed"]
+__all__ = ["Departed", "admit", "decode_json", "read_json", "until_departed", "until_gone"]
 
 T = TypeVar("T")
 
@@ -93,8 +94,15 @@ async def until_departed(request: Request, work: Awaitable[T]) -> T:
     its cleanup awaited) and ``Departed`` is raised. The request's body must have been read (what
     arrives next on the connection is then only its end). Cancel-safe: a cancellation cancels
     ``work`` too, and waits for it."""
+    return await until_gone(_disconnected(request), work)
+
+
+async def until_gone(gone: Awaitable[object], work: Awaitable[T]) -> T:
+    """``work``'s result, unless ``gone`` (the client's departure) completes first: then ``work``
+    is cancelled (and its cleanup awaited) and ``Departed`` is raised. Cancel-safe: a
+    cancellation cancels both, and waits for them."""
     job = asyncio.ensure_future(work)
-    watcher = asyncio.ensure_future(_disconnected(request))
+    watcher = asyncio.ensure_future(gone)
     try:
         await asyncio.wait((job, watcher), return_when=asyncio.FIRST_COMPLETED)
     finally:

@@ -25,8 +25,10 @@ uvicorn's semantics (the handshake and subprotocol negotiation, denial responses
 * **The ``duplex.transport`` extension.** ``scope["extensions"]["duplex.transport"]`` holds a
   ``TransportExtension``: ``receive_data()`` and ``send_frames()`` (the data path without ASGI
   message dicts), ``on_data`` (a message handed to the app on the read callback's stack, see
-  below) and ``abort()``, which ASGI lacks: it drops the TCP connection at once, unsent data
-  included. An app under another server finds no such key and keeps to plain ASGI.
+  below), ``abort()``, which ASGI lacks: it drops the TCP connection at once, unsent data
+  included, and ``lost``, which ASGI lacks as well: set when the connection is gone, whatever
+  messages still wait to be read. An app under another server finds no such key and keeps to
+  plain ASGI.
 * **Direct receive.** When the app has set ``TransportExtension.on_data``, its reader is parked in
   ``receive_data`` and nothing is queued, a complete data message is offered to ``on_data`` at
   once, in ``data_received``, instead of being queued for the reader: the reader would take it
@@ -191,6 +193,11 @@ class TransportExtension:
     * ``abort()``: drop the TCP connection now, discarding whatever is unsent (``transport.abort``).
       For a peer that stopped reading, whose close frame can never be flushed. The app's pending
       receive then gets the disconnect; later sends raise ``ClientDisconnected``.
+    * ``lost``: an ``asyncio.Event`` set when the connection is gone (the client closed it, or
+      dropped it, or ``abort``). ASGI says so only through ``receive``, behind every message still
+      queued; an app that is busy answering, not reading (a speech unit being made), waits on it
+      to stop work nobody will receive. While reading is paused (the inbox is full) a peer that
+      drops the connection is noticed only by the next write.
     * ``on_data``: ``None``, or set by the app to ``handler(payload) -> bool``: while the app's
       reader is parked in ``receive_data`` with nothing queued, the next data message is offered
       to it on the read callback's stack (the module docstring). ``True``: handled, it is not
@@ -199,7 +206,7 @@ class TransportExtension:
       exception is logged and the message queued, as for ``False``.
     """
 
-    __slots__ = ("abort", "on_data", "receive_data", "send_frames", "try_send_frames")
+    __slots__ = ("abort", "lost", "on_data", "receive_data", "send_frames", "try_send_frames")
 
     def __init__(
         self,
@@ -212,6 +219,7 @@ class TransportExtension:
         self.send_frames = send_frames
         self.abort = abort
         self.try_send_frames = try_send_frames
+        self.lost = asyncio.Event()
         self.on_data: Callable[[str | bytes], bool] | None = None
 
 
@@ -323,6 +331,8 @@ class DuplexWebSocketProtocol(WebSocketsSansIOProtocol):
             self.frame_budget.change(self.held_bytes, 0)
             self.held_bytes = 0
         super().connection_lost(exc)
+        if self.extension is not None:
+            self.extension.lost.set()
 
     def _choose_framing(self) -> int:
         """Once the handshake is done: our frame reader, unless a frame extension is negotiated

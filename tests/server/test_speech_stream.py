@@ -15,6 +15,7 @@ import websockets
 
 from duplex.server.config import ServerConfig
 from tests.server.batch_servers import batch_server
+from tests.server.flood_batch import FloodBatchPlugin
 
 pytestmark = pytest.mark.timeout(120)
 
@@ -222,3 +223,21 @@ async def test_messages_past_the_rate_limit_are_refused_and_the_socket_goes_on(p
     errors = [(m["code"], m["message"]) for m in seen if m["type"] == "error"]
     assert spoken == ["One.", "Two.", "Three."]
     assert errors == [("input_backpressure", "more than 0.001 messages per second; message dropped")] * 2
+
+
+@pytest.mark.parametrize("fmt", ["wav", "mp3", "pcm"])
+async def test_a_client_that_leaves_while_a_unit_is_made_ends_its_session_at_once(fmt: str) -> None:
+    """A unit that never ends by itself: in a file format nothing is sent until it is whole, so only
+    the connection's loss can tell that its client left."""
+    plugin = FloodBatchPlugin(steps=None, chunk_s=0.1)
+    async with batch_server([("flood", plugin)]) as server:
+        async with websockets.connect(f"{server.ws}/v1/audio/speech/stream", proxy=None) as ws:
+            await send(ws, type="session.config", model="flood", response_format=fmt)
+            await send(ws, type="input.text", text="Speak on and on.")
+            await send(ws, type="input.done")
+            assert json.loads(await ws.recv())["type"] == "audio.start"
+            await asyncio.to_thread(plugin.began.wait, 60)
+            (record,) = server.engines["flood"].manager.records.values()
+        await asyncio.wait_for(record.finished.wait(), 60)  # closed: the unit was cancelled
+        await routes_ended(server)
+        assert server.engines["flood"].manager.open_count == 0

@@ -200,6 +200,24 @@ async def test_reading_pauses_only_above_the_high_water_mark_and_resumes_at_the_
     assert probe.received == expected
 
 
+async def test_lost_is_set_when_the_client_leaves_while_its_messages_wait_unread():
+    async with _serve(_sink_with_extension) as (port, server, probe):
+        async with websockets.connect(f"ws://127.0.0.1:{port}/", proxy=None) as ws:
+            await ws.send("hold")
+            assert await ws.recv() == "held"
+            proto = _protocol(server)  # the app is busy: it reads nothing until the gate opens
+            await ws.send("unread")
+            await _until(lambda: proto.queue.qsize() == 1)
+            assert probe.ext is not None and not probe.ext.lost.is_set()
+        try:
+            await asyncio.wait_for(probe.ext.lost.wait(), 10)  # ahead of the message still queued
+            assert proto.queued_bytes == len("unread")  # still queued, unread
+        finally:
+            probe.gate.set()
+        await probe.done.wait()
+    assert probe.received == ["hold", "unread"]
+
+
 async def _direct_and_reader(scope: dict[str, Any], receive: Any, send: Any, probe: _Probe) -> None:
     """``on_data`` takes ``d…`` messages, declines others and raises on ``boom``; the reader logs
     what reaches it (``hold`` parks it until the gate opens; ``ping?`` is answered)."""
