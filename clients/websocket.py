@@ -18,7 +18,8 @@ has already processed. Sends made while the socket is down wait for the reconnec
 ``send_wait_s``); they raise ``ConnectionError`` at once when the client ends instead (resume off,
 resume gave up, or the session closed). Resume failures that cannot succeed later (``invalid_resume_token``,
 ``session_resume_expired``, ``unsupported_session_resume``, ``invalid_session_resume``,
-``session_resume_conflict``, or ``session.resync_required``) end the session.
+``session_resume_conflict``, ``unknown_session``, ``session_not_found``: the process that held it is
+gone, or ``session.resync_required``) end the session.
 
 Raw frames: ``on_raw_frame(frame, t)`` (or an override of ``received_frame``) sees every frame the
 server sends, undecoded, with its receive time, before the client decodes it; an override of
@@ -60,6 +61,7 @@ _FATAL_RESUME = frozenset(
         "invalid_session_resume",
         "session_resume_conflict",
         "unknown_session",
+        "session_not_found",  # its owner (a replica of a cluster) is gone: open a new session
     }
 )
 

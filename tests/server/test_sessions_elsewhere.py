@@ -5,8 +5,12 @@ with 1012, so the client reconnects (and opens a new session elsewhere)."""
 
 from __future__ import annotations
 
+import asyncio
+import contextlib
+
 import websockets
 
+from clients import DuplexClient
 from clients.collector import event_type
 from duplex.engine import SessionError
 from duplex.protocol import SessionResume
@@ -59,6 +63,25 @@ async def test_a_session_held_here_is_resumed_here() -> None:
         async with websockets.connect(url, proxy=None) as ws:
             assert event_type(await recv(ws)) == "session.resumed"
         assert state.elsewhere.asked == []
+
+
+async def test_duplex_client_stops_resuming_a_session_whose_owner_is_gone() -> None:
+    """``session_not_found`` cannot succeed later: one resume, then the session ends (a fresh
+    session is the client's to open), instead of ``reconnect_attempts`` retries."""
+    async with running_server() as srv:
+        state = srv.app.state.duplex
+        client = DuplexClient(
+            srv.url, model="m", backoff_initial_s=0.005, backoff_max_s=0.01, reconnect_attempts=20
+        )
+        async with client:
+            state.elsewhere = OwnerGone(set())  # from now on this process holds none of its sessions
+            assert await state.release_sockets() == 1  # 1012: the client reconnects and resumes
+            with contextlib.suppress(Exception):
+                async with asyncio.timeout(10):
+                    while True:
+                        await client.recv()
+        assert [asked[0] for asked in state.elsewhere.asked] == [client.session_id]
+        assert client.last_resume_error is not None and client.last_resume_error.code == "session_not_found"
 
 
 def test_a_session_closed_for_draining_closes_its_socket_with_1012() -> None:
