@@ -25,8 +25,8 @@ A step, for the rows that have a unit:
    batch compacted to a bucket, MiniCPM-o's stage-0 policy, a CUDA graph per bucket and span with
    ``cuda_graphs``), rows leaving as they sample a unit terminator; the loop ends early once every row
    has (one host read of a flag per decode step, for the whole batch).
-4. host: one copy of the sampled tokens; per row the decision (``listen`` when the unit's first token
-   is ``<|listen|>``, else ``speak``), the text, the end of the turn.
+4. host: one copy of the sampled tokens; per row the decision (``listen`` when the unit ends with
+   ``<|listen|>``, else ``speak``), the text, the end of the turn.
 5. device: the speech head turns each speaking row's unit (the tokens it fed after the first, special
    ones included, and their hidden states) into one second of speech codes (a graph per code step);
    the code-to-wave stage (``token2wav``; a graph per bucket of speaking rows) turns the codes of
@@ -487,8 +487,11 @@ class UnitGenerator:
             host.unit_starts.append(int(starts_h[slot]))
             tokens = [int(x) for x in gen_h[slot] if x >= 0]
             host.pending_terminator = tokens[-1] if tokens and tokens[-1] in sp.terminators else None
-            decision = "listen" if not tokens or tokens[0] == sp.listen else "speak"
-            end_of_turn = sp.turn_eos in tokens
+            # Upstream's loop reports the unit its terminator names: ``<|listen|>`` as the unit's first
+            # token, or after ``<|turn_eos|>`` closed the turn within the unit (nothing of it is then
+            # said or spoken, and the turn's end is not reported).
+            decision = "listen" if not tokens or tokens[-1] == sp.listen else "speak"
+            end_of_turn = decision == "speak" and sp.turn_eos in tokens
             text = ""
             if decision == "speak":
                 if not host.speaking:
@@ -513,7 +516,8 @@ class UnitGenerator:
         terminators = set(self.sp.terminators)
         for slot, res in results.items():
             if res.decision != "speak":
-                self.hosts[slot].speaking = False
+                if self.sp.turn_eos not in res.tokens:  # after ``<|turn_eos|>``: the head's state stays
+                    self.hosts[slot].speaking = False
                 continue
             host = self.hosts[slot]
             if not host.speaking:

@@ -19,6 +19,7 @@ SPEAK_AND_END = {
     "hello": "<|turn_eos|>",
     "<|turn_eos|>": "<|chunk_tts_eos|>",
 }
+SPEAK_END_LISTEN = {**SPEAK_AND_END, "<|turn_eos|>": "<|listen|>"}
 
 
 @pytest.fixture(scope="session")
@@ -53,6 +54,11 @@ def speak_ckpt(minicpmo_ckpt: Path, tmp_path_factory: pytest.TempPathFactory) ->
 @pytest.fixture(scope="session")
 def speak_end_ckpt(minicpmo_ckpt: Path, tmp_path_factory: pytest.TempPathFactory) -> Path:
     return _scripted(minicpmo_ckpt, tmp_path_factory, "speak-end", SPEAK_AND_END)
+
+
+@pytest.fixture(scope="session")
+def speak_end_listen_ckpt(minicpmo_ckpt: Path, tmp_path_factory: pytest.TempPathFactory) -> Path:
+    return _scripted(minicpmo_ckpt, tmp_path_factory, "speak-end-listen", SPEAK_END_LISTEN)
 
 
 @pytest.fixture(scope="module", autouse=True)

@@ -126,6 +126,28 @@ def test_turn_eos_ends_the_turn(speak_end_ckpt):
     assert (out.decision, out.text, out.end_of_turn) == ("speak", "hello", True)
 
 
+def test_a_listen_after_turn_eos_in_the_same_unit_is_a_listen_that_keeps_the_speech_heads_state(
+    speak_end_listen_ckpt,
+):
+    """Upstream's loop reports the unit its last token names: ``hello <|turn_eos|> <|listen|>`` is a
+    listen, with no text, no audio and no end of turn, and the speech head is not run; its state (and
+    the code-to-wave stream) stays as it was, so a turn in progress would go on in the next speaking
+    unit. The model's tokens are fed as drawn (the listen is the next unit's terminator)."""
+    plugin = _plugin(speak_end_listen_ckpt)
+    plugin.open_slot(0, GREEDY)
+    gen, sp = plugin.generator, plugin.generator.sp
+    # A turn in progress: the slot spoke before and its speech head holds 40 positions.
+    gen.hosts[0].speaking, gen.tts_len[0] = True, 40
+    for u in range(2):
+        (out,) = plugin.step([SlotInput(slot=0, epoch=0, pcm=_pcm(u))])
+        res = plugin.last_results[0]
+        assert res.tokens == [sp.tts_bos, gen.tok.token_to_id("hello"), sp.turn_eos, sp.listen]
+        assert (out.decision, out.text, out.pcm, out.end_of_turn) == ("listen", "", None, False)
+        assert res.codes is None and res.speech_tokens == []
+        assert gen.hosts[0].speaking and int(gen.tts_len[0]) == 40
+        assert gen.hosts[0].pending_terminator == sp.listen
+
+
 def _run_alone(ckpt, units: int) -> list[list[int]]:
     plugin = _plugin(ckpt)
     plugin.open_slot(0, GREEDY)
