@@ -324,8 +324,9 @@ def test_the_flow_turns_codes_into_the_mel_minicpmo_utils_does(checkpoint, golde
     """minicpmo-utils 1.0.7's ``CausalMaskedDiffWithXvec`` (``setup_cache`` + ``inference_chunk``, as its
     ``Token2wav.stream`` calls them) against our ``FlowStream``, on the tiny ``flow.pt`` and voice and the
     first two units' speech codes of the session above, the reference given our noise table: a turn of
-    one unit, a turn's first unit, a later unit and a last unit. Before upstream's cache trims (which
-    differ from our history: README), so the two compute the same function."""
+    one unit, a turn's first unit, a later unit and a last unit, each turn starting with the three
+    silence codes upstream's duplex loop puts first. Before upstream's cache trims (which differ from
+    our history: README), so the two compute the same function."""
     import torch
 
     from duplex.plugins.minicpmo.loading import find_checkpoint
@@ -341,7 +342,8 @@ def test_the_flow_turns_codes_into_the_mel_minicpmo_utils_does(checkpoint, golde
         flow.reset(0)
         for i in range(n):
             last = bool(goldens[f"flow_{name}{i}_last"])
-            mel, frames = flow.chunk(torch.tensor([0]), units[i], torch.tensor([i > 0]), torch.tensor([last]))
+            # Every chunk has codes pending: the turn's three silence codes, then the look-ahead.
+            mel, frames = flow.chunk(torch.tensor([0]), units[i], torch.tensor([True]), torch.tensor([last]))
             ours = mel[0, :, : int(frames[0])].numpy()
             theirs = goldens[f"flow_{name}{i}_mel"]
             assert ours.shape == theirs.shape, f"{name} {i}"

@@ -294,6 +294,14 @@ def run(args: argparse.Namespace) -> None:
     np.savez(args.out, **out)
 
 
+def turn_start_codes(lookahead: int) -> list[int]:
+    """The codes upstream's duplex loop starts every turn's code stream with: three silence codes
+    (``DuplexCapability._reset_token2wav_for_new_turn`` of the pinned commit)."""
+    codes = [4218] * 3
+    assert lookahead == len(codes), "the tiny flow's look-ahead is upstream's three codes"
+    return codes
+
+
 def end_session(model, duplex) -> None:
     """What the demo server does when a duplex session ends (``cleanup``): the loop's state, the language
     model's cache, the model's session state (the audio encoder's cache among it)."""
@@ -328,10 +336,11 @@ def _stepaudio2():
 
 def flow_chunks(checkpoint: Path, inputs, codes: list[np.ndarray]) -> dict[str, np.ndarray]:
     """minicpmo-utils 1.0.7's flow (``CausalMaskedDiffWithXvec``) on our ``flow.pt`` and voice, streamed
-    as its ``Token2wav.set_stream_cache`` + ``stream`` stream it (the prompt with its first three codes
-    as look-ahead; then the first unit's 25 codes, a later unit with the previous one's last three in
-    front, the last flushed), the DiT's noise buffer set to the plugin's noise table; three streams of
-    at most two units, each from the prompt's state."""
+    as the duplex loop streams it through ``Token2wav.set_stream_cache`` + ``stream`` (the prompt with
+    its first three codes as look-ahead; then the turn's three silence codes and the first unit's 25
+    codes, a later unit with the previous one's last three in front, the last flushed), the DiT's
+    noise buffer set to the plugin's noise table; three streams of at most two units, each from the
+    prompt's state."""
     from safetensors.torch import load_file
 
     flow_mod, matching, dit, encoder = _stepaudio2()
@@ -389,10 +398,11 @@ def flow_chunks(checkpoint: Path, inputs, codes: list[np.ndarray]) -> dict[str, 
     prompt_frames = voice["mel"].shape[0]
     out: dict[str, np.ndarray] = {}
     first, second = ([int(x) for x in unit] for unit in codes[:2])
-    streams = {  # a turn's first unit; then a later one (28 in, 25 out) or a last one (28 in, 28 out)
-        "one_unit_turn": [(first, True)],
-        "middle": [(first, False), (first[-la:] + second, False)],
-        "last": [(first, False), (first[-la:] + second, True)],
+    start = turn_start_codes(la)
+    streams = {  # a turn's first unit after its silence codes; then a later one or a last one
+        "one_unit_turn": [(start + first, True)],
+        "middle": [(start + first, False), (first[-la:] + second, False)],
+        "last": [(start + first, False), (first[-la:] + second, True)],
     }
     for name, chunks in streams.items():
         state = copy.deepcopy(cache)

@@ -5,11 +5,15 @@ Theory of operation
 Per slot the stream is a turn: it starts from the voice prompt's state (``reset``) and takes one
 unit of ``CODES_PER_UNIT`` codes per call. The encoder looks ``lookahead`` codes ahead, so a unit's
 last ``lookahead`` codes wait for the next unit (``pending``) unless the turn ends with it (``last``:
-they are padded with zeros and flushed). A chunk therefore holds ``pending + 25`` codes in a fixed
-width of ``lookahead + 25`` and yields ``n_out`` codes' worth of mel (twice as many frames):
+they are padded with zeros and flushed). A turn starts with three silence codes pending
+(``SILENCE_CODE``), as upstream's duplex loop starts every turn's code stream. A chunk therefore
+holds ``pending + 25`` codes in a fixed width of ``lookahead + 25`` and yields ``n_out`` codes' worth
+of mel (twice as many frames):
 
-    first unit of a turn       25 in, 22 out       first and last    25 in, 25 out
-    later unit                 28 in, 25 out       last              28 in, 28 out
+    any unit but the last      28 in, 25 out       the last          28 in, 28 out
+
+(a chunk with nothing pending, 25 in and 22 out, or 25 out as the last, is what ``chunk`` does
+with ``pending`` False; a turn never starts that way.)
 
 Attention is streaming attention over a bounded context: the voice prompt (shared by every slot,
 computed once), the slot's most recent ``history_tokens`` codes (twice as many mel frames), and the
@@ -44,10 +48,11 @@ from duplex.plugins.minicpmo.config import CODES_PER_UNIT, Token2WavConfig
 from duplex.plugins.minicpmo.sampling import portable_normal
 from duplex.plugins.minicpmo.token2wav_modules import TIME_EMBED_DIM, ConformerLayer, DiTBlock, FlowModel
 
-__all__ = ["FlowStream", "Voice"]
+__all__ = ["SILENCE_CODE", "FlowStream", "Voice"]
 
 NOISE_FRAMES = 30000  # the DiT's noise table: upstream's 600 s at 50 frames a second
 NOISE_SEED = 0
+SILENCE_CODE = 4218  # the S3 tokenizer's code for silence: three start every turn (upstream's duplex loop)
 
 
 @dataclass(frozen=True)
@@ -174,7 +179,7 @@ class FlowStream:
         self.pre_cache = zeros(slots, size, 2)
         self.up_cache = zeros(slots, size, 2 * cfg.up_rate)
         self.hist_len = torch.zeros(slots, dtype=torch.long, device=device)
-        self.pending = torch.zeros(slots, self.la, dtype=torch.long, device=device)
+        self.pending = torch.full((slots, self.la), SILENCE_CODE, dtype=torch.long, device=device)
         gen = np.random.default_rng(NOISE_SEED)  # the same table on every CPU (``portable_normal``)
         self.noise = portable_normal(gen, (cfg.mel_bins, NOISE_FRAMES), 1.0).to(device, dtype)
         # The Euler schedule, its time embeddings and every block's modulation depend on the step only.
@@ -273,8 +278,10 @@ class FlowStream:
         self.p_conv = conv[:, :, 0]
 
     def reset(self, slot: int) -> None:
-        """Start ``slot``'s stream at the end of the voice prompt (a new turn)."""
+        """Start ``slot``'s stream at the end of the voice prompt (a new turn), three silence codes
+        pending (the turn's first chunk is called with ``pending`` set)."""
         self.hist_len[slot] = 0
+        self.pending[slot] = SILENCE_CODE
         self.pre_cache[slot] = self.p_pre_cache
         self.up_cache[slot] = self.p_up_cache
         self.est_conv[:, :, slot] = self.p_conv
@@ -287,7 +294,8 @@ class FlowStream:
     ) -> tuple[torch.Tensor, torch.Tensor]:
         """One unit of ``codes [B, 25]`` for the rows ``rows [B]``: mel ``[B, mel_bins, 2 * width]`` and
         each row's number of valid frames ``[B]``. ``pending [B]`` (bool): the row holds look-ahead codes
-        from its previous unit; ``last [B]`` (bool): the turn ends with this unit (everything is flushed).
+        from its previous unit, or the silence codes its turn starts with; ``last [B]`` (bool): the turn
+        ends with this unit (everything is flushed).
 
         Fixed shapes, no host reads: capturable (``token2wav`` replays it from a CUDA graph)."""
         dev, la, w = self.device, self.la, self.width

@@ -30,8 +30,9 @@ A step, for the rows that have a unit:
 5. device: the speech head turns each speaking row's unit (the tokens it fed after the first, special
    ones included, and their hidden states) into one second of speech codes (a graph per code step);
    the code-to-wave stage (``token2wav``; a graph per bucket of speaking rows) turns the codes of
-   every speaking row into 24 kHz audio, streaming per turn (a turn of N units is N seconds of audio;
-   its first unit is 280 ms shorter and its last 280 ms longer, see ``token2wav``).
+   every speaking row into 24 kHz audio, streaming per turn (a turn of N units is N seconds of audio
+   after its three silence codes' 120 ms; its first unit is 160 ms shorter and its last 280 ms longer,
+   see ``token2wav``).
 
 Typed text (``read_text``, before a step's units): MiniCPM-o reads a user's text as a user turn of
 its chat template, ``<|im_start|>user\n{text}<|im_end|>\n`` (``tokens.user_turn``), the way its

@@ -2,10 +2,13 @@
 
 ``FlowCodeToWave`` is Step-Audio2's token2wav (the checkpoint's ``assets/token2wav``) on our own
 torch code: the flow-matching decoder (``flow``: codes -> mel) and the HiFT vocoder (``hift``: mel ->
-audio), both streaming per slot and batched across the slots that speak in a step. A turn's units
-come out as 17280, 24000, ..., 24000, 30720 samples (the encoder's three codes of look-ahead and the
-vocoder's eight frames of overlap delay the first unit by 280 ms and the last unit flushes them); a
-turn of one unit gives 24000. So a turn of N units is exactly N seconds of audio.
+audio), both streaming per slot and batched across the slots that speak in a step. Every turn's codes
+start with three silence codes (``flow.SILENCE_CODE``, 120 ms), as upstream's duplex loop starts
+them, so a turn's units come out as 20160, 24000, ..., 24000, 30720 samples (the silence codes'
+120 ms come first; the encoder's three codes of look-ahead and the vocoder's eight frames of overlap
+delay the rest by 280 ms, which the last unit flushes); a turn of one unit gives 26880. So a turn of
+N units is N seconds and 120 ms of audio. Upstream pads a unit's audio shorter than a second with
+zeros in front; we do not (README).
 
 Assets (``<model>/assets/token2wav``), loaded strictly by key (``load_code_to_wave``):
 
@@ -108,7 +111,7 @@ class FlowCodeToWave(CodeToWave):
         self.tf32 = tf32
         self.vocoder = vocoder
         self.slots = slots
-        self.pending = np.zeros(slots, dtype=bool)  # look-ahead codes wait in the flow
+        self.pending = np.ones(slots, dtype=bool)  # look-ahead (or a turn's silence) codes wait in the flow
         self.cached = np.zeros(slots, dtype=bool)  # the vocoder holds an overlap window
         device = flow.device
         self.codes = torch.zeros(slots + 1, CODES_PER_UNIT, dtype=torch.long, device=device)
@@ -141,7 +144,7 @@ class FlowCodeToWave(CodeToWave):
     def reset(self, slot: int) -> None:
         self.flow.reset(slot)
         self.vocoder.reset(slot)
-        self.pending[slot] = False
+        self.pending[slot] = True  # the turn's three silence codes
         self.cached[slot] = False
 
     def _run(self, r: _WaveRows) -> None:

@@ -67,6 +67,6 @@ async def test_a_speaking_model_streams_text_and_24khz_audio_through_the_server(
         assert handle.status == "completed"
         assert handle.audio_format is not None and handle.audio_format.rate == 24000
         assert handle.audio_format.encoding == "pcm16"
-        assert handle.audio_ms == 1000.0  # a turn of one unit: one second of speech
+        assert handle.audio_ms == 1120.0  # a turn of one unit: its silence codes' 120 ms and one second
         speech = np.frombuffer(bytes(handle.audio), dtype="<i2").astype(np.float32) / 32768.0
         assert np.sqrt(np.mean(speech**2)) > 1e-2  # the code-to-wave stage's audio, not silence

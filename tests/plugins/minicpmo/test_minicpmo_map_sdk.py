@@ -47,7 +47,8 @@ async def test_the_sdk_holds_a_video_session_with_the_tiny_model(speak_end_ckpt)
         text = "".join(e.text for e in events if isinstance(e, rt.TextDelta))
         audio = b"".join(e.audio for e in events if isinstance(e, rt.AudioDelta))
         assert text == "hello"
-        assert len(audio) == 24000 * 4  # one second of 24 kHz float32: a turn of one unit
+        # A turn of one unit at 24 kHz, float32: its three silence codes' 120 ms and one second.
+        assert len(audio) == 26880 * 4
         speech = np.frombuffer(audio, "<f4")
         assert np.sqrt(np.mean(speech**2)) > 1e-2  # the code-to-wave stage's audio, not silence
         usage = events[-1].usage

@@ -83,8 +83,9 @@ def test_speak_units_carry_text_and_24khz_speech_a_second_each_after_the_first(s
     outs = [plugin.step([SlotInput(slot=0, epoch=0, pcm=_pcm(u))])[0] for u in range(3)]
     assert [o.decision for o in outs] == ["speak", "speak", "speak"]
     assert [o.text for o in outs] == ["hello", "hello", "hello"]
-    # The turn's first unit waits 280 ms for look-ahead and overlap (token2wav); then a second a unit.
-    assert [o.pcm.shape for o in outs] == [(17280,), (24000,), (24000,)]
+    # The turn's first unit: its three silence codes' 120 ms, less the 280 ms of look-ahead and overlap
+    # that wait (token2wav); then a second a unit.
+    assert [o.pcm.shape for o in outs] == [(20160,), (24000,), (24000,)]
     assert all(o.sample_rate == 24000 and np.sqrt(np.mean(o.pcm**2)) > 1e-3 for o in outs)
     assert plugin.last_results[0].codes.shape == (25,)
     assert not any(o.end_of_turn for o in outs)

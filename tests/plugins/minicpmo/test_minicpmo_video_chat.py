@@ -80,5 +80,6 @@ async def test_a_speaking_model_answers_with_its_text_and_wav_speech(speak_end_c
     assert set(kinds[1:-3]) == {"response.audio.delta", "response.text.delta"}
     assert got[-2].text == "hello" and got[-2].status == "completed"  # type: ignore[attr-defined]
     speech = [decode_wav(m.data) for m in got if types([m]) == ["response.audio.delta"]]  # type: ignore[attr-defined]
-    assert {rate for _, rate in speech} == {24000} and sum(len(p) for p, _ in speech) == 24000
+    # A turn of one unit: its three silence codes' 120 ms and one second.
+    assert {rate for _, rate in speech} == {24000} and sum(len(p) for p, _ in speech) == 26880
     assert dropped == 0

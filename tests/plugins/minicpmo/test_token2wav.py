@@ -11,6 +11,7 @@ import torch.nn.functional as F
 
 from duplex.plugins.base import PluginError
 from duplex.plugins.minicpmo.config import TINY_CONFIG, Token2WavConfig
+from duplex.plugins.minicpmo.flow import SILENCE_CODE
 from duplex.plugins.minicpmo.hift import _mask
 from duplex.plugins.minicpmo.token2wav import (
     ASSETS_DIR,
@@ -50,11 +51,13 @@ def _units(stage: FlowCodeToWave, plan: list[dict[int, bool]], slots: int = 3) -
     return out
 
 
-def test_a_turn_of_n_units_is_n_seconds_first_unit_late_by_the_lookahead_and_overlap():
+def test_a_turn_of_n_units_is_n_seconds_after_its_silence_codes_late_by_the_lookahead_and_overlap():
     stage = _stage()
+    assert (stage.flow.pending == SILENCE_CODE).all() and stage.pending.all()  # every turn starts so
     out = _units(stage, [{0: False, 1: True}, {0: False}, {0: False}, {0: True}])
-    assert [len(p) for p in out[0]] == [17280, 24000, 24000, 30720]  # 4 s: 280 ms late, flushed at the end
-    assert [len(p) for p in out[1]] == [24000]  # a one-unit turn is flushed at once
+    # 4 s after 120 ms of silence codes: 280 ms late, flushed at the end.
+    assert [len(p) for p in out[0]] == [20160, 24000, 24000, 30720]
+    assert [len(p) for p in out[1]] == [26880]  # a one-unit turn is flushed at once
     for pcm in out[0] + out[1]:
         assert pcm.dtype == np.float32 and np.isfinite(pcm).all()
         assert np.sqrt(np.mean(pcm**2)) > 1e-3 and np.abs(pcm).max() <= 1.0
@@ -85,7 +88,7 @@ def test_a_slot_sounds_the_same_alone_and_batched_with_slots_at_other_points_of_
     alone = _units(solo, [{1: False}, {1: False}, {1: True}])[1]
     plan = [{2: False}, {1: False, 2: True}, {0: False, 2: False}, {1: False, 2: False}, {1: True, 2: False}]
     batched = _units(_stage(), plan)[1]
-    assert [len(p) for p in batched] == [len(p) for p in alone] == [17280, 24000, 30720]
+    assert [len(p) for p in batched] == [len(p) for p in alone] == [20160, 24000, 30720]
     for a, b in zip(alone, batched, strict=True):
         np.testing.assert_array_equal(b, a)
 
