@@ -8,7 +8,9 @@ Plugins (each in its own subpackage; importing this package loads no model):
 ``diffusion``  ``sd_turbo``: few-step diffusers text-to-image models, denoising steps batched across
                requests at different timesteps
 
-Shared modules: ``requests`` (a request's text and options, and the error codes of a refusal),
-``slots`` (which slots are open and which run a request), ``plugin_options`` (serve-time options).
+Shared modules: ``base`` (``SlotBatchPlugin``: lifetime, slots and serve-time options of a batch
+plugin), ``requests`` (a request's text and options, and the error codes of a refusal), ``slots``
+(which slots are open and which run a request), ``plugin_options`` (serve-time options),
+``devices`` (the torch plugins' ``device`` and ``dtype``).
 See ``batch_models/README.md`` for each plugin's checkpoint layout, options and limits.
 """

@@ -23,6 +23,7 @@ A refused request changes nothing: the plugin raises before it touches any state
 from __future__ import annotations
 
 import math
+import secrets
 from collections.abc import Iterable, Mapping
 
 from duplex.plugins.base import PluginError
@@ -32,6 +33,7 @@ __all__ = [
     "INPUT_TOO_LONG",
     "INVALID_OPTION",
     "INVALID_VOICE",
+    "MAX_SEED",
     "UNKNOWN_VOICE",
     "OptionReader",
     "check_text",
@@ -42,6 +44,8 @@ INPUT_TOO_LONG = "event_too_large"
 UNKNOWN_VOICE = "voice_not_found"
 INVALID_VOICE = "invalid_voice"
 INVALID_OPTION = "invalid_session_config"
+
+MAX_SEED = 2**63 - 1
 
 
 def check_text(plugin: str, text: str, max_chars: int, *, what: str = "input") -> str:
@@ -92,6 +96,12 @@ class OptionReader:
         if not lo <= value <= hi:
             raise self._fail(name, f"must be between {lo:g} and {hi:g}, got {value:g}")
         return float(value)
+
+    def take_seed(self, name: str = "seed") -> int:
+        """A seed in ``[0, MAX_SEED]``; when absent or None, a fresh random one (an unseeded request
+        gives a different output every time)."""
+        seed = self.take_int(name, None, 0, MAX_SEED)
+        return secrets.randbits(63) if seed is None else seed
 
     def take_str(self, name: str, default: str, max_chars: int) -> str:
         """A string of at most ``max_chars`` characters; ``default`` when absent or None."""

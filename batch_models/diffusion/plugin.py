@@ -65,7 +65,6 @@ from __future__ import annotations
 
 import copy
 import logging
-import secrets
 import time
 from collections.abc import Sequence
 from dataclasses import dataclass, field
@@ -74,44 +73,18 @@ from pathlib import Path
 import numpy as np
 import torch
 
+from batch_models.base import SlotBatchPlugin, check_at_least, model_dir, parse_sizes
+from batch_models.devices import TORCH_OPTION_TYPES, device_and_dtype
 from batch_models.diffusion.batching import fine_buckets, pad_rows, parse_buckets, reachable, split_rows
 from batch_models.diffusion.loading import DiffusionModel, load_model
-from batch_models.plugin_options import parse_options
 from batch_models.requests import OptionReader, check_text
-from batch_models.slots import SlotTable
-from duplex.plugins.base import (
-    BatchPlugin,
-    BatchRequest,
-    Capabilities,
-    PluginError,
-    PluginKind,
-    SlotOptions,
-    SlotOutput,
-)
+from duplex.plugins.base import BatchRequest, Capabilities, PluginError, PluginKind, SlotOutput
 
 __all__ = ["StableDiffusionPlugin"]
 
 log = logging.getLogger(__name__)
 
 MAX_GUIDANCE = 30.0
-MAX_SEED = 2**63 - 1
-_DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
-_OPTION_TYPES: dict[str, type] = {
-    "max_sessions": int,
-    "device": str,
-    "dtype": str,
-    "random_weights": bool,
-    "sizes": str,
-    "max_images": int,
-    "default_steps": int,
-    "max_steps": int,
-    "default_guidance": float,
-    "max_prompt_chars": int,
-    "max_batch_rows": int,
-    "batch_buckets": str,
-    "max_decode_images": int,
-    "warmup": bool,
-}
 
 
 @dataclass
@@ -144,10 +117,23 @@ class _Request:
         return self.n * (2 if self.guided else 1)
 
 
-class StableDiffusionPlugin(BatchPlugin):
+class StableDiffusionPlugin(SlotBatchPlugin[_Request]):
     """A diffusers text-to-image checkpoint served with continuous batching (module docstring)."""
 
     name = "sd_turbo"
+    option_types = {
+        **TORCH_OPTION_TYPES,
+        "sizes": str,
+        "max_images": int,
+        "default_steps": int,
+        "max_steps": int,
+        "default_guidance": float,
+        "max_prompt_chars": int,
+        "max_batch_rows": int,
+        "batch_buckets": str,
+        "max_decode_images": int,
+        "warmup": bool,
+    }
 
     @classmethod
     def write_tiny_checkpoint(cls, directory: str, *, seed: int = 0) -> None:
@@ -174,36 +160,30 @@ class StableDiffusionPlugin(BatchPlugin):
         max_decode_images: int = 8,
         warmup: bool | None = None,
     ) -> None:
-        if model_path is None:
-            raise PluginError("invalid_plugin_config", "sd_turbo needs a model path (a diffusers directory)")
-        for key, value, lo in (
-            ("max_sessions", max_sessions, 1),
-            ("max_images", max_images, 1),
-            ("default_steps", default_steps, 1),
-            ("max_steps", max_steps, default_steps),
-            ("max_prompt_chars", max_prompt_chars, 1),
-            ("max_batch_rows", max_batch_rows, 1),
-            ("max_decode_images", max_decode_images, 1),
-        ):
-            if value < lo:
-                message = f"sd_turbo: {key} must be at least {lo}, got {value}"
-                raise PluginError("invalid_plugin_config", message)
-        if dtype is not None and dtype not in _DTYPES:
-            raise PluginError("invalid_plugin_config", f"sd_turbo: dtype must be one of {sorted(_DTYPES)}")
+        self._model_path = model_dir(self.name, model_path, "a diffusers directory")
+        check_at_least(
+            self.name,
+            (
+                ("max_sessions", max_sessions, 1),
+                ("max_images", max_images, 1),
+                ("default_steps", default_steps, 1),
+                ("max_steps", max_steps, default_steps),
+                ("max_prompt_chars", max_prompt_chars, 1),
+                ("max_batch_rows", max_batch_rows, 1),
+                ("max_decode_images", max_decode_images, 1),
+            ),
+        )
+        self._device, self._dtype = device_and_dtype(self.name, device, dtype)
         if not 0.0 <= default_guidance <= MAX_GUIDANCE:
             message = f"sd_turbo: default_guidance must be in 0..{MAX_GUIDANCE:g}"
             raise PluginError("invalid_plugin_config", message)
         try:
-            self._device = torch.device(device)
             self._buckets = parse_buckets(batch_buckets, max_batch_rows, default=fine_buckets)
-            most = min(max_decode_images, self._buckets[-1])
-            self._decode_buckets = (*(size for size in self._buckets if size < most), most)
-        except (RuntimeError, ValueError) as exc:
+        except ValueError as exc:
             raise PluginError("invalid_plugin_config", f"sd_turbo: {exc}") from exc
-        self._model_path = Path(model_path)
-        self._max_sessions = max_sessions
-        cuda = self._device.type == "cuda"
-        self._dtype = _DTYPES[dtype] if dtype else (torch.bfloat16 if cuda else torch.float32)
+        most = min(max_decode_images, self._buckets[-1])
+        self._decode_buckets = (*(size for size in self._buckets if size < most), most)
+        super().__init__(max_sessions)
         self._random = random_weights
         self._sizes_text = sizes
         self._max_images = max_images
@@ -217,13 +197,6 @@ class StableDiffusionPlugin(BatchPlugin):
         self._time_ids: dict[tuple[int, int], torch.Tensor] = {}  # SDXL: (height, width) -> [1, 6]
         self._sizes: dict[str, tuple[int, int]] = {}
         self._default_size = ""
-        self._slots: SlotTable[_Request] = SlotTable(self.name, max_sessions)
-        self._closed = False
-
-    @classmethod
-    def from_options(cls, model_path: str | None = None, **options: object) -> StableDiffusionPlugin:
-        """Build from serve-time options; strings (``--plugin-option max_sessions=32``) are parsed."""
-        return cls(model_path, **parse_options(cls.name, options, _OPTION_TYPES))  # type: ignore[arg-type]
 
     # -- lifetime ---------------------------------------------------------
 
@@ -231,7 +204,7 @@ class StableDiffusionPlugin(BatchPlugin):
     def model(self) -> DiffusionModel:
         """The loaded components (for benchmarks that run diffusers' own pipeline on the same weights)."""
         if self._model is None:
-            raise PluginError("plugin_not_loaded", "sd_turbo: load() has not been called or close() was")
+            raise self._not_loaded()
         return self._model
 
     @property
@@ -239,15 +212,17 @@ class StableDiffusionPlugin(BatchPlugin):
         """The accepted ``size`` values (``WIDTHxHEIGHT``), the default first; ``"auto"`` is the default."""
         return (self._default_size, *sorted(s for s in self._sizes if s != self._default_size))
 
-    def load(self) -> None:
-        if self._closed:
-            raise PluginError("plugin_closed", "sd_turbo: the plugin was closed")
-        if self._model is not None:
-            return
+    def _is_loaded(self) -> bool:
+        return self._model is not None
+
+    def _load(self) -> None:
         model = load_model(
             self._model_path, device=self._device, dtype=self._dtype, random_weights=self._random
         )
-        self._sizes, self._default_size = self._parse_sizes(model)
+        native = f"{model.native_size}x{model.native_size}"
+        self._sizes, self._default_size = parse_sizes(
+            self.name, self._sizes_text, native, model.size_multiple
+        )
         self._scheduler = model.scheduler_class.from_config(model.scheduler_config)
         started = time.perf_counter()
         if self._warmup:
@@ -264,30 +239,10 @@ class StableDiffusionPlugin(BatchPlugin):
             f", warmed up in {time.perf_counter() - started:.1f} s" if self._warmup else "",
         )
 
-    def _parse_sizes(self, model: DiffusionModel) -> tuple[dict[str, tuple[int, int]], str]:
-        native = f"{model.native_size}x{model.native_size}"
-        texts = [t.strip() for t in self._sizes_text.split(",") if t.strip()] or [native]
-        sizes = {}
-        for text in texts:
-            width, _, height = text.partition("x")
-            if not (width.isdigit() and height.isdigit()):
-                raise PluginError("invalid_plugin_config", f"sd_turbo: size {text!r} is not WIDTHxHEIGHT")
-            w, h = int(width), int(height)
-            step = model.size_multiple
-            if w < step or h < step or w % step or h % step:
-                raise PluginError(
-                    "invalid_plugin_config",
-                    f"sd_turbo: size {text!r}: sides must be positive multiples of {model.size_multiple}",
-                )
-            sizes[f"{w}x{h}"] = (w, h)
-        return sizes, texts[0].replace(" ", "")
-
-    def close(self) -> None:
+    def _unload(self) -> None:
         self._model = None
         self._scheduler = None
         self._time_ids.clear()
-        self._slots.clear()
-        self._closed = True
 
     def capabilities(self) -> Capabilities:
         return Capabilities(
@@ -300,17 +255,7 @@ class StableDiffusionPlugin(BatchPlugin):
             output_modalities=("image",),
         )
 
-    # -- slots and requests -----------------------------------------------
-
-    def open_slot(self, slot: int, options: SlotOptions) -> None:
-        self.model  # noqa: B018 - raises plugin_not_loaded
-        self._slots.open(slot, options)
-
-    def cancel_slot(self, slot: int, epoch: int) -> None:
-        self._slots.drop(slot)
-
-    def close_slot(self, slot: int) -> None:
-        self._slots.close(slot)
+    # -- requests ---------------------------------------------------------
 
     def begin(self, request: BatchRequest) -> None:
         """Check the request and set up its scheduler and generator; it denoises from the next step.
@@ -323,13 +268,12 @@ class StableDiffusionPlugin(BatchPlugin):
         reader = OptionReader(self.name, request.options)
         n = reader.take_int("n", 1, 1, self._max_images)
         size = reader.take_choice("size", "auto", ("auto", *self._sizes))
-        seed = reader.take_int("seed", None, 0, MAX_SEED)
+        seed = reader.take_seed()
         steps = reader.take_int("steps", self._default_steps, 1, self._max_steps)
         guidance = reader.take_float("guidance_scale", self._default_guidance, 0.0, MAX_GUIDANCE)
         negative = reader.take_str("negative_prompt", "", self._max_prompt_chars)
         reader.done()
         width, height = self._sizes[self._default_size if size == "auto" else size]
-        seed = secrets.randbits(63) if seed is None else seed  # unseeded: a fresh image every time
         scheduler = copy.deepcopy(self._scheduler)  # a fresh one without from_config's milliseconds
         try:
             # On the CPU: the step loop reads them there (no device lookup); the UNet gets one

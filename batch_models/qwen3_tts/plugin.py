@@ -44,14 +44,14 @@ checkpoints trained with them), ``seed``, ``speed`` (1.0 only: the model has no 
 from __future__ import annotations
 
 import logging
-import secrets
 from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
 import torch
 
-from batch_models.plugin_options import parse_options
+from batch_models.base import SlotBatchPlugin, check_at_least, model_dir
+from batch_models.devices import TORCH_OPTION_TYPES, device_and_dtype
 from batch_models.qwen3_tts.config import FRAME_SAMPLES, SAMPLE_RATE
 from batch_models.qwen3_tts.generation import BatchedTalker, Sampling
 from batch_models.qwen3_tts.loading import (
@@ -63,40 +63,14 @@ from batch_models.qwen3_tts.loading import (
     load_model,
 )
 from batch_models.requests import INPUT_TOO_LONG, INVALID_OPTION, OptionReader, check_text
-from batch_models.slots import SlotTable
-from duplex.plugins.base import (
-    BatchPlugin,
-    BatchRequest,
-    Capabilities,
-    PluginError,
-    PluginKind,
-    SlotOptions,
-    SlotOutput,
-)
+from duplex.plugins.base import BatchRequest, Capabilities, PluginError, PluginKind, SlotOptions, SlotOutput
 
 __all__ = ["Qwen3TTSPlugin"]
 
 log = logging.getLogger(__name__)
 
 FRAME_RATE_HZ = SAMPLE_RATE / FRAME_SAMPLES  # 12.5
-MAX_SEED = 2**63 - 1
 _PROMPT_EXTRA_POSITIONS = 16  # role tokens, codec prefix, speaker, first text token
-_DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
-_OPTION_TYPES: dict[str, type] = {
-    "max_sessions": int,
-    "device": str,
-    "dtype": str,
-    "random_weights": bool,
-    "default_voice": str,
-    "max_input_chars": int,
-    "max_text_tokens": int,
-    "max_instruction_tokens": int,
-    "max_audio_s": float,
-    "first_chunk_frames": int,
-    "chunk_frames": int,
-    "left_context_frames": int,
-    "cuda_graphs": bool,
-}
 
 
 @dataclass
@@ -110,10 +84,22 @@ class _Request:
     text_sent: str = ""
 
 
-class Qwen3TTSPlugin(BatchPlugin):
+class Qwen3TTSPlugin(SlotBatchPlugin[_Request]):
     """Qwen3-TTS CustomVoice served with continuous batching (see the module docstring)."""
 
     name = "qwen3_tts"
+    option_types = {
+        **TORCH_OPTION_TYPES,
+        "default_voice": str,
+        "max_input_chars": int,
+        "max_text_tokens": int,
+        "max_instruction_tokens": int,
+        "max_audio_s": float,
+        "first_chunk_frames": int,
+        "chunk_frames": int,
+        "left_context_frames": int,
+        "cuda_graphs": bool,
+    }
 
     @classmethod
     def write_tiny_checkpoint(cls, directory: str, *, seed: int = 0) -> None:
@@ -139,33 +125,23 @@ class Qwen3TTSPlugin(BatchPlugin):
         left_context_frames: int | None = None,
         cuda_graphs: bool = True,
     ) -> None:
-        if model_path is None:
-            message = "qwen3_tts needs a model path (a checkpoint directory)"
-            raise PluginError("invalid_plugin_config", message)
-        for key, value, lo in (
-            ("max_sessions", max_sessions, 1),
-            ("max_input_chars", max_input_chars, 1),
-            ("max_text_tokens", max_text_tokens, 1),
-            ("max_instruction_tokens", max_instruction_tokens, 0),
-            ("first_chunk_frames", first_chunk_frames, 1),
-            ("chunk_frames", chunk_frames, 1),
-            ("left_context_frames", left_context_frames or 0, 0),
-        ):
-            if value < lo:
-                message = f"qwen3_tts: {key} must be at least {lo}, got {value}"
-                raise PluginError("invalid_plugin_config", message)
+        self._model_path = model_dir(self.name, model_path, "a checkpoint directory")
+        check_at_least(
+            self.name,
+            (
+                ("max_sessions", max_sessions, 1),
+                ("max_input_chars", max_input_chars, 1),
+                ("max_text_tokens", max_text_tokens, 1),
+                ("max_instruction_tokens", max_instruction_tokens, 0),
+                ("first_chunk_frames", first_chunk_frames, 1),
+                ("chunk_frames", chunk_frames, 1),
+                ("left_context_frames", left_context_frames or 0, 0),
+            ),
+        )
         if not 0 < max_audio_s <= 3600:
             raise PluginError("invalid_plugin_config", "qwen3_tts: max_audio_s must be in (0, 3600]")
-        if dtype is not None and dtype not in _DTYPES:
-            raise PluginError("invalid_plugin_config", f"qwen3_tts: dtype must be one of {sorted(_DTYPES)}")
-        try:
-            self._device = torch.device(device)
-        except RuntimeError as exc:
-            raise PluginError("invalid_plugin_config", f"qwen3_tts: {exc}") from exc
-        cuda = self._device.type == "cuda"
-        self._dtype = _DTYPES[dtype] if dtype else (torch.bfloat16 if cuda else torch.float32)
-        self._model_path = Path(model_path)
-        self._max_sessions = max_sessions
+        self._device, self._dtype = device_and_dtype(self.name, device, dtype)
+        super().__init__(max_sessions)
         self._random = random_weights
         self._default_voice_opt = default_voice
         self._max_input_chars = max_input_chars
@@ -181,13 +157,6 @@ class Qwen3TTSPlugin(BatchPlugin):
         self._sampling = Sampling()
         self._voices: tuple[str, ...] = ()
         self._default_voice = ""
-        self._slots: SlotTable[_Request] = SlotTable(self.name, max_sessions)
-        self._closed = False
-
-    @classmethod
-    def from_options(cls, model_path: str | None = None, **options: object) -> Qwen3TTSPlugin:
-        """Build from serve-time options; strings (``--plugin-option max_sessions=32``) are parsed."""
-        return cls(model_path, **parse_options(cls.name, options, _OPTION_TYPES))  # type: ignore[arg-type]
 
     # -- lifetime ---------------------------------------------------------
 
@@ -195,14 +164,13 @@ class Qwen3TTSPlugin(BatchPlugin):
     def generator(self) -> BatchedTalker:
         """The batched decoding state (for benchmarks and tests that look at codes)."""
         if self._gen is None:
-            raise PluginError("plugin_not_loaded", "qwen3_tts: load() has not been called or close() was")
+            raise self._not_loaded()
         return self._gen
 
-    def load(self) -> None:
-        if self._closed:
-            raise PluginError("plugin_closed", "qwen3_tts: the plugin was closed")
-        if self._gen is not None:
-            return
+    def _is_loaded(self) -> bool:
+        return self._gen is not None
+
+    def _load(self) -> None:
         loaded = load_model(
             self._model_path, device=self._device, dtype=self._dtype, random_weights=self._random
         )
@@ -250,11 +218,9 @@ class Qwen3TTSPlugin(BatchPlugin):
             self._max_sessions,
         )
 
-    def close(self) -> None:
+    def _unload(self) -> None:
         self._gen = None
         self._loaded = None
-        self._slots.clear()
-        self._closed = True
 
     def capabilities(self) -> Capabilities:
         return Capabilities(
@@ -275,14 +241,10 @@ class Qwen3TTSPlugin(BatchPlugin):
         if options.voice is not None and options.voice.lower() not in self._voices:
             message = f"qwen3_tts: voice {options.voice!r} is not a speaker of the model"
             raise PluginError("voice_not_found", message)
-        self._slots.open(slot, options)
+        super().open_slot(slot, options)
 
-    def cancel_slot(self, slot: int, epoch: int) -> None:
-        if self._slots.drop(slot) is not None:
-            self.generator.release(slot)
-
-    def close_slot(self, slot: int) -> None:
-        if self._slots.close(slot) is not None and self._gen is not None:
+    def _release(self, slot: int) -> None:
+        if self._gen is not None:
             self._gen.release(slot)
 
     def begin(self, request: BatchRequest) -> None:
@@ -305,7 +267,7 @@ class Qwen3TTSPlugin(BatchPlugin):
         voice = reader.take_voice(default, self._voices)
         language = reader.take_choice("language", "auto", ("auto", *sorted(cfg.codec_language_id)))
         instructions = reader.take_str("instructions", "", self._max_input_chars)
-        seed = reader.take_int("seed", None, 0, MAX_SEED)
+        seed = reader.take_seed()
         speed = reader.take_float("speed", 1.0, 0.25, 4.0)
         reader.done()
         if speed != 1.0:
@@ -322,7 +284,6 @@ class Qwen3TTSPlugin(BatchPlugin):
             message = f"qwen3_tts: the instructions are {len(instruct_ids)} tokens; at most"
             raise PluginError(INPUT_TOO_LONG, f"{message} {self._max_instruction_tokens} are accepted")
         prompt, trailing = self._prompt(ids[:ROLE_TOKENS], text_ids, instruct_ids, voice, language)
-        seed = secrets.randbits(63) if seed is None else seed
         gen.start(request.slot, prompt, trailing, int(seed), self._sampling)
         self._slots.start(request.slot, _Request(epoch=request.epoch, text_ids=text_ids))
 

@@ -73,7 +73,6 @@ import html
 import io
 import logging
 import re
-import secrets
 import time
 from collections.abc import Callable, Hashable, Sequence
 from pathlib import Path
@@ -81,21 +80,19 @@ from pathlib import Path
 import numpy as np
 import torch
 
+from batch_models.base import SlotBatchPlugin, check_at_least, model_dir, parse_sizes
+from batch_models.devices import TORCH_OPTION_TYPES, device_and_dtype
 from batch_models.diffusion.batching import parse_buckets
-from batch_models.plugin_options import parse_options
 from batch_models.requests import INVALID_OPTION, OptionReader, check_text
-from batch_models.slots import SlotTable
 from batch_models.video.loading import VideoModel, load_model
 from batch_models.video.sampler import ChunkSampler
 from batch_models.video.state import PendingPrompt, VideoRequest
 from duplex.plugins.base import (
     BatchInteraction,
-    BatchPlugin,
     BatchRequest,
     Capabilities,
     PluginError,
     PluginKind,
-    SlotOptions,
     SlotOutput,
 )
 from duplex.plugins.stage_clock import stage as phase
@@ -105,33 +102,6 @@ __all__ = ["HeliosVideoPlugin"]
 log = logging.getLogger(__name__)
 
 MAX_GUIDANCE = 30.0
-MAX_SEED = 2**63 - 1
-_DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
-_OPTION_TYPES: dict[str, type] = {
-    "max_sessions": int,
-    "device": str,
-    "dtype": str,
-    "random_weights": bool,
-    "sizes": str,
-    "latent_frames_per_chunk": int,
-    "history_sizes": str,
-    "default_steps": int,
-    "max_steps": int,
-    "default_guidance": float,
-    "default_num_frames": int,
-    "max_num_frames": int,
-    "max_prompt_chars": int,
-    "max_sequence_length": int,
-    "default_transition_chunks": int,
-    "max_transition_chunks": int,
-    "max_image_bytes": int,
-    "max_batch_rows": int,
-    "batch_buckets": str,
-    "amplify_first_chunk": bool,
-    "compile": bool,
-    "attention_backend": str,
-    "cudnn_benchmark": bool,
-}
 # The compiled transformer block's graphs: one per (stage's token count, batch bucket, frame size)
 # is kept; dynamo's default limit (8) would fall back to eager past the 8th.
 _COMPILED_SHAPES_PER_BLOCK = 64
@@ -144,10 +114,32 @@ def clean_prompt(text: str) -> str:
     return re.sub(r"\s+", " ", text).strip()
 
 
-class HeliosVideoPlugin(BatchPlugin):
+class HeliosVideoPlugin(SlotBatchPlugin[VideoRequest]):
     """A Helios checkpoint served with continuous batching (module docstring)."""
 
     name = "helios"
+    option_types = {
+        **TORCH_OPTION_TYPES,
+        "sizes": str,
+        "latent_frames_per_chunk": int,
+        "history_sizes": str,
+        "default_steps": int,
+        "max_steps": int,
+        "default_guidance": float,
+        "default_num_frames": int,
+        "max_num_frames": int,
+        "max_prompt_chars": int,
+        "max_sequence_length": int,
+        "default_transition_chunks": int,
+        "max_transition_chunks": int,
+        "max_image_bytes": int,
+        "max_batch_rows": int,
+        "batch_buckets": str,
+        "amplify_first_chunk": bool,
+        "compile": bool,
+        "attention_backend": str,
+        "cudnn_benchmark": bool,
+    }
 
     @classmethod
     def write_tiny_checkpoint(cls, directory: str, *, seed: int = 0) -> None:
@@ -183,47 +175,41 @@ class HeliosVideoPlugin(BatchPlugin):
         attention_backend: str = "",
         cudnn_benchmark: bool = False,
     ) -> None:
-        if model_path is None:
-            raise PluginError("invalid_plugin_config", "helios needs a model path (a diffusers directory)")
-        for key, value, lo in (
-            ("max_sessions", max_sessions, 1),
-            ("latent_frames_per_chunk", latent_frames_per_chunk, 1),
-            ("default_steps", default_steps, 1),
-            ("max_steps", max_steps, default_steps),
-            ("max_num_frames", max_num_frames, 1),
-            ("max_prompt_chars", max_prompt_chars, 1),
-            ("max_sequence_length", max_sequence_length, 1),
-            ("max_transition_chunks", max_transition_chunks, 0),
-            ("default_transition_chunks", default_transition_chunks, 0),
-            ("max_image_bytes", max_image_bytes, 1),
-            ("max_batch_rows", max_batch_rows, 1),
-        ):
-            if value < lo:
-                message = f"helios: {key} must be at least {lo}, got {value}"
-                raise PluginError("invalid_plugin_config", message)
+        self._model_path = model_dir(self.name, model_path, "a diffusers directory")
+        check_at_least(
+            self.name,
+            (
+                ("max_sessions", max_sessions, 1),
+                ("latent_frames_per_chunk", latent_frames_per_chunk, 1),
+                ("default_steps", default_steps, 1),
+                ("max_steps", max_steps, default_steps),
+                ("max_num_frames", max_num_frames, 1),
+                ("max_prompt_chars", max_prompt_chars, 1),
+                ("max_sequence_length", max_sequence_length, 1),
+                ("max_transition_chunks", max_transition_chunks, 0),
+                ("default_transition_chunks", default_transition_chunks, 0),
+                ("max_image_bytes", max_image_bytes, 1),
+                ("max_batch_rows", max_batch_rows, 1),
+            ),
+        )
         if not 0 <= default_num_frames <= max_num_frames:
             message = f"helios: default_num_frames must be in 0..{max_num_frames}"
             raise PluginError("invalid_plugin_config", message)
         if default_transition_chunks > max_transition_chunks:
             message = "helios: default_transition_chunks exceeds max_transition_chunks"
             raise PluginError("invalid_plugin_config", message)
-        if dtype is not None and dtype not in _DTYPES:
-            raise PluginError("invalid_plugin_config", f"helios: dtype must be one of {sorted(_DTYPES)}")
+        self._device, self._dtype = device_and_dtype(self.name, device, dtype)
         if not 0.0 <= default_guidance <= MAX_GUIDANCE:
             message = f"helios: default_guidance must be in 0..{MAX_GUIDANCE:g}"
             raise PluginError("invalid_plugin_config", message)
         try:
-            self._device = torch.device(device)
             self._buckets = parse_buckets(batch_buckets, max_batch_rows)
             history = tuple(sorted((int(p) for p in history_sizes.split(",") if p.strip()), reverse=True))
-        except (RuntimeError, ValueError) as exc:
+        except ValueError as exc:
             raise PluginError("invalid_plugin_config", f"helios: {exc}") from exc
         if len(history) != 3 or min(history) < 1:
             raise PluginError("invalid_plugin_config", "helios: history_sizes must be three positive counts")
-        self._model_path = Path(model_path)
-        self._max_sessions = max_sessions
-        cuda = self._device.type == "cuda"
-        self._dtype = _DTYPES[dtype] if dtype else (torch.bfloat16 if cuda else torch.float32)
+        super().__init__(max_sessions)
         self._random = random_weights
         self._sizes_text = sizes
         self._latent_frames = latent_frames_per_chunk
@@ -249,13 +235,6 @@ class HeliosVideoPlugin(BatchPlugin):
         self._sampler: ChunkSampler | None = None
         self._sizes: dict[str, tuple[int, int]] = {}
         self._default_size = ""
-        self._slots: SlotTable[VideoRequest] = SlotTable(self.name, max_sessions)
-        self._closed = False
-
-    @classmethod
-    def from_options(cls, model_path: str | None = None, **options: object) -> HeliosVideoPlugin:
-        """Build from serve-time options; strings (``--plugin-option max_sessions=8``) are parsed."""
-        return cls(model_path, **parse_options(cls.name, options, _OPTION_TYPES))  # type: ignore[arg-type]
 
     # -- lifetime ---------------------------------------------------------
 
@@ -263,7 +242,7 @@ class HeliosVideoPlugin(BatchPlugin):
     def model(self) -> VideoModel:
         """The loaded components (for the tests and benchmarks that run diffusers' pipeline on them)."""
         if self._model is None:
-            raise PluginError("plugin_not_loaded", "helios: load() has not been called or close() was")
+            raise self._not_loaded()
         return self._model
 
     @property
@@ -275,7 +254,7 @@ class HeliosVideoPlugin(BatchPlugin):
     def sampler(self) -> ChunkSampler:
         """The batched model calls (``sampler``): for tests that compare them with diffusers'."""
         if self._sampler is None:
-            raise PluginError("plugin_not_loaded", "helios: load() has not been called or close() was")
+            raise self._not_loaded()
         return self._sampler
 
     @property
@@ -283,15 +262,16 @@ class HeliosVideoPlugin(BatchPlugin):
         """Pixel frames in one chunk (the last chunk of a request may be cut shorter)."""
         return self.sampler.frames_per_chunk
 
-    def load(self) -> None:
-        if self._closed:
-            raise PluginError("plugin_closed", "helios: the plugin was closed")
-        if self._model is not None:
-            return
+    def _is_loaded(self) -> bool:
+        return self._model is not None
+
+    def _load(self) -> None:
         model = load_model(
             self._model_path, device=self._device, dtype=self._dtype, random_weights=self._random
         )
-        self._sizes, self._default_size = self._parse_sizes(model)
+        self._sizes, self._default_size = parse_sizes(
+            self.name, self._sizes_text, "640x384", model.size_multiple
+        )
         self._speed_up(model)
         self._sampler = ChunkSampler(
             model,
@@ -343,26 +323,9 @@ class HeliosVideoPlugin(BatchPlugin):
             self.sampler.warm_up(sizes, transformer=self._compile, vae=self._cudnn_benchmark)
             log.info("helios: warmed every serving shape in %.1f s", time.perf_counter() - started)
 
-    def _parse_sizes(self, model: VideoModel) -> tuple[dict[str, tuple[int, int]], str]:
-        texts = [t.strip() for t in self._sizes_text.split(",") if t.strip()] or ["640x384"]
-        sizes = {}
-        for text in texts:
-            width, _, height = text.partition("x")
-            if not (width.isdigit() and height.isdigit()):
-                raise PluginError("invalid_plugin_config", f"helios: size {text!r} is not WIDTHxHEIGHT")
-            w, h = int(width), int(height)
-            step = model.size_multiple
-            if w < step or h < step or w % step or h % step:
-                message = f"helios: size {text!r}: sides must be positive multiples of {step}"
-                raise PluginError("invalid_plugin_config", message)
-            sizes[f"{w}x{h}"] = (w, h)
-        return sizes, f"{int(texts[0].partition('x')[0])}x{int(texts[0].partition('x')[2])}"
-
-    def close(self) -> None:
+    def _unload(self) -> None:
         self._model = None
         self._sampler = None
-        self._slots.clear()
-        self._closed = True
 
     def capabilities(self) -> Capabilities:
         return Capabilities(
@@ -377,17 +340,7 @@ class HeliosVideoPlugin(BatchPlugin):
             interactions=("prompt",),
         )
 
-    # -- slots, requests and interactions ---------------------------------
-
-    def open_slot(self, slot: int, options: SlotOptions) -> None:
-        self.model  # noqa: B018 - raises plugin_not_loaded
-        self._slots.open(slot, options)
-
-    def cancel_slot(self, slot: int, epoch: int) -> None:
-        self._slots.drop(slot)
-
-    def close_slot(self, slot: int) -> None:
-        self._slots.close(slot)
+    # -- requests and interactions ----------------------------------------
 
     def begin(self, request: BatchRequest) -> None:
         """Check the request and set up its scheduler and generator; it is denoised from the next step.
@@ -405,7 +358,7 @@ class HeliosVideoPlugin(BatchPlugin):
         width = reader.take_int("width", default_w, 1, 1 << 16) or default_w
         height = reader.take_int("height", default_h, 1, 1 << 16) or default_h
         num_frames = reader.take_int("num_frames", self._default_num_frames, 0, self._max_num_frames)
-        seed = reader.take_int("seed", None, 0, MAX_SEED)
+        seed = reader.take_seed()
         steps = reader.take_int("steps", self._default_steps, 1, self._max_steps)
         guidance = reader.take_float("guidance_scale", self._default_guidance, 0.0, MAX_GUIDANCE)
         negative = reader.take_str("negative_prompt", "", self._max_prompt_chars)
@@ -417,7 +370,6 @@ class HeliosVideoPlugin(BatchPlugin):
         image = self._read_image(image_bytes, width, height) if image_bytes is not None else None
         frames_per_chunk = model.pixel_frames(self._latent_frames)
         chunks = max(1, -(-num_frames // frames_per_chunk)) if num_frames else 0
-        seed = secrets.randbits(63) if seed is None else seed  # unseeded: a fresh video every time
         self._slots.start(
             request.slot,
             VideoRequest(
