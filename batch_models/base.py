@@ -18,9 +18,9 @@ from collections.abc import Iterable, Mapping
 from pathlib import Path
 from typing import ClassVar, Generic, Self, TypeVar
 
-from batch_models.plugin_options import parse_options
 from batch_models.slots import SlotTable
 from duplex.plugins.base import BatchPlugin, PluginError, SlotOptions
+from duplex.plugins.options import parse_options
 
 __all__ = ["SlotBatchPlugin", "check_at_least", "model_dir", "parse_sizes"]
 

@@ -58,7 +58,7 @@ import enum
 import inspect
 import typing
 from abc import ABC, abstractmethod
-from collections.abc import Iterable, Iterator, Mapping, Sequence
+from collections.abc import Container, Iterable, Iterator, Mapping, Sequence
 from typing import ClassVar
 
 import msgspec
@@ -563,6 +563,24 @@ class FramePlugin(Plugin):
         may keep it (a delay line) or change it in place. The engine only reads an
         output's ``pcm``, and never after it has encoded it.
         """
+
+    def _check_inputs(self, batch: Sequence[SlotInput], open_slots: Container[int], samples: int) -> None:
+        """Raise unless every input of ``batch`` is for a slot of ``open_slots`` (else
+        ``invalid_slot``), no slot comes twice (``invalid_batch``) and each ``pcm`` holds
+        ``samples`` samples (``bad_audio``). For subclasses, at the top of ``step``: a refused
+        batch changes nothing."""
+        seen: set[int] = set()
+        for item in batch:
+            slot = item.slot
+            if slot not in open_slots:
+                raise PluginError("invalid_slot", f"slot {slot} is not open")
+            if slot in seen:
+                raise PluginError("invalid_batch", f"slot {slot} appears twice in one batch")
+            if item.pcm.shape != (samples,):
+                raise PluginError(
+                    "bad_audio", f"slot {slot}: expected {samples} samples, got {item.pcm.shape}"
+                )
+            seen.add(slot)
 
 
 class TurnPlugin(Plugin):

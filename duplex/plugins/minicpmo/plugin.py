@@ -80,6 +80,7 @@ from duplex.plugins.minicpmo.config import (
 )
 from duplex.plugins.minicpmo.generation import GenerationOptions, UnitGenerator, UnitResult
 from duplex.plugins.minicpmo.token2wav import CodeToWave, SilentCodeToWave
+from duplex.plugins.options import parse_options
 
 __all__ = ["MiniCPMOPlugin"]
 
@@ -223,11 +224,7 @@ class MiniCPMOPlugin(FramePlugin):
     @classmethod
     def from_options(cls, model_path: str | None = None, **options: object) -> MiniCPMOPlugin:
         """Build from serve-time options; strings (``--plugin-option max_sessions=16``) are parsed."""
-        unknown = sorted(set(options) - set(_OPTION_TYPES))
-        if unknown:
-            raise unknown_options("minicpmo_4_5", unknown, _OPTION_TYPES)
-        parsed = {key: _parse_option(key, value) for key, value in options.items()}
-        return cls(model_path, **parsed)  # type: ignore[arg-type]
+        return cls(model_path, **parse_options(cls.name, options, _OPTION_TYPES))  # type: ignore[arg-type]
 
     @classmethod
     def option_defaults(cls) -> dict[str, object]:
@@ -402,17 +399,9 @@ class MiniCPMOPlugin(FramePlugin):
         gen = self.generator
         units: dict[int, tuple[np.ndarray, list[bytes]]] = {}
         texts: dict[int, tuple[str, ...]] = {}
+        self._check_inputs(batch, self._epochs, UNIT_SAMPLES)
         for item in batch:
-            slot = item.slot
-            if slot not in self._epochs:
-                raise PluginError("invalid_slot", f"slot {slot} is not open")
-            if slot in units:
-                raise PluginError("invalid_batch", f"slot {slot} appears twice in one batch")
-            pcm = item.pcm
-            if pcm.shape != (UNIT_SAMPLES,):
-                raise PluginError(
-                    "bad_audio", f"slot {slot}: expected {UNIT_SAMPLES} samples, got {pcm.shape}"
-                )
+            slot, pcm = item.slot, item.pcm
             if pcm.dtype != np.float32:
                 pcm = pcm.astype(np.float32) / (32768.0 if pcm.dtype == np.int16 else 1.0)
             units[slot] = (pcm, list(item.video_frames))
@@ -459,22 +448,3 @@ def _decode_wav(data: bytes) -> np.ndarray:
     if rate != SAMPLE_RATE:
         pcm = soxr.resample(pcm, rate, SAMPLE_RATE)
     return np.ascontiguousarray(pcm, dtype=np.float32)
-
-
-def _parse_option(key: str, value: object) -> object:
-    kind = _OPTION_TYPES[key]
-    if isinstance(value, str) and kind is not str:
-        text = value.strip().lower()
-        if kind is bool and text in ("1", "true", "yes", "on", "0", "false", "no", "off"):
-            return text in ("1", "true", "yes", "on")
-        try:
-            return kind(text)
-        except ValueError:
-            pass
-    if kind is float and isinstance(value, int) and not isinstance(value, bool):
-        return float(value)
-    if isinstance(value, kind) and not (kind is int and isinstance(value, bool)):
-        return value
-    raise PluginError(
-        "invalid_plugin_config", f"minicpmo_4_5: option {key!r} expects {kind.__name__}, got {value!r}"
-    )

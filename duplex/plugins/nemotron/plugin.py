@@ -62,13 +62,13 @@ from duplex.plugins.base import (
     SlotOptions,
     SlotOutput,
     ToolCall,
-    unknown_options,
 )
 from duplex.plugins.nemotron.config import FRAME_SAMPLES, INPUT_RATE, VoiceChatConfig
 from duplex.plugins.nemotron.generation import BatchedVoiceChat, StepResult
 from duplex.plugins.nemotron.talker import VoicePrefill
 from duplex.plugins.nemotron.tokens import Detokenizer, TextTokenizer
 from duplex.plugins.nemotron.tools import ToolCallParser, system_prompt, tool_response_text
+from duplex.plugins.options import parse_options, pick_default_voice, voice_not_found
 
 __all__ = ["NemotronVoiceChatPlugin"]
 
@@ -200,11 +200,7 @@ class NemotronVoiceChatPlugin(FramePlugin):
 
         Raises ``PluginError("invalid_plugin_config")`` for an unknown option or a bad value.
         """
-        unknown = sorted(set(options) - set(_OPTION_TYPES))
-        if unknown:
-            raise unknown_options("nemotron_voicechat", unknown, _OPTION_TYPES)
-        parsed = {key: _parse_option(key, value) for key, value in options.items()}
-        return cls(model_path, **parsed)  # type: ignore[arg-type]
+        return cls(model_path, **parse_options(cls.name, options, _OPTION_TYPES))  # type: ignore[arg-type]
 
     # -- lifetime ------------------------------------------------------------------------------
 
@@ -271,7 +267,7 @@ class NemotronVoiceChatPlugin(FramePlugin):
                 for name in names
             }
         self._cfg, self._tok = cfg, tok
-        self._default_voice = self._pick_default_voice(cfg)
+        self._default_voice = pick_default_voice(self._default_voice_opt, self._voices, cfg.default_speaker)
         gen = BatchedVoiceChat(
             model,
             special,
@@ -292,17 +288,6 @@ class NemotronVoiceChatPlugin(FramePlugin):
             sorted(self._voices),
             guidance,
         )
-
-    def _pick_default_voice(self, cfg: VoiceChatConfig) -> str:
-        if self._default_voice_opt is not None:
-            if self._default_voice_opt not in self._voices:
-                raise PluginError(
-                    "voice_not_found", f"default voice {self._default_voice_opt!r} is not installed"
-                )
-            return self._default_voice_opt
-        if cfg.default_speaker in self._voices:
-            return cfg.default_speaker
-        return min(self._voices)
 
     def close(self) -> None:
         self._gen = None
@@ -352,8 +337,7 @@ class NemotronVoiceChatPlugin(FramePlugin):
         gen = self.generator
         voice = options.voice or self._default_voice
         if voice not in self._voices:
-            installed = ", ".join(sorted(self._voices))
-            raise PluginError("voice_not_found", f"voice {voice!r} is not installed (installed: {installed})")
+            raise voice_not_found(voice, self._voices)
         prompt = self.prompt_for(options)
         seed = options.seed if options.seed is not None else self._seed + self._opens
         self._opens += 1
@@ -409,18 +393,10 @@ class NemotronVoiceChatPlugin(FramePlugin):
         exec_host, pcm_host, forced_host = self._exec_host, self._pcm_host, self._forced_host
         exec_host[:] = False
         forced_host[:] = -1
+        self._check_inputs(batch, self._slots, FRAME_SAMPLES)
         for item in batch:
-            slot = item.slot
-            if slot not in self._slots:
-                raise PluginError("invalid_slot", f"slot {slot} is not open")
-            if exec_host[slot]:
-                raise PluginError("invalid_batch", f"slot {slot} appears twice in one batch")
-            if item.pcm.shape != (FRAME_SAMPLES,):
-                raise PluginError(
-                    "bad_audio", f"slot {slot}: expected {FRAME_SAMPLES} samples, got {item.pcm.shape}"
-                )
-            exec_host[slot] = True
-            pcm_host[slot] = item.pcm
+            exec_host[item.slot] = True
+            pcm_host[item.slot] = item.pcm
         for item in batch:
             state = self._slots[item.slot]
             self._queue_results(state, item)
@@ -462,18 +438,3 @@ class NemotronVoiceChatPlugin(FramePlugin):
             out.end_of_turn = ended or (out.tool_call is not None and not state.calls and not state.speaking)
             outputs.append(out)
         return outputs
-
-
-def _parse_option(key: str, value: object) -> object:
-    kind = _OPTION_TYPES[key]
-    if isinstance(value, str) and kind is not str:
-        text = value.strip().lower()
-        if kind is bool and text in ("1", "true", "yes", "on", "0", "false", "no", "off"):
-            return text in ("1", "true", "yes", "on")
-        if kind is int and text.lstrip("-").isdigit():
-            return int(text)
-    if isinstance(value, kind) and not (kind is int and isinstance(value, bool)):
-        return value
-    raise PluginError(
-        "invalid_plugin_config", f"nemotron_voicechat: option {key!r} expects {kind.__name__}, got {value!r}"
-    )

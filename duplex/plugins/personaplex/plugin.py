@@ -74,8 +74,8 @@ from duplex.plugins.base import (
     SlotInput,
     SlotOptions,
     SlotOutput,
-    unknown_options,
 )
+from duplex.plugins.options import parse_options, pick_default_voice, voice_not_found
 from duplex.plugins.personaplex.attention import DecodeKernel
 from duplex.plugins.personaplex.config import (
     FRAME_SAMPLES,
@@ -94,22 +94,22 @@ __all__ = ["VOICED_RMS", "PersonaPlexPlugin", "SlotTimeline"]
 log = logging.getLogger(__name__)
 
 _PREFERRED_DEFAULT_VOICE = "NATF2"
-_OPTION_TYPES: dict[str, tuple[type]] = {
-    "max_sessions": (int,),
-    "device": (str,),
-    "dtype": (str,),
-    "seed": (int,),
-    "cuda_graphs": (bool,),
-    "random_weights": (bool,),
-    "config": (str,),
-    "default_voice": (str,),
-    "torch_compile": (bool,),
-    "warm_up": (bool,),
-    "kv_cache": (str,),
-    "attention": (str,),
-    "prefill_chunk_frames": (int,),
-    "fp8_weights": (bool,),
-    "batch_buckets": (str,),
+_OPTION_TYPES: dict[str, type] = {
+    "max_sessions": int,
+    "device": str,
+    "dtype": str,
+    "seed": int,
+    "cuda_graphs": bool,
+    "random_weights": bool,
+    "config": str,
+    "default_voice": str,
+    "torch_compile": bool,
+    "warm_up": bool,
+    "kv_cache": str,
+    "attention": str,
+    "prefill_chunk_frames": int,
+    "fp8_weights": bool,
+    "batch_buckets": str,
 }
 _KV_CACHES = ("model", "fp8")
 # The decode kernel's largest difference from SDPA on a random check (bf16 rounding is ~1e-2).
@@ -253,11 +253,7 @@ class PersonaPlexPlugin(FramePlugin):
 
         Raises ``PluginError("invalid_plugin_config")`` for an unknown option or a bad value.
         """
-        unknown = sorted(set(options) - set(_OPTION_TYPES))
-        if unknown:
-            raise unknown_options("personaplex", unknown, _OPTION_TYPES)
-        parsed = {key: _parse_option(key, value) for key, value in options.items()}
-        return cls(model_path, **parsed)  # type: ignore[arg-type]
+        return cls(model_path, **parse_options(cls.name, options, _OPTION_TYPES))  # type: ignore[arg-type]
 
     # -- lifetime ---------------------------------------------------------
 
@@ -314,7 +310,9 @@ class PersonaPlexPlugin(FramePlugin):
             self._pieces = _piece_table(self._tokenizer, cfg)
         if self._model_path is not None:
             self._voices = load_voices(self._model_path, cfg, enc_mimi)
-        self._default_voice = self._pick_default_voice()
+        self._default_voice = pick_default_voice(
+            self._default_voice_opt, self._voices, _PREFERRED_DEFAULT_VOICE
+        )
         self._cfg = cfg
         gen = BatchedGenerator(
             lm,
@@ -361,17 +359,6 @@ class PersonaPlexPlugin(FramePlugin):
             return None
         return decode_attention
 
-    def _pick_default_voice(self) -> str | None:
-        if self._default_voice_opt is not None:
-            if self._default_voice_opt not in self._voices:
-                raise PluginError(
-                    "voice_not_found", f"default voice {self._default_voice_opt!r} is not installed"
-                )
-            return self._default_voice_opt
-        if _PREFERRED_DEFAULT_VOICE in self._voices:
-            return _PREFERRED_DEFAULT_VOICE
-        return min(self._voices) if self._voices else None
-
     def close(self) -> None:
         if self._gen is not None:
             self._gen.__exit__(None, None, None)
@@ -408,10 +395,7 @@ class PersonaPlexPlugin(FramePlugin):
         if name is not None:
             voice = self._voices.get(name)
             if voice is None:
-                installed = ", ".join(sorted(self._voices)) or "none"
-                raise PluginError(
-                    "voice_not_found", f"voice {name!r} is not installed (installed: {installed})"
-                )
+                raise voice_not_found(name, self._voices)
         tokens = (
             self._tokenizer.encode(persona_text(options.instructions)) if self._tokenizer is not None else []
         )
@@ -486,19 +470,10 @@ class PersonaPlexPlugin(FramePlugin):
         gen = self.generator
         exec_host, pcm_host = self._exec_host, self._pcm_host
         exec_host[:] = False
+        self._check_inputs(batch, self._slots, FRAME_SAMPLES)
         for item in batch:
-            slot = item.slot
-            if slot not in self._slots:
-                raise PluginError("invalid_slot", f"slot {slot} is not open")
-            if exec_host[slot]:
-                raise PluginError("invalid_batch", f"slot {slot} appears twice in one batch")
-            pcm = item.pcm
-            if pcm.shape != (FRAME_SAMPLES,):
-                raise PluginError(
-                    "bad_audio", f"slot {slot}: expected {FRAME_SAMPLES} samples, got {pcm.shape}"
-                )
-            exec_host[slot] = True
-            pcm_host[slot] = pcm
+            exec_host[item.slot] = True
+            pcm_host[item.slot] = item.pcm
         # A slot whose prompt is still being prefilled (it opened while others were talking) is
         # frozen: its frame is not heard and its output is empty, until its prefill is done.
         exec_host &= gen.ready
@@ -584,21 +559,6 @@ def _parse_buckets(text: str, max_sessions: int) -> tuple[int, ...]:
             "invalid_plugin_config", f"batch_buckets: off, auto or row counts like 1,8,32; got {text!r}"
         )
     return buckets
-
-
-def _parse_option(key: str, value: object) -> object:
-    (kind,) = _OPTION_TYPES[key]
-    if isinstance(value, str) and kind is not str:
-        text = value.strip().lower()
-        if kind is bool and text in ("1", "true", "yes", "on", "0", "false", "no", "off"):
-            return text in ("1", "true", "yes", "on")
-        if kind is int and text.lstrip("-").isdigit():
-            return int(text)
-    if isinstance(value, kind) and not (kind is int and isinstance(value, bool)):
-        return value
-    raise PluginError(
-        "invalid_plugin_config", f"personaplex: option {key!r} expects {kind.__name__}, got {value!r}"
-    )
 
 
 def _piece_table(sp: object, cfg: PersonaPlexConfig) -> list[str]:
