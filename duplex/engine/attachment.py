@@ -31,7 +31,7 @@ from collections.abc import Callable, Iterable
 from typing import Any, Protocol
 
 from duplex.engine.errors import Detached, SessionError
-from duplex.engine.sizes import DELTA_OVERHEAD, event_size
+from duplex.engine.sizes import event_size
 
 __all__ = ["Attachment", "AttachmentOwner"]
 
@@ -110,14 +110,7 @@ class Attachment:
         if not outbox and self._waiters and self.direct is not None and not preload and self.direct(events):
             return
         if not preload:
-            n_bytes = self._bytes
-            for event in events:
-                delta = getattr(event, "delta", None)  # the per-frame audio delta, sized here
-                if type(delta) is bytes:
-                    n_bytes += DELTA_OVERHEAD + (len(delta) + 2) // 3 * 4
-                else:
-                    n_bytes += event_size(event)
-            self._bytes = n_bytes
+            self._bytes += sum(map(event_size, events))
         outbox.extend(events)
         if not preload and (len(outbox) > self._max or self._bytes > self._max_bytes):
             outbox.clear()

@@ -96,7 +96,7 @@ from duplex.engine.overlap import NO_HINTS, CommitAction, OverlapAction, hints_o
 from duplex.engine.requests import media_events, request_input
 from duplex.engine.response import ActiveResponse, EndReason, listen_event
 from duplex.engine.settings import Lane, SessionSettings, model_turns_notice
-from duplex.engine.sizes import DELTA_OVERHEAD, event_size
+from duplex.engine.sizes import event_size
 from duplex.engine.transitions import TurnState
 from duplex.engine.usage import UsageMeter
 from duplex.engine.user_turn import UserTurn
@@ -397,9 +397,7 @@ class Session:
             # place (instead of msgspec.structs.replace) saves a copy per event.
             seq = journal.head + 1
             stamp(event, "server_event_seq", seq)
-            delta = getattr(event, "delta", None)  # an audio delta, sized here (``event_size``)
-            size = DELTA_OVERHEAD + (len(delta) + 2) // 3 * 4 if type(delta) is bytes else event_size(event)
-            journal.append(seq, event, size, now)
+            journal.append(seq, event, event_size(event), now)
         return events
 
     def _error(self, exc: ProtocolError, event_id: str | None) -> Event:
