@@ -52,6 +52,51 @@ def _adapter_section(d_model: int, n_layers: int, heads: int) -> dict[str, Any]:
     return section
 
 
+def _gemma_section(
+    hidden: int, layers: int, heads: int, kv_heads: int, head_dim: int, intermediate: int
+) -> dict[str, Any]:
+    """The sizes of a Gemma stack (the talker's backbone, its char encoder)."""
+    return {
+        "hidden_size": hidden,
+        "num_hidden_layers": layers,
+        "num_attention_heads": heads,
+        "num_key_value_heads": kv_heads,
+        "head_dim": head_dim,
+        "intermediate_size": intermediate,
+    }
+
+
+def _talker_backbone(**sizes: int) -> dict[str, Any]:
+    return {**_gemma_section(**sizes), "sliding_window": 7500, "max_position_embeddings": 32768}
+
+
+def _cas_section(**sizes: int) -> dict[str, Any]:
+    """The talker's char encoder (``cas``): a T5Gemma encoder over 8 ids."""
+    encoder = {**_gemma_section(**sizes), "vocab_size": 8}
+    return {"backbone_type": "t5gemma", "backbone_config": {"is_encoder_decoder": False, "encoder": encoder}}
+
+
+def _codec_section(
+    *, latent_size: int, base_hidden_size: int, num_blocks: int, codebook_size: int, num_quantizers: int
+) -> dict[str, Any]:
+    """The talker's RVQ codec at 22,050 Hz (1,764 samples a token: 80 ms)."""
+    return {
+        "latent_size": latent_size,
+        "n_fft": 16,
+        "hop_length": 4,
+        "base_hidden_size": base_hidden_size,
+        "channel_mult": [1, 2, 4],
+        "rates": [7, 7, 9],
+        "num_blocks": num_blocks,
+        "kernel_size": 7,
+        "groups": 1,
+        "codebook_size": codebook_size,
+        "num_quantizers": num_quantizers,
+        "wav_to_token_ratio": 1764,
+        "sample_rate": 22050,
+    }
+
+
 def _nemo_config(
     *,
     mels: int,
@@ -172,55 +217,17 @@ def _llm_config(**kw: Any) -> dict[str, Any]:
 def tiny_config(vocab_size: int = 384) -> tuple[dict[str, Any], dict[str, Any]]:
     """A tiny architecture: ``(nemo_config, llm_config)``, for tests on a CPU."""
     mog = {"intermediate_size": 64, "num_layers": 1, "num_predictions": 8, "low_rank": 8, "min_log_std": -4.0}
-    codec = {
-        "latent_size": 16,
-        "n_fft": 16,
-        "hop_length": 4,
-        "base_hidden_size": 8,
-        "channel_mult": [1, 2, 4],
-        "rates": [7, 7, 9],
-        "num_blocks": 1,
-        "kernel_size": 7,
-        "groups": 1,
-        "codebook_size": 32,
-        "num_quantizers": 6,
-        "wav_to_token_ratio": 1764,
-        "sample_rate": 22050,
-    }
-    backbone = {
-        "hidden_size": 32,
-        "num_hidden_layers": 2,
-        "num_attention_heads": 2,
-        "num_key_value_heads": 1,
-        "head_dim": 16,
-        "intermediate_size": 64,
-        "sliding_window": 7500,
-        "max_position_embeddings": 32768,
-    }
-    cas = {
-        "backbone_type": "t5gemma",
-        "backbone_config": {
-            "is_encoder_decoder": False,
-            "encoder": {
-                "hidden_size": 32,
-                "num_hidden_layers": 1,
-                "num_attention_heads": 2,
-                "num_key_value_heads": 1,
-                "head_dim": 16,
-                "intermediate_size": 64,
-                "vocab_size": 8,
-            },
-        },
-    }
     nemo = _nemo_config(
         mels=16,
         encoder=_encoder_section(16, 2, 32, 2, 8),
         adapter=_adapter_section(32, 1, 2),
         hidden=48,
-        backbone=backbone,
-        cas=cas,
+        backbone=_talker_backbone(hidden=32, layers=2, heads=2, kv_heads=1, head_dim=16, intermediate=64),
+        cas=_cas_section(hidden=32, layers=1, heads=2, kv_heads=1, head_dim=16, intermediate=64),
         mog=mog,
-        codec=codec,
+        codec=_codec_section(
+            latent_size=16, base_hidden_size=8, num_blocks=1, codebook_size=32, num_quantizers=6
+        ),
         prompt_duration=0.4,
     )
     llm = _llm_config(
@@ -257,55 +264,19 @@ def full_config() -> tuple[dict[str, Any], dict[str, Any]]:
         "low_rank": 64,
         "min_log_std": -4.0,
     }
-    codec = {
-        "latent_size": 512,
-        "n_fft": 16,
-        "hop_length": 4,
-        "base_hidden_size": 384,
-        "channel_mult": [1, 2, 4],
-        "rates": [7, 7, 9],
-        "num_blocks": 3,
-        "kernel_size": 7,
-        "groups": 1,
-        "codebook_size": 1024,
-        "num_quantizers": 31,
-        "wav_to_token_ratio": 1764,
-        "sample_rate": 22050,
-    }
-    backbone = {
-        "hidden_size": 1152,
-        "num_hidden_layers": 28,
-        "num_attention_heads": 16,
-        "num_key_value_heads": 4,
-        "head_dim": 72,
-        "intermediate_size": 4608,
-        "sliding_window": 7500,
-        "max_position_embeddings": 32768,
-    }
-    cas = {
-        "backbone_type": "t5gemma",
-        "backbone_config": {
-            "is_encoder_decoder": False,
-            "encoder": {
-                "hidden_size": 1152,
-                "num_hidden_layers": 2,
-                "num_attention_heads": 16,
-                "num_key_value_heads": 16,
-                "head_dim": 72,
-                "intermediate_size": 4608,
-                "vocab_size": 8,
-            },
-        },
-    }
     nemo = _nemo_config(
         mels=128,
         encoder=_encoder_section(128, 24, 1024, 8, 256),
         adapter=_adapter_section(1024, 2, 8),
         hidden=4480,
-        backbone=backbone,
-        cas=cas,
+        backbone=_talker_backbone(
+            hidden=1152, layers=28, heads=16, kv_heads=4, head_dim=72, intermediate=4608
+        ),
+        cas=_cas_section(hidden=1152, layers=2, heads=16, kv_heads=16, head_dim=72, intermediate=4608),
         mog=mog,
-        codec=codec,
+        codec=_codec_section(
+            latent_size=512, base_hidden_size=384, num_blocks=3, codebook_size=1024, num_quantizers=31
+        ),
         prompt_duration=3.0,
     )
     llm = _llm_config(
