@@ -9,6 +9,10 @@ What it measures (each on Piper-spoken English sentences, so the run needs no re
   plugin's own language model, or ``echo``), from the call (the end of the user's turn, as the
   engine sees it) to the first chunk with audio. This is the model's share of the
   end-of-speech-to-first-audio budget.
+* ``lm`` (with ``--reply lm``): the language model alone, on the sentences as typed text: from the
+  request to its first token and to the end of its first sentence (or clause), in seconds and in
+  CPU seconds of the process. The model runs on one thread, so its CPU seconds are what the wall
+  clock would show on an idle core: the figure to read on a shared machine.
 * ``server`` (when ``duplex.engine.Engine`` and ``duplex.server.create_app`` are importable): the
   same question streamed at real-time pacing over the WebSocket of a real server on loopback,
   with server VAD; from the end of the user's speech (the last speech sample sent) to the first
@@ -32,10 +36,14 @@ import re
 import statistics
 import time
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 import numpy as np
 
 from bench.report import percentile, print_table, write_json
+
+if TYPE_CHECKING:
+    from duplex.plugins.default.plugin import DefaultPlugin
 
 __all__ = ["main", "summary"]
 
@@ -128,14 +136,14 @@ def bench_models(repeats: int, threads: int, reply: str = "lm") -> dict[str, obj
                     break
             response.close()  # a language model's reply stops here, as on a barge-in
 
-        for reply in (REPLY, *(echo_text(s) for s in SENTENCES)):
+        for spoken_reply in (REPLY, *(echo_text(s) for s in SENTENCES)):
             t0 = time.perf_counter()
             splitter = SentenceSplitter(
                 max_chars=plugin.config.max_sentence_chars,
                 max_piece_chars=plugin.config.max_piece_chars,
                 first_clause=plugin.config.first_clause,
             )
-            pieces = splitter.feed(reply) + splitter.flush()
+            pieces = splitter.feed(spoken_reply) + splitter.flush()
             audio_s = 0.0
             audible = (piece for piece in tts.speak_all(pieces) if piece is not None)  # None: silent
             for i, piece in enumerate(audible):
@@ -144,6 +152,7 @@ def bench_models(repeats: int, threads: int, reply: str = "lm") -> dict[str, obj
                 audio_s += len(piece.pcm) / tts.sample_rate
             tts_rtf.append((time.perf_counter() - t0) / audio_s)
 
+    lm = bench_lm(plugin, repeats) if reply == "lm" else None
     plugin.close()
     return {
         "load_s": {"asr": round(asr_load_s, 3), "tts": round(tts_load_s, 3), "warm_up": round(warm_s, 3)},
@@ -157,6 +166,52 @@ def bench_models(repeats: int, threads: int, reply: str = "lm") -> dict[str, obj
             "end_of_turn_to_first_audio_s": summary(plugin_first),
             "end_of_turn_to_transcript_s": summary(plugin_asr_share),
         },
+        **({"lm": lm} if lm is not None else {}),
+    }
+
+
+def _cpu_s() -> float:
+    times = os.times()
+    return times.user + times.system
+
+
+def bench_lm(plugin: DefaultPlugin, repeats: int) -> dict[str, object]:
+    """The ``lm`` reply alone: time and CPU time to the first token and to the first piece the
+    plugin would speak (its first sentence, or first clause)."""
+    from duplex.plugins.default.reply import ReplyPrompt
+    from duplex.plugins.default.sentences import SentenceSplitter
+
+    config = plugin.config
+    first_s, first_cpu, sentence_s, sentence_cpu, answers = [], [], [], [], {}
+    for _ in range(repeats):
+        for sentence in SENTENCES:
+            splitter = SentenceSplitter(
+                max_chars=config.max_sentence_chars,
+                max_piece_chars=config.max_piece_chars,
+                first_clause=config.first_clause,
+            )
+            text, t0, c0 = "", time.perf_counter(), _cpu_s()
+            reply = plugin.reply_strategy.reply(ReplyPrompt(user_text=sentence))
+            for i, delta in enumerate(reply):
+                if i == 0:
+                    first_s.append(time.perf_counter() - t0)
+                    first_cpu.append(_cpu_s() - c0)
+                pieces = splitter.feed(delta)
+                if pieces:
+                    text = pieces[0]
+                    break
+            else:
+                text = "".join(splitter.flush())
+            reply.close()
+            sentence_s.append(time.perf_counter() - t0)
+            sentence_cpu.append(_cpu_s() - c0)
+            answers[sentence] = text
+    return {
+        "first_token_s": summary(first_s),
+        "first_token_cpu_s": summary(first_cpu),
+        "first_sentence_s": summary(sentence_s),
+        "first_sentence_cpu_s": summary(sentence_cpu),
+        "first_sentences": answers,
     }
 
 
@@ -235,7 +290,11 @@ async def _bench_server(turns: int, reply: str) -> dict[str, object]:
                     if end_of_speech is None and start + append >= speech_end:
                         # the append that carries the last speech sample: speech ended inside it
                         end_of_speech = pacer.due(pacer.index - 1) + (speech_end - start) / rate
-                await client.wait_for("response.done", timeout=30)
+                # Only the first audio is measured: the rest of a long reply is cancelled, not played.
+                first = await client.wait_for("response.output_audio.delta", "response.done", timeout=30)
+                if event_type(first) != "response.done":
+                    await client.cancel_response()
+                    await client.wait_for("response.done", timeout=30)
                 first_audio = marks.get("response.output_audio.delta")
                 stopped = marks.get("input_audio_buffer.speech_stopped")
                 if first_audio is None or stopped is None or end_of_speech is None:
@@ -272,6 +331,14 @@ def _print_table(results: dict[str, object]) -> None:
         ("plugin end of turn -> transcript (s)", models["plugin"]["end_of_turn_to_transcript_s"]),
         ("plugin end of turn -> first audio (s)", models["plugin"]["end_of_turn_to_first_audio_s"]),
     ]
+    lm = models.get("lm")
+    if isinstance(lm, dict):
+        figures += [
+            ("lm first token (s)", lm["first_token_s"]),
+            ("lm first token (CPU s)", lm["first_token_cpu_s"]),
+            ("lm first sentence (s)", lm["first_sentence_s"]),
+            ("lm first sentence (CPU s)", lm["first_sentence_cpu_s"]),
+        ]
     server = results.get("server")
     if isinstance(server, dict) and "end_of_speech_to_first_audio_s" in server:
         figures += [
