@@ -1,7 +1,7 @@
 """Per-tick cost of the worker boundary: echo's ``step`` in-process against through its worker.
 
 For each batch size N (``--sizes``, default 1, 64 and 512) the ``echo`` plugin is loaded with N
-slots twice, in this process and in a worker process (``duplex.plugins.worker.start_worker``),
+slots twice, in this process and in a worker process (``duplex.engine.worker.start_worker``),
 and each is stepped ``--steps`` times with every slot in the batch, each slot's frame 80 ms of
 int16 voice (so every output carries audio back). Timed: the ``plugin.step(batch)`` call alone,
 on this thread (the batch is built before the clock starts). Through the worker that is the whole
@@ -89,8 +89,8 @@ def _row(mode: str, n: int, measured: tuple[list[float], float]) -> dict[str, An
 
 def measure(n: int, steps: int) -> list[dict[str, Any]]:
     """The in-process and the worker row for ``n`` slots."""
+    from duplex.engine.worker import start_worker
     from duplex.plugins.builtin.echo import EchoPlugin
-    from duplex.plugins.worker import start_worker
 
     gc.collect()
     local = EchoPlugin(max_sessions=n)

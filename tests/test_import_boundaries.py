@@ -29,7 +29,7 @@ PLUGIN_CONTRACT = (
     "duplex.plugins",
     "duplex.plugins.base",
     "duplex.plugins.registry",
-    "duplex.plugins.worker",
+    "duplex.engine.worker",
 )
 
 # package -> (allowed project module prefixes, heavy third-party modules it must not load)

@@ -146,7 +146,7 @@ def make_plugin(assets: Path, n: int, args: argparse.Namespace) -> Any:
     float32 on the CPU, bfloat16 on a GPU; ``--no-cuda-graphs``, ``--compile``,
     ``--kv-cache``, ``--fp8-weights``, ``--attention`` and ``--prefill-chunk`` pass
     through. Not loaded yet, unless ``--worker`` runs it in a worker process
-    (``duplex.plugins.worker``), whose proxy comes back loaded.
+    (``duplex.engine.worker``), whose proxy comes back loaded.
     """
     from duplex.plugins.personaplex.plugin import PersonaPlexPlugin
 
@@ -167,7 +167,7 @@ def make_plugin(assets: Path, n: int, args: argparse.Namespace) -> Any:
         "batch_buckets": getattr(args, "buckets", "off"),
     }
     if getattr(args, "worker", False):
-        from duplex.plugins.worker import WorkerConfig, start_worker
+        from duplex.engine.worker import WorkerConfig, start_worker
 
         return start_worker(PersonaPlexPlugin.name, str(assets), options, WorkerConfig())
     return PersonaPlexPlugin(assets, **options)

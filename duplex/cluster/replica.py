@@ -46,7 +46,7 @@ from duplex.cluster.relay import Relays, RemoteSessions
 from duplex.cluster.whole import ReplicaHealth, WholeApplication, gather_answers
 from duplex.engine import Engine, collector
 from duplex.engine.ids import OwnedSessionIds, owner_of
-from duplex.plugins.worker import WorkerState
+from duplex.engine.worker import WorkerState
 from duplex.server.config import ServeConfig
 from duplex.server.serve import build_app
 

@@ -403,7 +403,7 @@ class PluginError(DuplexError):
     leaves the session open unless the error happened while opening its slot.
 
     ``fatal`` (a class attribute) marks an error after which the session cannot go on with
-    this model at all (its worker process died, ``duplex.plugins.worker.WorkerFailed``): the
+    this model at all (its worker process died, ``duplex.engine.worker.WorkerFailed``): the
     engine sends the error and then closes the session with the code as the close reason.
     """
 

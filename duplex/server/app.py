@@ -29,7 +29,7 @@ from starlette.responses import Response
 from starlette.routing import Route, WebSocketRoute
 
 from duplex import version
-from duplex.plugins.worker import Supervisor, WorkerState, WorkerStatus
+from duplex.engine.worker import Supervisor, WorkerState, WorkerStatus
 from duplex.protocol import ProtocolError
 from duplex.server.auth import api_key_ok, presented_api_key
 from duplex.server.config import ServerConfig

@@ -210,7 +210,7 @@ class ServeConfig(msgspec.Struct, frozen=True, kw_only=True, forbid_unknown_fiel
     model_name: str | None = None
     # The plugin's options (``duplex plugins NAME`` lists them with their defaults).
     plugin_options: dict[str, object] = {}
-    # Run the plugin in a supervised worker process (``duplex.plugins.worker``); ``None`` (unset): the
+    # Run the plugin in a supervised worker process (``duplex.engine.worker``); ``None`` (unset): the
     # plugin's own default (``Plugin.prefers_worker``: a model on a CUDA device does). ``worker_python``
     # (which implies ``worker``) runs it with another interpreter, e.g. another virtual
     # environment's; ``worker_config`` is handed to ``WorkerConfig`` (timeouts, restart backoff).

@@ -22,7 +22,7 @@ from prometheus_client import CollectorRegistry, generate_latest
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, HistogramMetricFamily, Metric
 from prometheus_client.registry import Collector
 
-from duplex.plugins.worker import Supervisor, WorkerState
+from duplex.engine.worker import Supervisor, WorkerState
 from duplex.protocol.errors import ERROR_TYPES
 from duplex.server.close_codes import CloseReason
 

@@ -13,7 +13,7 @@ from collections.abc import Iterator, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
-from duplex.plugins.worker import Supervisor
+from duplex.engine.worker import Supervisor
 
 __all__ = ["ServedModel", "ServedModels"]
 

@@ -5,7 +5,7 @@ session gets ``session.closed{reason:"shutdown"}`` and its socket is closed with
 restart, which the ``openai`` SDK retries) before uvicorn tears the connections down.
 
 With ``worker`` (``--worker``) the plugin runs in a supervised worker process
-(``duplex.plugins.worker``): the engine drives its proxy, ``watch_worker`` tells the engine when
+(``duplex.engine.worker``): the engine drives its proxy, ``watch_worker`` tells the engine when
 the worker dies (its sessions end with ``model_worker_failed`` and close 1012; new sessions are
 refused with ``resource_exhausted`` while a new worker starts) and when it is back, and the worker
 is stopped after the drain.
@@ -25,9 +25,7 @@ import uvicorn
 
 from duplex.engine import collector
 from duplex.engine.model_thread import on_model_thread
-from duplex.plugins import registry
-from duplex.plugins.base import Plugin, PluginError
-from duplex.plugins.worker import (
+from duplex.engine.worker import (
     Supervisor,
     WorkerConfig,
     WorkerEvent,
@@ -36,6 +34,8 @@ from duplex.plugins.worker import (
     WorkerPlugin,
     start_worker,
 )
+from duplex.plugins import registry
+from duplex.plugins.base import Plugin, PluginError
 from duplex.server.config import ConfigError, ServeConfig
 from duplex.server.http_protocol import DuplexHttpProtocol
 from duplex.server.log_redaction import install_log_redaction

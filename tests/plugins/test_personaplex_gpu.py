@@ -25,6 +25,7 @@ pytest.importorskip("sentencepiece")
 
 import torch
 
+from duplex.engine.worker import start_worker
 from duplex.plugins.base import FramePlugin, SlotInput, SlotOptions
 from duplex.plugins.personaplex.config import FRAME_SAMPLES
 from duplex.plugins.personaplex.plugin import PersonaPlexPlugin
@@ -36,7 +37,6 @@ from duplex.plugins.personaplex.testing import (
     speech_like,
     step_watched,
 )
-from duplex.plugins.worker import start_worker
 
 pytestmark = [
     pytest.mark.gpu,

@@ -14,9 +14,9 @@ import numpy as np
 import pytest
 import torch
 
+from duplex.engine.worker import start_worker
 from duplex.plugins.base import SlotInput, SlotOptions
 from duplex.plugins.minicpmo.plugin import MiniCPMOPlugin
-from duplex.plugins.worker import start_worker
 
 pytestmark = [
     pytest.mark.gpu,
@@ -144,8 +144,14 @@ def test_the_flow_in_float16_against_float32_on_the_full_size_architecture(capsy
     runs = {}
     for flow in ("float32", "float16"):
         plugin = MiniCPMOPlugin.from_options(
-            None, random_weights=True, config="full", max_sessions=2, device="cuda", cuda_graphs=True,
-            flow_dtype=flow, max_new_tokens=8,
+            None,
+            random_weights=True,
+            config="full",
+            max_sessions=2,
+            device="cuda",
+            cuda_graphs=True,
+            flow_dtype=flow,
+            max_new_tokens=8,
         )
         plugin.load()
         runs[flow] = []

@@ -10,7 +10,7 @@ from collections.abc import Iterator
 
 import pytest
 
-from duplex.plugins.worker import WorkerConfig, WorkerEvent, WorkerEventKind, WorkerPlugin, start_worker
+from duplex.engine.worker import WorkerConfig, WorkerEvent, WorkerEventKind, WorkerPlugin, start_worker
 
 #: Child processes of these tests run torch (PersonaPlex) on one thread, as the in-process side does.
 ONE_THREAD = {"OMP_NUM_THREADS": "1", "MKL_NUM_THREADS": "1"}

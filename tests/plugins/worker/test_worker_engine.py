@@ -15,7 +15,7 @@ import numpy as np
 import pytest
 
 from duplex.engine import Detached, Engine, EngineConfig, SessionError
-from duplex.plugins.worker import WorkerConfig, WorkerEvent, WorkerEventKind, WorkerPlugin, start_worker
+from duplex.engine.worker import WorkerConfig, WorkerEvent, WorkerEventKind, WorkerPlugin, start_worker
 from duplex.protocol.audio import pcm16_encode
 from duplex.protocol.realtime.commands import InputAudioBufferAppend, InputAudioBufferCommit, ResponseCreate
 from duplex.server.serve import worker_observer

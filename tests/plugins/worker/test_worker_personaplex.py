@@ -15,9 +15,9 @@ import pytest
 pytest.importorskip("moshi")
 pytest.importorskip("sentencepiece")
 
+from duplex.engine.worker import start_worker
 from duplex.plugins.base import FramePlugin, SlotInput, SlotOptions
 from duplex.plugins.personaplex.plugin import PersonaPlexPlugin
-from duplex.plugins.worker import start_worker
 
 from .conftest import FAST
 

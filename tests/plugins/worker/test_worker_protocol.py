@@ -12,12 +12,9 @@ import msgspec
 import numpy as np
 import pytest
 
-from duplex.plugins.base import BatchRequest, SlotOptions, ToolCall, ToolResult
-from duplex.plugins.builtin.echo import EchoPlugin
-from duplex.plugins.builtin.scripted import ScriptedTurnPlugin, ScriptedUnitPlugin
-from duplex.plugins.worker import WorkerConfig
-from duplex.plugins.worker.channel import Channel, ChannelClosed
-from duplex.plugins.worker.protocol import (
+from duplex.engine.worker import WorkerConfig
+from duplex.engine.worker.channel import Channel, ChannelClosed
+from duplex.engine.worker.protocol import (
     Advance,
     ArrayRef,
     Begin,
@@ -39,7 +36,10 @@ from duplex.plugins.worker.protocol import (
     Step,
     TurnRequestMsg,
 )
-from duplex.plugins.worker.shm import AreaWriter, SharedAreas, area_sizes, view_array
+from duplex.engine.worker.shm import AreaWriter, SharedAreas, area_sizes, view_array
+from duplex.plugins.base import BatchRequest, SlotOptions, ToolCall, ToolResult
+from duplex.plugins.builtin.echo import EchoPlugin
+from duplex.plugins.builtin.scripted import ScriptedTurnPlugin, ScriptedUnitPlugin
 
 REQUESTS = [
     Init("echo", None, {"max_sessions": 4, "nested": {"a": [1, 2.5, "x"]}}),
@@ -221,8 +221,8 @@ def test_input_rows_are_the_input_area_as_frames() -> None:
 
 _ATTACH = """
 import sys, msgspec
-from duplex.plugins.worker.protocol import Attach
-from duplex.plugins.worker.shm import SharedAreas
+from duplex.engine.worker.protocol import Attach
+from duplex.engine.worker.shm import SharedAreas
 areas = SharedAreas.attach(msgspec.json.decode(sys.argv[1], type=Attach))
 print(areas.input[:3].tobytes().decode())
 areas.output[5:7] = (122, 122)

@@ -11,6 +11,13 @@ import os
 import numpy as np
 import pytest
 
+from duplex.engine.worker import (
+    FrameWorkerPlugin,
+    TurnWorkerPlugin,
+    WorkerCallError,
+    WorkerState,
+    start_worker,
+)
 from duplex.plugins.base import (
     FramePlugin,
     PluginError,
@@ -23,13 +30,6 @@ from duplex.plugins.base import (
 )
 from duplex.plugins.builtin.echo import EchoPlugin
 from duplex.plugins.builtin.scripted import ScriptedTurnPlugin, ScriptedUnitPlugin
-from duplex.plugins.worker import (
-    FrameWorkerPlugin,
-    TurnWorkerPlugin,
-    WorkerCallError,
-    WorkerState,
-    start_worker,
-)
 
 from .conftest import FAST
 
@@ -264,8 +264,8 @@ def _batch_script(plugin) -> list:
 def test_a_batch_plugin_through_a_worker_gives_the_same_chunks_and_images(tmp_path) -> None:
     """``toy-batch`` (a test plugin) is registered for the worker through a distribution's entry
     point on the worker's ``PYTHONPATH``, the way an installed plugin package is."""
+    from duplex.engine.worker import BatchWorkerPlugin, WorkerConfig
     from duplex.plugins.base import BatchPlugin
-    from duplex.plugins.worker import BatchWorkerPlugin, WorkerConfig
     from tests.plugins.worker.toy_batch import ToyBatchPlugin
 
     dist = tmp_path / "toy_batch-0.dist-info"

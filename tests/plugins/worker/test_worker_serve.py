@@ -33,7 +33,7 @@ import websockets
 
 from bench.loopback import free_port
 from clients.collector import event_type
-from duplex.plugins.worker import WorkerConfig
+from duplex.engine.worker import WorkerConfig
 from duplex.protocol.audio import pcm16_encode
 from duplex.protocol.realtime.commands import InputAudioBufferAppend
 from duplex.server.config import ConfigError, ServeConfig

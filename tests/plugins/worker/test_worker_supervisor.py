@@ -19,14 +19,14 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from duplex.plugins.base import PluginError, SlotInput, SlotOptions, TurnRequest
-from duplex.plugins.worker import (
+from duplex.engine.worker import (
     WorkerConfig,
     WorkerEventKind,
     WorkerFailed,
     WorkerState,
     start_worker,
 )
+from duplex.plugins.base import PluginError, SlotInput, SlotOptions, TurnRequest
 
 from .conftest import FAST, Events, wait_exit
 
@@ -168,7 +168,7 @@ def test_a_worker_that_fails_to_restart_is_tried_again(tmp_path: Path, events: E
     )
     wrapper.chmod(0o755)
     config = WorkerConfig(python=str(wrapper), restart_delay_initial_s=0.0, restart_delay_max_s=0.0)
-    caplog.set_level(logging.ERROR, logger="duplex.plugins.worker")
+    caplog.set_level(logging.ERROR, logger="duplex.engine.worker")
     with start_worker("echo", options={"max_sessions": 2}, config=config, observer=events) as plugin:
         events.next(WorkerEventKind.READY)
         marker.touch()
@@ -208,7 +208,7 @@ def test_stop_ends_the_worker_cleanly_or_kills_one_that_ignores_sigterm(events: 
 _PARENT = textwrap.dedent(
     """
     import sys
-    from duplex.plugins.worker import start_worker
+    from duplex.engine.worker import start_worker
     plugin = start_worker("echo")
     print(plugin.supervisor.status().pid, flush=True)
     print(plugin.supervisor.live_connection().areas.attach_message.name, flush=True)

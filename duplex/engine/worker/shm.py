@@ -42,8 +42,8 @@ from multiprocessing.shared_memory import SharedMemory
 
 import numpy as np
 
+from duplex.engine.worker.protocol import ArrayRef, Attach
 from duplex.plugins.base import Capabilities, PluginKind
-from duplex.plugins.worker.protocol import ArrayRef, Attach
 
 __all__ = ["OUTPUT_PERIODS_PER_SLOT", "AreaWriter", "SharedAreas", "area_sizes", "inline_array", "view_array"]
 

@@ -40,24 +40,10 @@ from typing import Any, ClassVar
 import msgspec
 import numpy as np
 
-from duplex.plugins.base import (
-    BatchPlugin,
-    BatchRequest,
-    Capabilities,
-    FramePlugin,
-    Plugin,
-    PluginError,
-    PluginKind,
-    SlotInput,
-    SlotOptions,
-    SlotOutput,
-    TurnPlugin,
-    TurnRequest,
-)
-from duplex.plugins.worker.channel import ChannelClosed
-from duplex.plugins.worker.config import WorkerConfig
-from duplex.plugins.worker.errors import WorkerCallError, WorkerFailed, worker_died
-from duplex.plugins.worker.protocol import (
+from duplex.engine.worker.channel import ChannelClosed
+from duplex.engine.worker.config import WorkerConfig
+from duplex.engine.worker.errors import WorkerCallError, WorkerFailed, worker_died
+from duplex.engine.worker.protocol import (
     Advance,
     Begin,
     CancelSlot,
@@ -75,8 +61,22 @@ from duplex.plugins.worker.protocol import (
     Step,
     TurnRequestMsg,
 )
-from duplex.plugins.worker.shm import AreaWriter, inline_array, view_array
-from duplex.plugins.worker.supervisor import Connection, Observer, Supervisor
+from duplex.engine.worker.shm import AreaWriter, inline_array, view_array
+from duplex.engine.worker.supervisor import Connection, Observer, Supervisor
+from duplex.plugins.base import (
+    BatchPlugin,
+    BatchRequest,
+    Capabilities,
+    FramePlugin,
+    Plugin,
+    PluginError,
+    PluginKind,
+    SlotInput,
+    SlotOptions,
+    SlotOutput,
+    TurnPlugin,
+    TurnRequest,
+)
 
 __all__ = ["BatchWorkerPlugin", "FrameWorkerPlugin", "TurnWorkerPlugin", "WorkerPlugin", "start_worker"]
 

@@ -4,7 +4,7 @@ Theory of operation
 -------------------
 One thread per supervisor (``duplex-worker-NAME``) owns the child processes, one at a time:
 
-1. *start*: spawn the child (``python -m duplex.plugins.worker.child``, with the interpreter of
+1. *start*: spawn the child (``python -m duplex.engine.worker.child``, with the interpreter of
    ``WorkerConfig.python``), send ``Init``, wait up to ``start_timeout_s`` for ``Ready`` (the
    plugin built and loaded there), create the shared memory sized from the capabilities and
    ``Attach`` it. The connection is then **ready**: ``connection()`` hands it to callers.
@@ -49,16 +49,16 @@ from typing import Any
 
 import msgspec
 
+from duplex.engine.worker.channel import Channel, ChannelClosed
+from duplex.engine.worker.config import WorkerConfig
+from duplex.engine.worker.errors import WorkerFailed, worker_died
+from duplex.engine.worker.protocol import MAX_MESSAGE_BYTES, Done, Failure, Init, Ready, Reply
+from duplex.engine.worker.shm import SharedAreas, area_sizes
 from duplex.plugins.base import PluginError
-from duplex.plugins.worker.channel import Channel, ChannelClosed
-from duplex.plugins.worker.config import WorkerConfig
-from duplex.plugins.worker.errors import WorkerFailed, worker_died
-from duplex.plugins.worker.protocol import MAX_MESSAGE_BYTES, Done, Failure, Init, Ready, Reply
-from duplex.plugins.worker.shm import SharedAreas, area_sizes
 
 __all__ = ["Connection", "Supervisor", "WorkerEvent", "WorkerEventKind", "WorkerState", "WorkerStatus"]
 
-log = logging.getLogger("duplex.plugins.worker")
+log = logging.getLogger("duplex.engine.worker")
 
 
 class WorkerState(enum.StrEnum):
@@ -404,7 +404,7 @@ class Supervisor:
         args = [
             python,
             "-m",
-            "duplex.plugins.worker.child",
+            "duplex.engine.worker.child",
             "--fd",
             str(child_sock.fileno()),
             "--parent",

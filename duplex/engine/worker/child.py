@@ -1,6 +1,6 @@
 """The worker process: one plugin, answering the server over the worker protocol.
 
-The supervisor runs ``python -m duplex.plugins.worker.child --fd N --parent PID --log-level L``
+The supervisor runs ``python -m duplex.engine.worker.child --fd N --parent PID --log-level L``
 (with the interpreter of ``WorkerConfig.python``), with one end of a connected socket pair as
 descriptor ``N``; it logs to the server's standard error at the server's level. The child
 builds the plugin exactly as the server would in-process
@@ -30,10 +30,8 @@ from typing import Any
 
 import numpy as np
 
-from duplex.plugins import registry
-from duplex.plugins.base import Plugin, PluginError, SlotInput, SlotOutput, TurnRequest
-from duplex.plugins.worker.channel import Channel, ChannelClosed
-from duplex.plugins.worker.protocol import (
+from duplex.engine.worker.channel import Channel, ChannelClosed
+from duplex.engine.worker.protocol import (
     MAX_MESSAGE_BYTES,
     Advance,
     ArrayRef,
@@ -55,11 +53,13 @@ from duplex.plugins.worker.protocol import (
     Respond,
     Step,
 )
-from duplex.plugins.worker.shm import AreaWriter, SharedAreas, view_array
+from duplex.engine.worker.shm import AreaWriter, SharedAreas, view_array
+from duplex.plugins import registry
+from duplex.plugins.base import Plugin, PluginError, SlotInput, SlotOutput, TurnRequest
 
 __all__ = ["WorkerServer", "main"]
 
-log = logging.getLogger("duplex.plugins.worker.child")
+log = logging.getLogger("duplex.engine.worker.child")
 
 _PR_SET_PDEATHSIG = 1
 _DONE = Done()
@@ -307,7 +307,7 @@ def _die_with_parent(parent_pid: int) -> None:
 
 
 def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(prog="duplex.plugins.worker.child")
+    parser = argparse.ArgumentParser(prog="duplex.engine.worker.child")
     parser.add_argument("--fd", type=int, required=True, help="descriptor of the connected socket")
     parser.add_argument("--parent", type=int, required=True, help="the supervising process's pid")
     parser.add_argument("--log-level", default="INFO", help="the server's log level")
