@@ -36,7 +36,16 @@ limit), ``max_piece_chars`` (200), ``first_clause`` (True), ``default_voice`` (`
 voice by name), ``noise_scale`` / ``noise_w_scale`` (None: the voice's own), ``volume`` (1.0),
 ``threads`` (ONNX Runtime intra-op threads per call, 0 = its default), ``workers`` (threads that
 synthesise one step's pieces side by side; default: the CPU count, at most 8; 1 = one after
-another).
+another), ``memory_pattern`` (False) and ``arena_shrinkage`` (False), below.
+
+Memory: ONNX Runtime keeps the memory of its calls in an arena it does not give back, so the
+plugin holds what its largest step needed: a plateau, not a leak, bounded by ``max_piece_chars``
+(the size of one call) and ``workers`` (calls at once); about 0.77 GB for two 200-character
+pieces side by side. ONNX Runtime's "memory pattern" (``memory_pattern=True``, its default) plans
+one block per input shape, and as Piper's inputs change length with every piece the arena grew in
+steps to about 1.2 GB in the same rounds, so it is off here (synthesis takes as long without it).
+``arena_shrinkage=True`` gives the arena's free memory back after every call (0.27 to 0.45 GB)
+for about 11 % more synthesis time. ``python -m bench.piper_memory`` measures the three.
 
 Request options (``BatchRequest.options``): ``voice`` (default: the session's voice, given when its
 slot opened, else ``default_voice``), ``speed`` (0.25 to 4.0, default 1.0).
@@ -88,6 +97,8 @@ _OPTION_TYPES: dict[str, type] = {
     "volume": float,
     "threads": int,
     "workers": int,
+    "memory_pattern": bool,
+    "arena_shrinkage": bool,
 }
 
 
@@ -131,6 +142,8 @@ class PiperTTSPlugin(BatchPlugin):
         volume: float = 1.0,
         threads: int = 0,
         workers: int | None = None,
+        memory_pattern: bool = False,
+        arena_shrinkage: bool = False,
     ) -> None:
         for key, value, lo in (
             ("max_sessions", max_sessions, 1),
@@ -154,6 +167,8 @@ class PiperTTSPlugin(BatchPlugin):
         self._volume = volume
         self._threads = threads
         self._workers = min(8, os.cpu_count() or 1) if workers is None else workers
+        self._memory_pattern = memory_pattern
+        self._arena_shrinkage = arena_shrinkage
         self._pool: ThreadPoolExecutor | None = None
         self._phonemize_lock = threading.Lock()
         self._voices: dict[str, object] = {}  # name -> piper.PiperVoice
@@ -210,6 +225,7 @@ class PiperTTSPlugin(BatchPlugin):
             config = PiperConfig.from_dict(json.loads(Path(f"{path}.json").read_text(encoding="utf-8")))
             options = onnxruntime.SessionOptions()
             options.intra_op_num_threads = self._threads
+            options.enable_mem_pattern = self._memory_pattern  # the module docstring: Memory
             session = onnxruntime.InferenceSession(
                 str(path), sess_options=options, providers=["CPUExecutionProvider"]
             )
@@ -312,13 +328,11 @@ class PiperTTSPlugin(BatchPlugin):
             volume=self._volume,
         )
         pieces = speech_pieces(text, self._max_piece_chars, first_clause=self._first_clause)
+        run = onnxruntime.RunOptions()
+        if self._arena_shrinkage:
+            run.add_run_config_entry("memory.enable_memory_arena_shrinkage", "cpu:0")
         state = _Request(
-            epoch=request.epoch,
-            voice=voice,
-            config=config,
-            pieces=pieces,
-            total_chars=len(text),
-            run=onnxruntime.RunOptions(),
+            epoch=request.epoch, voice=voice, config=config, pieces=pieces, total_chars=len(text), run=run
         )
         with self._interrupt_lock:
             self._slots.start(request.slot, state)

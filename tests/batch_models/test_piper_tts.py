@@ -226,6 +226,27 @@ def test_plugin_options_are_checked() -> None:
     assert err.value.code == "not_supported"
 
 
+def test_the_memory_options_change_nothing_that_is_heard(plugin: PiperTTSPlugin) -> None:
+    """ONNX Runtime's memory pattern and arena shrinkage (serve-time strings, as typed) only change
+    where the memory of a call comes from."""
+    other = PiperTTSPlugin.from_options(
+        max_sessions="1",
+        noise_scale="0",
+        noise_w_scale="0",
+        threads="1",
+        max_piece_chars="48",
+        memory_pattern="true",
+        arena_shrinkage="true",
+    )
+    other.load()
+    try:
+        other.open_slot(0, SlotOptions())
+        theirs = audio(drive(other, {0: [request(0)]})[0])
+    finally:
+        other.close()
+    np.testing.assert_array_equal(theirs, audio(drive(plugin, {0: [request(0)]})[0]))
+
+
 @given(st.text(alphabet=st.sampled_from("ab ,.!\n"), max_size=300), st.integers(min_value=1, max_value=40))
 def test_pieces_join_back_to_the_text_and_respect_the_bound(text: str, bound: int) -> None:
     pieces = speech_pieces(text, bound, first_clause=True)
