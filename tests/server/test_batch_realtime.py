@@ -126,7 +126,8 @@ async def test_response_input_and_extra_body_make_a_request_that_leaves_the_conv
         "response.done",
         "rate_limits.updated",
     ]
-    assert failed[1]["error"]["code"] == "invalid_session_config" and "pitch" in failed[1]["error"]["message"]
+    assert (failed[1]["error"]["code"], failed[1]["error"]["param"]) == ("invalid_session_config", "pitch")
+    assert "pitch" in failed[1]["error"]["message"]
     assert failed[2]["response"]["status"] == "failed"
 
 
