@@ -480,7 +480,9 @@ class SessionRunner:
                 except PluginError as exc:
                     slot_refused = True
                     now = self.manager.now()
-                    failed = self.session.slot_failed(exc.code, exc.message, now, event_id=action.event_id)
+                    failed = self.session.slot_failed(
+                        exc.code, exc.message, now, param=exc.param, event_id=action.event_id
+                    )
                     self._emit(failed)
                     if exc.fatal:  # the model is gone (its worker died): the session ends here
                         self.manager.metrics.session_failures.inc()

@@ -361,17 +361,19 @@ class Session:
         message: str,
         now: float,
         *,
+        param: str | None = None,
         event_id: str | None = None,
     ) -> list[Event]:
         """The plugin refused to open (or reopen) the slot (``OpenSlot``, ``RestartSlot``): one
-        ``error`` with its code (and ``event_id``, the client event whose input opened it, as the
-        action carried it); the active response ends as failed and the turns waiting for it are
-        dropped. The slot counts as closed: the next input that needs the model opens it again with
-        the settings then in force (a ``session.update`` may change them meanwhile)."""
+        ``error`` with its code (and ``param``, the setting it named; ``event_id``, the client event
+        whose input opened it, as the action carried it); the active response ends as failed and the
+        turns waiting for it are dropped. The slot counts as closed: the next input that needs the
+        model opens it again with the settings then in force (a ``session.update`` may change them
+        meanwhile)."""
         if self.closed:
             return []
         self.slot_phase, self._ahead, self._prefill_at = SlotPhase.CLOSED, None, None
-        error = ProtocolError(code, message, event_id=event_id)
+        error = ProtocolError(code, message, param=param, event_id=event_id)
         events: list[Event] = [error.to_event(new_event_id())]
         if self.output.active is not None:
             self.epoch += 1  # no ``CancelSlot``: there is no slot to cancel

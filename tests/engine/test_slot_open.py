@@ -283,8 +283,8 @@ def test_a_refused_open_fails_the_waiting_response_and_the_next_input_opens_agai
     s = session()
     s.handle(ResponseCreate(), 0.0)
     s.take_actions()
-    events = s.slot_failed("invalid_session_config", "the persona does not fit", 0.1)
-    assert codes(events) == [("invalid_session_config", None)]
+    events = s.slot_failed("invalid_session_config", "the persona does not fit", 0.1, param="instructions")
+    assert codes(events) == [("invalid_session_config", "instructions")]
     assert events[0].error.message == "the persona does not fit"
     done = next(e for e in events if types([e]) == ["response.done"]).response
     assert done.status == "failed" and done.status_details.error.code == "invalid_session_config"
