@@ -1,4 +1,9 @@
-"""``bench.batch_models`` runs on a CPU with tiny models: every mode, the JSON, the plot."""
+"""``bench.batch_models`` runs on a CPU with tiny models: every mode, the JSON, the plot.
+
+The default tier runs every mode once: images and Qwen3 speech in process, Piper against its own
+API, through a server's HTTP routes and plotted. Both models through the server at two levels is
+``slow``: the server mode's code is the same for both, and it costs the most.
+"""
 
 from __future__ import annotations
 
@@ -40,13 +45,17 @@ def test_the_bench_serves_images_and_speech_and_writes_its_report(tmp_path: Path
     assert saved["rows"] == result["rows"] and saved["args"]["preset"] == "tiny"
 
 
-def test_piper_is_measured_against_its_own_api_and_plotted(tmp_path: Path) -> None:
+def test_piper_is_measured_against_its_own_api_and_through_the_server_and_plotted(tmp_path: Path) -> None:
     pytest.importorskip("piper")
     pytest.importorskip("matplotlib")
     out = tmp_path / "piper.json"
-    args = "--model tts --tts piper --concurrency 2 --rounds 1 --baseline-requests 1 --warmup 0 --plot -q"
-    result = main([*args.split(), "--json", str(out)])
-    assert [(r["mode"], r["concurrency"]) for r in result["rows"]] == [("piper-1by1", 1), ("plugin", 2)]
+    args = "--model tts --tts piper --concurrency 2 --rounds 1 --baseline-requests 1 --warmup 0"
+    result = main([*args.split(), "--through-server", "--plot", "-q", "--json", str(out)])
+    rows = {(r["mode"], r["concurrency"]): r for r in result["rows"]}
+    assert list(rows) == [("piper-1by1", 1), ("plugin", 2), ("server", 2)]
+    speech = rows["server", 2]
+    assert speech["requests"] == 2 and speech["unit"] == "audio_s/s" and speech["throughput"] > 0
+    assert speech["first_audio_p99_ms"] >= speech["first_audio_p50_ms"] > 0
     assert out.with_suffix(".png").is_file()
 
 
@@ -67,6 +76,8 @@ def test_the_loop_starts_held_back_requests_at_their_step_and_clients_in_turn(sd
     assert second.submitted == first.finished and second.finished == held.finished
 
 
+@pytest.mark.slow  # both models through a server at two levels; the server mode itself is
+# test_piper_is_measured_against_its_own_api_and_through_the_server_and_plotted's
 def test_through_the_server_the_same_jobs_come_from_concurrent_http_clients(tmp_path: Path) -> None:
     pytest.importorskip("piper")
     out = tmp_path / "through_server.json"

@@ -24,7 +24,9 @@ STAGES = {
 }
 
 
-def test_the_profile_times_every_stage_of_a_unit_for_each_slot_count(tmp_path):
+def _profile(tmp_path, *args_after: str) -> list[dict]:
+    """``bench.minicpmo_profile`` on the tiny checkpoint, one unit after one of warm-up, on one torch
+    thread; its JSON rows."""
     import torch
 
     from bench.minicpmo_profile import main
@@ -35,17 +37,17 @@ def test_the_profile_times_every_stage_of_a_unit_for_each_slot_count(tmp_path):
     out = tmp_path / "profile.json"
     threads = torch.get_num_threads()
     torch.set_num_threads(1)
+    args = ["--model-path", str(ckpt), "--device", "cpu", "--units", "1", "--warmup", "1"]
+    args += ["--context-tokens", "1024", "--json", str(out), *args_after]
     try:
-        args = ["--model-path", str(ckpt), "--device", "cpu", "--units", "1"]
-        args += ["--warmup", "1", "--context-tokens", "1024", "--json", str(out)]
-        # torch.profiler costs seconds per unit on a CPU: one slot count is enough to see its table
-        main([*args, "--sessions", "2", "--torch-profile", str(tmp_path / "prof")])
-        (profiled,) = json.loads(out.read_text())["rows"]
-        main([*args, "--sessions", "1,2"])
+        main(args)
     finally:
         torch.set_num_threads(threads)
-    saved = json.loads(out.read_text())
-    rows = saved["rows"]
+    return json.loads(out.read_text())["rows"]
+
+
+def test_the_profile_times_every_stage_of_a_unit_for_each_slot_count(tmp_path):
+    rows = _profile(tmp_path, "--sessions", "1,2")
     assert [r["sessions"] for r in rows] == [1, 2]
     for row in rows:
         stages = row["stages"]
@@ -56,5 +58,11 @@ def test_the_profile_times_every_stage_of_a_unit_for_each_slot_count(tmp_path):
         assert row["step_ms_mean"] >= sum(
             v["host_ms"] for k, v in stages.items() if k in ("prefill", "decode")
         )
+
+
+@pytest.mark.slow  # torch.profiler costs seconds per unit on a CPU; the stages of every slot count
+# are test_the_profile_times_every_stage_of_a_unit_for_each_slot_count's
+def test_the_torch_profile_of_a_slot_count_is_written_as_a_table(tmp_path):
+    (profiled,) = _profile(tmp_path, "--sessions", "2", "--torch-profile", str(tmp_path / "prof"))
     assert profiled["sessions"] == 2 and profiled["kernels_per_unit"] == 0  # a CPU launches no kernels
     assert [p.name for p in (tmp_path / "prof").iterdir()] == ["profile_N2.txt"]
