@@ -5,7 +5,7 @@ BIN := $(VENV)/bin
 TORCH ?= torch==2.13.0
 STAMP := $(VENV)/.installed
 
-.PHONY: serve test test-kernels test-cluster lint bench-codec clean thirdparty-envs parity-envs
+.PHONY: serve test test-slow test-kernels test-cluster lint bench-codec clean thirdparty-envs parity-envs
 
 $(BIN)/python:
 	$(PY) -m venv $(VENV)
@@ -29,6 +29,13 @@ serve: $(STAMP)
 test: $(STAMP)
 	$(BIN)/ruff check .
 	$(BIN)/python -m pytest -q $(PYTEST_ARGS)
+
+# The slow tier (pytest's `slow` marker): the soak and big fuzz suites, the benchmarks' whole runs
+# (the fast tier runs each of their modes once) and the uvloop runs of the end-to-end tests that wait
+# on real time. The third-party clients' tests are slow too but need their own venvs:
+# `make thirdparty-envs`, then `pytest -m slow tests/thirdparty`.
+test-slow: $(STAMP)
+	$(BIN)/python -m pytest -q -m 'slow and not gpu' --ignore=tests/thirdparty $(PYTEST_ARGS)
 
 # The numerics-heavy tests (the model plugins, the batch models, the reference parity) once more with
 # PyTorch's CPU kernels forced to the baseline x86-64 instruction set: ATen's vectorised kernels,
