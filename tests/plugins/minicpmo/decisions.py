@@ -23,6 +23,7 @@ tokens so far give both runs the same inputs, so their next logits are again wit
 from __future__ import annotations
 
 import math
+from collections.abc import Sequence
 from dataclasses import dataclass
 
 import torch
@@ -30,17 +31,32 @@ import torch
 from duplex.plugins.minicpmo.decode import SALT_BOUNDARY, SALT_TOKEN
 from duplex.plugins.minicpmo.plugin import MiniCPMOPlugin
 from duplex.plugins.minicpmo.sampling import gumbel, gumbel_at, penalize_presence
+from duplex.plugins.minicpmo.vision import VisionEncoder
 from tests.rounding import EPS32, EPS64, depth_tolerance, reduction_lengths, sum_tolerance
 
-__all__ = ["Decisions", "logit_bound"]
+__all__ = ["Decisions", "logit_bound", "vision_lengths"]
 
 
-def logit_bound(plugin: MiniCPMOPlugin, logits: torch.Tensor) -> torch.Tensor:
+def vision_lengths(encoder: VisionEncoder, patches: int) -> list[int]:
+    """The reductions a frame's embeddings went through: every matrix product and convolution of the
+    vision tower and the resampler, the resampler's input projection (a bare weight) and its output
+    matrix, and attention's sums over a head's width and over the frame's ``patches`` keys (the
+    softmax's and the values'), per layer."""
+    vpm, rs = encoder.vpm, encoder.resampler
+    layers = len(vpm.encoder.layers)
+    head_dim = vpm.encoder.layers[0].self_attn.head_dim
+    tower_heads = [head_dim, patches, patches] * layers
+    resampler = [rs.embed_dim, rs.embed_dim // rs.num_heads, patches, patches, rs.proj.shape[0]]
+    return reduction_lengths(vpm) + reduction_lengths(rs) + tower_heads + resampler
+
+
+def logit_bound(plugin: MiniCPMOPlugin, logits: torch.Tensor, upstream: Sequence[int] = ()) -> torch.Tensor:
     """How far two runs' float32 logits ``[rows, vocab]`` of one position may be apart, per row.
 
     ``depth_tolerance`` at the model's precision over the language model's reductions (every matrix
     product, per layer its two RMS norms, the per-head norms and query-key products over a head's
-    width and the attention's two sums over every key a row can read, then the final norm), with
+    width and the attention's two sums over every key a row can read, then the final norm) and the
+    ``upstream`` reductions of inputs the two runs encode at other shapes (``vision_lengths``), with
     activations the size of the row's largest logit. Some roundings are float32 whatever the model's
     precision: the rotary cosines and sines are float32 values on every path (their vector and scalar
     kernels may differ by an ulp on two shapes, which moves each rotated query and key by at most 2
@@ -50,7 +66,7 @@ def logit_bound(plugin: MiniCPMOPlugin, logits: torch.Tensor) -> torch.Tensor:
     c = thinker.llm.config
     keys = thinker.cache.capacity
     per_layer = [c.hidden_size, c.head_dim, c.head_dim, keys, keys, c.hidden_size]
-    lengths = [*reduction_lengths(thinker.llm), *per_layer * c.num_hidden_layers, c.hidden_size]
+    lengths = [*upstream, *reduction_lengths(thinker.llm), *per_layer * c.num_hidden_layers, c.hidden_size]
     rotations = [2, 2] * c.num_hidden_layers
     magnitude = logits.abs().amax(dim=-1).double()
     if thinker.embed_tokens.weight.dtype == torch.float64:
@@ -71,12 +87,13 @@ class Decisions:
     """Every token ``plugin``'s decoder samples from now on, checked for the margins of its choices.
 
     ``tokens`` counts the tokens checked, ``undecided`` lists those that another run's rounding could
-    have changed (module docstring). The plugin's decoder is observed, not altered: its sampler runs
-    as before, after each check.
+    have changed (module docstring); ``upstream`` as ``logit_bound``'s. The plugin's decoder is
+    observed, not altered: its sampler runs as before, after each check.
     """
 
-    def __init__(self, plugin: MiniCPMOPlugin) -> None:
+    def __init__(self, plugin: MiniCPMOPlugin, upstream: Sequence[int] = ()) -> None:
         self.plugin = plugin
+        self.upstream = list(upstream)
         self.tokens = 0
         self.undecided: list[Undecided] = []
         decoder = plugin.generator.decoder
@@ -90,7 +107,7 @@ class Decisions:
 
     def _check(self, r, logits: torch.Tensor) -> None:
         opts = self.plugin.generator.decoder.opts
-        bound = logit_bound(self.plugin, logits)
+        bound = logit_bound(self.plugin, logits, self.upstream)
         step = int(r.step)
         last = step >= opts.max_new_tokens - 1  # the unit ends here whatever the logits say
         for i in torch.nonzero(r.active)[:, 0].tolist():

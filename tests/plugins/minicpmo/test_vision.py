@@ -14,7 +14,8 @@ pytest.importorskip("transformers")
 from duplex.plugins.minicpmo.config import TINY_CONFIG, MiniCPMOConfig
 from duplex.plugins.minicpmo.modules import MiniCPMOModel
 from duplex.plugins.minicpmo.vision import VisionEncoder, best_size
-from tests.rounding import depth_tolerance, reduction_lengths
+from tests.plugins.minicpmo.decisions import vision_lengths
+from tests.rounding import depth_tolerance
 
 
 @pytest.fixture(scope="module")
@@ -67,16 +68,8 @@ def _reference(enc: VisionEncoder, data: bytes) -> torch.Tensor:
 
 def _tolerance(enc: VisionEncoder, patches: int, reference: torch.Tensor) -> float:
     """Our pass (fused q/k/v, batched frames) and the reference compute the same sums in other orders:
-    ``depth_tolerance`` over every matrix product and convolution of the tower and the resampler,
-    the resampler's input projection (a bare weight) and its output matrix, and attention's sums over
-    a head's width and over the frame's ``patches`` keys (the softmax's and the values'), per layer."""
-    vpm, rs = enc.vpm, enc.resampler
-    layers = len(vpm.encoder.layers)
-    head_dim = vpm.encoder.layers[0].self_attn.head_dim
-    tower_heads = [head_dim, patches, patches] * layers
-    resampler = [rs.embed_dim, rs.embed_dim // rs.num_heads, patches, patches, rs.proj.shape[0]]
-    lengths = reduction_lengths(vpm) + reduction_lengths(rs) + tower_heads + resampler
-    return depth_tolerance(float(reference.abs().max()), lengths)
+    ``depth_tolerance`` over the tower's and the resampler's reductions (``vision_lengths``)."""
+    return depth_tolerance(float(reference.abs().max()), vision_lengths(enc, patches))
 
 
 @torch.no_grad()
