@@ -100,6 +100,11 @@ async def open_and_stream(client: SeedsClient, seconds: int) -> None:
         await client.append(audio[start : start + step], **extra)
 
 
+#: A turn of one unit: a second of speech codes after the three silence codes a turn starts with
+#: (120 ms at 25 codes a second), as upstream's duplex loop starts every turn.
+ONE_UNIT_TURN_MS = 1120
+
+
 async def test_the_minicpm_browser_sequence_against_minicpmo(checkpoints):
     model = plugin(checkpoints["speak"])
     engine_config = EngineConfig(max_sessions=2)
@@ -126,11 +131,16 @@ async def test_the_minicpm_browser_sequence_against_minicpmo(checkpoints):
         assert (delta["format"], delta["sample_rate_hz"], len(base64.b64decode(delta["delta"]))) == (
             "pcm16",
             24000,
-            48000,
+            ONE_UNIT_TURN_MS * 48,  # 24 kHz, 16-bit
         )
-        assert (meta["model_speak"], meta["end_of_turn"], meta["audio_duration_ms"]) == (True, True, 1000)
-        assert meta["audio_text_marks"] == [{"text_chars": len("hello"), "audio_end_ms": 1000}]
-        assert meta["playback"] == {"generated_ms": 1000, "sent_ms": 1000, "played_ms": 0, "committed_ms": 0}
+        assert (meta["model_speak"], meta["end_of_turn"], meta["audio_duration_ms"]) == (
+            True,
+            True,
+            ONE_UNIT_TURN_MS,
+        )
+        assert meta["audio_text_marks"] == [{"text_chars": len("hello"), "audio_end_ms": ONE_UNIT_TURN_MS}]
+        generated = {"generated_ms": ONE_UNIT_TURN_MS, "sent_ms": ONE_UNIT_TURN_MS}
+        assert meta["playback"] == {**generated, "played_ms": 0, "committed_ms": 0}
         assert transcript["delta"] == "hello"
         assert done["response"]["status_details"] == {"type": "completed", "reason": "stop"}
 
@@ -139,7 +149,7 @@ async def test_the_minicpm_browser_sequence_against_minicpmo(checkpoints):
         ack = {"type": "playback.ack", "response_id": rid, "item_id": f"item_{rid}"}
         await client.send({**ack, "played_ms": played, "committed_ms": played})
         acknowledged = await client.until("playback.acknowledged")
-        assert (acknowledged["event"] or acknowledged)["committed_ms"] == 1000
+        assert (acknowledged["event"] or acknowledged)["committed_ms"] == ONE_UNIT_TURN_MS
         assert acknowledged["event"]["history_committed"] is True
         assert acknowledged["event"]["item_id"] == f"item_{rid}"
 
