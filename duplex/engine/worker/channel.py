@@ -110,9 +110,13 @@ class Channel:
 
     def call(self, message: Any, timeout_s: float | None = None) -> Any:
         """``send`` then ``recv``: one request and its reply; ``timeout_s`` (when given) becomes the
-        socket's timeout from this call on (``TimeoutError`` when a read waits longer)."""
+        socket's timeout from this call on (``TimeoutError`` when a read waits longer). A channel
+        that ``close()`` shut, even from another thread mid-call, raises ``ChannelClosed``."""
         if timeout_s is not None and timeout_s != self._timeout_s:
-            self.sock.settimeout(timeout_s)
+            try:
+                self.sock.settimeout(timeout_s)
+            except OSError as exc:  # closed by ``close()`` from another thread since the caller looked
+                raise ChannelClosed(f"worker connection lost: {exc}") from None
             self._timeout_s = timeout_s
         self.send(message)
         return self.recv()

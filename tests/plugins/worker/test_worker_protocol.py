@@ -157,6 +157,17 @@ def test_close_from_another_thread_wakes_a_blocked_recv() -> None:
     left.close()
 
 
+def test_a_call_on_a_channel_closed_since_the_caller_looked_raises_channel_closed() -> None:
+    # The supervisor closes a dead worker's channel from its own thread; a step or close_slot that
+    # checked ``dead`` a moment before must get ChannelClosed (the worker is gone), not EBADF.
+    left, right = _pair()
+    right.close()
+    for timeout in (5.0, None):  # a new timeout (settimeout on the closed socket), then the same
+        with pytest.raises(ChannelClosed):
+            right.call(Next(1), timeout)
+    left.close()
+
+
 # ---------------------------------------------------------------------------- shared memory
 
 
