@@ -256,8 +256,10 @@ class _TransportOnly:
         admission: Any = None,
         resumable: bool = True,
         dialect: Any = None,
+        notices: Any = (),
     ) -> _AnswerEachAppend:
-        """``Engine.open``'s signature (the route passes ``dialect``, ``admission``); all ignored."""
+        """``Engine.open``'s signature (the route passes ``dialect``, ``admission``, ``notices``); all
+        ignored."""
         return _AnswerEachAppend()
 
     def has_session(self, session_id: str) -> bool:

@@ -1,13 +1,14 @@
 """DuplexClient: the client over a WebSocket (``websockets``), with automatic resume.
 
-Opening: with a session config the client connects with ``?model=...&autostart=0`` and sends
-``session.update`` first (the server waits for it); without one it connects with ``?model=...`` and
-the server opens a default session at once. Either way the first event must be ``session.created``;
-an ``error`` instead raises ``ClientError`` with its code. With ``queue=True`` (``?queue=1``) a
-server whose every session slot is taken lets the client wait for one: each ``session.queued``
-update before ``session.created`` is kept in ``queue_status`` (the first one's time in
-``queued_at``) and handed to ``on_queued``, and the open timeout starts over with each update (the
-server bounds the wait itself).
+Opening: with a session config the client connects with ``?autostart=0`` and sends
+``session.update`` first (the server waits for it); without one it connects with ``?autostart=1``
+and the server opens a default session at once. ``model`` goes in the query when given (else the
+session config's ``model`` names it, or the server's default model answers). Either way the first
+event must be ``session.created``; an ``error`` instead raises ``ClientError`` with its code. With
+``queue=True`` (``?queue=1``) a server whose every session slot is taken lets the client wait for
+one: each ``session.queued`` update before ``session.created`` is kept in ``queue_status`` (the
+first one's time in ``queued_at``) and handed to ``on_queued``, and the open timeout starts over
+with each update (the server bounds the wait itself).
 
 Resume: when the socket drops (any close other than after ``session.closed``/``expired``), the
 client reconnects with jittered exponential backoff (``reconnect_attempts`` tries, from
@@ -183,13 +184,14 @@ class DuplexClient(DuplexClientBase):
         return event
 
     async def _open_transport(self) -> None:
-        model = self.model or "duplex"
-        queue = {"queue": "1"} if self.queue else {}
+        query = {"model": self.model} if self.model else {}
+        if self.queue:
+            query["queue"] = "1"
         if self.session_config is not None:
-            ws = await self._connect(model=model, autostart="0", **queue)
+            ws = await self._connect(autostart="0", **query)
             await ws.send(encode(DuplexSessionUpdate(session=self.session_config), self.mode))
         else:
-            ws = await self._connect(model=model, **queue)
+            ws = await self._connect(autostart="1", **query)
         first = await self._expect_opened(ws, "session.created")
         self._ws = ws
         self._set_connected()

@@ -27,7 +27,7 @@ import asyncio
 import concurrent.futures
 import contextlib
 import logging
-from collections.abc import AsyncIterator, Callable
+from collections.abc import AsyncIterator, Callable, Sequence
 from typing import Any
 
 from duplex.engine import collector
@@ -53,6 +53,7 @@ from duplex.plugins.base import (
 )
 from duplex.protocol.ext.dialect import Dialect
 from duplex.protocol.realtime.commands import SessionUpdate
+from duplex.protocol.wire import Event
 
 __all__ = ["Engine"]
 
@@ -210,9 +211,13 @@ class Engine:
         admission: Admission | None = None,
         resumable: bool = True,
         dialect: Dialect = Dialect.GA,
+        notices: Sequence[Event] = (),
     ) -> Attachment:
-        """Open a session; its attachment starts with ``session.created`` (and ``session.updated``
-        when ``update`` opened it). ``session.model`` is the served model name whatever ``model`` says.
+        """Open a session; its attachment starts with ``session.created``, then ``notices`` (the
+        opener's ``session.warning`` events about the open: the server stood this model in for the
+        one the client named), then, when ``update`` opened it, ``session.updated`` and the update's
+        own warnings (a voice stood in for the one it asked for). ``session.model`` is the served
+        model name whatever ``model`` says.
         ``api_key_id``: an opaque digest of the API key that opens it (never the key); the session
         is bound to it, and ``resume`` must present the same. ``None``: not bound to a key.
         ``admission``: a slot reserved by ``admit`` (otherwise one is taken now, or the open is
@@ -241,6 +246,7 @@ class Engine:
             admission=admission,
             resumable=resumable,
             dialect=dialect,
+            notices=notices,
         )
 
     async def open_stream(self, options: SlotOptions | None = None) -> BatchStream:

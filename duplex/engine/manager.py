@@ -37,7 +37,7 @@ import concurrent.futures
 import functools
 import logging
 import operator
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from typing import Any
 
 from duplex.engine.admission import Admission, QueueListener, WaitingRoom
@@ -76,6 +76,7 @@ from duplex.protocol.realtime.commands import (
     ResponseCreate,
     SessionUpdate,
 )
+from duplex.protocol.wire import Event
 
 __all__ = ["SessionManager", "SessionRecord"]
 
@@ -364,18 +365,25 @@ class SessionManager:
         admission: Admission | None = None,
         resumable: bool = True,
         dialect: Dialect = Dialect.GA,
+        notices: Sequence[Event] = (),
     ) -> Attachment:
         """Admit (or use ``admission``), open the plugin slot, start the runner; returns the first
         attachment. ``api_key_id``: the opening key's digest; a resume must present the same
-        (``resume``). ``paced`` / ``resumable`` / ``dialect``: see ``Engine.open``. On failure the
-        admission is released."""
+        (``resume``). ``paced`` / ``resumable`` / ``dialect`` / ``notices``: see ``Engine.open``. On
+        failure the admission is released."""
         if admission is None:
             admission = await self.reserve(None)
         elif admission.used:
             raise SessionError("engine_error", "this admission was already used or released")
         try:
             return await self._open(
-                admission, update, api_key_id, paced=paced, resumable=resumable, dialect=dialect
+                admission,
+                update,
+                api_key_id,
+                paced=paced,
+                resumable=resumable,
+                dialect=dialect,
+                notices=notices,
             )
         except BaseException:
             self.release(admission)
@@ -390,6 +398,7 @@ class SessionManager:
         paced: bool,
         resumable: bool,
         dialect: Dialect,
+        notices: Sequence[Event],
     ) -> Attachment:
         slot = admission.slot
         caps, config = self.capabilities, self.config
@@ -437,8 +446,9 @@ class SessionManager:
         token = credential.issue() if credential is not None else None
         att = self._attachment(record, generation, token)
         att.push([session.created_event(token, generation)], preload=True)
-        if update is not None:
-            att.push(session.updated_events(now), preload=True)
+        opening = session.opening_events(notices, update.session if update is not None else None, now)
+        if opening:
+            att.push(opening, preload=True)
         record.attachment = att
         record.binding = self._binding(record)
         self.records[session_id] = record

@@ -9,9 +9,11 @@ the options of each ``response.create``:
   the conversation;
 * the options are ``response.extra_body`` (our extension: a batch model's request parameters, its
   known keys typed by ``ResponseExtraBody``) plus the response's voice (GA ``audio.output.voice``, or
-  the beta ``voice``) when ``extra_body`` names none. OpenAI's own voice names (which stock clients
-  send without knowing the model) stand for the model's default voice, as they do in
-  ``session.update``. The model checks the options and refuses what it does not take.
+  the beta ``voice``) when ``extra_body`` names none. The voice is chosen as in ``session.update``
+  (``settings.voice_for``): OpenAI's own voice names (which stock clients send without knowing the
+  model) stand for the model's default voice, and a voice stood in for gives a ``session.warning``
+  (``voice_substituted``, param ``response.voice``). The model checks the options and refuses what
+  it does not take (an unknown voice: ``voice_not_found``).
 
 Media (``media_events``): a batch model's output may carry an image (a PNG file by the time the
 session sees it: the batch driver encodes it on the model thread), a chunk of video frames, or the
@@ -27,9 +29,14 @@ from typing import Any
 import numpy as np
 
 from duplex.engine.conversation import Conversation
-from duplex.engine.settings import OPENAI_VOICES
+from duplex.engine.settings import voice_for, voice_notice
 from duplex.plugins.base import Capabilities, SlotOutput
-from duplex.protocol.ext.events import ResponseOutputImageDone, ResponseOutputVideoDelta, ResponseProgress
+from duplex.protocol.ext.events import (
+    ResponseOutputImageDone,
+    ResponseOutputVideoDelta,
+    ResponseProgress,
+    SessionWarning,
+)
 from duplex.protocol.ids import new_event_id
 from duplex.protocol.image import encode_png, png_size
 from duplex.protocol.realtime.items import (
@@ -47,25 +54,27 @@ __all__ = ["media_events", "request_input"]
 
 def request_input(
     params: Any, conversation: Conversation, caps: Capabilities
-) -> tuple[str | None, dict[str, object]]:
-    """``(text, options)`` of a ``response.create`` whose ``response`` is ``params`` (or None).
+) -> tuple[str | None, dict[str, object], SessionWarning | None]:
+    """``(text, options, notice)`` of a ``response.create`` whose ``response`` is ``params`` (or
+    None); ``notice``: the ``session.warning`` for a voice stood in for the one it asked for.
 
     Raises ``ProtocolError`` (``item_not_found``, param ``response.input[i].id``) for an
     ``item_reference`` to an item the conversation does not hold.
     """
     if params is None:
-        return conversation.last_user_text(), {}
+        return conversation.last_user_text(), {}, None
     if params.input is not None:
         text = _last_user_text(params.input, conversation)
     else:
         text = conversation.last_user_text()
     options: dict[str, object] = dict(getattr(params, "extra_body", None) or {})
-    voice = _response_voice(params)
-    if voice is not None and "voice" not in options:
-        if caps.voices and voice not in caps.voices and voice in OPENAI_VOICES:
-            voice = caps.default_voice or caps.voices[0]
-        options["voice"] = voice
-    return text, options
+    asked = _response_voice(params)
+    if asked is None or "voice" in options:
+        return text, options, None
+    voice = voice_for(asked, caps)
+    if voice is not None:
+        options["voice"] = voice  # a model without named voices gets none: it speaks in its own
+    return text, options, voice_notice(asked, voice, "response.voice")
 
 
 def _last_user_text(items: list[Any], conversation: Conversation) -> str | None:

@@ -68,7 +68,7 @@ object refuses further use).
 from __future__ import annotations
 
 import enum
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from typing import Any
 
 import msgspec
@@ -95,7 +95,7 @@ from duplex.engine.output_stream import OutputStream
 from duplex.engine.overlap import NO_HINTS, CommitAction, OverlapAction, hints_of
 from duplex.engine.requests import media_events, request_input
 from duplex.engine.response import ActiveResponse, EndReason, listen_event
-from duplex.engine.settings import Lane, SessionSettings, model_turns_notice
+from duplex.engine.settings import Lane, SessionSettings, update_notices
 from duplex.engine.sizes import event_size
 from duplex.engine.transitions import TurnState
 from duplex.engine.usage import UsageMeter
@@ -157,6 +157,7 @@ from duplex.protocol.realtime.items import (
     MessageItem,
 )
 from duplex.protocol.realtime.responses import ResponseError
+from duplex.protocol.realtime.session import SessionConfig
 from duplex.protocol.wire import Event
 
 __all__ = ["Session", "SlotPhase", "TurnState"]
@@ -423,9 +424,18 @@ class Session:
             attachment_generation=generation,
         )
 
-    def updated_events(self, now: float) -> list[Event]:
-        """``session.updated`` with the current settings (journaled)."""
-        return self._journal([DuplexSessionUpdated(event_id=new_event_id(), session=self._render())], now)
+    def opening_events(
+        self, notices: Sequence[Event], patch: SessionConfig | None, now: float
+    ) -> list[Event]:
+        """The events that follow ``session.created`` (journaled): ``notices``, the opener's warnings
+        about the open (a model stood in for the one asked for); then, for a session opened by a
+        ``session.update`` whose settings were ``patch``, ``session.updated`` and that update's
+        warnings (``update_notices``), as a later update gets them."""
+        events = list(notices)
+        if patch is not None:
+            events.append(DuplexSessionUpdated(event_id=new_event_id(), session=self._render()))
+            events += update_notices(patch, self.settings, self.caps)
+        return self._journal(events, now) if events else events
 
     # ------------------------------------------------------------------ commands
 
@@ -464,9 +474,7 @@ class Session:
         elif not opened:
             self._arm_prefill(now)  # the settings changed: the slot opens ahead once they settle
         events.append(DuplexSessionUpdated(event_id=new_event_id(), session=self._render()))
-        notice = model_turns_notice(cmd.session, self.caps)  # the model's own turns replace the VAD
-        if notice is not None:
-            events.append(notice)
+        events += update_notices(cmd.session, self.settings, self.caps)
         return events
 
     def _restart_model(self, now: float) -> list[Event]:
@@ -517,9 +525,10 @@ class Session:
         for i, item in enumerate(inline or ()):
             if isinstance(item, MessageItem):
                 _refuse_unread_parts(item, self.caps, f"response.input[{i}]")
-        text, options = request_input(cmd.response, self.conversation, self.caps)
+        text, options, notice = request_input(cmd.response, self.conversation, self.caps)
         pcm, self.user.committed_audio = self.user.committed_audio, None
-        return self._start_turn(pcm, text, metadata, now, options)
+        events = self._start_turn(pcm, text, metadata, now, options)
+        return [notice, *events] if notice is not None else events
 
     @handles(ResponseCancel)
     def _response_cancel(self, cmd: ResponseCancel, now: float) -> list[Event]:

@@ -26,9 +26,12 @@ Decisions:
 * the output format starts as pcm16 at 24 kHz, what OpenAI's GA schema allows for ``audio/pcm``
   (strict clients, the ``openai`` SDK and Pipecat among them, refuse a ``session.created`` with
   another rate); a model with another rate is resampled to it. A client may ask for any rate;
-* OpenAI's own voice names (``OPENAI_VOICES``: stock clients send one by default) map onto the
-  model's default voice when the model has no voice of that name (none, for a model without named
-  voices); any other unknown voice is ``voice_not_found``;
+* the voice is the one asked for when the model has it (``voice_for``); OpenAI's own voice names
+  (``OPENAI_VOICES``: stock clients send one by default) stand for the model's default voice when
+  the model has no voice of that name, and so does any name on a model without named voices (its
+  default is none: it speaks in its own voice); any other unknown voice is ``voice_not_found``. A
+  voice stood in for is never silent: the session object shows the voice in effect and
+  ``voice_notice`` gives the ``session.warning`` (``voice_substituted``) that names both;
 * the voice may not change once the session produced audio;
 * a model that cannot call tools (``Capabilities.supports_tools`` false) takes a session's
   ``tools`` without an error, as stock clients send theirs to every model, and the session object
@@ -91,7 +94,15 @@ from duplex.protocol.realtime.session import (
     TracingConfig,
 )
 
-__all__ = ["Lane", "SessionSettings", "model_turns_notice", "wire_capabilities"]
+__all__ = [
+    "Lane",
+    "SessionSettings",
+    "model_turns_notice",
+    "update_notices",
+    "voice_for",
+    "voice_notice",
+    "wire_capabilities",
+]
 
 
 class Lane(enum.StrEnum):
@@ -200,18 +211,17 @@ class SessionSettings(msgspec.Struct, frozen=True, kw_only=True):
         changes: dict[str, Any] = {}
         if patch.instructions is not None and patch.instructions != self.instructions:
             changes["instructions"] = patch.instructions
-        voice = patch.resolved_voice()
-        if voice is not None and voice in OPENAI_VOICES and voice not in caps.voices:
-            # A stock client's default: the model's own (none, for a model without named voices).
-            voice = caps.default_voice or (caps.voices[0] if caps.voices else self.voice)
-        if voice is not None and voice != self.voice:
+        asked = patch.resolved_voice()
+        if asked is not None:
+            voice = voice_for(asked, caps)
             if caps.voices and voice not in caps.voices:
                 raise ProtocolError(
                     "voice_not_found",
                     f"unknown voice {voice!r}; available: {', '.join(caps.voices)}",
                     param="session.voice",
                 )
-            changes["voice"] = voice
+            if voice != self.voice:
+                changes["voice"] = voice
         temperature = getattr(patch, "temperature", None)
         if temperature is not None:
             changes["temperature"] = temperature
@@ -471,6 +481,47 @@ def model_turns_notice(patch: SessionConfig, caps: Capabilities) -> SessionWarni
         "is not run, and the session's turn_detection is null",
         param="turn_detection",
     )
+
+
+def voice_for(asked: str, caps: Capabilities) -> str | None:
+    """The voice a client asking for ``asked`` gets (see the module docstring): ``asked`` when the
+    model has it, the model's default voice in its stead, or ``asked`` itself when it is unknown to
+    a model with named voices (the caller refuses it: ``voice_not_found``)."""
+    if asked in caps.voices:
+        return asked
+    if not caps.voices:
+        return caps.default_voice  # none: the model speaks in its own voice
+    if asked in OPENAI_VOICES:
+        return caps.default_voice or caps.voices[0]
+    return asked
+
+
+def voice_notice(asked: str | None, used: str | None, param: str) -> SessionWarning | None:
+    """The ``session.warning`` (``voice_substituted``) for a client that asked for the voice ``asked``
+    (the field ``param``) and got ``used``; None when it got what it asked for, or asked for none."""
+    if asked is None or asked == used:
+        return None
+    instead = f"the voice {used!r}" if used is not None else "its own voice (it has no named voices)"
+    return SessionWarning(
+        event_id=new_event_id(),
+        code="voice_substituted",
+        message=f"this model has no voice {asked!r}: it speaks in {instead}",
+        param=param,
+    )
+
+
+def update_notices(
+    patch: SessionConfig, settings: SessionSettings, caps: Capabilities
+) -> list[SessionWarning]:
+    """The ``session.warning`` events that follow the ``session.updated`` of an applied ``patch``
+    (``settings``: the settings it gave): server-side turn detection on a model that takes its own
+    turns (``model_turns_notice``), then a voice stood in for the one it asked for
+    (``voice_notice``)."""
+    notices = (
+        model_turns_notice(patch, caps),
+        voice_notice(patch.resolved_voice(), settings.voice, "voice"),
+    )
+    return [n for n in notices if n is not None]
 
 
 def wire_capabilities(caps: Capabilities) -> SessionCapabilities:

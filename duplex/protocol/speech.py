@@ -55,8 +55,8 @@ AUDIO_FILE_FORMATS: tuple[str, ...] = ("mp3", "opus", "aac", "flac", "wav", "pcm
 class SpeechRequest(msgspec.Struct, frozen=True, kw_only=True):
     """``POST /v1/audio/speech``: speak ``input`` with ``voice`` (the model's default when absent;
     OpenAI's own voice names stand for it too) at ``speed``, as ``response_format`` (OpenAI's
-    default, ``mp3``). ``stream_format``: absent, one whole file (with its length); ``audio``, the
-    file's bytes as they are made; ``sse``, server-sent ``speech.audio.delta`` events carrying them
+    default, ``mp3``). ``stream_format``: absent or ``audio``, the file's bytes as they are made
+    (as OpenAI sends them); ``sse``, server-sent ``speech.audio.delta`` events carrying them
     (base64) and a last ``speech.audio.done``. ``instructions``, ``language`` and ``seed`` go to
     models that take them (others refuse them). Unknown fields are ignored."""
 

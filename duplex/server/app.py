@@ -93,11 +93,13 @@ def create_app(
     more_models: Sequence[ServedModel] = (),
 ) -> Starlette:
     """The Starlette app serving ``engine`` (the default model) and ``more_models`` beside it.
-    ``model_name``: the name clients see (default: plugin name). ``workers``: the supervisors of the
+    ``model_name``: the name clients see (default: the engine's own ``model_name``, else its plugin's
+    name). ``workers``: the supervisors of the
     model's worker processes, shown by ``/health`` and ``/metrics``."""
 
     config = config or ServerConfig()
-    name = model_name or getattr(engine, "plugin_name", None) or "duplex"
+    name = model_name or getattr(engine, "model_name", None) or getattr(engine, "plugin_name", None)
+    name = name or "duplex"
     served = ServedModels([ServedModel(name, engine, tuple(workers)), *more_models])
     state = AppState(served, config)
 

@@ -14,11 +14,9 @@ its response; the model drops the request at its next step). A request that ends
 its session and waits until it has released its admission slot, so the client's next request finds
 it free.
 
-``pick_model`` chooses the served model: the one named (``model_not_found``, HTTP 404, for a name
-this server does not serve), or without a name the first that makes the route's output. A served
-model that does not make it from text (a duplex model on the speech route, a TTS model on the image
-route) is ``invalid_model`` (HTTP 400). What a model makes is read from its capabilities: a
-``batch`` model with text input and the output among its ``output_modalities``.
+The routes choose the served model with ``ServedModels.pick`` (``duplex.server.models``): what a
+model makes is read from its capabilities, a ``batch`` model with text input and the output among
+its ``output_modalities``.
 """
 
 from __future__ import annotations
@@ -30,43 +28,17 @@ from collections.abc import AsyncIterator
 from typing import Any, Final
 
 from duplex.engine import Detached
-from duplex.plugins.base import Capabilities, PluginKind
 from duplex.protocol.errors import DuplexError, ProtocolError
 from duplex.protocol.ext.commands import DuplexResponseCreate, DuplexResponseCreateParams, SessionClose
 from duplex.protocol.realtime.events import ErrorDetail, ErrorEvent, ResponseCreated, ResponseDone
 from duplex.protocol.wire import Event
-from duplex.server.models import ServedModel, ServedModels
 
-__all__ = ["makes", "pick_model", "request_session", "response_events"]
+__all__ = ["request_session", "response_events"]
 
 log = logging.getLogger("duplex.server.batch")
 
 #: How long a finished request waits for its session to release its slot (the close pipeline).
 CLOSE_WAIT_S: Final = 5.0
-
-
-def makes(caps: Capabilities, output: str) -> bool:
-    """Whether a model with ``caps`` makes ``output`` (``"audio"``, ``"image"``) from a text alone."""
-    return caps.kind is PluginKind.BATCH and caps.supports_text_input and output in caps.output_modalities
-
-
-def pick_model(models: ServedModels, name: str | None, output: str, what: str) -> ServedModel:
-    """The served model for a request naming ``name`` that wants ``output`` (``what`` names it in
-    messages: "text-to-speech"). Raises ``ProtocolError`` (see the module docstring)."""
-    if name is None:
-        for model in models:
-            if makes(model.engine.capabilities, output):
-                return model
-        raise ProtocolError("invalid_model", f"this server serves no {what} model", param="model")
-    model = models.get(name)
-    if model is None:
-        served = ", ".join(m.name for m in models)
-        raise ProtocolError(
-            "model_not_found", f"The model '{name}' does not exist (served: {served})", param="model"
-        )
-    if not makes(model.engine.capabilities, output):
-        raise ProtocolError("invalid_model", f"the model '{name}' is not a {what} model", param="model")
-    return model
 
 
 @contextlib.asynccontextmanager

@@ -141,10 +141,10 @@ class ServerConfig(msgspec.Struct, frozen=True, kw_only=True, forbid_unknown_fie
     # The HTTP routes of batch models (``/v1/audio/speech``, ``/v1/images/generations``): the largest
     # request body they read; a larger one is refused with 413 before it is read.
     max_http_body_bytes: int = 1 * MIB
-    # A streamed HTTP answer (``/v1/audio/speech`` with ``stream_format``) is read ahead of its
-    # client into a buffer of at most this many bytes, so its session ends, and frees its slot, when
-    # the model is done, however slowly the client reads; a client whose write stays blocked for
-    # ``send_timeout_s`` is dropped. Must be at least 1.
+    # A streamed HTTP answer (``/v1/audio/speech``, whose file goes out as it is made) is read ahead
+    # of its client into a buffer of at most this many bytes, so its session ends, and frees its
+    # slot, when the model is done, however slowly the client reads; a client whose write stays
+    # blocked for ``send_timeout_s`` is dropped. Must be at least 1.
     http_stream_buffer_bytes: int = 16 * MIB
     # ``WS /v1/audio/speech/stream``: text an utterance may buffer before its ``input.done`` (or a
     # sentence end) and the seconds a socket may stay silent between messages; past either the

@@ -7,8 +7,10 @@ Theory of operation
 -------------------
 2. *Open*: at once from the query (``?model=`` autostart, or resume parameters), or from the first
    message (``session.update`` opens, ``session.resume`` resumes, anything else opens a default
-   session and is then handled as the first command). A failure here sends one ``error`` and closes
-   (``resource_exhausted`` with 1013 so clients retry later, others with 1008). With ``?queue=1`` a
+   session and is then handled as the first command), on the model the client named
+   (``ServedModels.pick``: ``model`` in the query, else in the ``session.update``). A failure here
+   sends one ``error`` and closes (``resource_exhausted`` with 1013 so clients retry later, others,
+   ``model_not_found`` among them, with 1008). With ``?queue=1`` a
    client that finds every slot taken waits for one (``duplex.server.queueing``: ``session.queued``
    updates; a ``session.close`` or a disconnect leaves the queue). The MAP Realtime dialect
    (``duplex.server.map_realtime``) is this same connection with its own codec and open.
@@ -65,6 +67,7 @@ from duplex.protocol.realtime.commands import SessionUpdate
 from duplex.server.auth import api_key_ok, origin_ok
 from duplex.server.close_codes import CloseCode, CloseReason, close_reason_for_code
 from duplex.server.handshake import HandshakePlan, OpenHow
+from duplex.server.models import ModelPick, Wants
 from duplex.server.queueing import wait_for_slot
 from duplex.server.ratelimit import TokenBucket
 from duplex.server.sent_errors import SentErrors
@@ -219,11 +222,10 @@ class Connection:
     # -- opening ---------------------------------------------------------------------------
 
     async def run(self, plan: HandshakePlan) -> None:
-        engine = self.state.models.pick(plan.model).engine
         first: Any = None
         try:
             if plan.how is OpenHow.AUTOSTART:
-                att = await self._open(engine, plan)
+                att = await self._open(self.state.models.pick(plan.model, Wants.CONVERSATION), plan)
                 how = "autostart"
                 if att is None:
                     return
@@ -261,25 +263,32 @@ class Connection:
         if data is None:
             return None, "", None
         cmd = self._decode(data)  # ProtocolError: handled by the caller (error, then close)
-        asked = plan.model
-        if asked is None and isinstance(cmd, SessionUpdate):
-            asked = getattr(cmd.session, "model", None)
-        engine = self.state.models.pick(asked).engine
         if isinstance(cmd, SessionResume):
             seq = cmd.last_received_alias if cmd.last_received_alias is not None else cmd.last_event_seq
             return await self._resume(cmd.session_id, cmd.resume_token, seq), "resume", None
+        asked = plan.model
+        if asked is None and isinstance(cmd, SessionUpdate):
+            asked = getattr(cmd.session, "model", None)
+        pick = self.state.models.pick(asked, Wants.CONVERSATION)  # ProtocolError: handled by the caller
         if isinstance(cmd, SessionUpdate):
-            return await self._open(engine, plan, cmd), "session.update", None
+            return await self._open(pick, plan, cmd), "session.update", None
         # Any other first command: open a default session, then handle the command as the first one.
         self._held = cmd
-        return await self._open(engine, plan), "autostart", cmd
+        return await self._open(pick, plan), "autostart", cmd
 
-    async def _open(self, engine: Any, plan: HandshakePlan, update: SessionUpdate | None = None) -> Any:
-        """``engine.open``; with ``?queue=1``, after waiting for a slot (``wait_for_slot``) when
-        every one is taken. None: the client closed or left while it waited (the socket is closed)."""
+    async def _open(self, pick: ModelPick, plan: HandshakePlan, update: SessionUpdate | None = None) -> Any:
+        """Open a session on the picked model (``engine.open``; a model stood in for the one the
+        client named says so after ``session.created``: ``ModelPick.notices``); with ``?queue=1``,
+        after waiting for a slot (``wait_for_slot``) when every one is taken. None: the client closed
+        or left while it waited (the socket is closed)."""
+        engine = pick.model.engine
         if not plan.queue:
             return await engine.open(
-                model=plan.model, update=update, api_key_id=self.api_key_id, dialect=plan.dialect
+                model=plan.model,
+                update=update,
+                api_key_id=self.api_key_id,
+                dialect=plan.dialect,
+                notices=pick.notices(),
             )
         async with contextlib.AsyncExitStack() as stack:
             admission = await wait_for_slot(
@@ -304,6 +313,7 @@ class Connection:
                 api_key_id=self.api_key_id,
                 admission=admission,
                 dialect=plan.dialect,
+                notices=pick.notices(),
             )
 
     async def _while_queued(self, data: str | bytes) -> bool:

@@ -13,7 +13,8 @@ Rules:
   ``on_reconnecting`` hook, which can only rewrite the query);
 * otherwise ``model`` in the query opens a session at once and ``session.created`` is sent before
   anything is read (Pipecat waits for it); ``autostart=0`` or ``resume=1`` make the server wait for
-  the first message (``session.update`` or ``session.resume``) instead;
+  the first message (``session.update`` or ``session.resume``) instead; ``autostart=1`` without a
+  ``model`` opens one at once on the server's default model;
 * no ``model`` either: wait for the first message;
 * the subprotocol ``duplex.msgpack.v1``, when offered, selects binary msgpack frames; otherwise
   ``OpenAI-Beta: realtime=v1`` selects the beta event names; otherwise GA names;
@@ -170,7 +171,8 @@ def plan_handshake(
         )
 
     model = query.get("model") or None
-    if model is not None and autostart is not False and resume is not True:
+    asks_open = autostart is True or (model is not None and autostart is not False)
+    if asks_open and resume is not True:
         return HandshakePlan(
             mode=mode, subprotocol=subprotocol, how=OpenHow.AUTOSTART, model=model, queue=queue
         )

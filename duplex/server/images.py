@@ -8,7 +8,9 @@ model steps this request together with every other (realtime sessions' included)
 
 Refused before a session opens (``invalid_request_error``, 400): an empty prompt, ``stream: true``,
 ``response_format: "url"``, an ``output_format`` other than ``png``, a transparent background, a
-model that is not an image model (``invalid_model``; 404 ``model_not_found`` for a name not served).
+model that is not an image model (``invalid_model``; 404 ``model_not_found`` for a name not served
+when several image models could answer it: ``ServedModels.pick``). The answer names the model that
+made it in ``X-Duplex-Model``.
 Refused by the model (its codes, ``batch_models/README.md``): a size it does not make or ``n`` over
 its bound (``invalid_session_config``, 400), a prompt over its bound (``event_too_large``, 413).
 These are our codes; the answer carries OpenAI's for them (``http_errors``: ``invalid_value``,
@@ -33,9 +35,10 @@ from duplex.protocol.ext.commands import DuplexResponseCreateParams
 from duplex.protocol.ext.events import ResponseOutputImageDone
 from duplex.protocol.images import ImageData, ImageGenerationRequest, ImagesResponse
 from duplex.protocol.realtime.items import InputTextPart, MessageItem
-from duplex.server.batch_sessions import pick_model, request_session, response_events
+from duplex.server.batch_sessions import request_session, response_events
 from duplex.server.http_errors import error_response
 from duplex.server.http_requests import Departed, admit, read_json, until_departed
+from duplex.server.models import MODEL_HEADER, Wants
 
 __all__ = ["image_params", "images_endpoint"]
 
@@ -85,7 +88,7 @@ async def images_endpoint(request: Request) -> Response:
         key_id = admit(request)
         body = await read_json(request, ImageGenerationRequest, state.config.max_http_body_bytes)
         _check(body)
-        model = pick_model(state.models, body.model, "image", "image generation")
+        model = state.models.pick(body.model, Wants.IMAGE).model
         images = await until_departed(request, _generate(model.engine, key_id, body))
     except DuplexError as err:
         state.metrics.errors.bump(err.code)
@@ -100,4 +103,5 @@ async def images_endpoint(request: Request) -> Response:
         data=[ImageData(b64_json=base64.b64encode(e.image).decode("ascii")) for e in images],
         size=f"{images[0].width}x{images[0].height}" if images else None,
     )
-    return Response(msgspec.json.encode(answer), media_type="application/json")
+    headers = {MODEL_HEADER: model.name}
+    return Response(msgspec.json.encode(answer), media_type="application/json", headers=headers)

@@ -49,6 +49,7 @@ from duplex.protocol.map.events import MapSessionClosed
 from duplex.server.close_codes import CloseCode, CloseReason
 from duplex.server.connection import RETRYABLE_OPEN_CODES, Connection, session_error_parts
 from duplex.server.handshake import HandshakePlan
+from duplex.server.models import Wants
 from duplex.server.queueing import wait_for_slot
 
 __all__ = ["MapConnection"]
@@ -95,8 +96,9 @@ class MapConnection(Connection):
     # -- admission and open ------------------------------------------------------------------
 
     async def run(self, plan: HandshakePlan) -> None:
-        engine = self.state.models.pick(plan.model).engine
         try:
+            pick = self.state.models.pick(plan.model, Wants.CONVERSATION)
+            engine = pick.model.engine
             async with contextlib.AsyncExitStack() as stack:
                 admission = await wait_for_slot(
                     self,
@@ -126,6 +128,7 @@ class MapConnection(Connection):
                     api_key_id=self.api_key_id,
                     admission=admission,
                     resumable=False,
+                    notices=pick.notices(),  # journaled; the dialect has no message for them
                 )
         except ProtocolError as err:
             await self.fail(err, CloseCode.POLICY_VIOLATION)

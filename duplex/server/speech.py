@@ -1,26 +1,33 @@
 """``POST /v1/audio/speech``: OpenAI's text-to-speech route, served by a batch TTS model.
 
-One request is one short session on the model's engine (``batch_sessions``): the text goes in as
-``response.input``, the request's parameters as ``response.extra_body`` (``speed``, ``language``,
-``instructions``, ``seed``; the voice as the response's voice, so OpenAI's voice names stand for
-the model's default voice), and the session's audio deltas (pcm16 at 24 kHz, unpaced) come back as
-the file ``response_format`` asks for (``audio_files``; encoded off the event loop):
+One request is one short session on the model's engine (``batch_sessions``; the model chosen by
+``ServedModels.pick``): the text goes in as ``response.input``, the request's parameters as
+``response.extra_body`` (``speed``, ``language``, ``instructions``, ``seed``; the voice as the
+response's voice, so OpenAI's voice names stand for the model's default voice), and the session's
+audio deltas (pcm16 at 24 kHz, unpaced) come back as the file ``response_format`` asks for
+(``audio_files``; encoded off the event loop), as the model makes it:
 
-* no ``stream_format``: the whole file, with its length, once the model has finished;
-* ``stream_format: "audio"``: the file's bytes as they are made (chunked transfer);
+* no ``stream_format``, or ``"audio"``: the file's bytes as they are made (chunked transfer), as
+  OpenAI answers: a long text's file starts with its first spoken piece instead of after the whole
+  text (a ``wav`` states its sizes as ``0xFFFFFFFF``, "to the end", since they are not known when
+  its header goes out);
 * ``stream_format: "sse"``: ``speech.audio.delta`` events carrying those bytes (base64), then
   ``speech.audio.done``; a failure after the stream started is an ``error`` event.
+
+Every answer names the model that speaks (``X-Duplex-Model``) and the voice it speaks in
+(``X-Duplex-Voice``: the one asked for, or the model's default standing in for one of OpenAI's
+names or for none; no header for a model without named voices).
 
 A refused request gets OpenAI's error body (``http_errors``): the route's own checks (the body,
 an empty text, a model that is not a TTS model, a format it cannot write) before a session opens;
 the model's refusals (``voice_not_found``, ``event_too_large`` for a text over its bound,
-``invalid_session_config`` for an option it does not take) as they come. A streamed response waits
-for its first audio before it answers, so those refusals keep their status too; a failure after the
-first audio ends the stream early (``stream_format: "audio"``: the connection is cut, so the client
-sees an incomplete transfer rather than a short file).
+``invalid_session_config`` for an option it does not take) as they come. The answer waits for its
+first audio before its status goes out, so those refusals keep their status too; a failure after
+the first audio ends the body early (the file: the connection is cut, so the client sees an
+incomplete transfer rather than a short file).
 
 A client that goes away (``http.disconnect``) before its answer cancels it at once: the session
-closes and frees its slot (``http_requests.until_departed``). A streamed answer is read ahead of its
+closes and frees its slot (``http_requests.until_departed``). The answer is read ahead of its
 client (``http_streams.BufferedStream``, at most ``http_stream_buffer_bytes``), so the session ends
 when the model is done even if the client never reads; a client whose write stays blocked for
 ``send_timeout_s`` is dropped.
@@ -31,30 +38,34 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import logging
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Mapping
 from typing import Any, Final
 
 import msgspec
 from starlette.requests import Request
 from starlette.responses import Response
 
+from duplex.engine.settings import voice_for
 from duplex.protocol.errors import DuplexError, ProtocolError
 from duplex.protocol.ext.commands import DuplexResponseCreateParams
 from duplex.protocol.realtime.events import ResponseOutputAudioDelta
 from duplex.protocol.realtime.items import InputTextPart, MessageItem
 from duplex.protocol.speech import SpeechAudioDelta, SpeechAudioDone, SpeechError, SpeechRequest, SpeechUsage
-from duplex.server.audio_files import CONTENT_TYPES, AudioFileEncoder, encode_file
-from duplex.server.batch_sessions import pick_model, request_session, response_events
+from duplex.server.audio_files import CONTENT_TYPES, AudioFileEncoder
+from duplex.server.batch_sessions import request_session, response_events
 from duplex.server.http_errors import error_response
 from duplex.server.http_requests import Departed, admit, read_json, until_departed
 from duplex.server.http_streams import BufferedStream
+from duplex.server.models import MODEL_HEADER, ServedModel, Wants
 
-__all__ = ["SPEECH_RATE", "speech_endpoint", "speech_params"]
+__all__ = ["SPEECH_RATE", "VOICE_HEADER", "speech_endpoint", "speech_params"]
 
 log = logging.getLogger("duplex.server.speech")
 
 #: The rate of the speech route's audio: OpenAI's ``pcm`` is 24 kHz, and so is every format here.
 SPEECH_RATE: Final = 24000
+#: The response header that names the voice the answer speaks in.
+VOICE_HEADER: Final = "X-Duplex-Voice"
 _SSE: Final = "text/event-stream"
 _PYAV_FORMATS: Final = frozenset({"mp3", "opus", "aac", "flac"})
 
@@ -90,7 +101,7 @@ async def speech_endpoint(request: Request) -> Response:
         body = await read_json(request, SpeechRequest, state.config.max_http_body_bytes)
         if not body.input.strip():
             raise ProtocolError("response_create_without_input", "input is empty", param="input")
-        model = pick_model(state.models, body.model, "audio", "text-to-speech")
+        model = state.models.pick(body.model, Wants.SPEECH).model
         encoder = AudioFileEncoder(body.response_format, SPEECH_RATE)  # refuses a format it cannot write
     except DuplexError as err:
         return _refused(request, err)
@@ -102,9 +113,21 @@ async def speech_endpoint(request: Request) -> Response:
         instructions=body.instructions,
         seed=body.seed,
     )
-    if body.stream_format is None:
-        return await _whole_file(request, model.engine, key_id, params, body.response_format)
-    return await _stream(request, model.engine, key_id, params, encoder, sse=body.stream_format == "sse")
+    headers = _answer_headers(model, body.voice)
+    return await _stream(
+        request, model.engine, key_id, params, encoder, sse=body.stream_format == "sse", headers=headers
+    )
+
+
+def _answer_headers(model: ServedModel, voice: str | None) -> dict[str, str]:
+    """``X-Duplex-Model`` and ``X-Duplex-Voice`` (see the module docstring): the voice as the
+    session chooses it (``voice_for``; without one, the session's voice: the model's default)."""
+    caps = model.engine.capabilities
+    used = voice_for(voice, caps) if voice is not None else caps.default_voice
+    headers = {MODEL_HEADER: model.name}
+    if used is not None:
+        headers[VOICE_HEADER] = used
+    return headers
 
 
 def _refused(request: Request, err: DuplexError) -> Response:
@@ -112,26 +135,6 @@ def _refused(request: Request, err: DuplexError) -> Response:
     state.metrics.errors.bump(err.code)
     status = 503 if err.code == "resource_exhausted" and (state.draining or not state.ready) else None
     return error_response(err, status=status)
-
-
-async def _whole_file(
-    request: Request, engine: Any, key_id: bytes | None, params: DuplexResponseCreateParams, fmt: str
-) -> Response:
-    async def synthesize() -> bytes:
-        pcm = bytearray()
-        async with request_session(engine, key_id) as att:
-            async for event in response_events(att, params):
-                if isinstance(event, ResponseOutputAudioDelta):
-                    pcm += event.delta
-        return await asyncio.to_thread(encode_file, bytes(pcm), fmt, SPEECH_RATE)
-
-    try:
-        data = await until_departed(request, synthesize())
-    except DuplexError as err:
-        return _refused(request, err)
-    except Departed:
-        return _departed(request)
-    return Response(data, media_type=CONTENT_TYPES[fmt])
 
 
 def _departed(request: Request) -> Response:
@@ -148,6 +151,7 @@ async def _stream(
     encoder: AudioFileEncoder,
     *,
     sse: bool,
+    headers: Mapping[str, str],
 ) -> Response:
     """Open the session and wait for the first audio (or the end, or a refusal) before answering;
     the rest goes out through a ``BufferedStream`` (the session closes when the model is done,
@@ -181,6 +185,7 @@ async def _stream(
         send_timeout_s=state.config.send_timeout_s,
         on_slow_reader=lambda: state.metrics.detached.bump("slow_reader"),
         on_departed=lambda: state.metrics.detached.bump("client_gone"),
+        headers=headers,
     )
 
 

@@ -8,12 +8,14 @@ unpaced, closed with the socket): every unit of text to speak is one response of
 
 1. *Admission* (before accepting): draining 503, API key 401, browser origin 403, as for
    ``/v1/realtime``.
-2. *Config*: the first message must be ``session.config`` within ``first_message_timeout_s``; a
-   refused one (bad JSON or fields, a model that is not a TTS model, a format the server cannot
-   write) gets an ``error`` and the socket closes (1008), as does a model with no room for another
-   session (1013, ``resource_exhausted``). A later ``session.config`` replaces the settings between
-   utterances (refused while one is in progress) and moves the socket to another model's session
-   when it names one.
+2. *Config*: the first message must be ``session.config`` within ``first_message_timeout_s``; its
+   ``model`` is chosen as on ``POST /v1/audio/speech`` (``ServedModels.pick``; the seeds' wire has
+   no message to say that another model answers a name this server does not serve). A refused one
+   (bad JSON or fields, a model that is not a TTS model, an unknown name that several TTS models
+   could answer, a format the server cannot write) gets an ``error`` and the socket closes (1008),
+   as does a model with no room for another session (1013, ``resource_exhausted``). A later
+   ``session.config`` replaces the settings between utterances (refused while one is in progress)
+   and moves the socket to another model's session when it names one.
 3. *Text*: ``input.text`` adds to the utterance, and with ``split_granularity`` ``sentence`` or
    ``clause`` each unit completed is spoken at once (``speech_text``); ``input.done`` speaks the
    rest, then ``session.done``. Each unit: ``audio.start``, its audio (``pcm``: chunks as the model
@@ -59,10 +61,11 @@ from duplex.protocol.speech import (
 )
 from duplex.server.audio_files import AudioFileEncoder, encode_file
 from duplex.server.auth import api_key_id, presented_api_key
-from duplex.server.batch_sessions import pick_model, request_session, response_events
+from duplex.server.batch_sessions import request_session, response_events
 from duplex.server.close_codes import CloseCode, CloseReason, close_reason_for_code
 from duplex.server.connection import admission
 from duplex.server.http_requests import Departed, decode_json, until_gone
+from duplex.server.models import Wants
 from duplex.server.ratelimit import TokenBucket
 from duplex.server.speech import SPEECH_RATE, speech_params
 from duplex.server.speech_text import TextSplitter
@@ -214,7 +217,7 @@ class _SpeechSocket:
             await self._error(ProtocolError("bad_event", busy))
             return
         try:
-            model = pick_model(self.state.models, config.model, "audio", "text-to-speech")
+            model = self.state.models.pick(config.model, Wants.SPEECH).model
             AudioFileEncoder(config.response_format, SPEECH_RATE)  # refuses a format it cannot write
             if model.engine is not self._engine:
                 await self._stack.aclose()  # the previous model's session, if any

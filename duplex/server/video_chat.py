@@ -111,6 +111,7 @@ from duplex.server import frame_filter
 from duplex.server.auth import api_key_id, presented_api_key
 from duplex.server.close_codes import CloseCode, close_reason_for_code
 from duplex.server.connection import admission, close_for
+from duplex.server.models import Wants
 from duplex.server.ratelimit import TokenBucket
 from duplex.server.state import AppState
 
@@ -223,7 +224,11 @@ class _VideoChat:
         config = await self._first_message()
         if config is None:
             return
-        served = self.state.models.pick(config.model)
+        try:
+            served = self.state.models.pick(config.model, Wants.CONVERSATION).model
+        except ProtocolError as err:
+            await self._fail(err, CloseCode.POLICY_VIOLATION)
+            return
         engine = served.engine
         caps = engine.capabilities
         self.model = served.name

@@ -54,9 +54,9 @@ async def make_client(request) -> AsyncIterator[Callable[..., Awaitable[DuplexCl
 
         async def make(**kwargs: Any) -> DuplexClientBase:
             if request.param == "websocket":
-                client: DuplexClientBase = DuplexClient(srv.url, model="m", **kwargs)
+                client: DuplexClientBase = DuplexClient(srv.url, model="echo", **kwargs)
             else:
-                client = InlineDuplexClient(srv.engine, model="m", **kwargs)
+                client = InlineDuplexClient(srv.engine, model="echo", **kwargs)
             client.add_listener(keep_done)
             await client.open()
             made.append(client)

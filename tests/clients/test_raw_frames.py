@@ -22,7 +22,7 @@ async def test_on_raw_frame_sees_every_frame_with_its_receive_time_before_it_is_
     ticks = itertools.count(1.0)
     async with running_server() as srv:
         client = DuplexClient(
-            srv.url, model="m", clock=lambda: next(ticks), on_raw_frame=lambda f, t: frames.append((f, t))
+            srv.url, model="echo", clock=lambda: next(ticks), on_raw_frame=lambda f, t: frames.append((f, t))
         )
         client.add_listener(lambda ev: seen_at_dispatch.append(len(frames)))
         await client.open()

@@ -19,7 +19,7 @@ pytestmark = pytest.mark.timeout(30)
 
 async def test_a_send_waiting_for_a_reconnection_fails_at_once_when_the_client_ends() -> None:
     async with running_server() as srv:
-        client = DuplexClient(srv.url, model="m", resume=False, send_wait_s=3600, max_queued_events=1)
+        client = DuplexClient(srv.url, model="echo", resume=False, send_wait_s=3600, max_queued_events=1)
         await client.open()  # session.created fills the queue
         pump_blocked = asyncio.Event()
         client.add_listener(
@@ -45,7 +45,7 @@ async def test_a_send_waiting_for_a_reconnection_fails_at_once_when_the_client_e
 
 async def test_a_send_after_the_client_ended_fails_at_once() -> None:
     async with running_server() as srv:
-        client = DuplexClient(srv.url, model="m", resume=False, send_wait_s=3600)
+        client = DuplexClient(srv.url, model="echo", resume=False, send_wait_s=3600)
         await client.open()
         await client.kill_transport()
         with pytest.raises(ClientClosed):

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import msgspec
 import numpy as np
 import pytest
 
@@ -18,14 +19,16 @@ CAPS: dict[str, Capabilities] = {
     "echo": EchoPlugin(max_sessions=8).capabilities(),
     "unit": ScriptedUnitPlugin().capabilities(),
     "turn": ScriptedTurnPlugin().capabilities(),
+    # The echo model as one with named voices would describe itself (``calm`` by default).
+    "voiced": msgspec.structs.replace(
+        EchoPlugin(max_sessions=8).capabilities(), voices=("calm", "narrator"), default_voice="calm"
+    ),
 }
 
 
 def make_session(kind: str = "echo", **settings: object) -> Session:
     caps = CAPS[kind]
     base = SessionSettings.defaults("test-model", caps)
-    import msgspec
-
     return Session(
         "sess_test",
         0,

@@ -480,7 +480,7 @@ def test_session_update_and_its_refusals() -> None:
     assert updated.session.instructions == "be brief" and updated.session.output_modalities == ["text"]
     s.on_output(speak(text="hello"), 0.1)
     assert "response.output_text.delta" in types(s.on_output(speak(text=" there"), 0.2))
-    s2 = make_session("echo")
+    s2 = make_session("voiced")
     open_model(s2)
     s2.on_output(speak(), 0.1)
     voice = SessionUpdate(session=SessionConfig(voice="narrator"))

@@ -99,7 +99,7 @@ WAV = "data:audio/wav;base64," + base64.b64encode(encode_wav(np.zeros(800, np.fl
 def test_every_setting_may_change_until_the_first_input_and_the_slot_opens_with_the_last() -> None:
     s = session()
     first = update(instructions="You are Ada.", audio={"output": {"voice": "alloy"}}, tools=[TOOL, TOOL])
-    assert types(s.handle(first, 0.0)) == ["session.updated"]
+    assert types(s.handle(first, 0.0)) == ["session.updated", "session.warning"]  # alloy: its default
     second = update(instructions="You are Bob.", audio={"output": {"voice": "VARM0"}}, tools=[TOOL])
     assert types(s.handle(second, 0.1)) == ["session.updated"]
     assert s.take_actions() == [] and not s.slot_open  # nothing reaches the model before its input
@@ -112,12 +112,29 @@ def test_every_setting_may_change_until_the_first_input_and_the_slot_opens_with_
 def test_an_openai_voice_is_the_models_default_and_a_model_without_voices_keeps_none() -> None:
     fixed, plain = session(FIXED), session(PLAIN)
     for s in (fixed, plain):
-        (updated,) = s.handle(update(audio={"output": {"voice": "marin"}}), 0.0)
+        updated, warning = s.handle(update(audio={"output": {"voice": "marin"}}), 0.0)
         assert updated.session.audio.output.voice == s.caps.default_voice
+        assert (types([warning]), warning.code, warning.param) == (
+            ["session.warning"],
+            "voice_substituted",
+            "voice",
+        )
     assert (fixed.settings.voice, plain.settings.voice) == ("NATF2", None)
     assert codes(fixed.handle(update(audio={"output": {"voice": "Nobody"}}), 0.1)) == [
         ("voice_not_found", "session.voice")
     ]
+
+
+def test_a_substituted_voice_is_named_with_the_one_asked_for_and_a_voice_the_model_has_is_not() -> None:
+    fixed, plain = session(FIXED), session(PLAIN)
+    _, warning = fixed.handle(update(audio={"output": {"voice": "alloy"}}), 0.0)
+    assert "'alloy'" in warning.message and "'NATF2'" in warning.message
+    assert types(fixed.handle(update(audio={"output": {"voice": "VARM0"}}), 0.1)) == ["session.updated"]
+    assert fixed.settings.voice == "VARM0"
+    # Any name on a model without named voices: it speaks in its own voice, and the session says so.
+    updated, warning = plain.handle(update(voice="narrator"), 0.0)
+    assert updated.session.audio.output.voice is None and plain.settings.voice is None
+    assert warning.code == "voice_substituted" and "'narrator'" in warning.message
 
 
 def test_tools_for_a_model_that_cannot_call_them_are_accepted_and_listed_as_none() -> None:

@@ -92,9 +92,10 @@ def test_semantic_vad_on_a_model_with_its_own_turns_applies_the_whole_update_wit
         },
     }
     events = s.handle(decode(msgspec.json.encode(update)), 0.0)
-    assert types(events) == ["session.updated", "session.warning"]
+    assert types(events) == ["session.updated", "session.warning", "session.warning"]
     assert events[0].session.audio.input.turn_detection is None
     assert (events[1].code, events[1].param) == ("turn_detection_model_native", "turn_detection")
+    assert (events[2].code, events[2].param) == ("voice_substituted", "voice")  # a model without voices
     assert s.settings.instructions == "Be brief." and s.settings.vad is None
 
 

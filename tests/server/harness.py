@@ -96,10 +96,11 @@ async def running_server(
     server_config: ServerConfig | None = None,
     engine_config: EngineConfig | None = None,
     plugin: Any = None,
-    model_name: str = "echo",
+    model_name: str | None = None,
     ws: Any = None,
 ) -> AsyncIterator[Running]:
-    """``ws``: a uvicorn WebSocket protocol to use instead of ours (e.g. ``"websockets-sansio"``)."""
+    """``model_name``: the name the engine and the app serve (default: the plugin's name). ``ws``: a
+    uvicorn WebSocket protocol to use instead of ours (e.g. ``"websockets-sansio"``)."""
     plugin = plugin or EchoPlugin(max_sessions=16)
     plugin.load()
     engine = Engine(plugin, engine_config or EngineConfig(max_sessions=16), model_name=model_name)

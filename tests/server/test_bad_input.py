@@ -53,7 +53,7 @@ async def limited():
 
 
 async def test_every_bad_frame_gets_its_code_and_the_session_keeps_working(limited):
-    async with websockets.connect(limited.url + "?model=m", proxy=None, max_size=2**22) as ws:
+    async with websockets.connect(limited.url + "?model=echo", proxy=None, max_size=2**22) as ws:
         assert event_type(await recv(ws)) == "session.created"
         for frame, code, event_id in CASES:
             await ws.send(frame)
@@ -67,14 +67,14 @@ async def test_every_bad_frame_gets_its_code_and_the_session_keeps_working(limit
 
 
 async def test_binary_json_frame_is_accepted_on_a_json_socket(limited):
-    async with websockets.connect(limited.url + "?model=m", proxy=None) as ws:
+    async with websockets.connect(limited.url + "?model=echo", proxy=None) as ws:
         assert event_type(await recv(ws)) == "session.created"
         await ws.send(b'{"type": "session.heartbeat"}')
         assert event_type(await recv(ws)) == "session.heartbeat_ack"
 
 
 async def test_frame_over_the_transport_limit_closes_with_1009(limited):
-    async with websockets.connect(limited.url + "?model=m", proxy=None) as ws:
+    async with websockets.connect(limited.url + "?model=echo", proxy=None) as ws:
         assert event_type(await recv(ws)) == "session.created"
         await ws.send("x" * (4 * LIMIT + 1))
         await ws.wait_closed()

@@ -246,3 +246,31 @@ async def test_an_image_is_replayed_on_resume_and_a_journal_over_its_bytes_asks_
     assert replay == original  # the same events, the image's bytes included, with the same ids and seqs
     assert [e["server_event_seq"] for e in replay] == list(range(1, len(original) + 1))
     assert (resync["type"], resync["reason"]) == ("session.resync_required", "journal_overflow")
+
+
+async def test_a_voice_the_model_lacks_is_stood_in_for_shown_and_named_in_a_warning(piper) -> None:
+    async with (
+        batch_server([("piper", piper)]) as server,
+        websockets.connect(f"{server.ws}/v1/realtime?model=piper", proxy=None) as ws,
+    ):
+        assert json.loads(await ws.recv())["session"]["audio"]["output"]["voice"] == "joe"
+        await ws.send(
+            json.dumps({"type": "session.update", "session": {"audio": {"output": {"voice": "marin"}}}})
+        )
+        updated, session_warning = json.loads(await ws.recv()), json.loads(await ws.recv())
+        create = {"type": "response.create", "response": {"voice": "alloy", "input": [user_text("Hi.")]}}
+        await ws.send(json.dumps(create))
+        events = await events_until(ws, "response.done")
+    assert (updated["type"], updated["session"]["audio"]["output"]["voice"]) == ("session.updated", "joe")
+    assert (session_warning["type"], session_warning["code"], session_warning["param"]) == (
+        "session.warning",
+        "voice_substituted",
+        "voice",
+    )
+    assert "'marin'" in session_warning["message"] and "'joe'" in session_warning["message"]
+    response_warning = events[0]  # before its response.created
+    assert [e["type"] for e in events[:2]] == ["session.warning", "response.created"]
+    assert (response_warning["code"], response_warning["param"]) == ("voice_substituted", "response.voice")
+    assert "'alloy'" in response_warning["message"] and "'joe'" in response_warning["message"]
+    assert events[-1]["response"]["status"] == "completed"
+    assert any(e["type"] == "response.output_audio.delta" for e in events)

@@ -101,7 +101,7 @@ async def test_a_complete_request_on_a_kept_alive_connection_is_not_timed_out():
 async def test_at_the_cap_a_new_connection_takes_the_place_of_the_oldest_one_waiting_for_headers():
     async with running_server(ServerConfig(max_connections=3, header_timeout_s=30.0)) as srv:
         limits = srv.app.state.duplex.limits
-        ws = await websockets.connect(srv.url + "?model=m", proxy=None)
+        ws = await websockets.connect(srv.url + "?model=echo", proxy=None)
         assert event_type(await recv(ws)) == "session.created"
         oldest, newer = await _partial(srv), await _partial(srv)
         await _until(lambda: limits.open_connections == 3)
@@ -124,7 +124,7 @@ async def test_at_the_cap_a_new_connection_takes_the_place_of_the_oldest_one_wai
 async def test_when_every_connection_is_busy_a_new_one_gets_503_http_and_websocket_alike():
     async with running_server(ServerConfig(max_connections=2, header_timeout_s=30.0)) as srv:
         limits = srv.app.state.duplex.limits
-        sockets = [await websockets.connect(srv.url + "?model=m", proxy=None) for _ in range(2)]
+        sockets = [await websockets.connect(srv.url + "?model=echo", proxy=None) for _ in range(2)]
         for ws in sockets:
             assert event_type(await recv(ws)) == "session.created"
         await _until(lambda: limits.open_connections == 2)
@@ -132,7 +132,7 @@ async def test_when_every_connection_is_busy_a_new_one_gets_503_http_and_websock
         refused = await _get(srv, "/health")
         assert refused.status_code == 503 and refused.text == "server at its connection limit; retry later\n"
         with pytest.raises(InvalidStatus) as exc:
-            await websockets.connect(srv.url + "?model=m", proxy=None)
+            await websockets.connect(srv.url + "?model=echo", proxy=None)
         assert exc.value.response.status_code == 503
         assert limits.refused_connections == 2
         await _until(lambda: limits.refusing == 0)
@@ -151,7 +151,7 @@ async def test_with_no_room_to_wait_a_refused_connection_is_closed_at_once():
     config = ServerConfig(max_connections=1, reserved_file_descriptors=0, header_timeout_s=30.0)
     async with running_server(config) as srv:
         limits = srv.app.state.duplex.limits
-        ws = await websockets.connect(srv.url + "?model=m", proxy=None)
+        ws = await websockets.connect(srv.url + "?model=echo", proxy=None)
         assert event_type(await recv(ws)) == "session.created"
         reader, writer = await asyncio.open_connection("127.0.0.1", srv.port)
         answer = await _answer(reader)  # the 503, unless a reset overtook it (the request was unread)

@@ -24,6 +24,11 @@ def test_model_in_query_opens_at_once(value):
     assert (p.how, p.model) == (OpenHow.AUTOSTART, "m")
 
 
+def test_autostart_without_a_model_opens_the_default_model_at_once():
+    p = plan({"autostart": "1"})
+    assert (p.how, p.model, p.dialect) == (OpenHow.AUTOSTART, None, Dialect.GA)
+
+
 @pytest.mark.parametrize("query", [{"model": "m", "autostart": "0"}, {"model": "m", "resume": "1"}])
 def test_autostart_off_or_resume_flag_waits_for_the_first_message(query):
     assert plan(query).how is OpenHow.FIRST_MESSAGE

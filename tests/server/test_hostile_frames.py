@@ -30,7 +30,7 @@ def _render(frame: dict[str, Any], mode: Mode) -> str | bytes:
 
 
 def _connect(srv: Any, subprotocols: list[str] | None) -> Any:
-    return websockets.connect(srv.url + "?model=m", subprotocols=subprotocols, proxy=None, max_size=2**25)
+    return websockets.connect(srv.url + "?model=echo", subprotocols=subprotocols, proxy=None, max_size=2**25)
 
 
 async def _error_then_heartbeat(ws: Any, frame: str | bytes, mode: Mode) -> Any:

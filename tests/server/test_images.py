@@ -63,7 +63,6 @@ BAD_REQUESTS = [  # (the request's changes to a good one, status, OpenAI's code,
     ({"response_format": "url"}, 400, "invalid_value", "response_format"),
     ({"output_format": "jpeg"}, 400, "invalid_value", "output_format"),
     ({"model": "piper"}, 400, "invalid_model", "model"),
-    ({"model": "dall-e-3"}, 404, "model_not_found", "model"),
     ({"extra_body": {"steps": 51}}, 400, "invalid_value", "steps"),  # over the model's 50
 ]
 
@@ -87,10 +86,18 @@ async def test_bad_requests_get_openai_error_bodies_and_leave_the_route_healthy(
     assert len(ok.data) == 1  # type: ignore[arg-type]
 
 
-async def test_without_a_model_the_first_image_model_answers(piper, sd) -> None:
+async def test_without_a_model_or_with_openais_names_the_first_image_model_answers_and_is_named(
+    piper, sd
+) -> None:
+    names = [None, "dall-e-2", "dall-e-3", "gpt-image-1", "flux-dev"]  # the last: the only image model
     async with batch_server([("piper", piper), ("sd", sd)]) as server, httpx.AsyncClient() as http:
-        reply = await http.post(f"{server.http}/v1/images/generations", json={"prompt": "a fox"})
-    assert reply.status_code == 200 and len(reply.json()["data"]) == 1
+        replies = []
+        for name in names:
+            body = {"prompt": "a fox", "steps": 1, **({"model": name} if name else {})}
+            replies.append(await http.post(f"{server.http}/v1/images/generations", json=body))
+    for name, reply in zip(names, replies, strict=True):
+        assert reply.status_code == 200 and len(reply.json()["data"]) == 1, name
+        assert reply.headers["x-duplex-model"] == "sd"
 
 
 @pytest.fixture

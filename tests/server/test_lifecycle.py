@@ -17,7 +17,7 @@ from tests.server.wire import recv
 
 async def test_shutdown_sends_session_closed_shutdown_then_close_1012():
     async with running_server() as srv:
-        ws = await websockets.connect(srv.url + "?model=m", proxy=None)
+        ws = await websockets.connect(srv.url + "?model=echo", proxy=None)
         assert event_type(await recv(ws)) == "session.created"
         srv.server.should_exit = True  # what SIGTERM does: DrainingServer drains before uvicorn closes
         closed = await recv(ws)
@@ -31,17 +31,19 @@ async def test_draining_server_refuses_new_sockets_with_503(srv):
     drain = asyncio.create_task(state.drain())
     await asyncio.sleep(0)  # let drain() mark the state before connecting
     with pytest.raises(InvalidStatus) as exc:
-        await websockets.connect(srv.url + "?model=m", proxy=None)
+        await websockets.connect(srv.url + "?model=echo", proxy=None)
     assert exc.value.response.status_code == 503
     await drain
 
 
 async def test_msgpack_subprotocol_carries_binary_frames_with_raw_audio(srv):
-    async with websockets.connect(srv.url + "?model=m", subprotocols=[MSGPACK_SUBPROTOCOL], proxy=None) as ws:
+    async with websockets.connect(
+        srv.url + "?model=echo", subprotocols=[MSGPACK_SUBPROTOCOL], proxy=None
+    ) as ws:
         assert ws.subprotocol == MSGPACK_SUBPROTOCOL
         raw = await ws.recv()
         assert isinstance(raw, bytes)
-    client = DuplexClient(srv.url, model="m", msgpack=True)
+    client = DuplexClient(srv.url, model="echo", msgpack=True)
     async with client:
         pcm = (0.1 * np.random.default_rng(0).standard_normal(1920 * 5)).astype(np.float32)
         fut = client.next_response()
@@ -53,7 +55,7 @@ async def test_msgpack_subprotocol_carries_binary_frames_with_raw_audio(srv):
 
 
 async def test_released_socket_is_resumed_by_our_client(srv):
-    client = DuplexClient(srv.url, model="m", backoff_initial_s=0.01)
+    client = DuplexClient(srv.url, model="echo", backoff_initial_s=0.01)
     async with client:
         await client.heartbeat()
         first = await client.wait_for("session.heartbeat_ack")
@@ -65,7 +67,7 @@ async def test_released_socket_is_resumed_by_our_client(srv):
 
 
 async def test_beta_client_reads_beta_names_back_as_ga(srv):
-    client = DuplexClient(srv.url, model="m", beta=True)
+    client = DuplexClient(srv.url, model="echo", beta=True)
     async with client:
         fut = client.next_response()
         pcm = (0.1 * np.random.default_rng(1).standard_normal(1920 * 3)).astype(np.float32)

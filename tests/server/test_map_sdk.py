@@ -204,9 +204,9 @@ async def test_sdk_waits_in_the_queue_and_is_admitted_when_a_slot_frees():
         await events_until(session, lambda e: isinstance(e, rt.TurnCompleted))
         await session.close()
         metrics = (await _get(srv, "/metrics")).text
-        assert 'duplex_queue_admitted_total{model="scripted-unit"} 1.0' in metrics
-        assert 'duplex_queue_length{model="scripted-unit"} 0.0' in metrics
-        assert 'duplex_queue_wait_seconds_count{model="scripted-unit"} 1.0' in metrics
+        assert 'duplex_queue_admitted_total{model="minicpmo"} 1.0' in metrics
+        assert 'duplex_queue_length{model="minicpmo"} 0.0' in metrics
+        assert 'duplex_queue_wait_seconds_count{model="minicpmo"} 1.0' in metrics
         assert 'duplex_ws_sessions_opened_total{how="session.init"} 2.0' in metrics
 
 
@@ -220,7 +220,7 @@ async def test_past_the_queue_length_the_sdk_is_refused_with_resource_exhausted(
             await client(srv).audio.connect(model="minicpmo")
         assert err.value.code == "resource_exhausted" and "queue is full" in err.value.message
         metrics = (await _get(srv, "/metrics")).text
-        assert 'duplex_queue_refused_full_total{model="scripted-unit"} 1.0' in metrics
+        assert 'duplex_queue_refused_full_total{model="minicpmo"} 1.0' in metrics
         await holder.close()
         await (await waiting).close()
 

@@ -1,5 +1,7 @@
 """Several models on one server: each under its own name, with its own engine; the routes pick one by
-the name a client asks for, the first model is the default, and a session resumes on its own model."""
+the name a client asks for (OpenAI's names and no name get the first model that listens, another
+unknown name the one model that could answer it, with a warning, or ``model_not_found`` when several
+could), and a session resumes on its own model."""
 
 from __future__ import annotations
 
@@ -10,6 +12,7 @@ import pytest
 import websockets
 
 from bench.reliability.harness import http_get
+from clients import DuplexClient, event_type
 from duplex.engine import Engine, EngineConfig
 from duplex.plugins.builtin.echo import EchoPlugin
 from duplex.plugins.builtin.scripted import ScriptedBatchPlugin
@@ -21,13 +24,49 @@ from tests.server.harness import serve_app
 pytestmark = pytest.mark.timeout(60)
 
 
-def two_models():
+def two_models(first: str = "echo"):
+    """An echo model and a batch TTS model (``speech``), ``first`` served first."""
     echo, speech = EchoPlugin(max_sessions=4), ScriptedBatchPlugin(max_sessions=4)
     echo.load()
     speech.load()
     config = EngineConfig(output_lead_ms=None, reaper_interval_s=3600)
-    batch = ServedModel("speech", Engine(speech, config, model_name="speech"))
-    return create_app(Engine(echo, config, model_name="echo"), model_name="echo", more_models=[batch])
+    engines = {
+        "echo": Engine(echo, config, model_name="echo"),
+        "speech": Engine(speech, config, model_name="speech"),
+    }
+    second = "speech" if first == "echo" else "echo"
+    more = [ServedModel(second, engines[second])]
+    return create_app(engines[first], model_name=first, more_models=more)
+
+
+def two_echoes():
+    """Two models that listen: ``echo`` and ``echo2``."""
+    one, two = EchoPlugin(max_sessions=4), EchoPlugin(max_sessions=4)
+    one.load()
+    two.load()
+    config = EngineConfig(reaper_interval_s=3600)
+    more = [ServedModel("echo2", Engine(two, config, model_name="echo2"))]
+    return create_app(Engine(one, config, model_name="echo"), model_name="echo", more_models=more)
+
+
+async def opening(url: str, first: dict | None = None) -> list[dict]:
+    """The events a new socket gets up to a ``session.heartbeat_ack`` (asked for once the session is
+    created: whatever the open sends comes before it), or up to its ``error`` and close."""
+    events: list[dict] = []
+    async with websockets.connect(url, proxy=None) as ws:
+        if first is not None:
+            await ws.send(json.dumps(first))
+        while True:
+            try:
+                event = json.loads(await ws.recv())
+            except websockets.ConnectionClosed:
+                events.append({"type": "closed", "code": ws.close_code, "reason": ws.close_reason})
+                return events
+            events.append(event)
+            if event["type"] == "session.created":
+                await ws.send(json.dumps({"type": "session.heartbeat"}))
+            elif event["type"] == "session.heartbeat_ack":
+                return events
 
 
 async def session_model(url: str) -> tuple[str, dict]:
@@ -36,7 +75,7 @@ async def session_model(url: str) -> tuple[str, dict]:
         return created["session"]["model"], created
 
 
-async def test_a_client_gets_the_model_it_names_and_an_unknown_name_gets_the_default() -> None:
+async def test_a_client_gets_the_model_it_names_and_openais_name_gets_the_default() -> None:
     cfg = ServeConfig(server=ServerConfig(port=0))
     async with serve_app(two_models(), cfg) as server:
         base = f"ws://127.0.0.1:{server.port}/v1/realtime"
@@ -51,6 +90,96 @@ async def test_a_client_gets_the_model_it_names_and_an_unknown_name_gets_the_def
         text = metrics.decode()
         assert 'duplex_sessions_opened_total{model="speech"} 1.0' in text
         assert 'duplex_sessions_opened_total{model="echo"} 2.0' in text
+
+
+@pytest.mark.parametrize(
+    "name",
+    [
+        "gpt-realtime",
+        "gpt-realtime-2025-08-28",
+        "gpt-4o-realtime-preview",
+        "gpt-4o-mini-realtime-preview-2024-12-17",
+        None,
+    ],
+)
+async def test_openai_realtime_names_and_no_name_get_the_first_model_that_listens_without_a_word(
+    name,
+) -> None:
+    cfg = ServeConfig(server=ServerConfig(port=0))
+    async with serve_app(two_models(first="speech"), cfg) as server:
+        base = f"ws://127.0.0.1:{server.port}/v1/realtime"
+        if name is None:  # the first message opens the session, naming no model
+            events = await opening(base, {"type": "session.update", "session": {"instructions": "hi"}})
+        else:
+            events = await opening(f"{base}?model={name}")
+    types = [e["type"] for e in events]
+    assert types[0] == "session.created" and events[0]["session"]["model"] == "echo"
+    assert "session.warning" not in types and types[-1] == "session.heartbeat_ack"
+
+
+async def test_our_client_without_a_model_gets_the_default_model_without_a_word() -> None:
+    cfg = ServeConfig(server=ServerConfig(port=0))
+    async with serve_app(two_models(first="speech"), cfg) as server:
+        client = DuplexClient(f"ws://127.0.0.1:{server.port}/v1/realtime", resume=False)
+        await client.open()
+        created = await client.recv(timeout=10)
+        await client.heartbeat()
+        ack = await client.recv(timeout=10)
+        await client.close()
+    assert (event_type(created), created.session.model) == ("session.created", "echo")
+    assert event_type(ack) == "session.heartbeat_ack"
+
+
+async def test_an_unknown_name_gets_the_one_model_that_listens_and_a_warning_that_names_both() -> None:
+    cfg = ServeConfig(server=ServerConfig(port=0))
+    async with serve_app(two_models(first="speech"), cfg) as server:
+        base = f"ws://127.0.0.1:{server.port}/v1/realtime"
+        by_query = await opening(f"{base}?model=openbmb/MiniCPM-o-4_5")
+        update = {"type": "session.update", "session": {"model": "local-duplex", "voice": "alloy"}}
+        by_update = await opening(f"{base}?autostart=0", update)
+    assert [e["type"] for e in by_query] == ["session.created", "session.warning", "session.heartbeat_ack"]
+    created, warning = by_query[0], by_query[1]
+    assert created["session"]["model"] == "echo" and warning["server_event_seq"] == 1  # journaled
+    assert (warning["code"], warning["param"]) == ("model_substituted", "model")
+    assert "'openbmb/MiniCPM-o-4_5'" in warning["message"] and "'echo'" in warning["message"]
+    # Opened by its first session.update: the model's warning first, then the update's own (echo has
+    # no named voices: alloy is its own voice).
+    types = [e["type"] for e in by_update]
+    assert types == [
+        "session.created",
+        "session.warning",
+        "session.updated",
+        "session.warning",
+        "session.heartbeat_ack",
+    ]
+    assert [by_update[1]["code"], by_update[3]["code"]] == ["model_substituted", "voice_substituted"]
+    assert (
+        by_update[2]["session"]["model"] == "echo"
+        and "voice" not in by_update[2]["session"]["audio"]["output"]
+    )
+
+
+async def test_an_unknown_name_that_several_models_could_answer_is_refused_with_their_names() -> None:
+    cfg = ServeConfig(server=ServerConfig(port=0))
+    async with serve_app(two_echoes(), cfg) as server:
+        base = f"ws://127.0.0.1:{server.port}/v1/realtime"
+        by_query = await opening(f"{base}?model=gpt-4o-realtime-nope")
+        by_update = await opening(
+            f"{base}?autostart=0", {"type": "session.update", "session": {"model": "m"}}
+        )
+        named = await opening(f"{base}?model=echo2")
+        openai = await opening(f"{base}?model=gpt-realtime")
+    for events in (by_query, by_update):
+        error, closed = events
+        assert (error["type"], error["error"]["code"], error["error"]["param"]) == (
+            "error",
+            "model_not_found",
+            "model",
+        )
+        assert "echo, echo2" in error["error"]["message"]
+        assert (closed["code"], closed["reason"]) == (1008, "model_not_found")
+    assert named[0]["session"]["model"] == "echo2" and openai[0]["session"]["model"] == "echo"
+    assert "session.warning" not in [e["type"] for e in named + openai]
 
 
 async def test_the_second_model_speaks_and_its_session_resumes_on_it() -> None:

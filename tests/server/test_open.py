@@ -35,7 +35,7 @@ async def test_model_in_query_sends_session_created_first_with_the_served_model(
 
 
 async def test_first_message_session_update_opens_with_created_then_updated(srv):
-    async with websockets.connect(srv.url + "?model=m&autostart=0", proxy=None) as ws:
+    async with websockets.connect(srv.url + "?model=echo&autostart=0", proxy=None) as ws:
         session = DuplexSessionConfig(
             model="other", audio=AudioConfig(input=AudioInputConfig(turn_detection=None))
         )
@@ -76,7 +76,7 @@ async def test_no_first_message_times_out_with_config_timeout():
 
 
 async def test_resume_by_first_message_and_by_query_replays_after_the_seq(srv):
-    async with websockets.connect(srv.url + "?model=m", proxy=None) as ws:
+    async with websockets.connect(srv.url + "?model=echo", proxy=None) as ws:
         created = await recv(ws)
         sid, token = created.session.id, created.resume_token
         await send(ws, SessionHeartbeat())
@@ -93,7 +93,7 @@ async def test_resume_by_first_message_and_by_query_replays_after_the_seq(srv):
             ack.event_id,
         )
         token = resumed.resume_token
-    query = f"?model=m&session_id={sid}&resume_token={token}&last_event_seq=1"
+    query = f"?model=echo&session_id={sid}&resume_token={token}&last_event_seq=1"
     async with websockets.connect(srv.url + query, proxy=None) as ws:
         resumed = await recv(ws)
         assert event_type(resumed) == "session.resumed" and resumed.attachment_generation == 3
@@ -102,7 +102,7 @@ async def test_resume_by_first_message_and_by_query_replays_after_the_seq(srv):
 
 
 async def test_resume_with_a_wrong_token_is_refused_and_closed(srv):
-    async with websockets.connect(srv.url + "?model=m", proxy=None) as ws:
+    async with websockets.connect(srv.url + "?model=echo", proxy=None) as ws:
         created = await recv(ws)
     query = f"?session_id={created.session.id}&resume_token=wrong"
     async with websockets.connect(srv.url + query, proxy=None) as ws:
@@ -117,10 +117,10 @@ async def test_over_capacity_is_resource_exhausted_with_close_1013():
 
     async with (
         running_server(engine_config=EngineConfig(max_sessions=1)) as srv,
-        websockets.connect(srv.url + "?model=m", proxy=None) as first,
+        websockets.connect(srv.url + "?model=echo", proxy=None) as first,
     ):
         assert event_type(await recv(first)) == "session.created"
-        async with websockets.connect(srv.url + "?model=m", proxy=None) as second:
+        async with websockets.connect(srv.url + "?model=echo", proxy=None) as second:
             ev = await recv(second)
             assert (ev.error.type, ev.error.code) == ("rate_limit_error", "resource_exhausted")
             await second.wait_closed()

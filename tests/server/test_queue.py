@@ -31,7 +31,7 @@ async def test_a_client_that_asked_to_queue_waits_then_gets_its_session():
     async with full_server(queue_assumed_session_s=10.0) as srv:
         holder = await connect(srv, "model=m")
         assert event_type(await recv(holder)) == "session.created"
-        waiter = await connect(srv, "model=m&queue=1")
+        waiter = await connect(srv, "model=echo&queue=1")
         queued = await recv(waiter)
         assert (event_type(queued), queued.position, queued.queue_length, queued.estimated_wait_s) == (
             "session.queued",
@@ -73,7 +73,7 @@ async def test_a_session_close_while_queued_leaves_the_queue_and_closes_the_sock
     async with full_server() as srv:
         holder = await connect(srv, "model=m")
         await recv(holder)
-        waiter = await connect(srv, "model=m&queue=1")
+        waiter = await connect(srv, "model=echo&queue=1")
         assert event_type(await recv(waiter)) == "session.queued"
         await send(waiter, SessionClose())
         async with asyncio.timeout(10):
@@ -87,7 +87,7 @@ async def test_past_the_wait_limit_the_client_is_refused_with_1013():
     async with full_server(max_queue_wait_s=0.05) as srv:  # the slot never frees
         holder = await connect(srv, "model=m")
         await recv(holder)
-        waiter = await connect(srv, "model=m&queue=1")
+        waiter = await connect(srv, "model=echo&queue=1")
         assert event_type(await recv(waiter)) == "session.queued"
         error = await recv(waiter)
         assert error.error.code == "resource_exhausted" and "max_queue_wait_s" in error.error.message
@@ -114,7 +114,7 @@ async def test_a_first_message_client_queues_with_its_session_update():
 
 async def test_with_a_free_slot_queue_changes_nothing_and_an_early_command_is_kept():
     async with full_server() as srv:
-        ws = await connect(srv, "model=m&queue=1")
+        ws = await connect(srv, "model=echo&queue=1")
         await send(ws, DuplexSessionUpdate(session=DuplexSessionConfig(instructions="early")))
         assert event_type(await recv(ws)) == "session.created"
         updated = await recv(ws)

@@ -37,7 +37,7 @@ async def test_messages_over_the_burst_are_refused_with_input_backpressure():
     # A rate of 0.001/s: after the burst of 3, no token comes back within the test.
     async with (
         running_server(ServerConfig(max_messages_per_s=0.001, max_message_burst=3)) as srv,
-        websockets.connect(srv.url + "?model=m", proxy=None) as ws,
+        websockets.connect(srv.url + "?model=echo", proxy=None) as ws,
     ):
         assert event_type(await recv(ws)) == "session.created"
         for _ in range(4):
@@ -56,7 +56,7 @@ async def test_a_message_that_fails_to_decode_takes_one_token_once():
     # bucket must count each once (the direct path gives its token back).
     async with (
         running_server(ServerConfig(max_messages_per_s=0.001, max_message_burst=3)) as srv,
-        websockets.connect(srv.url + "?model=m", proxy=None) as ws,
+        websockets.connect(srv.url + "?model=echo", proxy=None) as ws,
     ):
         assert event_type(await recv(ws)) == "session.created"
         errors = []

@@ -81,8 +81,8 @@ async def test_a_batch_model_refuses_audio_its_commit_and_a_transcription_then_a
     plugin = ScriptedBatchPlugin()
     config = EngineConfig(max_sessions=4, output_lead_ms=None)
     async with (
-        running_server(plugin=plugin, engine_config=config, model_name="batch") as srv,
-        websockets.connect(srv.url + "?model=batch", proxy=None) as ws,
+        running_server(plugin=plugin, engine_config=config) as srv,
+        websockets.connect(srv.url + "?model=scripted-batch", proxy=None) as ws,
     ):
         created = json.loads(await ws.recv())
         caps = created["session"]["capabilities"]

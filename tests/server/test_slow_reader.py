@@ -27,7 +27,7 @@ async def test_stalled_reader_is_detached_and_resumes_from_the_journal():
     cfg = ServerConfig(send_timeout_s=0.3)
     async with running_server(cfg) as srv:
         ws = await websockets.connect(
-            srv.url + "?model=m", sock=_tiny_socket(srv.port), max_queue=1, proxy=None, ping_interval=None
+            srv.url + "?model=echo", sock=_tiny_socket(srv.port), max_queue=1, proxy=None, ping_interval=None
         )
         created = await recv(ws)
         sid, token = created.session.id, created.resume_token
@@ -56,7 +56,7 @@ async def test_a_stalled_socket_is_closed_with_1013_once_its_peer_reads_again():
     cfg = ServerConfig(send_timeout_s=0.3, shutdown_timeout_s=60.0)
     async with running_server(cfg) as srv:
         ws = await websockets.connect(
-            srv.url + "?model=m", sock=_tiny_socket(srv.port), max_queue=1, proxy=None, ping_interval=None
+            srv.url + "?model=echo", sock=_tiny_socket(srv.port), max_queue=1, proxy=None, ping_interval=None
         )
         await recv(ws)
         update = encode(DuplexSessionUpdate(session=DuplexSessionConfig(instructions="x" * 100_000)))

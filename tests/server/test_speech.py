@@ -1,6 +1,7 @@
 """``POST /v1/audio/speech`` through a real server, called with the official ``openai`` SDK: Piper
 (its packaged voice, noise off: a text's audio is the same every time) on the session layer; every
-format, whole and streamed, and every refusal with OpenAI's error body and status."""
+format, as a file sent as it is made and as SSE, the model and voice each answer names, and every
+refusal with OpenAI's error body and status."""
 
 from __future__ import annotations
 
@@ -18,12 +19,17 @@ import pytest
 import websockets
 
 from duplex.engine import EngineConfig
+from duplex.plugins.builtin.scripted import ScriptedBatchPlugin
 from duplex.server.config import ServerConfig
 from tests.server.batch_servers import batch_server
 
 pytestmark = pytest.mark.timeout(120)
 
 TEXT = "Hello there. This is a short test."
+#: A text of seven pieces (its first clause, then a sentence each), under the fixture's 400 characters.
+LONG_TEXT = " ".join(
+    f"This is sentence number {n} of a longer text, spoken a piece at a time." for n in range(1, 6)
+)
 
 
 async def speak(client: openai.AsyncOpenAI, text: str = TEXT, **options: object) -> bytes:
@@ -46,18 +52,37 @@ def decoded_samples(data: bytes) -> tuple[int, int]:
         return stream.rate, samples
 
 
-async def test_the_sdk_speaks_a_whole_wav_file_with_its_exact_sizes(piper) -> None:
+async def test_the_sdk_speaks_a_wav_file_sent_as_it_is_made_with_sizes_to_the_end(piper) -> None:
     async with batch_server([("piper", piper)]) as server:
         reply = await server.client().audio.speech.create(
             model="piper", voice="joe", input=TEXT, response_format="wav"
         )
     data = reply.content
-    assert reply.response.headers["content-type"] == "audio/wav"
-    assert int(reply.response.headers["content-length"]) == len(data)
-    rate, samples = wav_samples(data)
-    assert rate == 24000
-    assert len(data) == 44 + 2 * len(samples)  # the RIFF and data sizes are exact
-    assert 1.0 < len(samples) / rate < 6.0 and np.abs(samples).max() > 1000
+    headers = reply.response.headers
+    assert headers["content-type"] == "audio/wav"
+    assert headers["transfer-encoding"] == "chunked" and "content-length" not in headers
+    assert data[:4] == b"RIFF" and data[4:8] == data[40:44] == b"\xff\xff\xff\xff"  # as OpenAI's: to the end
+    samples = np.frombuffer(data[44:], dtype="<i2")
+    assert 1.0 < len(samples) / 24000 < 6.0 and np.abs(samples).max() > 1000
+
+
+async def test_a_long_text_starts_arriving_while_the_model_still_speaks_the_rest(piper) -> None:
+    """No ``stream_format``: the file's first bytes arrive while the request's session is still
+    open, the model speaking the text's later pieces (it closes once the model is done)."""
+    body = {"model": "piper", "voice": "joe", "input": LONG_TEXT, "response_format": "wav"}
+    async with batch_server([("piper", piper)]) as server, httpx.AsyncClient(timeout=60) as http:
+        engine = server.engines["piper"]
+        async with http.stream("POST", f"{server.http}/v1/audio/speech", json=body) as reply:
+            chunks = reply.aiter_raw()
+            first = await anext(chunks)
+            speaking = [r.session.output.active is not None for r in engine.manager.records.values()]
+            data = first + b"".join([chunk async for chunk in chunks])
+        assert engine.manager.open_count == 0
+    assert speaking == [True]  # one session, its response still in progress
+    assert reply.status_code == 200 and "content-length" not in reply.headers
+    assert data[:4] == b"RIFF" and data[4:8] == b"\xff\xff\xff\xff"
+    whole = np.frombuffer(data[44:], dtype="<i2")
+    assert len(whole) / 24000 > 12.0  # every piece of the text, not the first alone
 
 
 @pytest.mark.slow_on_uvloop
@@ -117,15 +142,56 @@ async def test_an_sse_stream_carries_the_file_in_deltas_then_done(piper) -> None
     assert events[-1]["usage"] == {"input_tokens": 0, "output_tokens": 0, "total_tokens": 0}
 
 
-async def test_openai_voice_names_and_no_voice_speak_with_the_default_voice(piper) -> None:
+async def test_openai_voice_names_and_no_voice_speak_with_the_default_voice_and_say_so(piper) -> None:
     async with batch_server([("piper", piper)]) as server:
         client = server.client()
-        joe = await speak(client, "Hi.")
-        alloy = await speak(client, "Hi.", voice="alloy")
+        joe = await client.audio.speech.with_raw_response.create(
+            model="piper", voice="joe", input="Hi.", response_format="pcm"
+        )
+        alloy = await client.audio.speech.with_raw_response.create(
+            model="piper", voice="alloy", input="Hi.", response_format="pcm"
+        )
         async with httpx.AsyncClient() as http:
             body = {"input": "Hi.", "response_format": "pcm"}
             bare = await http.post(f"{server.http}/v1/audio/speech", json=body)
-    assert joe == alloy == bare.content
+    assert joe.content == alloy.content == bare.content
+    for reply in (joe, alloy, bare):
+        assert (reply.headers["x-duplex-voice"], reply.headers["x-duplex-model"]) == ("joe", "piper")
+
+
+async def test_openai_model_names_get_the_first_tts_model_and_an_unknown_name_the_only_one(piper, sd) -> None:
+    async with batch_server([("sd", sd), ("piper", piper)]) as server, httpx.AsyncClient() as http:
+        replies = {
+            name: await http.post(
+                f"{server.http}/v1/audio/speech",
+                json={"model": name, "input": "Hi.", "response_format": "pcm"},
+            )
+            for name in ("tts-1", "tts-1-hd", "gpt-4o-mini-tts", "gpt-4o-mini-tts-2025-03-20", "kokoro")
+        }
+    for name, reply in replies.items():
+        assert reply.status_code == 200, name
+        assert (reply.headers["x-duplex-model"], reply.headers["x-duplex-voice"]) == ("piper", "joe")
+    assert len({reply.content for reply in replies.values()}) == 1
+
+
+async def test_an_unknown_name_that_several_tts_models_could_answer_is_refused_naming_them(piper) -> None:
+    tones = ScriptedBatchPlugin(max_sessions=2)
+    tones.load()
+    async with batch_server([("piper", piper), ("tones", tones)]) as server:
+        client = server.client()
+        with pytest.raises(openai.NotFoundError) as caught:
+            await speak(client, "Hi.", model="kokoro")
+        openai_name = await client.audio.speech.with_raw_response.create(
+            model="tts-1", voice="alloy", input="Hi.", response_format="pcm"
+        )
+        named = await client.audio.speech.with_raw_response.create(
+            model="tones", voice="alloy", input="Hi.", response_format="pcm"
+        )
+    body: dict = caught.value.body  # type: ignore[assignment]
+    assert (body["code"], body["param"]) == ("model_not_found", "model")
+    assert "piper, tones" in body["message"]
+    assert (openai_name.headers["x-duplex-model"], openai_name.headers["x-duplex-voice"]) == ("piper", "joe")
+    assert (named.headers["x-duplex-model"], named.headers["x-duplex-voice"]) == ("tones", "tone")
 
 
 async def test_speed_reaches_the_model(piper) -> None:
@@ -143,7 +209,6 @@ def _code(exc: openai.APIStatusError) -> str:
 BAD_REQUESTS = [  # (the request's changes to a good one, status, OpenAI's code, param)
     ({"input": "   "}, 400, "invalid_value", "input"),
     ({"voice": "nobody"}, 400, "invalid_value", "voice"),
-    ({"model": "tts-1"}, 404, "model_not_found", "model"),
     ({"model": "sd"}, 400, "invalid_model", "model"),
     ({"input": "word " * 100}, 413, "string_above_max_length", "input"),
     ({"speed": 9}, 400, "invalid_value", "speed"),

@@ -13,6 +13,7 @@ from typing import Any
 import pytest
 import websockets
 
+from duplex.plugins.builtin.scripted import ScriptedBatchPlugin
 from duplex.server.config import ServerConfig
 from tests.server.batch_servers import batch_server
 from tests.server.flood_batch import FloodBatchPlugin
@@ -131,7 +132,9 @@ async def test_a_unit_the_model_refuses_gets_an_error_and_the_socket_goes_on(pip
     ],
 )
 async def test_a_refused_first_message_closes_the_socket_after_its_error(piper, sd, first, code) -> None:
-    async with batch_server([("piper", piper), ("sd", sd)]) as server:
+    tones = ScriptedBatchPlugin(max_sessions=2)  # a second TTS model: an unknown name is ambiguous
+    tones.load()
+    async with batch_server([("piper", piper), ("sd", sd), ("tones", tones)]) as server:
         async with websockets.connect(f"{server.ws}/v1/audio/speech/stream", proxy=None) as ws:
             await ws.send(json.dumps(first))
             error = json.loads(await ws.recv())

@@ -94,12 +94,12 @@ def pcm16(seconds: float, freq_hz: float = 440.0) -> bytes:
 
 def reporter_server() -> Any:
     plugin = FrameReporterPlugin()
-    return running_server(plugin=plugin, engine_config=EngineConfig(max_sessions=4), model_name="reporter")
+    return running_server(plugin=plugin, engine_config=EngineConfig(max_sessions=4))
 
 
 def turn_server() -> Any:
     plugin = ScriptedTurnPlugin(script=("You said: {text}",), ms_per_char=10)
-    return running_server(plugin=plugin, engine_config=EngineConfig(max_sessions=4), model_name="turn")
+    return running_server(plugin=plugin, engine_config=EngineConfig(max_sessions=4))
 
 
 async def test_a_recorded_clip_is_answered_second_by_second_by_a_model_that_takes_video(tmp_path: Path):
@@ -368,7 +368,7 @@ async def test_a_query_during_a_reply_cancels_it_and_is_answered():
     count = " ".join(["count"] * 133) + "."
     plugin = ScriptedTurnPlugin(script=(count, "Short."))
     async with (
-        running_server(plugin=plugin, engine_config=EngineConfig(max_sessions=4), model_name="turn") as srv,
+        running_server(plugin=plugin, engine_config=EngineConfig(max_sessions=4)) as srv,
         chat(srv) as ws,
     ):
         await send(ws, SessionConfig())

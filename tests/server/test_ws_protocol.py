@@ -432,7 +432,7 @@ def _tiny_socket(port: int) -> socket.socket:
 async def _stall(srv: Any) -> tuple[Any, str, str]:
     """A client that asks for 4 MB of events and never reads; returns it once it is detached."""
     ws = await websockets.connect(
-        srv.url + "?model=m", sock=_tiny_socket(srv.port), max_queue=1, proxy=None, ping_interval=None
+        srv.url + "?model=echo", sock=_tiny_socket(srv.port), max_queue=1, proxy=None, ping_interval=None
     )
     created = await recv(ws)
     update = encode(DuplexSessionUpdate(session=DuplexSessionConfig(instructions="x" * 100_000)))
@@ -451,7 +451,7 @@ async def _healthy_round_trip(ws: Any) -> None:
 async def test_a_peer_that_never_reads_again_is_aborted_and_its_session_resumes():
     cfg = ServerConfig(send_timeout_s=0.3, shutdown_timeout_s=0.5)
     async with running_server(cfg) as srv:
-        other = await websockets.connect(srv.url + "?model=m", proxy=None, ping_interval=None)
+        other = await websockets.connect(srv.url + "?model=echo", proxy=None, ping_interval=None)
         await until(other, "session.created")
         await _healthy_round_trip(other)
         stalled, sid, token = await _stall(srv)
@@ -483,7 +483,7 @@ async def test_a_peer_that_never_reads_again_is_aborted_and_its_session_resumes(
 async def test_under_plain_uvicorn_sansio_a_session_works_and_a_stalled_peer_is_only_closed():
     cfg = ServerConfig(send_timeout_s=0.3, shutdown_timeout_s=0.5)
     async with running_server(cfg, ws="websockets-sansio") as srv:
-        ws = await websockets.connect(srv.url + "?model=m", proxy=None, ping_interval=None)
+        ws = await websockets.connect(srv.url + "?model=echo", proxy=None, ping_interval=None)
         await until(ws, "session.created")
         await _healthy_round_trip(ws)
         stalled, _sid, _token = await _stall(srv)

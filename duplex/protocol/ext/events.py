@@ -248,7 +248,11 @@ class SessionWarning(Event, tag="session.warning", kw_only=True):
     """Something the client asked for is in effect otherwise than it asked, and nothing was refused:
     ``code`` says what (``turn_detection_model_native``: the model takes its own turns, so the
     server-side turn detection a ``session.update`` asked for is not run and the session object
-    says ``turn_detection: null``), ``param`` names the field, ``message`` says it for people."""
+    says ``turn_detection: null``; ``model_substituted``: the server serves no model of the name
+    the client asked for, and the session is served by the one model that could answer it;
+    ``voice_substituted``: the model has no voice of the name asked for, and speaks in its default
+    voice or its own), ``param`` names the field, ``message`` says it for people, naming what was
+    asked for and what is in effect."""
 
     code: str
     message: str
