@@ -66,7 +66,6 @@ from typing import Any
 import numpy as np
 
 from batch_models.piper.pieces import speech_pieces
-from batch_models.plugin_options import parse_options
 from batch_models.requests import OptionReader, check_text
 from batch_models.slots import SlotTable
 from duplex.plugins.base import (
@@ -78,6 +77,7 @@ from duplex.plugins.base import (
     SlotOptions,
     SlotOutput,
 )
+from duplex.plugins.options import parse_options
 
 __all__ = ["PiperTTSPlugin"]
 
