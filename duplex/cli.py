@@ -105,7 +105,11 @@ def _add_serve(sub: argparse._SubParsersAction) -> None:
     model.add_argument(
         "--model-path", metavar="DIR", help="directory with the model's weights (default: none)"
     )
-    model.add_argument("--model-name", help="model name clients ask for and see (default: the plugin name)")
+    model.add_argument(
+        "--model-name",
+        help="model name clients ask for and see; the plugin's public names (its vendor's repository "
+        "ids: 'duplex plugins NAME') ask for it too (default: the plugin name)",
+    )
     model.add_argument(
         "--plugin-option",
         action="append",

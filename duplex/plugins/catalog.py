@@ -68,6 +68,7 @@ PERSONAPLEX = PluginInfo(
     voices_note="the checkpoint's voices/*.pt (NATF2.pt ...)",
     needs_model_path=True,
     weights=("nvidia/personaplex-7b-v1",),
+    model_aliases=("nvidia/personaplex-7b-v1",),
 )
 NEMOTRON = PluginInfo(
     name="nemotron_voicechat",
@@ -78,6 +79,7 @@ NEMOTRON = PluginInfo(
     voices_note="the checkpoint's speakers",
     needs_model_path=True,
     weights=("nvidia/NVIDIA-NemotronLabs-VoiceChat-11B", "nvidia/NVIDIA-Nemotron-Nano-9B-v2"),
+    model_aliases=("nvidia/NVIDIA-NemotronLabs-VoiceChat-11B",),  # not the borrowed LLM's
 )
 MINICPMO = PluginInfo(
     name="minicpmo_4_5",
@@ -88,4 +90,5 @@ MINICPMO = PluginInfo(
     voices_note="a reference recording per session (ref_audio)",
     needs_model_path=True,
     weights=("openbmb/MiniCPM-o-4_5",),
+    model_aliases=("openbmb/MiniCPM-o-4_5",),
 )

@@ -31,6 +31,14 @@ class PluginInfo(msgspec.Struct, frozen=True, kw_only=True):
     ``voices_note`` says where others come from (a checkpoint's voice files). ``needs_model_path``:
     the plugin serves only with ``--model-path`` (a checkpoint directory; ``weights`` names the
     public repositories its layout follows); otherwise it serves as installed.
+
+    ``model_aliases``: the public names clients know this model by (its vendor's repository ids,
+    ``openbmb/MiniCPM-o-4_5``), which the vendor's own clients and our client presets send as the
+    session's ``model``. A server serving the plugin treats each as naming it exactly, whatever name
+    it serves it under (``duplex.server.models``). Only names of this one model: ``weights`` may also
+    list repositories it merely borrows files from (a tokenizer), and a plugin that loads one of
+    several public checkpoints (two model sizes) names none, since a name of one of them would be
+    answered by whichever is loaded.
     """
 
     name: str
@@ -42,6 +50,7 @@ class PluginInfo(msgspec.Struct, frozen=True, kw_only=True):
     voices_note: str = ""
     needs_model_path: bool = False
     weights: tuple[str, ...] = ()
+    model_aliases: tuple[str, ...] = ()
 
 
 def info_from_class(name: str, cls: type[Plugin]) -> PluginInfo:

@@ -73,6 +73,8 @@ def describe_plugin(name: str, *, as_json: bool = False) -> str:
     ]
     if info.weights:
         facts.append(("weights", ", ".join(info.weights)))
+    if info.model_aliases:
+        facts.append(("also named", ", ".join(info.model_aliases)))
     lines += [f"  {key + ':':<12}{value}" for key, value in facts]
     lines += ["", f"options (duplex serve --plugin {name} --plugin-option KEY=VALUE):"]
     rows = [[key, _shown(value)] for key, value in sorted(options.items())]

@@ -8,7 +8,8 @@ A distribution registers a plugin class with::
 ``available()`` lists names without importing anything heavy; ``load_class(name)``
 imports one plugin class; ``info(name)`` describes one without importing it, from the
 ``PluginInfo`` the distribution registers under the same name in the group ``duplex.plugin_info``
-(``duplex.plugins.info``), or from its class when it registers none. Unknown names raise
+(``duplex.plugins.info``), or from its class when it registers none; ``model_aliases(name)`` the
+public model names it answers to (``PluginInfo.model_aliases``). Unknown names raise
 ``PluginError("unknown_plugin")``.
 """
 
@@ -19,7 +20,7 @@ from importlib.metadata import EntryPoint, entry_points
 from duplex.plugins.base import Plugin, PluginError
 from duplex.plugins.info import PluginInfo, info_from_class
 
-__all__ = ["GROUP", "INFO_GROUP", "available", "info", "load_class"]
+__all__ = ["GROUP", "INFO_GROUP", "available", "info", "load_class", "model_aliases"]
 
 GROUP = "duplex.plugins"
 INFO_GROUP = "duplex.plugin_info"
@@ -54,3 +55,14 @@ def info(name: str) -> PluginInfo:
     if not isinstance(found, PluginInfo):
         raise PluginError("invalid_plugin", f"entry point {name!r} of {INFO_GROUP} is not a PluginInfo")
     return found
+
+
+def model_aliases(name: str) -> tuple[str, ...]:
+    """The public model names plugin ``name`` answers to (``PluginInfo.model_aliases``), read from
+    its registered ``PluginInfo``; a plugin that registers none declares none (its class is not
+    built to find out: the server asks this of every plugin it serves)."""
+    ep = _entry_points(INFO_GROUP).get(name)
+    if ep is None:
+        return ()
+    found = ep.load()
+    return found.model_aliases if isinstance(found, PluginInfo) else ()

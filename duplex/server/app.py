@@ -91,16 +91,18 @@ def create_app(
     model_name: str | None = None,
     workers: Sequence[Supervisor] = (),
     more_models: Sequence[ServedModel] = (),
+    model_aliases: Sequence[str] = (),
 ) -> Starlette:
     """The Starlette app serving ``engine`` (the default model) and ``more_models`` beside it.
     ``model_name``: the name clients see (default: the engine's own ``model_name``, else its plugin's
     name). ``workers``: the supervisors of the
-    model's worker processes, shown by ``/health`` and ``/metrics``."""
+    model's worker processes, shown by ``/health`` and ``/metrics``. ``model_aliases``: other names
+    that ask for the default model exactly (``ServedModel.aliases``)."""
 
     config = config or ServerConfig()
     name = model_name or getattr(engine, "model_name", None) or getattr(engine, "plugin_name", None)
     name = name or "duplex"
-    served = ServedModels([ServedModel(name, engine, tuple(workers)), *more_models])
+    served = ServedModels([ServedModel(name, engine, tuple(workers), tuple(model_aliases)), *more_models])
     state = AppState(served, config)
 
     async def health(request: Request) -> Response:

@@ -207,6 +207,8 @@ class ServeConfig(msgspec.Struct, frozen=True, kw_only=True, forbid_unknown_fiel
     # The directory of the model's weights, for a plugin that loads some.
     model_path: str | None = None
     # The name clients ask for and see in ``session.model`` and ``/v1/models``; unset: the plugin's.
+    # The plugin's public names (``PluginInfo.model_aliases``: its vendor's repository ids) ask for
+    # it too, whatever this is.
     model_name: str | None = None
     # The plugin's options (``duplex plugins NAME`` lists them with their defaults).
     plugin_options: dict[str, object] = {}

@@ -7,6 +7,12 @@ one by the name a client asks for (``ServedModels.pick``), by what the route ser
 * a served name gets that model: on the realtime routes whatever it is (a batch model answers a
   realtime session's ``response.create`` too); on the HTTP routes only a model that makes the
   route's output from a text, otherwise ``invalid_model``;
+* so does one of a served model's aliases (``ServedModel.aliases``: the public names its plugin
+  declares, ``PluginInfo.model_aliases``, its vendor's repository ids such as
+  ``openbmb/MiniCPM-o-4_5``): the name the vendor's clients and our presets send means that model
+  whatever name the server serves it under, so it is neither stood in for nor refused. A served
+  name wins over another model's alias, and an alias two served models declare (one checkpoint
+  served twice) names neither of them: it is then any other name;
 * no name, or one of OpenAI's names for what the route serves (``OPENAI_MODELS``: stock clients
   always send one, e.g. ``gpt-realtime``, ``tts-1``, ``dall-e-3``), gets the route's first
   candidate (``ServedModels.candidates``): on the realtime routes the first served model that
@@ -80,11 +86,13 @@ def _openai_name(name: str, wants: Wants) -> bool:
 
 @dataclass(frozen=True)
 class ServedModel:
-    """One served model: the ``name`` clients ask for, its ``engine``, its worker processes."""
+    """One served model: the ``name`` clients ask for, its ``engine``, its worker processes, and the
+    other names that ask for it exactly (``aliases``: its plugin's ``PluginInfo.model_aliases``)."""
 
     name: str
     engine: Any  # ``duplex.engine.Engine`` (or a stand-in with its public API, in benchmarks)
     workers: tuple[Supervisor, ...] = field(default=())
+    aliases: tuple[str, ...] = field(default=())
 
 
 @dataclass(frozen=True)
@@ -116,14 +124,21 @@ class ServedModels:
         if len(set(names)) != len(names):
             raise ValueError(f"model names must be unique: {names}")
         self._models = tuple(models)
-        self._by_name = {m.name: m for m in self._models}
+        claimed: dict[str, list[ServedModel]] = {}
+        for m in self._models:
+            for alias in dict.fromkeys(m.aliases):
+                claimed.setdefault(alias, []).append(m)
+        # An alias names its model only when no served name is spelt so and no other model claims it.
+        by_alias = {a: ms[0] for a, ms in claimed.items() if len(ms) == 1 and a not in names}
+        self._by_name = {**by_alias, **{m.name: m for m in self._models}}
 
     @property
     def default(self) -> ServedModel:
         return self._models[0]
 
     def get(self, name: str | None) -> ServedModel | None:
-        """The model served under ``name`` exactly, or None."""
+        """The model ``name`` names exactly: the one served under it, or the one whose alias it is
+        (see the module docstring); None for any other name."""
         return self._by_name.get(name) if name is not None else None
 
     def candidates(self, wants: Wants) -> list[ServedModel]:

@@ -333,9 +333,18 @@ def build_app(cfg: ServeConfig, *, ids: Any = None) -> BuiltApp:
             if isinstance(extra, WorkerPlugin):
                 watch_worker(extra.supervisor, extra_engine)
                 extra_workers = (extra.supervisor,)
-            more.append(ServedModel(model.name, extra_engine, extra_workers))
+            more.append(
+                ServedModel(model.name, extra_engine, extra_workers, registry.model_aliases(model.plugin))
+            )
             models.append((model.name, model.plugin, extra))
-        app = create_app(engine, cfg.server, model_name=served_name, workers=workers, more_models=more)
+        app = create_app(
+            engine,
+            cfg.server,
+            model_name=served_name,
+            workers=workers,
+            more_models=more,
+            model_aliases=registry.model_aliases(name),
+        )
     except BaseException:
         for p in plugins:
             p.close()

@@ -57,3 +57,15 @@ def test_an_unknown_option_is_refused_with_exactly_the_options_the_plugin_lists(
     found = re.search(r"unknown options \['no_such_option'\]; valid options: (.*)$", refused.value.message)
     assert found is not None, refused.value.message
     assert found[1].split(", ") == sorted(cls.option_defaults())
+
+
+def test_each_client_presets_model_name_is_a_public_name_of_its_plugin() -> None:
+    """A preset sends its vendor's model name; a server serving that plugin under any name, beside
+    other models, answers it exactly only when the plugin declares it (``PluginInfo.model_aliases``)."""
+    from clients.presets import PRESETS
+
+    sent = {name: make().session.model for name, make in PRESETS.items()}
+    named = {name: model for name, model in sent.items() if model is not None}
+    assert set(named) == {"minicpmo_4_5", "personaplex", "nemotron_voicechat"}
+    for name, model in named.items():
+        assert model in registry.info(name).model_aliases, name
