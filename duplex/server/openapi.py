@@ -4,11 +4,15 @@
 routes with their request and response bodies, whose JSON Schemas msgspec derives from the very
 structs the routes decode and encode (so the description cannot drift from the code), and the
 WebSocket routes as ``GET`` operations that upgrade (``x-websocket: true``), pointing to
-``docs/protocol.md`` for their events. ``/docs`` renders the same document as one plain HTML page,
-built on the server: no script, nothing fetched from another origin, so it works offline and under
-the page's content security policy. Both are open (no API key): they describe, they serve nothing.
+``docs/protocol.md`` for their events. A route's own response headers (``X-Duplex-Model``,
+``X-Duplex-Voice``: ``RESPONSE_HEADERS``, keyed by the very constants the routes send them under)
+are described on its ``200`` response as OpenAPI ``headers`` objects. ``/docs`` renders the same
+document as one plain HTML page, built on the server: no script, nothing fetched from another
+origin, so it works offline and under the page's content security policy. Both are open (no API
+key): they describe, they serve nothing.
 
-A test checks that every route of ``create_app`` appears here.
+A test checks that every route of ``create_app`` appears here, and that every ``X-Duplex-*`` header
+named in the server's code is described on a route.
 """
 
 from __future__ import annotations
@@ -26,17 +30,37 @@ from starlette.routing import BaseRoute, Route
 from duplex.protocol.images import ImageGenerationRequest, ImagesResponse
 from duplex.protocol.speech import SpeechRequest
 from duplex.server.http_errors import HttpError
+from duplex.server.models import MODEL_HEADER
+from duplex.server.speech import VOICE_HEADER
 from duplex.server.webui import PAGE_HEADERS
 
-__all__ = ["ROUTES", "RouteDoc", "docs_routes", "openapi_document"]
+__all__ = ["RESPONSE_HEADERS", "ROUTES", "RouteDoc", "docs_routes", "openapi_document"]
 
 _PROTOCOL: Final = "docs/protocol.md"
+
+#: The headers of our own that HTTP routes answer with, as OpenAPI 3.1 ``header`` objects.
+#: ``required``: every answer of a route that sends it carries it.
+RESPONSE_HEADERS: Final[dict[str, dict[str, Any]]] = {
+    MODEL_HEADER: {
+        "description": "The served model that made the answer (its served name), so a client that named "
+        "another model, one of OpenAI's or none, learns which one answered",
+        "required": True,
+        "schema": {"type": "string"},
+    },
+    VOICE_HEADER: {
+        "description": "The voice the speech is in: the one asked for, or the model's default standing in "
+        "for one of OpenAI's voice names or for none; absent for a model without named voices",
+        "required": False,
+        "schema": {"type": "string"},
+    },
+}
 
 
 @dataclass(frozen=True)
 class RouteDoc:
     """One route as the document shows it. ``request`` / ``response``: the body's struct (or the
-    name of one the app passes in, ``docs_routes``), ``response_type`` its media type."""
+    name of one the app passes in, ``docs_routes``), ``response_type`` its media type; ``headers``:
+    the ``RESPONSE_HEADERS`` its successful answer carries."""
 
     path: str
     method: str
@@ -46,6 +70,7 @@ class RouteDoc:
     response_type: str = "application/json"
     websocket: bool = False
     auth: bool = True
+    headers: tuple[str, ...] = ()
 
 
 ROUTES: Final[tuple[RouteDoc, ...]] = (
@@ -69,6 +94,7 @@ ROUTES: Final[tuple[RouteDoc, ...]] = (
         "Text to speech (OpenAI's route), served by a batch TTS model",
         request=SpeechRequest,
         response_type="audio/*",
+        headers=(MODEL_HEADER, VOICE_HEADER),
     ),
     RouteDoc(
         "/v1/images/generations",
@@ -76,6 +102,7 @@ ROUTES: Final[tuple[RouteDoc, ...]] = (
         "Text to image (OpenAI's route), served by a batch image model",
         request=ImageGenerationRequest,
         response=ImagesResponse,
+        headers=(MODEL_HEADER,),
     ),
     RouteDoc(
         "/v1/realtime", "get", "OpenAI Realtime API session (GA events; beta on request)", websocket=True
@@ -123,8 +150,11 @@ def openapi_document(named: Mapping[str, type], version: str) -> dict[str, Any]:
             media: dict[str, Any] = {}
             if doc.response is not None:
                 media = {"schema": _ref(doc.response)}
+            ok: dict[str, Any] = {"description": "OK", "content": {doc.response_type: media}}
+            if doc.headers:
+                ok["headers"] = {name: RESPONSE_HEADERS[name] for name in doc.headers}
             op["responses"] = {
-                "200": {"description": "OK", "content": {doc.response_type: media}},
+                "200": ok,
                 "default": {
                     "description": "OpenAI's error body",
                     "content": {"application/json": {"schema": _ref(HttpError)}},
@@ -166,6 +196,9 @@ def _page(document: Mapping[str, Any]) -> str:
             kind = "WebSocket" if op.get("x-websocket") else method.upper()
             body = op.get("requestBody", {}).get("content", {}).get("application/json", {}).get("schema")
             takes = f" &mdash; body: {_anchor(body)}" if body else ""
+            headers = op.get("responses", {}).get("200", {}).get("headers", {})
+            if headers:
+                takes += " &mdash; answers with " + ", ".join(f"<code>{esc(h)}</code>" for h in headers)
             parts.append(f"<li><code>{kind} {esc(path)}</code> &mdash; {esc(op['summary'])}{takes}</li>")
     parts.append("</ul><h2>Schemas</h2>")
     for name, schema in sorted(document["components"]["schemas"].items()):
