@@ -19,9 +19,17 @@ import soxr
 
 from duplex.plugins.base import PluginError, SlotOptions, TurnRequest
 from duplex.plugins.default.asr import WhisperTranscriber
-from duplex.plugins.default.lm import EXAMPLES, SYSTEM_PROMPT, LocalLMReply, lm_messages, packaged_lm_path
+from duplex.plugins.default.lm import (
+    EXAMPLES,
+    LM_MAX_TOKENS,
+    SYSTEM_PROMPT,
+    LocalLMReply,
+    lm_messages,
+    packaged_lm_path,
+)
 from duplex.plugins.default.plugin import DefaultPlugin, DefaultPluginConfig
 from duplex.plugins.default.reply import ReplyPrompt, echo_text
+from duplex.plugins.default.strategies import make_strategy
 from duplex.plugins.default.tts import PiperSpeaker
 from duplex.protocol.audio import decode_audio
 from tests.plugins.default_speech import spoken
@@ -91,6 +99,43 @@ def test_answers_are_short(lm: LocalLMReply) -> None:
     for question in ("How many legs does a spider have?", "Hello, how are you today?"):
         reply = answer(lm, question)
         assert 0 < len(reply) <= 200, reply
+
+
+# --- the reply's length ---
+
+
+def test_each_reply_kind_has_its_own_length_limit_and_the_option_overrides_it() -> None:
+    assert DefaultPluginConfig().reply_max_tokens is None
+    assert DefaultPlugin.from_options().reply_strategy.max_tokens == LM_MAX_TOKENS == 96  # type: ignore[attr-defined]
+    remote = {"reply": "openai", "reply_url": "http://127.0.0.1:9/v1"}
+    assert DefaultPlugin.from_options(**remote).reply_strategy.max_tokens == 256  # type: ignore[attr-defined]
+    for options in ({}, remote):
+        plugin = DefaultPlugin.from_options(**options, reply_max_tokens="300")  # as a command line gives it
+        assert plugin.reply_strategy.max_tokens == 300  # type: ignore[attr-defined]
+    with pytest.raises(PluginError, match="reply_max_tokens must be positive"):
+        DefaultPluginConfig(reply_max_tokens=0)
+
+
+@pytest.mark.parametrize(
+    "question", ["Why is the sky blue?", "Give me three tips for learning a new language."]
+)
+def test_the_default_limit_leaves_the_longest_measured_answers_whole(lm: LocalLMReply, question: str) -> None:
+    """The two longest of the replies ``LM_MAX_TOKENS`` was chosen from (56 and 38 tokens): they
+    end by themselves, well inside the limit."""
+    deltas = list(lm.reply(ReplyPrompt(user_text=question)))  # one token each
+    assert lm.max_tokens == LM_MAX_TOKENS
+    assert 20 < len(deltas) < LM_MAX_TOKENS, len(deltas)
+    assert "".join(deltas).rstrip().endswith((".", "!", "?")), "".join(deltas)
+
+
+def test_the_limit_stops_a_reply_at_that_many_tokens() -> None:
+    short = make_strategy("lm", reply_max_tokens=5, max_sessions=1, warm_up=False)
+    short.load()
+    try:
+        deltas = list(short.reply(ReplyPrompt(user_text="Why is the sky blue?")))
+    finally:
+        short.close()
+    assert len(deltas) == 5, deltas
 
 
 def test_it_answers_from_the_conversation_history(lm: LocalLMReply) -> None:

@@ -98,8 +98,11 @@ class DefaultPluginConfig(msgspec.Struct, frozen=True, kw_only=True):
         server's first) or the model directory for ``vllm``. ``reply_threads``: CPU
         threads for ``lm`` (1 leaves the other cores to Whisper and Piper).
         ``reply_api_key_env``: the name of an environment variable holding a bearer token.
-        ``reply_timeout_s``: connection and read timeout. ``reply_max_tokens``: reply
-        length limit. ``reply_poll_ms``: while a remote reply has nothing new, the
+        ``reply_timeout_s``: connection and read timeout. ``reply_max_tokens``: the
+        longest reply, in tokens; None (the default): the reply kind's own, 96 for ``lm``
+        (the small model's spoken answers take 4 to 56 tokens, and a longer run only
+        delays the end of the turn and invents more: ``lm.LM_MAX_TOKENS``), 256 for
+        ``openai`` and ``vllm``. ``reply_poll_ms``: while a remote reply has nothing new, the
         plugin hands the model thread back this often (see ``DeltaPump``).
     Typed input
         ``max_input_text_chars``: a typed user message longer than this (characters)
@@ -128,7 +131,7 @@ class DefaultPluginConfig(msgspec.Struct, frozen=True, kw_only=True):
     reply_model: str | None = None
     reply_api_key_env: str | None = None
     reply_timeout_s: float = 30.0
-    reply_max_tokens: int = 256
+    reply_max_tokens: int | None = None
     reply_threads: int = 1
     reply_poll_ms: int = 50
     max_input_text_chars: int = 4000
@@ -148,9 +151,12 @@ class DefaultPluginConfig(msgspec.Struct, frozen=True, kw_only=True):
                 "invalid_plugin_config",
                 f"unknown reply strategy {self.reply!r}; choose one of {', '.join(STRATEGIES)}",
             )
+        if self.reply_max_tokens is not None and self.reply_max_tokens <= 0:
+            raise PluginError(
+                "invalid_plugin_config", f"reply_max_tokens must be positive, got {self.reply_max_tokens}"
+            )
         for name in (
             "reply_timeout_s",
-            "reply_max_tokens",
             "reply_threads",
             "reply_poll_ms",
             "max_input_text_chars",

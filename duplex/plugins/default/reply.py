@@ -193,6 +193,11 @@ class OpenAIChatReply(ReplyStrategy):
         """The chat-completions endpoint requests go to."""
         return self._url
 
+    @property
+    def max_tokens(self) -> int | None:
+        """The ``max_tokens`` each request sends (None: none, the endpoint's own limit)."""
+        return self._max_tokens
+
     def load(self) -> None:
         if self._api_key_env is not None and not os.environ.get(self._api_key_env):
             raise PluginError(
