@@ -215,7 +215,7 @@ def test_a_session_decides_says_and_speaks_what_the_official_loop_does(checkpoin
             m = _compare_choices(
                 [int(x) for x in res.codes], golden_codes, goldens[f"unit{u}_code_margins"], code_tol
             )
-            code_diff = "equal" if m == 25 else f"equal up to a near tie at {m}"
+            code_diff = "equal" if m == len(golden_codes) else f"equal up to a near tie at {m}"
         else:
             assert res.codes is None
         rows.append((u, res.decision, len(theirs), audio_diff, audio_tol, vision_diff, d, tol, code_diff))
@@ -342,8 +342,11 @@ def test_the_flow_turns_codes_into_the_mel_minicpmo_utils_does(checkpoint, golde
         flow.reset(0)
         for i in range(n):
             last = bool(goldens[f"flow_{name}{i}_last"])
-            # Every chunk has codes pending: the turn's three silence codes, then the look-ahead.
-            mel, frames = flow.chunk(torch.tensor([0]), units[i], torch.tensor([True]), torch.tensor([last]))
+            # The chunk the reference ran (the turn's three silence codes or the look-ahead, then a unit).
+            chunk = torch.from_numpy(goldens[f"flow_{name}{i}_codes"])[None]
+            assert torch.equal(chunk[:, -25:], units[i])
+            count = torch.tensor([chunk.shape[1]])
+            mel, frames = flow.chunk(torch.tensor([0]), chunk, count, torch.tensor([last]))
             ours = mel[0, :, : int(frames[0])].numpy()
             theirs = goldens[f"flow_{name}{i}_mel"]
             assert ours.shape == theirs.shape, f"{name} {i}"

@@ -2,18 +2,21 @@
 
 Theory of operation
 -------------------
-Per slot the stream is a turn: it starts from the voice prompt's state (``reset``) and takes one
-unit of ``CODES_PER_UNIT`` codes per call. The encoder looks ``lookahead`` codes ahead, so a unit's
-last ``lookahead`` codes wait for the next unit (``pending``) unless the turn ends with it (``last``:
-they are padded with zeros and flushed). A turn starts with three silence codes pending
-(``SILENCE_CODE``), as upstream's duplex loop starts every turn's code stream. A chunk therefore
-holds ``pending + 25`` codes in a fixed width of ``lookahead + 25`` and yields ``n_out`` codes' worth
-of mel (twice as many frames):
+Per slot the stream is a turn: it starts from the voice prompt's state (``reset``) and takes chunks
+of codes. Which chunks run follows upstream's duplex loop, a code buffer (``CodeBuffer``): a turn's
+buffer starts with three silence codes (``SILENCE_CODE``); a unit's codes (25, fewer where the speech
+head ended early) are appended, and while at least ``lookahead + 5`` (8) codes wait, a chunk of up to
+``lookahead + 25`` (28) of them runs and all but its last ``lookahead`` codes leave the buffer (the
+encoder looks ``lookahead`` codes ahead, so those wait for the next codes); at the end of the turn
+what is left (3 to 7 codes) is flushed as a last chunk, padded with zeros. So a turn's units normally
+run
 
-    any unit but the last      28 in, 25 out       the last          28 in, 28 out
+    first / middle unit     28 in, 25 out            last unit     28 in, 25 out; then 3 in, 3 out
 
-(a chunk with nothing pending, 25 in and 22 out, or 25 out as the last, is what ``chunk`` does
-with ``pending`` False; a turn never starts that way.)
+and a unit that leaves fewer than 8 codes waiting runs none (its codes go out with the next unit's;
+the buffer then keeps up to 7 codes, and each later unit's chunk is 28 in, 25 out, keeping 3 to 7).
+``chunk`` runs one chunk of ``count`` codes in a fixed width of ``lookahead + 25``; a chunk yields
+``n_out`` codes' worth of mel (twice as many frames): ``count - lookahead``, or ``count`` as the last.
 
 Attention is streaming attention over a bounded context: the voice prompt (shared by every slot,
 computed once), the slot's most recent ``history_tokens`` codes (twice as many mel frames), and the
@@ -48,11 +51,47 @@ from duplex.plugins.minicpmo.config import CODES_PER_UNIT, Token2WavConfig
 from duplex.plugins.minicpmo.sampling import portable_normal
 from duplex.plugins.minicpmo.token2wav_modules import TIME_EMBED_DIM, ConformerLayer, DiTBlock, FlowModel
 
-__all__ = ["SILENCE_CODE", "FlowStream", "Voice"]
+__all__ = ["SILENCE_CODE", "CodeBuffer", "FlowStream", "Voice"]
 
 NOISE_FRAMES = 30000  # the DiT's noise table: upstream's 600 s at 50 frames a second
 NOISE_SEED = 0
 SILENCE_CODE = 4218  # the S3 tokenizer's code for silence: three start every turn (upstream's duplex loop)
+MIN_CHUNK_NEW = 5  # a chunk runs once at least this many codes wait beyond the look-ahead (upstream's rule)
+
+
+class CodeBuffer:
+    """The codes of one slot's turn that wait for the flow, and which chunks a unit's codes run.
+
+    Upstream's duplex loop (``DuplexCapability._generate_waveform_from_tokens``, always flushing): the
+    unit's codes join the buffer; while at least ``lookahead + MIN_CHUNK_NEW`` codes wait, the first
+    ``min(lookahead + unit, waiting)`` run as a chunk and all but its last ``lookahead`` codes leave;
+    when the turn ends here, what is left runs as the last chunk. Host-side lists: the code-to-wave
+    stage reads a unit's codes to the host anyway (their number decides the audio's length).
+    """
+
+    def __init__(self, lookahead: int, unit: int = CODES_PER_UNIT) -> None:
+        self.lookahead = lookahead
+        self.unit = unit
+        self.codes: list[int] = [SILENCE_CODE] * lookahead
+
+    def reset(self) -> None:
+        """A new turn: the three silence codes wait."""
+        self.codes = [SILENCE_CODE] * self.lookahead
+
+    def push(self, codes: list[int], last: bool) -> list[tuple[list[int], bool]]:
+        """Append a unit's ``codes``; returns the chunks to run, in order, as ``(codes, last)``. After a
+        last chunk the buffer is empty (``reset`` starts the next turn)."""
+        buf = self.codes + list(codes)
+        chunks: list[tuple[list[int], bool]] = []
+        while len(buf) >= self.lookahead + MIN_CHUNK_NEW:
+            n = min(self.lookahead + self.unit, len(buf))
+            chunks.append((buf[:n], False))
+            buf = buf[n - self.lookahead :]
+        if last and buf:
+            chunks.append((buf, True))
+            buf = []
+        self.codes = buf
+        return chunks
 
 
 @dataclass(frozen=True)
@@ -155,7 +194,7 @@ class FlowStream:
         self.device = device
         self.dtype = dtype = model.input_embedding.weight.dtype
         self.la = cfg.lookahead_tokens
-        self.width = self.la + CODES_PER_UNIT  # codes in a chunk (pending + one unit)
+        self.width = self.la + CODES_PER_UNIT  # the widest chunk (``CodeBuffer``)
         self.hist = cfg.history_tokens
         heads, size = cfg.encoder_heads, cfg.encoder_size
         dk = size // heads
@@ -179,7 +218,6 @@ class FlowStream:
         self.pre_cache = zeros(slots, size, 2)
         self.up_cache = zeros(slots, size, 2 * cfg.up_rate)
         self.hist_len = torch.zeros(slots, dtype=torch.long, device=device)
-        self.pending = torch.full((slots, self.la), SILENCE_CODE, dtype=torch.long, device=device)
         gen = np.random.default_rng(NOISE_SEED)  # the same table on every CPU (``portable_normal``)
         self.noise = portable_normal(gen, (cfg.mel_bins, NOISE_FRAMES), 1.0).to(device, dtype)
         # The Euler schedule, its time embeddings and every block's modulation depend on the step only.
@@ -278,10 +316,9 @@ class FlowStream:
         self.p_conv = conv[:, :, 0]
 
     def reset(self, slot: int) -> None:
-        """Start ``slot``'s stream at the end of the voice prompt (a new turn), three silence codes
-        pending (the turn's first chunk is called with ``pending`` set)."""
+        """Start ``slot``'s stream at the end of the voice prompt (a new turn; its codes, the three
+        silence codes first, are the caller's ``CodeBuffer``)."""
         self.hist_len[slot] = 0
-        self.pending[slot] = SILENCE_CODE
         self.pre_cache[slot] = self.p_pre_cache
         self.up_cache[slot] = self.p_up_cache
         self.est_conv[:, :, slot] = self.p_conv
@@ -290,22 +327,19 @@ class FlowStream:
 
     @torch.no_grad()
     def chunk(
-        self, rows: torch.Tensor, codes: torch.Tensor, pending: torch.Tensor, last: torch.Tensor
+        self, rows: torch.Tensor, tokens: torch.Tensor, count: torch.Tensor, last: torch.Tensor
     ) -> tuple[torch.Tensor, torch.Tensor]:
-        """One unit of ``codes [B, 25]`` for the rows ``rows [B]``: mel ``[B, mel_bins, 2 * width]`` and
-        each row's number of valid frames ``[B]``. ``pending [B]`` (bool): the row holds look-ahead codes
-        from its previous unit, or the silence codes its turn starts with; ``last [B]`` (bool): the turn
-        ends with this unit (everything is flushed).
+        """One chunk of ``count [B]`` codes (``tokens [B, width]``, zero past ``count``) for the rows
+        ``rows [B]``: mel ``[B, mel_bins, 2 * width]`` and each row's number of valid frames ``[B]``.
+        ``last [B]`` (bool): the turn ends with this chunk (no look-ahead: every code yields mel);
+        otherwise the chunk's last ``lookahead`` codes only look ahead. ``CodeBuffer`` says which
+        chunks run; a non-last chunk needs ``count > lookahead``.
 
         Fixed shapes, no host reads: capturable (``token2wav`` replays it from a CUDA graph)."""
-        dev, la, w = self.device, self.la, self.width
-        b = rows.shape[0]
-        held = torch.cat([self.pending[rows], codes], dim=1)
-        fresh = torch.cat([codes, torch.zeros(b, la, dtype=codes.dtype, device=dev)], dim=1)
-        tokens = torch.where(pending[:, None], held, fresh)
-        count = torch.where(pending, w, CODES_PER_UNIT)
-        n_out = count - torch.where(last, 0, la)
-        self.pending[rows] = tokens.gather(1, count[:, None] - la + torch.arange(la, device=dev))
+        w = self.width
+        if tokens.shape[1] != w:
+            raise ValueError(f"expected chunks of width {w}, got {tuple(tokens.shape)}")
+        n_out = count - torch.where(last, 0, self.la)
         hist_len = self.hist_len[rows]
         mu, (pre, up, enc_kv, up_kv) = self._encode(
             tokens,

@@ -28,11 +28,12 @@ A step, for the rows that have a unit:
 4. host: one copy of the sampled tokens; per row the decision (``listen`` when the unit ends with
    ``<|listen|>``, else ``speak``), the text, the end of the turn.
 5. device: the speech head turns each speaking row's unit (the tokens it fed after the first, special
-   ones included, and their hidden states) into one second of speech codes (a graph per code step);
-   the code-to-wave stage (``token2wav``; a graph per bucket of speaking rows) turns the codes of
-   every speaking row into 24 kHz audio, streaming per turn (a turn of N units is N seconds of audio
-   after its three silence codes' 120 ms; its first unit is 160 ms shorter and its last 280 ms longer,
-   see ``token2wav``).
+   ones included, and their hidden states) into one second of speech codes (a graph per code step),
+   fewer where it draws its end code in a turn's first or last unit (``tts_early_end``, upstream's rule,
+   ``speech``); one host read of the codes; the code-to-wave stage (``token2wav``; a graph per bucket
+   of speaking rows) turns them into 24 kHz audio through each slot's code buffer, streaming per turn
+   (a turn of N full units is N seconds of audio after its three silence codes' 120 ms; its first
+   unit is 160 ms shorter and its last 280 ms longer, see ``token2wav``).
 
 Typed text (``read_text``, before a step's units): MiniCPM-o reads a user's text as a user turn of
 its chat template, ``<|im_start|>user\n{text}<|im_end|>\n`` (``tokens.user_turn``), the way its
@@ -93,6 +94,7 @@ class GenerationOptions:
     tts_temperature: float = 0.8
     tts_top_k: int = 0  # 0 and 1.0: the speech codes are drawn from the whole distribution, as upstream
     tts_top_p: float = 1.0
+    tts_early_end: bool = True  # the speech head may end a turn's first and last unit early (upstream's rule)
     voice_markers: str = "always"  # "always" or "with_voice": ``<|audio_start|><|audio_end|>`` in the prompt
     context_tokens: int = 8192
     window_high_tokens: int = 8000
@@ -548,20 +550,35 @@ class UnitGenerator:
             cond = self.speech.condition(text, hidden, count)
         tts_len_h = self.tts_len.cpu().numpy()
         span = self.speech.span_for([int(tts_len_h[s]) for s in np.flatnonzero(speaking_h)])
-        with stage("speech.codes"):
-            codes, tts_len = self.speech.generate(
-                cond, count + 1, self.tts_len, speaking, self.seed, self.counter, self.temperature > 0, span
-            )
-            self.tts_len.copy_(tts_len)
         last_h = np.zeros(self.slots, dtype=bool)
         for slot, res in results.items():
             last_h[slot] = res.decision == "speak" and res.end_of_turn
+        # Upstream's rule: the end of speech may come in a turn's first unit and in the one that ends it.
+        allow_h = np.zeros(self.slots, dtype=bool)
+        if self.opts.tts_early_end:
+            allow_h[starts] = True
+            allow_h |= last_h
+        allow = torch.from_numpy(allow_h).to(dev)
+        with stage("speech.codes"):
+            codes, n_codes, tts_len = self.speech.generate(
+                cond,
+                count + 1,
+                self.tts_len,
+                speaking,
+                self.seed,
+                self.counter,
+                self.temperature > 0,
+                span,
+                allow,
+            )
+            self.tts_len.copy_(tts_len)
+        with stage("speech.read"):
+            codes_h, n_codes_h = codes.cpu().numpy(), n_codes.cpu().numpy()
         with stage("c2w"):
-            pcm = self.code_to_wave.decode(codes, speaking_h, last_h)
-        codes_h = codes.cpu().numpy()
+            pcm = self.code_to_wave.decode(codes_h, n_codes_h, speaking_h, last_h)
         for slot, res in results.items():
             if speaking_h[slot]:
-                res.codes = codes_h[slot]
+                res.codes = codes_h[slot, : n_codes_h[slot]].copy()
                 res.pcm = pcm[slot]
 
     def _apply_window(self, batch: dict) -> None:

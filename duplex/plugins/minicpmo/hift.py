@@ -142,10 +142,12 @@ class Vocoder:
             dim=1,
         )
         ends = frames * hop
-        idx = ends[:, None] - self.cache_samples + torch.arange(self.cache_samples, device=dev)
+        # The held-back tail; a window shorter than it (a turn's only chunk, three codes flushed at once)
+        # keeps its indices in range, and the turn ends with it, so that state is never read.
+        idx = (ends[:, None] - self.cache_samples + torch.arange(self.cache_samples, device=dev)).clamp(min=0)
         self.speech_cache[rows] = speech.gather(1, idx)
         self.source_cache[rows] = source.gather(1, idx)
-        fidx = frames[:, None] - cf + torch.arange(cf, device=dev)
+        fidx = (frames[:, None] - cf + torch.arange(cf, device=dev)).clamp(min=0)
         self.mel_cache[rows] = window.gather(2, fidx[:, None].expand(-1, window.shape[1], -1))
         self.position[rows] += new
         return speech

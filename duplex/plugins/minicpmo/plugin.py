@@ -33,6 +33,8 @@ unit's text ends with ``<|chunk_eos|>`` before it reaches 28 characters, as upst
 ``force_listen_units`` (0: a session's first units that listen whatever the model says; MiniCPM-o's
 demo server uses 3),
 ``tts_temperature`` (0.8), ``tts_top_k`` (0, off) and ``tts_top_p`` (1.0, off) for the speech codes,
+``tts_early_end`` (True: the speech head may end a turn's first and last unit early, as upstream; False:
+every speaking unit is a full second of codes),
 ``voice_markers`` ("always": ``<|audio_start|><|audio_end|>`` in the system prompt with or without a
 reference voice, as MiniCPM-o's demo; "with_voice"), ``context_tokens`` (8192), ``window_high_tokens`` (8000),
 ``window_low_tokens`` (6000), ``max_frames_per_unit`` (2), ``frame_threads`` (16: threads that decode
@@ -110,6 +112,7 @@ _OPTION_TYPES: dict[str, type] = {
     "tts_temperature": float,
     "tts_top_k": int,
     "tts_top_p": float,
+    "tts_early_end": bool,
     "voice_markers": str,
     "context_tokens": int,
     "window_high_tokens": int,
@@ -136,6 +139,7 @@ _GENERATION_OPTIONS = (
     "tts_temperature",
     "tts_top_k",
     "tts_top_p",
+    "tts_early_end",
     "voice_markers",
     "context_tokens",
     "window_high_tokens",

@@ -1,19 +1,24 @@
-"""The speech head: what the language model says this unit, as ``CODES_PER_UNIT`` speech codes per slot.
+"""The speech head: what the language model says this unit, as up to ``CODES_PER_UNIT`` speech codes per slot.
 
 Per unit, a speaking slot's condition is one vector per token the unit fed after its first one (MiniCPM-o's
 rule: text and special tokens alike, ``<|turn_eos|>`` included; the unit's first token never, even when it
 is text), ``emb_text(token) + normalize(projector_semantic(llm hidden state of that token))``, followed by
 ``emb_text(audio_bos)``.
 The Llama backbone runs the condition after everything the slot said earlier in the turn (its cache
-holds the turn: conditions and codes), then decodes ``CODES_PER_UNIT`` codes one at a time, each fed
-back through ``emb_code``. So one second of text gives one second of speech codes, and speech that
+holds the turn: conditions and codes), then decodes up to ``CODES_PER_UNIT`` codes one at a time, each
+fed back through ``emb_code``. So one second of text gives one second of speech codes, and speech that
 continues across units stays one utterance. The cache is cleared when a turn starts, and starts again
 empty when the next unit would not fit.
 
 Sampling (MiniCPM-o's duplex loop): the logits divided by the temperature (0.8), a repetition penalty of
 1.05 over the unit's codes so far (16 at most), then a draw from the whole distribution (``sampling``
-may add a top-k and a top-p filter); greedy sessions take the argmax. The end-of-speech code is masked,
-so every speaking unit yields its full second (upstream lets a turn's first and last unit end early).
+may add a top-k and a top-p filter); greedy sessions take the argmax. The end-of-speech code
+(``eos_code``) is masked except in rows where ``generate``'s ``allow_eos`` is set: upstream's rule
+allows it in a turn's first unit and in the unit that ends the turn (``min_new_tokens`` 0 there, 26
+elsewhere). A row that draws it at step ``t`` stops there: it returns its ``t`` codes (none when the
+end comes first), the end code is never fed, and its cache holds the condition and those ``t`` codes,
+as upstream's ``generate_chunk`` leaves its cache. Other rows go on; a stopped row is frozen like a
+row that does not speak.
 
 The code loop is one fixed step over static ``[slots]`` buffers repeated ``CODES_PER_UNIT`` times (sample a
 code, feed it), so with ``capture`` it is one CUDA graph (``graphs.Step``), captured with every row
@@ -89,11 +94,13 @@ class SpeechGenerator:
         self._length = torch.zeros(slots, device=device, dtype=torch.long)
         self._codes = torch.zeros(slots, CODES_PER_UNIT, device=device, dtype=torch.long)
         self._index = torch.zeros(1, device=device, dtype=torch.long)
-        self._speaking = torch.zeros(slots, device=device, dtype=torch.bool)
+        self._live = torch.zeros(slots, device=device, dtype=torch.bool)  # speaking, no end code drawn yet
+        self._allow_eos = torch.zeros(slots, device=device, dtype=torch.bool)
         self._sampled = torch.zeros(slots, device=device, dtype=torch.bool)
         self._seed = torch.zeros(slots, device=device, dtype=torch.long)
         self._counter = torch.zeros(slots, device=device, dtype=torch.long)
-        self._eos = torch.tensor([cfg.eos_code], device=device)
+        codes = int(head.head_code[0].weight.shape[0])
+        self._eos_column = (torch.arange(codes, device=device) == cfg.eos_code)[None]
         if capture and pool is None:
             pool = graph_pool()
         self._steps = {
@@ -171,13 +178,16 @@ class SpeechGenerator:
         counter: torch.Tensor,
         sampled: torch.Tensor,
         span: int,
-    ) -> tuple[torch.Tensor, torch.Tensor]:
-        """Codes ``[B, CODES_PER_UNIT]`` for the ``speaking`` rows and the rows' new cache lengths.
+        allow_eos: torch.Tensor | None = None,
+    ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+        """Codes ``[B, CODES_PER_UNIT]``, their number ``[B]`` and the rows' new cache lengths.
 
         ``condition [B, C, H]`` with ``cond_len [B]`` valid rows (text + audio_bos), ``lengths [B]`` the
-        cache entries each row holds (the turn so far). Rows not speaking are frozen; rows where
-        ``sampled [B]`` is False take the most likely code (greedy sessions). ``span``: ``span_for`` the
-        speaking rows' lengths.
+        cache entries each row holds (the turn so far). Rows not speaking are frozen (0 codes); rows
+        where ``sampled [B]`` is False take the most likely code (greedy sessions). ``allow_eos [B]``
+        (bool; default none): the row may draw the end-of-speech code, which ends its unit (module
+        docstring); a row's codes past its number are -1. ``span``: ``span_for`` the speaking rows'
+        lengths.
         """
         cache = self.cache
         c = condition.shape[1]
@@ -194,10 +204,13 @@ class SpeechGenerator:
         last = hidden.gather(1, (cond_len - 1).clamp(min=0)[:, None, None].expand(-1, 1, hidden.shape[-1]))[
             :, 0
         ]
+        if allow_eos is None:
+            allow_eos = torch.zeros_like(speaking)
         for buf, value in (
             (self._last, last),
             (self._length, start + cond_len),
-            (self._speaking, speaking),
+            (self._live, speaking),
+            (self._allow_eos, allow_eos),
             (self._sampled, sampled),
             (self._seed, seed),
             (self._counter, counter),
@@ -208,21 +221,28 @@ class SpeechGenerator:
         step = self._steps[span]
         for _ in range(CODES_PER_UNIT):
             step()
-        return self._codes.clone(), torch.where(speaking, self._length, lengths)
+        count = torch.where(speaking, self._length - start - cond_len, 0)
+        index = torch.arange(CODES_PER_UNIT, device=count.device)
+        codes = torch.where(index[None] < count[:, None], self._codes, -1)
+        return codes, count, torch.where(speaking, self._length, lengths)
 
     def _code_step(self, span: int) -> None:
-        """Sample every row's next code and feed it (frozen rows write to scratch); in place, capturable."""
+        """Sample every row's next code and feed it (frozen rows, and rows that have drawn the end code,
+        write to scratch); in place, capturable."""
         cache = self.cache
-        logits = self.head.head_code[0](self._last).float().index_fill(1, self._eos, float("-inf"))
+        logits = self.head.head_code[0](self._last).float()
+        logits = logits.masked_fill(self._eos_column & ~self._allow_eos[:, None], float("-inf"))
         logits = penalize_frequency(logits / self.temperature, self._history, REPETITION_PENALTY)
         drawn = draw(logits, self.top_k, self.top_p, self._seed, self._counter + self._index, _SALT)
         code = torch.where(self._sampled, drawn, logits.argmax(dim=-1))
+        self._live.logical_and_(code != self.cfg.eos_code)  # the end code: this row's unit ends, unfed
         self._codes.index_copy_(1, self._index, code[:, None])
         self._history.copy_(torch.cat([self._history[:, 1:], code[:, None]], dim=1))
+        live = self._live[:, None]
         pos = self._length[:, None]
-        write = torch.where(self._speaking[:, None], pos, cache.capacity)
-        limit = torch.where(self._speaking[:, None], pos + 1, cache.capacity + 1)
+        write = torch.where(live, pos, cache.capacity)
+        limit = torch.where(live, pos + 1, cache.capacity + 1)
         fed = self.head.emb_code[0](code)[:, None]
         self._last.copy_(self._forward(fed, pos, write, limit, span)[:, 0])
-        self._length.add_(1)
+        self._length.add_(self._live.long())
         self._index.add_(1)

@@ -2,13 +2,18 @@
 
 ``FlowCodeToWave`` is Step-Audio2's token2wav (the checkpoint's ``assets/token2wav``) on our own
 torch code: the flow-matching decoder (``flow``: codes -> mel) and the HiFT vocoder (``hift``: mel ->
-audio), both streaming per slot and batched across the slots that speak in a step. Every turn's codes
-start with three silence codes (``flow.SILENCE_CODE``, 120 ms), as upstream's duplex loop starts
-them, so a turn's units come out as 20160, 24000, ..., 24000, 30720 samples (the silence codes'
-120 ms come first; the encoder's three codes of look-ahead and the vocoder's eight frames of overlap
-delay the rest by 280 ms, which the last unit flushes); a turn of one unit gives 26880. So a turn of
-N units is N seconds and 120 ms of audio. Upstream pads a unit's audio shorter than a second with
-zeros in front; we do not (README).
+audio), both streaming per slot and batched across the slots that speak in a step. A unit's codes
+(25, or fewer where the speech head ended a turn's first or last unit early) join the slot's code
+buffer (``flow.CodeBuffer``, upstream's duplex rule), which starts every turn with three silence codes
+(``flow.SILENCE_CODE``, 120 ms); the chunks the buffer releases run through the flow and the vocoder,
+each chunk one batched pass (the rows that run it). With full units a turn's units come out as 20160,
+24000, ..., 24000, 30720 samples (the silence codes' 120 ms come first; the encoder's three codes of
+look-ahead and the vocoder's eight frames of overlap delay the rest by 280 ms, which the last unit
+flushes); a turn of one unit gives 26880. So a turn of N full units is N seconds and 120 ms of audio.
+A unit whose codes leave fewer than eight waiting (an end of speech early in a turn's first unit)
+gives no audio (an empty array); its codes go out with the next unit's. Upstream pads a unit's audio
+shorter than a second with zeros in front (and gives a second of silence for a unit without audio);
+we do not (README).
 
 Assets (``<model>/assets/token2wav``), loaded strictly by key (``load_code_to_wave``):
 
@@ -38,7 +43,7 @@ import torch
 
 from duplex.plugins.base import PluginError
 from duplex.plugins.minicpmo.config import CODES_PER_UNIT, OUTPUT_SAMPLES_PER_UNIT, Token2WavConfig
-from duplex.plugins.minicpmo.flow import FlowStream, Voice
+from duplex.plugins.minicpmo.flow import CodeBuffer, FlowStream, Voice
 from duplex.plugins.minicpmo.graphs import Step, buckets_for, graph_pool
 from duplex.plugins.minicpmo.hift import Vocoder
 from duplex.plugins.minicpmo.sampling import portable_normal
@@ -65,30 +70,36 @@ VOICE_FILE = "prompt_voice.safetensors"
 
 
 class CodeToWave:
-    """Speech codes ``[slots, 25]`` -> audio per speaking slot, with per-slot streaming state."""
+    """Speech codes -> audio per speaking slot, with per-slot streaming state."""
 
     def reset(self, slot: int) -> None:
         """Start ``slot``'s stream afresh (a new turn, a barge-in, a new session)."""
 
-    def decode(self, codes: torch.Tensor, speaking: np.ndarray, last: np.ndarray) -> dict[int, np.ndarray]:
-        """Audio (float32, 24 kHz) of every slot where ``speaking``; ``last``: its turn ends here."""
+    def decode(
+        self, codes: np.ndarray, counts: np.ndarray, speaking: np.ndarray, last: np.ndarray
+    ) -> dict[int, np.ndarray]:
+        """Audio (float32, 24 kHz) of every slot where ``speaking``, from its unit's ``counts[slot]``
+        codes ``codes[slot, :counts[slot]]`` (``codes [slots, 25]``); ``last``: its turn ends here."""
         raise NotImplementedError
 
 
 class SilentCodeToWave(CodeToWave):
     """One second of silence per speaking unit (for measuring the rest of the pipeline alone)."""
 
-    def decode(self, codes: torch.Tensor, speaking: np.ndarray, last: np.ndarray) -> dict[int, np.ndarray]:
+    def decode(
+        self, codes: np.ndarray, counts: np.ndarray, speaking: np.ndarray, last: np.ndarray
+    ) -> dict[int, np.ndarray]:
         return {int(s): np.zeros(OUTPUT_SAMPLES_PER_UNIT, np.float32) for s in np.flatnonzero(speaking)}
 
 
 class _WaveRows:
-    """The static buffers of one bucket: ``flags [4, b]`` (rows, pending, last, cached; one host copy a
-    call) and the audio out."""
+    """The static buffers of one bucket: ``inputs [b, 4 + width]`` (per row: its slot, its chunk's
+    number of codes, last, cached, then the chunk's codes; one host copy a pass) and the audio out."""
 
-    def __init__(self, size: int, samples: int, scratch: int, device: torch.device) -> None:
-        self.flags = torch.zeros(4, size, dtype=torch.long, device=device)
-        self.flags[0] = scratch
+    def __init__(self, size: int, width: int, samples: int, scratch: int, device: torch.device) -> None:
+        self.inputs = torch.zeros(size, 4 + width, dtype=torch.long, device=device)
+        self.inputs[:, 0] = scratch
+        self.inputs[:, 1] = width  # the padding rows run a full chunk (every index in range)
         self.audio = torch.zeros(size, samples, device=device)
 
 
@@ -111,13 +122,12 @@ class FlowCodeToWave(CodeToWave):
         self.tf32 = tf32
         self.vocoder = vocoder
         self.slots = slots
-        self.pending = np.ones(slots, dtype=bool)  # look-ahead (or a turn's silence) codes wait in the flow
+        self.buffers = [CodeBuffer(flow.la) for _ in range(slots)]  # each slot's codes waiting (a turn)
         self.cached = np.zeros(slots, dtype=bool)  # the vocoder holds an overlap window
         device = flow.device
-        self.codes = torch.zeros(slots + 1, CODES_PER_UNIT, dtype=torch.long, device=device)
         samples = (2 * flow.width + vocoder.cache_frames) * vocoder.hop
         self.buckets = buckets_for(slots)
-        self._rows = {b: _WaveRows(b, samples, slots, device) for b in self.buckets}
+        self._rows = {b: _WaveRows(b, flow.width, samples, slots, device) for b in self.buckets}
         pool = graph_pool() if capture else None
         with self._precision():  # a graph keeps the kernels chosen while it was captured
             self._steps = {
@@ -144,46 +154,59 @@ class FlowCodeToWave(CodeToWave):
     def reset(self, slot: int) -> None:
         self.flow.reset(slot)
         self.vocoder.reset(slot)
-        self.pending[slot] = True  # the turn's three silence codes
+        self.buffers[slot].reset()  # the turn's three silence codes
         self.cached[slot] = False
 
     def _run(self, r: _WaveRows) -> None:
-        """One unit of every row of the bucket, from ``self.codes`` and the bucket's flags (capturable)."""
-        rows, pending, last, cached = r.flags[0], r.flags[1] > 0, r.flags[2] > 0, r.flags[3] > 0
-        mel, frames = self.flow.chunk(rows, self.codes[rows], pending, last)
+        """One chunk of every row of the bucket, from the bucket's inputs (capturable)."""
+        rows, count = r.inputs[:, 0], r.inputs[:, 1]
+        last, cached = r.inputs[:, 2] > 0, r.inputs[:, 3] > 0
+        mel, frames = self.flow.chunk(rows, r.inputs[:, 4:], count, last)
         # Hamming halves overlap-add to up to 1.08: clip as upstream does when it writes int16.
         r.audio.copy_(self.vocoder.stream(rows, mel.float(), frames, cached).clamp(-1.0, 1.0))
 
-    def decode(self, codes: torch.Tensor, speaking: np.ndarray, last: np.ndarray) -> dict[int, np.ndarray]:
+    def decode(
+        self, codes: np.ndarray, counts: np.ndarray, speaking: np.ndarray, last: np.ndarray
+    ) -> dict[int, np.ndarray]:
+        """The unit's chunks (``CodeBuffer.push``) in rounds: the ``i``-th chunk of every slot that has
+        one runs as one batched pass (a unit releases at most one chunk of up to 28 codes and, when
+        its turn ends, a last one), each row's audio the concatenation of its chunks'."""
         slots = np.flatnonzero(speaking)
-        n = len(slots)
-        if n == 0:
+        if len(slots) == 0:
             return {}
         if codes.shape != (self.slots, CODES_PER_UNIT):
             expected = (self.slots, CODES_PER_UNIT)
             raise ValueError(f"expected codes of shape {expected}, got {tuple(codes.shape)}")
-        size = next(b for b in self.buckets if b >= n)
-        r = self._rows[size]
-        flags = np.zeros((4, size), dtype=np.int64)
-        flags[0] = self.slots
-        flags[0, :n] = slots
-        flags[1, :n] = self.pending[slots]
-        flags[2, :n] = last[slots]
-        flags[3, :n] = self.cached[slots]
-        r.flags.copy_(torch.from_numpy(flags))
-        self.codes[: self.slots].copy_(codes)
-        with stage("c2w.run"), self._precision():
-            self._steps[size]()
-        with stage("c2w.read"):
-            audio_h = r.audio[:n].cpu().numpy()
+        chunks = {
+            int(s): self.buffers[s].push([int(x) for x in codes[s, : int(counts[s])]], bool(last[s]))
+            for s in slots
+        }
+        pieces: dict[int, list[np.ndarray]] = {int(s): [] for s in slots}
+        rounds = max(len(c) for c in chunks.values())
         la, w = self.flow.la, self.flow.width
-        out = {}
-        for i, s in enumerate(slots):
-            new = 2 * ((w if self.pending[s] else CODES_PER_UNIT) - (0 if last[s] else la))
-            out[int(s)] = audio_h[i, : self.vocoder.emitted(new, bool(self.cached[s]), bool(last[s]))].copy()
-        self.pending[slots] = ~last[slots]
-        self.cached[slots] = ~last[slots]
-        return out
+        for i in range(rounds):
+            batch = [(s, *c[i]) for s, c in chunks.items() if i < len(c)]
+            n = len(batch)
+            size = next(b for b in self.buckets if b >= n)
+            r = self._rows[size]
+            inputs = np.zeros((size, 4 + w), dtype=np.int64)
+            inputs[:, 0], inputs[:, 1] = self.slots, w  # padding: the scratch row, a full chunk
+            for j, (s, chunk, is_last) in enumerate(batch):
+                inputs[j, :4] = (s, len(chunk), is_last, self.cached[s])
+                inputs[j, 4 : 4 + len(chunk)] = chunk
+            r.inputs.copy_(torch.from_numpy(inputs))
+            with stage("c2w.run"), self._precision():
+                self._steps[size]()
+            with stage("c2w.read"):
+                audio_h = r.audio[:n].cpu().numpy()
+            for j, (s, chunk, is_last) in enumerate(batch):
+                frames = 2 * (len(chunk) - (0 if is_last else la))
+                # A copy: on a CPU ``audio_h`` is the bucket's buffer itself, which a next round rewrites.
+                pieces[s].append(
+                    audio_h[j, : self.vocoder.emitted(frames, bool(self.cached[s]), is_last)].copy()
+                )
+                self.cached[s] = not is_last
+        return {s: np.concatenate(p) if p else np.zeros(0, np.float32) for s, p in pieces.items()}
 
 
 # -- loading ----------------------------------------------------------------

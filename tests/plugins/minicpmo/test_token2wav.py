@@ -11,7 +11,7 @@ import torch.nn.functional as F
 
 from duplex.plugins.base import PluginError
 from duplex.plugins.minicpmo.config import TINY_CONFIG, Token2WavConfig
-from duplex.plugins.minicpmo.flow import SILENCE_CODE
+from duplex.plugins.minicpmo.flow import SILENCE_CODE, CodeBuffer
 from duplex.plugins.minicpmo.hift import _mask
 from duplex.plugins.minicpmo.token2wav import (
     ASSETS_DIR,
@@ -33,19 +33,27 @@ def _stage(slots: int = 3) -> FlowCodeToWave:
     return stage
 
 
-def _codes(seed: int, slots: int = 3) -> torch.Tensor:
-    return torch.randint(0, CFG.vocab_size, (slots, 25), generator=torch.Generator().manual_seed(seed))
+def _codes(seed: int, slots: int = 3) -> np.ndarray:
+    gen = torch.Generator().manual_seed(seed)
+    return torch.randint(0, CFG.vocab_size, (slots, 25), generator=gen).numpy()
 
 
-def _units(stage: FlowCodeToWave, plan: list[dict[int, bool]], slots: int = 3) -> dict[int, list[np.ndarray]]:
-    """Run ``plan`` (per step: speaking slot -> last unit of its turn); each slot's unit k uses codes k."""
+def _units(
+    stage: FlowCodeToWave, plan: list[dict[int, bool | tuple[bool, int]]], slots: int = 3
+) -> dict[int, list[np.ndarray]]:
+    """Run ``plan`` (per step: speaking slot -> last unit of its turn, or (last, number of codes) for a
+    unit the speech head ended early); each slot's unit k uses codes k."""
     spoken = {s: 0 for s in range(slots)}
     out: dict[int, list[np.ndarray]] = {s: [] for s in range(slots)}
     for step in plan:
-        codes = torch.stack([_codes(100 * s + spoken[s], 1)[0] for s in range(slots)])
-        speaking = np.array([s in step for s in range(slots)])
-        last = np.array([step.get(s, False) for s in range(slots)])
-        for slot, pcm in stage.decode(codes, speaking, last).items():
+        codes = np.stack([_codes(100 * s + spoken[s], 1)[0] for s in range(slots)])
+        unit = {s: v if isinstance(v, tuple) else (v, 25) for s, v in step.items()}
+        speaking = np.array([s in unit for s in range(slots)])
+        last = np.array([unit.get(s, (False, 0))[0] for s in range(slots)])
+        counts = np.array([unit.get(s, (False, 0))[1] for s in range(slots)])
+        for s in range(slots):
+            codes[s, counts[s] :] = -1  # past a unit's codes: never read
+        for slot, pcm in stage.decode(codes, counts, speaking, last).items():
             out[slot].append(pcm)
             spoken[slot] += 1
     return out
@@ -53,7 +61,7 @@ def _units(stage: FlowCodeToWave, plan: list[dict[int, bool]], slots: int = 3) -
 
 def test_a_turn_of_n_units_is_n_seconds_after_its_silence_codes_late_by_the_lookahead_and_overlap():
     stage = _stage()
-    assert (stage.flow.pending == SILENCE_CODE).all() and stage.pending.all()  # every turn starts so
+    assert all(b.codes == [SILENCE_CODE] * 3 for b in stage.buffers)  # every turn starts so
     out = _units(stage, [{0: False, 1: True}, {0: False}, {0: False}, {0: True}])
     # 4 s after 120 ms of silence codes: 280 ms late, flushed at the end.
     assert [len(p) for p in out[0]] == [20160, 24000, 24000, 30720]
@@ -61,6 +69,60 @@ def test_a_turn_of_n_units_is_n_seconds_after_its_silence_codes_late_by_the_look
     for pcm in out[0] + out[1]:
         assert pcm.dtype == np.float32 and np.isfinite(pcm).all()
         assert np.sqrt(np.mean(pcm**2)) > 1e-3 and np.abs(pcm).max() <= 1.0
+
+
+def _chunks(buf: CodeBuffer, n: int, last: bool) -> list[tuple[int, bool]]:
+    return [(len(c), is_last) for c, is_last in buf.push(list(range(n)), last)]
+
+
+def test_the_code_buffer_runs_upstreams_chunks_for_units_that_end_early():
+    # Upstream's duplex loop: a chunk of up to 28 once 8 codes wait, all but 3 leave; the end flushes.
+    buf = CodeBuffer(3)
+    assert _chunks(buf, 25, False) == [(28, False)] and len(buf.codes) == 3
+    assert _chunks(buf, 25, True) == [(28, False), (3, True)] and buf.codes == []
+    for k, first, waiting in [(0, [], 3), (4, [], 7), (5, [(8, False)], 3), (10, [(13, False)], 3)]:
+        buf.reset()
+        assert _chunks(buf, k, False) == first and len(buf.codes) == waiting  # a turn's first unit
+    buf.reset()
+    assert _chunks(buf, 2, False) == [] and buf.codes == [SILENCE_CODE] * 3 + [0, 1]
+    # Five codes wait from then on: each full unit runs 28 of 30 and keeps 5; the end flushes them.
+    assert _chunks(buf, 25, False) == [(28, False)] and buf.codes == [20, 21, 22, 23, 24]
+    assert _chunks(buf, 25, True) == [(28, False), (5, True)]
+    buf.reset()
+    assert _chunks(buf, 4, False) == [] and len(buf.codes) == 7
+    assert _chunks(buf, 0, True) == [(7, True)]  # the last unit ends at once: 7 left, flushed
+    for t, chunks in [(0, [(3, True)]), (4, [(7, True)]), (5, [(8, False), (3, True)])]:
+        buf.reset()
+        assert _chunks(buf, t, True) == chunks  # a one-unit turn that ends early
+
+
+def test_units_the_speech_head_ended_early_give_the_audio_of_their_codes():
+    stage = _stage()
+    # Slot 0: two codes in its first unit (no audio: five wait), then two full units: 28 codes out of
+    # 30 a unit (25 out), the last flushing five. Slot 1: ten codes, then a last unit of six codes.
+    # Slot 2: a one-unit turn whose speech ends at once (the three silence codes flushed).
+    out = _units(stage, [{0: (False, 2), 1: (False, 10), 2: (True, 0)}, {0: False, 1: (True, 6)}, {0: True}])
+    frame = 480
+    assert [len(p) for p in out[0]] == [0, (50 - 8) * frame, (50 + 8 + 10) * frame]
+    assert [len(p) for p in out[1]] == [(20 - 8) * frame, (8 + 12 + 6) * frame]
+    assert [len(p) for p in out[2]] == [6 * frame]
+    for slot, counts in ((0, [2, 25, 25]), (1, [10, 6])):  # each code 40 ms, the silence codes first
+        assert sum(len(p) for p in out[slot]) == 2 * frame * (3 + sum(counts))
+
+
+def test_a_slot_whose_speech_ends_early_sounds_the_same_alone_and_batched():
+    # Bit for bit, as below: each chunk of slot 1 runs in a bucket of two, alone (beside the scratch
+    # row) and batched (beside slot 2, whose chunks are other lengths or its turn's last).
+    solo = _stage()
+    solo.buckets = [2]
+    alone = _units(solo, [{1: (False, 3)}, {1: False}, {1: (True, 9)}])[1]
+    plan = [{1: (False, 3), 2: False}, {1: False, 2: (True, 4)}, {1: (True, 9), 2: (False, 10)}]
+    stage = _stage()
+    stage.buckets = [2]
+    batched = _units(stage, plan)[1]
+    assert [len(p) for p in batched] == [len(p) for p in alone] == [0, 20160, (24 + 8 + 6) * 480]
+    for a, b in zip(alone, batched, strict=True):
+        np.testing.assert_array_equal(b, a)
 
 
 def test_a_half_precision_flow_sounds_like_the_float32_one_and_the_vocoder_stays_float32():
@@ -87,7 +149,9 @@ def test_a_slot_sounds_the_same_alone_and_batched_with_slots_at_other_points_of_
     solo.buckets = [2]
     alone = _units(solo, [{1: False}, {1: False}, {1: True}])[1]
     plan = [{2: False}, {1: False, 2: True}, {0: False, 2: False}, {1: False, 2: False}, {1: True, 2: False}]
-    batched = _units(_stage(), plan)[1]
+    stage = _stage()
+    stage.buckets = [2]  # the last unit's flush runs alone: in a bucket of two too
+    batched = _units(stage, plan)[1]
     assert [len(p) for p in batched] == [len(p) for p in alone] == [20160, 24000, 30720]
     for a, b in zip(alone, batched, strict=True):
         np.testing.assert_array_equal(b, a)
@@ -209,7 +273,7 @@ def _load(root) -> FlowCodeToWave:
 
 def _first_unit(stage: FlowCodeToWave) -> np.ndarray:
     stage.reset(0)
-    return stage.decode(_codes(9, 1), np.array([True]), np.array([False]))[0]
+    return stage.decode(_codes(9, 1), np.array([25]), np.array([True]), np.array([False]))[0]
 
 
 def test_the_assets_load_strictly_a_missing_unexpected_or_misshapen_tensor_is_named(minicpmo_ckpt, tmp_path):
