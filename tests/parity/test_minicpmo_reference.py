@@ -324,7 +324,8 @@ def test_the_flow_turns_codes_into_the_mel_minicpmo_utils_does(checkpoint, golde
     """minicpmo-utils 1.0.7's ``CausalMaskedDiffWithXvec`` (``setup_cache`` + ``inference_chunk``, as its
     ``Token2wav.stream`` calls them) against our ``FlowStream``, on the tiny ``flow.pt`` and voice and the
     first two units' speech codes of the session above, the reference given our noise table: a turn of
-    one unit, a turn's first unit, a later unit and a last unit, each turn starting with the three
+    one unit, a turn's first unit, a later unit and a last unit (its chunk, then the three codes held
+    back, flushed, as upstream's duplex loop ends a turn), each turn starting with the three
     silence codes upstream's duplex loop puts first. Before upstream's cache trims (which differ from
     our history: README), so the two compute the same function."""
     import torch
@@ -336,17 +337,19 @@ def test_the_flow_turns_codes_into_the_mel_minicpmo_utils_does(checkpoint, golde
     t = files.config.token2wav
     flow = load_code_to_wave(files.root, t, 1, torch.device("cpu")).flow
     units = [torch.from_numpy(goldens[f"unit{u}_codes"])[None] for u in range(2)]
-    streams = {"one_unit_turn": 1, "middle": 2, "last": 2}
+    streams = {"one_unit_turn": 1, "middle": 2, "last": 3}
     rows = []
     for name, n in streams.items():
         flow.reset(0)
         for i in range(n):
             last = bool(goldens[f"flow_{name}{i}_last"])
-            # The chunk the reference ran (the turn's three silence codes or the look-ahead, then a unit).
+            # The chunk the reference ran: the turn's three silence codes or the look-ahead, then a unit;
+            # or, ending the turn, the three codes held back (upstream's duplex loop: CodeBuffer).
             chunk = torch.from_numpy(goldens[f"flow_{name}{i}_codes"])[None]
-            assert torch.equal(chunk[:, -25:], units[i])
+            assert torch.equal(chunk[:, -25:], units[i]) if i < len(units) else chunk.shape[1] == 3
             count = torch.tensor([chunk.shape[1]])
-            mel, frames = flow.chunk(torch.tensor([0]), chunk, count, torch.tensor([last]))
+            tokens = torch.nn.functional.pad(chunk, (0, flow.width - chunk.shape[1]))
+            mel, frames = flow.chunk(torch.tensor([0]), tokens, count, torch.tensor([last]))
             ours = mel[0, :, : int(frames[0])].numpy()
             theirs = goldens[f"flow_{name}{i}_mel"]
             assert ours.shape == theirs.shape, f"{name} {i}"

@@ -402,7 +402,8 @@ def flow_chunks(checkpoint: Path, inputs, codes: list[np.ndarray]) -> dict[str, 
     streams = {  # a turn's first unit after its silence codes; then a later one or a last one
         "one_unit_turn": [(start + first, True)],
         "middle": [(start + first, False), (first[-la:] + second, False)],
-        "last": [(start + first, False), (first[-la:] + second, True)],
+        # The duplex loop's end of a turn: the unit's chunk as any other, then the 3 held back, flushed.
+        "last": [(start + first, False), (first[-la:] + second, False), (second[-la:], True)],
     }
     for name, chunks in streams.items():
         state = copy.deepcopy(cache)
