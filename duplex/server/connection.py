@@ -1,7 +1,8 @@
 """One accepted realtime socket (``Connection``): open its session, then pump frames both ways.
 
 Shared by ``/v1/realtime`` (``realtime.py``), its MAP Realtime dialect (``map_realtime.py``) and the
-routes that admit a WebSocket the same way (``admission``) or close one the same way (``close_for``).
+routes that admit and accept a WebSocket the same way (``serve_websocket``) or close one the same
+way (``close_for``).
 
 Theory of operation
 -------------------
@@ -53,6 +54,7 @@ import asyncio
 import contextlib
 import logging
 import time
+from collections.abc import Awaitable, Callable
 from typing import Any
 
 from starlette.responses import Response
@@ -64,7 +66,7 @@ from duplex.protocol.errors import DuplexError
 from duplex.protocol.ext.commands import SessionClose, SessionEventAck, SessionResume
 from duplex.protocol.ext.events import SessionClosed, SessionExpired, SessionQueued, SessionReplaced
 from duplex.protocol.realtime.commands import SessionUpdate
-from duplex.server.auth import api_key_ok, origin_ok
+from duplex.server.auth import api_key_id, api_key_ok, origin_ok, presented_api_key
 from duplex.server.close_codes import CloseCode, CloseReason, close_reason_for_code
 from duplex.server.handshake import HandshakePlan, OpenHow
 from duplex.server.models import ModelPick, Wants
@@ -74,7 +76,14 @@ from duplex.server.sent_errors import SentErrors
 from duplex.server.state import AppState
 from duplex.server.ws_protocol import transport_extension
 
-__all__ = ["RETRYABLE_OPEN_CODES", "Connection", "admission", "close_for", "session_error_parts"]
+__all__ = [
+    "RETRYABLE_OPEN_CODES",
+    "Connection",
+    "admission",
+    "close_for",
+    "serve_websocket",
+    "session_error_parts",
+]
 
 log = logging.getLogger("duplex.server.realtime")
 
@@ -101,6 +110,35 @@ def admission(websocket: WebSocket, state: AppState, presented_key: str | None) 
     if not origin_ok(websocket.headers.get("origin"), cfg.allowed_origins):
         return Response("origin not allowed", status_code=403)
     return None
+
+
+async def serve_websocket(
+    websocket: WebSocket,
+    state: AppState,
+    serve: Callable[[bytes | None], Awaitable[None]],
+    subprotocol: str | None = None,
+) -> None:
+    """A WebSocket route's handshake and lifetime: refuse it (``admission``; counted in
+    ``metrics.refused``), or accept it (with ``subprotocol``) and await ``serve(api_key_id)`` (the
+    identity the presented key binds a session to, ``auth.api_key_id``) while the socket is counted
+    in ``metrics.connections`` and held in ``state.connections``, which a drain waits for and a
+    shutdown cancels. Cancel-safe as ``serve`` is."""
+    presented = presented_api_key(websocket.headers, websocket.query_params)
+    refusal = admission(websocket, state, presented)
+    if refusal is not None:
+        state.metrics.refused.bump(str(refusal.status_code))
+        await websocket.send_denial_response(refusal)
+        return
+    task = asyncio.current_task()
+    assert task is not None
+    state.connections.add(task)
+    state.metrics.connections += 1
+    try:
+        await websocket.accept(subprotocol=subprotocol)
+        await serve(api_key_id(presented, state.config.api_keys))
+    finally:
+        state.metrics.connections -= 1
+        state.connections.discard(task)
 
 
 class Connection:
@@ -200,6 +238,21 @@ class Connection:
             await self._write([err.to_event(new_event_id())])
         await self._close(close_code, close_reason_for_code(err.code))
 
+    async def open_failed(self, exc: Exception, logger: logging.Logger, what: str) -> None:
+        """The session did not open: ``fail`` with the error's code. A ``ProtocolError`` (the
+        client's request) closes with 1008; an engine or plugin error closes with 1013 when its code
+        is one a later try may get past (``RETRYABLE_OPEN_CODES``), else 1008; any other exception
+        is a bug, logged to ``logger`` as ``what`` with its traceback, and the client hears only
+        ``server_error``."""
+        if isinstance(exc, ProtocolError):
+            await self.fail(exc, CloseCode.POLICY_VIOLATION)
+            return
+        code, message, param = session_error_parts(exc)
+        if code == "server_error":
+            logger.exception(what)
+        close = CloseCode.TRY_AGAIN_LATER if code in RETRYABLE_OPEN_CODES else CloseCode.POLICY_VIOLATION
+        await self.fail(ProtocolError(code, message, param=param), close)
+
     # -- receiving -------------------------------------------------------------------------
 
     async def _receive(self) -> str | bytes | None:
@@ -237,15 +290,8 @@ class Connection:
                 att, how, first = await self._open_from_first_message(plan)
                 if att is None:
                     return
-        except ProtocolError as err:
-            await self.fail(err, CloseCode.POLICY_VIOLATION)
-            return
         except Exception as exc:
-            code, message, param = session_error_parts(exc)
-            if code == "server_error":
-                log.exception("opening a session failed")
-            close = CloseCode.TRY_AGAIN_LATER if code in RETRYABLE_OPEN_CODES else CloseCode.POLICY_VIOLATION
-            await self.fail(ProtocolError(code, message, param=param), close)
+            await self.open_failed(exc, log, "opening a session failed")
             return
         self.metrics.sessions_opened.bump(how)
         await self._serve(att, first if first is not None else self._held)

@@ -47,7 +47,7 @@ from duplex.protocol.map import (
 )
 from duplex.protocol.map.events import MapSessionClosed
 from duplex.server.close_codes import CloseCode, CloseReason
-from duplex.server.connection import RETRYABLE_OPEN_CODES, Connection, session_error_parts
+from duplex.server.connection import Connection
 from duplex.server.handshake import HandshakePlan
 from duplex.server.models import Wants
 from duplex.server.queueing import wait_for_slot
@@ -130,15 +130,8 @@ class MapConnection(Connection):
                     resumable=False,
                     notices=pick.notices(),  # journaled; the dialect has no message for them
                 )
-        except ProtocolError as err:
-            await self.fail(err, CloseCode.POLICY_VIOLATION)
-            return
         except Exception as exc:
-            code, message, param = session_error_parts(exc)
-            if code == "server_error":
-                log.exception("opening a MAP session failed")
-            close = CloseCode.TRY_AGAIN_LATER if code in RETRYABLE_OPEN_CODES else CloseCode.POLICY_VIOLATION
-            await self.fail(ProtocolError(code, message, param=param), close)
+            await self.open_failed(exc, log, "opening a MAP session failed")
             return
         self.metrics.sessions_opened.bump("session.init")
         await self._serve(att, None)

@@ -10,14 +10,11 @@ Theory of operation
 
 from __future__ import annotations
 
-import asyncio
-
 from starlette.websockets import WebSocket
 
 from duplex.protocol import ProtocolError
-from duplex.server.auth import api_key_id, presented_api_key
 from duplex.server.close_codes import CloseCode
-from duplex.server.connection import Connection, admission
+from duplex.server.connection import Connection, serve_websocket
 from duplex.server.handshake import HandshakeRefusal, plan_handshake
 from duplex.server.map_realtime import MapConnection
 from duplex.server.state import AppState
@@ -28,22 +25,11 @@ __all__ = ["realtime_endpoint"]
 async def realtime_endpoint(websocket: WebSocket) -> None:
     """The WebSocket route. Cancel-safe: cancellation detaches the session and re-raises."""
     state: AppState = websocket.app.state.duplex
-    presented = presented_api_key(websocket.headers, websocket.query_params)
-    refusal = admission(websocket, state, presented)
-    if refusal is not None:
-        state.metrics.refused.bump(str(refusal.status_code))
-        await websocket.send_denial_response(refusal)
-        return
     plan = plan_handshake(
         websocket.query_params, websocket.headers, websocket.scope.get("subprotocols") or ()
     )
-    task = asyncio.current_task()
-    assert task is not None
-    state.connections.add(task)
-    state.metrics.connections += 1
-    try:
-        await websocket.accept(subprotocol=plan.subprotocol)
-        key_id = api_key_id(presented, state.config.api_keys)
+
+    async def serve(key_id: bytes | None) -> None:
         if plan.map_mode is not None:
             conn: Connection = MapConnection(websocket, state, plan.map_mode, key_id)
         else:
@@ -52,6 +38,5 @@ async def realtime_endpoint(websocket: WebSocket) -> None:
             await conn.fail(ProtocolError(plan.code, plan.message), CloseCode(plan.close_code))
             return
         await conn.run(plan)
-    finally:
-        state.metrics.connections -= 1
-        state.connections.discard(task)
+
+    await serve_websocket(websocket, state, serve, plan.subprotocol)

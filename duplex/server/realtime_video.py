@@ -41,7 +41,6 @@ import logging
 import secrets
 from typing import Any
 
-from starlette.responses import Response
 from starlette.websockets import WebSocket, WebSocketDisconnect
 
 from duplex.engine import Detached, SessionError
@@ -65,8 +64,8 @@ from duplex.protocol.video_output import (
     decode_video_command,
     encode_video,
 )
-from duplex.server.auth import api_key_ok, origin_ok, presented_api_key
 from duplex.server.close_codes import CloseCode, CloseReason, close_reason_for_code
+from duplex.server.connection import serve_websocket, session_error_parts
 from duplex.server.models import ServedModel
 from duplex.server.ratelimit import TokenBucket
 from duplex.server.state import AppState
@@ -106,40 +105,7 @@ class _Refused(Exception):
 async def realtime_video_endpoint(websocket: WebSocket) -> None:
     """The WebSocket route. Cancel-safe: cancellation stops the generation and frees its slot."""
     state: AppState = websocket.app.state.duplex
-    refusal = _admission(websocket, state)
-    if refusal is not None:
-        state.metrics.refused.bump(str(refusal.status_code))
-        await websocket.send_denial_response(refusal)
-        return
-    task = asyncio.current_task()
-    assert task is not None
-    state.connections.add(task)
-    state.metrics.connections += 1
-    try:
-        await websocket.accept()
-        await _VideoConnection(websocket, state).run()
-    finally:
-        state.metrics.connections -= 1
-        state.connections.discard(task)
-
-
-def _admission(websocket: WebSocket, state: AppState) -> Response | None:
-    cfg = state.config
-    if state.draining or not state.ready:
-        return Response("server is not accepting sessions", status_code=503)
-    if not api_key_ok(presented_api_key(websocket.headers, websocket.query_params), cfg.api_keys):
-        return Response("missing or unknown API key", status_code=401)
-    if not origin_ok(websocket.headers.get("origin"), cfg.allowed_origins):
-        return Response("origin not allowed", status_code=403)
-    return None
-
-
-def _parts(exc: BaseException) -> tuple[str, str, str | None]:
-    """(code, message, param) of an error; anything but a ``DuplexError`` is a bug: ``server_error``
-    without its details (they go to the log)."""
-    if isinstance(exc, DuplexError):
-        return exc.code, exc.message, exc.param
-    return "server_error", "internal server error", None
+    await serve_websocket(websocket, state, lambda _key_id: _VideoConnection(websocket, state).run())
 
 
 class _VideoConnection:
@@ -184,7 +150,7 @@ class _VideoConnection:
     async def _error(self, error: BaseException, *, event_id: str | None = None) -> None:
         """One ``error`` for ``error`` (a ``DuplexError``'s code and message; anything else is
         ``server_error``)."""
-        code, message, param = _parts(error)
+        code, message, param = session_error_parts(error)
         self.state.metrics.errors.bump(code)
         await self._send(
             VideoError(code=code, message=message, request_id=self.request_id, event_id=event_id, param=param)
@@ -341,7 +307,7 @@ class _VideoConnection:
         except Exception as exc:  # the request was refused or failed: one error, then the close
             if not isinstance(exc, DuplexError):
                 log.error("realtime video %s: generation failed", self.request_id, exc_info=exc)
-            code = _parts(exc)[0]
+            code = session_error_parts(exc)[0]
             with contextlib.suppress(_SlowReader, WebSocketDisconnect):
                 await self._error(exc)
             if code in _RESTART:

@@ -60,10 +60,9 @@ from duplex.protocol.speech import (
     SpeechStreamError,
 )
 from duplex.server.audio_files import AudioFileEncoder, encode_file
-from duplex.server.auth import api_key_id, presented_api_key
 from duplex.server.batch_sessions import request_session, response_events
 from duplex.server.close_codes import CloseCode, CloseReason, close_reason_for_code
-from duplex.server.connection import admission
+from duplex.server.connection import serve_websocket
 from duplex.server.http_requests import Departed, decode_json, until_gone
 from duplex.server.models import Wants
 from duplex.server.ratelimit import TokenBucket
@@ -92,28 +91,16 @@ class _Closing(Exception):
 async def speech_stream_endpoint(websocket: WebSocket) -> None:
     """The WebSocket route (see the module docstring). Cancel-safe: the session is closed."""
     state = websocket.app.state.duplex
-    presented = presented_api_key(websocket.headers, websocket.query_params)
-    refusal = admission(websocket, state, presented)
-    if refusal is not None:
-        state.metrics.refused.bump(str(refusal.status_code))
-        await websocket.send_denial_response(refusal)
-        return
-    task = asyncio.current_task()
-    assert task is not None
-    state.connections.add(task)
-    state.metrics.connections += 1
-    try:
-        await websocket.accept()
-        socket = _SpeechSocket(websocket, state, api_key_id(presented, state.config.api_keys))
+
+    async def serve(key_id: bytes | None) -> None:
         try:
-            await socket.run()
+            await _SpeechSocket(websocket, state, key_id).run()
         except _Closing as closing:
             await _close(websocket, closing.close_code, closing.reason)
         except (WebSocketDisconnect, ConnectionError, OSError, Departed):
             return  # the client went away; the session was closed on the way out
-    finally:
-        state.metrics.connections -= 1
-        state.connections.discard(task)
+
+    await serve_websocket(websocket, state, serve)
 
 
 async def _close(websocket: WebSocket, code: CloseCode, reason: str) -> None:

@@ -108,9 +108,8 @@ from duplex.protocol.video_chat import (
     encode,
 )
 from duplex.server import frame_filter
-from duplex.server.auth import api_key_id, presented_api_key
 from duplex.server.close_codes import CloseCode, close_reason_for_code
-from duplex.server.connection import admission, close_for
+from duplex.server.connection import close_for, serve_websocket
 from duplex.server.models import Wants
 from duplex.server.ratelimit import TokenBucket
 from duplex.server.state import AppState
@@ -130,22 +129,7 @@ _ASKED_KEY: Final = "video_query"
 async def video_chat_endpoint(websocket: WebSocket) -> None:
     """The WebSocket route (see the module docstring). Cancel-safe: cancellation closes the session."""
     state: AppState = websocket.app.state.duplex
-    presented = presented_api_key(websocket.headers, websocket.query_params)
-    refusal = admission(websocket, state, presented)
-    if refusal is not None:
-        state.metrics.refused.bump(str(refusal.status_code))
-        await websocket.send_denial_response(refusal)
-        return
-    task = asyncio.current_task()
-    assert task is not None
-    state.connections.add(task)
-    state.metrics.connections += 1
-    try:
-        await websocket.accept()
-        await _VideoChat(websocket, state, api_key_id(presented, state.config.api_keys)).run()
-    finally:
-        state.metrics.connections -= 1
-        state.connections.discard(task)
+    await serve_websocket(websocket, state, lambda key_id: _VideoChat(websocket, state, key_id).run())
 
 
 def _error(err: DuplexError) -> VideoChatError:
