@@ -103,6 +103,13 @@ def _keep_in_float32(model: torch.nn.Module, dtype: torch.dtype) -> None:
             param.data = param.data.float()
 
 
+def _release(device: torch.device) -> None:
+    """Give the float32 copies a cast left behind back to the device before the next component is
+    built (PyTorch's CUDA allocator keeps freed blocks cached, in pieces a larger build may not fit)."""
+    if torch.device(device).type == "cuda":
+        torch.cuda.empty_cache()
+
+
 def _transformer(root: Path, random: bool) -> torch.nn.Module:
     from diffusers import HeliosTransformer3DModel
 
@@ -208,10 +215,22 @@ def load_model(
         raise PluginError("model_path_unavailable", f"model path {str(root)!r} is not a directory")
     tokenizer = _tokenizer(root)
     scheduler_class, scheduler_config, index = _pipeline(root)
+    # One component at a time, each cast to its serving dtype before the next is built: a component
+    # is built (and loaded) in float32, so building them all before casting would hold every float32
+    # copy at once (a 14B transformer and umT5-XXL: about 80 GB, more than an 80 GB card). This way
+    # the peak is the largest component in float32 beside the others already cast.
     with torch.device(device):  # built where they run: random init on an accelerator is quick
         transformer = _transformer(root, random_weights)
+        _keep_in_float32(transformer, dtype)
+        _release(device)
         vae = _vae(root, random_weights)
+        if dtype != torch.float32:
+            vae.to(dtype=dtype)
+        _release(device)
         text_encoder = _text_encoder(root, random_weights)
+        if dtype != torch.float32:
+            text_encoder.to(dtype=dtype)
+        _release(device)
     channels = int(vae.config.z_dim)
     if transformer.config.in_channels != channels or transformer.config.out_channels != channels:
         message = f"the transformer takes {transformer.config.in_channels} channels, the VAE makes {channels}"
@@ -219,11 +238,7 @@ def load_model(
     if transformer.config.text_dim != text_encoder.config.d_model:
         message = f"the transformer takes text of width {transformer.config.text_dim}, the encoder makes "
         raise PluginError("model_load_failed", message + str(text_encoder.config.d_model))
-    _keep_in_float32(transformer, dtype)
     vae_dtype = dtype
-    if dtype != torch.float32:  # built in float32, on the device already
-        vae.to(dtype=vae_dtype)
-        text_encoder.to(dtype=dtype)
     spatial = int(vae.config.scale_factor_spatial)
     patch = transformer.config.patch_size
     pyramid = index.get("_class_name") == "HeliosPyramidPipeline"
