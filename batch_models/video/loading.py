@@ -31,6 +31,8 @@ from __future__ import annotations
 
 import json
 import logging
+from collections.abc import Iterator
+from contextlib import contextmanager
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -110,11 +112,29 @@ def _release(device: torch.device) -> None:
         torch.cuda.empty_cache()
 
 
-def _transformer(root: Path, random: bool) -> torch.nn.Module:
+@contextmanager
+def _built_in(dtype: torch.dtype) -> Iterator[None]:
+    """Parameters created inside the block are created in ``dtype`` (PyTorch's default dtype, set
+    only for the block). Buffers the model code computes in an explicit dtype (Helios's rotary
+    frequencies, in float32) keep it, so the caller casts them as a float32 build would be cast."""
+    before = torch.get_default_dtype()
+    torch.set_default_dtype(dtype)
+    try:
+        yield
+    finally:
+        torch.set_default_dtype(before)
+
+
+def _transformer(root: Path, random: bool, dtype: torch.dtype) -> torch.nn.Module:
+    """Built in ``dtype`` with diffusers' float32 modules in float32 *before* the weights are copied
+    in, so a loaded parameter holds exactly what a float32 build cast afterwards would (the same
+    rounding of the checkpoint's values), and the float32 copy of the whole model never exists."""
     from diffusers import HeliosTransformer3DModel
 
     folder = _folder(root, "transformer")
-    model = HeliosTransformer3DModel.from_config(HeliosTransformer3DModel.load_config(str(folder)))
+    with _built_in(dtype):
+        model = HeliosTransformer3DModel.from_config(HeliosTransformer3DModel.load_config(str(folder)))
+    _keep_in_float32(model, dtype)
     if not random:
         load_strict(model, read_safetensors(find_weights(folder, _DIFFUSERS_WEIGHTS)), what="transformer")
     return model.eval().requires_grad_(False)
@@ -130,11 +150,14 @@ def _vae(root: Path, random: bool) -> torch.nn.Module:
     return model.eval().requires_grad_(False)
 
 
-def _text_encoder(root: Path, random: bool) -> torch.nn.Module:
+def _text_encoder(root: Path, random: bool, dtype: torch.dtype) -> torch.nn.Module:
+    """Built in ``dtype`` (umT5 registers no buffers), the weights copied in afterwards: each
+    parameter holds the checkpoint's value rounded to ``dtype``, as a float32 build cast would."""
     from transformers import UMT5Config, UMT5EncoderModel
 
     folder = _folder(root, "text_encoder")
-    model = UMT5EncoderModel(UMT5Config.from_dict(_read_json(folder / "config.json")))
+    with _built_in(dtype):
+        model = UMT5EncoderModel(UMT5Config.from_dict(_read_json(folder / "config.json")))
     if not random:
         state = dict(read_safetensors(find_weights(folder, _TRANSFORMERS_WEIGHTS)))
         # One tensor under two names: a checkpoint stores either (``save_pretrained`` keeps one).
@@ -215,22 +238,18 @@ def load_model(
         raise PluginError("model_path_unavailable", f"model path {str(root)!r} is not a directory")
     tokenizer = _tokenizer(root)
     scheduler_class, scheduler_config, index = _pipeline(root)
-    # One component at a time, each cast to its serving dtype before the next is built: a component
-    # is built (and loaded) in float32, so building them all before casting would hold every float32
-    # copy at once (a 14B transformer and umT5-XXL: about 80 GB, more than an 80 GB card). This way
-    # the peak is the largest component in float32 beside the others already cast.
+    # The transformer and the text encoder are built in their serving dtype (a 14B transformer and
+    # umT5-XXL built in float32 are about 80 GB: more than an 80 GB card, for a model that serves in
+    # 40); the VAE, a few hundred MB, is built in float32 and cast, as diffusers' pipeline loads it.
+    # Each is in its dtype before the next is built, so the load's peak is the steady state plus the
+    # VAE's float32 copy.
     with torch.device(device):  # built where they run: random init on an accelerator is quick
-        transformer = _transformer(root, random_weights)
-        _keep_in_float32(transformer, dtype)
-        _release(device)
+        transformer = _transformer(root, random_weights, dtype)
         vae = _vae(root, random_weights)
         if dtype != torch.float32:
             vae.to(dtype=dtype)
         _release(device)
-        text_encoder = _text_encoder(root, random_weights)
-        if dtype != torch.float32:
-            text_encoder.to(dtype=dtype)
-        _release(device)
+        text_encoder = _text_encoder(root, random_weights, dtype)
     channels = int(vae.config.z_dim)
     if transformer.config.in_channels != channels or transformer.config.out_channels != channels:
         message = f"the transformer takes {transformer.config.in_channels} channels, the VAE makes {channels}"
