@@ -10,7 +10,10 @@ system prompt's ids, the unit's layout, the log-mel frames and the audio embeddi
 front end, the vision embeddings, the logits at the unit's first position, the tokens, the decision,
 the tokens the speech head hears and its 25 codes. Two more scenarios hold the audio front end alone
 to upstream's: 32 seconds of audio (the buffer's clamp from 5 s on, its slide at 30 s, the encoder
-cache's restart), and a reference voice as the session's ``prepare`` encodes it.
+cache's restart), and a reference voice as the session's ``prepare`` encodes it. The four-unit session
+runs again on a variant of the checkpoint that ends a turn and draws the speech head's end code
+(``testing.ending_checkpoint``), with every chunk upstream's code buffer sent to the flow. The flow
+(minicpmo-utils') is compared on the chunks upstream's duplex loop makes.
 
 Tolerances. Both sides compute the same float32 functions in other groupings (batched rows, one
 prefill per unit against upstream's several feeds, fused projections), so they agree to rounding: to
@@ -320,45 +323,162 @@ def _flow_terms(t, positions: int) -> int:
     return encoder + t.flow_steps * (4 * t.mel_bins + t.dit_depth * block + dit + 2)
 
 
+def _flow_chunk(flow, t, chunk: list[int], last: bool, theirs: np.ndarray) -> tuple[float, float, int]:
+    """One chunk through our ``FlowStream`` (slot 0): the largest difference of its mel from the
+    reference's, the tolerance (``_flow_terms`` units of the mel's peak) and the frames."""
+    import torch
+
+    count = torch.tensor([len(chunk)])
+    tokens = torch.nn.functional.pad(torch.tensor([chunk]), (0, flow.width - len(chunk)))
+    mel, frames = flow.chunk(torch.tensor([0]), tokens, count, torch.tensor([last]))
+    ours = mel[0, :, : int(frames[0])].float().numpy()
+    assert ours.shape == theirs.shape
+    return _mel_diff(ours, theirs, t, len(chunk))
+
+
+def _mel_diff(ours: np.ndarray, theirs: np.ndarray, t, codes: int) -> tuple[float, float, int]:
+    positions = 2 * (codes + 100) + 50
+    tol = _flow_terms(t, positions) * EPS * float(np.abs(theirs).max())
+    return float(np.abs(ours - theirs).max()), tol, theirs.shape[1]
+
+
 def test_the_flow_turns_codes_into_the_mel_minicpmo_utils_does(checkpoint, goldens, capsys):
     """minicpmo-utils 1.0.7's ``CausalMaskedDiffWithXvec`` (``setup_cache`` + ``inference_chunk``, as its
     ``Token2wav.stream`` calls them) against our ``FlowStream``, on the tiny ``flow.pt`` and voice and the
     first two units' speech codes of the session above, the reference given our noise table: a turn of
-    one unit, a turn's first unit, a later unit and a last unit (its chunk, then the three codes held
-    back, flushed, as upstream's duplex loop ends a turn), each turn starting with the three
-    silence codes upstream's duplex loop puts first. Before upstream's cache trims (which differ from
-    our history: README), so the two compute the same function."""
+    one unit, a turn's first unit and a later one, a turn's first unit and its last, each chunked as
+    upstream's duplex loop chunks it (its ``_generate_waveform_from_tokens``: the turn's three silence
+    codes first, a chunk of 28 codes, all but 3 leave, the end of the turn flushed as a last chunk of
+    its own), which our code buffer must match call for call. Before upstream's cache trims (which
+    differ from our history: README), so the two compute the same function."""
     import torch
 
+    from duplex.plugins.minicpmo.flow import CodeBuffer
     from duplex.plugins.minicpmo.loading import find_checkpoint
     from duplex.plugins.minicpmo.token2wav import load_code_to_wave
 
     files = find_checkpoint(checkpoint)
     t = files.config.token2wav
     flow = load_code_to_wave(files.root, t, 1, torch.device("cpu")).flow
-    units = [torch.from_numpy(goldens[f"unit{u}_codes"])[None] for u in range(2)]
-    streams = {"one_unit_turn": 1, "middle": 2, "last": 3}
+    units = [[int(x) for x in goldens[f"unit{u}_codes"]] for u in range(2)]
+    streams = {  # each unit's codes and whether it ends the turn
+        "one_unit_turn": [(0, True)],
+        "middle": [(0, False), (1, False)],
+        "last": [(0, False), (1, True)],
+    }
     rows = []
-    for name, n in streams.items():
+    for name, turn in streams.items():
         flow.reset(0)
-        for i in range(n):
-            last = bool(goldens[f"flow_{name}{i}_last"])
-            # The chunk the reference ran: the turn's three silence codes or the look-ahead, then a unit;
-            # or, ending the turn, the three codes held back (upstream's duplex loop: CodeBuffer).
-            chunk = torch.from_numpy(goldens[f"flow_{name}{i}_codes"])[None]
-            assert torch.equal(chunk[:, -25:], units[i]) if i < len(units) else chunk.shape[1] == 3
-            count = torch.tensor([chunk.shape[1]])
-            tokens = torch.nn.functional.pad(chunk, (0, flow.width - chunk.shape[1]))
-            mel, frames = flow.chunk(torch.tensor([0]), tokens, count, torch.tensor([last]))
-            ours = mel[0, :, : int(frames[0])].numpy()
-            theirs = goldens[f"flow_{name}{i}_mel"]
-            assert ours.shape == theirs.shape, f"{name} {i}"
-            positions = 2 * (len(goldens[f"flow_{name}{i}_codes"]) + 100) + 50
-            tol = _flow_terms(t, positions) * EPS * float(np.abs(theirs).max())
-            diff = float(np.abs(ours - theirs).max())
+        # The chunks the reference ran (upstream's duplex loop's calls): our code buffer's.
+        buffer = CodeBuffer(flow.la)
+        chunks = [chunk for u, end in turn for chunk in buffer.push(units[u], end)]
+        theirs = [
+            ([int(x) for x in goldens[f"flow_{name}{i}_codes"]], bool(goldens[f"flow_{name}{i}_last"]))
+            for i in range(sum(1 for k in goldens if k.startswith(f"flow_{name}") and k.endswith("_mel")))
+        ]
+        assert chunks == theirs, name
+        for i, (chunk, last) in enumerate(chunks):
+            diff, tol, frames = _flow_chunk(flow, t, chunk, last, goldens[f"flow_{name}{i}_mel"])
             assert diff <= tol, f"{name} chunk {i}: mel"
-            rows.append((name, i, theirs.shape[1], diff, tol))
+            rows.append((name, i, frames, diff, tol))
     with capsys.disabled():
         print("\nstream chunk frames | mel diff (tol)")
         for name, i, frames, diff, tol in rows:
             print(f"{name} {i} {frames} | {diff:.1e} ({tol:.1e})")
+
+
+def test_a_turn_ends_and_the_speech_head_ends_early_as_in_the_official_loop(
+    checkpoint, goldens, meta, tmp_path_factory, capsys
+):
+    """The session above again on the checkpoint's variant that ends a turn and draws the speech head's
+    end code (``testing.ending_checkpoint`` with ``goldens.json``'s ``ending``; the same weights on both
+    sides): the turn's first unit ends its speech after 7 codes, the second runs its 25 (the end code
+    masked), the third ends the turn (``<|turn_eos|>``, then the forced ``<|chunk_eos|>``) and its speech
+    after 15 codes, the fourth opens a new turn. Per unit the tokens, the decision, the end of the turn,
+    the tokens the speech head hears and its codes (their number too), equal; then every chunk the code
+    buffer ran (codes, last flag, the unit that ran it: upstream's ``_generate_waveform_from_tokens``
+    calls) and the flow's mel of each, within the flow test's tolerance."""
+    import shutil
+
+    from duplex.plugins.minicpmo.testing import ending_checkpoint
+
+    root = tmp_path_factory.mktemp("minicpmo-parity-ending") / "tiny"
+    shutil.copytree(checkpoint, root)
+    ending = {key: (int(value[0]), float(value[1])) for key, value in meta["ending"].items()}
+    ending_checkpoint(root, **ending)
+    assert _digest(root) == meta["ending_sha256"], "the ending checkpoint changed: " + REGENERATE
+    plugin = MiniCPMOPlugin.from_options(
+        str(root), max_sessions=2, context_tokens=1024, window_high_tokens=700, window_low_tokens=400
+    )
+    plugin.load()
+    gen = plugin.generator
+    plugin.open_slot(0, SlotOptions(temperature=0.0, instructions=str(goldens["instructions"])))
+    plugin.open_slot(1, SlotOptions(temperature=0.7, seed=5, instructions="be brief"))
+    flow = gen.code_to_wave.flow
+    chunk = flow.chunk
+    ran: list[tuple[int, list[int], bool, np.ndarray]] = []  # slot 0's chunks: unit, codes, last, mel
+    unit = 0
+
+    def recording_chunk(rows, tokens, count, last):
+        mel, frames = chunk(rows, tokens, count, last)
+        for j in np.flatnonzero(rows.numpy() == 0):
+            codes = [int(x) for x in tokens[j, : int(count[j])]]
+            ran.append((unit, codes, bool(last[j]), mel[j, :, : int(frames[j])].float().numpy().copy()))
+        return mel, frames
+
+    flow.chunk = recording_chunk
+    rows = []
+    prompt_len = len(goldens["prompt_ids"])
+    for unit in range(int(meta["units"])):
+        pcm, frame = goldens["audio"][unit], goldens[f"frame{unit}"].tobytes()
+        other = (0.1 * np.random.default_rng(unit).standard_normal(16000)).astype(np.float32)
+        plugin.step(
+            [
+                SlotInput(slot=0, epoch=0, pcm=pcm, video_frames=(frame,)),
+                SlotInput(slot=1, epoch=0, pcm=other, video_frames=(goldens[f"frame{3 - unit}"].tobytes(),)),
+            ]
+        )
+        res = plugin.last_results[0]
+        key = f"end_unit{unit}"
+        lm_terms, _ = _terms(gen.cfg, prompt_len + 120 * (unit + 1))
+        golden_logits = goldens[f"{key}_first_logits"]
+        tol = lm_terms * EPS * float(np.abs(golden_logits).max())
+        d = float(np.abs(gen.prefill.logits[0].numpy() - golden_logits).max())
+        assert d <= tol, f"unit {unit}: first-position logits"
+        theirs = [int(x) for x in goldens[f"{key}_tokens"]]
+        assert _compare_choices(res.tokens, theirs, goldens[f"{key}_token_margins"], tol) == len(theirs)
+        assert (res.decision == "listen") == bool(goldens[f"{key}_listen"])
+        assert res.end_of_turn == bool(goldens[f"{key}_end_of_turn"]), f"unit {unit}: end of turn"
+        assert res.speech_tokens == [int(x) for x in goldens[f"{key}_speech_tokens"]]
+        peak = float(goldens[f"{key}_code_peak"]) / gen.opts.tts_temperature
+        code_tol = _speech_terms(gen.cfg, 200) * EPS * peak
+        golden_codes = [int(x) for x in goldens[f"{key}_codes"]]
+        ours = [int(x) for x in res.codes]
+        m = _compare_choices(ours, golden_codes, goldens[f"{key}_code_margins"], code_tol)
+        assert m == len(golden_codes) and ours == golden_codes, f"unit {unit}: codes"
+        rows.append((unit, res.end_of_turn, len(ours), d, tol))
+    # The code buffer's chunks, as upstream's loop made its flow calls, and their mel.
+    waves = int(goldens["end_wave_units"].shape[0])
+    assert [(u, c, last) for u, c, last, _mel in ran] == [
+        (
+            int(goldens["end_wave_units"][i]),
+            [int(x) for x in goldens[f"end_wave{i}_codes"]],
+            bool(goldens[f"end_wave{i}_last"]),
+        )
+        for i in range(waves)
+    ]
+    t = gen.cfg.token2wav
+    chunks = []
+    for i, (u, codes, last, mel) in enumerate(ran):
+        theirs = goldens[f"end_wave{i}_mel"]
+        assert mel.shape == theirs.shape, f"chunk {i}"
+        diff, tol, frames = _mel_diff(mel, theirs, t, len(codes))
+        assert diff <= tol, f"chunk {i}: mel"
+        chunks.append((i, u, len(codes), last, frames, diff, tol))
+    with capsys.disabled():
+        print("\nunit end_of_turn codes | logits diff (tol)")
+        for u, end, n, d, tol in rows:
+            print(f"{u} {end} {n} | {d:.1e} ({tol:.1e})")
+        print("chunk unit codes last frames | mel diff (tol)")
+        for i, u, n, last, frames, diff, tol in chunks:
+            print(f"{i} {u} {n} {last} {frames} | {diff:.1e} ({tol:.1e})")

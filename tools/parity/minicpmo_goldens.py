@@ -12,8 +12,10 @@ Run with the project's environment; it calls ``minicpmo_reference.py`` in the pa
 ``minicpmo_reference.PINNED_COMMIT``. The script writes the tiny checkpoint (``duplex tiny-checkpoint
 minicpmo_4_5``, seed 0), the scenario (four seconds of speech-like audio, a camera frame a second;
 42 seconds of audio alone; a 2.5 s reference voice), runs the reference on them (the duplex loop; then
-minicpmo-utils' flow on the first three units' speech codes, given the plugin's DiT noise table) and
-writes ``tests/parity/minicpmo/goldens.npz`` (the
+minicpmo-utils' flow on the first two units' speech codes, streamed as the duplex loop's code buffer
+streams them, given the plugin's DiT noise table), then the four-unit session again on the
+checkpoint's ``ENDING`` variant (a turn that ends, the speech head's end code drawn: keys ``end_*``,
+the flow on every chunk the loop's code buffer ran) and writes ``tests/parity/minicpmo/goldens.npz`` (the
 scenario and what the reference computed) and ``goldens.json`` (the checkpoint's SHA-256, the
 reference's commit and package versions). Regenerate them whenever the checkpoint writer changes: the
 test compares the checkpoint's digest first.
@@ -25,6 +27,7 @@ import argparse
 import hashlib
 import io
 import json
+import shutil
 import subprocess
 import sys
 import tempfile
@@ -35,7 +38,7 @@ import torch
 from PIL import Image, ImageDraw
 
 from duplex.plugins.minicpmo.loading import find_checkpoint
-from duplex.plugins.minicpmo.testing import make_tiny_checkpoint
+from duplex.plugins.minicpmo.testing import ending_checkpoint, make_tiny_checkpoint
 from duplex.plugins.minicpmo.token2wav import load_code_to_wave
 
 HERE = Path(__file__).resolve().parent
@@ -44,6 +47,12 @@ REFERENCE = HERE / "minicpmo_reference.py"
 UNITS = 4
 LONG_UNITS = 32  # past the 30 s buffer's slide and the encoder cache's restart (both at unit 29)
 SEED = 0
+# The session again on a variant of the checkpoint that ends its turn and draws the speech head's end
+# code (``testing.ending_checkpoint``): ``<|turn_eos|>`` leads where token 321 would (the third unit's
+# 19th token, the 20th then the forced ``<|chunk_eos|>``), the end code 6.25 % above code 2566. The
+# turn's first unit then ends after 7 codes, the second runs its 25, the third (the turn's end) ends
+# after 15, and the fourth (a new turn's first) runs 25.
+ENDING = {"turn_end": (321, 1.125), "code_end": (2566, 1.0625)}
 
 
 def digest(root: Path) -> str:
@@ -117,22 +126,30 @@ def main() -> None:
         ckpt = make_tiny_checkpoint(Path(tmp) / "ckpt", seed=SEED)
         inputs = Path(tmp) / "inputs.npz"
         np.savez(inputs, **scenario(), flow_noise=flow_noise(ckpt))
-        result = Path(tmp) / "reference.npz"
-        subprocess.run(
-            [
-                args.reference_python,
-                str(REFERENCE),
-                "--reference",
-                args.reference,
-                "--checkpoint",
-                str(ckpt),
-                "--inputs",
-                str(inputs),
-                "--out",
-                str(result),
-            ],
-            check=True,
-        )
+        ending = Path(tmp) / "ending"
+        shutil.copytree(ckpt, ending)
+        ending_checkpoint(ending, **ENDING)
+        result, ending_result = Path(tmp) / "reference.npz", Path(tmp) / "ending.npz"
+        for root, out_file, extra in (
+            (ckpt, result, []),
+            (ending, ending_result, ["--session-only", "--prefix", "end_"]),
+        ):
+            subprocess.run(
+                [
+                    args.reference_python,
+                    str(REFERENCE),
+                    "--reference",
+                    args.reference,
+                    "--checkpoint",
+                    str(root),
+                    "--inputs",
+                    str(inputs),
+                    "--out",
+                    str(out_file),
+                    *extra,
+                ],
+                check=True,
+            )
         versions = subprocess.run(
             [
                 args.reference_python,
@@ -143,7 +160,7 @@ def main() -> None:
             text=True,
             check=True,
         ).stdout.split()
-        goldens = {**scenario(), **dict(np.load(result))}
+        goldens = {**scenario(), **dict(np.load(result)), **dict(np.load(ending_result))}
         np.savez_compressed(out / "goldens.npz", **goldens)
         meta = {
             "checkpoint_seed": SEED,
@@ -152,6 +169,8 @@ def main() -> None:
             "reference_torch": versions[0],
             "reference_transformers": versions[1],
             "units": UNITS,
+            "ending": {key: list(value) for key, value in ENDING.items()},
+            "ending_sha256": digest(ending),
         }
         (out / "goldens.json").write_text(json.dumps(meta, indent=1) + "\n")
     print(f"wrote {out / 'goldens.npz'} and goldens.json", file=sys.stderr)

@@ -55,6 +55,18 @@ PINNED_FILES = {
 PACKAGE = "minicpmo_reference"
 LONG_MEL_UNITS = (0, 1, 3, 4, 5, 28, 29, 30, 31)  # the long session's units whose mel is kept
 CHECKPOINT_FILES = ("model.safetensors.index.json", "tokenizer.json")
+# What ``--session-only`` keeps of each unit (the front end's are those of the full run's session).
+SESSION_KEYS = (
+    "tokens",
+    "first_logits",
+    "token_margins",
+    "listen",
+    "end_of_turn",
+    "speech_tokens",
+    "codes",
+    "code_margins",
+    "code_peak",
+)
 
 
 def model_dir(reference: Path, checkpoint: Path, root: Path, query_num: int) -> Path:
@@ -101,6 +113,35 @@ class Margins:
         out = min(self.seen, default=float("inf"))
         self.seen = []
         return out
+
+
+class RecordingToken2wav:
+    """Stands in for minicpmo-utils' ``Token2wav`` in the duplex loop, whose code buffer
+    (``DuplexCapability._generate_waveform_from_tokens``) then runs as it does with audio on: each
+    ``stream`` call's codes and ``last_chunk`` are recorded (and no audio returned: the loop then gives
+    none, as uninitialised), and each turn's restore of the prompt's flow state as ``None``."""
+
+    def __init__(self) -> None:
+        object.__setattr__(self, "calls", [])
+
+    def __setattr__(self, name, value) -> None:
+        if name == "stream_cache":  # ``_reset_token2wav_for_new_turn``: a new turn
+            self.calls.append(None)
+        object.__setattr__(self, name, value)
+
+    def stream(self, tokens, prompt_wav=None, last_chunk=False, return_waveform=False):
+        self.calls.append(([int(x) for x in tokens], bool(last_chunk)))
+        return b""
+
+
+def code_buffer_on(duplex, recorder: RecordingToken2wav) -> None:
+    """The duplex loop's token2wav state as ``_init_token2wav_cache`` leaves it (with ``recorder`` for the
+    flow, whose look-ahead is three codes), then a turn's start (``prepare`` with a voice does both)."""
+    duplex.model.tts.audio_tokenizer = recorder
+    duplex.flow_cache_base, duplex.hift_cache_base = {}, {}
+    duplex.pre_lookahead = 3
+    duplex.token2wav_initialized = True
+    duplex._reset_token2wav_for_new_turn()
 
 
 def run(args: argparse.Namespace) -> None:
@@ -227,8 +268,11 @@ def run(args: argparse.Namespace) -> None:
     tok = duplex.tokenizer
     prompt_ids = tok.encode(prefix, add_special_tokens=False) + tok.encode(suffix, add_special_tokens=False)
     duplex.prepare(prefix_system_prompt=prefix, suffix_system_prompt=suffix)
+    recorder = RecordingToken2wav()
+    code_buffer_on(duplex, recorder)
     audio = inputs["audio"]
     out: dict[str, np.ndarray] = {"prompt_ids": np.asarray(prompt_ids, dtype=np.int64)}
+    wave_calls: list[list] = []
     unit_end = tok.convert_tokens_to_ids("</unit>")
     for unit in range(audio.shape[0]):
         frame = Image.open(io.BytesIO(inputs[f"frame{unit}"].tobytes())).convert("RGB")
@@ -236,11 +280,13 @@ def run(args: argparse.Namespace) -> None:
         first_logits = duplex.pending_logits[0].float().numpy().copy()
         before = len(duplex.total_ids)
         n_tts = len(codes)
+        n_calls = len(recorder.calls)
         codes_margins.clear()
         code_peaks.clear()
         token_margins.clear()
         result = duplex.streaming_generate(decode_mode="greedy", listen_top_k=None)
         duplex.finalize_unit()
+        wave_calls.append(recorder.calls[n_calls:])
         generated = duplex.total_ids[before:]
         assert generated[-1] == unit_end
         schema = duplex.prefill_schema_tokens[unit]
@@ -262,6 +308,12 @@ def run(args: argparse.Namespace) -> None:
             out[f"unit{unit}_code_margins"] = np.asarray(codes_margins[: len(codes[-1])], dtype=np.float64)
             out[f"unit{unit}_code_peak"] = np.asarray(max(code_peaks))
         print(f"unit {unit}: listen={result['is_listen']} tokens={generated[:-1]} codes={len(codes) > n_tts}")
+    if args.session_only:  # the session and its code buffer's chunks through the flow
+        if "flow_noise" in inputs:
+            out.update(session_flow(checkpoint, inputs, wave_calls))
+        kept = {k: v for k, v in out.items() if k.startswith("wave") or k.split("_", 1)[-1] in SESSION_KEYS}
+        np.savez(args.out, **{args.prefix + k: v for k, v in kept.items()})
+        return
     out["official_keys"] = np.asarray(official_keys)
     # A long session of audio alone, every unit prefilled (no generation): the buffer's clamp from 5 s
     # on, its slides at 30 s, the encoder cache's restart.
@@ -290,16 +342,11 @@ def run(args: argparse.Namespace) -> None:
     duplex.prepare(prefix_system_prompt=prefix, suffix_system_prompt=suffix, ref_audio=inputs["ref_audio"])
     out["ref_audio_embeds"] = clips[0]
     if "flow_noise" in inputs:
-        out.update(flow_chunks(checkpoint, inputs, [out[f"unit{u}_codes"] for u in range(2)]))
+        units = [[int(x) for x in out[f"unit{u}_codes"]] for u in range(2)]
+        out.update(
+            flow_chunks(checkpoint, inputs, units, functools.partial(upstream_chunks, duplex, recorder))
+        )
     np.savez(args.out, **out)
-
-
-def turn_start_codes(lookahead: int) -> list[int]:
-    """The codes upstream's duplex loop starts every turn's code stream with: three silence codes
-    (``DuplexCapability._reset_token2wav_for_new_turn`` of the pinned commit)."""
-    codes = [4218] * 3
-    assert lookahead == len(codes), "the tiny flow's look-ahead is upstream's three codes"
-    return codes
 
 
 def end_session(model, duplex) -> None:
@@ -334,13 +381,22 @@ def _stepaudio2():
     return flow, matching, dit, encoder
 
 
-def flow_chunks(checkpoint: Path, inputs, codes: list[np.ndarray]) -> dict[str, np.ndarray]:
-    """minicpmo-utils 1.0.7's flow (``CausalMaskedDiffWithXvec``) on our ``flow.pt`` and voice, streamed
-    as the duplex loop streams it through ``Token2wav.set_stream_cache`` + ``stream`` (the prompt with
-    its first three codes as look-ahead; then the turn's three silence codes and the first unit's 25
-    codes, a later unit with the previous one's last three in front, the last flushed), the DiT's
-    noise buffer set to the plugin's noise table; three streams of at most two units, each from the
-    prompt's state."""
+def upstream_chunks(duplex, recorder: RecordingToken2wav, units: list[tuple[list[int], bool]]) -> list:
+    """The flow calls upstream's duplex loop makes for a turn of ``units`` (each a unit's codes and
+    whether it ends the turn): a turn's start (``code_buffer_on``), then per unit
+    ``_generate_waveform_from_tokens`` as ``streaming_generate`` calls it (always flushing), with
+    ``recorder`` for the flow."""
+    code_buffer_on(duplex, recorder)  # the session ended since: the loop's token2wav state is reset
+    start = len(recorder.calls)
+    for unit, end in units:
+        duplex._generate_waveform_from_tokens(torch.tensor([unit]), None, end, force_flush=True)
+    return [call for call in recorder.calls[start:] if call is not None]
+
+
+def flow_model(checkpoint: Path, inputs):
+    """minicpmo-utils 1.0.7's flow (``CausalMaskedDiffWithXvec``) on our ``flow.pt`` and voice, the DiT's
+    noise buffer set to the plugin's noise table, and its state after the voice prompt (with the
+    prompt's first three codes as look-ahead, as ``Token2wav.set_stream_cache`` prepares it)."""
     from safetensors.torch import load_file
 
     flow_mod, matching, dit, encoder = _stepaudio2()
@@ -391,37 +447,70 @@ def flow_chunks(checkpoint: Path, inputs, codes: list[np.ndarray]) -> dict[str, 
     tokens = voice["speech_tokens"].long()[None]
     spk = voice["speaker_embedding"].float()[None]
     la = int(t["lookahead_tokens"])
+    assert la == 3, "the tiny flow's look-ahead is the duplex loop's three codes (code_buffer_on)"
     prompt = torch.cat([tokens, tokens[:, :la]], dim=1)
     # A copy: the returned cache holds the solver's own buffers, which the next chunk overwrites (as
     # Token2wav keeps a clone of it to restore each turn).
     cache = copy.deepcopy(model.setup_cache(prompt, voice["mel"].float()[None], spk, steps))
     prompt_frames = voice["mel"].shape[0]
+    return model, cache, spk, steps, prompt_frames
+
+
+def run_stream(flow, calls: list, name: str) -> dict[str, np.ndarray]:
+    """``calls`` (each ``(codes, last_chunk)``, or ``None`` where a turn starts again from the prompt's
+    state) through ``inference_chunk`` as ``Token2wav.stream`` runs them; per call its codes, its flag
+    and the mel, as ``flow_{name}{i}_*``."""
+    model, cache, spk, steps, prompt_frames = flow
     out: dict[str, np.ndarray] = {}
-    first, second = ([int(x) for x in unit] for unit in codes[:2])
-    start = turn_start_codes(la)
-    streams = {  # a turn's first unit after its silence codes; then a later one or a last one
-        "one_unit_turn": [(start + first, True)],
-        "middle": [(start + first, False), (first[-la:] + second, False)],
-        # The duplex loop's end of a turn: the unit's chunk as any other, then the 3 held back, flushed.
-        "last": [(start + first, False), (first[-la:] + second, False), (second[-la:], True)],
+    state = copy.deepcopy(cache)
+    i, trimmed = 0, False
+    for call in calls:
+        if call is None:
+            state, trimmed = copy.deepcopy(cache), False
+            continue
+        if trimmed:  # Token2wav.stream trims both caches past the prompt + 100 frames after a chunk
+            raise SystemExit(f"the flow scenario {name} reaches upstream's cache trims (our history differs)")
+        chunk, last = call
+        mel, state = model.inference_chunk(
+            torch.tensor([chunk], dtype=torch.long), spk, state, last_chunk=last, n_timesteps=steps
+        )
+        out[f"flow_{name}{i}_mel"] = mel[0].float().numpy()
+        out[f"flow_{name}{i}_codes"] = np.asarray(chunk, dtype=np.int64)
+        out[f"flow_{name}{i}_last"] = np.asarray(last)
+        trimmed = state["estimator_att_cache"].shape[4] > prompt_frames + 100 or (
+            state["conformer_att_cache"].shape[3] > prompt_frames + 100
+        )
+        print(f"flow {name} chunk {i}: {len(chunk)} codes in, {mel.shape[2]} frames out")
+        i += 1
+    return out
+
+
+def flow_chunks(checkpoint: Path, inputs, codes: list[list[int]], chunks) -> dict[str, np.ndarray]:
+    """The flow (``flow_model``) streamed as upstream's duplex loop streams two units' codes
+    (``chunks``: ``upstream_chunks``) in three turns, each from the prompt's state: a turn of one unit,
+    a turn's first unit and a later one, a turn's first unit and its last."""
+    flow = flow_model(checkpoint, inputs)
+    first, second = codes
+    streams = {
+        "one_unit_turn": [(first, True)],
+        "middle": [(first, False), (second, False)],
+        "last": [(first, False), (second, True)],
     }
-    for name, chunks in streams.items():
-        state = copy.deepcopy(cache)
-        for i, (chunk, last) in enumerate(chunks):
-            mel, state = model.inference_chunk(
-                torch.tensor([chunk], dtype=torch.long), spk, state, last_chunk=last, n_timesteps=steps
-            )
-            out[f"flow_{name}{i}_mel"] = mel[0].float().numpy()
-            out[f"flow_{name}{i}_codes"] = np.asarray(chunk, dtype=np.int64)
-            out[f"flow_{name}{i}_last"] = np.asarray(last)
-            # Token2wav.stream trims both caches past the prompt + 100 frames after a chunk; no chunk
-            # compared here follows a trim (upstream's trims and the plugin's history differ).
-            trimmed = state["estimator_att_cache"].shape[4] > prompt_frames + 100 or (
-                state["conformer_att_cache"].shape[3] > prompt_frames + 100
-            )
-            if trimmed and i + 1 < len(chunks):
-                raise SystemExit("the flow scenario reaches upstream's cache trims")
-            print(f"flow {name} chunk {i}: {len(chunk)} codes in, {mel.shape[2]} frames out")
+    out: dict[str, np.ndarray] = {}
+    for name, units in streams.items():
+        out.update(run_stream(flow, chunks(units), name))
+    return out
+
+
+def session_flow(checkpoint: Path, inputs, calls: list[list]) -> dict[str, np.ndarray]:
+    """The flow on the calls the session's code buffer made (per unit, ``None`` where a turn started),
+    and which unit made each call (``wave_units``)."""
+    flow = flow_model(checkpoint, inputs)
+    flat = [None] + [c for unit in calls for c in unit]  # the session's first turn starts at ``prepare``
+    out = run_stream(flow, flat, "session")
+    out = {"wave" + k[len("flow_session") :]: v for k, v in out.items()}
+    units = [u for u, unit in enumerate(calls) for call in unit if call is not None]
+    out["wave_units"] = np.asarray(units, dtype=np.int64)
     return out
 
 
@@ -431,6 +520,8 @@ def main() -> None:
     parser.add_argument("--checkpoint", required=True, help="duplex tiny-checkpoint minicpmo_4_5 DIR")
     parser.add_argument("--inputs", required=True, help="the scenario's audio and frames (npz)")
     parser.add_argument("--out", required=True)
+    parser.add_argument("--session-only", action="store_true", help="the duplex session and its flow only")
+    parser.add_argument("--prefix", default="", help="put before every key written (with --session-only)")
     run(parser.parse_args())
 
 

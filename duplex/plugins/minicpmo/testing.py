@@ -194,3 +194,38 @@ def script_checkpoint(root: str | Path, script: dict[str, str]) -> Path:
     for name, part in state.items():
         save_file(part, str(root / name), metadata={"format": "pt"})
     return root
+
+
+def ending_checkpoint(root: str | Path, *, turn_end: tuple[int, float], code_end: tuple[int, float]) -> Path:
+    """Make the tiny checkpoint at ``root`` end a turn and draw the speech head's end code (test-only).
+
+    The random tiny model never draws ``<|turn_eos|>`` nor the end-of-speech code. ``turn_end = (token,
+    scale)`` sets ``<|turn_eos|>``'s ``lm_head`` row to ``scale`` times ``token``'s, and ``code_end =
+    (code, scale)`` sets the end code's row of the speech head's weight-normed ``head_code.0`` to
+    ``code``'s direction with ``scale`` times its norm: the new logit is ``scale`` times the other's
+    (to rounding), so it wins where that token or code leads and the scale outweighs the rules' penalties.
+    Everything else keeps its bytes; the rows are computed in float32 and saved, so any code that loads
+    the directory runs the same weights.
+    """
+    from safetensors.torch import load_file
+
+    root = Path(root)
+    index = json.loads((root / INDEX_FILE).read_text())["weight_map"]
+    tok = Tokenizer.from_file(str(root / TOKENIZER_FILE))
+    state = {name: load_file(str(root / name)) for name in sorted(set(index.values()))}
+
+    def get(key: str) -> torch.Tensor:
+        return state[index[key]][key]
+
+    head = get("llm.lm_head.weight")
+    token, scale = turn_end
+    head[tok.token_to_id(SPECIAL_TOKENS["turn_eos"])] = head[token] * scale
+    norm = get("tts.head_code.0.parametrizations.weight.original0")  # [codes, 1]
+    direction = get("tts.head_code.0.parametrizations.weight.original1")  # [codes, hidden]
+    eos = direction.shape[0] - 1
+    code, scale = code_end
+    direction[eos] = direction[code]
+    norm[eos] = norm[code] * scale
+    for name, part in state.items():
+        save_file(part, str(root / name), metadata={"format": "pt"})
+    return root
