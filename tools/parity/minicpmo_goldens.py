@@ -14,11 +14,11 @@ minicpmo_4_5``, seed 0), the scenario (four seconds of speech-like audio, a came
 42 seconds of audio alone; a 2.5 s reference voice), runs the reference on them (the duplex loop; then
 minicpmo-utils' flow on the first two units' speech codes, streamed as the duplex loop's code buffer
 streams them, given the plugin's DiT noise table), then the four-unit session again on the
-checkpoint's ``ENDING`` variant (a turn that ends, the speech head's end code drawn: keys ``end_*``,
-the flow on every chunk the loop's code buffer ran) and writes ``tests/parity/minicpmo/goldens.npz`` (the
-scenario and what the reference computed) and ``goldens.json`` (the checkpoint's SHA-256, the
-reference's commit and package versions). Regenerate them whenever the checkpoint writer changes: the
-test compares the checkpoint's digest first.
+checkpoint's ``ENDINGS`` variants (a turn that ends, the speech head's end code drawn: keys
+``{name}_*``, the flow on every chunk the loop's code buffer ran) and writes
+``tests/parity/minicpmo/goldens.npz`` (the scenario and what the reference computed) and
+``goldens.json`` (the checkpoints' SHA-256, the reference's commit and package versions). Regenerate
+them whenever the checkpoint writer changes: the test compares the checkpoints' digests first.
 """
 
 from __future__ import annotations
@@ -47,12 +47,17 @@ REFERENCE = HERE / "minicpmo_reference.py"
 UNITS = 4
 LONG_UNITS = 32  # past the 30 s buffer's slide and the encoder cache's restart (both at unit 29)
 SEED = 0
-# The session again on a variant of the checkpoint that ends its turn and draws the speech head's end
-# code (``testing.ending_checkpoint``): ``<|turn_eos|>`` leads where token 321 would (the third unit's
-# 19th token, the 20th then the forced ``<|chunk_eos|>``), the end code 6.25 % above code 2566. The
-# turn's first unit then ends after 7 codes, the second runs its 25, the third (the turn's end) ends
-# after 15, and the fourth (a new turn's first) runs 25.
-ENDING = {"turn_end": (321, 1.125), "code_end": (2566, 1.0625)}
+# The session again on variants of the checkpoint that end a turn and draw the speech head's end code
+# (``testing.ending_checkpoint``; keys ``{name}_*``): ``<|turn_eos|>`` leads where token 321 would, the
+# end code where code 2566 would, 6.25 % above it. ``end``: ``<|turn_eos|>`` is the third unit's 19th
+# token (then the forced ``<|chunk_eos|>``); the turn's first unit ends after 7 codes, the second runs
+# its 25, the third (the turn's end) ends after 15, the fourth (a new turn's first) runs 25.
+# ``reopen``: ``<|turn_eos|>`` is the second unit's 9th token and text follows it in the unit, which
+# upstream's loop reports as no end of the turn (the turn goes on).
+ENDINGS = {
+    "end": {"turn_end": (321, 1.125), "code_end": (2566, 1.0625)},
+    "reopen": {"turn_end": (321, 1.1875), "code_end": (2566, 1.0625)},
+}
 
 
 def digest(root: Path) -> str:
@@ -126,14 +131,13 @@ def main() -> None:
         ckpt = make_tiny_checkpoint(Path(tmp) / "ckpt", seed=SEED)
         inputs = Path(tmp) / "inputs.npz"
         np.savez(inputs, **scenario(), flow_noise=flow_noise(ckpt))
-        ending = Path(tmp) / "ending"
-        shutil.copytree(ckpt, ending)
-        ending_checkpoint(ending, **ENDING)
-        result, ending_result = Path(tmp) / "reference.npz", Path(tmp) / "ending.npz"
-        for root, out_file, extra in (
-            (ckpt, result, []),
-            (ending, ending_result, ["--session-only", "--prefix", "end_"]),
-        ):
+        runs = [(ckpt, Path(tmp) / "reference.npz", [])]
+        for name, ending in ENDINGS.items():
+            root = Path(tmp) / name
+            shutil.copytree(ckpt, root)
+            ending_checkpoint(root, **ending)
+            runs.append((root, Path(tmp) / f"{name}.npz", ["--session-only", "--prefix", f"{name}_"]))
+        for root, out_file, extra in runs:
             subprocess.run(
                 [
                     args.reference_python,
@@ -160,7 +164,9 @@ def main() -> None:
             text=True,
             check=True,
         ).stdout.split()
-        goldens = {**scenario(), **dict(np.load(result)), **dict(np.load(ending_result))}
+        goldens = dict(scenario())
+        for _root, out_file, _extra in runs:
+            goldens.update(np.load(out_file))
         np.savez_compressed(out / "goldens.npz", **goldens)
         meta = {
             "checkpoint_seed": SEED,
@@ -169,8 +175,10 @@ def main() -> None:
             "reference_torch": versions[0],
             "reference_transformers": versions[1],
             "units": UNITS,
-            "ending": {key: list(value) for key, value in ENDING.items()},
-            "ending_sha256": digest(ending),
+            "endings": {
+                name: {**{k: list(v) for k, v in ending.items()}, "sha256": digest(Path(tmp) / name)}
+                for name, ending in ENDINGS.items()
+            },
         }
         (out / "goldens.json").write_text(json.dumps(meta, indent=1) + "\n")
     print(f"wrote {out / 'goldens.npz'} and goldens.json", file=sys.stderr)

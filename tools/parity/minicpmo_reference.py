@@ -456,10 +456,12 @@ def flow_model(checkpoint: Path, inputs):
     return model, cache, spk, steps, prompt_frames
 
 
-def run_stream(flow, calls: list, name: str) -> dict[str, np.ndarray]:
+def run_stream(flow, calls: list, name: str, past_trims: bool = False) -> dict[str, np.ndarray]:
     """``calls`` (each ``(codes, last_chunk)``, or ``None`` where a turn starts again from the prompt's
     state) through ``inference_chunk`` as ``Token2wav.stream`` runs them; per call its codes, its flag
-    and the mel, as ``flow_{name}{i}_*``."""
+    and the mel, as ``flow_{name}{i}_*``. ``Token2wav.stream`` trims both caches past the prompt + 100
+    frames after a chunk, which our history does not follow (README): a call after a trim fails, or
+    with ``past_trims`` is kept without its mel (until the next turn)."""
     model, cache, spk, steps, prompt_frames = flow
     out: dict[str, np.ndarray] = {}
     state = copy.deepcopy(cache)
@@ -468,19 +470,20 @@ def run_stream(flow, calls: list, name: str) -> dict[str, np.ndarray]:
         if call is None:
             state, trimmed = copy.deepcopy(cache), False
             continue
-        if trimmed:  # Token2wav.stream trims both caches past the prompt + 100 frames after a chunk
+        if trimmed and not past_trims:
             raise SystemExit(f"the flow scenario {name} reaches upstream's cache trims (our history differs)")
         chunk, last = call
-        mel, state = model.inference_chunk(
-            torch.tensor([chunk], dtype=torch.long), spk, state, last_chunk=last, n_timesteps=steps
-        )
-        out[f"flow_{name}{i}_mel"] = mel[0].float().numpy()
         out[f"flow_{name}{i}_codes"] = np.asarray(chunk, dtype=np.int64)
         out[f"flow_{name}{i}_last"] = np.asarray(last)
-        trimmed = state["estimator_att_cache"].shape[4] > prompt_frames + 100 or (
-            state["conformer_att_cache"].shape[3] > prompt_frames + 100
-        )
-        print(f"flow {name} chunk {i}: {len(chunk)} codes in, {mel.shape[2]} frames out")
+        if not trimmed:
+            mel, state = model.inference_chunk(
+                torch.tensor([chunk], dtype=torch.long), spk, state, last_chunk=last, n_timesteps=steps
+            )
+            out[f"flow_{name}{i}_mel"] = mel[0].float().numpy()
+            trimmed = state["estimator_att_cache"].shape[4] > prompt_frames + 100 or (
+                state["conformer_att_cache"].shape[3] > prompt_frames + 100
+            )
+            print(f"flow {name} chunk {i}: {len(chunk)} codes in, {mel.shape[2]} frames out")
         i += 1
     return out
 
@@ -503,11 +506,11 @@ def flow_chunks(checkpoint: Path, inputs, codes: list[list[int]], chunks) -> dic
 
 
 def session_flow(checkpoint: Path, inputs, calls: list[list]) -> dict[str, np.ndarray]:
-    """The flow on the calls the session's code buffer made (per unit, ``None`` where a turn started),
-    and which unit made each call (``wave_units``)."""
+    """The flow on the calls the session's code buffer made (per unit, ``None`` where a turn started;
+    no mel past a cache trim), and which unit made each call (``wave_units``)."""
     flow = flow_model(checkpoint, inputs)
     flat = [None] + [c for unit in calls for c in unit]  # the session's first turn starts at ``prepare``
-    out = run_stream(flow, flat, "session")
+    out = run_stream(flow, flat, "session", past_trims=True)
     out = {"wave" + k[len("flow_session") :]: v for k, v in out.items()}
     units = [u for u, unit in enumerate(calls) for call in unit if call is not None]
     out["wave_units"] = np.asarray(units, dtype=np.int64)

@@ -494,7 +494,10 @@ class UnitGenerator:
             # token, or after ``<|turn_eos|>`` closed the turn within the unit (nothing of it is then
             # said or spoken, and the turn's end is not reported).
             decision = "listen" if not tokens or tokens[-1] == sp.listen else "speak"
-            end_of_turn = decision == "speak" and sp.turn_eos in tokens
+            # The turn ends where ``<|turn_eos|>`` is the last token the unit fed (upstream's
+            # ``end_of_turn``, set by every token fed): a token fed after it in the unit opens it again.
+            fed = tokens[:-1] if host.pending_terminator is not None else tokens
+            end_of_turn = decision == "speak" and bool(fed) and fed[-1] == sp.turn_eos
             text = ""
             if decision == "speak":
                 if not host.speaking:

@@ -20,6 +20,7 @@ SPEAK_AND_END = {
     "<|turn_eos|>": "<|chunk_tts_eos|>",
 }
 SPEAK_END_LISTEN = {**SPEAK_AND_END, "<|turn_eos|>": "<|listen|>"}
+SPEAK_END_REOPEN = {**SPEAK_AND_END, "<|turn_eos|>": "Ġthere", "Ġthere": "<|chunk_eos|>"}
 
 
 @pytest.fixture(scope="session")
@@ -59,6 +60,11 @@ def speak_end_ckpt(minicpmo_ckpt: Path, tmp_path_factory: pytest.TempPathFactory
 @pytest.fixture(scope="session")
 def speak_end_listen_ckpt(minicpmo_ckpt: Path, tmp_path_factory: pytest.TempPathFactory) -> Path:
     return _scripted(minicpmo_ckpt, tmp_path_factory, "speak-end-listen", SPEAK_END_LISTEN)
+
+
+@pytest.fixture(scope="session")
+def speak_end_reopen_ckpt(minicpmo_ckpt: Path, tmp_path_factory: pytest.TempPathFactory) -> Path:
+    return _scripted(minicpmo_ckpt, tmp_path_factory, "speak-end-reopen", SPEAK_END_REOPEN)
 
 
 @pytest.fixture(scope="module", autouse=True)

@@ -128,6 +128,26 @@ def test_turn_eos_ends_the_turn(speak_end_ckpt):
     assert (out.decision, out.text, out.end_of_turn) == ("speak", "hello", True)
 
 
+def test_a_token_after_turn_eos_in_the_same_unit_opens_the_turn_again(speak_end_reopen_ckpt):
+    """Upstream's loop sets ``end_of_turn`` with every token it feeds: ``hello <|turn_eos|> there`` does
+    not end the turn (the tiny parity goldens' ``reopen`` case). The speech head hears the unit (its
+    ``<|turn_eos|>`` too) and keeps its state for the next unit, which goes on with the turn."""
+    plugin = _plugin(speak_end_reopen_ckpt)
+    plugin.open_slot(0, GREEDY)
+    gen, sp = plugin.generator, plugin.generator.sp
+    hello, there = gen.tok.token_to_id("hello"), gen.tok.token_to_id("Ġthere")
+    lengths = []
+    for u in range(2):
+        (out,) = plugin.step([SlotInput(slot=0, epoch=0, pcm=_pcm(u))])
+        res = plugin.last_results[0]
+        assert res.tokens == [sp.tts_bos, hello, sp.turn_eos, there, sp.chunk_eos]
+        assert (out.decision, out.end_of_turn) == ("speak", False)
+        assert res.speech_tokens == [hello, sp.turn_eos, there]
+        assert gen.hosts[0].speaking
+        lengths.append(int(gen.tts_len[0]))
+    assert lengths[1] == 2 * lengths[0]  # the second unit's condition and codes after the first's
+
+
 def test_a_listen_after_turn_eos_in_the_same_unit_is_a_listen_that_keeps_the_speech_heads_state(
     speak_end_listen_ckpt,
 ):
