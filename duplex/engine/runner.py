@@ -43,7 +43,7 @@ from __future__ import annotations
 import asyncio
 import logging
 import time
-from typing import TYPE_CHECKING, Any, Protocol
+from typing import TYPE_CHECKING, Any, Generic, Protocol, TypeVar
 
 import msgspec
 
@@ -183,8 +183,9 @@ class RunnerRecord(Protocol):
         """The client's latest journal ack, taken."""
         ...
 
-    def begin_close(self) -> None:
-        """The session is closing: no new transport may attach."""
+    def begin_close(self, reason: str, *, expired: bool) -> None:
+        """The session is closing (``reason``; ``expired``: its lease ran out): no new transport
+        may attach."""
         ...
 
     def finish(self) -> None:
@@ -192,9 +193,16 @@ class RunnerRecord(Protocol):
         ...
 
 
-class RunnerHost(Protocol):
+#: The record type of one ``SessionRunner`` and of the host that runs it (the manager's
+#: ``SessionRecord``): the host gets back the very record it gave the runner, with what the host
+#: keeps beyond ``RunnerRecord``.
+_Record = TypeVar("_Record", bound=RunnerRecord)
+_Record_contra = TypeVar("_Record_contra", bound=RunnerRecord, contravariant=True)
+
+
+class RunnerHost(Protocol[_Record_contra]):
     """What a runner needs of the engine that runs it (the ``SessionManager``). ``record`` in each
-    call is the runner's own ``RunnerRecord``."""
+    call is the runner's own record."""
 
     config: EngineConfig
     driver: Driver
@@ -213,23 +221,23 @@ class RunnerHost(Protocol):
         """``fn(*args)`` on the model thread."""
         ...
 
-    async def open_slot(self, record: Any, options: SlotOptions) -> None:
+    async def open_slot(self, record: _Record_contra, options: SlotOptions) -> None:
         """Open the record's plugin slot with ``options`` and join the driver."""
         ...
 
-    async def restart_slot(self, record: Any, options: SlotOptions) -> None:
+    async def restart_slot(self, record: _Record_contra, options: SlotOptions) -> None:
         """Close and reopen the record's plugin slot with ``options``."""
         ...
 
-    async def release_slot(self, record: Any) -> None:
+    async def release_slot(self, record: _Record_contra) -> None:
         """Leave the driver and close the record's plugin slot."""
         ...
 
 
-class SessionRunner:
+class SessionRunner(Generic[_Record]):
     """Drains one session's mailbox (see the module docstring)."""
 
-    def __init__(self, record: RunnerRecord, manager: RunnerHost) -> None:
+    def __init__(self, record: _Record, manager: RunnerHost[_Record]) -> None:
         self.record = record
         self.manager = manager
         self.session = record.session
