@@ -18,6 +18,7 @@ STAGES = {
     "parse.host",
     "speech.condition",
     "speech.codes",
+    "speech.read",
     "c2w",
     "c2w.run",
     "window",
@@ -52,7 +53,7 @@ def test_the_profile_times_every_stage_of_a_unit_for_each_slot_count(tmp_path):
     for row in rows:
         stages = row["stages"]
         # Random weights may listen (no speech stages) or speak; the rest always run.
-        assert STAGES - {"speech.condition", "speech.codes", "c2w", "c2w.run"} <= set(stages)
+        assert STAGES - {"speech.condition", "speech.codes", "speech.read", "c2w", "c2w.run"} <= set(stages)
         assert set(stages) <= STAGES | {"decode.step", "decode.sync", "c2w.read"}
         assert stages["prefill"]["count"] == 1 and stages["prefill"]["host_ms"] > 0
         assert row["step_ms_mean"] >= sum(

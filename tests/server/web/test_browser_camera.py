@@ -45,7 +45,7 @@ async def test_the_camera_sends_a_picture_a_second_at_the_size_the_model_works_a
     plugin = FrameReporterPlugin(video_frame_max_pixels=MAX_PIXELS)
     config = EngineConfig(max_sessions=4)
     async with (
-        running_server(plugin=plugin, engine_config=config, model_name="reporter") as srv,
+        running_server(plugin=plugin, engine_config=config) as srv,
         open_page(srv.http + "/") as page,
     ):
         await page.evaluate("duplexUI.settings()")
