@@ -6,6 +6,7 @@ from pathlib import Path
 from typing import Any
 
 from bench.personaplex.common import FRAME_MS
+from bench.report import Column, format_table
 
 __all__ = ["plot", "table"]
 
@@ -18,12 +19,16 @@ TABLE_COLUMNS = (
     "gpu_mem_gib",
 )
 
+# Values print as ``str`` does: the rows hold figures already rounded for the JSON, and the table
+# shows them exactly as saved (no thousands separators, no further rounding).
+_COLUMNS: list[Column] = [(c, c, str) for c in TABLE_COLUMNS]
+
 
 def table(rows: list[dict[str, Any]]) -> str:
-    """A header line and one line per row of the main columns (``-`` for a missing value)."""
-    lines = ["  ".join(f"{c:>16}" for c in TABLE_COLUMNS)]
-    lines += ["  ".join(f"{'-' if r.get(c) is None else r.get(c):>16}" for c in TABLE_COLUMNS) for r in rows]
-    return "\n".join(lines)
+    """The main columns of ``rows`` as ``bench.report.format_table`` writes them: a header line, a
+    rule, one line per row (``-`` for a missing value). The last line is the last row's, which
+    the drivers print alone as each N ends."""
+    return format_table(rows, _COLUMNS)
 
 
 def plot(result: dict[str, Any], path: Path, title: str = "PersonaPlex") -> Path:
