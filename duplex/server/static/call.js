@@ -562,6 +562,7 @@ const HANDLERS = {
   "conversation.item.input_audio_transcription.delta": (call, e) => call.talk.delta(e.item_id, "user", e.delta),
   "conversation.item.input_audio_transcription.completed": (call, e) => call.talk.done(e.item_id, "user", e.transcript),
   "response.output_item.added": (call, e) => call.talk.assistantItem(e.item),
+  "response.output_item.done": (call, e) => call.talk.toolCall(e.item),
   "response.output_audio.delta": (call, e) => call.onAudioDelta(e),
   "response.output_audio.done": (call, e) => call.onAudioDone(e),
   "response.output_audio_transcript.delta": (call, e) => call.talk.delta(e.item_id, "assistant", e.delta),

@@ -1,5 +1,5 @@
-// The conversation as the page shows it: one entry per item, user or assistant, in the order the
-// items were first seen. An entry's text is the user's transcript or typed text, or the
+// The conversation as the page shows it: one entry per item, user or assistant (or a tool call the
+// model made: its name and arguments), in the order the items were first seen. An entry's text is the user's transcript or typed text, or the
 // assistant's transcript as it streams; `final` once the transcript is complete (later deltas of it
 // are ignored); `interrupted` when playback was cut; `heardMs` how much of it the listener heard,
 // once the server has truncated it; `latency` the turn's first-audio latency (latency.js).
@@ -35,6 +35,15 @@ export class Conversation {
 
   assistantItem(item) {
     if (item && item.role === "assistant" && item.id) this.turn(item.id, "assistant");
+  }
+
+  // A function call item the model finished: shown as name(arguments). The page runs no tool, so the
+  // call is what the user sees of it (the event log has the whole item).
+  toolCall(item) {
+    if (!item || item.type !== "function_call" || !item.id) return;
+    const t = this.turn(item.id, "tool");
+    t.text = `${item.name}(${item.arguments || ""})`;
+    t.final = true;
   }
 
   // More of a transcript as it streams.

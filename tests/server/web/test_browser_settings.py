@@ -49,8 +49,8 @@ class Reporter(ScriptedTurnPlugin):
 
     name = "reporter"
 
-    def __init__(self) -> None:
-        super().__init__(script=("You said: {text}",), max_sessions=4, ms_per_char=20)
+    def __init__(self, script: tuple[str, ...] = ("You said: {text}",)) -> None:
+        super().__init__(script=script, max_sessions=4, ms_per_char=20)
         self.opened: list[SlotOptions] = []
 
     def capabilities(self) -> Capabilities:
@@ -212,6 +212,31 @@ async def test_typed_text_reaches_a_model_that_reads_text_and_the_answer_shows_i
     assert badge == f"{turn['ms']} ms" and cleared == ""
     assert answered["errors"] == []
     assert console == []
+
+
+async def test_a_tool_call_the_model_makes_shows_in_the_conversation_with_its_arguments(open_page):
+    reporter = Reporter(script=('tool:get_time:{"city": "Paris"}',))
+    async with two_models(reporter) as url, open_page(url) as page:
+        await page.evaluate("duplexUI.settings()")
+        await page.evaluate(set_value("#model-select", "reporter"))
+        await page.evaluate(set_value("#turns", "none"))
+        await page.evaluate(set_value("#tools", json.dumps(TOOLS)))
+        await page.evaluate("document.querySelector('#start').click()")
+        await page.evaluate("duplexUI.waitFor(s => s.state === 'open', 10000)")
+        await page.evaluate(set_value("#text-input", "what time is it in Paris?"))
+        await page.evaluate("document.querySelector('#text-send').click()")
+        answered = await page.evaluate("duplexUI.waitFor(s => s.conversation.length === 2, 10000)")
+        shown = await page.evaluate(
+            "Array.from(document.querySelectorAll('#conversation li'), li => [li.className, li.textContent])"
+        )
+        await page.evaluate("duplexUI.stop()")
+        console = page.console_errors
+
+    conversation = [(t["role"], t["text"], t["final"]) for t in answered["conversation"]]
+    call = 'get_time({"city": "Paris"})'
+    assert conversation == [("user", "what time is it in Paris?", True), ("tool", call, True)]
+    assert shown == [["user", "what time is it in Paris?"], ["tool", call]]
+    assert answered["errors"] == [] and console == []
 
 
 @pytest.mark.slow_on_uvloop
