@@ -40,14 +40,13 @@ import contextlib
 import json
 import os
 import platform
-import subprocess
 import sys
 import time
 from pathlib import Path
 from typing import Any
 
 from bench.default_latency import summary
-from bench.loopback import free_port, serve_engine, stop_process, wait_port
+from bench.loopback import child_server, free_port, serve_engine
 from bench.report import Column, print_table, write_json
 
 __all__ = ["main"]
@@ -218,12 +217,9 @@ def _run_scenario(name: str, args: argparse.Namespace) -> dict[str, Any]:
     """``name`` against a fresh server child (its memory figures are its own)."""
     port = free_port()
     spec = json.dumps({"port": port, "max_input_text_chars": args.max_input_text_chars})
-    proc = subprocess.Popen([sys.executable, "-m", "bench.default_fairness", "--serve", spec])
-    try:
-        wait_port(port, timeout_s=180, proc=proc)
+    command = [sys.executable, "-m", "bench.default_fairness", "--serve", spec]
+    with child_server(command, port, start_timeout_s=180) as proc:
         return asyncio.run(_scenario(name, f"ws://127.0.0.1:{port}/v1/realtime", proc.pid, args))
-    finally:
-        stop_process(proc)
 
 
 def _serve(spec: dict[str, Any]) -> None:

@@ -27,7 +27,6 @@ import argparse
 import asyncio
 import json
 import random
-import subprocess
 import sys
 import tempfile
 import time
@@ -36,7 +35,7 @@ from typing import Any
 
 import numpy as np
 
-from bench.loopback import free_port, serve_engine, stop_process, streaming_session_update, wait_port
+from bench.loopback import child_server, free_port, serve_engine, streaming_session_update
 from bench.report import percentile, print_table
 
 __all__ = ["main", "probe_engine", "probe_websocket", "summary"]
@@ -241,13 +240,10 @@ def _over_websocket(
 ) -> list[float]:
     port = free_port()
     spec = json.dumps({"plugin": plugin_name, "port": port, "tick_ms": tick_ms, "assets": assets})
-    proc = subprocess.Popen([sys.executable, "-m", "bench.first_audio", "--serve", spec])
-    try:
-        wait_port(port, timeout_s=120, proc=proc)
+    command = [sys.executable, "-m", "bench.first_audio", "--serve", spec]
+    with child_server(command, port, start_timeout_s=120):
         model = "echo" if plugin_name == "echo" else "personaplex"
         return asyncio.run(probe_websocket(port, model, probes, rate=rate))
-    finally:
-        stop_process(proc)
 
 
 def _serve(spec: dict[str, Any]) -> None:

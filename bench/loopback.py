@@ -1,26 +1,35 @@
 """Loopback plumbing shared by the benchmarks that run a server in a child process.
 
-``bench.server`` (the echo plugin against a bare WebSocket server) and
-``bench.personaplex`` (PersonaPlex behind the whole server, and ``moshi.server``)
-both pick a free port, start a child process that serves on it, wait until it
-listens, stream to it, and stop it. The pieces they share live here, so the two
-benchmarks measure against servers set up the same way.
+Most benchmarks that measure through a socket pick a free port, start a child process that
+serves on it (``duplex serve``, or the benchmark's own module with ``--serve``), wait until it
+listens or answers ``/health``, stream to it, and stop it. ``child_server`` does that whole
+life cycle and the pieces it is made of live here, so the benchmarks measure against servers set
+up, awaited and stopped the same way::
+
+    port = free_port()
+    with child_server([sys.executable, "-m", "duplex.cli", "serve", "--port", str(port)], port) as proc:
+        ...  # ws://127.0.0.1:{port}/v1/realtime; proc.pid for its CPU and memory
 """
 
 from __future__ import annotations
 
+import contextlib
+import http.client
 import socket
 import subprocess
 import time
-from collections.abc import Sequence
-from typing import Any
+import urllib.request
+from collections.abc import Iterator, Mapping, Sequence
+from typing import IO, Any, Literal
 
 __all__ = [
+    "child_server",
     "free_port",
     "load_to_serve",
     "serve_engine",
     "stop_process",
     "streaming_session_update",
+    "wait_health",
     "wait_port",
 ]
 
@@ -50,6 +59,27 @@ def wait_port(
         time.sleep(poll_s)
 
 
+def wait_health(
+    port: int, timeout_s: float = 60.0, proc: subprocess.Popen[Any] | None = None, poll_s: float = 0.1
+) -> None:
+    """Return once ``GET http://127.0.0.1:port/health`` answers with a success status.
+
+    For a child whose port opens before it can serve (or whose plugin loads first): a refused
+    connection, a reset or an error status is tried again every ``poll_s``. Raises
+    ``RuntimeError`` after ``timeout_s``, or as soon as ``proc`` (when given) has exited.
+    """
+    deadline = time.time() + timeout_s
+    while True:
+        try:
+            with urllib.request.urlopen(f"http://127.0.0.1:{port}/health", timeout=30):
+                return
+        except (OSError, http.client.HTTPException):  # not serving yet (URLError, HTTPError are OSError)
+            pass
+        if (proc is not None and proc.poll() is not None) or time.time() > deadline:
+            raise RuntimeError(f"server on port {port} did not start")
+        time.sleep(poll_s)
+
+
 def stop_process(proc: subprocess.Popen[Any], timeout_s: float = 30.0) -> None:
     """Ask ``proc`` to end (SIGTERM: a server drains its sessions), and kill it after ``timeout_s``."""
     proc.terminate()
@@ -58,6 +88,47 @@ def stop_process(proc: subprocess.Popen[Any], timeout_s: float = 30.0) -> None:
     except subprocess.TimeoutExpired:
         proc.kill()
         proc.wait()
+
+
+@contextlib.contextmanager
+def child_server(
+    command: Sequence[str],
+    port: int,
+    *,
+    ready: Literal["port", "health", "caller"] = "port",
+    start_timeout_s: float = 60.0,
+    stop_timeout_s: float = 30.0,
+    kill: bool = False,
+    env: Mapping[str, str] | None = None,
+    log: IO[Any] | int | None = None,
+) -> Iterator[subprocess.Popen[Any]]:
+    """Run ``command`` (a server that will serve on ``127.0.0.1:port``) for the ``with`` block.
+
+    Yields the child once it is ready: ``ready="port"`` when it accepts TCP connections
+    (``wait_port``), ``"health"`` when ``/health`` answers (``wait_health``: for a child that
+    opens its port before its plugin is loaded), ``"caller"`` at once (the caller waits itself,
+    e.g. in a thread while it shows progress). A child that exits first, or is not ready within
+    ``start_timeout_s``, raises ``RuntimeError``. ``env`` replaces the environment (None: this
+    one's); ``log`` takes the child's stdout and stderr together (a file, ``subprocess.DEVNULL``;
+    None: this process's own). On leaving, even by an exception, the child is stopped:
+    ``stop_process`` (SIGTERM, so a server drains its sessions, then SIGKILL after
+    ``stop_timeout_s``), or with ``kill`` SIGKILL at once, for a run whose figures are already
+    taken, where a drain would only slow the next run.
+    """
+    stderr = subprocess.STDOUT if log is not None else None
+    proc = subprocess.Popen(list(command), env=env, stdout=log, stderr=stderr)
+    try:
+        if ready == "port":
+            wait_port(port, start_timeout_s, proc)
+        elif ready == "health":
+            wait_health(port, start_timeout_s, proc)
+        yield proc
+    finally:
+        if kill:
+            proc.kill()
+            proc.wait()
+        else:
+            stop_process(proc, stop_timeout_s)
 
 
 def streaming_session_update(instructions: str | None = None) -> Any:

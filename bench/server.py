@@ -80,7 +80,7 @@ from typing import Any
 import msgspec
 import numpy as np
 
-from bench.loopback import free_port, serve_engine, streaming_session_update, wait_port
+from bench.loopback import child_server, free_port, serve_engine, streaming_session_update
 from bench.report import Column, format_table, percentile, print_table
 from bench.ws_load import OP_BINARY, OP_TEXT, client_frame, run_clients
 
@@ -423,33 +423,32 @@ def run_one(
     loop = server_loop(variant, event_loop)
     env = {**os.environ, "PYTHONUNBUFFERED": "1"}
     cmd = [sys.executable, "-m", "bench.server", role, "--port", str(port), "--tick-ms", str(tick_ms)]
-    proc = subprocess.Popen([*cmd, "--event-loop", loop], env=env)
     procs: list[subprocess.Popen[str]] = []
-    try:
-        wait_port(port)
-        server = psutil.Process(proc.pid)
-        t0 = time.monotonic() + 2.0 + n * 0.004  # time to start the drivers and connect everyone
-        measure_from = t0 + warmup
-        stop_at = measure_from + seconds
-        times = {"t0": t0, "measure_from": measure_from, "stop_at": stop_at}
-        procs += start_drivers(variant, port, n, drivers, env, **times)
-        watched = [psutil.Process(p.pid) for p in procs]
-        time.sleep(max(0.0, measure_from - time.monotonic()))
-        cpu0, drv0, w0 = _cpu(server), sum(map(_cpu, watched)), time.perf_counter()
-        if stall_ms > 0:
-            time.sleep(max(0.0, measure_from + seconds / 3 - time.monotonic()))
-            os.kill(proc.pid, signal.SIGSTOP)
-            try:
-                time.sleep(stall_ms / 1000)
-            finally:
-                os.kill(proc.pid, signal.SIGCONT)
-        time.sleep(max(0.0, stop_at - time.monotonic()))
-        cpu1, drv1, w1 = _cpu(server), sum(map(_cpu, watched)), time.perf_counter()
-        parts = [json.loads(p.communicate(timeout=120)[0].strip().splitlines()[-1]) for p in procs]
-    finally:
-        for p in (*procs, proc):
-            p.kill()  # measurement is over; a graceful drain would only slow the next run
-            p.wait(timeout=10)
+    with child_server([*cmd, "--event-loop", loop], port, env=env, kill=True) as proc:
+        try:
+            server = psutil.Process(proc.pid)
+            t0 = time.monotonic() + 2.0 + n * 0.004  # time to start the drivers and connect everyone
+            measure_from = t0 + warmup
+            stop_at = measure_from + seconds
+            times = {"t0": t0, "measure_from": measure_from, "stop_at": stop_at}
+            procs += start_drivers(variant, port, n, drivers, env, **times)
+            watched = [psutil.Process(p.pid) for p in procs]
+            time.sleep(max(0.0, measure_from - time.monotonic()))
+            cpu0, drv0, w0 = _cpu(server), sum(map(_cpu, watched)), time.perf_counter()
+            if stall_ms > 0:
+                time.sleep(max(0.0, measure_from + seconds / 3 - time.monotonic()))
+                os.kill(proc.pid, signal.SIGSTOP)
+                try:
+                    time.sleep(stall_ms / 1000)
+                finally:
+                    os.kill(proc.pid, signal.SIGCONT)
+            time.sleep(max(0.0, stop_at - time.monotonic()))
+            cpu1, drv1, w1 = _cpu(server), sum(map(_cpu, watched)), time.perf_counter()
+            parts = [json.loads(p.communicate(timeout=120)[0].strip().splitlines()[-1]) for p in procs]
+        finally:
+            for p in procs:
+                p.kill()  # measurement is over; a graceful drain would only slow the next run
+                p.wait(timeout=10)
     wall = w1 - w0
     lat = [x for part in parts for x in part["latencies_ms"]]
     late = [x for part in parts for x in part["late_ms"]]

@@ -54,7 +54,7 @@ from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
-from bench.loopback import free_port, wait_port
+from bench.loopback import child_server, free_port
 from bench.report import machine, percentile, print_table, write_json
 from bench.server import FRAME_MS, VARIANTS, server_loop, start_drivers
 
@@ -162,39 +162,39 @@ def run_one(
         "--event-loop",
         server_loop(variant),
     ]
-    log = (out / f"server-{variant}-{n}.log").open("w")
-    proc = subprocess.Popen(server_cmd, env=env, stdout=log, stderr=subprocess.STDOUT)
     procs: list[subprocess.Popen[str]] = []
-    try:
-        wait_port(port, timeout_s=start_timeout_s, proc=proc)
-        # Connecting is slow against a server under valgrind: give the handshakes time.
-        t0 = time.monotonic() + 3.0 + n * 0.1
-        count_from = t0 + warmup
-        count_until = count_from + seconds
-        stop_at = count_until + 1.0  # traffic runs past the window: its end is steady too
-        procs += start_drivers(
-            variant,
-            port,
-            n,
-            drivers,
-            env,
-            t0=t0,
-            measure_from=count_from,
-            stop_at=stop_at,
-            count_from=count_from,
-            count_until=count_until,
-        )
-        time.sleep(max(0.0, count_from - time.monotonic()))
-        toggle_on_ms = _control(proc.pid, "-i", "on")
-        time.sleep(max(0.0, count_until - time.monotonic()))
-        toggle_off_ms = _control(proc.pid, "-i", "off")
-        _control(proc.pid, "-d")
-        parts = [json.loads(p.communicate(timeout=180)[0].strip().splitlines()[-1]) for p in procs]
-    finally:
-        for p in (*procs, proc):
-            p.kill()  # the counts are dumped; nothing after the window matters
-            p.wait(timeout=30)
-        log.close()
+    with (
+        (out / f"server-{variant}-{n}.log").open("w") as log,
+        child_server(server_cmd, port, start_timeout_s=start_timeout_s, env=env, log=log, kill=True) as proc,
+    ):
+        try:
+            # Connecting is slow against a server under valgrind: give the handshakes time.
+            t0 = time.monotonic() + 3.0 + n * 0.1
+            count_from = t0 + warmup
+            count_until = count_from + seconds
+            stop_at = count_until + 1.0  # traffic runs past the window: its end is steady too
+            procs += start_drivers(
+                variant,
+                port,
+                n,
+                drivers,
+                env,
+                t0=t0,
+                measure_from=count_from,
+                stop_at=stop_at,
+                count_from=count_from,
+                count_until=count_until,
+            )
+            time.sleep(max(0.0, count_from - time.monotonic()))
+            toggle_on_ms = _control(proc.pid, "-i", "on")
+            time.sleep(max(0.0, count_until - time.monotonic()))
+            toggle_off_ms = _control(proc.pid, "-i", "off")
+            _control(proc.pid, "-d")
+            parts = [json.loads(p.communicate(timeout=180)[0].strip().splitlines()[-1]) for p in procs]
+        finally:
+            for p in procs:
+                p.kill()  # the counts are dumped; nothing after the window matters
+                p.wait(timeout=30)
     instructions = callgrind_total(out, proc.pid)
     lat = [x for part in parts for x in part["latencies_ms"]]
     frames = sum(part["deltas_in_window"] for part in parts)

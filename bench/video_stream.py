@@ -44,7 +44,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from bench.loopback import free_port, load_to_serve, serve_engine, stop_process, wait_port
+from bench.loopback import child_server, free_port, load_to_serve, serve_engine, wait_port
 from bench.progress import Progress
 from bench.report import machine, percentile, print_table, write_json
 from clients.video_stream import VideoChunk, VideoStreamClient
@@ -379,20 +379,18 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
         options = plugin_options(args, sizes, max(levels), random_weights)
         port = free_port()
         spec = {"model_path": model_path, "options": options, "port": port, "threads": args.threads}
-        proc = subprocess.Popen([sys.executable, "-m", "bench.video_stream", "--serve", json.dumps(spec)])
+        command = [sys.executable, "-m", "bench.video_stream", "--serve", json.dumps(spec)]
         status = ["starting the server"]
         started = time.perf_counter()
         progress = Progress("video_stream", total=float("inf"), stream=None if args.quiet else sys.stderr)
 
-        async def run() -> list[dict[str, Any]]:
+        async def run(proc: subprocess.Popen[Any]) -> list[dict[str, Any]]:
             async with progress.running(lambda: time.perf_counter() - started, lambda: status[0]):
                 await asyncio.to_thread(wait_port, port, 1800.0, proc)
                 return await _measure(args, port, cells, frames, status)
 
-        try:
-            rows = asyncio.run(run())
-        finally:
-            stop_process(proc)
+        with child_server(command, port, ready="caller") as proc:  # waited for under the progress line
+            rows = asyncio.run(run(proc))
     result = {
         "machine": machine(),
         "device": args.device,

@@ -35,7 +35,7 @@ from typing import Any
 
 import numpy as np
 
-from bench.loopback import free_port, stop_process, wait_port
+from bench.loopback import child_server, free_port
 from bench.report import machine, percentile, print_table, write_json
 
 __all__ = ["main"]
@@ -138,16 +138,11 @@ def measure(sessions: int, rounds: int, restart_delay_s: float) -> list[dict[str
             f"engine:\n  max_sessions: {sessions + 2}\n"
         )
         args = [sys.executable, "-m", "duplex.cli", "serve", "--port", str(port), "--config", str(config)]
-        proc = subprocess.Popen(
-            [*args, "--plugin", "echo", "--worker"], stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL
-        )
-        try:
-            wait_port(port, 180, proc)
+        args += ["--plugin", "echo", "--worker"]
+        with child_server(args, port, start_timeout_s=180, log=subprocess.DEVNULL):
             while _worker(port)["state"] != "ready":
                 time.sleep(0.05)
             return [{"round": k + 1, **asyncio.run(_round(port, sessions))} for k in range(rounds)]
-        finally:
-            stop_process(proc)
 
 
 def main(argv: list[str] | None = None) -> dict[str, Any]:
