@@ -26,9 +26,15 @@ $(STAMP): pyproject.toml requirements/default-models.txt requirements/personaple
 serve: $(STAMP)
 	$(BIN)/duplex serve $(ARGS)
 
+# The fast tier and the kernel tier run on pytest-xdist workers, a test module to a worker (loadscope:
+# a module's fixtures, its models loaded once per module, stay on one worker). Four workers on a 2-core
+# machine, not two: many tests wait on real time (paced audio, a browser playing it, a worker process
+# restarting) rather than use a core. `make test XDIST=` runs them in one process.
+XDIST ?= -n 4 --dist loadscope
+
 test: $(STAMP)
 	$(BIN)/ruff check .
-	$(BIN)/python -m pytest -q $(PYTEST_ARGS)
+	$(BIN)/python -m pytest -q $(XDIST) $(PYTEST_ARGS)
 
 # The slow tier (pytest's `slow` marker): the soak and big fuzz suites, the benchmarks' whole runs
 # (the fast tier runs each of their modes once) and the uvloop runs of the end-to-end tests that wait
@@ -47,7 +53,7 @@ KERNEL_ENV := ATEN_CPU_CAPABILITY=default ONEDNN_MAX_CPU_ISA=SSE41 MKL_ENABLE_IN
 KERNEL_TESTS ?= tests/plugins tests/batch_models tests/parity
 
 test-kernels: $(STAMP)
-	$(KERNEL_ENV) $(BIN)/python -m pytest -q $(KERNEL_TESTS) $(PYTEST_ARGS)
+	$(KERNEL_ENV) $(BIN)/python -m pytest -q $(XDIST) $(KERNEL_TESTS) $(PYTEST_ARGS)
 
 # The scale-out tests (tests/cluster): a Ray cluster of two nodes on this machine, Ray in its own venv
 # (about 510 MB; the main suite's environment has no Ray and never collects these tests).

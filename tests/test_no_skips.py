@@ -36,15 +36,20 @@ def test_never_runs():
 """
 
 
-def _pytest(tmp_path: Path, source: str, *, ci: bool) -> subprocess.CompletedProcess[str]:
+def _pytest(
+    tmp_path: Path, source: str, *, ci: bool, workers: int = 0
+) -> subprocess.CompletedProcess[str]:
+    """pytest on ``source`` in a child process; ``workers``: that many pytest-xdist workers (as
+    ``make test`` runs the suite), 0 for none."""
     test = tmp_path / "test_case.py"
     test.write_text(source)
     env = {key: value for key, value in os.environ.items() if key != "DUPLEX_CI"}
     env["PYTEST_DISABLE_PLUGIN_AUTOLOAD"] = "1"  # only the plugin under test
     if ci:
         env["DUPLEX_CI"] = "1"
+    xdist = ["-p", "xdist", "-n", str(workers)] if workers else []
     return subprocess.run(
-        [sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider", "-p", "tests.no_skips",
+        [sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider", *xdist, "-p", "tests.no_skips",
          "--rootdir", str(tmp_path), "-c", os.devnull, str(test)],
         cwd=ROOT, env=env, capture_output=True, text=True, timeout=120, check=False,
     )
@@ -77,3 +82,20 @@ def test_a_module_skipped_at_collection_fails_only_in_ci(tmp_path: Path, ci: boo
     else:
         assert result.returncode == 5  # no test ran
         assert _summary(result).startswith("1 skipped")
+
+
+def test_a_skip_fails_in_ci_under_xdist_workers_too(tmp_path: Path) -> None:
+    """``make test`` runs the suite on pytest-xdist workers: the plugin turns a worker's skip into a
+    failure there, and the controller reports it as one."""
+    result = _pytest(tmp_path, SKIPPING, ci=True, workers=2)
+    assert result.returncode == 1
+    assert _summary(result).startswith("1 failed, 1 passed, 1 xfailed")
+    assert "DUPLEX_CI=1: a skip fails in CI" in result.stdout
+
+
+def test_a_module_skipped_at_collection_fails_in_ci_under_xdist_workers_too(tmp_path: Path) -> None:
+    """A worker's collection skip is a collection error for the controller: the run fails."""
+    result = _pytest(tmp_path, SKIPPED_AT_COLLECTION, ci=True, workers=2)
+    assert result.returncode != 0
+    assert "a_package_that_is_not_installed" in result.stdout
+    assert "DUPLEX_CI=1: a skip fails in CI" in result.stdout
