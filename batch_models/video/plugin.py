@@ -25,7 +25,8 @@ active request:
 3. the requests that finished a chunk append it to their memory, and are decoded by the VAE, one
    call per size, into ``T x H x W x 3`` uint8 frames.
 
-Each step returns one output per slot: ``progress`` (None for a stream without end), and, at the
+Each step returns one output per slot: ``progress`` (None for a stream without end),
+``chunk_steps`` (the steps done of the chunk being made, and its steps, every stage counted), and, at the
 end of a chunk, ``video`` with ``chunk_index`` and the ``interactions`` the chunk shows; the last
 chunk of a request with ``num_frames`` is cut to that count and sets ``end_of_turn``. Encoding the
 frames (fragmented MP4) is the route's job. The model calls themselves are ``sampler.ChunkSampler``'s.
@@ -441,6 +442,8 @@ class HeliosVideoPlugin(SlotBatchPlugin[VideoRequest]):
         outputs = []
         for slot, request in batch:
             video, index, interactions = None, None, None
+            chunk = request.chunk
+            steps = (chunk.step, chunk.total_steps) if chunk is not None else None
             if request.video is not None:
                 assert request.chunk is not None
                 video, index, interactions = request.video, request.chunk.index, request.chunk.interactions
@@ -456,6 +459,7 @@ class HeliosVideoPlugin(SlotBatchPlugin[VideoRequest]):
                     chunk_index=index,
                     interactions=interactions,
                     progress=request.progress,
+                    chunk_steps=steps,
                     end_of_turn=done,
                 )
             )

@@ -314,9 +314,11 @@ class SlotOutput(msgspec.Struct, kw_only=True):
     request's completed fraction in [0, 1] after this step (None when the request has no
     end: a video stream that runs until it is stopped). ``chunk_index`` numbers a request's
     video chunks from 0, and ``interactions`` says which interactions (``BatchInteraction``)
-    the chunk shows. A plugin gives images as arrays; the engine's batch driver replaces each
-    by its PNG file (``bytes``) on the model thread, so the session never spends the event
-    loop's time encoding one.
+    the chunk shows. ``chunk_steps`` is ``(done, total)``: the denoising steps of the chunk being
+    made, for a plugin that makes each chunk over many steps (a stream's first chunk can take a
+    minute: this is what a viewer can be shown meanwhile). A plugin gives images as arrays; the
+    engine's batch driver replaces each by its PNG file (``bytes``) on the model thread, so the
+    session never spends the event loop's time encoding one.
 
     ``usage``: the tokens this step consumed and produced for the slot, from plugins with
     ``Capabilities.reports_usage``.
@@ -337,6 +339,7 @@ class SlotOutput(msgspec.Struct, kw_only=True):
     usage: TokenUsage | None = None
     chunk_index: int | None = None
     interactions: InteractionProgress | None = None
+    chunk_steps: tuple[int, int] | None = None
 
 
 class TurnRequest(msgspec.Struct, kw_only=True):

@@ -54,6 +54,7 @@ __all__ = [
     "VideoError",
     "VideoInteraction",
     "VideoInteractionQueued",
+    "VideoProgress",
     "VideoServerEvent",
     "VideoSessionDone",
     "VideoSessionInteraction",
@@ -113,6 +114,9 @@ class VideoSessionStart(_Message, tag="session.start"):
     image_reference: ImageReference | None = None
     extra_params: JsonObject | None = None
     streaming_buffer_seconds: Annotated[float, Meta(gt=0, le=MAX_POSITION_S)] | None = None
+    # Our extension: ``video.progress`` events while a chunk is being made (off by default, so a
+    # client written for the seeds' protocol gets only the messages it knows).
+    progress: bool = False
 
     def __post_init__(self) -> None:
         if self.extra_params is not None:
@@ -230,6 +234,18 @@ class VideoChunkMetadata(_Message, tag="video.chunk_metadata"):
     completed_event_ids: tuple[str, ...] = ()
 
 
+class VideoProgress(_Message, tag="video.progress"):
+    """How far the chunk being made is (``session.start{progress: true}``, our extension):
+    ``step`` of its ``steps`` denoising steps, every stage counted. Sent when the step count crosses
+    each twentieth of ``steps`` (at most 21 a chunk, the same for the same request), never after the
+    chunk's segment: a stream's first chunk can take a minute on a large model."""
+
+    request_id: str
+    generation_chunk_index: int
+    step: int
+    steps: int
+
+
 class VideoInteractionQueued(_Message, tag="session.interaction.queued"):
     """The interaction was admitted to the queue (it applies at a later chunk boundary; a later
     failure is an ``error`` with ``code: interaction_failed`` and its ``event_id``)."""
@@ -261,6 +277,7 @@ class VideoError(_Message, tag="error"):
 VideoServerEvent = (
     VideoStart
     | VideoChunkMetadata
+    | VideoProgress
     | VideoInteractionQueued
     | VideoSessionPong
     | VideoSessionDone

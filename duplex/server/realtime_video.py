@@ -51,6 +51,7 @@ from duplex.protocol.video_output import (
     VideoError,
     VideoInteraction,
     VideoInteractionQueued,
+    VideoProgress,
     VideoServerEvent,
     VideoSessionDone,
     VideoSessionInteraction,
@@ -265,6 +266,7 @@ class _VideoConnection:
         writer: FragmentedMP4Writer | None = None
         chunks = frames = 0
         stopped = False
+        shown = -1  # the twentieth of the chunk's steps the last ``video.progress`` showed
         try:
             stream.start(start.prompt, options)
             while True:
@@ -276,11 +278,14 @@ class _VideoConnection:
                         await self._error(ProtocolError("generation_stalled", message))
                     stopped = True  # the stream is stopped when it closes, after the answer
                     break
+                if start.progress and output.video is None:
+                    shown = await self._send_progress(output, chunks, shown)
                 if output.video is not None:
                     if writer is None:
                         writer = await self._start_video(output, model, start, codec, fps)
                     await self._send_chunk(writer, output, chunks)
                     chunks += 1
+                    shown = -1
                     frames += len(output.video)
                     await self._hold_for_playhead(frames / fps, start.streaming_buffer_seconds)
                 if output.end_of_turn:
@@ -369,6 +374,20 @@ class _VideoConnection:
         )
         await self._send(VideoStart(request_id=self.request_id, format="m4s", config=config))
         return writer
+
+    async def _send_progress(self, output: SlotOutput, index: int, shown: int) -> int:
+        """``video.progress`` for chunk ``index`` when its steps crossed a twentieth past ``shown``
+        (the twentieth the last one showed, -1 for none); returns the twentieth now shown."""
+        if output.chunk_steps is None:
+            return shown
+        step, steps = output.chunk_steps
+        twentieth = step * 20 // steps if steps > 0 else 20
+        if twentieth <= shown:
+            return shown
+        await self._send(
+            VideoProgress(request_id=self.request_id, generation_chunk_index=index, step=step, steps=steps)
+        )
+        return twentieth
 
     async def _send_chunk(self, writer: FragmentedMP4Writer, output: SlotOutput, index: int) -> None:
         """Encode the chunk off the event loop and send its metadata and its segment."""

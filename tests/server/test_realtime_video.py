@@ -94,6 +94,34 @@ async def test_a_stream_is_video_start_then_one_announced_segment_per_chunk_then
     assert video.engine.stats()["streams_open"] == 0
 
 
+async def test_with_progress_each_chunk_is_announced_by_its_steps_before_its_segment(video: Running) -> None:
+    # Five steps a chunk: steps 1-4 cross the 4th, 8th, 12th and 16th twentieth; the 5th ends the
+    # chunk, whose segment is the news. Without ``progress`` no such message comes (the test above).
+    async with await VideoStreamClient.connect(url(video)) as client:
+        await client.start(
+            "a cat on a mat", num_frames=20, fps=12, seed=4, num_inference_steps=5, progress=True
+        )
+        messages, code = await rest(client)
+    steps = ["video.progress"] * 4
+    assert [kind(m) for m in messages] == [
+        *steps,
+        "video.start",
+        "chunk",
+        *steps,
+        "chunk",
+        *steps,
+        "chunk",
+        "session.done",
+    ]
+    start = messages[4]
+    progress = [m for m in messages if kind(m) == "video.progress"]
+    assert all(p.request_id == start.request_id and p.steps == 5 for p in progress)
+    assert [(p.generation_chunk_index, p.step) for p in progress] == [
+        (chunk, step) for chunk in range(3) for step in range(1, 5)
+    ]
+    assert code == 1000
+
+
 async def chunks_until(client: VideoStreamClient, count: int) -> list[VideoChunk]:
     got = []
     while len(got) < count:
@@ -233,9 +261,22 @@ async def test_an_image_reference_starts_the_video_from_that_image(video: Runnin
         ('{"type": "session.start", "prompt": "x", "fps": 1e999}', "bad_event", "fps"),
     ],
     ids=[
-        "format", "width-type", "negative-frames", "unknown-field", "no-prompt", "not-start", "server-type",
-        "not-json", "http-image", "size-not-served", "unknown-extra", "given-twice", "blank-prompt",
-        "nested-extra", "nested-unknown", "number-out-of-range",
+        "format",
+        "width-type",
+        "negative-frames",
+        "unknown-field",
+        "no-prompt",
+        "not-start",
+        "server-type",
+        "not-json",
+        "http-image",
+        "size-not-served",
+        "unknown-extra",
+        "given-twice",
+        "blank-prompt",
+        "nested-extra",
+        "nested-unknown",
+        "number-out-of-range",
     ],
 )
 async def test_a_bad_session_start_is_refused_with_one_clear_error(

@@ -6,7 +6,8 @@
 // until one is found. Generate opens the socket and sends `session.start`. A model may take long
 // before its first chunk (a real one, a minute or more): until it comes the section shows a
 // progress indicator with the stage (connecting, then waiting for the model) and the time
-// elapsed; with a known number of frames it then shows the frames received of that number.
+// elapsed, and the model's denoising steps of the chunk it is making (`session.start` asks for
+// `video.progress`); with a known number of frames it then shows the frames received of that number.
 // Every `video.chunk_metadata` is followed by one
 // binary frame, a fragmented-MP4 segment, appended to a MediaSource SourceBuffer in order (the
 // first segment carries the init segment; `video.start` says the exact MIME type). The stats show
@@ -16,8 +17,8 @@
 // `session.stop`; the server answers `session.done`.
 //
 // window.duplexVideo: snapshot() (plain data: state, mime, chunks, frames, generatedFps, targetFps,
-// bufferedAheadS, currentTime, queued, errors, done, progress: {stage, elapsedS, frames, total} while
-// it runs), model (the video model found, or null), start({prompt, numFrames, fps}),
+// bufferedAheadS, currentTime, queued, errors, done, progress: {stage, elapsedS, frames, total,
+// step, steps} while it runs; step and steps of the chunk being made, null before the first word), model (the video model found, or null), start({prompt, numFrames, fps}),
 // changePrompt(text, transitionChunks), stop(), waitFor(predicate, timeoutMs), lookUp() (the
 // models' lookup, resolved with the name of the model that makes video, or null).
 
@@ -50,6 +51,7 @@ class VideoStream {
     this.numFrames = 0; // frames asked for (0: until Stop)
     this.startedAt = 0;
     this.pendingMeta = null; // the metadata whose binary frame comes next
+    this.steps = null; // {step, steps}: the last video.progress of the chunk being made
     this.appendQueue = [];
     this.sourceBuffer = null;
     this.mediaSource = null;
@@ -87,7 +89,8 @@ class VideoStream {
   progress(frames) {
     if (!["connecting", "streaming"].includes(this.state)) return null;
     const stage = this.state === "connecting" ? "connecting" : this.chunks.length ? "generating" : "waiting for the first chunk";
-    return { stage, elapsedS: (performance.now() - this.startedAt) / 1000, frames, total: this.numFrames };
+    const { step, steps } = this.steps || { step: null, steps: null };
+    return { stage, elapsedS: (performance.now() - this.startedAt) / 1000, frames, total: this.numFrames, step, steps };
   }
 
   start({ prompt, numFrames, fps }) {
@@ -101,7 +104,8 @@ class VideoStream {
     this.ws = ws;
     ws.onopen = () => {
       this.state = "streaming";
-      ws.send(JSON.stringify({ type: "session.start", prompt, format: "m4s", num_frames: numFrames, fps }));
+      const start = { type: "session.start", prompt, format: "m4s", num_frames: numFrames, fps, progress: true };
+      ws.send(JSON.stringify(start));
       this.onChange();
     };
     ws.onmessage = (message) => this.receive(message.data);
@@ -134,6 +138,10 @@ class VideoStream {
         break;
       case "video.chunk_metadata":
         this.pendingMeta = event;
+        this.steps = null; // the next chunk's steps come with its own video.progress
+        break;
+      case "video.progress":
+        this.steps = { step: event.step, steps: event.steps };
         break;
       case "session.interaction.queued":
         this.queued.push(event.event_id);
@@ -367,9 +375,13 @@ function renderProgress(progress) {
   if (progress.total > 0 && progress.frames > 0) {
     bar.max = progress.total;
     bar.value = Math.min(progress.frames, progress.total);
-  } else bar.removeAttribute("value"); // indeterminate until frames come
+  } else if (progress.steps > 0) {
+    bar.max = progress.steps; // the first chunk, by its denoising steps
+    bar.value = progress.step;
+  } else bar.removeAttribute("value"); // indeterminate until the model says how far it is
   const frames = progress.frames > 0 ? `, ${progress.frames} of ${progress.total} frames` : "";
-  $("video-progress-text").textContent = `${progress.stage}: ${progress.elapsedS.toFixed(1)} s${frames}`;
+  const steps = progress.steps > 0 ? `, step ${progress.step} of ${progress.steps}` : "";
+  $("video-progress-text").textContent = `${progress.stage}: ${progress.elapsedS.toFixed(1)} s${frames}${steps}`;
 }
 
 async function lookUp() {

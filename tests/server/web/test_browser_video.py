@@ -5,7 +5,8 @@ The page must open its video section (``#video``), name the model that makes vid
 through Media Source Extensions (segments appended, the playhead moving, no player error), show
 the chunk cadence, change the prompt mid-stream (the server queues it and a later chunk is marked
 as the first to show it) and stop (``session.done`` with ``stopped``). Until the first chunk it
-shows its progress (the stage and the time elapsed; then the frames received of those asked for),
+shows its progress (the stage, the time elapsed and the model's denoising steps from
+``video.progress``; then the frames received of those asked for),
 and where no model makes video Generate stays disabled and the page says why. The console stays
 clean.
 """
@@ -82,16 +83,20 @@ async def test_the_page_plays_the_stream_shows_its_cadence_changes_the_prompt_an
 
 
 def gated_helios(checkpoint: Path) -> tuple[object, threading.Event]:
-    """The tiny Helios generator, whose first step waits until the returned event is set: a stand-in
-    for a real model's long wait before its first chunk."""
+    """The tiny Helios generator (two denoising steps a chunk), whose second step waits until the
+    returned event is set: a stand-in for a real model's long wait before its first chunk, one step
+    of it made."""
     from batch_models.video.plugin import HeliosVideoPlugin
 
     gate = threading.Event()
 
     class Gated(HeliosVideoPlugin):
+        steps_taken = 0
+
         def advance(self, slots: Sequence[int]) -> Sequence[SlotOutput]:
-            if not gate.wait(GATE_TIMEOUT_S):
+            if self.steps_taken > 0 and not gate.wait(GATE_TIMEOUT_S):
                 raise PluginError("generation_stalled", "the test never opened the gate")
+            self.steps_taken += 1
             return super().advance(slots)
 
     return helios_plugin(checkpoint, plugin_class=Gated), gate
@@ -115,7 +120,7 @@ async def test_until_the_first_chunk_the_page_shows_the_stage_and_the_time_then_
             await page.evaluate("duplexVideo.start({prompt: 'a fox in the snow', numFrames: 18, fps: 12})")
             waiting = await page.evaluate(
                 "duplexVideo.waitFor(s => s.progress && s.progress.stage === 'waiting for the first chunk'"
-                " && s.progress.elapsedS >= 0.3, 10000)"
+                " && s.progress.step === 1 && s.progress.elapsedS >= 0.3, 10000)"
             )
             await page.evaluate("new Promise(r => setTimeout(r, 0))")  # one render
             shown = await page.evaluate(
@@ -134,7 +139,9 @@ async def test_until_the_first_chunk_the_page_shows_the_stage_and_the_time_then_
     assert (
         waiting["chunks"] == [] and waiting["progress"]["frames"] == 0 and waiting["progress"]["total"] == 18
     )
+    assert (waiting["progress"]["step"], waiting["progress"]["steps"]) == (1, 2)  # the model's video.progress
     assert shown[0] is False and shown[1].startswith("waiting for the first chunk: ")
+    assert shown[1].endswith(" s, step 1 of 2")
     assert first["progress"]["stage"] == "generating"
     assert first["progress"]["frames"] == FRAMES_PER_CHUNK and first["progress"]["total"] == 18
     assert done["progress"] is None and hidden is True
