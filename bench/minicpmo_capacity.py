@@ -56,16 +56,14 @@ import io
 import json
 import os
 import statistics
-import subprocess
 import sys
-import time
 import urllib.request
 from pathlib import Path
 from typing import Any
 
 import numpy as np
 
-from bench.loopback import free_port, load_to_serve, serve_engine, stop_process
+from bench.loopback import child_server, free_port, load_to_serve, serve_engine
 from bench.personaplex.common import device_name, gpu_mem_gib, percentile
 from bench.progress import Progress
 from bench.report import machine, print_table, write_json
@@ -323,22 +321,14 @@ def run(n: int, args: argparse.Namespace) -> dict[str, Any]:
     cmd += ["--max-new-tokens", str(args.max_new_tokens)]
     cmd += ["--slow-ms", str(args.slow_ms)]
     cmd += ["--trace-stages"] if args.trace_stages else []
-    proc = subprocess.Popen(cmd, env={**os.environ, "PYTHONUNBUFFERED": "1"})
 
     def get(path: str) -> dict[str, Any]:
         with urllib.request.urlopen(f"http://127.0.0.1:{port}{path}", timeout=60) as r:
             return json.loads(r.read())
 
-    try:
-        deadline = time.time() + 900
-        while True:  # ready when the app answers (the plugin loads before the port opens)
-            try:
-                get("/health")
-                break
-            except Exception:
-                if proc.poll() is not None or time.time() > deadline:
-                    raise RuntimeError("the server did not start") from None
-                time.sleep(0.5)
+    env = {**os.environ, "PYTHONUNBUFFERED": "1"}
+    # Ready when the app answers (the plugin loads before the port opens).
+    with child_server(cmd, port, ready="health", start_timeout_s=900, env=env):
         appends = _appends()
 
         async def drive() -> tuple[list[_Client], dict[str, Any]]:
@@ -372,8 +362,6 @@ def run(n: int, args: argparse.Namespace) -> dict[str, Any]:
             return clients, stats
 
         clients, stats = asyncio.run(drive())
-    finally:
-        stop_process(proc)
     units = stats["unit_ms"]
     firsts = [x for c in clients for x in c.first_audio_ms]
     audio = stats["audio_ms"]

@@ -38,14 +38,12 @@ import json
 import os
 import re
 import statistics
-import subprocess
 import sys
-import time
 import urllib.request
 from pathlib import Path
 from typing import Any, TextIO
 
-from bench.loopback import free_port, load_to_serve, serve_engine, stop_process, streaming_session_update
+from bench.loopback import child_server, free_port, load_to_serve, serve_engine, streaming_session_update
 from bench.personaplex.common import (
     FRAME_MS,
     PERSONAPLEX,
@@ -181,10 +179,10 @@ async def _client(
         stats.error = f"{type(exc).__name__}: {exc}"
 
 
-def _start_server(
+def _server_command(
     assets: Path, n: int, args: argparse.Namespace, model: ServedModel = PERSONAPLEX
-) -> tuple[subprocess.Popen[Any], int]:
-    """The child server for N sessions, on a free port, started with the driver's model flags."""
+) -> tuple[list[str], int]:
+    """The child server's command for N sessions with the driver's model flags, and its free port."""
     port = free_port()
     cmd = [
         sys.executable,
@@ -201,7 +199,7 @@ def _start_server(
         args.device,
     ]
     cmd += model.child_flags(args)
-    return subprocess.Popen(cmd, env={**os.environ, "PYTHONUNBUFFERED": "1"}), port
+    return cmd, port
 
 
 def run_server(
@@ -218,22 +216,15 @@ def run_server(
     from duplex.protocol import DuplexInputAudioBufferAppend, Mode, encode
 
     late = bool(getattr(args, "late_open", False))
-    proc, port = _start_server(assets, n + late, args, model)
+    command, port = _server_command(assets, n + late, args, model)
 
     def get(path: str) -> dict[str, Any]:
         with urllib.request.urlopen(f"http://127.0.0.1:{port}{path}", timeout=30) as r:
             return json.loads(r.read())
 
-    try:
-        deadline = time.time() + 300
-        while True:  # ready when the app answers (the plugin loads before the port opens)
-            try:
-                get("/health")
-                break
-            except Exception:
-                if proc.poll() is not None or time.time() > deadline:
-                    raise RuntimeError("the server did not start") from None
-                time.sleep(0.5)
+    env = {**os.environ, "PYTHONUNBUFFERED": "1"}
+    # Ready when the app answers (the plugin loads before the port opens).
+    with child_server(command, port, ready="health", start_timeout_s=300, env=env):
         pcm = (noise() * 32767).astype("<i2").tobytes()
         frames = [
             encode(DuplexInputAudioBufferAppend(audio=pcm[i : i + 3840]), Mode.GA)
@@ -279,8 +270,6 @@ def run_server(
             return clients, late_client, stats
 
         clients, late_client, stats = asyncio.run(drive())
-    finally:
-        stop_process(proc)
     firsts = [(c.first_audio - c.first_send) * 1e3 for c in clients if c.first_audio and c.first_send]
     every = clients + ([late_client] if late_client is not None else [])
     errors = sorted({c.error for c in every if c.error})

@@ -29,7 +29,7 @@ from typing import Any
 import psutil
 import websockets
 
-from bench.loopback import free_port, stop_process, wait_port
+from bench.loopback import child_server, free_port
 from bench.report import percentile
 
 __all__ = ["HealthProbe", "ServerProcess", "connect", "raw_socket", "recv_json"]
@@ -67,15 +67,17 @@ class ServerProcess:
         self.samples: list[tuple[float, int]] = []  # (seconds since start, RSS bytes)
         self._stop = threading.Event()
         self._proc: subprocess.Popen[bytes] | None = None
+        self._child = contextlib.ExitStack()  # the running server, stopped when it closes
         self._t0 = 0.0
 
     def __enter__(self) -> ServerProcess:
-        log = self.log_path.open("wb")
-        self._proc = subprocess.Popen(self._args, stdout=log, stderr=subprocess.STDOUT)
-        log.close()
         try:
-            wait_port(self.port, timeout_s=self._start_timeout_s, proc=self._proc)
-            self._wait_healthy()
+            with self.log_path.open("wb") as log:  # the child writes to its own copy of the file
+                server = child_server(
+                    self._args, self.port, ready="health", start_timeout_s=self._start_timeout_s,
+                    stop_timeout_s=15, log=log,
+                )  # fmt: skip
+                self._proc = self._child.enter_context(server)
         except BaseException:
             self.__exit__()
             raise
@@ -87,18 +89,8 @@ class ServerProcess:
 
     def __exit__(self, *exc: object) -> None:
         self._stop.set()
-        if self._proc is not None and self._proc.poll() is None:
-            stop_process(self._proc, timeout_s=15)
+        self._child.close()
         self._dir.cleanup()
-
-    def _wait_healthy(self) -> None:
-        deadline = time.monotonic() + self._start_timeout_s
-        while time.monotonic() < deadline:
-            with contextlib.suppress(OSError):
-                if http_get(self.port, "/health")[0] == 200:
-                    return
-            time.sleep(0.1)
-        raise RuntimeError(f"{self.plugin} server never became healthy")
 
     def _sample(self) -> None:
         while not self._stop.is_set():
