@@ -50,7 +50,7 @@ class Attack:
     extra: tuple[str, ...] = ()
     settle_s: float = 10.0  # how long after the attack the "after" RSS is read
     targets: tuple[str, ...] = ()  # the figures this attack is judged on (``judge``)
-    probe_query: str = "model=duplex"  # the bystander's handshake query
+    probe_query: str = "autostart=1"  # the bystander's handshake query: the default model
     # Run before "RSS before" is read: a model that allocates on its first use (the default plugin's
     # ONNX arenas) is warmed first, so what the attack adds is not mistaken for a leak.
     warm_up: Callable[[ServerProcess], Awaitable[Any]] | None = None
@@ -343,10 +343,10 @@ KEYS = ("sk-reliability-a", "sk-reliability-b")
 async def secrets_and_keys(srv: ServerProcess, opts: dict[str, Any]) -> dict[str, Any]:
     """Keys and tokens in query strings must not reach the log; key B cannot resume key A's session."""
     a, b = KEYS
-    async with connect(srv.url(f"model=duplex&api_key={a}")) as ws:
+    async with connect(srv.url(f"autostart=1&api_key={a}")) as ws:
         created = await recv_json(ws, "session.created")
     session_id, token = created["session"]["id"], created["resume_token"]
-    query = f"model=duplex&session_id={session_id}&resume_token={token}&last_event_seq=0"
+    query = f"session_id={session_id}&resume_token={token}&last_event_seq=0"
     cross = "refused"
     try:
         async with connect(srv.url(query), additional_headers={"Authorization": f"Bearer {b}"}) as ws:
@@ -515,7 +515,7 @@ ATTACKS: dict[str, Attack] = {
             KEYED,
             settle_s=0.0,
             targets=("outcome",),
-            probe_query=f"model=duplex&api_key={KEYS[0]}",
+            probe_query=f"autostart=1&api_key={KEYS[0]}",
         ),
         Attack("bad_values", "echo", bad_values, FRAME_LIMITS, settle_s=0.0, targets=("outcome",)),
         Attack(

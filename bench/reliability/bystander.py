@@ -98,7 +98,7 @@ def main(argv: list[str] | None = None) -> int:
     doc = __doc__.splitlines()[0]
     p = argparse.ArgumentParser(prog="python -m bench.reliability.bystander", description=doc)
     p.add_argument("--port", type=int, required=True)
-    p.add_argument("--query", default="model=duplex", help="the session's handshake query")
+    p.add_argument("--query", default="autostart=1", help="the handshake query (the default model)")
     p.add_argument("--interval-s", type=float, default=0.05)
     args = p.parse_args(argv)
     report = asyncio.run(run(args))

@@ -116,7 +116,7 @@ class ServerProcess:
     def log_text(self) -> str:
         return self.log_path.read_text(errors="replace")
 
-    def url(self, query: str = "model=duplex") -> str:
+    def url(self, query: str = "autostart=1") -> str:
         return f"ws://127.0.0.1:{self.port}/v1/realtime?{query}"
 
 
@@ -170,7 +170,7 @@ class HealthProbe:
     ``summary()`` after the block."""
 
     server: ServerProcess
-    query: str = "model=duplex"  # the bystander's handshake query (a key, where the server needs one)
+    query: str = "autostart=1"  # the bystander's handshake query: the default model (and a key, if needed)
     interval_s: float = 0.05
     heartbeat_ms: list[float] = field(default_factory=list)
     health_ms: list[float] = field(default_factory=list)
