@@ -113,6 +113,9 @@ async def test_speech_that_barges_in_keeps_its_onset() -> None:
         await send(interruption)
         await until("input_audio_buffer.committed")
         await until("response.created")
+        # The plugin is asked for the reply on the model thread, after the session announced it:
+        # its first audio says that respond() ran (on a loaded machine response.created came first).
+        await until("response.output_audio.delta")
     assert len(plugin.heard) == 2
     heard = plugin.heard[1]
     sent = np.frombuffer(pcm16_encode(stop), dtype="<i2").astype(np.float32) / 32768.0
