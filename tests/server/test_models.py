@@ -171,6 +171,15 @@ async def test_an_unknown_name_gets_the_one_model_that_listens_and_a_warning_tha
     )
 
 
+def assert_refused_among_echo_and_echo2(events: list[dict]) -> None:
+    """An open refused because two models listen: ``model_not_found`` naming both, then close 1008."""
+    error, closed = events
+    detail = error["error"]
+    assert (error["type"], detail["code"], detail["param"]) == ("error", "model_not_found", "model")
+    assert "echo, echo2" in error["error"]["message"]
+    assert (closed["code"], closed["reason"]) == (1008, "model_not_found")
+
+
 async def test_an_unknown_name_that_several_models_could_answer_is_refused_with_their_names() -> None:
     cfg = ServeConfig(server=ServerConfig(port=0))
     async with serve_app(two_echoes(), cfg) as server:
@@ -182,14 +191,7 @@ async def test_an_unknown_name_that_several_models_could_answer_is_refused_with_
         named = await opening(f"{base}?model=echo2")
         openai = await opening(f"{base}?model=gpt-realtime")
     for events in (by_query, by_update):
-        error, closed = events
-        assert (error["type"], error["error"]["code"], error["error"]["param"]) == (
-            "error",
-            "model_not_found",
-            "model",
-        )
-        assert "echo, echo2" in error["error"]["message"]
-        assert (closed["code"], closed["reason"]) == (1008, "model_not_found")
+        assert_refused_among_echo_and_echo2(events)
     assert named[0]["session"]["model"] == "echo2" and openai[0]["session"]["model"] == "echo"
     assert "session.warning" not in [e["type"] for e in named + openai]
 
@@ -209,14 +211,7 @@ async def test_a_vendor_name_a_model_answers_to_gets_it_exactly_among_several_li
     assert first[0]["session"]["model"] == "echo"
     assert [e["type"] for e in by_update] == ["session.created", "session.updated", "session.heartbeat_ack"]
     assert by_update[1]["session"]["model"] == "echo2"
-    error, closed = unknown  # any other name is still refused: two models listen
-    assert (error["type"], error["error"]["code"], error["error"]["param"]) == (
-        "error",
-        "model_not_found",
-        "model",
-    )
-    assert "echo, echo2" in error["error"]["message"]
-    assert (closed["code"], closed["reason"]) == (1008, "model_not_found")
+    assert_refused_among_echo_and_echo2(unknown)  # any other name is still refused: two models listen
 
 
 async def test_the_map_dialect_opens_a_vendor_name_on_the_model_that_answers_to_it() -> None:
