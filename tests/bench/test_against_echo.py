@@ -30,7 +30,9 @@ async def test_load_two_echo_sessions_pass_with_one_packet_per_voiced_frame(echo
 
 async def test_latency_suite_measures_every_figure_on_echo(echo_server: str, tmp_path: Path) -> None:
     wav = tmp_path / "speech.wav"
-    write_wav(wav, np.concatenate([tone_burst(1.0), np.zeros(2400, np.float32)]), 24000)
+    # Two seconds of tone: the echo's answer lasts as long, so the barge-in sent 300 ms into it still
+    # meets it when a loaded machine stalls the client and its late frames go out back to back.
+    write_wav(wav, np.concatenate([tone_burst(2.0), np.zeros(2400, np.float32)]), 24000)
     cfg = LatencyConfig(url=echo_server, repeats=1, input_wav=str(wav), silence_s=0.5, answer_timeout_s=5.0)
     report = await run_latency(cfg, progress=None)
     figs = report["figures"]
