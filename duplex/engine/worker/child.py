@@ -230,6 +230,9 @@ class WorkerServer:
             None if o.video is None else put(o.video),
             o.progress,
             o.usage,
+            o.chunk_index,
+            o.interactions,
+            o.chunk_steps,
         )
 
     # ------------------------------------------------------------------ turn

@@ -39,7 +39,15 @@ from typing import Any
 
 import msgspec
 
-from duplex.plugins.base import BatchRequest, Capabilities, SlotOptions, TokenUsage, ToolCall, ToolResult
+from duplex.plugins.base import (
+    BatchRequest,
+    Capabilities,
+    InteractionProgress,
+    SlotOptions,
+    TokenUsage,
+    ToolCall,
+    ToolResult,
+)
 
 __all__ = [
     "MAX_MESSAGE_BYTES",
@@ -116,6 +124,9 @@ class OutputMsg(_Msg):
     video: ArrayRef | None = None
     progress: float | None = None
     usage: TokenUsage | None = None
+    chunk_index: int | None = None
+    interactions: InteractionProgress | None = None
+    chunk_steps: tuple[int, int] | None = None
 
 
 class TurnRequestMsg(_Msg):

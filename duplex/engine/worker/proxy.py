@@ -207,6 +207,9 @@ class WorkerPlugin(Plugin):
             video=None if video is None else view_array(block, video),
             progress=o.progress,
             usage=o.usage,
+            chunk_index=o.chunk_index,
+            interactions=o.interactions,
+            chunk_steps=o.chunk_steps,
         )
 
     def _outputs(self, conn: Connection, reply: Outputs) -> list[SlotOutput]:

@@ -55,6 +55,10 @@ def _fields(out: SlotOutput) -> tuple:
         arr(out.image),
         arr(out.video),
         out.progress,
+        out.usage,
+        out.chunk_index,
+        out.interactions,
+        out.chunk_steps,
     )
 
 

@@ -2,7 +2,9 @@
 
 A request's text sets its length: each ``advance`` gives every active slot one chunk of audio
 (float32, as many samples as the text has characters, times ten) and its progress; the last step
-gives an image (4 x 6 x 3 uint8 of the text's bytes) and ends the request.
+gives an image (4 x 6 x 3 uint8 of the text's bytes) and ends the request. Each step is also a chunk
+of a video-like request (its index, its steps, an interaction shown by the first), so every field of
+an output crosses the worker.
 """
 
 from __future__ import annotations
@@ -15,6 +17,7 @@ from duplex.plugins.base import (
     BatchPlugin,
     BatchRequest,
     Capabilities,
+    InteractionProgress,
     PluginError,
     PluginKind,
     SlotOptions,
@@ -80,6 +83,9 @@ class ToyBatchPlugin(BatchPlugin):
                     image=image,
                     progress=done / STEPS,
                     end_of_turn=last,
+                    chunk_index=done - 1,
+                    interactions=InteractionProgress(started=("e1",), active=("e1",)) if done == 1 else None,
+                    chunk_steps=(done, STEPS),
                 )
             )
         return outputs
