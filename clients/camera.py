@@ -52,6 +52,9 @@ DEFAULT_FRAME_MAX_PIXELS = 640 * 480
 JPEG_QSCALE = 5
 #: How long ``CameraStream`` waits for its reader thread to stop after the last frame, seconds.
 CAMERA_STOP_TIMEOUT_S = 2.0
+#: How long entering ``CameraStream`` waits for the device's first picture, seconds: a webcam
+#: takes a second or two to start (exposure, a USB handshake); one silent for longer is broken.
+CAMERA_FIRST_FRAME_TIMEOUT_S = 10.0
 _ENCODER_TIME_BASE = fractions.Fraction(1, 1)  # one tick per frame: a JPEG has no clock
 
 
@@ -123,8 +126,9 @@ def _default_capture() -> tuple[str, str]:
 
 
 class CameraStream:
-    """A live camera (see the module docstring). A context manager: entering opens the device and
-    starts the reader thread; leaving stops it and closes the device.
+    """A live camera (see the module docstring). A context manager: entering opens the device,
+    starts the reader thread and waits for the first picture (so the first second of audio has
+    one, however long the device takes to start); leaving stops it and closes the device.
 
     ``device``: the device (``/dev/video1``, ``0``, ``video=USB Camera``, or a ``lavfi`` graph);
     None picks the platform's default. ``input_format``: FFmpeg's input format (``v4l2`` ...);
@@ -151,7 +155,9 @@ class CameraStream:
         self._latest: Any = None  # the newest frame (an ``av.VideoFrame``), not yet grabbed
         self.frames_read = 0
         self.error: str | None = None  # why the reader stopped early
+        self._failure: Exception | None = None  # what the device raised, if it did
         self._stop = threading.Event()
+        self._started = threading.Event()  # set at the first frame, or when the reader stops
         self._thread: threading.Thread | None = None
         self._container: Any = None
 
@@ -175,6 +181,13 @@ class CameraStream:
         self._container = container
         self._thread = threading.Thread(target=self._read, name="duplex-camera", daemon=True)
         self._thread.start()
+        started = self._started.wait(CAMERA_FIRST_FRAME_TIMEOUT_S)
+        if self.frames_read == 0:
+            self.__exit__()
+            why = f" in {CAMERA_FIRST_FRAME_TIMEOUT_S:g} s" if not started else ""
+            if self._failure is not None:
+                why = f": {self._failure}"
+            raise CameraError(f"the camera {self.name!r} ({self.input_format}) gave no picture{why}")
         return self
 
     def _read(self) -> None:
@@ -186,13 +199,16 @@ class CameraStream:
                 with self._lock:
                     self._latest = frame
                     self.frames_read += 1
+                self._started.set()
                 if self._stop.is_set():
                     return
             self.error = "the camera stopped giving frames"
         except Exception as exc:  # any failure of the device: reported by ``grab``, once
+            self._failure = exc
             self.error = f"the camera failed: {exc}"
         finally:
             container.close()
+            self._started.set()
 
     def grab(self) -> bytes | None:
         """The newest frame as JPEG, or None when none arrived since the last grab. Raises

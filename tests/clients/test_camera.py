@@ -4,6 +4,9 @@ by piece on its own clock (pictures once a second, sound at the session's rate).
 from __future__ import annotations
 
 import io
+import threading
+import types
+from collections.abc import Iterator
 from pathlib import Path
 
 import av
@@ -11,7 +14,15 @@ import numpy as np
 import pytest
 from PIL import Image
 
-from clients.camera import DEFAULT_FRAME_MAX_PIXELS, JpegEncoder, VideoClip, frame_size
+import clients.camera
+from clients.camera import (
+    DEFAULT_FRAME_MAX_PIXELS,
+    CameraError,
+    CameraStream,
+    JpegEncoder,
+    VideoClip,
+    frame_size,
+)
 from tests.clients.clip import expected_x, square_x, write_clip
 
 # The same cases are checked against the browser's wire.frameSize (tests/server/web).
@@ -74,3 +85,51 @@ def test_a_clip_without_sound_is_read_with_silence_as_long_as_its_pictures(tmp_p
     assert not first.pcm.any() and not second.pcm.any()
     assert ([t for t, _ in first.frames], [t for t, _ in second.frames]) == ([0.0], [1.0])
     assert last.done and not last.frames
+
+
+# FFmpeg's synthetic camera, paced like a device, whose first picture comes 1.5 s after it opens.
+LATE_CAMERA = "testsrc2=size=320x240:rate=10,realtime,select='gte(n\\,15)'"
+
+
+def test_an_open_camera_has_its_first_picture_ready() -> None:
+    """Entering waits for the device's first picture, so the first second of audio carries one."""
+    with CameraStream(av, LATE_CAMERA, input_format="lavfi") as camera:
+        assert camera.frames_read >= 1
+        assert camera.grab() is not None
+
+
+def test_a_camera_that_ends_before_its_first_picture_is_refused_when_opened() -> None:
+    opened = CameraStream(av, "testsrc2=d=0", input_format="lavfi")  # has a video stream, no frame
+    with pytest.raises(CameraError, match=r"^the camera 'testsrc2=d=0' \(lavfi\) gave no picture$"):
+        opened.__enter__()
+
+
+class _SilentDevice:
+    """PyAV's side of a camera that opens and then never gives a frame (a hung USB device): its
+    ``decode`` blocks until the test lets it go."""
+
+    FFmpegError = OSError
+
+    def __init__(self) -> None:
+        self.release = threading.Event()
+        self.closed = threading.Event()
+
+    def open(self, name: str, format: str, options: dict[str, str]) -> _SilentDevice:
+        self.streams = types.SimpleNamespace(video=[object()])
+        return self
+
+    def decode(self, stream: object) -> Iterator[object]:
+        self.release.wait()
+        return iter(())
+
+    def close(self) -> None:
+        self.closed.set()
+
+
+def test_a_camera_silent_past_the_wait_is_refused_when_opened(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setattr(clients.camera, "CAMERA_FIRST_FRAME_TIMEOUT_S", 0.2)
+    device = _SilentDevice()
+    with pytest.raises(CameraError, match=r"^the camera '/dev/video7' \(v4l2\) gave no picture in 0.2 s$"):
+        CameraStream(device, "/dev/video7", input_format="v4l2").__enter__()
+    device.release.set()  # the reader, asked to stop, closes the device when it returns
+    assert device.closed.wait(5.0)

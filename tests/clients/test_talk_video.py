@@ -123,6 +123,10 @@ async def test_a_camera_sends_its_newest_picture_with_each_second_of_audio(
             "duplex talk: cannot open the camera '/dev/video-none' (v4l2): "
             "[Errno 2] No such file or directory: '/dev/video-none'",
         ),
+        (  # opens (the graph has a video stream) and ends before its first picture
+            ["--camera", "testsrc2=d=0", "--camera-format", "lavfi", "--wav", "{wav}"],
+            "duplex talk: the camera 'testsrc2=d=0' (lavfi) gave no picture",
+        ),
         (
             ["--video", "{clip}", "--camera"],
             "duplex talk: --camera and --video both give the pictures: use one of them",
