@@ -10,8 +10,9 @@ Theory of operation
    message (``session.update`` opens, ``session.resume`` resumes, anything else opens a default
    session and is then handled as the first command), on the model the client named
    (``ServedModels.pick``: ``model`` in the query, else in the ``session.update``). A failure here
-   sends one ``error`` and closes (``resource_exhausted`` with 1013 so clients retry later, others,
-   ``model_not_found`` among them, with 1008). With ``?queue=1`` a
+   sends one ``error`` and closes (``resource_exhausted`` and the other codes of
+   ``close_codes.open_close_code`` with 1013 so clients retry later, others, ``model_not_found``
+   among them, with 1008). With ``?queue=1`` a
    client that finds every slot taken waits for one (``duplex.server.queueing``: ``session.queued``
    updates; a ``session.close`` or a disconnect leaves the queue). The MAP Realtime dialect
    (``duplex.server.map_realtime``) is this same connection with its own codec and open.
@@ -67,7 +68,7 @@ from duplex.protocol.ext.commands import SessionClose, SessionEventAck, SessionR
 from duplex.protocol.ext.events import SessionClosed, SessionExpired, SessionQueued, SessionReplaced
 from duplex.protocol.realtime.commands import SessionUpdate
 from duplex.server.auth import api_key_id, api_key_ok, origin_ok, presented_api_key
-from duplex.server.close_codes import CloseCode, CloseReason, close_reason_for_code
+from duplex.server.close_codes import CloseCode, CloseReason, close_reason_for_code, open_close_code
 from duplex.server.handshake import HandshakePlan, OpenHow
 from duplex.server.models import ModelPick, Wants
 from duplex.server.queueing import wait_for_slot
@@ -77,7 +78,6 @@ from duplex.server.state import AppState
 from duplex.server.ws_protocol import transport_extension
 
 __all__ = [
-    "RETRYABLE_OPEN_CODES",
     "Connection",
     "admission",
     "close_for",
@@ -86,9 +86,6 @@ __all__ = [
 ]
 
 log = logging.getLogger("duplex.server.realtime")
-
-
-RETRYABLE_OPEN_CODES = frozenset({"resource_exhausted", "input_backpressure", "model_worker_failed"})
 
 
 def session_error_parts(exc: BaseException) -> tuple[str, str, str | None]:
@@ -241,7 +238,7 @@ class Connection:
     async def open_failed(self, exc: Exception, logger: logging.Logger, what: str) -> None:
         """The session did not open: ``fail`` with the error's code. A ``ProtocolError`` (the
         client's request) closes with 1008; an engine or plugin error closes with 1013 when its code
-        is one a later try may get past (``RETRYABLE_OPEN_CODES``), else 1008; any other exception
+        is one a later try may get past (``open_close_code``), else 1008; any other exception
         is a bug, logged to ``logger`` as ``what`` with its traceback, and the client hears only
         ``server_error``."""
         if isinstance(exc, ProtocolError):
@@ -250,8 +247,7 @@ class Connection:
         code, message, param = session_error_parts(exc)
         if code == "server_error":
             logger.exception(what)
-        close = CloseCode.TRY_AGAIN_LATER if code in RETRYABLE_OPEN_CODES else CloseCode.POLICY_VIOLATION
-        await self.fail(ProtocolError(code, message, param=param), close)
+        await self.fail(ProtocolError(code, message, param=param), open_close_code(code))
 
     # -- receiving -------------------------------------------------------------------------
 

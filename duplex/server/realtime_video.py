@@ -10,8 +10,9 @@ One socket carries one generation (wire: ``duplex.protocol.video_output``; docs:
    the route holds one of its slots as a ``BatchStream`` (``Engine.open_stream``: the same
    admission, limits and batching as a session; no journal, the seeds' route has no resume) and
    starts the request. A refusal (a bad field, a model that makes no video, no free slot, a request
-   the model refuses) is one ``error`` with its code, and the socket closes (1013 for
-   ``resource_exhausted``, so clients retry; 1008 otherwise).
+   the model refuses) is one ``error`` with its code, and the socket closes (1013 for a code a
+   later try may get past, ``resource_exhausted`` among them, so clients retry; 1008 otherwise:
+   ``close_codes.open_close_code``, as on every route).
 3. *Run*: two tasks. The generator takes the model's outputs in order; each chunk of frames is
    encoded off the event loop (``video_encoder``: exactly the chunk's frames in one fragmented-MP4
    segment) and sent as ``video.chunk_metadata`` followed at once by its binary frame, both under
@@ -65,7 +66,7 @@ from duplex.protocol.video_output import (
     decode_video_command,
     encode_video,
 )
-from duplex.server.close_codes import CloseCode, CloseReason, close_reason_for_code
+from duplex.server.close_codes import CloseCode, CloseReason, close_reason_for_code, open_close_code
 from duplex.server.connection import serve_websocket, session_error_parts
 from duplex.server.models import ServedModel
 from duplex.server.ratelimit import TokenBucket
@@ -78,7 +79,6 @@ __all__ = ["realtime_video_endpoint"]
 
 log = logging.getLogger("duplex.server.realtime_video")
 
-_RETRYABLE = frozenset({"resource_exhausted", "input_backpressure"})
 _RESTART = frozenset({"model_worker_failed"})
 
 
@@ -235,8 +235,7 @@ class _VideoConnection:
         try:
             return await model.engine.open_stream(SlotOptions())
         except SessionError as exc:
-            close = CloseCode.TRY_AGAIN_LATER if exc.code in _RETRYABLE else CloseCode.POLICY_VIOLATION
-            raise _Refused(exc, close) from None
+            raise _Refused(exc, open_close_code(exc.code)) from None
 
     async def _stream(
         self, stream: Any, model: ServedModel, start: VideoSessionStart, codec: VideoCodec, options: dict

@@ -13,9 +13,10 @@ unpaced, closed with the socket): every unit of text to speak is one response of
    no message to say that another model answers a name this server does not serve). A refused one
    (bad JSON or fields, a model that is not a TTS model, an unknown name that several TTS models
    could answer, a format the server cannot write) gets an ``error`` and the socket closes (1008),
-   as does a model with no room for another session (1013, ``resource_exhausted``). A later
-   ``session.config`` replaces the settings between utterances (refused while one is in progress)
-   and moves the socket to another model's session when it names one.
+   as does a model with no room for another session, with 1013 (``resource_exhausted``, or another
+   code a later try may get past: ``close_codes.open_close_code``). A later ``session.config``
+   replaces the settings between utterances (refused while one is in progress) and moves the
+   socket to another model's session when it names one.
 3. *Text*: ``input.text`` adds to the utterance, and with ``split_granularity`` ``sentence`` or
    ``clause`` each unit completed is spoken at once (``speech_text``); ``input.done`` speaks the
    rest, then ``session.done``. Each unit: ``audio.start``, its audio (``pcm``: chunks as the model
@@ -40,7 +41,7 @@ import contextlib
 import logging
 import time
 from collections.abc import Awaitable
-from typing import Any, Final
+from typing import Any
 
 import msgspec
 from starlette.websockets import WebSocket, WebSocketDisconnect
@@ -61,7 +62,7 @@ from duplex.protocol.speech import (
 )
 from duplex.server.audio_files import AudioFileEncoder, encode_file
 from duplex.server.batch_sessions import request_session, response_events
-from duplex.server.close_codes import CloseCode, CloseReason, close_reason_for_code
+from duplex.server.close_codes import CloseCode, CloseReason, close_reason_for_code, open_close_code
 from duplex.server.connection import serve_websocket
 from duplex.server.http_requests import Departed, decode_json, until_gone
 from duplex.server.models import Wants
@@ -76,15 +77,15 @@ log = logging.getLogger("duplex.server.speech_stream")
 
 _decode_command = msgspec.json.Decoder(SpeechStreamCommand)
 _encode = msgspec.json.Encoder().encode
-_RETRYABLE: Final = frozenset({"resource_exhausted", "model_worker_failed"})
 
 
 class _Closing(Exception):
-    """The socket must close after the error ``code`` it was sent: 1013 for a retryable one, else 1008."""
+    """The socket must close after the error ``code`` it was sent: 1013 for one a later try may get
+    past (``open_close_code``), else 1008."""
 
     def __init__(self, code: str) -> None:
         super().__init__(code)
-        self.close_code = CloseCode.TRY_AGAIN_LATER if code in _RETRYABLE else CloseCode.POLICY_VIOLATION
+        self.close_code = open_close_code(code)
         self.reason = close_reason_for_code(code)
 
 

@@ -48,7 +48,8 @@ not sent. The route acknowledges the journal as it writes (the dialect cannot re
 
 Bad input never ends the session: it gets one ``error`` in order with the session's events. Only a
 missing or bad ``session.config`` (or a session the engine will not open) ends the socket: one
-``error``, then close 1008 (1013 when the server is full: retry later).
+``error``, then close 1008 (1013 for a code a later try may get past, such as a full server:
+``close_codes.open_close_code``).
 """
 
 from __future__ import annotations
@@ -108,7 +109,7 @@ from duplex.protocol.video_chat import (
     encode,
 )
 from duplex.server import frame_filter
-from duplex.server.close_codes import CloseCode, close_reason_for_code
+from duplex.server.close_codes import CloseCode, close_reason_for_code, open_close_code
 from duplex.server.connection import close_for, serve_websocket
 from duplex.server.models import Wants
 from duplex.server.ratelimit import TokenBucket
@@ -120,7 +121,6 @@ log = logging.getLogger("duplex.server.video_chat")
 
 INPUT_RATE: Final = 16000  # Hz: the dialect's audio.chunk
 OUTPUT_RATE: Final = 24000  # Hz: the WAV of response.audio.delta
-_RETRYABLE_OPEN_CODES: Final = frozenset({"resource_exhausted", "model_worker_failed"})
 MAX_WAITING_QUERIES: Final = 8  # queries waiting for a model that hears the stream to finish a reply
 #: ``response.metadata`` key that marks a response as the answer the route asked for.
 _ASKED_KEY: Final = "video_query"
@@ -235,8 +235,7 @@ class _VideoChat:
             if not isinstance(exc, DuplexError):
                 log.exception("opening a video chat session failed")
                 exc = ProtocolError("server_error", "internal server error")
-            retry = exc.code in _RETRYABLE_OPEN_CODES
-            await self._fail(exc, CloseCode.TRY_AGAIN_LATER if retry else CloseCode.POLICY_VIOLATION)
+            await self._fail(exc, open_close_code(exc.code))
             return
         self.state.metrics.sessions_opened.bump("video_chat")
         await self._serve(att)
