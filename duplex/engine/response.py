@@ -96,6 +96,7 @@ __all__ = [
     "zero_usage",
 ]
 
+
 class EndReason(enum.StrEnum):
     """Why a response ended, in the engine's words (its ``status_details.reason`` on the wire is
     ``WIRE_REASONS[reason]``)."""
@@ -210,6 +211,7 @@ class ActiveResponse:
         wait_until: float | None = None,
         session_id: str = "",
         dialect: Dialect = Dialect.GA,
+        max_output_tokens: int | None = None,
     ) -> None:
         self.response_id = response_id
         self.session_id = session_id
@@ -243,6 +245,11 @@ class ActiveResponse:
         # A response the client asked of a model that decides itself when to speak: the model's
         # next speech fills it; until ``wait_until`` (session clock) passes, then it ends empty.
         self.wait_until = wait_until
+        # The token limit (None: none) and the tokens the model reported producing for it so far;
+        # ``over_limit`` once they reached it: the response ends ``incomplete`` (``Session``).
+        self.max_output_tokens = max_output_tokens
+        self.output_tokens = 0
+        self.over_limit = False
 
     @property
     def modalities(self) -> list[str]:

@@ -95,7 +95,7 @@ from duplex.engine.output_stream import OutputStream
 from duplex.engine.overlap import NO_HINTS, CommitAction, OverlapAction, hints_of
 from duplex.engine.requests import media_events, request_input
 from duplex.engine.response import ActiveResponse, EndReason, listen_event
-from duplex.engine.settings import Lane, SessionSettings, update_notices
+from duplex.engine.settings import Lane, SessionSettings, output_limit_notice, update_notices
 from duplex.engine.sizes import event_size
 from duplex.engine.transitions import TurnState
 from duplex.engine.usage import UsageMeter
@@ -517,9 +517,13 @@ class Session:
                 "response.create needs input to answer: commit audio or add a user item first",
             )
         metadata = cmd.response.metadata if cmd.response is not None else None
+        asked = cmd.response.resolved_max_output_tokens() if cmd.response is not None else None
+        limit_notice = output_limit_notice(asked, self.caps, "response.max_output_tokens")
         if self.caps.hears_stream:  # the model's next speech fills it
             self._use_model()
-            return self._open_response(metadata, now, wait=True)
+            limit = self._token_limit(asked)
+            events = self._open_response(metadata, now, wait=True, max_output_tokens=limit)
+            return [limit_notice, *events] if limit_notice is not None else events
         # The text (``response.input`` or the conversation) and the request's options (``extra_body``).
         inline = cmd.response.input if cmd.response is not None else None
         for i, item in enumerate(inline or ()):
@@ -527,8 +531,9 @@ class Session:
                 _refuse_unread_parts(item, self.caps, f"response.input[{i}]")
         text, options, notice = request_input(cmd.response, self.conversation, self.caps)
         pcm, self.user.committed_audio = self.user.committed_audio, None
-        events = self._start_turn(pcm, text, metadata, now, options)
-        return [notice, *events] if notice is not None else events
+        events = self._start_turn(pcm, text, metadata, now, options, asked)
+        notices = [n for n in (notice, limit_notice) if n is not None]
+        return [*notices, *events]
 
     @handles(ResponseCancel)
     def _response_cancel(self, cmd: ResponseCancel, now: float) -> list[Event]:
@@ -900,7 +905,11 @@ class Session:
     # ------------------------------------------------------------------ responses
 
     def _turn_request(
-        self, pcm: np.ndarray | None, text: str | None, options: dict[str, object] | None = None
+        self,
+        pcm: np.ndarray | None,
+        text: str | None,
+        options: dict[str, object] | None = None,
+        max_output_tokens: int | None = None,
     ) -> TurnRequest:
         return TurnRequest(
             slot=self.slot,
@@ -910,13 +919,27 @@ class Session:
             history=self.conversation.history(),
             instructions=self.settings.instructions,
             options=options or {},
+            max_output_tokens=max_output_tokens,
         )
 
+    def _token_limit(self, asked: int | str | None = None) -> int | None:
+        """The token limit of a new response: ``asked`` (a ``response.create``'s own), else the
+        session's; None for ``"inf"``, and on a model that counts no tokens (it cannot be held to
+        one: ``output_limit_notice``)."""
+        limit = asked if asked is not None else self.settings.max_output_tokens
+        return limit if isinstance(limit, int) and self.caps.reports_usage else None
+
     def _open_response(
-        self, metadata: dict[str, Any] | None, now: float, *, wait: bool = False
+        self,
+        metadata: dict[str, Any] | None,
+        now: float,
+        *,
+        wait: bool = False,
+        max_output_tokens: int | None = None,
     ) -> list[Event]:
-        """A new active response; with ``wait``, one the model's next speech must fill within
-        ``response_wait_s`` (a wake-up is asked for its deadline)."""
+        """A new active response, held to ``max_output_tokens`` (``_token_limit``); with ``wait``,
+        one the model's next speech must fill within ``response_wait_s`` (a wake-up is asked for
+        its deadline)."""
         deadline = now + self.response_wait_s if wait else None
         response = ActiveResponse(
             new_response_id(),
@@ -929,6 +952,7 @@ class Session:
             wait_until=deadline,
             session_id=self.session_id,
             dialect=self.settings.dialect,
+            max_output_tokens=max_output_tokens,
         )
         self.output.active = response
         self.user.response_changed(began=True)
@@ -944,16 +968,31 @@ class Session:
         metadata: dict[str, Any] | None,
         now: float,
         options: dict[str, object] | None = None,
+        max_output_tokens: int | str | None = None,
     ) -> list[Event]:
+        """Open a response and ask the model for its turn; ``max_output_tokens``: the limit the
+        request asked for (``_token_limit``; None: the session's)."""
         self._use_model()
-        events = self._open_response(metadata, now)
-        self._actions.append(StartTurn(self._turn_request(pcm, text, options)))
+        limit = self._token_limit(max_output_tokens)
+        events = self._open_response(metadata, now, max_output_tokens=limit)
+        self._actions.append(StartTurn(self._turn_request(pcm, text, options, limit)))
         return events
 
     def _advance_epoch(self) -> None:
         self.epoch += 1
         if self.slot_phase is SlotPhase.OPEN:  # a slot that heard nothing has nothing to cancel
             self._actions.append(CancelSlot(self.epoch))
+
+    def _over_limit(self, response: ActiveResponse, now: float) -> list[Event]:
+        """End ``response``, whose tokens reached its ``max_output_tokens``, ``incomplete``: the
+        model stops (epoch + 1, so what it still makes for it is dropped) and the response ends
+        after what it produced up to here, at once or, paced, once its queued pieces went out."""
+        self._advance_epoch()
+        if response.paced and response.pending:
+            end = SlotOutput(slot=self.slot, epoch=self.epoch, end_of_turn=True)
+            self.output.queue(response, end, None, self.settings.output_format)
+            return []
+        return self._finish("incomplete", EndReason.MAX_OUTPUT_TOKENS, now)
 
     def _cancel(self, reason: EndReason, now: float) -> list[Event]:
         """End the active response as cancelled and fence its output (epoch + 1)."""
@@ -965,8 +1004,11 @@ class Session:
     ) -> list[Event]:
         response = self.output.active
         assert response is not None
+        if status == "completed" and response.over_limit:
+            status, reason = "incomplete", EndReason.MAX_OUTPUT_TOKENS
+        whole = status in ("completed", "incomplete")  # every piece of it is the client's to play
         fmt = self.settings.output_format
-        tail = self.output.flush(fmt, keep=status == "completed" and response.audio and response.message_open)
+        tail = self.output.flush(fmt, keep=whole and response.audio and response.message_open)
         events: list[Event] = []
         if tail:  # its duration was counted with the chunks it came from
             events += response.add_chunk(
@@ -974,7 +1016,7 @@ class Session:
             )
         events += response.finish(status, reason, error, self.usage.take())
         if self.settings.playback_commit_policy == "commit_all_on_done":
-            heard = None if status == "completed" else self.output.heard_ms(response, now)
+            heard = None if whole else self.output.heard_ms(response, now)
             response.cursor.commit_all(heard)
         self.output.commit_history(response, self.conversation)
         self.output.retire(response)
@@ -991,9 +1033,29 @@ class Session:
     # ------------------------------------------------------------------ model output
 
     def on_output(self, output: SlotOutput, now: float) -> list[Event]:
-        """Apply one model output; stale or unwanted output is dropped and counted."""
-        if output.usage is not None:  # the model did the work even when its output is stale
-            self.usage.add(output.usage)
+        """Apply one model output; stale or unwanted output is dropped and counted. The tokens it
+        reports count toward the response it goes into, which ends ``incomplete`` once they reach
+        its ``max_output_tokens`` (``_over_limit``)."""
+        usage = output.usage
+        if usage is None:
+            return self._output(output, now)
+        self.usage.add(usage)  # the model did the work even when its output is stale
+        produced = usage.output_text + usage.output_audio
+        if not produced or output.epoch != self.epoch or self.closed:
+            return self._output(output, now)
+        # Counted before the output is applied, so one that ends the response ends it incomplete.
+        if self.output.active is not None:
+            _count(self.output.active, produced)
+            events = self._output(output, now)
+        else:  # into the response the output opens, if it opens one
+            events = self._apply_output(output, now, produced)
+        response = self.output.active
+        if response is not None and response.over_limit:
+            events += self._journal(self._over_limit(response, now), now)
+        return events
+
+    def _output(self, output: SlotOutput, now: float) -> list[Event]:
+        """``on_output`` less the token count."""
         response = self.output.active
         pcm = output.pcm
         if (
@@ -1024,8 +1086,9 @@ class Session:
                 return self._journal(events, now)
         return self._apply_output(output, now)
 
-    def _apply_output(self, output: SlotOutput, now: float) -> list[Event]:
-        """``on_output`` for every case (``on_output`` takes a shortcut for the per-frame one)."""
+    def _apply_output(self, output: SlotOutput, now: float, produced: int = 0) -> list[Event]:
+        """``on_output`` for every case (``on_output`` takes a shortcut for the per-frame one);
+        ``produced``: the output's tokens, counted into the response it opens."""
         if self.closed or output.epoch != self.epoch:
             self.stale_outputs += 1
             return []
@@ -1043,8 +1106,10 @@ class Session:
         response = self.output.active
         if response is None:
             if has_content and self.caps.hears_stream:
-                events += self._open_response(None, now)
+                events += self._open_response(None, now, max_output_tokens=self._token_limit())
                 response = self.output.active
+                assert response is not None
+                _count(response, produced)
             elif output.decision == "listen" and not output.end_of_turn:
                 events.append(self._listen("model_listen", model_listen=True))
                 return self._journal(events, now)
@@ -1226,3 +1291,12 @@ class Session:
         self.conversation.clear()
         self.output.clear()
         self.user.reset()
+
+
+def _count(response: ActiveResponse, produced: int) -> None:
+    """Add ``produced`` output tokens to ``response``; it is ``over_limit`` once they reach its
+    ``max_output_tokens``."""
+    response.output_tokens += produced
+    limit = response.max_output_tokens
+    if limit is not None and response.output_tokens >= limit:
+        response.over_limit = True

@@ -61,6 +61,11 @@ Decisions:
 * ``extra_body.auto_response`` (default: the lane's own rule) decides whether a commit that says
   nothing asks for a response; ``false`` on a model that hears the stream and decides itself
   when to speak is ``invalid_session_config``;
+* ``max_output_tokens`` (the session's, or a ``response.create``'s own) ends a response
+  ``incomplete`` once the tokens it produced reach it (``Session``); the tokens are the model's
+  own count (``SlotOutput.usage``), so a model that counts none (``Capabilities.reports_usage``
+  false) cannot be held to one: the session object says ``"inf"`` and ``output_limit_notice``
+  gives the ``session.warning`` (``max_output_tokens_not_applied``) that says so;
 * the dialect (``Dialect``) is fixed when the session opens; a seeds client's input starts as
   pcm16 at 16 kHz (the seeds' default), a GA client's at 24 kHz (OpenAI's).
 """
@@ -98,6 +103,7 @@ __all__ = [
     "Lane",
     "SessionSettings",
     "model_turns_notice",
+    "output_limit_notice",
     "update_notices",
     "voice_for",
     "voice_notice",
@@ -289,7 +295,8 @@ class SessionSettings(msgspec.Struct, frozen=True, kw_only=True):
             changes["tool_choice"] = choice if isinstance(choice, str) else "required"
         max_tokens = patch.resolved_max_output_tokens()
         if max_tokens is not None:
-            changes["max_output_tokens"] = max_tokens
+            # A model that counts no tokens cannot be held to a limit (``output_limit_notice``).
+            changes["max_output_tokens"] = max_tokens if caps.reports_usage else "inf"
         if patch.tracing is not UNSET:
             changes["tracing"] = patch.tracing
         transcription = patch.resolved_transcription()
@@ -510,16 +517,33 @@ def voice_notice(asked: str | None, used: str | None, param: str) -> SessionWarn
     )
 
 
+def output_limit_notice(asked: int | str | None, caps: Capabilities, param: str) -> SessionWarning | None:
+    """The ``session.warning`` (``max_output_tokens_not_applied``) for a client that asked for a
+    token limit (``asked``, at ``param``) on a model that counts no tokens
+    (``Capabilities.reports_usage`` false): its responses run to their end, and the session object
+    says ``max_output_tokens: "inf"``. None for no limit, or a model that counts."""
+    if asked is None or asked == "inf" or caps.reports_usage:
+        return None
+    return SessionWarning(
+        event_id=new_event_id(),
+        code="max_output_tokens_not_applied",
+        message=f"this model does not count the tokens it produces: {param} {asked} is not applied, "
+        "and its responses run to their end",
+        param=param,
+    )
+
+
 def update_notices(
     patch: SessionConfig, settings: SessionSettings, caps: Capabilities
 ) -> list[SessionWarning]:
     """The ``session.warning`` events that follow the ``session.updated`` of an applied ``patch``
     (``settings``: the settings it gave): server-side turn detection on a model that takes its own
-    turns (``model_turns_notice``), then a voice stood in for the one it asked for
-    (``voice_notice``)."""
+    turns (``model_turns_notice``), a voice stood in for the one it asked for (``voice_notice``),
+    then a token limit the model cannot apply (``output_limit_notice``)."""
     notices = (
         model_turns_notice(patch, caps),
         voice_notice(patch.resolved_voice(), settings.voice, "voice"),
+        output_limit_notice(patch.resolved_max_output_tokens(), caps, "max_output_tokens"),
     )
     return [n for n in notices if n is not None]
 

@@ -177,7 +177,9 @@ class Capabilities(msgspec.Struct, frozen=True, kw_only=True):
     input_dtype: str = "float32"
     # Token accounting: the plugin's outputs carry the tokens each step consumed and produced
     # (``SlotOutput.usage``), which responses and sessions report (``response.done`` usage,
-    # ``session.closed.usage``). Without it every count a client sees is 0.
+    # ``session.closed.usage``) and which hold a response to ``max_output_tokens`` (it ends
+    # ``incomplete`` once they reach it). Without it every count a client sees is 0 and a token
+    # limit is not applied (the client is told: ``max_output_tokens_not_applied``).
     reports_usage: bool = False
 
     def __post_init__(self) -> None:
@@ -348,7 +350,10 @@ class TurnRequest(msgspec.Struct, kw_only=True):
     ``pcm`` is the user's audio of the turn (float32 at ``input_sample_rate``),
     ``text`` a text input (a user text item, or a batch prompt), ``history`` the
     conversation as far as the listener heard it: ``(role, text)`` pairs, oldest
-    first, ending before this turn.
+    first, ending before this turn. ``max_output_tokens``: the most tokens the reply may produce
+    (None: no limit), set only for a plugin with ``Capabilities.reports_usage``; the engine ends the
+    response there whatever the plugin does, and a plugin that stops its reply there itself saves
+    the work past it.
     """
 
     slot: int
@@ -358,6 +363,7 @@ class TurnRequest(msgspec.Struct, kw_only=True):
     history: tuple[tuple[str, str], ...] = ()
     instructions: str = ""
     options: dict[str, object] = {}
+    max_output_tokens: int | None = None
 
 
 class BatchRequest(msgspec.Struct, kw_only=True):

@@ -40,6 +40,7 @@ from duplex.protocol import (
 )
 from duplex.protocol.audio import decode_audio, encode_audio
 from duplex.protocol.formats import AudioFormat
+from duplex.protocol.realtime.responses import ResponseCreateParams
 from tests.plugins.default_speech import spoken
 from tests.plugins.test_default_reply import ChatStub
 from tests.server.harness import running_server
@@ -331,6 +332,20 @@ async def test_a_typed_message_is_answered_aloud_with_its_transcript(
     assert done.response.status == "completed"
     audio, texts = response_audio(log.events)
     assert "".join(texts) == "You said: Good morning." and all(audio)
+
+
+async def test_a_reply_ends_incomplete_at_the_responses_token_limit_with_every_word_up_to_it_spoken(
+    models: tuple[WhisperTranscriber, PiperSpeaker],
+) -> None:
+    async with session(plugin_with(models)) as log:
+        await send(log.ws, typed("Good morning"))
+        await send(log.ws, ResponseCreate(response=ResponseCreateParams(max_output_tokens=3)))
+        await log.wait_for(log.count("response.done"))
+    (done,) = log.of("response.done")
+    assert (done.response.status, done.response.status_details.reason) == ("incomplete", "max_output_tokens")
+    assert done.response.usage.output_tokens == 3  # the echo strategy's words: "You said: Good"
+    audio, texts = response_audio(log.events)
+    assert "".join(texts) == "You said: Good" and all(audio)
 
 
 async def test_another_session_is_answered_while_a_long_typed_reply_is_spoken_and_a_cancel_stops_it(

@@ -471,3 +471,27 @@ def test_vllm_plugin_speaks_the_generated_sentences(
         outputs = list(plugin.respond(TurnRequest(slot=0, epoch=0, text="hello")))
     texts = [o.text for o in outputs if o.pcm is not None]
     assert texts == ["First sentence here. ", "Second one follows. ", "Third is last."]
+
+
+def reported(outputs: list[SlotOutput]) -> list[int]:
+    return [o.usage.output_text if o.usage is not None else 0 for o in outputs]
+
+
+def test_a_reply_reports_a_token_a_word_of_echo_as_it_is_spoken(plugin: DefaultPlugin, slot: int) -> None:
+    outputs = list(plugin.respond(TurnRequest(slot=slot, epoch=0, text="Good morning")))
+    counts = reported(outputs)
+    assert sum(counts) == 4  # "You ", "said: ", "Good ", "morning."
+    first_spoken = next(o for o in outputs if o.pcm is not None)
+    assert first_spoken.usage is not None  # tokens are reported as the reply is spoken, not at its end
+    assert all(o.usage is None or o.usage.output_text > 0 for o in outputs)
+
+
+def test_a_reply_stops_at_the_requests_token_limit_and_reaches_it_on_its_last_chunk(
+    plugin: DefaultPlugin, slot: int
+) -> None:
+    outputs = list(plugin.respond(TurnRequest(slot=slot, epoch=0, text="Good morning", max_output_tokens=3)))
+    assert "".join(o.text for o in outputs) == "You said: Good"
+    counts = reported(outputs)
+    # The engine ends a response when its count reaches the limit: only the last chunk reaches it,
+    # after every piece of the reply was spoken.
+    assert outputs[-1].end_of_turn and sum(counts) == 3 and sum(counts[:-1]) <= 2 and counts[-1] >= 1

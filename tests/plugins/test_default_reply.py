@@ -32,6 +32,7 @@ from duplex.plugins.default.reply import (
     ReplyPrompt,
     VLLMReply,
     chat_messages,
+    token_cap,
     without_controls,
     without_thinking,
 )
@@ -147,9 +148,25 @@ class ChatStub:
 # --- echo and messages (the ``chat`` fixture is in conftest.py) ---
 
 
-def test_echo_repeats_the_words_in_one_sentence() -> None:
-    assert list(EchoReply().reply(ReplyPrompt(user_text="hello there"))) == ["You said: hello there."]
-    assert list(EchoReply().reply(ReplyPrompt(user_text="Is it?"))) == ["You said: Is it?"]
+def test_echo_repeats_the_words_in_one_sentence_a_word_a_token() -> None:
+    assert list(EchoReply().reply(ReplyPrompt(user_text="hello there"))) == [
+        "You ",
+        "said: ",
+        "hello ",
+        "there.",
+    ]
+    assert "".join(EchoReply().reply(ReplyPrompt(user_text="Is it?"))) == "You said: Is it?"
+
+
+def test_echo_stops_at_the_prompts_token_limit() -> None:
+    assert list(EchoReply().reply(ReplyPrompt(user_text="hello there", max_tokens=2))) == ["You ", "said:"]
+
+
+@pytest.mark.parametrize(
+    ("own", "asked", "cap"), [(None, None, None), (96, None, 96), (None, 5, 5), (96, 5, 5), (4, 5, 4)]
+)
+def test_a_reply_is_capped_by_the_smaller_of_the_strategys_limit_and_the_prompts(own, asked, cap) -> None:
+    assert token_cap(own, asked) == cap
 
 
 def test_chat_messages_put_instructions_first_and_skip_empty_or_unknown_roles() -> None:

@@ -52,6 +52,7 @@ from duplex.engine.worker.protocol import (
     Request,
     Respond,
     Step,
+    TurnRequestMsg,
 )
 from duplex.engine.worker.shm import AreaWriter, SharedAreas, view_array
 from duplex.plugins import registry
@@ -246,15 +247,8 @@ class WorkerServer:
                 del self._streams[stream]
                 _close_iterator(reply)
         pcm = None if msg.pcm is None else self._read(msg.pcm)
-        turn = TurnRequest(
-            slot=msg.slot,
-            epoch=msg.epoch,
-            pcm=pcm,
-            text=msg.text,
-            history=msg.history,
-            instructions=msg.instructions,
-            options=msg.options,
-        )
+        fields = {name: getattr(msg, name) for name in TurnRequestMsg.__struct_fields__ if name != "pcm"}
+        turn = TurnRequest(**fields, pcm=pcm)
         self._streams[request.stream] = (msg.slot, iter(self.plugin.respond(turn)))
         return _DONE
 

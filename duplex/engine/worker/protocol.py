@@ -130,7 +130,8 @@ class OutputMsg(_Msg):
 
 
 class TurnRequestMsg(_Msg):
-    """One ``TurnRequest``, its audio in the parent's input area (see ``TurnRequest``)."""
+    """One ``TurnRequest``, its audio in the parent's input area (see ``TurnRequest``): the same
+    fields in the same order, converted by name both ways, so none is left behind."""
 
     slot: int
     epoch: int
@@ -139,6 +140,7 @@ class TurnRequestMsg(_Msg):
     history: tuple[tuple[str, str], ...] = ()
     instructions: str = ""
     options: dict[str, Any] = {}
+    max_output_tokens: int | None = None
 
 
 # ---------------------------------------------------------------------------- requests

@@ -80,6 +80,9 @@ from duplex.plugins.base import (
 
 __all__ = ["BatchWorkerPlugin", "FrameWorkerPlugin", "TurnWorkerPlugin", "WorkerPlugin", "start_worker"]
 
+#: The fields of a ``TurnRequest`` that travel as they are (its audio goes through the input area).
+_TURN_FIELDS = tuple(name for name in TurnRequestMsg.__struct_fields__ if name != "pcm")
+
 
 def start_worker(
     plugin: str,
@@ -341,15 +344,8 @@ class TurnWorkerPlugin(WorkerPlugin, TurnPlugin):
             assert writer is not None
             writer.reset()
             pcm = None if request.pcm is None else writer.put(np.asarray(request.pcm))
-            message = TurnRequestMsg(
-                request.slot,
-                request.epoch,
-                pcm,
-                request.text,
-                tuple(request.history),
-                request.instructions,
-                dict(request.options),
-            )
+            fields = {name: getattr(request, name) for name in _TURN_FIELDS}
+            message = TurnRequestMsg(**fields, pcm=pcm)
             self._exchange(conn, Respond(stream, message))
         return _RemoteReply(self, conn, stream)
 

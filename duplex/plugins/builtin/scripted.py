@@ -21,7 +21,9 @@ its transcript and ``AUDIO_TOKENS_PER_UNIT`` audio tokens.
 n-th script entry (cycling). A reply text is streamed one word per chunk, each
 chunk ``ms_per_char`` ms of tone per character; the last chunk sets
 ``end_of_turn``. ``{text}`` in a reply is replaced by the request's text, and an
-entry ``"tool:<name>:<json arguments>"`` answers with one tool call instead.
+entry ``"tool:<name>:<json arguments>"`` answers with one tool call instead. With
+``reports_usage`` each chunk reports one output text token (its word); the plugin never stops a
+reply at ``TurnRequest.max_output_tokens`` itself, so the engine's own cut is what a test sees.
 
 ``ScriptedBatchPlugin`` (kind ``batch``) speaks a request's text one word per step:
 ``advance(slots)`` gives every active request its next word (``ms_per_char`` ms of
@@ -187,21 +189,29 @@ class ScriptedTurnPlugin(TurnPlugin):
 
     DEFAULT_SCRIPT: tuple[str, ...] = ("Sure, I can help with that.", "You said: {text}")
 
-    def __init__(self, script: Sequence[str] = DEFAULT_SCRIPT, max_sessions: int = 64, ms_per_char: int = 60):
+    def __init__(
+        self,
+        script: Sequence[str] = DEFAULT_SCRIPT,
+        max_sessions: int = 64,
+        ms_per_char: int = 60,
+        reports_usage: bool = False,
+    ):
         if not script:
             raise PluginError("invalid_plugin_config", "scripted-turn: empty script")
         self.script = tuple(script)
         self.max_sessions = max_sessions
         self.ms_per_char = ms_per_char
+        self.reports_usage = reports_usage
 
     @classmethod
     def from_options(cls, model_path: str | None = None, **options: object) -> ScriptedTurnPlugin:
-        _options(cls.name, model_path, options, {"script", "max_sessions", "ms_per_char"})
+        _options(cls.name, model_path, options, {"script", "max_sessions", "ms_per_char", "reports_usage"})
         return cls(**options)  # type: ignore[arg-type]
 
     def capabilities(self) -> Capabilities:
         return Capabilities(
             kind=PluginKind.TURN,
+            reports_usage=self.reports_usage,
             input_sample_rate=self.INPUT_RATE,
             output_sample_rate=OUTPUT_RATE,
             max_sessions=self.max_sessions,
@@ -240,6 +250,7 @@ class ScriptedTurnPlugin(TurnPlugin):
             yield SlotOutput(slot=slot, epoch=epoch, tool_call=call, end_of_turn=True)
             return
         words = entry.replace("{text}", request.text or "").split() or ["..."]
+        usage = TokenUsage(output_text=1) if self.reports_usage else None
         for i, word in enumerate(words):
             text = word if i == len(words) - 1 else word + " "
             yield SlotOutput(
@@ -249,6 +260,7 @@ class ScriptedTurnPlugin(TurnPlugin):
                 sample_rate=OUTPUT_RATE,
                 text=text,
                 end_of_turn=i == len(words) - 1,
+                usage=usage,
             )
 
 

@@ -42,7 +42,7 @@ from pathlib import Path
 from typing import Any
 
 from duplex.plugins.base import PluginError
-from duplex.plugins.default.reply import ReplyPrompt, ReplyStrategy
+from duplex.plugins.default.reply import ReplyPrompt, ReplyStrategy, token_cap
 
 __all__ = [
     "EXAMPLES",
@@ -240,7 +240,7 @@ class LocalLMReply(ReplyStrategy):
         request = {
             "messages": lm_messages(prompt, max_history_chars=self._max_history_chars),
             "stream": True,
-            "max_tokens": self._max_tokens,
+            "max_tokens": token_cap(self._max_tokens, prompt.max_tokens),
             "temperature": temperature,
         }
         stream = _DeltaQueue(self._max_queued)

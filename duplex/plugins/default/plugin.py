@@ -45,6 +45,13 @@ request, or aborts the vLLM request) when its next token arrives. ``cancel_slot`
 additionally fences off any older epoch, so a response of a cancelled epoch
 yields nothing more even if it were pulled again.
 
+Tokens: every chunk of a reply reports the tokens the strategy streamed since the chunk before
+(``SlotOutput.usage.output_text``; a delta of the stream is a token: llama.cpp, vLLM and streaming
+chat endpoints send one a delta, the echo strategy one a word). A reply is generated with at most
+``TurnRequest.max_output_tokens`` tokens (``ReplyPrompt.max_tokens``); the count that reaches the
+limit rides on the turn's last chunk, so the engine, which ends a response at its limit, ends it
+after every piece of the reply was spoken (``_Tokens``).
+
 Waiting: a reply from an LLM mostly waits for tokens. That wait happens on the
 pump's thread; while nothing new has arrived the response yields an empty
 chunk every ``reply_poll_ms``, so the engine's shared model thread is never
@@ -69,6 +76,7 @@ from duplex.plugins.base import (
     PluginKind,
     SlotOptions,
     SlotOutput,
+    TokenUsage,
     TurnPlugin,
     TurnRequest,
     unknown_options,
@@ -273,6 +281,7 @@ class DefaultPlugin(TurnPlugin):
             output_modalities=("audio", "text"),
             voices=(VOICE_NAME,),
             default_voice=VOICE_NAME,
+            reports_usage=True,
         )
 
     def load(self) -> None:
@@ -366,19 +375,27 @@ class DefaultPlugin(TurnPlugin):
             history=_history_before(request.history, user_text),
             instructions=request.instructions or state.instructions,
             temperature=state.temperature,
+            max_tokens=request.max_output_tokens,
         )
-        with closing(self._deltas(prompt)) as deltas:
+        tokens = _Tokens(request.max_output_tokens)
+        with closing(self._deltas(prompt, tokens)) as deltas:
             for piece in self._spoken(deltas):
                 if epoch < state.min_epoch:
                     return
                 if piece is None:  # nothing to send yet (a silent piece, a thinking backend)
-                    yield SlotOutput(slot=slot, epoch=epoch, sample_rate=OUTPUT_RATE)
+                    yield SlotOutput(slot=slot, epoch=epoch, sample_rate=OUTPUT_RATE, usage=tokens.take())
                     continue
                 pcm_out = piece.pcm if piece.pcm.size else None
                 yield SlotOutput(
-                    slot=slot, epoch=epoch, pcm=pcm_out, sample_rate=OUTPUT_RATE, text=piece.text
+                    slot=slot,
+                    epoch=epoch,
+                    pcm=pcm_out,
+                    sample_rate=OUTPUT_RATE,
+                    text=piece.text,
+                    usage=tokens.take(),
                 )
-        yield SlotOutput(slot=slot, epoch=epoch, sample_rate=OUTPUT_RATE, end_of_turn=True)
+        last = tokens.take(last=True)
+        yield SlotOutput(slot=slot, epoch=epoch, sample_rate=OUTPUT_RATE, end_of_turn=True, usage=last)
 
     def _typed(self, text: str) -> str:
         """``text``, a typed user message, if the plugin reads it; else ``PluginError("invalid_item")``."""
@@ -393,10 +410,10 @@ class DefaultPlugin(TurnPlugin):
             raise PluginError("invalid_item", "the user message contains a NUL character (U+0000)")
         return text
 
-    def _deltas(self, prompt: ReplyPrompt) -> Iterator[str | None]:
-        """The reply's text deltas, thoughts and control characters removed; ``None`` where a
-        blocking backend had nothing yet."""
-        deltas = without_controls(without_thinking(self.reply_strategy.reply(prompt)))
+    def _deltas(self, prompt: ReplyPrompt, tokens: _Tokens) -> Iterator[str | None]:
+        """The reply's text deltas, thoughts and control characters removed (counted in ``tokens``
+        before, as the model produced them); ``None`` where a blocking backend had nothing yet."""
+        deltas = without_controls(without_thinking(tokens.counting(self.reply_strategy.reply(prompt))))
         if not self.reply_strategy.blocking:
             return deltas
         return DeltaPump(deltas, poll_s=self.config.reply_poll_ms / 1000).deltas()
@@ -423,6 +440,31 @@ class DefaultPlugin(TurnPlugin):
                 continue
             yield from splitter.feed(delta)
         yield from splitter.flush()
+
+
+class _Tokens:
+    """The tokens of one reply: counted as the strategy streams them (``counting``, on the pump's
+    thread for a blocking strategy) and reported on the chunks (``take``). Until the turn's last
+    chunk at most ``limit - 1`` are reported: the engine ends a response the moment its count
+    reaches the limit, and a reply cut there by its strategy still has text waiting to be spoken."""
+
+    def __init__(self, limit: int | None) -> None:
+        self.limit = limit
+        self.counted = 0
+        self.reported = 0
+
+    def counting(self, deltas: Iterator[str]) -> Iterator[str]:
+        for delta in deltas:
+            self.counted += 1
+            yield delta
+
+    def take(self, *, last: bool = False) -> TokenUsage | None:
+        """The tokens not yet reported (None: none); ``last``: all of them."""
+        upto = self.counted
+        if not last and self.limit is not None:
+            upto = min(upto, self.limit - 1)
+        new, self.reported = upto - self.reported, max(upto, self.reported)
+        return TokenUsage(output_text=new) if new > 0 else None
 
 
 def _history_before(history: tuple[tuple[str, str], ...], user_text: str) -> tuple[tuple[str, str], ...]:

@@ -57,13 +57,23 @@ class ReplyPrompt(msgspec.Struct, frozen=True, kw_only=True):
 
     ``history`` holds ``(role, text)`` pairs, oldest first, ending before this
     turn (roles ``user``/``assistant``/``system``; others are ignored).
-    ``instructions`` is the session's system prompt.
+    ``instructions`` is the session's system prompt. ``max_tokens``: the most tokens the reply
+    may have (the response's ``max_output_tokens``); None leaves the strategy's own cap.
     """
 
     user_text: str
     history: tuple[tuple[str, str], ...] = ()
     instructions: str = ""
     temperature: float | None = None
+    max_tokens: int | None = None
+
+
+def token_cap(own: int | None, asked: int | None) -> int | None:
+    """The ``max_tokens`` a reply is generated with: the smaller of the strategy's own cap and the
+    prompt's (``ReplyPrompt.max_tokens``), either of which may be None (no cap)."""
+    if own is None or asked is None:
+        return asked if own is None else own
+    return min(own, asked)
 
 
 def chat_messages(prompt: ReplyPrompt) -> list[dict[str, str]]:
@@ -112,13 +122,18 @@ def echo_text(user_text: str) -> str:
 
 
 class EchoReply(ReplyStrategy):
-    """Repeats what it heard: ``"You said: <words>"``, in one delta."""
+    """Repeats what it heard: ``"You said: <words>"``, a word (its token) a delta, at most
+    ``prompt.max_tokens`` of them."""
 
     name = "echo"
     blocking = False
 
     def reply(self, prompt: ReplyPrompt) -> Iterator[str]:
-        yield echo_text(prompt.user_text)
+        words = echo_text(prompt.user_text).split(" ")
+        if prompt.max_tokens is not None:
+            words = words[: prompt.max_tokens]
+        for i, word in enumerate(words):
+            yield word if i == len(words) - 1 else word + " "
 
 
 class _ChatDelta(msgspec.Struct):
@@ -233,8 +248,9 @@ class OpenAIChatReply(ReplyStrategy):
             "messages": chat_messages(prompt),
             "stream": True,
         }
-        if self._max_tokens is not None:
-            body["max_tokens"] = self._max_tokens
+        max_tokens = token_cap(self._max_tokens, prompt.max_tokens)
+        if max_tokens is not None:
+            body["max_tokens"] = max_tokens
         if prompt.temperature is not None:
             body["temperature"] = prompt.temperature
         request = urllib.request.Request(
@@ -335,7 +351,8 @@ class VLLMReply(ReplyStrategy):
             chat_messages(prompt), tokenize=False, add_generation_prompt=True, enable_thinking=False
         )
         temperature = prompt.temperature if prompt.temperature is not None else self._temperature
-        params = SamplingParams(max_tokens=self._max_tokens, temperature=temperature)
+        max_tokens = token_cap(self._max_tokens, prompt.max_tokens)
+        params = SamplingParams(max_tokens=max_tokens, temperature=temperature)
         request_id = f"duplex-default-{next(self._ids)}"
         with self._lock:
             engine.add_request(request_id, text_prompt, params)

@@ -139,3 +139,10 @@ class ResponseCreateParams(Wire, kw_only=True):
             "max_response_output_tokens",
             max_tokens(self.max_response_output_tokens, "max_response_output_tokens"),
         )
+
+    def resolved_max_output_tokens(self) -> int | str | None:
+        """``max_output_tokens`` if given, else ``max_response_output_tokens``; ``"inf"`` = unlimited,
+        None = not given (the session's limit holds)."""
+        if self.max_output_tokens is not None:
+            return self.max_output_tokens
+        return self.max_response_output_tokens

@@ -37,7 +37,7 @@ from duplex.engine.worker.protocol import (
     TurnRequestMsg,
 )
 from duplex.engine.worker.shm import AreaWriter, SharedAreas, area_sizes, view_array
-from duplex.plugins.base import BatchRequest, SlotOptions, ToolCall, ToolResult
+from duplex.plugins.base import BatchRequest, SlotOptions, ToolCall, ToolResult, TurnRequest
 from duplex.plugins.builtin.echo import EchoPlugin
 from duplex.plugins.builtin.scripted import ScriptedTurnPlugin, ScriptedUnitPlugin
 
@@ -54,7 +54,9 @@ REQUESTS = [
     ),
     Respond(
         4,
-        TurnRequestMsg(1, 2, ArrayRef("<f4", (3,), 0), "hi", (("user", "a"), ("assistant", "b")), "sys", {}),
+        TurnRequestMsg(
+            1, 2, ArrayRef("<f4", (3,), 0), "hi", (("user", "a"), ("assistant", "b")), "sys", {}, 64
+        ),
     ),
     Next(4),
     CloseStream(4),
@@ -273,3 +275,9 @@ def test_the_restart_schedule_doubles_up_to_its_bound() -> None:
     assert WorkerConfig(restart_delay_initial_s=0, restart_delay_max_s=0).restart_delay_s(100) == 0
     with pytest.raises(ValueError):
         WorkerConfig(restart_delay_initial_s=5, restart_delay_max_s=1)
+
+
+def test_a_turn_request_message_has_every_field_of_the_turn_request_in_its_order() -> None:
+    """The proxy and the worker convert one to the other by field name: a field the message lacked
+    would not reach a plugin in a worker."""
+    assert TurnRequestMsg.__struct_fields__ == TurnRequest.__struct_fields__
