@@ -45,6 +45,7 @@ from duplex.engine.ids import OwnedSessionIds, owner_of
 from duplex.protocol import new_event_id
 from duplex.protocol.errors import DuplexError
 from duplex.protocol.ext.commands import SessionEventAck
+from duplex.protocol.wire import Command, Event
 
 __all__ = ["RelayEnd", "RelayEvents", "RelayRefused", "Relays", "RemoteAttachment", "RemoteSessions"]
 
@@ -196,7 +197,7 @@ class RemoteAttachment:
         self._stream = stream
         self._submit = submit
         self._ready: deque[Any] = deque([first])  # the owner's messages and local errors, in order
-        self._pending: list[Any] = []  # commands for the owner, not sent yet
+        self._pending: list[Command] = []  # commands for the owner, not sent yet
         self._wake = asyncio.Event()
         self._next: asyncio.Future[Any] | None = None
         self._pump: asyncio.Task[None] | None = None
@@ -204,12 +205,12 @@ class RemoteAttachment:
 
     # -- toward the client ---------------------------------------------------------------
 
-    def push(self, events: list[Any]) -> None:
+    def push(self, events: list[Event]) -> None:
         """Queue events this replica answers itself (a refused message's ``error``)."""
         self._ready.append(RelayEvents(events))
         self._wake.set()
 
-    async def next_events(self) -> list[Any]:
+    async def next_events(self) -> list[Event]:
         """The next batch of events for the socket; raises ``Detached`` once the session's stream
         ended (the owner's reason, or ``detached`` when the owner's replica died)."""
         while True:
@@ -240,7 +241,7 @@ class RemoteAttachment:
 
     # -- toward the owner ----------------------------------------------------------------
 
-    def submit(self, command: Any) -> None:
+    def submit(self, command: Command) -> None:
         """Queue a client command for the owner, in order. Raises ``SessionError``
         (``input_backpressure``) when too many wait, (``session_closed``) after the end."""
         if self._ended:

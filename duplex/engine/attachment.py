@@ -28,12 +28,40 @@ import asyncio
 import contextlib
 from collections import deque
 from collections.abc import Callable, Iterable
-from typing import Any, Protocol
+from typing import Protocol
 
 from duplex.engine.errors import Detached, SessionError
 from duplex.engine.sizes import event_size
+from duplex.protocol.wire import Command, Event
 
-__all__ = ["Attachment", "AttachmentOwner"]
+__all__ = ["Attachment", "AttachmentOwner", "SessionHandle"]
+
+
+class SessionHandle(Protocol):
+    """What a transport holds of one session: an ``Attachment``, or a relay to a session another
+    process holds (``duplex.cluster.relay.RemoteAttachment``). The WebSocket routes take either."""
+
+    session_id: str
+
+    def submit(self, command: Command) -> None:
+        """Queue a client command; raises ``SessionError`` with nothing applied."""
+        ...
+
+    def ack(self, seq: int) -> None:
+        """The client has every event up to ``seq``."""
+        ...
+
+    def push(self, events: list[Event]) -> None:
+        """Queue events the transport answers itself (a refused message's ``error``)."""
+        ...
+
+    async def next_events(self) -> list[Event]:
+        """The next batch of events; raises ``Detached`` once the stream has ended."""
+        ...
+
+    async def detach(self) -> None:
+        """The transport went away."""
+        ...
 
 
 class AttachmentOwner(Protocol):
@@ -41,7 +69,7 @@ class AttachmentOwner(Protocol):
 
     session_id: str
 
-    def submit(self, att: Attachment, command: Any) -> None:
+    def submit(self, att: Attachment, command: Command) -> None:
         """Budget ``command`` and put it in the session's mailbox; raises ``SessionError``."""
         ...
 
@@ -71,7 +99,7 @@ class Attachment:
         self.session_id = record.session_id
         self.generation = generation
         self.resume_token = resume_token
-        self._outbox: deque[Any] = deque()
+        self._outbox: deque[Event] = deque()
         self._max = outbox_max_events
         self._max_bytes = outbox_max_bytes
         self._bytes = 0  # what the queued events weigh
@@ -82,7 +110,7 @@ class Attachment:
         self._on_slow_reader = on_slow_reader
         #: Set by a transport whose writer may be bypassed: ``direct(events)`` sends a batch at
         #: once and returns True, or sends nothing and returns False (see ``push``).
-        self.direct: Callable[[list[Any]], bool] | None = None
+        self.direct: Callable[[list[Event]], bool] | None = None
 
     def __repr__(self) -> str:
         return f"<Attachment {self.session_id} gen={self.generation} ended={self._ended}>"
@@ -94,7 +122,7 @@ class Attachment:
 
     # ------------------------------------------------------------------ engine side
 
-    def push(self, events: Iterable[Any], *, preload: bool = False) -> None:
+    def push(self, events: Iterable[Event], *, preload: bool = False) -> None:
         """Queue events for the reader; past the bound the reader is detached as slow.
 
         ``preload`` (session.created, a resume's replay) ignores the bound: those events
@@ -156,7 +184,7 @@ class Attachment:
 
     # ------------------------------------------------------------------ transport side
 
-    def submit(self, command: Any) -> None:
+    def submit(self, command: Command) -> None:
         """Queue a client command (see the module docstring); raises ``SessionError``."""
         if self._ended is not None:
             raise SessionError(
@@ -164,7 +192,7 @@ class Attachment:
             )
         self._record.submit(self, command)
 
-    async def next_event(self) -> Any:
+    async def next_event(self) -> Event:
         """The next event; raises ``Detached`` when the stream has ended. Cancel-safe."""
         if not self._outbox:
             await self._until_queued()
@@ -172,7 +200,7 @@ class Attachment:
         self._bytes = self._bytes - event_size(event) if self._outbox else 0
         return event
 
-    async def next_events(self) -> list[Any]:
+    async def next_events(self) -> list[Event]:
         """Every queued event (at least one), oldest first; raises ``Detached`` when the stream
         has ended and nothing is queued. Cancel-safe: a cancelled wait takes nothing.
 

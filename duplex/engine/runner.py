@@ -43,11 +43,12 @@ from __future__ import annotations
 import asyncio
 import logging
 import time
-from typing import TYPE_CHECKING, Any, Generic, Protocol, TypeVar
+from typing import TYPE_CHECKING, Any, Generic, Protocol, TypeGuard, TypeVar
 
 import msgspec
 
 from duplex.engine.actions import (
+    Action,
     CancelSlot,
     ClearFeed,
     CloseSession,
@@ -66,6 +67,7 @@ from duplex.engine.vad import VadUnavailableError
 from duplex.plugins.base import PluginError, SlotOutput
 from duplex.protocol.errors import ProtocolError
 from duplex.protocol.realtime.commands import InputAudioBufferAppend
+from duplex.protocol.wire import Command, Event
 
 if TYPE_CHECKING:
     from collections.abc import Callable
@@ -74,7 +76,7 @@ if TYPE_CHECKING:
     from duplex.engine.config import EngineConfig
     from duplex.engine.driver import Driver
     from duplex.engine.feed import SlotFeed
-    from duplex.engine.input import InputPipeline
+    from duplex.engine.input import DecodedAppend, InputPipeline
     from duplex.engine.lease import Lease
     from duplex.engine.mailbox import Mailbox
     from duplex.engine.metrics import EngineMetrics
@@ -82,6 +84,7 @@ if TYPE_CHECKING:
     from duplex.engine.session import Session
     from duplex.plugins.base import Plugin, SlotOptions
     from duplex.protocol.ext.commands import SessionEventAck
+    from duplex.protocol.formats import AudioFormat
 
 __all__ = [
     "AckItem",
@@ -105,7 +108,7 @@ _NEED_SLOT = (FeedAudio, FeedToolResult, FeedText, ClearFeed, CancelSlot, StartT
 # The two per-frame items are msgspec structs: built in C, several times cheaper than a class
 # with an ``__init__`` in Python.
 class CommandItem(msgspec.Struct):
-    command: Any
+    command: Command
     submitted_at: float
     n_bytes: int
     turns: int
@@ -131,7 +134,7 @@ class ActionsItem:
 
     __slots__ = ("actions",)
 
-    def __init__(self, actions: list[Any]) -> None:
+    def __init__(self, actions: list[Action]) -> None:
         self.actions = actions
 
 
@@ -171,7 +174,7 @@ class RunnerRecord(Protocol):
     feed: SlotFeed | None
     binding: SlotBinding | None
 
-    def emit(self, events: list[Any]) -> None:
+    def emit(self, events: list[Event]) -> None:
         """Journal ``events`` and hand them to the attachment."""
         ...
 
@@ -293,7 +296,7 @@ class SessionRunner(Generic[_Record]):
             return not self._offloaded(item.command)
         return kind is OutputItem or kind is AckItem or kind is TimerItem
 
-    def _offloaded(self, cmd: Any) -> bool:
+    def _offloaded(self, cmd: Command) -> TypeGuard[InputAudioBufferAppend]:
         """An append decoded on the worker pool: large, or heard by the VAD."""
         if not isinstance(cmd, InputAudioBufferAppend):
             return False
@@ -360,7 +363,9 @@ class SessionRunner(Generic[_Record]):
 
     # ------------------------------------------------------------------ handling an item
 
-    def _handle(self, item: Any, now: float, decoded: Any = None) -> list[Any] | None:
+    def _handle(
+        self, item: Any, now: float, decoded: DecodedAppend | None = None
+    ) -> list[Action] | None:
         """Handle an output, an ack, a timer or a command (``decoded``: an append's audio decoded
         off the loop); push its events, carry out its synchronous actions. Returns the actions
         that must await (from the first such one on), or None."""
@@ -408,11 +413,11 @@ class SessionRunner(Generic[_Record]):
                 return actions[i:]
         return None
 
-    def _emit(self, events: list[Any]) -> None:
+    def _emit(self, events: list[Event]) -> None:
         if events:
             self.record.emit(events)
 
-    def _decode_args(self, cmd: Any) -> tuple[bytes, Any, tuple[bytes, ...]]:
+    def _decode_args(self, cmd: InputAudioBufferAppend) -> tuple[bytes, AudioFormat, tuple[bytes, ...]]:
         fmt = self.session.settings.input_format
         resolve = getattr(cmd, "resolved_format", None)  # an append's own format (our extension)
         if resolve is not None:
@@ -420,7 +425,7 @@ class SessionRunner(Generic[_Record]):
         video = getattr(cmd, "video_frames", None)
         return cmd.audio, fmt, tuple(video) if video else ()
 
-    def _sync_action(self, action: Any, now: float) -> bool:
+    def _sync_action(self, action: Action, now: float) -> bool:
         """Carry out a ``FeedAudio``/``FeedToolResult``/``FeedText``/``ClearFeed``/``WakeAt`` at
         ``now``; False for any other action (not run)."""
         if isinstance(action, FeedAudio):
@@ -472,7 +477,7 @@ class SessionRunner(Generic[_Record]):
         )
         self._emit(self.session.reject(error, None, now))
 
-    async def _run_actions(self, actions: list[Any] | None = None) -> None:
+    async def _run_actions(self, actions: list[Action] | None = None) -> None:
         slot_refused = False
         for action in self.session.take_actions() if actions is None else actions:
             if slot_refused and isinstance(action, _NEED_SLOT):

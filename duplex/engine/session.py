@@ -117,6 +117,7 @@ from duplex.protocol.ext.commands import (
 from duplex.protocol.ext.dialect import Dialect
 from duplex.protocol.ext.events import (
     DuplexInputAudioBufferCommitted,
+    DuplexSession,
     DuplexSessionCreated,
     DuplexSessionUpdated,
     SessionClosed,
@@ -158,10 +159,12 @@ from duplex.protocol.realtime.items import (
 )
 from duplex.protocol.realtime.responses import ResponseError
 from duplex.protocol.realtime.session import SessionConfig
-from duplex.protocol.wire import Event
+from duplex.protocol.wire import Command, Event
 
 __all__ = ["Session", "SlotPhase", "TurnState"]
 
+#: A command's handler. Each takes its own command type (``handles`` files it under that type), so
+#: the table's value type cannot name one: a ``Callable`` of ``Command`` would refuse every handler.
 Handler = Callable[["Session", Any, float], list[Event]]
 
 
@@ -408,11 +411,11 @@ class Session:
             exc.event_id = event_id
         return exc.to_event(new_event_id())
 
-    def reject(self, exc: ProtocolError, command: Any, now: float) -> list[Event]:
+    def reject(self, exc: ProtocolError, command: Command | None, now: float) -> list[Event]:
         """One ``error`` for a command the shell could not even decode; nothing else changes."""
         return self._journal([self._error(exc, getattr(command, "event_id", None))], now)
 
-    def _render(self) -> Any:
+    def _render(self) -> DuplexSession:
         return self.settings.render(self.session_id, self.caps, epoch=self.epoch)
 
     def created_event(self, resume_token: str | None, generation: int) -> Event:
@@ -439,14 +442,14 @@ class Session:
 
     # ------------------------------------------------------------------ commands
 
-    def handle(self, command: Any, now: float, decoded: DecodedAppend | None = None) -> list[Event]:
+    def handle(self, command: Command, now: float, decoded: DecodedAppend | None = None) -> list[Event]:
         """Apply one client command; returns its events (journaled). Never raises for bad content."""
         if self.closed:
             return []
         self._cause = event_id = getattr(command, "event_id", None)
         try:
             if decoded is not None:  # the per-frame command: an append with its decoded audio
-                events = self._append(command, decoded, now)
+                events = self._append(command, decoded, now)  # type: ignore[arg-type]  # (only an append)
             else:
                 handler = _HANDLERS.get(type(command)) or _handler(type(command))
                 if handler is None:

@@ -55,18 +55,21 @@ import asyncio
 import contextlib
 import logging
 import time
-from collections.abc import Awaitable, Callable
-from typing import Any
+from collections.abc import Awaitable, Callable, Sequence
+from typing import TypeAlias
 
+import msgspec
 from starlette.responses import Response
 from starlette.websockets import WebSocket, WebSocketDisconnect
 
+from duplex.engine import Attachment, SessionHandle
 from duplex.protocol import Mode, ProtocolError, decode, new_event_id
 from duplex.protocol.codec import command_decoder, event_encoder
 from duplex.protocol.errors import DuplexError
 from duplex.protocol.ext.commands import SessionClose, SessionEventAck, SessionResume
 from duplex.protocol.ext.events import SessionClosed, SessionExpired, SessionQueued, SessionReplaced
 from duplex.protocol.realtime.commands import SessionUpdate
+from duplex.protocol.wire import Command
 from duplex.server.auth import api_key_id, api_key_ok, origin_ok, presented_api_key
 from duplex.server.close_codes import CloseCode, CloseReason, close_reason_for_code, open_close_code
 from duplex.server.handshake import HandshakePlan, OpenHow
@@ -77,8 +80,13 @@ from duplex.server.sent_errors import SentErrors
 from duplex.server.state import AppState
 from duplex.server.ws_protocol import transport_extension
 
+#: What a socket writes: the session's events, and a dialect's own messages that no session made
+#: (the MAP dialect's ``session.queue_done`` ...).
+Outgoing: TypeAlias = msgspec.Struct
+
 __all__ = [
     "Connection",
+    "Outgoing",
     "admission",
     "close_for",
     "serve_websocket",
@@ -154,28 +162,31 @@ class Connection:
         self._writer_ended = False
         self._loop_time = asyncio.get_running_loop().time
         self.sending_since: float | None = None  # loop time a socket write started, while it runs
-        self._att: Any = None
+        self._att: SessionHandle | None = None
         self._writer: asyncio.Task[None] | None = None
-        self._last_event: Any = None  # the last event written (its type picks the close code)
+        self._last_event: Outgoing | None = None  # the last event written (its type picks the close code)
         self._stalled = False
-        self._held: Any = None  # the one command a queued client sent before its session opened
+        self._held: Command | None = None  # the one command a queued client sent before its session opened
         self._bucket = TokenBucket(self.cfg.max_messages_per_s, self.cfg.max_message_burst)
-        self._sent_errors = SentErrors(self.metrics.errors, log, lambda: self._att and self._att.session_id)
+        self._sent_errors = SentErrors(self.metrics.errors, log, self._session_id)
         self._decode_own = command_decoder(mode, max_bytes=self.cfg.max_message_bytes)
         self._encode = event_encoder(mode)
         # Under our uvicorn protocol the data path skips the ASGI message dicts and Starlette's
         # per-message state checks, and a stalled peer can be aborted; elsewhere, plain ASGI.
         self._transport = transport_extension(websocket.scope)
 
+    def _session_id(self) -> str | None:
+        return self._att.session_id if self._att is not None else None
+
     # -- sending: one path, ``_write`` (``_write_now`` when it needs no wait) ---------------------
 
-    def _payloads(self, events: list[Any]) -> list[Any]:
+    def _payloads(self, events: Sequence[Outgoing]) -> list[bytes]:
         encode = self._encode
         if len(events) == 1:  # the usual tick: one audio delta
             return [encode(events[0])]
         return [encode(event) for event in events]
 
-    async def _write(self, events: list[Any]) -> None:
+    async def _write(self, events: Sequence[Outgoing]) -> None:
         """Write events back to back: every event this socket sends goes through here (the
         writer's batches, a failed handshake's error) or through ``_write_now``. One socket write
         under our protocol. A write that stays blocked (the peer stopped reading) is found by the
@@ -199,7 +210,7 @@ class Connection:
         self.metrics.server_events += len(payloads)
         self._sent_errors.written(events)
 
-    def _write_now(self, events: list[Any]) -> bool:
+    def _write_now(self, events: Sequence[Outgoing]) -> bool:
         """``Attachment.direct``: ``_write`` at once when the socket takes the batch without waiting
         (the writer is parked and the write buffer is low); otherwise write nothing and say so, and
         the attachment queues the batch for the writer. Never raises into the engine."""
@@ -221,6 +232,7 @@ class Connection:
         """Answer a refused message with one ``error`` (the client's ``event_id``), queued behind the
         session's events like any other (not journaled: it is about this socket's message);
         counted and logged once written (``SentErrors``)."""
+        assert self._att is not None  # messages are read only once the session is attached
         self._att.push([err.to_event(new_event_id(), event_id)])
 
     async def _close(self, code: CloseCode, reason: str) -> None:
@@ -261,7 +273,7 @@ class Connection:
         text = message.get("text")
         return text if text is not None else message.get("bytes", b"")
 
-    def _decode(self, data: str | bytes) -> Any:
+    def _decode(self, data: str | bytes) -> Command:
         # A text frame on a msgpack socket, or a binary frame on a JSON socket, is read as JSON:
         # liberal in what we accept.
         if isinstance(data, bytes) == self._binary:
@@ -271,7 +283,7 @@ class Connection:
     # -- opening ---------------------------------------------------------------------------
 
     async def run(self, plan: HandshakePlan) -> None:
-        first: Any = None
+        first: Command | None = None
         try:
             if plan.how is OpenHow.AUTOSTART:
                 att = await self._open(self.state.models.pick(plan.model, Wants.CONVERSATION), plan)
@@ -292,7 +304,9 @@ class Connection:
         self.metrics.sessions_opened.bump(how)
         await self._serve(att, first if first is not None else self._held)
 
-    async def _open_from_first_message(self, plan: HandshakePlan) -> tuple[Any, str, Any]:
+    async def _open_from_first_message(
+        self, plan: HandshakePlan
+    ) -> tuple[SessionHandle | None, str, Command | None]:
         try:
             async with asyncio.timeout(self.cfg.first_message_timeout_s):
                 data = await self._receive()
@@ -318,7 +332,9 @@ class Connection:
         self._held = cmd
         return await self._open(pick, plan), "autostart", cmd
 
-    async def _open(self, pick: ModelPick, plan: HandshakePlan, update: SessionUpdate | None = None) -> Any:
+    async def _open(
+        self, pick: ModelPick, plan: HandshakePlan, update: SessionUpdate | None = None
+    ) -> SessionHandle | None:
         """Open a session on the picked model (``engine.open``; a model stood in for the one the
         client named says so after ``session.created``: ``ModelPick.notices``); with ``?queue=1``,
         after waiting for a slot (``wait_for_slot``) when every one is taken. None: the client closed
@@ -381,7 +397,7 @@ class Connection:
         await self._write([busy.to_event(new_event_id())])
         return True
 
-    async def _resume(self, session_id: str, token: str, last_event_seq: int) -> Any:
+    async def _resume(self, session_id: str, token: str, last_event_seq: int) -> SessionHandle:
         """``engine.resume``. The engine keeps the presented token valid until the client speaks
         on the new socket, so a ``session.resumed`` lost with its socket does not lock it out.
         A key other than the one that opened the session fails like a wrong token. The session is
@@ -405,12 +421,12 @@ class Connection:
         await asyncio.shield(self._att.detach())
         self._writer.cancel()
 
-    async def _serve(self, att: Any, first: Any) -> None:
+    async def _serve(self, att: SessionHandle, first: Command | None) -> None:
         """Read and write until one side ends; then stop the other. Cancel-safe: the session is
         detached (it waits for a resume) whenever the socket goes away without the session ending."""
         self._att = att
         writer = self._writer = asyncio.create_task(self._write_loop(att), name=f"writer-{att.session_id}")
-        if self._transport is not None and hasattr(att, "direct"):
+        if self._transport is not None and isinstance(att, Attachment):
             att.direct = self._write_now  # a tick's events go straight to an idle socket
         reader = asyncio.create_task(self._read_loop(att, first), name=f"reader-{att.session_id}")
         if self._transport is not None:
@@ -422,7 +438,7 @@ class Connection:
             self.state.attached.discard(self)
             if self._transport is not None:
                 self._transport.on_data = None
-            if getattr(att, "direct", None) is not None:
+            if isinstance(att, Attachment):
                 att.direct = None
             for task in (reader, writer):
                 task.cancel()
@@ -462,7 +478,7 @@ class Connection:
                 self.metrics.aborted_stalled += 1
                 self._transport.abort()
 
-    async def _read_loop(self, att: Any, first: Any) -> None:
+    async def _read_loop(self, att: SessionHandle, first: Command | None) -> None:
         """Feed every message the reader receives to ``_accept`` until the client goes away. Under
         our protocol the transport hands messages to ``_accept`` itself while the reader is parked
         (``TransportExtension.on_data``), so this loop mostly waits for the end."""
@@ -495,9 +511,10 @@ class Connection:
         self._command(cmd)
         return True
 
-    def _command(self, cmd: Any) -> None:
+    def _command(self, cmd: Command) -> None:
         """Hand a decoded command to the session (an ack to the journal); a refusal is answered."""
         att = self._att
+        assert att is not None
         try:
             if type(cmd) is SessionEventAck:
                 att.ack(cmd.server_event_seq)
@@ -513,7 +530,7 @@ class Connection:
             bug = ProtocolError("server_error", "internal server error")
             self._refuse(bug, getattr(cmd, "event_id", None))
 
-    async def _write_loop(self, att: Any) -> None:
+    async def _write_loop(self, att: SessionHandle) -> None:
         """Drain the attachment into the socket until it is detached; then close the socket."""
         from duplex.engine import Detached
 
@@ -557,7 +574,7 @@ _SESSION_CLOSED_REASONS: frozenset[str] = frozenset(
 )
 
 
-def close_for(last: Any, reason: str) -> tuple[CloseCode, CloseReason]:
+def close_for(last: object, reason: str) -> tuple[CloseCode, CloseReason]:
     """The close code and reason for a socket whose attachment ended with ``reason``, after
     ``last`` (the last event written); both from closed sets, whatever the client sent."""
     if isinstance(last, SessionClosed):

@@ -28,6 +28,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import logging
+from collections.abc import Sequence
 from typing import Any
 
 from duplex.engine import QueueStatus
@@ -47,7 +48,7 @@ from duplex.protocol.map import (
 )
 from duplex.protocol.map.events import MapSessionClosed
 from duplex.server.close_codes import CloseCode, CloseReason
-from duplex.server.connection import Connection
+from duplex.server.connection import Connection, Outgoing
 from duplex.server.handshake import HandshakePlan
 from duplex.server.models import Wants
 from duplex.server.queueing import wait_for_slot
@@ -69,7 +70,7 @@ class MapConnection(Connection):
 
     # -- the codec at the edge ---------------------------------------------------------------
 
-    def _payloads(self, events: list[Any]) -> list[Any]:
+    def _payloads(self, events: Sequence[Outgoing]) -> list[bytes]:
         render, out = self._renderer.render, []
         for event in events:
             message = event if isinstance(event, MapEvent) else render(event)
@@ -77,6 +78,8 @@ class MapConnection(Connection):
                 out.append(encode(message))
         return out
 
+    # The dialect reads its own vocabulary (``MapCommand``) and speaks to the session in the
+    # engine's (``_command`` converts), so these two take the base's place with other types.
     def _decode(self, data: str | bytes) -> Any:
         return decode(data, max_bytes=self.cfg.max_message_bytes)
 

@@ -9,6 +9,7 @@ import contextlib
 import logging
 from typing import Any, Protocol
 
+from duplex.engine import SessionHandle
 from duplex.server.close_codes import CloseCode, CloseReason
 from duplex.server.config import ServerConfig
 from duplex.server.metrics import ServerMetrics
@@ -30,7 +31,7 @@ class SessionsElsewhere(Protocol):
 
     async def resume(
         self, session_id: str, resume_token: str, last_event_seq: int, *, api_key_id: bytes | None
-    ) -> Any:
+    ) -> SessionHandle:
         """An attachment to the session where it lives; raises ``SessionError``
         (``session_not_found`` when its owner is gone, ``invalid_resume_token``)."""
         ...
@@ -84,7 +85,7 @@ class AppState:
 
     async def resume(
         self, session_id: str, resume_token: str, last_event_seq: int, *, api_key_id: bytes | None = None
-    ) -> Any:
+    ) -> SessionHandle:
         """Attach a new transport to a session: one this process holds (on the model that holds
         it: ``Engine.resume``), or, with ``elsewhere`` set, one another process of the application
         holds. Raises ``SessionError`` as ``Engine.resume`` does."""

@@ -73,8 +73,9 @@ from duplex.protocol.ext.commands import (
     DuplexSessionConfig,
     DuplexSessionUpdate,
     SessionClose,
+    SessionHeartbeat,
 )
-from duplex.protocol.ext.events import SessionClosed, SessionExpired
+from duplex.protocol.ext.events import SessionClosed, SessionExpired, SessionHeartbeatAck
 from duplex.protocol.realtime.commands import ConversationItemCreate, ResponseCancel, ResponseCreate
 from duplex.protocol.realtime.events import (
     ErrorEvent,
@@ -171,7 +172,7 @@ class _VideoChat:
             ErrorEvent: self._error_event,
             SessionClosed: self._ended,
             SessionExpired: self._ended,
-            Pong: self._ours,
+            SessionHeartbeatAck: self._pong,
         }
         self._translators: dict[type, Callable[[Any], list[ServerMessage]]] = {}
         self._handlers: dict[type, Callable[[Any], Awaitable[bool]]] = {
@@ -449,7 +450,7 @@ class _VideoChat:
         return True
 
     async def _ping(self, message: Ping) -> bool:
-        self._att.push([Pong()])
+        self._att.submit(SessionHeartbeat())  # answered in order with the session's events
         return False
 
     def _close_when_idle(self) -> None:
@@ -521,8 +522,8 @@ class _VideoChat:
         received, filtered = self.frames_received, self.frames_filtered
         return [SessionDone(reason=event.reason, frames_received=received, frames_filtered=filtered)]
 
-    def _ours(self, event: Pong) -> list[ServerMessage]:
-        return [event]
+    def _pong(self, event: SessionHeartbeatAck) -> list[ServerMessage]:
+        return [Pong()]
 
 
 def _nothing(event: Any) -> list[ServerMessage]:
