@@ -147,11 +147,11 @@ def streaming_session_update(instructions: str | None = None) -> Any:
 def load_to_serve(plugin: Any) -> None:
     """Load ``plugin`` as ``duplex serve`` does: on the model thread its engine will step it on
     (warm-ups warm that thread), then freeze what the load left out of every later collection."""
-    from duplex.engine import collector
+    from duplex.engine import gc_settings
     from duplex.engine.model_thread import on_model_thread
 
     on_model_thread(plugin, plugin.load)
-    collector.freeze_loaded()
+    gc_settings.freeze_loaded()
 
 
 def serve_engine(

@@ -114,7 +114,7 @@ class EngineConfig(msgspec.Struct, frozen=True, kw_only=True):
         instead of the event loop (small ones cost less inline than a thread hop).
         ``worker_threads``: size of that pool (decode, resample, VAD).
         ``gc_thresholds``: Python's garbage collector thresholds while the engine runs
-        (``duplex.engine.collector`` says why); ``None`` leaves the collector alone.
+        (``duplex.engine.gc_settings`` says why); ``None`` leaves the collector alone.
     """
 
     max_sessions: int = 64

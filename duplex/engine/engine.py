@@ -30,7 +30,7 @@ import logging
 from collections.abc import AsyncIterator, Callable, Sequence
 from typing import Any
 
-from duplex.engine import collector
+from duplex.engine import gc_settings
 from duplex.engine.admission import Admission, QueueListener
 from duplex.engine.attachment import Attachment
 from duplex.engine.config import EngineConfig
@@ -100,7 +100,7 @@ class Engine:
         self._background: list[asyncio.Task[None]] = []
         self._model_thread: ModelThread | None = None
         self._workers: concurrent.futures.ThreadPoolExecutor | None = None
-        self._gc_token: tuple[collector.Thresholds, collector.Thresholds] | None = None
+        self._gc_token: tuple[gc_settings.Thresholds, gc_settings.Thresholds] | None = None
         self._loop: asyncio.AbstractEventLoop | None = None
         self._model_error: PluginError | None = None  # ``model_lost`` before the engine started
         self._refusing: str | None = None  # why opens are refused (``stop_admitting``)
@@ -133,7 +133,7 @@ class Engine:
         )
         self._manager.model_error = self._model_error
         self._loop = loop
-        self._gc_token = collector.apply(self.config.gc_thresholds)
+        self._gc_token = gc_settings.apply(self.config.gc_thresholds)
         tg = asyncio.TaskGroup()
         await tg.__aenter__()
         self._tg = tg
@@ -159,7 +159,7 @@ class Engine:
             assert self._model_thread is not None and self._workers is not None
             self._model_thread.shutdown()
             self._workers.shutdown(wait=True)
-            collector.restore(self._gc_token)
+            gc_settings.restore(self._gc_token)
             self._gc_token = None
 
     def _spawn(self, record: SessionRecord) -> asyncio.Task[None]:

@@ -23,7 +23,7 @@ from typing import Any
 import msgspec
 import uvicorn
 
-from duplex.engine import collector
+from duplex.engine import gc_settings
 from duplex.engine.model_thread import on_model_thread
 from duplex.engine.worker import (
     Supervisor,
@@ -364,7 +364,7 @@ def serve(cfg: ServeConfig, *, log_level: str = "info") -> None:
             log.info("serving plugin %r as model %r%s", plugin_name, model_name, where)
         log.info("listening on %s:%d (event loop: %s)", cfg.server.host, cfg.server.port, loop)
         stop_workers = [p.close for p in built.plugins if isinstance(p, WorkerPlugin)]
-        collector.freeze_loaded()  # what the models' load left is never scanned by a collection again
+        gc_settings.freeze_loaded()  # what the models' load left is never scanned by a collection again
 
         def after_drain() -> None:  # the workers stop once their sessions are drained
             for close in stop_workers:

@@ -10,7 +10,7 @@ import gc
 import numpy as np
 import pytest
 
-from duplex.engine import collector
+from duplex.engine import gc_settings
 from duplex.engine.feed import INITIAL_FRAMES, SlotFeed
 
 CHUNK = 1920
@@ -41,17 +41,17 @@ def test_collector_sets_the_thresholds_and_restores_them() -> None:
     before = gc.get_threshold()
     try:
         gc.set_threshold(700, 10, 10)
-        token = collector.apply((10_000, 3, 50))
+        token = gc_settings.apply((10_000, 3, 50))
         assert gc.get_threshold() == (10_000, 3, 50)
-        assert collector.apply((5_000, 3, 50)) is None  # the process already asks for more
-        collector.restore(token)
+        assert gc_settings.apply((5_000, 3, 50)) is None  # the process already asks for more
+        gc_settings.restore(token)
         assert gc.get_threshold() == (700, 10, 10)
 
-        token = collector.apply((10_000, 3, 50))
+        token = gc_settings.apply((10_000, 3, 50))
         gc.set_threshold(20_000, 10, 10)  # changed by someone else since
-        collector.restore(token)
+        gc_settings.restore(token)
         assert gc.get_threshold() == (20_000, 10, 10)
-        assert collector.apply(None) is None
+        assert gc_settings.apply(None) is None
     finally:
         gc.set_threshold(*before)
 

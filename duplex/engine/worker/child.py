@@ -144,7 +144,7 @@ class WorkerServer:
         plugin.load()
         self.plugin = plugin
         # What the load left lives as long as the worker: kept out of every later collection's scan
-        # (the reason is in duplex/engine/collector.py, freeze_loaded; the plugin layer does not
+        # (the reason is in duplex/engine/gc_settings.py, freeze_loaded; the plugin layer does not
         # import the engine).
         gc.collect()
         gc.freeze()

@@ -1,4 +1,4 @@
-"""``collector.freeze_loaded``: what a serving process loaded is out of every later collection's
+"""``gc_settings.freeze_loaded``: what a serving process loaded is out of every later collection's
 scan, and garbage made after it is still collected."""
 
 from __future__ import annotations
@@ -6,7 +6,7 @@ from __future__ import annotations
 import gc
 import weakref
 
-from duplex.engine import collector
+from duplex.engine import gc_settings
 
 
 class _Node:
@@ -17,7 +17,7 @@ class _Node:
 def test_freezing_keeps_what_lives_out_of_collections_and_still_collects_new_cycles() -> None:
     try:
         loaded = [_Node() for _ in range(1000)]  # stands for a model's objects
-        frozen = collector.freeze_loaded()
+        frozen = gc_settings.freeze_loaded()
         assert frozen >= len(loaded)
         scanned = {id(o) for o in gc.get_objects()}  # what a collection looks at (frozen ones not)
         assert all(gc.is_tracked(node) and id(node) not in scanned for node in loaded)
