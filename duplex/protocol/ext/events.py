@@ -41,7 +41,7 @@ from duplex.protocol.realtime.events import (
     SessionUpdated,
 )
 from duplex.protocol.realtime.responses import Usage
-from duplex.protocol.realtime.session import Session
+from duplex.protocol.realtime.session import RealtimeSession
 from duplex.protocol.wire import Event, Wire
 
 __all__ = [
@@ -80,7 +80,7 @@ __all__ = [
 ]
 
 
-class DuplexSession(Session, kw_only=True):
+class DuplexSession(RealtimeSession, kw_only=True):
     """The session object with our extensions: ``capabilities`` and the duplex settings."""
 
     capabilities: SessionCapabilities | None = None

@@ -16,7 +16,7 @@ import msgspec
 from duplex.protocol.errors import ErrorDetail, ErrorEvent
 from duplex.protocol.realtime.items import AudioPart, ConversationItem, TextPart
 from duplex.protocol.realtime.responses import Response
-from duplex.protocol.realtime.session import Session
+from duplex.protocol.realtime.session import RealtimeSession
 from duplex.protocol.wire import Event, Wire
 
 __all__ = [
@@ -82,13 +82,13 @@ __all__ = [
 class SessionCreated(Event, tag="session.created", kw_only=True):
     """The first event of a new session: the effective session object."""
 
-    session: Session
+    session: RealtimeSession
 
 
 class SessionUpdated(Event, tag="session.updated", kw_only=True):
     """The effective session after an accepted ``session.update``."""
 
-    session: Session
+    session: RealtimeSession
 
 
 # -- conversation ----------------------------------------------------------------------------------

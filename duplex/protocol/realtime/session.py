@@ -8,7 +8,7 @@ Two structs, because a request and a report differ:
   something (``turn_detection``, ``tracing``, ``noise_reduction``, ``transcription``) default to
   ``UNSET`` so "not given" and "disabled" stay apart. The ``resolved_*`` methods apply the precedence
   rules (nested GA spelling beats the beta one; ``sample_rate_hz`` beats the format's rate).
-* ``Session`` is what the server reports in ``session.created`` / ``session.updated``: the effective
+* ``RealtimeSession`` is what the server reports in ``session.created`` / ``session.updated``: the effective
   configuration in GA shape, with ``audio.input.format.rate`` stated and ``tool_choice`` a string.
 
 Validation at decode: formats (``unsupported_audio_format``) and turn detection values
@@ -63,11 +63,11 @@ __all__ = [
     "Modalities",
     "NoiseReduction",
     "Prompt",
+    "RealtimeSession",
     "Reasoning",
     "RetentionRatioTruncation",
     "SemanticVad",
     "ServerVad",
-    "Session",
     "SessionConfig",
     "TokenLimits",
     "Tool",
@@ -449,7 +449,7 @@ def _session_object() -> str:
     return "realtime.session"
 
 
-class Session(Wire, kw_only=True):
+class RealtimeSession(Wire, kw_only=True):
     """The effective session the server reports (``session.created`` / ``session.updated``), GA shape.
 
     ``object`` and ``type`` are always rendered (strict clients require ``type``). ``audio`` states the

@@ -78,7 +78,7 @@ def test_server_event_seq_is_omitted_until_the_journal_sets_it() -> None:
         (p.DuplexSessionConfig, p.SessionConfig),
         (p.DuplexInputAudioBufferAppend, p.InputAudioBufferAppend),
         (p.DuplexInputAudioBufferCommit, p.InputAudioBufferCommit),
-        (p.DuplexSession, p.Session),
+        (p.DuplexSession, p.RealtimeSession),
         (p.DuplexSessionCreated, p.SessionCreated),
         (p.DuplexSessionUpdated, p.SessionUpdated),
         (p.DuplexResponseOutputAudioDelta, p.ResponseOutputAudioDelta),
