@@ -5,8 +5,9 @@ name (the ``RECENT_RESPONSES`` newest), and the stream state that turns model au
 the output resampler (one per response: a cancelled response's filter tail never leaks into the
 next) and, for audio produced faster than real time, the playout queue of each response.
 
-Encoding (``encode``): model audio is resampled to the session's output rate and encoded to its
-format; int16 model audio at the session's rate for a pcm16 session is sent as it is.
+Encoding (``encode``, ``WireAudio``): model audio is resampled to the session's output rate and
+encoded to its format; int16 model audio at the session's rate for a pcm16 session is sent as it is.
+The HTTP routes of batch models encode their requests' audio with the same ``WireAudio``.
 
 Pacing: a model that answers whole turns (``turn``, ``batch``) produces a sentence of audio in a
 fraction of its length. Sent at once, a barge-in one second into playback would find nothing left
@@ -49,7 +50,7 @@ from duplex.protocol.realtime.events import ConversationItemTruncated
 from duplex.protocol.realtime.items import MessageItem, OutputAudioPart, OutputTextPart
 from duplex.protocol.wire import Event
 
-__all__ = ["PIECE_MS", "RECENT_RESPONSES", "OutputStream", "Piece"]
+__all__ = ["PIECE_MS", "RECENT_RESPONSES", "OutputStream", "Piece", "WireAudio"]
 
 #: Finished responses kept for late playback acks and truncation.
 RECENT_RESPONSES = 16
@@ -81,16 +82,12 @@ def _bytes_per_ms(fmt: AudioFormat) -> float:
     )
 
 
-class OutputStream:
-    """The assistant's side of one session (see the module docstring)."""
+class WireAudio:
+    """Model audio of one response as wire bytes in one format: one stream resampler for the
+    response (created on its first audio that needs it), ended by ``flush``."""
 
-    def __init__(self, *, lead_ms: float | None) -> None:
-        self.active: ActiveResponse | None = None
-        self.recent: deque[ActiveResponse] = deque(maxlen=RECENT_RESPONSES)
-        self.lead_ms = lead_ms  # None: not paced
+    def __init__(self) -> None:
         self._resampler: StreamResampler | None = None
-
-    # ------------------------------------------------------------------ encoding
 
     def encode(self, pcm: np.ndarray, rate: int, fmt: AudioFormat) -> bytes:
         """Model audio at ``rate`` as wire bytes in ``fmt`` (resampled with this stream's resampler)."""
@@ -117,6 +114,22 @@ class OutputStream:
         if not len(tail):
             return b""
         return pcm16_encode(tail) if fmt.encoding == "pcm16" else encode_audio(tail, fmt)
+
+    def reset(self) -> None:
+        """Drop the response's resampler and what it held back."""
+        self._resampler = None
+
+
+class OutputStream:
+    """The assistant's side of one session (see the module docstring)."""
+
+    def __init__(self, *, lead_ms: float | None) -> None:
+        self.active: ActiveResponse | None = None
+        self.recent: deque[ActiveResponse] = deque(maxlen=RECENT_RESPONSES)
+        self.lead_ms = lead_ms  # None: not paced
+        self._wire = WireAudio()
+        self.encode = self._wire.encode  # model audio as wire bytes (``WireAudio.encode``)
+        self.flush = self._wire.flush  # the end of a response's audio (``WireAudio.flush``)
 
     # ------------------------------------------------------------------ pacing
 
@@ -313,4 +326,4 @@ class OutputStream:
             self.active.pending.clear()
         self.active = None
         self.recent.clear()
-        self._resampler = None
+        self._wire.reset()

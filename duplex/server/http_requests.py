@@ -1,7 +1,7 @@
-"""What every HTTP route of a batch model does before it opens a session: admit, read, decode.
+"""What every HTTP route of a batch model does before it takes a slot: admit, read, decode.
 
 ``admit`` refuses a request while the server starts or drains (503) and one without a configured
-API key (401), and returns the key's identity for the session (``auth.api_key_id``). ``read_json``
+API key (401), and returns the key's identity (``auth.api_key_id``). ``read_json``
 reads the body, at most ``ServerConfig.max_http_body_bytes`` (``event_too_large``, 413, checked on
 the ``Content-Length`` before anything is read, and on the bytes as they arrive), and decodes it
 into a wire struct in one typed msgspec decode: bad JSON is ``invalid_json``, a missing field, a
@@ -11,7 +11,7 @@ body nested deeper than the decoder goes (``RecursionError``, never a 500). Each
 
 ``until_departed(request, work)`` then runs the route's work (the model's answer) while it watches
 the connection: a client that goes away before its answer (``http.disconnect``) cancels the work
-at once, which closes its session and frees its slot (``batch_sessions.request_session``), and
+at once, which stops its request and frees its slot (``batch_streams.request_stream``), and
 ``Departed`` is raised; nothing is answered, there is nobody to answer. ``until_gone(gone, work)``
 is the same with any signal of departure (a WebSocket's ``TransportExtension.lost``).
 """

@@ -1,11 +1,11 @@
 """``POST /v1/audio/speech``: OpenAI's text-to-speech route, served by a batch TTS model.
 
-One request is one short session on the model's engine (``batch_sessions``; the model chosen by
-``ServedModels.pick``): the text goes in as ``response.input``, the request's parameters as
-``response.extra_body`` (``speed``, ``language``, ``instructions``, ``seed``; the voice as the
-response's voice, so OpenAI's voice names stand for the model's default voice), and the session's
-audio deltas (pcm16 at 24 kHz, unpaced) come back as the file ``response_format`` asks for
-(``audio_files``; encoded off the event loop), as the model makes it:
+One request is one ``BatchStream`` on the model's engine (``batch_streams``; the model chosen by
+``ServedModels.pick``): the text is the request's text, its parameters its options (``speed``,
+``language``, ``instructions``, ``seed``, and the voice as a session would choose it,
+``speech_options``: OpenAI's voice names stand for the model's default voice), and the model's
+audio (as pcm16 at 24 kHz, ``batch_streams.audio_chunks``) comes back as the file
+``response_format`` asks for (``audio_files``; encoded off the event loop), as the model makes it:
 
 * no ``stream_format``, or ``"audio"``: the file's bytes as they are made (chunked transfer), as
   OpenAI answers: a long text's file starts with its first spoken piece instead of after the whole
@@ -19,18 +19,18 @@ Every answer names the model that speaks (``X-Duplex-Model``) and the voice it s
 names or for none; no header for a model without named voices).
 
 A refused request gets OpenAI's error body (``http_errors``): the route's own checks (the body,
-an empty text, a model that is not a TTS model, a format it cannot write) before a session opens;
+an empty text, a model that is not a TTS model, a format it cannot write) before a slot is taken;
 the model's refusals (``voice_not_found``, ``event_too_large`` for a text over its bound,
 ``invalid_session_config`` for an option it does not take) as they come. The answer waits for its
 first audio before its status goes out, so those refusals keep their status too; a failure after
 the first audio ends the body early (the file: the connection is cut, so the client sees an
 incomplete transfer rather than a short file).
 
-A client that goes away (``http.disconnect``) before its answer cancels it at once: the session
-closes and frees its slot (``http_requests.until_departed``). The answer is read ahead of its
-client (``http_streams.BufferedStream``, at most ``http_stream_buffer_bytes``), so the session ends
-when the model is done even if the client never reads; a client whose write stays blocked for
-``send_timeout_s`` is dropped.
+A client that goes away (``http.disconnect``) before its answer cancels it at once: the stream
+is closed, its request stopped and its slot freed (``http_requests.until_departed``). The answer is
+read ahead of its client (``http_streams.BufferedStream``, at most ``http_stream_buffer_bytes``),
+so the slot is freed when the model is done even if the client never reads; a client whose write
+stays blocked for ``send_timeout_s`` is dropped (its request stopped, if the model was not done).
 """
 
 from __future__ import annotations
@@ -46,19 +46,17 @@ from starlette.requests import Request
 from starlette.responses import Response
 
 from duplex.engine.settings import voice_for
+from duplex.plugins.base import Capabilities
 from duplex.protocol.errors import DuplexError, ProtocolError
-from duplex.protocol.ext.commands import DuplexResponseCreateParams
-from duplex.protocol.realtime.events import ResponseOutputAudioDelta
-from duplex.protocol.realtime.items import InputTextPart, MessageItem
 from duplex.protocol.speech import SpeechAudioDelta, SpeechAudioDone, SpeechError, SpeechRequest, SpeechUsage
 from duplex.server.audio_files import CONTENT_TYPES, AudioFileEncoder
-from duplex.server.batch_sessions import request_session, response_events
+from duplex.server.batch_streams import audio_chunks, request_outputs, request_stream
 from duplex.server.http_errors import error_response
 from duplex.server.http_requests import Departed, admit, read_json, until_departed
 from duplex.server.http_streams import BufferedStream
 from duplex.server.models import MODEL_HEADER, ServedModel, Wants
 
-__all__ = ["SPEECH_RATE", "VOICE_HEADER", "speech_endpoint", "speech_params"]
+__all__ = ["SPEECH_RATE", "VOICE_HEADER", "speech_endpoint", "speech_options"]
 
 log = logging.getLogger("duplex.server.speech")
 
@@ -70,34 +68,34 @@ _SSE: Final = "text/event-stream"
 _PYAV_FORMATS: Final = frozenset({"mp3", "opus", "aac", "flac"})
 
 
-def speech_params(
-    text: str,
+def speech_options(
+    caps: Capabilities,
     *,
     voice: str | None,
     speed: float | None = None,
     language: str | None = None,
     instructions: str | None = None,
     seed: int | None = None,
-) -> DuplexResponseCreateParams:
-    """The ``response.create`` parameters of one text to speak: the text as the response's input,
-    the voice as its voice, the other parameters (those given) as its ``extra_body``."""
+) -> dict[str, Any]:
+    """The model's options for one text to speak: the parameters given, and the voice as a
+    session chooses it (``voice_for``: one of OpenAI's names stands for the model's default voice;
+    a model without named voices gets none, and speaks in its own)."""
     options: dict[str, Any] = {
         k: v
         for k, v in (("speed", speed), ("language", language), ("instructions", instructions), ("seed", seed))
         if v is not None
     }
-    return DuplexResponseCreateParams(
-        input=[MessageItem(role="user", content=[InputTextPart(text=text)])],
-        voice=voice,
-        extra_body=options or None,
-    )
+    used = voice_for(voice, caps) if voice is not None else None
+    if used is not None:
+        options["voice"] = used
+    return options
 
 
 async def speech_endpoint(request: Request) -> Response:
     """The route (see the module docstring)."""
     state = request.app.state.duplex
     try:
-        key_id = admit(request)
+        admit(request)  # the API key, when the server asks for one
         body = await read_json(request, SpeechRequest, state.config.max_http_body_bytes)
         if not body.input.strip():
             raise ProtocolError("response_create_without_input", "input is empty", param="input")
@@ -105,8 +103,8 @@ async def speech_endpoint(request: Request) -> Response:
         encoder = AudioFileEncoder(body.response_format, SPEECH_RATE)  # refuses a format it cannot write
     except DuplexError as err:
         return _refused(request, err)
-    params = speech_params(
-        body.input,
+    options = speech_options(
+        model.engine.capabilities,
         voice=body.voice,
         speed=body.speed,
         language=body.language,
@@ -115,7 +113,7 @@ async def speech_endpoint(request: Request) -> Response:
     )
     headers = _answer_headers(model, body.voice)
     return await _stream(
-        request, model.engine, key_id, params, encoder, sse=body.stream_format == "sse", headers=headers
+        request, model.engine, body.input, options, encoder, sse=body.stream_format == "sse", headers=headers
     )
 
 
@@ -138,7 +136,7 @@ def _refused(request: Request, err: DuplexError) -> Response:
 
 
 def _departed(request: Request) -> Response:
-    """The client left before its answer: its session was closed (nobody reads this response)."""
+    """The client left before its answer: its stream was closed (nobody reads this response)."""
     request.app.state.duplex.metrics.detached.bump("client_gone")
     return Response(status_code=204)
 
@@ -146,25 +144,25 @@ def _departed(request: Request) -> Response:
 async def _stream(
     request: Request,
     engine: Any,
-    key_id: bytes | None,
-    params: DuplexResponseCreateParams,
+    text: str,
+    options: dict[str, Any],
     encoder: AudioFileEncoder,
     *,
     sse: bool,
     headers: Mapping[str, str],
 ) -> Response:
-    """Open the session and wait for the first audio (or the end, or a refusal) before answering;
-    the rest goes out through a ``BufferedStream`` (the session closes when the model is done,
-    however slowly the client reads)."""
+    """Take a slot, start the request and wait for its first audio (or the end, or a refusal)
+    before answering; the rest goes out through a ``BufferedStream`` (the stream closes when the
+    model is done, however slowly the client reads)."""
     state = request.app.state.duplex
     stack = contextlib.AsyncExitStack()
     try:
-        att = await stack.enter_async_context(request_session(engine, key_id))
-        events = response_events(att, params)
-        stack.push_async_callback(events.aclose)
-        first, ended = await until_departed(request, _first_audio(events))
+        stream = await stack.enter_async_context(request_stream(engine))
+        chunks = audio_chunks(request_outputs(engine, stream, text, options), SPEECH_RATE)
+        stack.push_async_callback(chunks.aclose)
+        first, ended = await until_departed(request, _first_audio(chunks))
     except BaseException as exc:
-        await stack.__aexit__(type(exc), exc, exc.__traceback__)  # the session closes at once
+        await stack.aclose()  # the request stops, its slot is freed
         if isinstance(exc, DuplexError):
             return _refused(request, exc)
         if isinstance(exc, Departed):
@@ -172,13 +170,10 @@ async def _stream(
         raise
 
     async def close(exc: BaseException | None) -> None:
-        if exc is None:
-            await stack.aclose()  # the response completed: the session closes, its slot is freed
-        else:
-            await stack.__aexit__(type(exc), exc, exc.__traceback__)  # closes at once, cancelling
+        await stack.aclose()  # done or not (a failure, a client gone): the request stops, its slot is freed
 
     return BufferedStream(
-        _body(events, first, ended, encoder, sse=sse),
+        _body(chunks, first, ended, encoder, sse=sse),
         close,
         media_type=_SSE if sse else CONTENT_TYPES[encoder.format],
         max_buffered_bytes=state.config.http_stream_buffer_bytes,
@@ -189,11 +184,10 @@ async def _stream(
     )
 
 
-async def _first_audio(events: AsyncIterator[Any]) -> tuple[bytes, bool]:
-    """The first audio delta's bytes (``b""`` and True when the response ended without audio)."""
-    async for event in events:
-        if isinstance(event, ResponseOutputAudioDelta):
-            return event.delta, False
+async def _first_audio(chunks: AsyncIterator[bytes]) -> tuple[bytes, bool]:
+    """The first chunk of audio (``b""`` and True when the request ended without audio)."""
+    async for chunk in chunks:
+        return chunk, False
     return b"", True
 
 
@@ -210,7 +204,7 @@ async def _finish(encoder: AudioFileEncoder) -> bytes:
 
 
 async def _body(
-    events: AsyncIterator[Any],
+    chunks: AsyncIterator[bytes],
     first: bytes,
     ended: bool,
     encoder: AudioFileEncoder,
@@ -228,11 +222,10 @@ async def _body(
         yield frame(chunk)
     if not ended:
         try:
-            async for event in events:
-                if isinstance(event, ResponseOutputAudioDelta):
-                    chunk = await _encode(encoder, event.delta)
-                    if chunk:
-                        yield frame(chunk)
+            async for pcm in chunks:
+                chunk = await _encode(encoder, pcm)
+                if chunk:
+                    yield frame(chunk)
         except DuplexError as err:
             if not sse:
                 raise  # the connection is cut: the client sees an incomplete transfer

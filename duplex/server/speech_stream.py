@@ -1,10 +1,10 @@
-"""``WS /v1/audio/speech/stream``: the seeds' streaming-text speech socket, on the session layer.
+"""``WS /v1/audio/speech/stream``: the seeds' streaming-text speech socket, on a batch stream.
 
-The wire is in ``duplex.protocol.speech``. A socket holds one session on its TTS model's engine
-(``batch_sessions.request_session``: the same admission, limits and metrics as every session;
-unpaced, closed with the socket): every unit of text to speak is one response of that session
-(``response.create`` with the unit as ``response.input`` and the socket's settings as its voice and
-``extra_body``), and its audio deltas go out as binary frames.
+The wire is in ``duplex.protocol.speech``. A socket holds one ``BatchStream`` on its TTS model's
+engine (``batch_streams.request_stream``: one slot, under the same admission and limits as every
+session and counted with them; closed with the socket): every unit of text to speak is one request
+on that stream (the unit as its text, the socket's settings as its options: ``speech_options``),
+and its audio (pcm16 at 24 kHz, ``batch_streams.audio_chunks``) goes out as binary frames.
 
 1. *Admission* (before accepting): draining 503, API key 401, browser origin 403, as for
    ``/v1/realtime``.
@@ -16,7 +16,7 @@ unpaced, closed with the socket): every unit of text to speak is one response of
    as does a model with no room for another session, with 1013 (``resource_exhausted``, or another
    code a later try may get past: ``close_codes.open_close_code``). A later ``session.config``
    replaces the settings between utterances (refused while one is in progress) and moves the
-   socket to another model's session when it names one.
+   socket to another model's stream when it names one.
 3. *Text*: ``input.text`` adds to the utterance, and with ``split_granularity`` ``sentence`` or
    ``clause`` each unit completed is spoken at once (``speech_text``); ``input.done`` speaks the
    rest, then ``session.done``. Each unit: ``audio.start``, its audio (``pcm``: chunks as the model
@@ -24,8 +24,8 @@ unpaced, closed with the socket): every unit of text to speak is one response of
    ``error`` (with the model's code) and ``audio.done{error: true}``, and the socket goes on.
 4. *End*: ``session.close`` closes the socket (1000); so do ``speech_stream_idle_timeout_s`` without
    a message and more than ``speech_stream_max_buffered_chars`` of unspoken text (after an
-   ``error``, 1008). A client that goes away detaches the session, which closes it and cancels the
-   unit being spoken: noticed at once while a unit is made (the connection's
+   ``error``, 1008). A client that goes away closes the stream, which stops the unit being spoken
+   and frees the slot: noticed at once while a unit is made (the connection's
    ``TransportExtension.lost``, not behind the messages it still has queued), whatever the format,
    even one whose audio is sent only once the unit is whole.
 
@@ -47,8 +47,6 @@ import msgspec
 from starlette.websockets import WebSocket, WebSocketDisconnect
 
 from duplex.protocol.errors import DuplexError, ProtocolError
-from duplex.protocol.ext.commands import DuplexResponseCreateParams
-from duplex.protocol.realtime.events import ResponseOutputAudioDelta
 from duplex.protocol.speech import (
     AudioDone,
     AudioStart,
@@ -61,13 +59,13 @@ from duplex.protocol.speech import (
     SpeechStreamError,
 )
 from duplex.server.audio_files import AudioFileEncoder, encode_file
-from duplex.server.batch_sessions import request_session, response_events
+from duplex.server.batch_streams import audio_chunks, request_outputs, request_stream
 from duplex.server.close_codes import CloseCode, CloseReason, close_reason_for_code, open_close_code
 from duplex.server.connection import serve_websocket
 from duplex.server.http_requests import Departed, decode_json, until_gone
 from duplex.server.models import Wants
 from duplex.server.ratelimit import TokenBucket
-from duplex.server.speech import SPEECH_RATE, speech_params
+from duplex.server.speech import SPEECH_RATE, speech_options
 from duplex.server.speech_text import TextSplitter
 from duplex.server.ws_protocol import transport_extension
 
@@ -90,16 +88,16 @@ class _Closing(Exception):
 
 
 async def speech_stream_endpoint(websocket: WebSocket) -> None:
-    """The WebSocket route (see the module docstring). Cancel-safe: the session is closed."""
+    """The WebSocket route (see the module docstring). Cancel-safe: the stream is closed."""
     state = websocket.app.state.duplex
 
-    async def serve(key_id: bytes | None) -> None:
+    async def serve(key_id: bytes | None) -> None:  # the key's identity: a stream is bound to none
         try:
-            await _SpeechSocket(websocket, state, key_id).run()
+            await _SpeechSocket(websocket, state).run()
         except _Closing as closing:
             await _close(websocket, closing.close_code, closing.reason)
         except (WebSocketDisconnect, ConnectionError, OSError, Departed):
-            return  # the client went away; the session was closed on the way out
+            return  # the client went away; the stream was closed on the way out
 
     await serve_websocket(websocket, state, serve)
 
@@ -112,11 +110,10 @@ async def _close(websocket: WebSocket, code: CloseCode, reason: str) -> None:
 class _SpeechSocket:
     """One accepted socket (see the module docstring)."""
 
-    def __init__(self, websocket: WebSocket, state: Any, key_id: bytes | None) -> None:
+    def __init__(self, websocket: WebSocket, state: Any) -> None:
         self.ws = websocket
         self.state = state
         self.cfg = state.config
-        self.key_id = key_id
         self.config: SpeechStreamConfig | None = None
         self.splitter = TextSplitter("none")
         self.utterance = 0
@@ -125,12 +122,12 @@ class _SpeechSocket:
         self._stack = contextlib.AsyncExitStack()
         self._bucket = TokenBucket(self.cfg.max_messages_per_s, self.cfg.max_message_burst)
         self._engine: Any = None
-        self._att: Any = None
+        self._stream: Any = None
         self._transport = transport_extension(websocket.scope)
         self._unit_bytes = 0  # audio bytes of the unit being spoken sent so far
 
     async def run(self) -> None:
-        """Serve the socket until it closes; its session (if one was opened) is closed on every
+        """Serve the socket until it closes; its stream (if one was opened) is closed on every
         way out: a return, a refusal that closes the socket, a disconnect, a cancellation."""
         async with self._stack:
             while True:
@@ -208,12 +205,13 @@ class _SpeechSocket:
             model = self.state.models.pick(config.model, Wants.SPEECH).model
             AudioFileEncoder(config.response_format, SPEECH_RATE)  # refuses a format it cannot write
             if model.engine is not self._engine:
-                await self._stack.aclose()  # the previous model's session, if any
-                self._att = await self._stack.enter_async_context(request_session(model.engine, self.key_id))
+                await self._stack.aclose()  # the previous model's stream, if any
+                self._stream = None
+                self._stream = await self._stack.enter_async_context(request_stream(model.engine))
                 self._engine = model.engine
         except DuplexError as err:
             await self._error(err)
-            if first or self._att is None:
+            if first or self._stream is None:
                 raise _Closing(err.code) from None
             return
         self.config = config
@@ -222,7 +220,7 @@ class _SpeechSocket:
     async def _speak(self, text: str) -> None:
         """One unit: ``audio.start``, its audio, ``audio.done`` (see the module docstring)."""
         config = self.config
-        assert config is not None and self._att is not None
+        assert config is not None and self._stream is not None
         fmt = config.response_format
         await self._send(
             AudioStart(
@@ -233,8 +231,8 @@ class _SpeechSocket:
                 sample_rate=SPEECH_RATE,
             )
         )
-        params = speech_params(
-            text,
+        options = speech_options(
+            self._engine.capabilities,
             voice=config.voice or config.speaker,
             speed=config.speed,
             language=config.language,
@@ -244,7 +242,7 @@ class _SpeechSocket:
         self._unit_bytes = 0
         failed = False
         try:
-            await until_gone(self._gone(), self._audio(params, fmt))
+            await until_gone(self._gone(), self._audio(text, options, fmt))
         except DuplexError as err:
             failed = True
             await self._error(err)
@@ -257,17 +255,17 @@ class _SpeechSocket:
         await self._send(done)
         self.sentence += 1
 
-    async def _audio(self, params: DuplexResponseCreateParams, fmt: str) -> None:
+    async def _audio(self, text: str, options: dict[str, Any], fmt: str) -> None:
         """The unit's audio, sent: ``pcm`` chunk by chunk as it is made, other formats as one file
         once it is whole. Raises the ``DuplexError`` of a unit the model refused or failed."""
         pcm = bytearray()
-        async for event in response_events(self._att, params):
-            if isinstance(event, ResponseOutputAudioDelta):
-                if fmt == "pcm":
-                    await self.ws.send_bytes(event.delta)
-                    self._unit_bytes += len(event.delta)
-                else:
-                    pcm += event.delta
+        outputs = request_outputs(self._engine, self._stream, text, options)
+        async for chunk in audio_chunks(outputs, SPEECH_RATE):
+            if fmt == "pcm":
+                await self.ws.send_bytes(chunk)
+                self._unit_bytes += len(chunk)
+            else:
+                pcm += chunk
         if fmt != "pcm":
             data = await asyncio.to_thread(encode_file, bytes(pcm), fmt, SPEECH_RATE)
             await self.ws.send_bytes(data)

@@ -3,11 +3,13 @@
 ``batch_server([("piper", plugin), ("sd", plugin)])`` serves each plugin under its name, the first
 as the default model, each with its own engine; the plugins are loaded by the caller (module-scoped
 fixtures in ``conftest.py``) and reused across servers: every session closes its slot when the
-server drains.
+server drains. ``all_closed(engine)`` waits until no request (or session) holds a slot of the
+engine's model.
 """
 
 from __future__ import annotations
 
+import asyncio
 import contextlib
 from collections.abc import AsyncIterator, Sequence
 from dataclasses import dataclass, field
@@ -66,3 +68,11 @@ async def batch_server(
         finally:
             for client in running.clients:
                 await client.close()
+
+
+async def all_closed(engine: Engine, timeout_s: float = 60.0) -> None:
+    """Return once nothing holds a slot of ``engine``'s model (a stream's close ends on the loop
+    while the request that cancelled it has already gone); ``TimeoutError`` after ``timeout_s``."""
+    async with asyncio.timeout(timeout_s):
+        while engine.manager.open_count:
+            await asyncio.sleep(0.01)

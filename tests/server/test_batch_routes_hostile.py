@@ -18,7 +18,7 @@ import pytest
 import websockets
 
 from duplex.server.config import ServerConfig
-from tests.server.batch_servers import batch_server
+from tests.server.batch_servers import all_closed, batch_server
 from tests.server.flood_batch import FloodBatchPlugin
 
 pytestmark = pytest.mark.timeout(120)
@@ -94,10 +94,10 @@ def post(port: int, path: str, body: dict[str, Any]) -> bytes:
 
 
 async def started(server: Any, plugin: FloodBatchPlugin) -> Any:
-    """The one session once the model has begun its request."""
+    """The one request's stream once the model has begun its request."""
     await asyncio.to_thread(plugin.began.wait, 60)
-    (record,) = server.engines["flood"].manager.records.values()
-    return record
+    (stream,) = server.engines["flood"].manager.streams.values()
+    return stream
 
 
 @pytest.mark.parametrize(
@@ -113,10 +113,10 @@ async def test_a_client_that_leaves_before_its_answer_has_its_request_cancelled(
     async with batch_server([("flood", plugin)]) as server:
         _, writer = await asyncio.open_connection("127.0.0.1", server.port)
         writer.write(post(server.port, path, body))
-        record = await started(server, plugin)
+        stream = await started(server, plugin)
         writer.close()  # the client leaves
-        await asyncio.wait_for(record.finished.wait(), 60)  # the session ended: the request was cancelled
-        assert server.engines["flood"].manager.open_count == 0
+        await all_closed(server.engines["flood"])  # the stream closed: the request was cancelled
+        assert not stream.running
         assert server.app.state.duplex.metrics.detached["client_gone"] == 1
 
 
@@ -157,9 +157,8 @@ async def test_a_finished_stream_its_client_does_not_read_frees_its_slot_and_is_
         sock = never_reading_socket(server.port)
         try:
             sock.sendall(post(server.port, "/v1/audio/speech", SPEECH))
-            record = await started(server, plugin)
-            await asyncio.wait_for(record.finished.wait(), 60)  # closed while nothing was read
-            assert server.engines["flood"].manager.open_count == 0
+            await started(server, plugin)
+            await all_closed(server.engines["flood"])  # closed while nothing was read
             data = await asyncio.to_thread(read_response, sock)
         finally:
             sock.close()
@@ -175,8 +174,8 @@ async def test_a_client_that_never_reads_a_finished_stream_is_dropped_after_the_
         sock = never_reading_socket(server.port)
         try:
             sock.sendall(post(server.port, "/v1/audio/speech", SPEECH))
-            record = await started(server, plugin)
-            await asyncio.wait_for(record.finished.wait(), 60)
+            await started(server, plugin)
+            await all_closed(server.engines["flood"])
             assert await asyncio.to_thread(dropped, sock)
             assert dict(server.app.state.duplex.metrics.detached) == {"slow_reader": 1}
             data = await asyncio.to_thread(read_response, sock)
@@ -192,10 +191,10 @@ async def test_a_client_that_stops_reading_an_endless_stream_ends_its_session_an
         sock = never_reading_socket(server.port)
         try:
             sock.sendall(post(server.port, "/v1/audio/speech", SPEECH))
-            record = await started(server, plugin)
-            # The buffer fills, the session's own events back up and it ends as a slow reader.
-            await asyncio.wait_for(record.finished.wait(), 60)
-            assert server.engines["flood"].manager.open_count == 0
+            await started(server, plugin)
+            # The buffer fills, the stream's outputs back up and pause the request, the client is
+            # dropped as a slow reader and the stream closes.
+            await all_closed(server.engines["flood"])
             assert await asyncio.to_thread(dropped, sock)
             data = await asyncio.to_thread(read_response, sock)
         finally:

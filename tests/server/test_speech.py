@@ -5,7 +5,6 @@ refusal with OpenAI's error body and status."""
 
 from __future__ import annotations
 
-import asyncio
 import base64
 import io
 import json
@@ -21,7 +20,7 @@ import websockets
 from duplex.engine import EngineConfig
 from duplex.plugins.builtin.scripted import ScriptedBatchPlugin
 from duplex.server.config import ServerConfig
-from tests.server.batch_servers import batch_server
+from tests.server.batch_servers import all_closed, batch_server
 
 pytestmark = pytest.mark.timeout(120)
 
@@ -67,18 +66,18 @@ async def test_the_sdk_speaks_a_wav_file_sent_as_it_is_made_with_sizes_to_the_en
 
 
 async def test_a_long_text_starts_arriving_while_the_model_still_speaks_the_rest(piper) -> None:
-    """No ``stream_format``: the file's first bytes arrive while the request's session is still
-    open, the model speaking the text's later pieces (it closes once the model is done)."""
+    """No ``stream_format``: the file's first bytes arrive while the request is still running,
+    the model speaking the text's later pieces (its stream closes once the model is done)."""
     body = {"model": "piper", "voice": "joe", "input": LONG_TEXT, "response_format": "wav"}
     async with batch_server([("piper", piper)]) as server, httpx.AsyncClient(timeout=60) as http:
         engine = server.engines["piper"]
         async with http.stream("POST", f"{server.http}/v1/audio/speech", json=body) as reply:
             chunks = reply.aiter_raw()
             first = await anext(chunks)
-            speaking = [r.session.output.active is not None for r in engine.manager.records.values()]
+            speaking = [stream.running for stream in engine.manager.streams.values()]
             data = first + b"".join([chunk async for chunk in chunks])
         assert engine.manager.open_count == 0
-    assert speaking == [True]  # one session, its response still in progress
+    assert speaking == [True]  # one stream, its request still running
     assert reply.status_code == 200 and "content-length" not in reply.headers
     assert data[:4] == b"RIFF" and data[4:8] == b"\xff\xff\xff\xff"
     whole = np.frombuffer(data[44:], dtype="<i2")
@@ -296,13 +295,12 @@ async def test_a_client_that_leaves_mid_stream_closes_its_session(piper) -> None
         ) as reply:
             async for _chunk in reply.iter_bytes():
                 break  # the client leaves after the first chunk
-            records = list(engine.manager.records.values())
+            streams = list(engine.manager.streams.values())
             async with httpx.AsyncClient() as http:
                 health = (await http.get(f"{server.http}/health")).json()
-        assert health["sessions"] == 1  # an HTTP request's session counts as any other
-        assert len(records) == 1
-        await asyncio.wait_for(records[0].finished.wait(), 10)  # closed, its slot released
-        assert engine.manager.open_count == 0
+        assert health["sessions"] == 1  # an HTTP request's stream counts as any session
+        assert len(streams) == 1
+        await all_closed(engine, 10)  # closed, its slot released
 
 
 async def test_a_tiny_qwen3_tts_speaks_through_the_sdk_with_its_seed(qwen3) -> None:

@@ -15,7 +15,7 @@ import websockets
 
 from duplex.plugins.builtin.scripted import ScriptedBatchPlugin
 from duplex.server.config import ServerConfig
-from tests.server.batch_servers import batch_server
+from tests.server.batch_servers import all_closed, batch_server
 from tests.server.flood_batch import FloodBatchPlugin
 
 pytestmark = pytest.mark.timeout(120)
@@ -197,10 +197,7 @@ async def test_a_client_that_leaves_after_a_refused_unit_leaves_no_session_open(
                 _, error, done = await failed_unit(ws)
                 await ws.recv()  # session.done
             await routes_ended(server)
-            records = list(engine.manager.records.values())
-            if records:  # closing: its cleanup finishes on its own
-                await asyncio.wait_for(records[0].finished.wait(), 10)
-            assert engine.manager.open_count == 0
+            await all_closed(engine, 10)
     assert (error["code"], done["error"]) == (
         "voice_not_found" if "voice" in refused else "event_too_large",
         True,
@@ -240,7 +237,8 @@ async def test_a_client_that_leaves_while_a_unit_is_made_ends_its_session_at_onc
             await send(ws, type="input.done")
             assert json.loads(await ws.recv())["type"] == "audio.start"
             await asyncio.to_thread(plugin.began.wait, 60)
-            (record,) = server.engines["flood"].manager.records.values()
-        await asyncio.wait_for(record.finished.wait(), 60)  # closed: the unit was cancelled
+            (stream,) = server.engines["flood"].manager.streams.values()
+            assert stream.running
+        await all_closed(server.engines["flood"])  # closed: the unit was stopped
         await routes_ended(server)
-        assert server.engines["flood"].manager.open_count == 0
+        assert not stream.running
