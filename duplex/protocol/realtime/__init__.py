@@ -16,7 +16,6 @@ from duplex.protocol.realtime.commands import (
     SessionUpdate,
 )
 from duplex.protocol.realtime.events import (
-    Conversation,
     ConversationCreated,
     ConversationItemAdded,
     ConversationItemCreated,
@@ -46,6 +45,7 @@ from duplex.protocol.realtime.events import (
     OutputAudioBufferStopped,
     RateLimit,
     RateLimitsUpdated,
+    RealtimeConversation,
     ResponseContentPartAdded,
     ResponseContentPartDone,
     ResponseCreated,
@@ -136,7 +136,6 @@ __all__ = [
     "AudioPart",
     "Command",
     "ContentPart",
-    "Conversation",
     "ConversationCreated",
     "ConversationItem",
     "ConversationItemAdded",
@@ -197,6 +196,7 @@ __all__ = [
     "Prompt",
     "RateLimit",
     "RateLimitsUpdated",
+    "RealtimeConversation",
     "RealtimeSession",
     "Reasoning",
     "Response",

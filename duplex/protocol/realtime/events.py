@@ -20,7 +20,6 @@ from duplex.protocol.realtime.session import RealtimeSession
 from duplex.protocol.wire import Event, Wire
 
 __all__ = [
-    "Conversation",
     "ConversationCreated",
     "ConversationItemAdded",
     "ConversationItemCreated",
@@ -50,6 +49,7 @@ __all__ = [
     "OutputAudioBufferStopped",
     "RateLimit",
     "RateLimitsUpdated",
+    "RealtimeConversation",
     "ResponseContentPartAdded",
     "ResponseContentPartDone",
     "ResponseCreated",
@@ -94,7 +94,7 @@ class SessionUpdated(Event, tag="session.updated", kw_only=True):
 # -- conversation ----------------------------------------------------------------------------------
 
 
-class Conversation(Wire, kw_only=True):
+class RealtimeConversation(Wire, kw_only=True):
     """The conversation of ``conversation.created``."""
 
     id: str | None = None
@@ -104,7 +104,7 @@ class Conversation(Wire, kw_only=True):
 class ConversationCreated(Event, tag="conversation.created", kw_only=True):
     """A conversation was created (beta; GA servers rarely send it)."""
 
-    conversation: Conversation
+    conversation: RealtimeConversation
 
 
 class ConversationItemCreated(Event, tag="conversation.item.created", kw_only=True):

@@ -163,7 +163,7 @@ def event_samples() -> list[object]:
                 type="invalid_request_error", code="bad_event", message="bad", param="audio", event_id="evt_2"
             ),
         ),
-        p.ConversationCreated(event_id=e, conversation=p.Conversation(id="conv_1")),
+        p.ConversationCreated(event_id=e, conversation=p.RealtimeConversation(id="conv_1")),
         p.ConversationItemCreated(event_id=e, item=user, previous_item_id="root"),
         p.ConversationItemAdded(event_id=e, item=user, previous_item_id=None),
         p.ConversationItemDone(event_id=e, item=_assistant_item(), previous_item_id="item_u"),
