@@ -15,8 +15,8 @@ What runs (each at every ``--concurrency`` level N, in the same process, on the 
   for ``qwen3_tts`` the one-at-a-time reference is the plugin's own N=1 row (no reference
   implementation of Qwen3-TTS is installed here).
 * ``server`` (with ``--through-server``): the same jobs from N concurrent HTTP clients through a real
-  server's routes (``/v1/images/generations``, ``/v1/audio/speech`` streamed), one session per
-  request on the engine (``bench.batch_server``): the figure users see, session layer included.
+  server's routes (``/v1/images/generations``, ``/v1/audio/speech`` streamed), one slot of the
+  engine per request (``bench.batch_server``): the figure users see, admission and HTTP included.
 
 Figures per row: ``throughput`` (images/s, or seconds of audio per second for TTS),
 ``speedup`` (against the one-at-a-time baseline of the same run), request latency p50/p99 (ms,

@@ -1,4 +1,4 @@
-"""The batch models' figures through a real server: N concurrent HTTP requests on the session layer.
+"""The batch models' figures through a real server: N concurrent HTTP requests on the engine.
 
 ``bench.batch_models --through-server`` adds a ``server`` row at every concurrency level: the same
 plugin, the same jobs, served by an ``Engine`` behind the real ASGI app and uvicorn on loopback
@@ -6,8 +6,8 @@ plugin, the same jobs, served by an ``Engine`` behind the real ASGI app and uvic
 soon as its last one ends) through the routes users call: ``POST /v1/images/generations`` (one
 image per request, ``b64_json``) and ``POST /v1/audio/speech`` (``response_format: pcm``,
 ``stream_format: audio``, so the time to first audio is the first body chunk's). So the figure
-includes what the plugin row leaves out: admission and one session per request, the session's
-events, the PNG encoding, JSON and base64, HTTP.
+includes what the plugin row leaves out: admission and one slot (a ``BatchStream``) per request,
+the resampling to the route's 24 kHz, the PNG encoding, JSON and base64, HTTP.
 
 The clients run in a child process of their own (one event loop for all N), as users' clients are
 elsewhere: in the server's process their work (parsing about a megabyte of base64 JSON per 512 x 512

@@ -230,7 +230,7 @@ class Engine:
         file download, where nobody listens while it arrives. ``resumable=False`` gives the session
         no resume token (``resume_token`` is ``None``): when its transport goes away (``detach``,
         or a slow reader) it closes at once instead of waiting ``disconnect_grace_s`` for a resume.
-        The HTTP routes of batch models open their per-request sessions with both off.
+        (The HTTP routes of batch models open no session: they hold a slot with ``open_stream``.)
         ``dialect``: the kind of client it renders for, for its whole life (``Dialect``).
 
         Raises ``SessionError``: ``resource_exhausted`` (retryable), a settings code for a refused
@@ -251,10 +251,11 @@ class Engine:
 
     async def open_stream(self, options: SlotOptions | None = None) -> BatchStream:
         """Hold one slot of a ``batch`` model without a conversation session (``BatchStream``: the
-        seeds' generated-video route), admitted and counted like a session. ``options`` are the
-        slot's (``SlotOptions``). Raises ``SessionError``: ``resource_exhausted`` (retryable),
-        ``not_supported`` for a model of another kind, the plugin's code when it refuses the slot.
-        Not cancel-safe while the plugin opens the slot (the slot is released if it fails)."""
+        seeds' generated-video route, the speech and image routes), admitted and counted like a
+        session. ``options`` are the slot's (``SlotOptions``). Raises ``SessionError``:
+        ``resource_exhausted`` (retryable), ``not_supported`` for a model of another kind, the
+        plugin's code when it refuses the slot. Not cancel-safe while the plugin opens the slot
+        (the slot is released if it fails)."""
         if self._refusing is not None:
             raise SessionError("resource_exhausted", self._refusing)
         return await self.manager.open_stream(options or SlotOptions())

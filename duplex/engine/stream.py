@@ -5,8 +5,9 @@ Theory of operation
 A conversation session (``Session``) journals every event for resume and turns model outputs into
 the Realtime API's response events. Some front doors need neither: the seeds' generated-video
 WebSocket (``/v1/realtime/video``) streams one request's media chunks as they are made, encodes
-them itself, and has no resume. A ``BatchStream`` gives such a transport the rest of the session
-layer, unchanged:
+them itself, and has no resume; the speech and image routes (``duplex.server.batch_streams``)
+answer one request (or one unit of text) at a time and resume nothing either. A ``BatchStream``
+gives such a transport the rest of the session layer, unchanged:
 
 * **admission**: ``Engine.open_stream`` takes a slot under the same limits as ``Engine.open``
   (``max_sessions``, the memory budget, a lost model), counted with the sessions, and opens it in
