@@ -18,12 +18,19 @@ pytest.importorskip("sentencepiece")
 
 import torch
 
-from duplex.plugins.base import Capabilities, PluginError, PluginKind, SlotInput, SlotOptions
+from duplex.plugins.base import (
+    Capabilities,
+    PluginError,
+    PluginKind,
+    SlotInput,
+    SlotOptions,
+    TokenUsage,
+)
 from duplex.plugins.personaplex.config import FRAME_SAMPLES, TEXT_EPAD, TEXT_PAD, tiny_config
 from duplex.plugins.personaplex.generation import frames_to_columns
 from duplex.plugins.personaplex.loading import build_mimi, find_checkpoint
 from duplex.plugins.personaplex.plugin import PersonaPlexPlugin
-from duplex.plugins.personaplex.prompt import build_prompt
+from duplex.plugins.personaplex.prompt import build_prompt, persona_text
 from duplex.plugins.personaplex.sampling import gumbel_noise, sample_top_k
 from duplex.plugins.personaplex.testing import (
     LogitWatch,
@@ -127,8 +134,60 @@ def test_capabilities_match_the_model():
         output_modalities=("audio", "text"),
         updatable_options=(),
         persona_instructions=True,
+        reports_usage=True,
     )
     assert caps.chunk_samples == FRAME_SAMPLES
+
+
+def test_every_heard_frame_reports_the_tokens_the_step_read_and_sampled(plugin):
+    """From the configuration: the user's codebooks in (n_q minus the agent's), one text token and
+    the agent's codebooks out, every heard frame (the tiny model has PersonaPlex's 8 + 8 codebooks);
+    the persona prompt's text tokens once more on the first heard frame after an open or a restart."""
+    cfg = plugin.config
+    agent = cfg.num_audio_codebooks
+    user = int(cfg.lm["n_q"]) - agent
+    assert (agent, user) == (8, 8)
+    per_frame = TokenUsage(input_audio=user, output_text=1, output_audio=agent)
+    options = SESSIONS["a"]
+    prompt_text = len(plugin._tokenizer.encode(persona_text(options.instructions)))
+    assert prompt_text == plugin.prompt_for(options).phases.count("text") > 0
+    first = msgspec.structs.replace(per_frame, input_text=prompt_text)
+    plugin.open_slot(0, options)
+    pcms = audio("usage", 6)
+    usages = []
+    for pcm in pcms[:3]:
+        (out,) = plugin.step([SlotInput(slot=0, epoch=0, pcm=pcm)])
+        usages.append(out.usage)
+        step = plugin.last_step
+        assert step.agent.shape[1] == out.usage.output_audio  # the codes this step sampled
+    assert usages == [first, per_frame, per_frame]
+    assert usages[1] is usages[2]  # one shared instance: no per-frame allocation
+    plugin.cancel_slot(0, epoch=1)  # a restart replays the prompt: counted again
+    outs = [plugin.step([SlotInput(slot=0, epoch=1, pcm=pcm)])[0] for pcm in pcms[3:]]
+    assert [o.usage for o in outs] == [first, per_frame, per_frame]
+
+
+def test_a_frame_not_heard_reports_no_tokens(plugin, ckpt):
+    """A slot opened while another talks is prefilled between ticks: its frames until then are not
+    heard and count nothing; its first heard frame carries the prompt's text tokens."""
+    with PersonaPlexPlugin.from_options(
+        str(ckpt), max_sessions=2, kv_cache=plugin.kv_cache, prefill_chunk_frames=8
+    ) as small:
+        gen = small.generator
+        small.open_slot(0, SESSIONS["a"])
+        small.step([SlotInput(slot=0, epoch=0, pcm=audio("a", 1)[0])])
+        small.open_slot(1, SESSIONS["b"])
+        prompt_text = small.prompt_for(SESSIONS["b"]).phases.count("text")
+        b_usages = []
+        for pcm in audio("b", 12):
+            outs = small.step([SlotInput(slot=0, epoch=0, pcm=pcm), SlotInput(slot=1, epoch=0, pcm=pcm)])
+            b_usages.append(outs[1].usage)
+            if len([u for u in b_usages if u is not None]) == 2:
+                break
+        assert gen.ready[1]
+        unheard = b_usages.index(next(u for u in b_usages if u is not None))
+        assert unheard > 0 and b_usages[:unheard] == [None] * unheard
+        assert [u.input_text for u in b_usages[unheard:]] == [prompt_text, 0]
 
 
 def test_same_seed_gives_the_same_output(plugin, ckpt, alone):

@@ -28,6 +28,7 @@ from duplex.protocol import (
     DuplexInputAudioBufferAppend,
     DuplexSessionConfig,
     DuplexSessionUpdate,
+    SessionClose,
     SessionUpdate,
 )
 from duplex.protocol.audio import decode_audio, encode_audio
@@ -154,3 +155,50 @@ async def test_a_resumed_session_continues_with_its_model_state(ckpt):
             await _audio_deltas(ws, 3)
         # Not reopened (that would restart the slot at the prompt's end): the conversation went on.
         assert int(plugin.generator.offset[0]) >= before + 3
+
+
+async def test_max_output_tokens_ends_a_response_at_the_models_own_count(ckpt):
+    """PersonaPlex counts its tokens, so a limit applies (no warning): the response that reaches it
+    ends ``incomplete`` after the frame that reached it, with every count the plugin reported (per
+    heard frame the user's codebooks in, a text token and the agent's codebooks out), the model
+    restarts its conversation, and its next frames open a new response. ``session.closed`` carries
+    the session's total."""
+    plugin = PersonaPlexPlugin.from_options(str(ckpt), max_sessions=2)
+    frames = _frames()
+    async with (
+        running_server(
+            plugin=plugin, engine_config=EngineConfig(max_sessions=2), model_name="personaplex"
+        ) as srv,
+        websockets.connect(srv.url + "?model=personaplex", proxy=None) as ws,
+    ):
+        created = await recv(ws)
+        assert event_type(created) == "session.created"
+        cfg = plugin.config
+        agent, user = cfg.num_audio_codebooks, int(cfg.lm["n_q"]) - cfg.num_audio_codebooks
+        per_frame = 1 + agent
+        limit = 2 * per_frame + 1  # reached on the third frame
+        prompt = plugin.prompt_for(SlotOptions(instructions=created.session.instructions or ""))
+        prompt_text = prompt.phases.count("text")
+        await send(ws, SessionUpdate(session=SessionConfig(max_output_tokens=limit)))
+        updated, seen = await until(ws, "session.updated")
+        assert updated.session.max_output_tokens == limit and "session.warning" not in seen
+        for frame in frames:
+            await send(ws, DuplexInputAudioBufferAppend(audio=frame))
+        dones = []
+        while len(dones) < 2:
+            ev, seen = await until(ws, "response.done")
+            assert "session.warning" not in seen and "error" not in seen
+            dones.append(ev.response)
+        for response in dones:
+            assert (response.status, response.status_details.reason) == ("incomplete", "max_output_tokens")
+            usage = response.usage
+            text, audio = (usage.output_token_details[k] for k in ("text_tokens", "audio_tokens"))
+            assert usage.output_tokens == text + audio >= limit and audio == agent * text
+            assert usage.input_token_details["audio_tokens"] == user * text
+            assert usage.input_token_details["text_tokens"] == prompt_text > 0  # each restart's prompt
+        assert dones[0].usage.output_tokens == 3 * per_frame  # every frame stepped before it was heard
+        await send(ws, SessionClose())
+        closed, _ = await until(ws, "session.closed")
+        total = closed.usage
+        assert total.output_tokens >= sum(r.usage.output_tokens for r in dones)
+        assert total.input_token_details["text_tokens"] % prompt_text == 0

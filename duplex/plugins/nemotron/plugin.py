@@ -25,7 +25,18 @@ Slot lifecycle, as the engine sees it:
   - ``SlotInput.tool_results`` are queued and fed to the function channel one
     token per frame (the model listens meanwhile), then the model continues.
 * ``cancel_slot(slot, epoch)`` restarts the conversation (fresh state, same prompt).
+  The engine calls it when a response is cancelled or reaches ``max_output_tokens``.
 * ``close_slot(slot)`` frees the slot.
+
+Every output reports the frame's tokens (``Capabilities.reports_usage``), in the model's
+units, listening or not (the model runs every stage every frame): ``input_audio`` 1 (the
+perception's one embedding of the frame), ``output_text`` the text token and, with a
+function head, the function token the thinker chose (PAD included: it chooses one of each
+every frame), ``output_audio`` the talker's codec codes (``num_quantizers``: 31). On a
+frame fed a tool result's token, that token is ``input_text`` and no text or function
+token is chosen (the text is held at PAD). The first frame after an open or a restart also
+counts the system prompt's tokens (``[bos] + instructions and tools + [eos]``) as
+``input_text``.
 
 Options (``from_options``): ``max_sessions`` (4), ``device`` ("cpu" /
 "cuda[:N]"), ``dtype`` (thinker and perception; bfloat16 on CUDA, float32 on a
@@ -61,6 +72,7 @@ from duplex.plugins.base import (
     SlotInput,
     SlotOptions,
     SlotOutput,
+    TokenUsage,
     ToolCall,
 )
 from duplex.plugins.nemotron.config import FRAME_SAMPLES, INPUT_RATE, VoiceChatConfig
@@ -70,7 +82,7 @@ from duplex.plugins.nemotron.tokens import Detokenizer, TextTokenizer
 from duplex.plugins.nemotron.tools import ToolCallParser, system_prompt, tool_response_text
 from duplex.plugins.options import parse_options, pick_default_voice, voice_not_found
 
-__all__ = ["NemotronVoiceChatPlugin"]
+__all__ = ["NemotronVoiceChatPlugin", "frame_usages", "with_prompt"]
 
 log = logging.getLogger(__name__)
 
@@ -187,6 +199,9 @@ class NemotronVoiceChatPlugin(FramePlugin):
         self._default_voice: str | None = None
         self._slots: dict[int, _Slot] = {}
         self.last_step: StepResult | None = None  # host copy of the latest step's tokens and audio
+        # A frame's tokens (``load``), one shared instance each: a chosen frame, a forced one.
+        self._frame_usage = TokenUsage()
+        self._forced_usage = TokenUsage()
         self._opens = 0
         self._closed = False
         self.tool_results_truncated = 0
@@ -280,6 +295,7 @@ class NemotronVoiceChatPlugin(FramePlugin):
         if self._warm_up:
             gen.warm_up()
         self._gen = gen
+        self._frame_usage, self._forced_usage = frame_usages(gen.Q, model.thinker.function_head is not None)
         log.info(
             "nemotron_voicechat loaded from %s on %s: %d slots, voices %s, guidance %s",
             self._root,
@@ -313,6 +329,7 @@ class NemotronVoiceChatPlugin(FramePlugin):
             voices=tuple(sorted(self._voices)),
             default_voice=self._default_voice,
             updatable_options=(),  # instructions, tools and voice are in the prompt the slot opens with
+            reports_usage=True,  # per frame: its audio embedding in, text (and function) tokens and codes out
         )
 
     # -- slots ---------------------------------------------------------------------------------
@@ -414,7 +431,12 @@ class NemotronVoiceChatPlugin(FramePlugin):
             token, func = int(result.text[slot]), int(result.function[slot])
             if forced_host[slot] < 0:
                 state.calls.extend(state.parser.push(func, self.tokenizer.decode))
-            out = SlotOutput(slot=slot, epoch=item.epoch, sample_rate=rate)
+                usage = self._frame_usage
+            else:
+                usage = self._forced_usage
+            if state.frames == 1:  # the first frame after a (re)start: the system prompt it ran too
+                usage = with_prompt(usage, len(state.prompt))
+            out = SlotOutput(slot=slot, epoch=item.epoch, sample_rate=rate, usage=usage)
             started = ended = False
             if token == special.eos:
                 ended = state.speaking
@@ -438,3 +460,22 @@ class NemotronVoiceChatPlugin(FramePlugin):
             out.end_of_turn = ended or (out.tool_call is not None and not state.calls and not state.speaking)
             outputs.append(out)
         return outputs
+
+
+def frame_usages(codebooks: int, function_head: bool) -> tuple[TokenUsage, TokenUsage]:
+    """The tokens of one frame: one where the thinker chose its tokens (the audio embedding read; the
+    text token, the function token with a ``function_head``, and ``codebooks`` codes made), and one
+    where a tool result's token was forced (that token read, the text held at PAD, the codes made)."""
+    chosen = TokenUsage(input_audio=1, output_text=1 + int(function_head), output_audio=codebooks)
+    forced = TokenUsage(input_text=1, input_audio=1, output_audio=codebooks)
+    return chosen, forced
+
+
+def with_prompt(usage: TokenUsage, prompt_tokens: int) -> TokenUsage:
+    """``usage`` and the system prompt's ``prompt_tokens`` (the first frame's count after a (re)start)."""
+    return TokenUsage(
+        input_text=usage.input_text + prompt_tokens,
+        input_audio=usage.input_audio,
+        output_text=usage.output_text,
+        output_audio=usage.output_audio,
+    )

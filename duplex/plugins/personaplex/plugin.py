@@ -19,8 +19,21 @@ Slot lifecycle, as the engine sees it:
   slots not in the batch are frozen. Each input gets exactly one output with
   1920 samples of 24 kHz audio and the transcript delta of that frame.
 * ``cancel_slot(slot, epoch)`` restarts the conversation: fresh state and the
-  same prompt replayed (the model has no notion of a reply to cancel).
+  same prompt replayed (the model has no notion of a reply to cancel). The engine
+  calls it when a response is cancelled or reaches ``max_output_tokens``.
 * ``close_slot(slot)`` frees the slot.
+
+Every heard frame's output reports its tokens (``Capabilities.reports_usage``), in the
+model's units, from its configuration: ``input_audio`` the user's codebooks the model
+read (``n_q - num_audio_codebooks``: 8), ``output_text`` the one text token it sampled
+(PAD and EPAD included: moshi samples one text token every frame, and OpenAI counts
+every generated token) and ``output_audio`` the agent codebooks it sampled
+(``num_audio_codebooks``: 8, the depformer's first codebooks; the user codebooks it
+could also predict are not computed). The model's own text and agent tokens, read back
+at the next frame, are its output, not counted again as input. The first heard frame
+after an open or a restart also counts the persona prompt's text tokens as
+``input_text`` (the instructions); the voice prompt and the silences around the persona
+are fixed conditioning, not counted. An unready frame (not heard) reports nothing.
 
 Per-session state lives in the plugin for the session's whole life, so a
 session that detaches and resumes continues where it was (``supports_resume``).
@@ -74,6 +87,7 @@ from duplex.plugins.base import (
     SlotInput,
     SlotOptions,
     SlotOutput,
+    TokenUsage,
 )
 from duplex.plugins.options import parse_options, pick_default_voice, voice_not_found
 from duplex.plugins.personaplex.attention import DecodeKernel
@@ -89,7 +103,7 @@ from duplex.plugins.personaplex.generation import BatchedGenerator, StepResult
 from duplex.plugins.personaplex.loading import build_lm, build_mimi, find_checkpoint, load_voices
 from duplex.plugins.personaplex.prompt import PromptScript, VoicePrompt, build_prompt, persona_text
 
-__all__ = ["VOICED_RMS", "PersonaPlexPlugin", "SlotTimeline"]
+__all__ = ["VOICED_RMS", "PersonaPlexPlugin", "SlotTimeline", "heard_frame_usage", "with_prompt"]
 
 log = logging.getLogger(__name__)
 
@@ -127,6 +141,7 @@ class _Slot:
     seed: int
     temp_text: float
     temp_audio: float
+    first_usage: TokenUsage  # the first heard frame's tokens after a (re)start: the persona prompt too
     frames: int = 0  # conversation frames stepped since the last (re)start
     unready_frames: int = 0  # frames that came while the prompt was still being prefilled (not heard)
     timeline: SlotTimeline | None = None
@@ -241,6 +256,7 @@ class PersonaPlexPlugin(FramePlugin):
         self._default_voice: str | None = None
         self._slots: dict[int, _Slot] = {}
         self.last_step: StepResult | None = None  # host copy of the latest step's tokens and audio
+        self._frame_usage = TokenUsage()  # one heard frame's tokens (``load``), shared by every output
         self._opens = 0
         self._stepped = False  # a step ran since the latest open (``_ticking``)
         self._closed = False
@@ -329,6 +345,7 @@ class PersonaPlexPlugin(FramePlugin):
         )
         gen.__enter__()
         self._gen = gen
+        self._frame_usage = heard_frame_usage(gen.A, gen.K - 1 - gen.A)
         if self._warm_up:
             gen.warm_up(
                 [self.prompt_for(SlotOptions()), self.prompt_for(SlotOptions(instructions="warm up"))]
@@ -383,6 +400,7 @@ class PersonaPlexPlugin(FramePlugin):
             default_voice=self._default_voice,
             updatable_options=(),  # the voice and persona prompts run when the slot opens
             persona_instructions=True,  # ``instructions`` are the persona prompt
+            reports_usage=True,  # per heard frame: the user's codebooks in, a text token and codes out
         )
 
     # -- slots ------------------------------------------------------------
@@ -423,7 +441,12 @@ class PersonaPlexPlugin(FramePlugin):
         seed = options.seed if options.seed is not None else self._seed + self._opens
         self._opens += 1
         state = _Slot(
-            options=options, script=script, seed=int(seed), temp_text=temp_text, temp_audio=temp_audio
+            options=options,
+            script=script,
+            seed=int(seed),
+            temp_text=temp_text,
+            temp_audio=temp_audio,
+            first_usage=with_prompt(self._frame_usage, script.phases.count("text")),
         )
         timeline = SlotTimeline(open_started=time.monotonic())
         ready = gen.start_slot(
@@ -483,6 +506,7 @@ class PersonaPlexPlugin(FramePlugin):
         if gen.prefilling:
             gen.advance_prefill()  # enqueued behind this tick's work: it runs while outputs go out
         self.last_step = result
+        per_frame = self._frame_usage
         outputs = []
         for item in batch:
             slot = item.slot
@@ -496,6 +520,7 @@ class PersonaPlexPlugin(FramePlugin):
                 continue
             if timeline is not None:
                 self._follow(slot, state, timeline, result.pcm[slot], started, ended)
+            usage = state.first_usage if state.frames == 0 else per_frame
             state.frames += 1
             outputs.append(
                 SlotOutput(
@@ -504,6 +529,7 @@ class PersonaPlexPlugin(FramePlugin):
                     pcm=result.pcm[slot].copy(),
                     sample_rate=SAMPLE_RATE,
                     text=self._piece(int(result.text[slot])),
+                    usage=usage,
                 )
             )
         return outputs
@@ -536,6 +562,22 @@ class PersonaPlexPlugin(FramePlugin):
         if 0 <= token < len(self._pieces):
             return self._pieces[token]
         return ""
+
+
+def heard_frame_usage(agent_codebooks: int, user_codebooks: int) -> TokenUsage:
+    """The tokens of one heard frame: the user's ``user_codebooks`` Mimi codes read, one text token
+    and ``agent_codebooks`` codes sampled."""
+    return TokenUsage(input_audio=user_codebooks, output_text=1, output_audio=agent_codebooks)
+
+
+def with_prompt(usage: TokenUsage, prompt_text: int) -> TokenUsage:
+    """``usage`` and the persona prompt's ``prompt_text`` tokens (the first heard frame's count)."""
+    return TokenUsage(
+        input_text=usage.input_text + prompt_text,
+        input_audio=usage.input_audio,
+        output_text=usage.output_text,
+        output_audio=usage.output_audio,
+    )
 
 
 def _parse_buckets(text: str, max_sessions: int) -> tuple[int, ...]:

@@ -24,6 +24,7 @@ from duplex.protocol import (
     DuplexInputAudioBufferAppend,
     DuplexSessionConfig,
     DuplexSessionUpdate,
+    SessionClose,
     SessionUpdate,
 )
 from duplex.protocol.realtime.commands import ConversationItemCreate, ConversationItemTruncate
@@ -215,3 +216,48 @@ async def test_a_tool_call_round_trip_over_the_wire(scripted_ckpt):
                 if event_type(ev) == "response.output_audio_transcript.delta":
                     transcript += ev.delta
         assert transcript == SENTENCE
+
+
+async def test_max_output_tokens_ends_a_response_at_the_models_own_count(nemotron_ckpt):
+    """Nemotron counts its tokens, so a limit applies (no warning): the response that reaches it
+    ends ``incomplete`` after the frame that reached it, with every count the plugin reported (per
+    frame one audio embedding in; the text and function tokens and the talker's codebooks out), the
+    model restarts its conversation, and its next speech opens a new response. ``session.closed``
+    carries the session's total. (The tiny random model speaks from its first frame.)"""
+    plugin = NemotronVoiceChatPlugin.from_options(str(nemotron_ckpt), max_sessions=2)
+    async with (
+        running_server(
+            plugin=plugin, engine_config=EngineConfig(max_sessions=2), model_name="nemotron"
+        ) as srv,
+        websockets.connect(srv.url + "?model=nemotron", proxy=None) as ws,
+    ):
+        created = await recv(ws)
+        assert event_type(created) == "session.created"
+        q = plugin.config.codec.num_quantizers
+        per_frame = 2 + q  # text and function tokens, the codebooks
+        limit = 2 * per_frame + 1  # reached on the third frame
+        prompt = len(plugin.prompt_for(SlotOptions(instructions=created.session.instructions or "")))
+        await send(ws, SessionUpdate(session=SessionConfig(max_output_tokens=limit)))
+        updated, seen = await until(ws, "session.updated")
+        assert updated.session.max_output_tokens == limit and "session.warning" not in seen
+        for frame in _frames(12):
+            await send(ws, DuplexInputAudioBufferAppend(audio=frame))
+        dones = []
+        while len(dones) < 2:
+            ev, seen = await until(ws, "response.done", timeout=30)
+            assert "session.warning" not in seen and "error" not in seen
+            dones.append(ev.response)
+        for response in dones:
+            assert (response.status, response.status_details.reason) == ("incomplete", "max_output_tokens")
+            usage = response.usage
+            text, audio = (usage.output_token_details[k] for k in ("text_tokens", "audio_tokens"))
+            heard = usage.input_token_details["audio_tokens"]  # one embedding a frame
+            assert usage.output_tokens == text + audio >= limit
+            assert audio == q * heard and text == 2 * heard  # no tool result was fed
+            assert usage.input_token_details["text_tokens"] == prompt  # each restart's prompt
+        assert dones[0].usage.output_tokens == 3 * per_frame
+        await send(ws, SessionClose())
+        closed, _ = await until(ws, "session.closed", timeout=30)
+        total = closed.usage
+        assert total.output_tokens >= sum(r.usage.output_tokens for r in dones)
+        assert total.input_token_details["text_tokens"] % prompt == 0

@@ -8,11 +8,12 @@ the other slots of its batch.
 
 from __future__ import annotations
 
+import msgspec
 import numpy as np
 import pytest
 
-from duplex.plugins.base import PluginError, SlotInput, SlotOptions, ToolResult, ToolSpec
-from duplex.plugins.nemotron.plugin import NemotronVoiceChatPlugin
+from duplex.plugins.base import PluginError, SlotInput, SlotOptions, TokenUsage, ToolResult, ToolSpec
+from duplex.plugins.nemotron.plugin import NemotronVoiceChatPlugin, frame_usages
 from duplex.plugins.nemotron.tools import tool_response_text
 from tests.plugins.nemotron.scripted import CALL, WORDS
 
@@ -69,6 +70,40 @@ def test_the_model_calls_a_tool_reads_the_result_then_speaks_one_frame_at_a_time
     assert [o.text for o in turn] == ["", *WORDS, ""]
     assert all(o.pcm is not None and o.pcm.dtype == np.int16 and o.pcm.shape == (1764,) for o in turn)
     assert all(o.sample_rate == 22050 for o in outs)
+
+
+def test_every_frame_reports_its_tokens_a_tool_results_too(scripted):
+    """Per frame, from the configuration: the perception's one audio embedding in; the text and
+    function tokens the thinker chose and the talker's codebooks out, listening or speaking. A frame
+    fed a tool result's token reads it (input text) and chooses no token; the first frame after an
+    open or a restart carries the system prompt's tokens too."""
+    options = SlotOptions(instructions="You help with the weather.", tools=(WEATHER,))
+    q = scripted.config.codec.num_quantizers
+    assert scripted.generator.model.thinker.function_head is not None
+    chosen = TokenUsage(input_audio=1, output_text=2, output_audio=q)
+    fed = TokenUsage(input_text=1, input_audio=1, output_audio=q)
+    prompt = len(scripted.prompt_for(options))
+    scripted.open_slot(0, options)
+    result_at = 6
+    outs, call_id = [], None
+    for k, pcm in enumerate(_frames(30)):
+        results = (ToolResult(call_id=call_id, output='{"temperature": 21}'),) if k == result_at else ()
+        (out,) = scripted.step([SlotInput(slot=0, epoch=0, pcm=pcm, tool_results=results)])
+        assert scripted.last_step.codes.shape[1] == q  # the codes this step made
+        call_id = out.tool_call.call_id if out.tool_call is not None else call_id
+        outs.append(out)
+    forced = len(scripted.tokenizer.encode(tool_response_text('{"temperature": 21}')))
+    want = [chosen] * len(outs)
+    want[result_at : result_at + forced] = [fed] * forced
+    want[0] = msgspec.structs.replace(chosen, input_text=prompt)
+    assert [o.usage for o in outs] == want
+    assert any(o.pcm is not None for o in outs) and any(o.pcm is None for o in outs)
+    assert outs[1].usage is outs[2].usage  # one shared instance per count
+    scripted.cancel_slot(0, epoch=1)
+    again = [scripted.step([SlotInput(slot=0, epoch=1, pcm=p)])[0].usage for p in _frames(2)]
+    assert again == want[:2]
+    # A checkpoint without a function head (``use_function_head`` false) chooses one token a frame.
+    assert frame_usages(q, function_head=False) == (msgspec.structs.replace(chosen, output_text=1), fed)
 
 
 def test_a_session_without_results_keeps_waiting_after_its_call(scripted):
@@ -213,7 +248,7 @@ def test_capabilities_say_what_the_model_can_and_cannot_do(plugin):
         16000,
         22050,
     )
-    assert caps.model_native_turns and caps.supports_tools and caps.supports_resume
+    assert caps.model_native_turns and caps.supports_tools and caps.supports_resume and caps.reports_usage
     assert not (caps.supports_barge_in or caps.supports_truncate or caps.supports_server_vad)
     assert not caps.supports_client_commit
     assert caps.voices == ("Aria", "Bruno") and caps.default_voice == "Aria"
