@@ -37,15 +37,15 @@ from duplex.engine.worker.protocol import (
     ArrayRef,
     Attach,
     Begin,
-    CancelSlot,
+    CancelSlotMsg,
     Chunk,
-    CloseSlot,
+    CloseSlotMsg,
     CloseStream,
     Done,
     Failure,
     Init,
     Next,
-    OpenSlot,
+    OpenSlotMsg,
     OutputMsg,
     Outputs,
     Ready,
@@ -53,6 +53,7 @@ from duplex.engine.worker.protocol import (
     Respond,
     Step,
     TurnRequestMsg,
+    call_name,
 )
 from duplex.engine.worker.shm import AreaWriter, SharedAreas, view_array
 from duplex.plugins import registry
@@ -88,9 +89,9 @@ class WorkerServer:
         self._handlers: dict[type, Callable[[Any], Any]] = {
             Init: self._init,
             Attach: self._attach,
-            OpenSlot: self._open_slot,
-            CancelSlot: self._cancel_slot,
-            CloseSlot: self._close_slot,
+            OpenSlotMsg: self._open_slot,
+            CancelSlotMsg: self._cancel_slot,
+            CloseSlotMsg: self._close_slot,
             Step: self._step,
             Respond: self._respond,
             Next: self._next,
@@ -113,7 +114,7 @@ class WorkerServer:
             except PluginError as exc:
                 reply = Failure(exc.code, exc.message, type(exc).__name__, param=exc.param)
             except Exception as exc:  # the call failed; the worker goes on (the parent decides)
-                log.exception("%s failed in the worker", type(request).__name__)
+                log.exception("%s failed in the worker", call_name(request))
                 reply = Failure(None, str(exc), type(exc).__name__, traceback.format_exc())
             try:
                 channel.send(reply)
@@ -162,15 +163,15 @@ class WorkerServer:
 
     # ------------------------------------------------------------------ slots
 
-    def _open_slot(self, request: OpenSlot) -> Done:
+    def _open_slot(self, request: OpenSlotMsg) -> Done:
         self.plugin.open_slot(request.slot, request.options)
         return _DONE
 
-    def _cancel_slot(self, request: CancelSlot) -> Done:
+    def _cancel_slot(self, request: CancelSlotMsg) -> Done:
         self.plugin.cancel_slot(request.slot, request.epoch)
         return _DONE
 
-    def _close_slot(self, request: CloseSlot) -> Done:
+    def _close_slot(self, request: CloseSlotMsg) -> Done:
         self.plugin.close_slot(request.slot)
         return _DONE
 

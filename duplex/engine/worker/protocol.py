@@ -19,7 +19,7 @@ The call sequence:
 1. ``Init`` -> ``Ready`` (the child built and loaded the plugin; its capabilities and pid) or
    ``Failure``. The parent sizes the shared memory from those capabilities, then
 2. ``Attach`` -> ``Done`` (the child mapped it);
-3. the plugin's calls, each one request: ``OpenSlot``, ``CancelSlot``, ``CloseSlot`` -> ``Done``;
+3. the plugin's calls, each one request: ``OpenSlotMsg``, ``CancelSlotMsg``, ``CloseSlotMsg`` -> ``Done``;
    ``Step`` (the whole batch of a tick) and ``Advance`` -> ``Outputs``; ``Respond`` -> ``Done``,
    then ``Next`` -> ``Chunk`` once per chunk of the reply (``output`` None: the reply ended), and
    ``CloseStream`` -> ``Done``; ``Begin`` -> ``Done``.
@@ -55,16 +55,16 @@ __all__ = [
     "ArrayRef",
     "Attach",
     "Begin",
-    "CancelSlot",
+    "CancelSlotMsg",
     "Chunk",
-    "CloseSlot",
+    "CloseSlotMsg",
     "CloseStream",
     "Done",
     "Failure",
     "Init",
     "InputExtra",
     "Next",
-    "OpenSlot",
+    "OpenSlotMsg",
     "OutputMsg",
     "Outputs",
     "Ready",
@@ -73,6 +73,7 @@ __all__ = [
     "Respond",
     "Step",
     "TurnRequestMsg",
+    "call_name",
 ]
 
 
@@ -164,17 +165,17 @@ class Attach(_Msg, tag=2):
     output_bytes: int
 
 
-class OpenSlot(_Msg, tag=3):
+class OpenSlotMsg(_Msg, tag=3):
     slot: int
     options: SlotOptions
 
 
-class CancelSlot(_Msg, tag=4):
+class CancelSlotMsg(_Msg, tag=4):
     slot: int
     epoch: int
 
 
-class CloseSlot(_Msg, tag=5):
+class CloseSlotMsg(_Msg, tag=5):
     slot: int
 
 
@@ -211,7 +212,17 @@ class Advance(_Msg, tag=11):
 
 
 Request = (
-    Init | Attach | OpenSlot | CancelSlot | CloseSlot | Step | Respond | Next | CloseStream | Begin | Advance
+    Init
+    | Attach
+    | OpenSlotMsg
+    | CancelSlotMsg
+    | CloseSlotMsg
+    | Step
+    | Respond
+    | Next
+    | CloseStream
+    | Begin
+    | Advance
 )
 
 # ---------------------------------------------------------------------------- replies
@@ -256,3 +267,9 @@ class Ready(_Msg, tag=68):
 
 
 Reply = Done | Outputs | Chunk | Failure | Ready
+
+
+def call_name(request: Request) -> str:
+    """What a request is called in messages for people: the plugin call it carries (``OpenSlot``
+    for ``OpenSlotMsg``), else its type's name."""
+    return type(request).__name__.removesuffix("Msg")

@@ -46,20 +46,21 @@ from duplex.engine.worker.errors import WorkerCallError, WorkerFailed, worker_di
 from duplex.engine.worker.protocol import (
     Advance,
     Begin,
-    CancelSlot,
+    CancelSlotMsg,
     Chunk,
-    CloseSlot,
+    CloseSlotMsg,
     CloseStream,
     Failure,
     InputExtra,
     Next,
-    OpenSlot,
+    OpenSlotMsg,
     OutputMsg,
     Outputs,
     Ready,
     Respond,
     Step,
     TurnRequestMsg,
+    call_name,
 )
 from duplex.engine.worker.shm import AreaWriter, inline_array, view_array
 from duplex.engine.worker.supervisor import Connection, Observer, Supervisor
@@ -174,7 +175,7 @@ class WorkerPlugin(Plugin):
         except ChannelClosed:
             raise self._gone(conn) from None
         except TimeoutError:
-            name, bound = type(request).__name__, "step_timeout_s" if per_step else "call_timeout_s"
+            name, bound = call_name(request), "step_timeout_s" if per_step else "call_timeout_s"
             self.supervisor.kill(conn, f"no answer to {name} within {timeout:g} s ({bound})")
             raise WorkerFailed(
                 f"the model worker of {self.name!r} (pid {conn.pid}) did not answer {name} within "
@@ -227,7 +228,7 @@ class WorkerPlugin(Plugin):
     def open_slot(self, slot: int, options: SlotOptions) -> None:
         conn = self._bind()
         with conn.lock:
-            self._exchange(conn, OpenSlot(slot, options))
+            self._exchange(conn, OpenSlotMsg(slot, options))
         self._open[slot] = conn.generation
         self._stale.discard(slot)
 
@@ -236,7 +237,7 @@ class WorkerPlugin(Plugin):
         if slot in self._stale:
             raise self._slot_gone(slot)
         with conn.lock:
-            self._exchange(conn, CancelSlot(slot, epoch))
+            self._exchange(conn, CancelSlotMsg(slot, epoch))
 
     def close_slot(self, slot: int) -> None:
         generation = self._open.pop(slot, None)
@@ -247,7 +248,7 @@ class WorkerPlugin(Plugin):
         conn = self._bind()
         with conn.lock:
             try:
-                self._exchange(conn, CloseSlot(slot))
+                self._exchange(conn, CloseSlotMsg(slot))
             except WorkerFailed:
                 if generation is None:
                     raise
@@ -413,7 +414,7 @@ class BatchWorkerPlugin(WorkerPlugin, BatchPlugin):
 
 
 #: The calls a model makes every frame, unit or step (``WorkerConfig.step_timeout_s``).
-_PER_STEP: frozenset[type] = frozenset({Step, Advance, Begin, Next, CancelSlot, CloseStream})
+_PER_STEP: frozenset[type] = frozenset({Step, Advance, Begin, Next, CancelSlotMsg, CloseStream})
 
 _PROXIES: dict[PluginKind, type[WorkerPlugin]] = {
     PluginKind.FRAME: FrameWorkerPlugin,

@@ -18,16 +18,16 @@ from duplex.engine.worker.protocol import (
     Advance,
     ArrayRef,
     Begin,
-    CancelSlot,
+    CancelSlotMsg,
     Chunk,
-    CloseSlot,
+    CloseSlotMsg,
     CloseStream,
     Done,
     Failure,
     Init,
     InputExtra,
     Next,
-    OpenSlot,
+    OpenSlotMsg,
     OutputMsg,
     Outputs,
     Reply,
@@ -43,9 +43,9 @@ from duplex.plugins.builtin.scripted import ScriptedTurnPlugin, ScriptedUnitPlug
 
 REQUESTS = [
     Init("echo", None, {"max_sessions": 4, "nested": {"a": [1, 2.5, "x"]}}),
-    OpenSlot(3, SlotOptions(instructions="be brief", voice="v", seed=7, extra={"k": True})),
-    CancelSlot(3, 9),
-    CloseSlot(3),
+    OpenSlotMsg(3, SlotOptions(instructions="be brief", voice="v", seed=7, extra={"k": True})),
+    CancelSlotMsg(3, 9),
+    CloseSlotMsg(3),
     Step(
         [0, 5],
         [1, 2],
@@ -115,9 +115,9 @@ def _pair() -> tuple[Channel, Channel]:
 def test_channel_carries_messages_back_to_back_and_larger_than_its_buffer() -> None:
     left, right = _pair()
     big = Init("x", None, {"blob": b"\x01" * 300_000})  # more than the socket buffers: a writer thread
-    writer = threading.Thread(target=lambda: [left.send(m) for m in (Next(1), big, CloseSlot(2))])
+    writer = threading.Thread(target=lambda: [left.send(m) for m in (Next(1), big, CloseSlotMsg(2))])
     writer.start()
-    assert [right.recv(), right.recv(), right.recv()] == [Next(1), big, CloseSlot(2)]
+    assert [right.recv(), right.recv(), right.recv()] == [Next(1), big, CloseSlotMsg(2)]
     writer.join(10)
     left.close()
     right.close()
