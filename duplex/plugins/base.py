@@ -286,6 +286,11 @@ class TokenUsage(msgspec.Struct, frozen=True, kw_only=True, array_like=True):
     output_text: int = 0
     output_audio: int = 0
 
+    def with_prompt(self, prompt_tokens: int) -> TokenUsage:
+        """These counts and a prompt's ``prompt_tokens`` text tokens read (a model counts its
+        prompt on the first step after its slot opens or restarts)."""
+        return msgspec.structs.replace(self, input_text=self.input_text + prompt_tokens)
+
 
 class InteractionProgress(msgspec.Struct, frozen=True, kw_only=True):
     """Which interactions one video chunk shows, by ``event_id``: ``started`` (the first chunk that

@@ -34,7 +34,7 @@ from duplex.protocol import (
 from duplex.protocol.audio import decode_audio, encode_audio
 from duplex.protocol.realtime.session import ServerVad, SessionConfig
 from tests.server.harness import running_server
-from tests.server.wire import recv, send, until
+from tests.server.wire import limited_responses, recv, send, until
 
 FRAMES = 8
 FRAME_BYTES = 1920 * 2
@@ -179,16 +179,7 @@ async def test_max_output_tokens_ends_a_response_at_the_models_own_count(ckpt):
         limit = 2 * per_frame + 1  # reached on the third frame
         prompt = plugin.prompt_for(SlotOptions(instructions=created.session.instructions or ""))
         prompt_text = prompt.phases.count("text")
-        await send(ws, SessionUpdate(session=SessionConfig(max_output_tokens=limit)))
-        updated, seen = await until(ws, "session.updated")
-        assert updated.session.max_output_tokens == limit and "session.warning" not in seen
-        for frame in frames:
-            await send(ws, DuplexInputAudioBufferAppend(audio=frame))
-        dones = []
-        while len(dones) < 2:
-            ev, seen = await until(ws, "response.done")
-            assert "session.warning" not in seen and "error" not in seen
-            dones.append(ev.response)
+        dones = await limited_responses(ws, limit, frames)
         for response in dones:
             assert (response.status, response.status_details.reason) == ("incomplete", "max_output_tokens")
             usage = response.usage

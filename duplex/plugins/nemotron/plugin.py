@@ -82,7 +82,7 @@ from duplex.plugins.nemotron.tokens import Detokenizer, TextTokenizer
 from duplex.plugins.nemotron.tools import ToolCallParser, system_prompt, tool_response_text
 from duplex.plugins.options import parse_options, pick_default_voice, voice_not_found
 
-__all__ = ["NemotronVoiceChatPlugin", "frame_usages", "with_prompt"]
+__all__ = ["NemotronVoiceChatPlugin", "frame_usages"]
 
 log = logging.getLogger(__name__)
 
@@ -435,7 +435,7 @@ class NemotronVoiceChatPlugin(FramePlugin):
             else:
                 usage = self._forced_usage
             if state.frames == 1:  # the first frame after a (re)start: the system prompt it ran too
-                usage = with_prompt(usage, len(state.prompt))
+                usage = usage.with_prompt(len(state.prompt))
             out = SlotOutput(slot=slot, epoch=item.epoch, sample_rate=rate, usage=usage)
             started = ended = False
             if token == special.eos:
@@ -469,13 +469,3 @@ def frame_usages(codebooks: int, function_head: bool) -> tuple[TokenUsage, Token
     chosen = TokenUsage(input_audio=1, output_text=1 + int(function_head), output_audio=codebooks)
     forced = TokenUsage(input_text=1, input_audio=1, output_audio=codebooks)
     return chosen, forced
-
-
-def with_prompt(usage: TokenUsage, prompt_tokens: int) -> TokenUsage:
-    """``usage`` and the system prompt's ``prompt_tokens`` (the first frame's count after a (re)start)."""
-    return TokenUsage(
-        input_text=usage.input_text + prompt_tokens,
-        input_audio=usage.input_audio,
-        output_text=usage.output_text,
-        output_audio=usage.output_audio,
-    )

@@ -103,7 +103,7 @@ from duplex.plugins.personaplex.generation import BatchedGenerator, StepResult
 from duplex.plugins.personaplex.loading import build_lm, build_mimi, find_checkpoint, load_voices
 from duplex.plugins.personaplex.prompt import PromptScript, VoicePrompt, build_prompt, persona_text
 
-__all__ = ["VOICED_RMS", "PersonaPlexPlugin", "SlotTimeline", "heard_frame_usage", "with_prompt"]
+__all__ = ["VOICED_RMS", "PersonaPlexPlugin", "SlotTimeline", "heard_frame_usage"]
 
 log = logging.getLogger(__name__)
 
@@ -446,7 +446,7 @@ class PersonaPlexPlugin(FramePlugin):
             seed=int(seed),
             temp_text=temp_text,
             temp_audio=temp_audio,
-            first_usage=with_prompt(self._frame_usage, script.phases.count("text")),
+            first_usage=self._frame_usage.with_prompt(script.phases.count("text")),
         )
         timeline = SlotTimeline(open_started=time.monotonic())
         ready = gen.start_slot(
@@ -568,16 +568,6 @@ def heard_frame_usage(agent_codebooks: int, user_codebooks: int) -> TokenUsage:
     """The tokens of one heard frame: the user's ``user_codebooks`` Mimi codes read, one text token
     and ``agent_codebooks`` codes sampled."""
     return TokenUsage(input_audio=user_codebooks, output_text=1, output_audio=agent_codebooks)
-
-
-def with_prompt(usage: TokenUsage, prompt_text: int) -> TokenUsage:
-    """``usage`` and the persona prompt's ``prompt_text`` tokens (the first heard frame's count)."""
-    return TokenUsage(
-        input_text=usage.input_text + prompt_text,
-        input_audio=usage.input_audio,
-        output_text=usage.output_text,
-        output_audio=usage.output_audio,
-    )
 
 
 def _parse_buckets(text: str, max_sessions: int) -> tuple[int, ...]:

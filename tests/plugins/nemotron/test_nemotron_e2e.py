@@ -38,7 +38,7 @@ from duplex.protocol.realtime.session import (
 )
 from tests.plugins.nemotron.scripted import CALL, SENTENCE
 from tests.server.harness import running_server
-from tests.server.wire import recv, send, until
+from tests.server.wire import limited_responses, recv, send, until
 
 pytestmark = pytest.mark.usefixtures("one_torch_thread")
 
@@ -237,16 +237,7 @@ async def test_max_output_tokens_ends_a_response_at_the_models_own_count(nemotro
         per_frame = 2 + q  # text and function tokens, the codebooks
         limit = 2 * per_frame + 1  # reached on the third frame
         prompt = len(plugin.prompt_for(SlotOptions(instructions=created.session.instructions or "")))
-        await send(ws, SessionUpdate(session=SessionConfig(max_output_tokens=limit)))
-        updated, seen = await until(ws, "session.updated")
-        assert updated.session.max_output_tokens == limit and "session.warning" not in seen
-        for frame in _frames(12):
-            await send(ws, DuplexInputAudioBufferAppend(audio=frame))
-        dones = []
-        while len(dones) < 2:
-            ev, seen = await until(ws, "response.done", timeout=30)
-            assert "session.warning" not in seen and "error" not in seen
-            dones.append(ev.response)
+        dones = await limited_responses(ws, limit, _frames(12))
         for response in dones:
             assert (response.status, response.status_details.reason) == ("incomplete", "max_output_tokens")
             usage = response.usage
