@@ -61,7 +61,7 @@ from duplex.plugins.base import (
     SlotOutput,
     TurnRequest,
 )
-from duplex.protocol.image import encode_png
+from duplex.protocol.png import encode_png
 
 __all__ = ["BatchDriver", "Refusal", "batch_request"]
 

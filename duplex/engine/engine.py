@@ -33,6 +33,7 @@ from typing import Any
 from duplex.engine import gc_settings
 from duplex.engine.admission import Admission, QueueListener
 from duplex.engine.attachment import Attachment
+from duplex.engine.batch_stream import BatchStream
 from duplex.engine.config import EngineConfig
 from duplex.engine.drivers import Driver, driver_for
 from duplex.engine.errors import SessionError
@@ -40,7 +41,6 @@ from duplex.engine.ids import SessionIds
 from duplex.engine.manager import SessionManager, SessionRecord
 from duplex.engine.metrics import EngineMetrics
 from duplex.engine.model_thread import ModelThread
-from duplex.engine.stream import BatchStream
 from duplex.plugins.base import (
     BatchPlugin,
     Capabilities,

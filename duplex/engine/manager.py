@@ -43,6 +43,7 @@ from typing import Any
 from duplex.engine.admission import Admission, QueueListener, WaitingRoom
 from duplex.engine.attachment import Attachment
 from duplex.engine.batch_driver import BatchDriver
+from duplex.engine.batch_stream import BatchStream
 from duplex.engine.config import EngineConfig
 from duplex.engine.credentials import ResumeCredential
 from duplex.engine.drivers import Driver
@@ -60,7 +61,6 @@ from duplex.engine.runner import AckItem, CloseItem, CommandItem, FailItem, Sess
 from duplex.engine.scheduler import SlotBinding
 from duplex.engine.session import Session
 from duplex.engine.settings import SessionSettings
-from duplex.engine.stream import BatchStream
 from duplex.engine.transitions import LIVE_STATES
 from duplex.engine.vad import VadUnavailableError
 from duplex.plugins.base import Capabilities, Plugin, PluginError, SlotOptions

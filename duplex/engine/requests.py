@@ -38,7 +38,7 @@ from duplex.protocol.ext.events import (
     SessionWarning,
 )
 from duplex.protocol.ids import new_event_id
-from duplex.protocol.image import encode_png, png_size
+from duplex.protocol.png import encode_png, png_size
 from duplex.protocol.realtime.items import (
     InputAudioPart,
     InputTextPart,

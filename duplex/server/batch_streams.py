@@ -1,7 +1,7 @@
 """Batch models behind HTTP: each request is one ``BatchStream`` on the chosen model's engine.
 
 The speech and image routes (``speech.py``, ``images.py``, ``speech_stream.py``) reach a batch model
-through ``Engine.open_stream`` (``duplex.engine.stream``) rather than through a conversation: no
+through ``Engine.open_stream`` (``duplex.engine.batch_stream``) rather than through a conversation: no
 session, journal, response events or close pipeline stand between a request and the model, and
 nothing is lost by that, since nobody resumes a download. What a session would give them the stream
 gives as well:
@@ -38,8 +38,8 @@ from collections.abc import AsyncIterator, Mapping
 from typing import Any
 
 from duplex.engine import Detached
+from duplex.engine.batch_stream import BatchStream
 from duplex.engine.output_stream import WireAudio
-from duplex.engine.stream import BatchStream
 from duplex.plugins.base import PluginError, SlotOptions, SlotOutput
 from duplex.protocol.errors import DuplexError, ProtocolError
 from duplex.protocol.formats import AudioFormat

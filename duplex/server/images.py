@@ -31,8 +31,8 @@ from starlette.requests import Request
 from starlette.responses import Response
 
 from duplex.protocol.errors import DuplexError, ProtocolError
-from duplex.protocol.image import encode_png, png_size
 from duplex.protocol.images import ImageData, ImageGenerationRequest, ImagesResponse
+from duplex.protocol.png import encode_png, png_size
 from duplex.server.batch_streams import request_outputs, request_stream
 from duplex.server.http_errors import error_response
 from duplex.server.http_requests import Departed, admit, read_json, until_departed

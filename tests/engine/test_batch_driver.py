@@ -117,7 +117,7 @@ async def test_a_batch_model_refuses_audio_appends_and_stays_usable() -> None:
 def test_the_images_of_one_step_become_their_own_pngs_in_order() -> None:
     from duplex.engine.batch_driver import BatchDriver
     from duplex.plugins.base import SlotOutput
-    from duplex.protocol.image import encode_png
+    from duplex.protocol.png import encode_png
 
     rng = np.random.default_rng(0)
     images = [rng.integers(0, 256, (8 + i, 12, 3), dtype=np.uint8) for i in range(5)]
