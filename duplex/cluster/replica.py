@@ -44,7 +44,7 @@ from duplex.cluster.directions import ROUTE_PATH, Directions, ReplicaAddress
 from duplex.cluster.handles import call, replica_handle, replica_ids
 from duplex.cluster.relay import Relays, RemoteSessions
 from duplex.cluster.whole import ReplicaHealth, WholeApplication, gather_answers
-from duplex.engine import Engine, collector
+from duplex.engine import Engine, gc_settings
 from duplex.engine.ids import OwnedSessionIds, owner_of
 from duplex.engine.worker import WorkerState
 from duplex.server.config import ServeConfig
@@ -90,7 +90,7 @@ class DuplexReplica:
                 "drain a replica (DuplexReplica.drain) before Serve stops it",
                 self.replica_id,
             )
-        collector.freeze_loaded()
+        gc_settings.freeze_loaded()
         log.info("replica %s serves %s", self.replica_id, [m[0] for m in self._built.models])
 
     @property
