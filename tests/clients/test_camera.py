@@ -128,6 +128,7 @@ class _SilentDevice:
 
 def test_a_camera_silent_past_the_wait_is_refused_when_opened(monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.setattr(clients.camera, "CAMERA_FIRST_FRAME_TIMEOUT_S", 0.2)
+    monkeypatch.setattr(clients.camera, "CAMERA_STOP_TIMEOUT_S", 0.1)  # the hung reader is left
     device = _SilentDevice()
     with pytest.raises(CameraError, match=r"^the camera '/dev/video7' \(v4l2\) gave no picture in 0.2 s$"):
         CameraStream(device, "/dev/video7", input_format="v4l2").__enter__()
