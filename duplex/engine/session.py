@@ -1039,26 +1039,16 @@ class Session:
         """Apply one model output; stale or unwanted output is dropped and counted. The tokens it
         reports count toward the response it goes into, which ends ``incomplete`` once they reach
         its ``max_output_tokens`` (``_over_limit``)."""
+        produced = 0
         usage = output.usage
-        if usage is None:
-            return self._output(output, now)
-        self.usage.add(usage)  # the model did the work even when its output is stale
-        produced = usage.output_text + usage.output_audio
-        if not produced or output.epoch != self.epoch or self.closed:
-            return self._output(output, now)
-        # Counted before the output is applied, so one that ends the response ends it incomplete.
-        if self.output.active is not None:
-            _count(self.output.active, produced)
-            events = self._output(output, now)
-        else:  # into the response the output opens, if it opens one
-            events = self._apply_output(output, now, produced)
-        response = self.output.active
-        if response is not None and response.over_limit:
-            events += self._journal(self._over_limit(response, now), now)
-        return events
-
-    def _output(self, output: SlotOutput, now: float) -> list[Event]:
-        """``on_output`` less the token count."""
+        if usage is not None:
+            self.usage.add(usage)  # the model did the work even when its output is stale
+            if output.epoch == self.epoch and not self.closed:
+                produced = usage.output_text + usage.output_audio
+                # Counted before the output is applied, so one that ends the response ends it
+                # incomplete; an output that opens a response is counted into it there.
+                if produced and self.output.active is not None:
+                    _count(self.output.active, produced)
         response = self.output.active
         pcm = output.pcm
         if (
@@ -1074,20 +1064,27 @@ class Session:
             and output.user_transcript is None
             and output.progress is None
             and (response.speak_sent or output.decision != "speak")
+            and len(pcm)
+            and (fmt := self.settings.output_format).encoding == "pcm16"
+            and output.sample_rate == fmt.rate
         ):
-            fmt = self.settings.output_format
-            rate = output.sample_rate
-            if rate == fmt.rate and fmt.encoding == "pcm16" and len(pcm):
-                # The per-frame case: one more audio delta (and its text) of the open message, at
-                # the session's rate in pcm16: exactly what ``_apply_output`` gives for it.
-                data = self.output.encode(pcm, rate, fmt)
-                self.audio_started = True
-                text = output.text
-                events = [response.audio_delta(data, len(pcm) * 1000.0 / rate, text)]
-                if text:
-                    events.append(response.transcript_delta(text))
-                return self._journal(events, now)
-        return self._apply_output(output, now)
+            # The per-frame case: one more audio delta (and its text) of the open message, at the
+            # session's rate in pcm16: exactly what ``_apply_output`` gives for it.
+            rate = fmt.rate
+            data = self.output.encode(pcm, rate, fmt)
+            self.audio_started = True
+            text = output.text
+            events = [response.audio_delta(data, len(pcm) * 1000.0 / rate, text)]
+            if text:
+                events.append(response.transcript_delta(text))
+            events = self._journal(events, now)
+        else:
+            events = self._apply_output(output, now, produced)
+        if produced:
+            response = self.output.active
+            if response is not None and response.over_limit:
+                events += self._journal(self._over_limit(response, now), now)
+        return events
 
     def _apply_output(self, output: SlotOutput, now: float, produced: int = 0) -> list[Event]:
         """``on_output`` for every case (``on_output`` takes a shortcut for the per-frame one);
