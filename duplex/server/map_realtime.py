@@ -29,12 +29,14 @@ import asyncio
 import contextlib
 import logging
 from collections.abc import Sequence
-from typing import Any
+
+from starlette.websockets import WebSocket
 
 from duplex.engine import QueueStatus
 from duplex.protocol import Mode, ProtocolError, new_event_id
 from duplex.protocol.map import (
     InputAppend,
+    MapCommand,
     MapEvent,
     MapRenderer,
     MapSessionClose,
@@ -47,11 +49,13 @@ from duplex.protocol.map import (
     session_update,
 )
 from duplex.protocol.map.events import MapSessionClosed
+from duplex.protocol.wire import Command
 from duplex.server.close_codes import CloseCode, CloseReason
 from duplex.server.connection import Connection, Outgoing
 from duplex.server.handshake import HandshakePlan
 from duplex.server.models import Wants
 from duplex.server.queueing import wait_for_slot
+from duplex.server.state import AppState
 
 __all__ = ["MapConnection"]
 
@@ -61,7 +65,9 @@ log = logging.getLogger("duplex.server.map_realtime")
 class MapConnection(Connection):
     """One socket in the MAP dialect (see the module docstring); ``map_mode``: ``audio`` / ``video``."""
 
-    def __init__(self, websocket: Any, state: Any, map_mode: str, api_key_id: bytes | None = None) -> None:
+    def __init__(
+        self, websocket: WebSocket, state: AppState, map_mode: str, api_key_id: bytes | None = None
+    ) -> None:
         super().__init__(websocket, state, Mode.GA, api_key_id)
         self.map_mode = map_mode
         self._renderer = MapRenderer(map_mode)
@@ -78,23 +84,17 @@ class MapConnection(Connection):
                 out.append(encode(message))
         return out
 
-    # The dialect reads its own vocabulary (``MapCommand``) and speaks to the session in the
-    # engine's (``_command`` converts), so these two take the base's place with other types.
-    def _decode(self, data: str | bytes) -> Any:
+    def _decode_map(self, data: str | bytes) -> MapCommand:
+        """One client frame in the dialect's own words; raises ``ProtocolError``."""
         return decode(data, max_bytes=self.cfg.max_message_bytes)
 
-    def _command(self, cmd: Any) -> None:
-        """A MAP message of the running session, handed to the session in the engine's words."""
-        if isinstance(cmd, SessionInit):
-            once = ProtocolError("bad_event", "session.init is sent once, before the session opens")
-            self._refuse(once, None)
-            return
-        try:
-            command = engine_command(cmd)
-        except ProtocolError as err:
-            self._refuse(err, None)
-            return
-        super()._command(command)
+    def _decode(self, data: str | bytes) -> Command:
+        """A MAP message of the running session in the engine's words (``engine_command``); a
+        second ``session.init`` is refused. Raises ``ProtocolError``, answered as the base's are."""
+        message = self._decode_map(data)
+        if isinstance(message, SessionInit):
+            raise ProtocolError("bad_event", "session.init is sent once, before the session opens")
+        return engine_command(message)
 
     # -- admission and open ------------------------------------------------------------------
 
@@ -143,7 +143,7 @@ class MapConnection(Connection):
         """A message while the socket waits for a slot: ``session.init`` is kept for the open,
         ``session.close`` ends the wait, anything else is refused. True: keep waiting."""
         try:
-            cmd = self._decode(data)
+            cmd = self._decode_map(data)
         except ProtocolError as err:
             await self._write([err.to_event(new_event_id())])
             return True
@@ -170,7 +170,7 @@ class MapConnection(Connection):
                     if data is None:
                         return None
                     try:
-                        cmd = self._decode(data)
+                        cmd = self._decode_map(data)
                     except ProtocolError as err:
                         await self._write([err.to_event(new_event_id())])
                         continue
