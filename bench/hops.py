@@ -7,8 +7,9 @@ server on loopback, in this process, and counts every Python call into the packa
 on every thread, the engine's model thread included, from the moment the client sends until it has
 what it waited for:
 
-* ``frame``: one 80 ms ``input_audio_buffer.append`` to the ``echo`` frame model, until its audio
-  comes back (``response.output_audio.delta``);
+* ``frame``: an 80 ms ``input_audio_buffer.append`` to the ``echo`` frame model and its audio back
+  (``response.output_audio.delta``), in a stream paced as a microphone sends it: the calls of 25
+  frames in the middle of one response, divided by 25;
 * ``unit``: one second of audio as 25 appends of 40 ms to the scripted one-second unit model,
   until the unit's speech comes back;
 * ``speech``: ``POST /v1/audio/speech`` (pcm) of three words to the scripted batch model, until the
@@ -31,6 +32,7 @@ import argparse
 import asyncio
 import base64
 import contextlib
+import itertools
 import json
 import os
 import statistics
@@ -51,6 +53,7 @@ DEFAULT_JSON = Path(__file__).parent / "results" / "hops.json"
 ROOT = str(Path(__file__).resolve().parent.parent / "duplex") + os.sep
 MODELS = ROOT + "plugins" + os.sep
 WORDS = "hello there world"
+FRAMES_PER_RUN = 25  # a measured run of the frame case: 2 s of a continuous stream
 
 
 class Counter:
@@ -149,18 +152,32 @@ async def _frame_case(port: int, counter: Counter, warm: int, repeats: int) -> l
     import websockets
 
     frame = _append(_pcm16(0.08))
+    loop = asyncio.get_running_loop()
     async with websockets.connect(f"ws://127.0.0.1:{port}/v1/realtime?model=echo", proxy=None) as ws:
         await _until(ws, "session.created")
 
-        async def one() -> None:
-            await ws.send(frame)
-            await _until(ws, "response.output_audio.delta")
+        async def microphone() -> None:  # a frame every 80 ms, as a microphone sends them
+            start = loop.time()
+            for i in itertools.count(1):
+                await ws.send(frame)
+                await asyncio.sleep(max(0.0, start + i * 0.08 - loop.time()))
 
-        for _ in range(warm):
-            await one()
-        runs = [await counter.count(one) for _ in range(repeats)]
+        async def frames() -> None:
+            for _ in range(FRAMES_PER_RUN):
+                await _until(ws, "response.output_audio.delta")
+
+        sender = asyncio.create_task(microphone())
+        try:
+            for _ in range(warm):
+                await frames()
+            runs = [await counter.count(frames) for _ in range(repeats)]
+        finally:
+            sender.cancel()
+            with contextlib.suppress(asyncio.CancelledError):
+                await sender
         await _close(ws)
-        return runs
+    # Per frame: the run's calls over its frames (functions and files are the run's).
+    return [{**run, "calls": round(run["calls"] / FRAMES_PER_RUN)} for run in runs]
 
 
 async def _unit_case(port: int, counter: Counter, warm: int, repeats: int) -> list[dict[str, Any]]:
