@@ -35,15 +35,17 @@ async def audio_round_trip(ws: Any) -> None:
     await until(ws, "response.output_audio.delta")
 
 
-async def resume_refused(url: str, session_id: str, token: str, how: str) -> tuple[Any, Any]:
+async def resume_refused(
+    url: str, session_id: str, token: str, how: str, timeout: float = 10.0
+) -> tuple[Any, Any]:
     """Resume ``session_id`` by the query or by a ``session.resume`` message (``how``); the first
-    event, and the socket, closed by the server."""
+    event (within ``timeout`` seconds), and the socket, closed by the server."""
     if how == "query":
         ws = await websockets.connect(f"{url}?session_id={session_id}&resume_token={token}", proxy=None)
     else:
         ws = await websockets.connect(url + "?resume=1", proxy=None)
         await send(ws, SessionResume(session_id=session_id, resume_token=token))
-    first = await recv(ws)
+    first = await recv(ws, timeout=timeout)
     await ws.wait_closed()
     return first, ws
 

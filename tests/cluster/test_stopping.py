@@ -89,7 +89,10 @@ async def test_a_replica_serve_stops_at_a_scale_in_drains_by_itself(ray_cluster:
 
         gone = parked[stopped]
         for how in ("query", "message"):
-            first, again = await resume_refused(ray_cluster.url, gone.session.id, gone.resume_token, how)
+            # Until Serve drops the leaving replica from its list (a control-loop round, longer on a
+            # loaded machine), a resume keyed to it waits for it; then it is refused.
+            token = gone.resume_token
+            first, again = await resume_refused(ray_cluster.url, gone.session.id, token, how, timeout=60)
             assert event_type(first) == "error" and first.error.code == "session_not_found", first
             assert (again.close_code, again.close_reason) == (1008, "session_not_found")
         for _ in range(2):
