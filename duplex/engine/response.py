@@ -245,11 +245,20 @@ class ActiveResponse:
         # A response the client asked of a model that decides itself when to speak: the model's
         # next speech fills it; until ``wait_until`` (session clock) passes, then it ends empty.
         self.wait_until = wait_until
-        # The token limit (None: none) and the tokens the model reported producing for it so far;
-        # ``over_limit`` once they reached it: the response ends ``incomplete`` (``Session``).
+        # The token limit (None: none) and the tokens the model reported producing for it so far
+        # (``count_output``): past the limit the response ends ``incomplete`` (``Session``).
         self.max_output_tokens = max_output_tokens
         self.output_tokens = 0
-        self.over_limit = False
+
+    def count_output(self, produced: int) -> None:
+        """The model reported ``produced`` more output tokens for this response."""
+        self.output_tokens += produced
+
+    @property
+    def over_limit(self) -> bool:
+        """Its output tokens reached its ``max_output_tokens``."""
+        limit = self.max_output_tokens
+        return limit is not None and self.output_tokens >= limit
 
     @property
     def modalities(self) -> list[str]:

@@ -1048,7 +1048,7 @@ class Session:
                 # Counted before the output is applied, so one that ends the response ends it
                 # incomplete; an output that opens a response is counted into it there.
                 if produced and self.output.active is not None:
-                    _count(self.output.active, produced)
+                    self.output.active.count_output(produced)
         response = self.output.active
         pcm = output.pcm
         if (
@@ -1109,7 +1109,7 @@ class Session:
                 events += self._open_response(None, now, max_output_tokens=self._token_limit())
                 response = self.output.active
                 assert response is not None
-                _count(response, produced)
+                response.count_output(produced)
             elif output.decision == "listen" and not output.end_of_turn:
                 events.append(self._listen("model_listen", model_listen=True))
                 return self._journal(events, now)
@@ -1291,12 +1291,3 @@ class Session:
         self.conversation.clear()
         self.output.clear()
         self.user.reset()
-
-
-def _count(response: ActiveResponse, produced: int) -> None:
-    """Add ``produced`` output tokens to ``response``; it is ``over_limit`` once they reach its
-    ``max_output_tokens``."""
-    response.output_tokens += produced
-    limit = response.max_output_tokens
-    if limit is not None and response.output_tokens >= limit:
-        response.over_limit = True
