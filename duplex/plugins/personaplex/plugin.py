@@ -141,7 +141,6 @@ class _Slot:
     seed: int
     temp_text: float
     temp_audio: float
-    first_usage: TokenUsage  # the first heard frame's tokens after a (re)start: the persona prompt too
     frames: int = 0  # conversation frames stepped since the last (re)start
     unready_frames: int = 0  # frames that came while the prompt was still being prefilled (not heard)
     timeline: SlotTimeline | None = None
@@ -441,12 +440,7 @@ class PersonaPlexPlugin(FramePlugin):
         seed = options.seed if options.seed is not None else self._seed + self._opens
         self._opens += 1
         state = _Slot(
-            options=options,
-            script=script,
-            seed=int(seed),
-            temp_text=temp_text,
-            temp_audio=temp_audio,
-            first_usage=self._frame_usage.with_prompt(script.phases.count("text")),
+            options=options, script=script, seed=int(seed), temp_text=temp_text, temp_audio=temp_audio
         )
         timeline = SlotTimeline(open_started=time.monotonic())
         ready = gen.start_slot(
@@ -520,7 +514,9 @@ class PersonaPlexPlugin(FramePlugin):
                 continue
             if timeline is not None:
                 self._follow(slot, state, timeline, result.pcm[slot], started, ended)
-            usage = state.first_usage if state.frames == 0 else per_frame
+            usage = per_frame
+            if state.frames == 0:  # the first heard frame after a (re)start: the persona prompt it ran too
+                usage = per_frame.with_prompt(state.script.phases.count("text"))
             state.frames += 1
             outputs.append(
                 SlotOutput(
