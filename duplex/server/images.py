@@ -32,7 +32,7 @@ from starlette.responses import Response
 
 from duplex.protocol.errors import DuplexError, ProtocolError
 from duplex.protocol.images import ImageData, ImageGenerationRequest, ImagesResponse
-from duplex.protocol.png import encode_png, png_size
+from duplex.protocol.png import png_size
 from duplex.server.batch_streams import request_outputs, request_stream
 from duplex.server.http_errors import error_response
 from duplex.server.http_requests import Departed, admit, read_json, until_departed
@@ -71,7 +71,8 @@ async def _generate(engine: Any, body: ImageGenerationRequest) -> list[bytes]:
         async for output in request_outputs(engine, stream, body.prompt, image_options(body)):
             image = output.image
             if image is not None:
-                images.append(image if isinstance(image, bytes) else encode_png(image))
+                assert isinstance(image, bytes)  # the batch driver made it a PNG file, off the loop
+                images.append(image)
     return images
 
 
