@@ -78,6 +78,14 @@ class Counter:
         sys.setprofile(None)
         threading.setprofile(None)
 
+    async def runs(
+        self, work: Callable[[], Awaitable[None]], warm: int, repeats: int
+    ) -> list[dict[str, Any]]:
+        """``work`` ``warm`` times unmeasured, then ``repeats`` times counted (``count``)."""
+        for _ in range(warm):
+            await work()
+        return [await self.count(work) for _ in range(repeats)]
+
     async def count(self, work: Callable[[], Awaitable[None]]) -> dict[str, Any]:
         """The calls ``work`` makes into the serving code: how many, in how many functions and files."""
         self.calls = []
@@ -168,9 +176,7 @@ async def _frame_case(port: int, counter: Counter, warm: int, repeats: int) -> l
 
         sender = asyncio.create_task(microphone())
         try:
-            for _ in range(warm):
-                await frames()
-            runs = [await counter.count(frames) for _ in range(repeats)]
+            runs = await counter.runs(frames, warm, repeats)
         finally:
             sender.cancel()
             with contextlib.suppress(asyncio.CancelledError):
@@ -192,9 +198,7 @@ async def _unit_case(port: int, counter: Counter, warm: int, repeats: int) -> li
                 await ws.send(piece)
             await _until(ws, "response.output_audio.delta")
 
-        for _ in range(warm):
-            await one()
-        runs = [await counter.count(one) for _ in range(repeats)]
+        runs = await counter.runs(one, warm, repeats)
         await _close(ws)
         return runs
 
@@ -208,9 +212,7 @@ async def _speech_case(port: int, counter: Counter, warm: int, repeats: int) -> 
         async def one() -> None:
             (await http.post(f"http://127.0.0.1:{port}/v1/audio/speech", json=body)).raise_for_status()
 
-        for _ in range(warm):
-            await one()
-        return [await counter.count(one) for _ in range(repeats)]
+        return await counter.runs(one, warm, repeats)
 
 
 async def _speech_socket_case(port: int, counter: Counter, warm: int, repeats: int) -> list[dict[str, Any]]:
@@ -224,9 +226,7 @@ async def _speech_socket_case(port: int, counter: Counter, warm: int, repeats: i
             await ws.send(json.dumps({"type": "input.done"}))
             await _until(ws, "session.done")
 
-        for _ in range(warm):
-            await one()
-        return [await counter.count(one) for _ in range(repeats)]
+        return await counter.runs(one, warm, repeats)
 
 
 async def _images_case(port: int, counter: Counter, warm: int, repeats: int) -> list[dict[str, Any]]:
@@ -238,9 +238,7 @@ async def _images_case(port: int, counter: Counter, warm: int, repeats: int) -> 
         async def one() -> None:
             (await http.post(f"http://127.0.0.1:{port}/v1/images/generations", json=body)).raise_for_status()
 
-        for _ in range(warm):
-            await one()
-        return [await counter.count(one) for _ in range(repeats)]
+        return await counter.runs(one, warm, repeats)
 
 
 def _tiny_sd(directory: str) -> Any | None:
